@@ -1,0 +1,14 @@
+//! dagloop runs LLM agents whose tool calls execute as a dependency graph.
+//!
+//! A program submits a goal and an output schema; the model streams back calls; every call whose
+//! inputs are ready runs at once, after an approval gate; results land in shared state (last
+//! write wins); the loop ends when the model's `output` validates against the user's schema.
+//!
+//! The core (`protocol`, `state`, `schema`, `graph`, `approval`, `scheduler`) is sans-IO: plain
+//! state machines with no tokio, no clock and no randomness. The async `engine` performs their
+//! actions.
+
+#![warn(missing_docs)]
+
+pub mod protocol;
+pub mod state;

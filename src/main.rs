@@ -1,0 +1,3 @@
+fn main() {
+    println!("dagloop: the runtime is not built yet");
+}

@@ -1,0 +1,339 @@
+//! Calls and tools as they travel between the model, the goal file and the scheduler.
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+use super::ProtocolError;
+use super::reference::{Expression, ReferenceError, parse_expression};
+
+/// How a write combines with earlier writes to the same path (protocol chapter 008).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OutputMethod {
+    /// Replace (last write wins). The default.
+    #[default]
+    Set,
+    /// Deep merge of objects; anything else replaces.
+    Merge,
+    /// Shallow merge of objects; anything else replaces.
+    Assign,
+    /// Append the value as one element of an array.
+    Push,
+    /// Append the elements of an array value (a non-array value is appended as one element).
+    Concat,
+}
+
+impl OutputMethod {
+    /// All methods, in declaration order.
+    pub const ALL: [OutputMethod; 5] = [
+        OutputMethod::Set,
+        OutputMethod::Merge,
+        OutputMethod::Assign,
+        OutputMethod::Push,
+        OutputMethod::Concat,
+    ];
+
+    /// The method's name as written in `_outputMethod`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OutputMethod::Set => "set",
+            OutputMethod::Merge => "merge",
+            OutputMethod::Assign => "assign",
+            OutputMethod::Push => "push",
+            OutputMethod::Concat => "concat",
+        }
+    }
+
+    fn parse(s: &str) -> Option<OutputMethod> {
+        OutputMethod::ALL.into_iter().find(|m| m.as_str() == s)
+    }
+}
+
+/// A request to run a tool: `{"_tool": "...", params..., "_outputPath": "...", ...}`.
+///
+/// Meta fields start with `_`; everything else is a parameter. Unknown meta fields are kept in
+/// `params` so nothing the model wrote is lost.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(try_from = "Value")]
+pub struct Call {
+    /// The tool's name.
+    #[serde(rename = "_tool")]
+    pub tool: String,
+    /// Parameters, possibly containing references, plus any unknown fields.
+    #[serde(flatten)]
+    pub params: Map<String, Value>,
+    /// Where the result is written (`†state.x`, `†a || †b`, `†a && †b`).
+    #[serde(rename = "_outputPath", skip_serializing_if = "Option::is_none")]
+    pub output_path: Option<String>,
+    /// How the result combines with earlier writes.
+    #[serde(rename = "_outputMethod", skip_serializing_if = "Option::is_none")]
+    pub output_method: Option<OutputMethod>,
+    /// Instance name (protocol chapter 013).
+    #[serde(rename = "_instance", skip_serializing_if = "Option::is_none")]
+    pub instance: Option<String>,
+    /// Scopes a delegate or activity may see (protocol chapter 015).
+    #[serde(rename = "_scopes", skip_serializing_if = "Option::is_none")]
+    pub scopes: Option<Vec<String>>,
+}
+
+impl Call {
+    /// A call with no params and no output path.
+    pub fn new(tool: impl Into<String>) -> Self {
+        Call {
+            tool: tool.into(),
+            params: Map::new(),
+            output_path: None,
+            output_method: None,
+            instance: None,
+            scopes: None,
+        }
+    }
+
+    /// Adds a parameter (builder style).
+    pub fn param(mut self, key: impl Into<String>, value: impl Into<Value>) -> Self {
+        self.params.insert(key.into(), value.into());
+        self
+    }
+
+    /// Sets `_outputPath` (builder style).
+    pub fn output(mut self, path: impl Into<String>) -> Self {
+        self.output_path = Some(path.into());
+        self
+    }
+
+    /// Sets `_outputMethod` (builder style).
+    pub fn method(mut self, method: OutputMethod) -> Self {
+        self.output_method = Some(method);
+        self
+    }
+
+    /// The parsed `_outputPath`, if any. Query tails are not allowed in output paths.
+    pub fn output_target(&self) -> Result<Option<Expression>, ReferenceError> {
+        let Some(text) = &self.output_path else {
+            return Ok(None);
+        };
+        match parse_expression(text)? {
+            None => Err(ReferenceError {
+                text: text.clone(),
+                position: 0,
+                reason: "an output path must start with `†` or `$ref:`".into(),
+            }),
+            Some(e) => {
+                if let Some(r) = e.refs.iter().find(|r| r.query.is_some()) {
+                    return Err(ReferenceError {
+                        text: text.clone(),
+                        position: 0,
+                        reason: format!("output path `{r}` cannot contain wildcards or filters"),
+                    });
+                }
+                Ok(Some(e))
+            }
+        }
+    }
+
+    /// The method to use for writes (default `set`).
+    pub fn method_or_default(&self) -> OutputMethod {
+        self.output_method.unwrap_or_default()
+    }
+
+    /// Every expression found in the params, at any depth, with a JSON pointer to where it sits.
+    pub fn references(&self) -> Result<Vec<(String, Expression)>, ReferenceError> {
+        let mut out = Vec::new();
+        for (k, v) in &self.params {
+            collect_refs(v, &format!("/{}", escape_pointer(k)), &mut out)?;
+        }
+        Ok(out)
+    }
+
+    /// The call as a JSON object (what the model wrote).
+    pub fn to_value(&self) -> Value {
+        serde_json::to_value(self).unwrap_or(Value::Null)
+    }
+}
+
+fn escape_pointer(k: &str) -> String {
+    k.replace('~', "~0").replace('/', "~1")
+}
+
+/// Collects every reference expression inside `v` (whole string values only, rule 1).
+pub fn collect_refs(
+    v: &Value,
+    pointer: &str,
+    out: &mut Vec<(String, Expression)>,
+) -> Result<(), ReferenceError> {
+    match v {
+        Value::String(s) => {
+            if let Some(e) = parse_expression(s)? {
+                out.push((pointer.to_string(), e));
+            }
+        }
+        Value::Array(a) => {
+            for (i, x) in a.iter().enumerate() {
+                collect_refs(x, &format!("{pointer}/{i}"), out)?;
+            }
+        }
+        Value::Object(m) => {
+            for (k, x) in m {
+                collect_refs(x, &format!("{pointer}/{}", escape_pointer(k)), out)?;
+            }
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
+impl TryFrom<Value> for Call {
+    type Error = ProtocolError;
+
+    fn try_from(v: Value) -> Result<Self, Self::Error> {
+        let Value::Object(mut m) = v else {
+            return Err(ProtocolError::NotAnObject {
+                what: "call",
+                found: json_type(&v),
+            });
+        };
+        let tool = match m.remove("_tool") {
+            Some(Value::String(s)) if !s.trim().is_empty() => s,
+            Some(other) => {
+                return Err(ProtocolError::InvalidField {
+                    what: "call",
+                    field: "_tool",
+                    reason: format!("expected a non-empty string, found {}", json_type(&other)),
+                });
+            }
+            None => return Err(ProtocolError::MissingField { what: "call", field: "_tool" }),
+        };
+        let output_path = match m.remove("_outputPath") {
+            None | Some(Value::Null) => None,
+            Some(Value::String(s)) => Some(s),
+            Some(other) => {
+                return Err(ProtocolError::InvalidField {
+                    what: "call",
+                    field: "_outputPath",
+                    reason: format!("expected a string, found {}", json_type(&other)),
+                });
+            }
+        };
+        let output_method = match m.remove("_outputMethod") {
+            None | Some(Value::Null) => None,
+            Some(Value::String(s)) => match OutputMethod::parse(&s) {
+                Some(m) => Some(m),
+                None => return Err(ProtocolError::UnknownOutputMethod { tool, method: s }),
+            },
+            Some(other) => {
+                return Err(ProtocolError::InvalidField {
+                    what: "call",
+                    field: "_outputMethod",
+                    reason: format!("expected a string, found {}", json_type(&other)),
+                });
+            }
+        };
+        let instance = match m.remove("_instance") {
+            None | Some(Value::Null) => None,
+            Some(Value::String(s)) => Some(s),
+            Some(other) => Some(other.to_string()),
+        };
+        let scopes = match m.remove("_scopes") {
+            None | Some(Value::Null) => None,
+            Some(v) => match serde_json::from_value::<Vec<String>>(v) {
+                Ok(s) => Some(s),
+                Err(e) => {
+                    return Err(ProtocolError::InvalidField {
+                        what: "call",
+                        field: "_scopes",
+                        reason: e.to_string(),
+                    });
+                }
+            },
+        };
+        Ok(Call {
+            tool,
+            params: m,
+            output_path,
+            output_method,
+            instance,
+            scopes,
+        })
+    }
+}
+
+/// A short name for a JSON value's type, for error messages.
+pub fn json_type(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+/// Per-tool approval override (`_approval`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ToolApproval {
+    /// Always ask a reviewer, whatever the policy.
+    Always,
+    /// Never ask: run as soon as unblocked.
+    Never,
+}
+
+/// A tool: a JSON Schema for its params plus meta fields.
+///
+/// The schema itself and any extra fields (`_http`, `_delegate`, ...) live in `schema`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Tool {
+    /// The tool's name (`_tool`).
+    #[serde(rename = "_tool")]
+    pub name: String,
+    /// Schema of the result. For a latent tool the model fills it in itself.
+    #[serde(rename = "_output", default, skip_serializing_if = "Option::is_none")]
+    pub output: Option<Value>,
+    /// The activity that executes calls (`http`, `shell`, `rust`, `delegate`...). None = latent.
+    #[serde(rename = "_activity", default, skip_serializing_if = "Option::is_none")]
+    pub activity: Option<String>,
+    /// Approval override.
+    #[serde(rename = "_approval", default, skip_serializing_if = "Option::is_none")]
+    pub approval: Option<ToolApproval>,
+    /// The params schema and every other field, kept as written.
+    #[serde(flatten)]
+    pub schema: Map<String, Value>,
+}
+
+impl Tool {
+    /// A tool with an empty object schema.
+    pub fn new(name: impl Into<String>) -> Self {
+        let mut schema = Map::new();
+        schema.insert("type".into(), Value::String("object".into()));
+        Tool {
+            name: name.into(),
+            output: None,
+            activity: None,
+            approval: None,
+            schema,
+        }
+    }
+
+    /// True when no activity executes the tool: the model fills `_output` itself.
+    pub fn is_latent(&self) -> bool {
+        self.activity.is_none()
+    }
+
+    /// Parses a tool from JSON with a typed error.
+    pub fn from_value(v: Value) -> Result<Tool, ProtocolError> {
+        if !v.is_object() {
+            return Err(ProtocolError::NotAnObject {
+                what: "tool",
+                found: json_type(&v),
+            });
+        }
+        if v.get("_tool").and_then(Value::as_str).is_none_or(|s| s.trim().is_empty()) {
+            return Err(ProtocolError::MissingField { what: "tool", field: "_tool" });
+        }
+        serde_json::from_value(v).map_err(|e| ProtocolError::Malformed {
+            what: "tool",
+            reason: e.to_string(),
+        })
+    }
+}

@@ -1,0 +1,93 @@
+//! The wire vocabulary of dagloop: messages, tools, calls, solutions, references and ids.
+//!
+//! Plain serde types and pure parsing only. This module imports nothing else from the crate,
+//! performs no IO and makes no decisions; every other module builds on it.
+
+mod call;
+mod message;
+pub mod reference;
+
+pub use call::{Call, OutputMethod, Tool, ToolApproval, collect_refs, json_type};
+pub use message::{Message, Role, Solution};
+pub use reference::{
+    ASCII_MARKER, Combinator, Expression, MARKER, Path, Reference, ReferenceError, Segment,
+    looks_like_reference, parse_expression,
+};
+
+use serde::{Deserialize, Serialize};
+
+/// Identifies one call within a run (unique across the run's steps).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct CallId(pub u64);
+
+impl std::fmt::Display for CallId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "c{}", self.0)
+    }
+}
+
+/// Milliseconds since the Unix epoch, supplied by the caller (the core never reads a clock).
+pub type Millis = u64;
+
+/// A message, call, tool or solution that does not have the expected shape.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ProtocolError {
+    /// Something that must be a JSON object is not.
+    #[error("{what} must be a JSON object, found {found}")]
+    NotAnObject {
+        /// What was being read (`call`, `tool`, `solution`).
+        what: &'static str,
+        /// The JSON type found instead.
+        found: &'static str,
+    },
+    /// A required field is absent.
+    #[error("{what} is missing the required field `{field}`")]
+    MissingField {
+        /// What was being read.
+        what: &'static str,
+        /// The missing field.
+        field: &'static str,
+    },
+    /// A field has the wrong type or value.
+    #[error("{what} field `{field}` is invalid: {reason}")]
+    InvalidField {
+        /// What was being read.
+        what: &'static str,
+        /// The offending field.
+        field: &'static str,
+        /// Why it is invalid.
+        reason: String,
+    },
+    /// `_outputMethod` names no known method.
+    #[error(
+        "call to `{tool}` has unknown _outputMethod `{method}` (expected one of set, merge, assign, push, concat)"
+    )]
+    UnknownOutputMethod {
+        /// The tool of the offending call.
+        tool: String,
+        /// The method as written.
+        method: String,
+    },
+    /// The value could not be read for another reason.
+    #[error("malformed {what}: {reason}")]
+    Malformed {
+        /// What was being read.
+        what: &'static str,
+        /// The deserializer's explanation.
+        reason: String,
+    },
+}
+
+impl ProtocolError {
+    /// A stable code for programs that react to failures.
+    pub fn code(&self) -> &'static str {
+        match self {
+            ProtocolError::NotAnObject { .. } => "protocol.not_an_object",
+            ProtocolError::MissingField { .. } => "protocol.missing_field",
+            ProtocolError::InvalidField { .. } => "protocol.invalid_field",
+            ProtocolError::UnknownOutputMethod { .. } => "protocol.unknown_output_method",
+            ProtocolError::Malformed { .. } => "protocol.malformed",
+        }
+    }
+}

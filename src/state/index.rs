@@ -1,0 +1,124 @@
+//! The path index behind [`super::State`]: which writes touch which paths, so a read never
+//! rescans the whole log.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::ops::Bound;
+
+use crate::protocol::{OutputMethod, Path, Segment};
+
+#[derive(Debug, Clone, Default)]
+struct Node {
+    /// Writes made exactly at this path, oldest first.
+    seqs: Vec<u64>,
+    /// Newest `set` at this path.
+    last_set: Option<u64>,
+    /// Newest `push`/`concat` at this path.
+    last_array_op: Option<u64>,
+    /// Newest write below this path whose next segment is a key.
+    through_key: Option<u64>,
+    /// Newest write below this path whose next segment is an index.
+    through_index: Option<u64>,
+}
+
+/// What a read of one path must replay.
+pub(super) struct ReadPlan {
+    /// The writes to replay, oldest first.
+    pub seqs: Vec<u64>,
+    /// When set, the read must resolve this shorter prefix (number of segments) and project:
+    /// a newer write there can change array lengths or container types along the path.
+    pub widen_to: Option<usize>,
+}
+
+#[derive(Debug, Clone, Default)]
+pub(super) struct Index {
+    nodes: BTreeMap<Path, Node>,
+    kinds: BTreeSet<String>,
+}
+
+fn newer(s: Option<u64>, than: Option<u64>) -> bool {
+    s.is_some() && s > than
+}
+
+impl Index {
+    fn node_mut(&mut self, segs: &[Segment]) -> &mut Node {
+        self.nodes
+            .entry(Path::from_segments(segs.to_vec()))
+            .or_default()
+    }
+
+    pub fn insert(&mut self, path: &Path, seq: u64, method: OutputMethod) {
+        if !self.kinds.contains(path.kind()) {
+            self.kinds.insert(path.kind().to_string());
+        }
+        let segs = path.segments();
+        for n in 1..segs.len() {
+            let node = self.node_mut(&segs[..n]);
+            match segs[n] {
+                Segment::Key(_) => node.through_key = Some(seq),
+                Segment::Index(_) => node.through_index = Some(seq),
+            }
+        }
+        let node = self.node_mut(segs);
+        node.seqs.push(seq);
+        match method {
+            OutputMethod::Set => node.last_set = Some(seq),
+            OutputMethod::Push | OutputMethod::Concat => node.last_array_op = Some(seq),
+            _ => {}
+        }
+    }
+
+    pub fn kinds(&self) -> Vec<String> {
+        self.kinds.iter().cloned().collect()
+    }
+
+    pub fn plan(&self, path: &Path) -> ReadPlan {
+        let segs = path.segments();
+        let mut stop: Option<u64> = None;
+        for n in 1..=segs.len() {
+            if let Some(node) = self.nodes.get(&segs[..n]) {
+                stop = stop.max(node.last_set);
+            }
+        }
+        for n in 1..segs.len() {
+            let Some(node) = self.nodes.get(&segs[..n]) else {
+                continue;
+            };
+            let conflict = newer(node.last_array_op, stop)
+                || newer(node.through_index, stop)
+                || (matches!(segs[n], Segment::Index(_)) && newer(node.through_key, stop));
+            if conflict {
+                return ReadPlan {
+                    seqs: Vec::new(),
+                    widen_to: Some(n),
+                };
+            }
+        }
+        let from = stop.unwrap_or(0);
+        let mut seqs = Vec::new();
+        let mut take = |node: &Node| {
+            let i = node.seqs.partition_point(|&s| s < from);
+            seqs.extend_from_slice(&node.seqs[i..]);
+        };
+        for n in 1..=segs.len() {
+            if let Some(node) = self.nodes.get(&segs[..n]) {
+                take(node);
+            }
+        }
+        if let Some(node) = self.nodes.get(segs) {
+            if newer(node.through_key.max(node.through_index), stop) {
+                let range = self
+                    .nodes
+                    .range::<[Segment], _>((Bound::Excluded(segs), Bound::Unbounded))
+                    .take_while(|(k, _)| k.segments().starts_with(segs));
+                for (_, child) in range {
+                    take(child);
+                }
+            }
+        }
+        seqs.sort_unstable();
+        ReadPlan {
+            seqs,
+            widen_to: None,
+        }
+    }
+}

@@ -1,0 +1,210 @@
+//! The run's shared data: an append-only write log, indexed by path, resolved at read time.
+//!
+//! Writes are never merged in place (protocol chapter 008). A read of `kind.path` considers the
+//! writes to that path, to any prefix and to any extension (rule 4), newest to oldest, stopping at
+//! the newest `set` that covers it (rule 2). "Newest" is the order in which writes are appended,
+//! which the engine makes the order in which calls complete (rule 3).
+//!
+//! Deliberately not here: knowing which calls are pending (the caller passes a predicate), reading
+//! a clock (timestamps are supplied), or any IO.
+
+pub mod apply;
+mod eval;
+mod index;
+
+pub use eval::{Eval, Resolved};
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::protocol::{CallId, Expression, Millis, OutputMethod, Path, Reference};
+use index::Index;
+
+/// One entry of the write log.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Write {
+    /// Position in the log (0-based, strictly increasing).
+    pub seq: u64,
+    /// Where the value was written.
+    pub path: Path,
+    /// The written value.
+    pub value: Value,
+    /// How it combines with earlier writes.
+    pub method: OutputMethod,
+    /// The call that made it (None for the goal's initial data).
+    pub call: Option<CallId>,
+    /// When it was written (milliseconds since the Unix epoch, from the caller).
+    pub at: Millis,
+}
+
+/// Reading state failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum StateError {
+    /// A JSONPath tail (`[*]`, `[?...]`) could not be evaluated.
+    #[error("cannot evaluate `{reference}`: {reason}")]
+    Query {
+        /// The reference as written.
+        reference: String,
+        /// What the JSONPath engine said.
+        reason: String,
+    },
+    /// A reference inside params is malformed.
+    #[error(transparent)]
+    Reference(#[from] crate::protocol::ReferenceError),
+}
+
+impl StateError {
+    /// A stable code for programs that react to failures.
+    pub fn code(&self) -> &'static str {
+        match self {
+            StateError::Query { .. } => "state.query",
+            StateError::Reference(_) => "reference.invalid",
+        }
+    }
+}
+
+/// The append-only log with its path index.
+#[derive(Debug, Clone, Default)]
+pub struct State {
+    log: Vec<Write>,
+    index: Index,
+}
+
+impl State {
+    /// An empty state.
+    pub fn new() -> Self {
+        State::default()
+    }
+
+    /// Appends a write; returns its sequence number.
+    pub fn write(
+        &mut self,
+        path: Path,
+        value: Value,
+        method: OutputMethod,
+        call: Option<CallId>,
+        at: Millis,
+    ) -> u64 {
+        let seq = self.log.len() as u64;
+        self.index.insert(&path, seq, method);
+        self.log.push(Write {
+            seq,
+            path,
+            value,
+            method,
+            call,
+            at,
+        });
+        seq
+    }
+
+    /// Every write, oldest first.
+    pub fn log(&self) -> &[Write] {
+        &self.log
+    }
+
+    /// Number of writes.
+    pub fn len(&self) -> usize {
+        self.log.len()
+    }
+
+    /// True when nothing was written.
+    pub fn is_empty(&self) -> bool {
+        self.log.is_empty()
+    }
+
+    /// The current value at a concrete path, or None when absent.
+    pub fn get(&self, path: &Path) -> Option<Value> {
+        let plan = self.index.plan(path);
+        if let Some(root) = plan.widen_to {
+            let v = self.get(&path.truncated(root))?;
+            return apply::get(&v, &path.segments()[root..]).cloned();
+        }
+        if plan.seqs.is_empty() {
+            return None;
+        }
+        let base_len = plan
+            .seqs
+            .iter()
+            .map(|&s| self.log[s as usize].path.len())
+            .min()
+            .unwrap_or(path.len())
+            .min(path.len());
+        let mut doc: Option<Value> = None;
+        for &s in &plan.seqs {
+            let w = &self.log[s as usize];
+            apply::apply_at(&mut doc, &w.path.segments()[base_len..], w.method, &w.value);
+        }
+        let doc = doc?;
+        apply::get(&doc, &path.segments()[base_len..]).cloned()
+    }
+
+    /// Reads a reference: the concrete path, then its JSONPath tail (which yields an array of
+    /// matches; an empty array when nothing matches).
+    pub fn read(&self, r: &Reference) -> Result<Option<Value>, StateError> {
+        let Some(v) = self.get(&r.path) else {
+            return Ok(None);
+        };
+        let Some(q) = &r.query else {
+            return Ok(Some(v));
+        };
+        let found = jsonpath_rust::query::js_path_vals(q, &v).map_err(|e| StateError::Query {
+            reference: r.to_string(),
+            reason: e.to_string(),
+        })?;
+        Ok(Some(Value::Array(found.into_iter().cloned().collect())))
+    }
+
+    /// The merged current value of a whole kind (`state`, `input`...), for showing to the model.
+    pub fn view(&self, kind: &str) -> Option<Value> {
+        self.get(&Path::root(kind))
+    }
+
+    /// The kinds that have been written, sorted.
+    pub fn kinds(&self) -> Vec<String> {
+        self.index.kinds()
+    }
+
+    /// Evaluates an expression (rules 5 and 6). `writable(path)` tells whether some pending or
+    /// running call can still write a path overlapping `path`.
+    pub fn eval(
+        &self,
+        expr: &Expression,
+        writable: &dyn Fn(&Path) -> bool,
+    ) -> Result<Eval, StateError> {
+        eval::eval(self, expr, writable)
+    }
+
+    /// Replaces every reference inside `params` by its value (rule 1), or says what it waits on.
+    pub fn resolve_params(
+        &self,
+        params: &serde_json::Map<String, Value>,
+        writable: &dyn Fn(&Path) -> bool,
+    ) -> Result<Resolved, StateError> {
+        eval::resolve_params(self, params, writable)
+    }
+}
+
+/// The paths a call's result goes to (rule 10). `branch` is the alternative an activity chose
+/// for an `||` target; by default success takes the first and failure the last. A plain or `&&`
+/// target receives nothing on failure.
+pub fn output_paths(target: &Expression, success: bool, branch: Option<usize>) -> Vec<Path> {
+    use crate::protocol::Combinator;
+    let paths = || target.refs.iter().map(|r| r.path.clone());
+    match target.op {
+        Combinator::Or => {
+            let n = target.refs.len();
+            let i = match branch {
+                Some(i) if i < n => i,
+                _ if success => 0,
+                _ => n - 1,
+            };
+            if !success && branch.is_none() && n < 2 {
+                return Vec::new();
+            }
+            target.refs.get(i).map(|r| vec![r.path.clone()]).unwrap_or_default()
+        }
+        _ if success => paths().collect(),
+        _ => Vec::new(),
+    }
+}
