@@ -10,5 +10,8 @@
 
 #![warn(missing_docs)]
 
+pub mod context;
+pub mod goal;
 pub mod protocol;
 pub mod state;
+pub mod tools;

@@ -1,7 +1,7 @@
 //! The path index behind [`super::State`]: which writes touch which paths, so a read never
 //! rescans the whole log.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::ops::Bound;
 
 use crate::protocol::{OutputMethod, Path, Segment};
@@ -29,9 +29,14 @@ pub(super) struct ReadPlan {
     pub widen_to: Option<usize>,
 }
 
+/// Nodes live in a vector; exact lookups go through a hash map (one probe, no long chains of
+/// key comparisons), and an ordered map of the same paths serves extension range scans. The hash
+/// map is never iterated, so its order cannot leak into any decision.
 #[derive(Debug, Clone, Default)]
 pub(super) struct Index {
-    nodes: BTreeMap<Path, Node>,
+    nodes: Vec<Node>,
+    by_path: HashMap<Path, usize>,
+    ordered: BTreeMap<Path, usize>,
     kinds: BTreeSet<String>,
 }
 
@@ -41,9 +46,22 @@ fn newer(s: Option<u64>, than: Option<u64>) -> bool {
 
 impl Index {
     fn node_mut(&mut self, segs: &[Segment]) -> &mut Node {
-        self.nodes
-            .entry(Path::from_segments(segs.to_vec()))
-            .or_default()
+        let i = match self.by_path.get(segs) {
+            Some(&i) => i,
+            None => {
+                let i = self.nodes.len();
+                let p = Path::from_segments(segs.to_vec());
+                self.nodes.push(Node::default());
+                self.by_path.insert(p.clone(), i);
+                self.ordered.insert(p, i);
+                i
+            }
+        };
+        &mut self.nodes[i]
+    }
+
+    fn node(&self, segs: &[Segment]) -> Option<&Node> {
+        self.by_path.get(segs).map(|&i| &self.nodes[i])
     }
 
     pub fn insert(&mut self, path: &Path, seq: u64, method: OutputMethod) {
@@ -73,16 +91,18 @@ impl Index {
 
     pub fn plan(&self, path: &Path) -> ReadPlan {
         let segs = path.segments();
-        let mut stop: Option<u64> = None;
-        for n in 1..=segs.len() {
-            if let Some(node) = self.nodes.get(&segs[..n]) {
-                stop = stop.max(node.last_set);
-            }
-        }
-        for n in 1..segs.len() {
-            let Some(node) = self.nodes.get(&segs[..n]) else {
-                continue;
-            };
+        // One lookup per prefix (the path itself last).
+        let prefixes: Vec<Option<&Node>> =
+            (1..=segs.len()).map(|n| self.node(&segs[..n])).collect();
+        let stop = prefixes
+            .iter()
+            .flatten()
+            .map(|n| n.last_set)
+            .max()
+            .flatten();
+        for (i, node) in prefixes.iter().enumerate().take(segs.len() - 1) {
+            let Some(node) = node else { continue };
+            let n = i + 1;
             let conflict = newer(node.last_array_op, stop)
                 || newer(node.through_index, stop)
                 || (matches!(segs[n], Segment::Index(_)) && newer(node.through_key, stop));
@@ -95,23 +115,21 @@ impl Index {
         }
         let from = stop.unwrap_or(0);
         let mut seqs = Vec::new();
-        let mut take = |node: &Node| {
+        let take = |node: &Node, seqs: &mut Vec<u64>| {
             let i = node.seqs.partition_point(|&s| s < from);
             seqs.extend_from_slice(&node.seqs[i..]);
         };
-        for n in 1..=segs.len() {
-            if let Some(node) = self.nodes.get(&segs[..n]) {
-                take(node);
-            }
+        for node in prefixes.iter().flatten() {
+            take(node, &mut seqs);
         }
-        if let Some(node) = self.nodes.get(segs) {
+        if let Some(Some(node)) = prefixes.last() {
             if newer(node.through_key.max(node.through_index), stop) {
                 let range = self
-                    .nodes
+                    .ordered
                     .range::<[Segment], _>((Bound::Excluded(segs), Bound::Unbounded))
                     .take_while(|(k, _)| k.segments().starts_with(segs));
-                for (_, child) in range {
-                    take(child);
+                for (_, &child) in range {
+                    take(&self.nodes[child], &mut seqs);
                 }
             }
         }

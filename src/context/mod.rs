@@ -1,0 +1,264 @@
+//! Context assembly for each Request of the outer loop (protocol chapters 001, 010, 012), and
+//! the outer loop's bookkeeping (doom loops, empty turns).
+//!
+//! Pure functions over the goal, the state and the previous step's report: no IO, no clock.
+//! What a model provider does with these messages (how it renders them) is the provider's job.
+
+pub mod sanitize;
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value, json};
+
+use crate::protocol::{CallId, Message, Role, Tool};
+pub use sanitize::{SanitizeLimits, sanitize};
+
+/// What became of one call of the previous step, as the next Request shows it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PlanEntry {
+    /// The call's id.
+    pub id: CallId,
+    /// The call as the model wrote it.
+    pub call: Value,
+    /// done, failed, rejected, unresolved, cancelled or refused.
+    pub status: String,
+    /// The result (calls without an output path show it here; others wrote it to state).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub result: Option<Value>,
+    /// The error, for anything but done.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<Value>,
+    /// References that nothing wrote (unresolved calls).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub missing: Vec<String>,
+}
+
+/// Everything the next Request needs to know.
+#[derive(Debug, Clone, Default)]
+pub struct ContextInput<'a> {
+    /// The goal text.
+    pub goal: &'a str,
+    /// Tools offered to the model.
+    pub tools: &'a [Tool],
+    /// Extra messages from the goal file.
+    pub extra: &'a [Message],
+    /// The run's input, if any, with its schema.
+    pub input: Option<(&'a Value, Option<&'a Value>)>,
+    /// The merged current state and its schema.
+    pub state: Option<(&'a Value, Option<&'a Value>)>,
+    /// The previous step's calls and what became of them.
+    pub plan: &'a [PlanEntry],
+    /// Validation errors of the previous output, if it was invalid.
+    pub output_errors: &'a [String],
+    /// Problems with the previous response itself (malformed JSON, refused calls).
+    pub model_errors: &'a [String],
+    /// What is shown of results.
+    pub limits: SanitizeLimits,
+}
+
+/// The instructions that explain the protocol to the model.
+pub fn system_prompt(tools: &[Tool]) -> String {
+    let mut s = String::from(
+        "You are an agent that works by calling tools. Answer every turn with one JSON object:\n\
+         {\"calls\": [...], \"output\": null | <final output>}.\n\
+         - Each call is {\"_tool\": \"<name>\", <params>..., \"_outputPath\": \"†state.<path>\"}.\n\
+         - A param may be a reference instead of a value: \"†input.x\", \"†state.users[0].id\". \
+         It is replaced by the referenced value when the call runs, so you never copy data.\n\
+         - Calls that read what another call writes wait for it; all other calls run at once, in parallel.\n\
+         - \"_outputPath\": \"†state.a || †state.b\" writes success to the first path and a failure to the last; \
+         \"†state.a && †state.b\" writes the result to both. Without _outputPath the result is shown to you next turn.\n\
+         - \"_outputMethod\" may be set (default), merge, assign, push or concat.\n\
+         - Keep \"output\" null while work remains. When done, put the final answer in \"output\"; \
+         it must match the output schema. Calls in the same turn run before the output is accepted.\n\
+         - A call that was rejected by a reviewer must not be retried.\n",
+    );
+    if !tools.is_empty() {
+        s.push_str("\nTools:\n");
+        for t in tools {
+            let desc = t
+                .schema
+                .get("description")
+                .and_then(Value::as_str)
+                .unwrap_or("");
+            let latent = if t.is_latent() {
+                " (you fill in `_output` yourself)"
+            } else {
+                ""
+            };
+            s.push_str(&format!("- {}: {desc}{latent}\n", t.name));
+        }
+    }
+    s
+}
+
+/// Builds the messages of one Request.
+pub fn assemble(input: &ContextInput<'_>) -> Vec<Message> {
+    let mut out = vec![
+        text(Role::System, system_prompt(input.tools)),
+        text(Role::User, input.goal.to_string()),
+    ];
+    out.extend(input.extra.iter().cloned());
+    if let Some((data, schema)) = input.input {
+        out.push(Message::Input {
+            data: data.clone(),
+            schema: schema.cloned(),
+            extra: Map::new(),
+        });
+    }
+    if let Some((data, schema)) = input.state {
+        out.push(Message::State {
+            data: sanitize(data, &input.limits),
+            schema: schema.cloned(),
+            extra: Map::new(),
+        });
+    }
+    if !input.plan.is_empty() {
+        let plan = input
+            .plan
+            .iter()
+            .map(|e| {
+                let mut call = e.call.clone();
+                if let Value::Object(m) = &mut call {
+                    m.insert("_status".into(), json!(e.status));
+                    if let Some(r) = &e.result {
+                        m.insert("_result".into(), sanitize(r, &input.limits));
+                    }
+                }
+                call
+            })
+            .collect();
+        out.push(Message::Plan {
+            plan,
+            extra: Map::new(),
+        });
+        for e in input.plan.iter().filter(|e| e.status != "done") {
+            let mut error = e.error.clone().unwrap_or_else(|| json!(e.status));
+            if !e.missing.is_empty() {
+                error = json!({"message": "unresolved: nothing wrote these references", "missing": e.missing});
+            }
+            out.push(Message::Error {
+                call: e.call.clone(),
+                error: sanitize(&error, &input.limits),
+                extra: Map::new(),
+            });
+        }
+    }
+    for err in input.model_errors {
+        out.push(text(
+            Role::User,
+            format!("Your previous response had a problem: {err}"),
+        ));
+    }
+    if !input.output_errors.is_empty() {
+        out.push(text(
+            Role::User,
+            format!(
+                "Your output did not match the output schema; fix it:\n- {}",
+                input.output_errors.join("\n- ")
+            ),
+        ));
+    }
+    out
+}
+
+fn text(role: Role, text: String) -> Message {
+    Message::Text {
+        role,
+        text,
+        extra: Map::new(),
+    }
+}
+
+/// Tracks the outer loop's stop conditions that depend on history (rule 16).
+#[derive(Debug, Clone, Default)]
+pub struct TurnTracker {
+    last_signature: Option<String>,
+    repeats: u32,
+    empty: u32,
+}
+
+/// Why the tracker says to stop.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stop {
+    /// The same calls were made in too many consecutive steps.
+    DoomLoop,
+    /// Too many consecutive steps with no calls and no output.
+    EmptyTurns,
+}
+
+impl TurnTracker {
+    /// Records one step's calls (as written) and whether it had an output; says whether to stop.
+    pub fn record(
+        &mut self,
+        calls: &[Value],
+        has_output: bool,
+        doom_after: u32,
+        empty_after: u32,
+    ) -> Option<Stop> {
+        if calls.is_empty() && !has_output {
+            self.empty += 1;
+            self.last_signature = None;
+            self.repeats = 0;
+            return (self.empty >= empty_after).then_some(Stop::EmptyTurns);
+        }
+        self.empty = 0;
+        if calls.is_empty() {
+            return None;
+        }
+        let sig = signature(calls);
+        if self.last_signature.as_deref() == Some(sig.as_str()) {
+            self.repeats += 1;
+        } else {
+            self.last_signature = Some(sig);
+            self.repeats = 1;
+        }
+        (doom_after > 0 && self.repeats >= doom_after).then_some(Stop::DoomLoop)
+    }
+}
+
+/// A step's signature: its calls, canonicalised (sorted keys) and sorted.
+fn signature(calls: &[Value]) -> String {
+    let mut sigs: Vec<String> = calls.iter().map(|c| canonical(c).to_string()).collect();
+    sigs.sort();
+    sigs.join("\n")
+}
+
+fn canonical(v: &Value) -> Value {
+    match v {
+        Value::Object(m) => {
+            let sorted: BTreeMap<&String, Value> =
+                m.iter().map(|(k, x)| (k, canonical(x))).collect();
+            Value::Object(sorted.into_iter().map(|(k, x)| (k.clone(), x)).collect())
+        }
+        Value::Array(a) => Value::Array(a.iter().map(canonical).collect()),
+        other => other.clone(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn doom_loop_needs_consecutive_identical_steps() {
+        let mut t = TurnTracker::default();
+        let a = [json!({"_tool": "x", "q": 1})];
+        let a_reordered = [json!({"q": 1, "_tool": "x"})];
+        let b = [json!({"_tool": "x", "q": 2})];
+        assert_eq!(t.record(&a, false, 3, 2), None);
+        assert_eq!(t.record(&b, false, 3, 2), None);
+        assert_eq!(t.record(&a, false, 3, 2), None);
+        assert_eq!(t.record(&a_reordered, false, 3, 2), None);
+        assert_eq!(t.record(&a, false, 3, 2), Some(Stop::DoomLoop));
+    }
+
+    #[test]
+    fn empty_turns_must_be_consecutive() {
+        let mut t = TurnTracker::default();
+        assert_eq!(t.record(&[], false, 3, 2), None);
+        assert_eq!(t.record(&[json!({"_tool": "x"})], false, 3, 2), None);
+        assert_eq!(t.record(&[], false, 3, 2), None);
+        assert_eq!(t.record(&[], false, 3, 2), Some(Stop::EmptyTurns));
+    }
+}

@@ -1,0 +1,242 @@
+//! Goal files: what a program submits (DESIGN.md section 4), read with clear, coded errors.
+//!
+//! This module only reads and checks a goal; it runs nothing. The JSON Schema in
+//! `schemas/goal.schema.json` describes the same format for other programs.
+
+use std::collections::BTreeSet;
+use std::path::{Path as FsPath, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::protocol::{Call, Message, Tool};
+
+/// Limits of one run (DESIGN.md rule 16). Every field has a default.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Limits {
+    /// Most Requests in a run.
+    pub max_steps: u32,
+    /// Wall-clock limit of the whole run, in seconds.
+    pub timeout_s: Option<f64>,
+    /// Most tokens (input + output) over the run.
+    pub token_budget: Option<u64>,
+    /// How many times an invalid output is sent back before the run fails.
+    pub max_output_retries: u32,
+    /// Consecutive steps with no calls and no output before the run stops.
+    pub empty_turns: u32,
+    /// Consecutive steps with the same calls before the run stops.
+    pub doom_loop: u32,
+    /// Time limit of one call, in seconds.
+    pub call_timeout_s: Option<f64>,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_steps: 30,
+            timeout_s: None,
+            token_budget: None,
+            max_output_retries: 2,
+            empty_turns: 2,
+            doom_loop: 3,
+            call_timeout_s: None,
+        }
+    }
+}
+
+/// A goal: prompt, data, tools, output schema and options.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Goal {
+    /// What to achieve, in words.
+    pub goal: String,
+    /// Default model spec (`scripted:PATH`, `openai:MODEL`, `anthropic:MODEL`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    /// The run's input (`†input.*`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input: Option<Value>,
+    /// JSON Schema of the input.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input_schema: Option<Value>,
+    /// JSON Schema the final output must satisfy.
+    pub output_schema: Value,
+    /// Initial state (`†state.*`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state: Option<Value>,
+    /// JSON Schema of the state, shown to the model.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state_schema: Option<Value>,
+    /// Tools the model may call.
+    #[serde(default)]
+    pub tools: Vec<Tool>,
+    /// Extra context messages.
+    #[serde(default)]
+    pub context: Vec<Message>,
+    /// Calls to run before the first Request.
+    #[serde(default)]
+    pub plan: Vec<Call>,
+    /// Run limits.
+    #[serde(default)]
+    pub limits: Limits,
+    /// Approval policy (see `approval::Policy`); absent means run everything.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approval: Option<Value>,
+    /// The folder the goal was read from (relative paths resolve against it).
+    #[serde(skip)]
+    pub base_dir: PathBuf,
+}
+
+/// A goal that cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum GoalError {
+    /// The file could not be read.
+    #[error("cannot read goal file {path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The file is not a valid goal document.
+    #[error("goal file {path} is invalid: {reason}")]
+    Invalid {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong (with line and column for JSON syntax errors).
+        reason: String,
+    },
+    /// A schema inside the goal is not a valid JSON Schema.
+    #[error("goal file {path}: `{field}` is not a valid JSON Schema: {reason}")]
+    BadSchema {
+        /// The file.
+        path: PathBuf,
+        /// Which schema (`output_schema`, `tools[2]`...).
+        field: String,
+        /// The validator's explanation.
+        reason: String,
+    },
+    /// Two tools in one goal file share a name.
+    #[error(
+        "goal file {path}: tool `{name}` is defined twice (tools[{first}] and tools[{second}])"
+    )]
+    ToolClash {
+        /// The file.
+        path: PathBuf,
+        /// The repeated name.
+        name: String,
+        /// Index of the first definition.
+        first: usize,
+        /// Index of the second definition.
+        second: usize,
+    },
+}
+
+impl GoalError {
+    /// A stable code for programs that react to failures.
+    pub fn code(&self) -> &'static str {
+        match self {
+            GoalError::Read { source, .. } if source.kind() == std::io::ErrorKind::NotFound => {
+                "goal.not_found"
+            }
+            GoalError::Read { .. } => "goal.unreadable",
+            GoalError::Invalid { .. } => "goal.invalid",
+            GoalError::BadSchema { .. } => "goal.invalid_schema",
+            GoalError::ToolClash { .. } => "goal.tool_clash",
+        }
+    }
+}
+
+impl Goal {
+    /// Reads and checks a goal file (JSON).
+    pub fn load(path: &FsPath) -> Result<Goal, GoalError> {
+        let text = std::fs::read_to_string(path).map_err(|source| GoalError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let base = path.parent().map(FsPath::to_path_buf).unwrap_or_default();
+        Goal::from_json(&text, path, base)
+    }
+
+    /// Parses and checks goal JSON; `origin` names it in errors, `base_dir` anchors relative paths.
+    pub fn from_json(text: &str, origin: &FsPath, base_dir: PathBuf) -> Result<Goal, GoalError> {
+        let invalid = |reason: String| GoalError::Invalid {
+            path: origin.to_path_buf(),
+            reason,
+        };
+        let value: Value = serde_json::from_str(text).map_err(|e| invalid(e.to_string()))?;
+        if let Some(tools) = value.get("tools").and_then(Value::as_array) {
+            for (i, t) in tools.iter().enumerate() {
+                Tool::from_value(t.clone()).map_err(|e| invalid(format!("tools[{i}]: {e}")))?;
+            }
+        }
+        let mut goal: Goal = serde_json::from_value(value).map_err(|e| invalid(e.to_string()))?;
+        goal.base_dir = base_dir;
+        goal.check(origin)?;
+        Ok(goal)
+    }
+
+    fn check(&self, origin: &FsPath) -> Result<(), GoalError> {
+        let bad = |field: String, reason: String| GoalError::BadSchema {
+            path: origin.to_path_buf(),
+            field,
+            reason,
+        };
+        let mut schemas = vec![("output_schema".to_string(), &self.output_schema)];
+        if let Some(s) = &self.input_schema {
+            schemas.push(("input_schema".into(), s));
+        }
+        if let Some(s) = &self.state_schema {
+            schemas.push(("state_schema".into(), s));
+        }
+        for (field, schema) in schemas {
+            jsonschema::validator_for(schema).map_err(|e| bad(field, e.to_string()))?;
+        }
+        let mut seen: Vec<(&str, usize)> = Vec::new();
+        let mut names = BTreeSet::new();
+        for (i, t) in self.tools.iter().enumerate() {
+            if !names.insert(t.name.as_str()) {
+                let first = seen
+                    .iter()
+                    .find(|(n, _)| *n == t.name)
+                    .map_or(0, |(_, j)| *j);
+                return Err(GoalError::ToolClash {
+                    path: origin.to_path_buf(),
+                    name: t.name.clone(),
+                    first,
+                    second: i,
+                });
+            }
+            seen.push((&t.name, i));
+            let params = Value::Object(t.schema.clone());
+            jsonschema::validator_for(&params)
+                .map_err(|e| bad(format!("tools[{i}] ({})", t.name), e.to_string()))?;
+        }
+        if let (Some(schema), Some(input)) = (&self.input_schema, &self.input) {
+            if let Ok(v) = jsonschema::validator_for(schema) {
+                let errors: Vec<String> = v
+                    .iter_errors(input)
+                    .map(|e| format!("{} at `{}`", e, e.instance_path()))
+                    .collect();
+                if !errors.is_empty() {
+                    return Err(GoalError::Invalid {
+                        path: origin.to_path_buf(),
+                        reason: format!("input does not match input_schema: {}", errors.join("; ")),
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Resolves a path written in the goal file against the goal's folder.
+    pub fn resolve_path(&self, p: &str) -> PathBuf {
+        let path = FsPath::new(p);
+        if path.is_absolute() {
+            path.to_path_buf()
+        } else {
+            self.base_dir.join(path)
+        }
+    }
+}

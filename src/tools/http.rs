@@ -1,0 +1,159 @@
+//! The built-in `http` activity: one HTTP request per call, configured by the tool's `_http`.
+
+use std::time::Duration;
+
+use futures::StreamExt;
+use serde::Deserialize;
+use serde_json::{Map, Value, json};
+
+use super::{ActivityError, ActivityFuture, ActivityOutput, fill_template};
+use crate::protocol::Tool;
+
+/// `_http` in a tool schema.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HttpConfig {
+    /// HTTP method (default POST).
+    #[serde(default = "default_method")]
+    pub method: String,
+    /// URL; `{param}` is replaced by the (URL-encoded) param.
+    pub url: String,
+    /// Extra request headers; `{param}` is replaced too.
+    #[serde(default)]
+    pub headers: std::collections::BTreeMap<String, String>,
+    /// How params are sent: `json` (default; query string for GET), `query`, `none`.
+    #[serde(default = "default_body")]
+    pub body: String,
+    /// Time limit in seconds (default 30).
+    #[serde(default = "default_timeout")]
+    pub timeout_s: f64,
+    /// Largest response accepted, in bytes (default 1 MiB).
+    #[serde(default = "default_max_bytes")]
+    pub max_bytes: usize,
+}
+
+fn default_method() -> String {
+    "POST".into()
+}
+fn default_body() -> String {
+    "json".into()
+}
+fn default_timeout() -> f64 {
+    30.0
+}
+fn default_max_bytes() -> usize {
+    1 << 20
+}
+
+impl HttpConfig {
+    /// Reads `_http` from a tool.
+    pub fn from_tool(tool: &Tool) -> Result<HttpConfig, ActivityError> {
+        let raw = tool
+            .schema
+            .get("_http")
+            .cloned()
+            .ok_or_else(|| ActivityError::Config {
+                tool: tool.name.clone(),
+                reason: "an http tool needs `_http` with at least `url`".into(),
+            })?;
+        serde_json::from_value(raw).map_err(|e| ActivityError::Config {
+            tool: tool.name.clone(),
+            reason: format!("`_http`: {e}"),
+        })
+    }
+}
+
+#[derive(Clone, Default)]
+pub(super) struct Client(reqwest::Client);
+
+impl Client {
+    pub(super) fn run(
+        &self,
+        cfg: HttpConfig,
+        tool: String,
+        params: Map<String, Value>,
+    ) -> ActivityFuture {
+        let client = self.0.clone();
+        Box::pin(async move {
+            let config_err = |reason: String| ActivityError::Config {
+                tool: tool.clone(),
+                reason,
+            };
+            let method = reqwest::Method::from_bytes(cfg.method.to_uppercase().as_bytes())
+                .map_err(|_| config_err(format!("unknown HTTP method `{}`", cfg.method)))?;
+            let url = fill_template(&cfg.url, &params, true);
+            let used: Vec<String> = params
+                .keys()
+                .filter(|k| cfg.url.contains(&format!("{{{k}}}")))
+                .cloned()
+                .collect();
+            let rest: Map<String, Value> = params
+                .iter()
+                .filter(|(k, _)| !used.contains(k))
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect();
+            let mut req = client
+                .request(method.clone(), &url)
+                .timeout(Duration::from_secs_f64(cfg.timeout_s.max(0.001)));
+            for (k, v) in &cfg.headers {
+                req = req.header(k, fill_template(v, &params, false));
+            }
+            let as_query =
+                cfg.body == "query" || (cfg.body == "json" && method == reqwest::Method::GET);
+            if as_query {
+                let pairs: Vec<(String, String)> = rest
+                    .iter()
+                    .map(|(k, v)| {
+                        (
+                            k.clone(),
+                            v.as_str().map_or_else(|| v.to_string(), str::to_string),
+                        )
+                    })
+                    .collect();
+                req = req.query(&pairs);
+            } else if cfg.body == "json" {
+                req = req.json(&Value::Object(rest));
+            } else if cfg.body != "none" {
+                return Err(config_err(format!(
+                    "unknown body mode `{}` (json, query, none)",
+                    cfg.body
+                )));
+            }
+            let resp = req.send().await.map_err(|e| transport(&e, cfg.timeout_s))?;
+            let status = resp.status();
+            let mut body = Vec::new();
+            let mut stream = resp.bytes_stream();
+            while let Some(chunk) = stream.next().await {
+                let chunk = chunk.map_err(|e| transport(&e, cfg.timeout_s))?;
+                if body.len() + chunk.len() > cfg.max_bytes {
+                    return Err(ActivityError::Failed {
+                        message: format!("response larger than {} bytes", cfg.max_bytes),
+                        details: json!({"code": "http.too_large", "status": status.as_u16()}),
+                    });
+                }
+                body.extend_from_slice(&chunk);
+            }
+            let text = String::from_utf8_lossy(&body).into_owned();
+            let value = serde_json::from_str::<Value>(&text).unwrap_or(Value::String(text));
+            if status.is_success() {
+                Ok(ActivityOutput::from(value))
+            } else {
+                Err(ActivityError::Failed {
+                    message: format!("HTTP {}", status.as_u16()),
+                    details: json!({"status": status.as_u16(), "body": value}),
+                })
+            }
+        })
+    }
+}
+
+fn transport(e: &reqwest::Error, timeout_s: f64) -> ActivityError {
+    if e.is_timeout() {
+        ActivityError::Timeout { seconds: timeout_s }
+    } else {
+        ActivityError::Failed {
+            message: format!("HTTP request failed: {e}"),
+            details: json!({"code": "http.transport"}),
+        }
+    }
+}

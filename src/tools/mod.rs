@@ -1,0 +1,396 @@
+//! Activities: the code that executes a call (protocol chapter 003).
+//!
+//! A [`Registry`] maps tools to activities: Rust closures registered by name (typed params and
+//! results), the built-in `http` and `shell` activities configured in the tool schema, and
+//! delegates (nested runs, supplied by the engine through [`DelegateRunner`]). A tool with no
+//! activity is latent: the model fills `_output` itself and nothing runs here.
+//!
+//! Deliberately not here: scheduling, approval, retries or writing results to state.
+
+mod http;
+mod shell;
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::sync::Arc;
+
+use futures::future::BoxFuture;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use serde_json::{Map, Value, json};
+
+use crate::protocol::{Call, Tool};
+
+pub use http::HttpConfig;
+pub use shell::ShellConfig;
+
+/// What an activity produced.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ActivityOutput {
+    /// The result value.
+    pub value: Value,
+    /// For `a || b` output paths: the alternative the activity chose (None = default).
+    pub branch: Option<usize>,
+}
+
+impl From<Value> for ActivityOutput {
+    fn from(value: Value) -> Self {
+        ActivityOutput {
+            value,
+            branch: None,
+        }
+    }
+}
+
+/// An activity failed. The message goes back to the model; the code is stable.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ActivityError {
+    /// No activity is registered for the tool.
+    #[error("no activity for tool `{tool}` (activity `{activity}`)")]
+    Unknown {
+        /// The tool.
+        tool: String,
+        /// The activity kind the tool asked for.
+        activity: String,
+    },
+    /// The params do not fit the activity.
+    #[error("bad params for `{tool}`: {reason}")]
+    BadParams {
+        /// The tool.
+        tool: String,
+        /// Why.
+        reason: String,
+    },
+    /// The tool's activity configuration is wrong (`_http`, `_shell`...).
+    #[error("tool `{tool}` is misconfigured: {reason}")]
+    Config {
+        /// The tool.
+        tool: String,
+        /// Why.
+        reason: String,
+    },
+    /// The shell activity is disabled (it must be enabled by the goal and the operator).
+    #[error("tool `{tool}` needs the shell activity, which is disabled (enable it explicitly)")]
+    ShellDisabled {
+        /// The tool.
+        tool: String,
+    },
+    /// The activity ran and reported a failure.
+    #[error("{message}")]
+    Failed {
+        /// Human-readable message.
+        message: String,
+        /// Structured details (HTTP status and body, exit code and stderr...).
+        details: Value,
+    },
+    /// The activity took too long.
+    #[error("timed out after {seconds}s")]
+    Timeout {
+        /// The limit.
+        seconds: f64,
+    },
+}
+
+impl ActivityError {
+    /// A stable code for programs that react to failures.
+    pub fn code(&self) -> &'static str {
+        match self {
+            ActivityError::Unknown { .. } => "activity.unknown",
+            ActivityError::BadParams { .. } => "activity.bad_params",
+            ActivityError::Config { .. } => "activity.config",
+            ActivityError::ShellDisabled { .. } => "activity.shell_disabled",
+            ActivityError::Failed { .. } => "activity.failed",
+            ActivityError::Timeout { .. } => "activity.timeout",
+        }
+    }
+
+    /// The error object written to state and shown to the model.
+    pub fn to_value(&self) -> Value {
+        let mut v = json!({"code": self.code(), "message": self.to_string()});
+        if let ActivityError::Failed { details, .. } = self {
+            if !details.is_null() {
+                v["details"] = details.clone();
+            }
+        }
+        v
+    }
+}
+
+/// The future an activity returns.
+pub type ActivityFuture = BoxFuture<'static, Result<ActivityOutput, ActivityError>>;
+
+/// Code that executes calls of one tool.
+pub trait Activity: Send + Sync {
+    /// Runs one call. `params` are resolved (references replaced by values).
+    fn run(&self, tool: &Tool, call: Call) -> ActivityFuture;
+}
+
+struct FnActivity<F>(F);
+
+impl<F> Activity for FnActivity<F>
+where
+    F: Fn(Map<String, Value>) -> ActivityFuture + Send + Sync,
+{
+    fn run(&self, _tool: &Tool, call: Call) -> ActivityFuture {
+        (self.0)(call.params)
+    }
+}
+
+/// Runs a nested agent for a tool with `_delegate` (implemented by the engine).
+pub trait DelegateRunner: Send + Sync {
+    /// Runs the delegate described by `tool` for `call`; `scoped` is the parent context the
+    /// call's `_scopes` allow (kind name → value).
+    fn run_delegate(&self, tool: &Tool, call: Call, scoped: Map<String, Value>) -> ActivityFuture;
+}
+
+/// Tools' activities by name, plus the built-ins.
+#[derive(Clone, Default)]
+pub struct Registry {
+    by_name: BTreeMap<String, Arc<dyn Activity>>,
+    shell_enabled: bool,
+    delegate: Option<Arc<dyn DelegateRunner>>,
+    http: http::Client,
+}
+
+impl std::fmt::Debug for Registry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Registry")
+            .field("tools", &self.by_name.keys().collect::<Vec<_>>())
+            .field("shell_enabled", &self.shell_enabled)
+            .finish()
+    }
+}
+
+impl Registry {
+    /// An empty registry: http available, shell disabled.
+    pub fn new() -> Self {
+        Registry::default()
+    }
+
+    /// Registers an activity for a tool name. A later registration of the same name wins.
+    pub fn register(&mut self, name: impl Into<String>, activity: Arc<dyn Activity>) -> &mut Self {
+        self.by_name.insert(name.into(), activity);
+        self
+    }
+
+    /// Registers a typed async Rust function: params are deserialized into `P`, the result
+    /// serialized from `R`; an `Err(e)` becomes a failed call with `e`'s message.
+    ///
+    /// ```
+    /// # use dagloop::tools::Registry;
+    /// #[derive(serde::Deserialize)]
+    /// struct Add { a: i64, b: i64 }
+    /// let mut tools = Registry::new();
+    /// tools.register_fn("add", |p: Add| async move { Ok::<_, String>(p.a + p.b) });
+    /// assert!(tools.has("add"));
+    /// ```
+    pub fn register_fn<P, R, E, Fut, F>(&mut self, name: impl Into<String>, f: F) -> &mut Self
+    where
+        P: DeserializeOwned + Send + 'static,
+        R: Serialize + Send + 'static,
+        E: std::fmt::Display + Send + 'static,
+        Fut: Future<Output = Result<R, E>> + Send + 'static,
+        F: Fn(P) -> Fut + Send + Sync + 'static,
+    {
+        let name = name.into();
+        let tool_name = name.clone();
+        let f = Arc::new(f);
+        let wrapped = move |params: Map<String, Value>| -> ActivityFuture {
+            let tool_name = tool_name.clone();
+            let f = f.clone();
+            Box::pin(async move {
+                let p: P = serde_json::from_value(Value::Object(params)).map_err(|e| {
+                    ActivityError::BadParams {
+                        tool: tool_name.clone(),
+                        reason: e.to_string(),
+                    }
+                })?;
+                let r = f(p).await.map_err(|e| ActivityError::Failed {
+                    message: e.to_string(),
+                    details: Value::Null,
+                })?;
+                let value = serde_json::to_value(r).map_err(|e| ActivityError::Failed {
+                    message: format!("result of `{tool_name}` is not JSON: {e}"),
+                    details: Value::Null,
+                })?;
+                Ok(value.into())
+            })
+        };
+        self.register(name, Arc::new(FnActivity(wrapped)))
+    }
+
+    /// Allows the built-in shell activity (off by default).
+    pub fn enable_shell(&mut self, on: bool) -> &mut Self {
+        self.shell_enabled = on;
+        self
+    }
+
+    /// Installs the runner for delegate tools.
+    pub fn set_delegate_runner(&mut self, runner: Arc<dyn DelegateRunner>) -> &mut Self {
+        self.delegate = Some(runner);
+        self
+    }
+
+    /// True when an activity is registered under this tool name.
+    pub fn has(&self, name: &str) -> bool {
+        self.by_name.contains_key(name)
+    }
+
+    /// True when calls to `tool` are executed (not latent).
+    pub fn executes(&self, tool: &Tool) -> bool {
+        self.has(&tool.name) || tool.activity.is_some() || tool.schema.contains_key("_delegate")
+    }
+
+    /// Runs a call: a registered activity first, then the tool's `_activity` built-in.
+    /// `scoped` is the parent context for delegates.
+    pub fn run(&self, tool: &Tool, call: Call, scoped: Map<String, Value>) -> ActivityFuture {
+        if let Some(a) = self.by_name.get(&tool.name) {
+            return a.run(tool, call);
+        }
+        let kind = tool.activity.clone().unwrap_or_else(|| {
+            if tool.schema.contains_key("_delegate") {
+                "delegate".into()
+            } else {
+                "latent".into()
+            }
+        });
+        let err = |e: ActivityError| -> ActivityFuture { Box::pin(async move { Err(e) }) };
+        match kind.as_str() {
+            "http" => match HttpConfig::from_tool(tool) {
+                Ok(cfg) => self.http.run(cfg, tool.name.clone(), call.params),
+                Err(e) => err(e),
+            },
+            "shell" if !self.shell_enabled => err(ActivityError::ShellDisabled {
+                tool: tool.name.clone(),
+            }),
+            "shell" => match ShellConfig::from_tool(tool) {
+                Ok(cfg) => shell::run(cfg, tool.name.clone(), call.params),
+                Err(e) => err(e),
+            },
+            "delegate" => match &self.delegate {
+                Some(d) => d.run_delegate(tool, call, scoped),
+                None => err(ActivityError::Unknown {
+                    tool: tool.name.clone(),
+                    activity: kind,
+                }),
+            },
+            _ => err(ActivityError::Unknown {
+                tool: tool.name.clone(),
+                activity: kind,
+            }),
+        }
+    }
+}
+
+/// Replaces `{name}` in a template with the param's value (strings as-is, others as JSON).
+pub(crate) fn fill_template(template: &str, params: &Map<String, Value>, encode: bool) -> String {
+    let mut out = String::with_capacity(template.len());
+    let mut rest = template;
+    while let Some(open) = rest.find('{') {
+        let Some(close) = rest[open..].find('}') else {
+            break;
+        };
+        let name = &rest[open + 1..open + close];
+        out.push_str(&rest[..open]);
+        match params.get(name) {
+            Some(v) => {
+                let s = match v {
+                    Value::String(s) => s.clone(),
+                    other => other.to_string(),
+                };
+                if encode {
+                    out.push_str(&percent_encode(&s));
+                } else {
+                    out.push_str(&s);
+                }
+            }
+            None => out.push_str(&rest[open..open + close + 1]),
+        }
+        rest = &rest[open + close + 1..];
+    }
+    out.push_str(rest);
+    out
+}
+
+fn percent_encode(s: &str) -> String {
+    let mut out = String::new();
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~') {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn templates_fill_known_params_and_keep_unknown_ones() {
+        let params: Map<String, Value> =
+            serde_json::from_value(json!({"id": "a b/c", "n": 3})).unwrap();
+        assert_eq!(
+            fill_template("/u/{id}?n={n}&x={x}", &params, true),
+            "/u/a%20b%2Fc?n=3&x={x}"
+        );
+        assert_eq!(fill_template("echo {id}", &params, false), "echo a b/c");
+    }
+
+    #[tokio::test]
+    async fn typed_closures_get_params_and_report_errors() {
+        #[derive(serde::Deserialize)]
+        struct Add {
+            a: i64,
+            b: i64,
+        }
+        let mut r = Registry::new();
+        r.register_fn("add", |p: Add| async move {
+            if p.b == 0 {
+                Err("b must not be zero".to_string())
+            } else {
+                Ok(p.a + p.b)
+            }
+        });
+        let tool = Tool::new("add");
+        let ok = r
+            .run(
+                &tool,
+                Call::new("add").param("a", 2).param("b", 3),
+                Map::new(),
+            )
+            .await;
+        assert_eq!(ok.unwrap().value, json!(5));
+        let bad = r
+            .run(&tool, Call::new("add").param("a", "x"), Map::new())
+            .await
+            .unwrap_err();
+        assert_eq!(bad.code(), "activity.bad_params");
+        let failed = r
+            .run(
+                &tool,
+                Call::new("add").param("a", 1).param("b", 0),
+                Map::new(),
+            )
+            .await
+            .unwrap_err();
+        assert_eq!(
+            failed.to_value(),
+            json!({"code": "activity.failed", "message": "b must not be zero"})
+        );
+    }
+
+    #[tokio::test]
+    async fn shell_is_disabled_unless_enabled_and_unknown_activities_fail() {
+        let r = Registry::new();
+        let mut tool = Tool::new("ls");
+        tool.activity = Some("shell".into());
+        let e = r.run(&tool, Call::new("ls"), Map::new()).await.unwrap_err();
+        assert_eq!(e.code(), "activity.shell_disabled");
+        tool.activity = Some("teleport".into());
+        let e = r.run(&tool, Call::new("ls"), Map::new()).await.unwrap_err();
+        assert_eq!(e.code(), "activity.unknown");
+    }
+}
