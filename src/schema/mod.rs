@@ -155,3 +155,33 @@ pub(crate) fn cap_message(s: String) -> String {
     out.push_str("… (truncated)");
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cap_message_cuts_on_character_boundaries() {
+        let short = "é".repeat(MAX_MESSAGE_CHARS);
+        assert_eq!(cap_message(short.clone()), short);
+        let long = "é".repeat(MAX_MESSAGE_CHARS + 1);
+        let capped = cap_message(long);
+        assert!(capped.starts_with(&"é".repeat(MAX_MESSAGE_CHARS)));
+        assert!(capped.ends_with("… (truncated)"));
+    }
+
+    #[test]
+    fn codes_are_stable() {
+        let e = SchemaError::ToolNotObject {
+            tool: "t".into(),
+            found: "\"string\"".into(),
+        };
+        assert_eq!(e.code(), "schema.tool_not_object");
+        let e = SchemaError::InvalidToolMeta {
+            tool: "t".into(),
+            field: "_outputPath",
+            reason: "x".into(),
+        };
+        assert_eq!(e.code(), "schema.invalid_tool_meta");
+    }
+}
