@@ -13,5 +13,6 @@
 pub mod context;
 pub mod goal;
 pub mod protocol;
+pub mod schema;
 pub mod state;
 pub mod tools;

@@ -1,0 +1,236 @@
+//! Compiled validators for final outputs and call params.
+
+use std::collections::BTreeMap;
+
+use serde_json::{Map, Value};
+
+use super::compose::last_definitions;
+use super::{SchemaError, Subject, Violation, cap_message, is_meta_key};
+use crate::protocol::Tool;
+
+/// Compiles `schema` offline (no `$ref` is fetched) with `format` checks on.
+///
+/// The draft is the one the schema names in `$schema`, 2020-12 otherwise.
+pub(crate) fn compile(
+    schema: &Value,
+    subject: &Subject,
+) -> Result<jsonschema::Validator, SchemaError> {
+    jsonschema::options()
+        .offline()
+        .should_validate_formats(true)
+        .build(schema)
+        .map_err(|e| SchemaError::InvalidSchema {
+            subject: subject.clone(),
+            pointer: e.instance_path().as_str().to_string(),
+            message: cap_message(describe(&e)),
+        })
+}
+
+/// Every violation of `instance` against `validator`, sorted and without duplicates.
+pub(crate) fn violations(validator: &jsonschema::Validator, instance: &Value) -> Vec<Violation> {
+    let mut out: Vec<Violation> = validator
+        .iter_errors(instance)
+        .map(|e| Violation {
+            pointer: e.instance_path().as_str().to_string(),
+            schema_pointer: e.schema_path().as_str().to_string(),
+            keyword: e.kind().keyword().to_string(),
+            message: cap_message(describe(&e)),
+        })
+        .collect();
+    out.sort();
+    out.dedup();
+    out
+}
+
+/// The error's message; for `anyOf` / `oneOf` failures, followed by why each option failed
+/// (its first error), since "not valid under any of the schemas" alone does not help to fix it.
+fn describe(e: &jsonschema::ValidationError<'_>) -> String {
+    use jsonschema::error::ValidationErrorKind as K;
+    let base = e.to_string();
+    let context = match e.kind() {
+        K::AnyOf { context } | K::OneOfNotValid { context } => context,
+        _ => return base,
+    };
+    let parent = e.instance_path().as_str();
+    let options: Vec<String> = context
+        .iter()
+        .enumerate()
+        .filter_map(|(i, errors)| {
+            let first = errors.first()?;
+            let at = first.instance_path().as_str();
+            Some(match at == parent {
+                true => format!("option {}: {first}", i + 1),
+                false => format!("option {}: at {at}: {first}", i + 1),
+            })
+        })
+        .collect();
+    if options.is_empty() {
+        return base;
+    }
+    format!("{base} ({})", options.join("; "))
+}
+
+/// The user's output schema, compiled once; checks final outputs (rule 15).
+#[derive(Debug)]
+pub struct OutputValidator {
+    schema: Value,
+    validator: jsonschema::Validator,
+}
+
+impl OutputValidator {
+    /// Compiles the user's output schema.
+    pub fn new(schema: &Value) -> Result<OutputValidator, SchemaError> {
+        Self::with_subject(schema, Subject::OutputSchema)
+    }
+
+    /// Compiles `schema`, naming it `subject` in errors.
+    pub(crate) fn with_subject(
+        schema: &Value,
+        subject: Subject,
+    ) -> Result<OutputValidator, SchemaError> {
+        Ok(OutputValidator {
+            validator: compile(schema, &subject)?,
+            schema: schema.clone(),
+        })
+    }
+
+    /// Every way `output` breaks the schema; empty when it is valid.
+    pub fn validate(&self, output: &Value) -> Vec<Violation> {
+        violations(&self.validator, output)
+    }
+
+    /// True when `output` is valid (faster than [`OutputValidator::validate`]).
+    pub fn is_valid(&self, output: &Value) -> bool {
+        self.validator.is_valid(output)
+    }
+
+    /// The schema as given.
+    pub fn schema(&self) -> &Value {
+        &self.schema
+    }
+}
+
+/// The params schema of one tool, compiled once.
+///
+/// The params schema is the tool schema without its meta keys (any key starting with `_`), and
+/// without `_`-prefixed entries in `properties` and `required`: meta fields of a call are not
+/// params and are never checked here.
+#[derive(Debug)]
+pub struct ParamsValidator {
+    tool: String,
+    validator: jsonschema::Validator,
+}
+
+impl ParamsValidator {
+    /// Compiles the params schema of `tool`.
+    pub fn new(tool: &Tool) -> Result<ParamsValidator, SchemaError> {
+        let schema = Value::Object(params_schema(&tool.schema));
+        Ok(ParamsValidator {
+            tool: tool.name.clone(),
+            validator: compile(&schema, &Subject::ToolParams(tool.name.clone()))?,
+        })
+    }
+
+    /// The tool's name.
+    pub fn tool(&self) -> &str {
+        &self.tool
+    }
+
+    /// Every way `params` (already resolved: no references left) breaks the tool's schema.
+    /// Keys starting with `_` are ignored.
+    pub fn validate(&self, params: &Map<String, Value>) -> Vec<Violation> {
+        let instance: Map<String, Value> = params
+            .iter()
+            .filter(|(k, _)| !is_meta_key(k))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        violations(&self.validator, &Value::Object(instance))
+    }
+}
+
+/// The params schema checked by [`ParamsValidator`]: meta keys and meta properties removed.
+pub(crate) fn params_schema(schema: &Map<String, Value>) -> Map<String, Value> {
+    let mut out = Map::new();
+    for (k, v) in schema {
+        if is_meta_key(k) {
+            continue;
+        }
+        let v = match (k.as_str(), v) {
+            ("properties", Value::Object(props)) => Value::Object(
+                props
+                    .iter()
+                    .filter(|(p, _)| !is_meta_key(p))
+                    .map(|(p, s)| (p.clone(), s.clone()))
+                    .collect(),
+            ),
+            ("required", Value::Array(names)) => Value::Array(
+                names
+                    .iter()
+                    .filter(|n| n.as_str().is_none_or(|n| !is_meta_key(n)))
+                    .cloned()
+                    .collect(),
+            ),
+            _ => v.clone(),
+        };
+        out.insert(k.clone(), v);
+    }
+    out
+}
+
+/// Checks `params` (after reference resolution) against `tool`, compiling its schema first.
+///
+/// Prefer [`ToolValidators`] when the same tools are checked many times.
+pub fn validate_params(
+    tool: &Tool,
+    params: &Map<String, Value>,
+) -> Result<Vec<Violation>, SchemaError> {
+    Ok(ParamsValidator::new(tool)?.validate(params))
+}
+
+/// One compiled [`ParamsValidator`] per tool name; the last definition of a name wins.
+#[derive(Debug, Default)]
+pub struct ToolValidators {
+    by_name: BTreeMap<String, ParamsValidator>,
+}
+
+impl ToolValidators {
+    /// Compiles the params schema of the last definition of every tool name. Fails on the first
+    /// invalid one.
+    pub fn new(tools: &[Tool]) -> Result<ToolValidators, SchemaError> {
+        let mut by_name = BTreeMap::new();
+        for tool in last_definitions(tools) {
+            by_name.insert(tool.name.clone(), ParamsValidator::new(tool)?);
+        }
+        Ok(ToolValidators { by_name })
+    }
+
+    /// Adds or replaces the validator of one tool.
+    pub fn insert(&mut self, tool: &Tool) -> Result<(), SchemaError> {
+        self.by_name
+            .insert(tool.name.clone(), ParamsValidator::new(tool)?);
+        Ok(())
+    }
+
+    /// The validator of `tool`, if known.
+    pub fn get(&self, tool: &str) -> Option<&ParamsValidator> {
+        self.by_name.get(tool)
+    }
+
+    /// Checks `params` against the tool called `tool`.
+    pub fn validate(
+        &self,
+        tool: &str,
+        params: &Map<String, Value>,
+    ) -> Result<Vec<Violation>, SchemaError> {
+        self.get(tool)
+            .map(|v| v.validate(params))
+            .ok_or_else(|| SchemaError::ToolNotFound {
+                tool: tool.to_string(),
+            })
+    }
+
+    /// Names of the known tools, sorted.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.by_name.keys().map(String::as_str)
+    }
+}
