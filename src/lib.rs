@@ -11,4 +11,5 @@
 #![warn(missing_docs)]
 
 pub mod protocol;
+pub mod plan;
 pub mod state;

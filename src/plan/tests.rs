@@ -1,0 +1,1 @@
+//! Unit tests for the scanner and the parser internals.
