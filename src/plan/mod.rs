@@ -466,8 +466,11 @@ impl SolutionParser {
     fn decode<T: serde::de::DeserializeOwned>(&self, c: &Capture) -> Result<T, ParseError> {
         serde_json::from_slice(&c.buf).map_err(|e| {
             let offset = c.start + locate(&c.buf, e.line(), e.column());
+            // serde_json's own position is relative to the capture: keep only the reason.
+            let message = e.to_string();
+            let reason = message.rsplit_once(" at line ").map_or(&*message, |(r, _)| r);
             let kind = ParseErrorKind::InvalidValue {
-                reason: e.to_string(),
+                reason: reason.to_string(),
             };
             self.error_at(offset, kind)
         })
