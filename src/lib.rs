@@ -10,6 +10,6 @@
 
 #![warn(missing_docs)]
 
-pub mod protocol;
 pub mod plan;
+pub mod protocol;
 pub mod state;

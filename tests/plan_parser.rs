@@ -21,7 +21,8 @@ fn calls_then_output() {
 
 #[test]
 fn output_before_calls() {
-    let text = r#"{"output": {"status": "done", "n": [1, 2.5, -3e2]}, "calls": [{"_tool": "notify"}]}"#;
+    let text =
+        r#"{"output": {"status": "done", "n": [1, 2.5, -3e2]}, "calls": [{"_tool": "notify"}]}"#;
     assert_json_snapshot!(log(text));
 }
 
@@ -33,7 +34,8 @@ fn fenced_with_trailing_prose() {
 
 #[test]
 fn prose_before_the_object() {
-    let text = "Sure! I will look it up {first}.\n\n{\"calls\": [{\"_tool\": \"lookup\", \"id\": 7}]}";
+    let text =
+        "Sure! I will look it up {first}.\n\n{\"calls\": [{\"_tool\": \"lookup\", \"id\": 7}]}";
     assert_json_snapshot!(log(text));
 }
 
@@ -51,7 +53,8 @@ fn unicode_escapes() {
 
 #[test]
 fn multibyte_utf8_split_across_chunks() {
-    let text = "{\"calls\": [{\"_tool\": \"say\", \"text\": \"é ✓ 😀 †state\"}], \"output\": \"ü\"}";
+    let text =
+        "{\"calls\": [{\"_tool\": \"say\", \"text\": \"é ✓ 😀 †state\"}], \"output\": \"ü\"}";
     let bytes = text.as_bytes();
     // Cut inside each multi-byte character (2, 3 and 4 bytes long).
     let inside: Vec<usize> = ["é", "✓", "😀", "ü"]
@@ -89,7 +92,9 @@ fn invalid_calls_are_reported_and_parsing_goes_on() {
     let codes: Vec<_> = events_of(&run)
         .iter()
         .filter_map(|e| match e {
-            ParseEvent::Call { index, call, .. } => Some((*index, call.as_ref().err().map(|e| e.code()))),
+            ParseEvent::Call { index, call, .. } => {
+                Some((*index, call.as_ref().err().map(|e| e.code())))
+            }
             _ => None,
         })
         .collect();
@@ -113,10 +118,19 @@ fn each_call_comes_out_the_moment_its_closing_brace_arrives() {
     let mut p = SolutionParser::new();
     assert!(p.feed_bytes(&text[..first_end - 1]).is_empty());
     let got = p.feed_bytes(&text[first_end - 1..first_end]);
-    assert!(matches!(&got[..], [ParseEvent::Call { index: 0, call: Ok(c), .. }] if c.tool == "search"));
+    assert!(
+        matches!(&got[..], [ParseEvent::Call { index: 0, call: Ok(c), .. }] if c.tool == "search")
+    );
     assert!(p.feed_bytes(&text[first_end..second_end - 1]).is_empty());
     let got = p.feed_bytes(&text[second_end - 1..second_end]);
-    assert!(matches!(&got[..], [ParseEvent::Call { index: 1, call: Ok(_), .. }]));
+    assert!(matches!(
+        &got[..],
+        [ParseEvent::Call {
+            index: 1,
+            call: Ok(_),
+            ..
+        }]
+    ));
 }
 
 /// A malformed text: what came out before the error, and the error.
@@ -152,7 +166,10 @@ fn unclosed_string_is_truncation_at_the_end_after_the_calls_before_it() {
 #[test]
 fn unclosed_string_running_into_a_newline_fails_at_the_newline() {
     let text = "{\"calls\": [{\"_tool\": \"a\"}], \"output\": \"abc\n}";
-    assert_eq!(error_of(text), (text.find('\n').unwrap(), "plan.control_character", None));
+    assert_eq!(
+        error_of(text),
+        (text.find('\n').unwrap(), "plan.control_character", None)
+    );
 }
 
 #[test]
@@ -165,19 +182,26 @@ fn missing_comma_between_calls_fails_at_the_second_call() {
 #[test]
 fn missing_comma_between_fields_fails_at_the_second_key() {
     let text = r#"{"calls": [{"_tool": "a"}] "output": 1}"#;
-    assert_eq!(error_of(text), (text.find("\"output").unwrap(), "plan.unexpected", None));
+    assert_eq!(
+        error_of(text),
+        (text.find("\"output").unwrap(), "plan.unexpected", None)
+    );
 }
 
 #[test]
 fn garbage_inside_the_object_fails_at_the_first_bad_byte() {
     let text = r#"{"calls": [{"_tool": "a"}], "output": 1 x}"#;
-    assert_eq!(error_of(text), (text.find('x').unwrap(), "plan.unexpected", None));
+    assert_eq!(
+        error_of(text),
+        (text.find('x').unwrap(), "plan.unexpected", None)
+    );
     assert_json_snapshot!(failure(text));
 }
 
 #[test]
 fn truncated_mid_call_after_two_calls_keeps_both() {
-    let text = r#"Plan: {"calls": [{"_tool": "a"}, {"_tool": "b", "n": [1, 2]}, {"_tool": "c", "p": {"#;
+    let text =
+        r#"Plan: {"calls": [{"_tool": "a"}, {"_tool": "b", "n": [1, 2]}, {"_tool": "c", "p": {"#;
     assert_eq!(error_of(text), (text.len(), "plan.truncated", Some(2)));
     assert_json_snapshot!(failure(text));
 }
@@ -227,7 +251,10 @@ fn reference(object: &Value) -> (Vec<Value>, Solution) {
         Some(Value::Array(items)) => items,
         _ => Vec::new(),
     };
-    let calls = elements.iter().filter_map(|e| Call::try_from(e.clone()).ok()).collect();
+    let calls = elements
+        .iter()
+        .filter_map(|e| Call::try_from(e.clone()).ok())
+        .collect();
     let solution = Solution {
         calls,
         output: m.remove("output").unwrap_or(Value::Null),

@@ -264,7 +264,9 @@ impl SolutionParser {
         mut i: usize,
         mut candidate: Option<usize>,
     ) -> Result<usize, ParseError> {
-        let end = chunk.len().min(self.limits.max_total_bytes.saturating_sub(self.base));
+        let end = chunk
+            .len()
+            .min(self.limits.max_total_bytes.saturating_sub(self.base));
         while i < end {
             let b = chunk[i];
             match candidate {
@@ -288,7 +290,13 @@ impl SolutionParser {
 
     fn too_large_total(&self) -> ParseError {
         let limit = self.limits.max_total_bytes;
-        self.error_at(limit, ParseErrorKind::TooLarge { what: "solution", limit })
+        self.error_at(
+            limit,
+            ParseErrorKind::TooLarge {
+                what: "solution",
+                limit,
+            },
+        )
     }
 
     /// Scans the solution object until the chunk ends or the object closes.
@@ -416,7 +424,11 @@ impl SolutionParser {
         depth: usize,
         out: &mut Vec<ParseEvent>,
     ) -> Result<(), ParseError> {
-        let wanted = if depth == 1 { Target::Member } else { Target::Call };
+        let wanted = if depth == 1 {
+            Target::Member
+        } else {
+            Target::Call
+        };
         if self.capture.as_ref().map(|c| c.target) != Some(wanted) {
             return Ok(()); // a value nested inside a member capture
         }
@@ -430,7 +442,11 @@ impl SolutionParser {
             if let Ok(call) = &call {
                 self.parts.calls.push(call.clone());
             }
-            out.push(ParseEvent::Call { index, call, raw: value });
+            out.push(ParseEvent::Call {
+                index,
+                call,
+                raw: value,
+            });
             self.next_index += 1;
             return Ok(());
         }
@@ -468,7 +484,9 @@ impl SolutionParser {
             let offset = c.start + locate(&c.buf, e.line(), e.column());
             // serde_json's own position is relative to the capture: keep only the reason.
             let message = e.to_string();
-            let reason = message.rsplit_once(" at line ").map_or(&*message, |(r, _)| r);
+            let reason = message
+                .rsplit_once(" at line ")
+                .map_or(&*message, |(r, _)| r);
             let kind = ParseErrorKind::InvalidValue {
                 reason: reason.to_string(),
             };

@@ -38,13 +38,23 @@ enum Container {
 enum Sub {
     Plain,
     /// Inside a multi-byte UTF-8 sequence: `need` more bytes, the next in `lo..=hi`.
-    Utf8 { need: u8, lo: u8, hi: u8 },
+    Utf8 {
+        need: u8,
+        lo: u8,
+        hi: u8,
+    },
     Escape,
-    Hex { n: u8, acc: u16 },
+    Hex {
+        n: u8,
+        acc: u16,
+    },
     /// After a high surrogate: `\`, then `u`, then four hex digits of a low surrogate.
     LowSlash,
     LowU,
-    LowHex { n: u8, acc: u16 },
+    LowHex {
+        n: u8,
+        acc: u16,
+    },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -62,7 +72,9 @@ enum Num {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum St {
     /// A value is expected; `]` too when this is the first slot of an array.
-    Value { first_in_array: bool },
+    Value {
+        first_in_array: bool,
+    },
     /// Just after `{`: a key or `}`.
     ObjectFirst,
     /// After `,` in an object: a key.
@@ -70,9 +82,15 @@ enum St {
     Colon,
     /// After a value inside a container: `,` or the closing bracket.
     After,
-    Str { key: bool, sub: Sub },
+    Str {
+        key: bool,
+        sub: Sub,
+    },
     Num(Num),
-    Lit { word: &'static [u8], at: u8 },
+    Lit {
+        word: &'static [u8],
+        at: u8,
+    },
     /// The root value is complete.
     Done,
 }
@@ -101,7 +119,9 @@ impl Scanner {
     /// A scanner expecting one root value, refusing more than `max_depth` nested containers.
     pub(crate) fn new(max_depth: usize) -> Self {
         Scanner {
-            st: St::Value { first_in_array: false },
+            st: St::Value {
+                first_in_array: false,
+            },
             stack: Vec::new(),
             max_depth,
         }
@@ -123,7 +143,10 @@ impl Scanner {
                 if is_ws(b) {
                     Ok(Sig::None)
                 } else if b == b'"' {
-                    self.st = St::Str { key: true, sub: Sub::Plain };
+                    self.st = St::Str {
+                        key: true,
+                        sub: Sub::Plain,
+                    };
                     Ok(Sig::KeyStart(self.stack.len()))
                 } else if b == b'}' && self.st == St::ObjectFirst {
                     Ok(self.close())
@@ -133,7 +156,9 @@ impl Scanner {
             }
             St::Colon => match b {
                 b':' => {
-                    self.st = St::Value { first_in_array: false };
+                    self.st = St::Value {
+                        first_in_array: false,
+                    };
                     Ok(Sig::None)
                 }
                 _ if is_ws(b) => Ok(Sig::None),
@@ -161,7 +186,13 @@ impl Scanner {
     /// How many leading bytes of `bytes` are plain ASCII string content, which changes nothing
     /// in the scanner's state and can be taken in bulk. Zero unless inside a string.
     pub(crate) fn plain_run(&self, bytes: &[u8]) -> usize {
-        if !matches!(self.st, St::Str { sub: Sub::Plain, .. }) {
+        if !matches!(
+            self.st,
+            St::Str {
+                sub: Sub::Plain,
+                ..
+            }
+        ) {
             return 0;
         }
         bytes
@@ -173,8 +204,12 @@ impl Scanner {
     /// What the grammar needs next, for truncation errors.
     pub(crate) fn expected(&self) -> &'static str {
         match self.st {
-            St::Value { first_in_array: true } => "a value or `]`",
-            St::Value { first_in_array: false } => "a value",
+            St::Value {
+                first_in_array: true,
+            } => "a value or `]`",
+            St::Value {
+                first_in_array: false,
+            } => "a value",
             St::ObjectFirst => "a key or `}`",
             St::ObjectKey => "a key",
             St::Colon => "`:`",
@@ -205,17 +240,35 @@ impl Scanner {
             }
             b'[' => {
                 self.open(Container::Array)?;
-                St::Value { first_in_array: true }
+                St::Value {
+                    first_in_array: true,
+                }
             }
-            b'"' => St::Str { key: false, sub: Sub::Plain },
+            b'"' => St::Str {
+                key: false,
+                sub: Sub::Plain,
+            },
             b'-' => St::Num(Num::Minus),
             b'0' => St::Num(Num::Zero),
             b'1'..=b'9' => St::Num(Num::Int),
-            b't' => St::Lit { word: b"true", at: 1 },
-            b'f' => St::Lit { word: b"false", at: 1 },
-            b'n' => St::Lit { word: b"null", at: 1 },
+            b't' => St::Lit {
+                word: b"true",
+                at: 1,
+            },
+            b'f' => St::Lit {
+                word: b"false",
+                at: 1,
+            },
+            b'n' => St::Lit {
+                word: b"null",
+                at: 1,
+            },
             _ => {
-                let expected = if first_in_array { "a value or `]`" } else { "a value" };
+                let expected = if first_in_array {
+                    "a value or `]`"
+                } else {
+                    "a value"
+                };
                 return Err(unexpected(b, expected));
             }
         };
@@ -224,7 +277,9 @@ impl Scanner {
 
     fn open(&mut self, c: Container) -> Result<(), ParseErrorKind> {
         if self.stack.len() >= self.max_depth {
-            return Err(ParseErrorKind::TooDeep { limit: self.max_depth });
+            return Err(ParseErrorKind::TooDeep {
+                limit: self.max_depth,
+            });
         }
         self.stack.push(c);
         Ok(())
@@ -237,7 +292,11 @@ impl Scanner {
     }
 
     fn finish_value(&mut self) {
-        self.st = if self.stack.is_empty() { St::Done } else { St::After };
+        self.st = if self.stack.is_empty() {
+            St::Done
+        } else {
+            St::After
+        };
     }
 
     fn after(&mut self, b: u8) -> Result<Sig, ParseErrorKind> {
@@ -246,7 +305,11 @@ impl Scanner {
         }
         match (self.stack.last(), b) {
             (Some(Container::Object), b',') => self.st = St::ObjectKey,
-            (Some(Container::Array), b',') => self.st = St::Value { first_in_array: false },
+            (Some(Container::Array), b',') => {
+                self.st = St::Value {
+                    first_in_array: false,
+                }
+            }
             (Some(Container::Object), b'}') | (Some(Container::Array), b']') => {
                 return Ok(self.close());
             }
@@ -271,13 +334,41 @@ impl Scanner {
                 b'\\' => Sub::Escape,
                 0x00..=0x1F => return Err(ParseErrorKind::ControlCharacter { byte: b }),
                 0x20..=0x7F => Sub::Plain,
-                0xC2..=0xDF => Sub::Utf8 { need: 1, lo: 0x80, hi: 0xBF },
-                0xE0 => Sub::Utf8 { need: 2, lo: 0xA0, hi: 0xBF },
-                0xE1..=0xEC | 0xEE..=0xEF => Sub::Utf8 { need: 2, lo: 0x80, hi: 0xBF },
-                0xED => Sub::Utf8 { need: 2, lo: 0x80, hi: 0x9F },
-                0xF0 => Sub::Utf8 { need: 3, lo: 0x90, hi: 0xBF },
-                0xF1..=0xF3 => Sub::Utf8 { need: 3, lo: 0x80, hi: 0xBF },
-                0xF4 => Sub::Utf8 { need: 3, lo: 0x80, hi: 0x8F },
+                0xC2..=0xDF => Sub::Utf8 {
+                    need: 1,
+                    lo: 0x80,
+                    hi: 0xBF,
+                },
+                0xE0 => Sub::Utf8 {
+                    need: 2,
+                    lo: 0xA0,
+                    hi: 0xBF,
+                },
+                0xE1..=0xEC | 0xEE..=0xEF => Sub::Utf8 {
+                    need: 2,
+                    lo: 0x80,
+                    hi: 0xBF,
+                },
+                0xED => Sub::Utf8 {
+                    need: 2,
+                    lo: 0x80,
+                    hi: 0x9F,
+                },
+                0xF0 => Sub::Utf8 {
+                    need: 3,
+                    lo: 0x90,
+                    hi: 0xBF,
+                },
+                0xF1..=0xF3 => Sub::Utf8 {
+                    need: 3,
+                    lo: 0x80,
+                    hi: 0xBF,
+                },
+                0xF4 => Sub::Utf8 {
+                    need: 3,
+                    lo: 0x80,
+                    hi: 0x8F,
+                },
                 _ => return Err(ParseErrorKind::InvalidUtf8 { byte: b }),
             },
             Sub::Utf8 { need, lo, hi } => {
@@ -287,7 +378,11 @@ impl Scanner {
                 if need == 1 {
                     Sub::Plain
                 } else {
-                    Sub::Utf8 { need: need - 1, lo: 0x80, hi: 0xBF }
+                    Sub::Utf8 {
+                        need: need - 1,
+                        lo: 0x80,
+                        hi: 0xBF,
+                    }
                 }
             }
             Sub::Escape => match b {

@@ -15,7 +15,10 @@ fn scan_all(text: &[u8], max_depth: usize) -> Result<Vec<(usize, Sig)>, (usize, 
         if s.expected() == "nothing" {
             // Only blanks may follow the root value.
             if !text[i].is_ascii_whitespace() {
-                let kind = ParseErrorKind::Unexpected { found: text[i], expected: "nothing" };
+                let kind = ParseErrorKind::Unexpected {
+                    found: text[i],
+                    expected: "nothing",
+                };
                 return Err((i, kind));
             }
             i += 1;
@@ -108,7 +111,12 @@ fn scanner_rejects_what_json_forbids_at_the_offending_byte() {
     ];
     for (text, at, code) in cases {
         let (pos, kind) = scan_all(text, 3).expect_err(&String::from_utf8_lossy(text));
-        assert_eq!((pos, kind.code()), (*at, *code), "{}", String::from_utf8_lossy(text));
+        assert_eq!(
+            (pos, kind.code()),
+            (*at, *code),
+            "{}",
+            String::from_utf8_lossy(text)
+        );
     }
 }
 
@@ -120,7 +128,11 @@ fn scanner_accepts_escapes_pairs_and_multibyte_text() {
         b"[-0, 0.5, -1.25e+10, 3E-2, 10, 1e5]",
         b" {\"a\":{\"b\":[null,false,true,{}]} } ",
     ] {
-        assert!(scan_all(text, 8).is_ok(), "{}", String::from_utf8_lossy(text));
+        assert!(
+            scan_all(text, 8).is_ok(),
+            "{}",
+            String::from_utf8_lossy(text)
+        );
         assert!(serde_json::from_slice::<Value>(text).is_ok());
     }
 }
@@ -147,8 +159,34 @@ fn truncation_says_what_was_expected() {
 /// Bytes likely to form or nearly form JSON, to compare the scanner with serde_json.
 fn jsonish() -> impl Strategy<Value = Vec<u8>> {
     let atoms = prop::sample::select(vec![
-        "{", "}", "[", "]", ":", ",", "\"", "\"a\"", "\\", "\\u", "d83d", "de00", "00e9", "0",
-        "1", "-", ".", "e", "+", "true", "fals", "null", " ", "\n", "é", "\u{1F600}", "n", "x",
+        "{",
+        "}",
+        "[",
+        "]",
+        ":",
+        ",",
+        "\"",
+        "\"a\"",
+        "\\",
+        "\\u",
+        "d83d",
+        "de00",
+        "00e9",
+        "0",
+        "1",
+        "-",
+        ".",
+        "e",
+        "+",
+        "true",
+        "fals",
+        "null",
+        " ",
+        "\n",
+        "é",
+        "\u{1F600}",
+        "n",
+        "x",
     ]);
     prop::collection::vec(atoms, 0..24).prop_map(|v| v.concat().into_bytes())
 }
@@ -169,9 +207,19 @@ fn mutated_json() -> impl Strategy<Value = Vec<u8>> {
                 .prop_map(|m| Value::Object(m.into_iter().collect())),
         ]
     });
-    (value, any::<bool>(), any::<prop::sample::Index>(), any::<u8>(), 0..4u8).prop_map(
-        |(v, pretty, at, byte, op)| {
-            let text = if pretty { serde_json::to_vec_pretty(&v) } else { serde_json::to_vec(&v) };
+    (
+        value,
+        any::<bool>(),
+        any::<prop::sample::Index>(),
+        any::<u8>(),
+        0..4u8,
+    )
+        .prop_map(|(v, pretty, at, byte, op)| {
+            let text = if pretty {
+                serde_json::to_vec_pretty(&v)
+            } else {
+                serde_json::to_vec(&v)
+            };
             let mut text = text.unwrap_or_default();
             if !text.is_empty() {
                 let i = at.index(text.len());
@@ -185,8 +233,7 @@ fn mutated_json() -> impl Strategy<Value = Vec<u8>> {
                 }
             }
             text
-        },
-    )
+        })
 }
 
 proptest! {
@@ -209,9 +256,18 @@ fn a_number_out_of_f64_range_is_an_invalid_value_located_in_the_value() {
     let e = err_of(text);
     assert_eq!(e.code(), "plan.invalid_value");
     assert_eq!(e.call_index, Some(0));
-    assert_eq!(e.kind, ParseErrorKind::InvalidValue { reason: "number out of range".into() });
+    assert_eq!(
+        e.kind,
+        ParseErrorKind::InvalidValue {
+            reason: "number out of range".into()
+        }
+    );
     let number = 31..36;
-    assert!(number.contains(&e.offset), "offset {} not in {number:?}", e.offset);
+    assert!(
+        number.contains(&e.offset),
+        "offset {} not in {number:?}",
+        e.offset
+    );
 }
 
 #[test]
@@ -223,36 +279,68 @@ fn locate_maps_serde_positions_to_byte_indices() {
 
 #[test]
 fn a_value_may_be_exactly_as_large_as_the_limit_but_not_larger() {
-    let limits = Limits { max_value_bytes: 5, ..Limits::default() };
+    let limits = Limits {
+        max_value_bytes: 5,
+        ..Limits::default()
+    };
     // The output `12345` is five bytes and ends one byte later (numbers end at a delimiter).
     let (events, end) = parse_with(br#"{"output": 12345}"#, limits);
     assert!(end.is_ok(), "{end:?}");
     assert_eq!(events[0], ParseEvent::Output(json!(12345)));
     let e = parse_with(br#"{"output": "1234"}"#, limits).1.unwrap_err();
     assert_eq!((e.code(), e.offset), ("plan.too_large", 16));
-    assert_eq!(e.kind, ParseErrorKind::TooLarge { what: "value", limit: 5 });
+    assert_eq!(
+        e.kind,
+        ParseErrorKind::TooLarge {
+            what: "value",
+            limit: 5
+        }
+    );
 }
 
 #[test]
 fn a_call_larger_than_the_limit_fails_after_the_earlier_calls() {
-    let limits = Limits { max_value_bytes: 16, ..Limits::default() };
+    let limits = Limits {
+        max_value_bytes: 16,
+        ..Limits::default()
+    };
     let text = br#"{"calls": [{"_tool": "a"}, {"_tool": "bbbbbbbbbbb"}]}"#;
     let (events, end) = parse_with(text, limits);
     assert_eq!(events.len(), 1);
     let e = end.unwrap_err();
-    assert_eq!((e.code(), e.offset, e.call_index), ("plan.too_large", 27 + 16, Some(1)));
+    assert_eq!(
+        (e.code(), e.offset, e.call_index),
+        ("plan.too_large", 27 + 16, Some(1))
+    );
 }
 
 #[test]
 fn keys_and_the_whole_text_are_bounded_too() {
-    let limits = Limits { max_key_bytes: 4, ..Limits::default() };
+    let limits = Limits {
+        max_key_bytes: 4,
+        ..Limits::default()
+    };
     let e = parse_with(br#"{"abc": 1}"#, limits).1.unwrap_err();
-    assert_eq!((e.offset, e.kind.clone()), (5, ParseErrorKind::TooLarge { what: "key", limit: 4 }));
+    assert_eq!(
+        (e.offset, e.kind.clone()),
+        (
+            5,
+            ParseErrorKind::TooLarge {
+                what: "key",
+                limit: 4
+            }
+        )
+    );
     assert!(parse_with(br#"{"ab": 1}"#, limits).1.is_ok());
 
-    let limits = Limits { max_total_bytes: 12, ..Limits::default() };
+    let limits = Limits {
+        max_total_bytes: 12,
+        ..Limits::default()
+    };
     assert!(parse_with(b"xx {\"a\": 1}", limits).1.is_ok());
-    let e = parse_with(b"xxxx {\"a\": 1} trailing", limits).1.unwrap_err();
+    let e = parse_with(b"xxxx {\"a\": 1} trailing", limits)
+        .1
+        .unwrap_err();
     assert_eq!((e.offset, e.code()), (12, "plan.too_large"));
     let e = parse_with(b"prose prose prose", limits).1.unwrap_err();
     assert_eq!((e.offset, e.code()), (12, "plan.too_large"));
@@ -260,14 +348,22 @@ fn keys_and_the_whole_text_are_bounded_too() {
 
 #[test]
 fn nesting_beyond_the_depth_limit_is_refused_at_the_opening_bracket() {
-    let limits = Limits { max_depth: 4, ..Limits::default() };
+    let limits = Limits {
+        max_depth: 4,
+        ..Limits::default()
+    };
     let ok = br#"{"calls": [{"_tool": "a", "p": [1]}]}"#;
     assert!(parse_with(ok, limits).1.is_ok());
     let deep = br#"{"calls": [{"_tool": "a", "p": [[1]]}]}"#;
     let e = parse_with(deep, limits).1.unwrap_err();
-    assert_eq!((e.code(), e.offset, e.call_index), ("plan.too_deep", 32, Some(0)));
+    assert_eq!(
+        (e.code(), e.offset, e.call_index),
+        ("plan.too_deep", 32, Some(0))
+    );
     let hostile = "[".repeat(100_000);
-    let e = parse(format!("{{\"output\": {hostile}").as_bytes()).1.unwrap_err();
+    let e = parse(format!("{{\"output\": {hostile}").as_bytes())
+        .1
+        .unwrap_err();
     assert_eq!((e.code(), e.offset), ("plan.too_deep", 11 + 127));
 }
 
@@ -288,14 +384,20 @@ fn the_solution_starts_at_a_brace_followed_by_a_quote_or_a_closing_brace() {
 fn the_parser_stops_at_the_first_error_and_after_the_solution() {
     let mut p = SolutionParser::new();
     // The number ends at the blank after it, so the output is out before the error.
-    assert_eq!(p.feed(r#"{"output": 1 x"#), vec![ParseEvent::Output(json!(1))]);
+    assert_eq!(
+        p.feed(r#"{"output": 1 x"#),
+        vec![ParseEvent::Output(json!(1))]
+    );
     assert_eq!(p.error().map(ParseError::code), Some("plan.unexpected"));
     assert!(p.feed(r#"}{"calls": [{"_tool": "a"}]}"#).is_empty());
     assert_eq!(p.bytes_seen(), 14 + 28);
     assert_eq!(p.finish().unwrap_err().offset, 13);
 
     let mut p = SolutionParser::new();
-    assert_eq!(p.feed(r#"{"output": 1} {"calls": [{"_tool": "a"}]}"#).len(), 2);
+    assert_eq!(
+        p.feed(r#"{"output": 1} {"calls": [{"_tool": "a"}]}"#).len(),
+        2
+    );
     assert!(p.is_complete());
     assert!(p.feed("{\"output\": 3}").is_empty());
     assert_eq!(p.finish(), Ok(vec![]));
@@ -310,7 +412,10 @@ fn calls_must_be_an_array_or_null() {
         (r#"{"calls": false}"#, "a boolean"),
     ] {
         let e = err_of(text.as_bytes());
-        assert_eq!((e.offset, e.kind), (10, ParseErrorKind::CallsNotArray { found }));
+        assert_eq!(
+            (e.offset, e.kind),
+            (10, ParseErrorKind::CallsNotArray { found })
+        );
     }
     let (events, end) = parse(br#"{"calls": null, "output": 1}"#);
     assert!(end.is_ok());
@@ -321,7 +426,14 @@ fn calls_must_be_an_array_or_null() {
 fn a_repeated_top_level_field_is_refused_at_its_second_key() {
     let e = err_of(br#"{"output": 1, "thoughts": "", "output": 2}"#);
     assert_eq!(e.offset, 30);
-    assert_eq!(e.kind, ParseErrorKind::DuplicateField { field: "output".into() });
-    assert_eq!(e.to_string(), "malformed solution at byte 30: the field `output` appears twice in the solution");
+    assert_eq!(
+        e.kind,
+        ParseErrorKind::DuplicateField {
+            field: "output".into()
+        }
+    );
+    assert_eq!(
+        e.to_string(),
+        "malformed solution at byte 30: the field `output` appears twice in the solution"
+    );
 }
-

@@ -28,7 +28,9 @@ pub fn run_cuts(text: &[u8], cuts: &[usize]) -> Run {
         }
         from = cut;
     }
-    let end = p.finish().map(|tail| events.extend(tail.into_iter().map(|e| (text.len(), e))));
+    let end = p
+        .finish()
+        .map(|tail| events.extend(tail.into_iter().map(|e| (text.len(), e))));
     (events, end)
 }
 
@@ -46,8 +48,16 @@ pub fn events_of(run: &Run) -> Vec<ParseEvent> {
 /// An event as JSON, for snapshots.
 pub fn describe(e: &ParseEvent) -> Value {
     match e {
-        ParseEvent::Call { index, call: Ok(call), .. } => json!({"call": {"index": index, "ok": call}}),
-        ParseEvent::Call { index, call: Err(err), raw } => json!({"call": {
+        ParseEvent::Call {
+            index,
+            call: Ok(call),
+            ..
+        } => json!({"call": {"index": index, "ok": call}}),
+        ParseEvent::Call {
+            index,
+            call: Err(err),
+            raw,
+        } => json!({"call": {
             "index": index,
             "error": {"code": err.code(), "message": err.to_string()},
             "raw": raw,
@@ -169,7 +179,11 @@ pub enum Style {
 
 /// A solution object as text: its fields in any order, `calls` absent, null or an array.
 pub fn solution_object(valid_only: bool) -> impl Strategy<Value = (Value, Style)> {
-    let element = if valid_only { call_value().boxed() } else { call_element().boxed() };
+    let element = if valid_only {
+        call_value().boxed()
+    } else {
+        call_element().boxed()
+    };
     let calls = prop_oneof![
         1 => Just(None),
         1 => Just(Some(Value::Null)),
@@ -182,7 +196,11 @@ pub fn solution_object(valid_only: bool) -> impl Strategy<Value = (Value, Style)
         prop::option::of(json_value()),
         prop::collection::btree_map("x[a-z]{0,4}", json_value(), 0..2),
     );
-    let style = prop_oneof![Just(Style::Compact), Just(Style::Pretty), Just(Style::Ascii)];
+    let style = prop_oneof![
+        Just(Style::Compact),
+        Just(Style::Pretty),
+        Just(Style::Ascii)
+    ];
     (fields, style).prop_flat_map(|((calls, output, thoughts, meta, extra), style)| {
         let mut members: Vec<(String, Value)> = Vec::new();
         let named = [("calls", calls), ("output", output), ("meta", meta)];
@@ -227,7 +245,10 @@ pub fn wrapper() -> impl Strategy<Value = (&'static str, &'static str)> {
     prop::sample::select(vec![
         ("", ""),
         ("```json\n", "\n```\n"),
-        ("Sure, here is the plan:\n", "\nLet me know {if} you need more."),
+        (
+            "Sure, here is the plan:\n",
+            "\nLet me know {if} you need more.",
+        ),
         ("Voilà ✓ — le plan :\n```\n", "\n```"),
         ("  \n", "\n{\"trailing\": \"ignored\"}"),
     ])
@@ -235,7 +256,10 @@ pub fn wrapper() -> impl Strategy<Value = (&'static str, &'static str)> {
 
 /// Byte positions at which to cut a text of `len` bytes.
 pub fn cuts() -> impl Strategy<Value = (bool, Vec<prop::sample::Index>)> {
-    (prop::bool::weighted(0.2), prop::collection::vec(any::<prop::sample::Index>(), 0..16))
+    (
+        prop::bool::weighted(0.2),
+        prop::collection::vec(any::<prop::sample::Index>(), 0..16),
+    )
 }
 
 /// Turns generated cut points into positions for a text of `len` bytes.
