@@ -12,6 +12,7 @@
 
 pub mod context;
 pub mod goal;
+pub mod plan;
 pub mod protocol;
 pub mod schema;
 pub mod state;
