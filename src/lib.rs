@@ -10,5 +10,6 @@
 
 #![warn(missing_docs)]
 
+pub mod llm;
 pub mod protocol;
 pub mod state;
