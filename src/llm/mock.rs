@@ -17,6 +17,7 @@ use axum::extract::State;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
+use axum::serve::ListenerExt;
 use futures::StreamExt;
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
@@ -60,6 +61,13 @@ pub async fn serve_mock(script: Script, listener: TcpListener) -> std::io::Resul
         .route("/v1/chat/completions", post(complete))
         .route("/chat/completions", post(complete))
         .with_state(state.clone());
+    // SSE chunks are small writes: without TCP_NODELAY, Nagle's algorithm holds each one back
+    // until the previous one is acknowledged (up to the peer's delayed-ACK time).
+    let listener = listener.tap_io(|tcp| {
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::debug!("mock LLM server: cannot set TCP_NODELAY: {e}");
+        }
+    });
     let task = tokio::spawn(async move { axum::serve(listener, router).await });
     Ok(MockServer {
         addr,
