@@ -13,6 +13,7 @@
 pub mod context;
 pub mod goal;
 pub mod plan;
+pub mod llm;
 pub mod protocol;
 pub mod schema;
 pub mod state;

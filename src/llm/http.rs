@@ -1,0 +1,357 @@
+//! HTTP + SSE transport shared by the HTTP providers: sends one POST, turns a non-success status
+//! into a typed error (with `Retry-After`), frames the body as SSE events and hands each event to
+//! a provider decoder, enforcing the idle timeout (between body bytes) and the request deadline.
+//!
+//! It does not know any provider's JSON and does not retry: one call is one attempt.
+
+use std::collections::VecDeque;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use eventsource_stream::{Event, EventStreamError, Eventsource};
+use futures::StreamExt;
+use futures::stream::BoxStream;
+use reqwest::header::{CONTENT_TYPE, HeaderMap, RETRY_AFTER};
+use serde_json::Value;
+use tokio::time::Instant;
+
+use super::secret::Redactor;
+use super::{EventStream, LlmError, StreamEvent};
+
+/// How much of an error body is kept (bytes read) and shown (chars).
+const ERROR_BODY_READ: usize = 16 * 1024;
+const ERROR_MESSAGE_CHARS: usize = 500;
+
+/// Turns a provider's SSE events into normalised stream events.
+pub(crate) trait Decoder: Send + 'static {
+    /// Handles one SSE event, pushing the stream events it yields.
+    fn event(&mut self, ev: &Event, out: &mut Vec<StreamEvent>) -> Result<(), LlmError>;
+    /// True once the provider's end-of-stream marker has been seen; reading stops there.
+    fn is_done(&self) -> bool;
+    /// Called once at the end (marker seen or body ended): flushes pending tool calls, usage and
+    /// the finish event, or reports an incomplete stream.
+    fn finish(&mut self, out: &mut Vec<StreamEvent>) -> Result<(), LlmError>;
+}
+
+/// One HTTP attempt, ready to send.
+pub(crate) struct HttpCall {
+    pub client: reqwest::Client,
+    pub url: String,
+    pub headers: HeaderMap,
+    pub body: Value,
+    pub request_timeout: Duration,
+    pub idle_timeout: Duration,
+    pub redactor: Redactor,
+}
+
+type SseStream = BoxStream<'static, Result<Event, EventStreamError<LlmError>>>;
+
+enum Phase {
+    Connect(Box<HttpCall>),
+    Reading(SseStream),
+    Finished,
+}
+
+struct Driver<D> {
+    phase: Phase,
+    decoder: D,
+    pending: VecDeque<Result<StreamEvent, LlmError>>,
+    deadline: Instant,
+    request_timeout: Duration,
+}
+
+/// Sends the request and streams the decoded events. The first error ends the stream.
+pub(crate) fn sse_stream<D: Decoder>(call: HttpCall, decoder: D) -> EventStream {
+    let driver = Driver {
+        deadline: Instant::now() + call.request_timeout,
+        request_timeout: call.request_timeout,
+        phase: Phase::Connect(Box::new(call)),
+        decoder,
+        pending: VecDeque::new(),
+    };
+    futures::stream::unfold(driver, |mut d| async move {
+        loop {
+            if let Some(item) = d.pending.pop_front() {
+                return Some((item, d));
+            }
+            match std::mem::replace(&mut d.phase, Phase::Finished) {
+                Phase::Finished => return None,
+                Phase::Connect(call) => match connect(*call, d.deadline).await {
+                    Ok(sse) => d.phase = Phase::Reading(sse),
+                    Err(e) => return Some((Err(e), d)),
+                },
+                Phase::Reading(mut sse) => {
+                    let next = tokio::time::timeout_at(d.deadline, sse.next()).await;
+                    let mut out = Vec::new();
+                    let result = match next {
+                        Err(_) => Err(LlmError::Timeout {
+                            after: d.request_timeout,
+                        }),
+                        Ok(None) => d.decoder.finish(&mut out),
+                        Ok(Some(Err(e))) => Err(sse_error(e)),
+                        Ok(Some(Ok(ev))) => match d.decoder.event(&ev, &mut out) {
+                            Ok(()) if d.decoder.is_done() => d.decoder.finish(&mut out),
+                            Ok(()) => {
+                                d.phase = Phase::Reading(sse);
+                                Ok(())
+                            }
+                            Err(e) => Err(e),
+                        },
+                    };
+                    d.pending.extend(out.into_iter().map(Ok));
+                    if let Err(e) = result {
+                        d.phase = Phase::Finished;
+                        d.pending.push_back(Err(e));
+                    }
+                }
+            }
+        }
+    })
+    .boxed()
+}
+
+fn sse_error(e: EventStreamError<LlmError>) -> LlmError {
+    match e {
+        EventStreamError::Transport(e) => e,
+        EventStreamError::Utf8(e) => LlmError::BadSse {
+            reason: format!("body is not UTF-8: {e}"),
+        },
+        EventStreamError::Parser(e) => LlmError::BadSse {
+            reason: format!("unparsable SSE line: {e}"),
+        },
+    }
+}
+
+/// Waits for `fut`, bounded by the idle timeout and the attempt deadline.
+async fn bounded<F: Future>(
+    fut: F,
+    idle: Duration,
+    deadline: Instant,
+    request_timeout: Duration,
+) -> Result<F::Output, LlmError> {
+    let idle_at = Instant::now() + idle;
+    if idle_at < deadline {
+        tokio::time::timeout_at(idle_at, fut)
+            .await
+            .map_err(|_| LlmError::IdleTimeout { after: idle })
+    } else {
+        tokio::time::timeout_at(deadline, fut)
+            .await
+            .map_err(|_| LlmError::Timeout {
+                after: request_timeout,
+            })
+    }
+}
+
+/// The message of a reqwest error and its sources, redacted.
+pub(crate) fn transport_error(e: &reqwest::Error, redactor: &Redactor) -> LlmError {
+    let mut message = e.to_string();
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        message.push_str(": ");
+        message.push_str(&s.to_string());
+        source = s.source();
+    }
+    LlmError::Transport {
+        message: redactor.apply(&message),
+    }
+}
+
+async fn connect(call: HttpCall, deadline: Instant) -> Result<SseStream, LlmError> {
+    let HttpCall {
+        client,
+        url,
+        headers,
+        body,
+        request_timeout,
+        idle_timeout,
+        redactor,
+    } = call;
+    let send = client.post(&url).headers(headers).json(&body).send();
+    let resp = bounded(send, idle_timeout, deadline, request_timeout)
+        .await?
+        .map_err(|e| transport_error(&e, &redactor))?;
+    let status = resp.status();
+    if !status.is_success() {
+        let retry_after = retry_after_of(resp.headers(), SystemTime::now());
+        let body = read_error_body(resp, idle_timeout, deadline, request_timeout).await;
+        return Err(LlmError::HttpStatus {
+            status: status.as_u16(),
+            retry_after,
+            message: error_message(&body, &redactor),
+        });
+    }
+    if let Some(ct) = resp
+        .headers()
+        .get(CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        && ct.starts_with("application/json")
+    {
+        return Err(LlmError::BadSse {
+            reason: format!("expected text/event-stream, the server sent {ct}"),
+        });
+    }
+    let bytes = Box::pin(resp.bytes_stream());
+    let timed = futures::stream::unfold((bytes, false), move |(mut bytes, failed)| {
+        let redactor = redactor.clone();
+        async move {
+            if failed {
+                return None;
+            }
+            match tokio::time::timeout(idle_timeout, bytes.next()).await {
+                Ok(Some(Ok(chunk))) => Some((Ok(chunk), (bytes, false))),
+                Ok(Some(Err(e))) => Some((Err(transport_error(&e, &redactor)), (bytes, true))),
+                Ok(None) => None,
+                Err(_) => Some((
+                    Err(LlmError::IdleTimeout {
+                        after: idle_timeout,
+                    }),
+                    (bytes, true),
+                )),
+            }
+        }
+    });
+    Ok(timed.eventsource().boxed())
+}
+
+async fn read_error_body(
+    resp: reqwest::Response,
+    idle: Duration,
+    deadline: Instant,
+    request_timeout: Duration,
+) -> String {
+    let mut buf = Vec::new();
+    let mut bytes = Box::pin(resp.bytes_stream());
+    while buf.len() < ERROR_BODY_READ {
+        match bounded(bytes.next(), idle, deadline, request_timeout).await {
+            Ok(Some(Ok(chunk))) => buf.extend_from_slice(&chunk),
+            _ => break,
+        }
+    }
+    buf.truncate(ERROR_BODY_READ);
+    String::from_utf8_lossy(&buf).into_owned()
+}
+
+/// The message of an error body: `error.message` of a JSON body, else the raw text; redacted and
+/// truncated.
+fn error_message(body: &str, redactor: &Redactor) -> String {
+    let from_json = serde_json::from_str::<Value>(body).ok().and_then(|v| {
+        let e = v.get("error")?;
+        match e {
+            Value::String(s) => Some(s.clone()),
+            Value::Object(o) => o.get("message").and_then(Value::as_str).map(str::to_string),
+            _ => None,
+        }
+    });
+    let text = from_json.unwrap_or_else(|| body.trim().to_string());
+    let text = redactor.apply(&text);
+    if text.chars().count() > ERROR_MESSAGE_CHARS {
+        let mut t: String = text.chars().take(ERROR_MESSAGE_CHARS).collect();
+        t.push('…');
+        t
+    } else {
+        text
+    }
+}
+
+fn retry_after_of(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
+    if let Some(ms) = headers
+        .get("retry-after-ms")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .filter(|ms| ms.is_finite() && *ms >= 0.0)
+    {
+        return Some(Duration::from_secs_f64(ms / 1000.0));
+    }
+    parse_retry_after(headers.get(RETRY_AFTER)?.to_str().ok()?, now)
+}
+
+/// Parses a `Retry-After` value: delay-seconds (`"120"`) or an HTTP date
+/// (`"Sun, 06 Nov 1994 08:49:37 GMT"`, IMF-fixdate), relative to `now`. A date in the past gives
+/// zero; anything else gives None.
+pub fn parse_retry_after(value: &str, now: SystemTime) -> Option<Duration> {
+    let value = value.trim();
+    if !value.is_empty() && value.bytes().all(|b| b.is_ascii_digit()) {
+        return value.parse::<u64>().ok().map(Duration::from_secs);
+    }
+    let at = UNIX_EPOCH + Duration::from_secs(parse_http_date(value)?);
+    Some(at.duration_since(now).unwrap_or(Duration::ZERO))
+}
+
+const MONTHS: [&str; 12] = [
+    "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
+];
+
+/// Seconds since the Unix epoch of an IMF-fixdate.
+fn parse_http_date(s: &str) -> Option<u64> {
+    let (_weekday, rest) = s.split_once(", ")?;
+    let parts: Vec<&str> = rest.split_whitespace().collect();
+    let [day, month, year, time, "GMT"] = parts.as_slice() else {
+        return None;
+    };
+    let day: i64 = day.parse().ok().filter(|d| (1..=31).contains(d))?;
+    let month = MONTHS.iter().position(|m| m == month)? as i64 + 1;
+    let year: i64 = year.parse().ok().filter(|y| *y >= 1970)?;
+    let hms: Vec<i64> = time
+        .split(':')
+        .map(|p| p.parse::<i64>().ok())
+        .collect::<Option<_>>()?;
+    let [h, m, sec] = hms.as_slice() else {
+        return None;
+    };
+    if !(0..24).contains(h) || !(0..60).contains(m) || !(0..=60).contains(sec) {
+        return None;
+    }
+    let days = days_from_civil(year, month, day);
+    u64::try_from(days * 86_400 + h * 3600 + m * 60 + sec).ok()
+}
+
+/// Days since 1970-01-01 of a proleptic Gregorian date (Howard Hinnant's algorithm).
+fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let mp = (m + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retry_after_seconds_and_dates() {
+        let now = UNIX_EPOCH + Duration::from_secs(784_111_777); // Sun, 06 Nov 1994 08:49:37 GMT
+        assert_eq!(parse_retry_after("7", now), Some(Duration::from_secs(7)));
+        assert_eq!(
+            parse_retry_after("Sun, 06 Nov 1994 08:49:47 GMT", now),
+            Some(Duration::from_secs(10))
+        );
+        assert_eq!(
+            parse_retry_after("Sun, 06 Nov 1994 08:49:00 GMT", now),
+            Some(Duration::ZERO)
+        );
+        assert_eq!(parse_retry_after("soon", now), None);
+        assert_eq!(parse_retry_after("-3", now), None);
+        assert_eq!(
+            parse_retry_after("Sun, 06 Foo 1994 08:49:47 GMT", now),
+            None
+        );
+    }
+
+    #[test]
+    fn error_message_prefers_json_and_redacts() {
+        let r = Redactor::new(["sk-123"]);
+        assert_eq!(
+            error_message(r#"{"error":{"message":"bad key sk-123"}}"#, &r),
+            "bad key [REDACTED]"
+        );
+        assert_eq!(
+            error_message("plain sk-123 text", &r),
+            "plain [REDACTED] text"
+        );
+        let long = "x".repeat(2000);
+        assert_eq!(error_message(&long, &r).chars().count(), 501);
+    }
+}

@@ -1,0 +1,272 @@
+//! Model providers: one `Model` trait that turns a [`Request`] into a stream of normalised
+//! [`StreamEvent`]s, whatever the provider.
+//!
+//! Layers, bottom up: HTTP transport with timeouts and secret redaction (`http`), SSE framing
+//! (eventsource-stream), a per-provider decoder (`openai`, `anthropic`) that maps provider chunks
+//! to stream events, and [`Retrying`], which retries failed attempts that have not yet produced
+//! content (protocol rule 17). [`ScriptedModel`] replays a script file offline, and
+//! `serve_mock` (feature `server`) serves the same script as an OpenAI-compatible endpoint.
+//!
+//! Deliberately not here: parsing the Solution text into calls (the `plan` module does that from
+//! the text deltas), composing the schema, building the context messages, or deciding what a
+//! malformed solution means (a model error, shown back to the model by the engine).
+
+mod anthropic;
+mod error;
+mod http;
+#[cfg(feature = "server")]
+mod mock;
+mod openai;
+mod retry;
+mod script;
+mod scripted;
+mod secret;
+mod wire;
+
+pub use anthropic::Anthropic;
+pub use error::LlmError;
+pub use http::parse_retry_after;
+#[cfg(feature = "server")]
+pub use mock::{MockServer, serve_mock};
+pub use openai::OpenAi;
+pub use retry::{Jitter, RetryNotice, RetryPolicy, Retrying};
+pub use script::{Script, Turn, TurnBody};
+pub use scripted::ScriptedModel;
+pub use secret::ApiKey;
+pub use wire::{FINAL_OUTPUT_TOOL, SOLUTION_TOOL, ToolCallOutcome, call_from_tool_call};
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::stream::BoxStream;
+use serde_json::Value;
+
+use crate::protocol::{Message, Tool};
+
+/// The stream a model returns for one request.
+pub type EventStream = BoxStream<'static, Result<StreamEvent, LlmError>>;
+
+/// A language model that streams normalised events for a request.
+///
+/// The stream is `'static`: implementations copy what they need from the request. A stream ends
+/// after a [`StreamEvent::Finish`] or after the first error.
+pub trait Model: Send + Sync {
+    /// Starts one attempt at the request. Errors arrive as stream items.
+    fn stream(&self, req: &Request) -> EventStream;
+    /// A display name for logs and events (`openai:gpt-4o-mini`); never contains a secret.
+    fn name(&self) -> String;
+}
+
+impl<M: Model + ?Sized> Model for Arc<M> {
+    fn stream(&self, req: &Request) -> EventStream {
+        (**self).stream(req)
+    }
+    fn name(&self) -> String {
+        (**self).name()
+    }
+}
+
+impl<M: Model + ?Sized> Model for Box<M> {
+    fn stream(&self, req: &Request) -> EventStream {
+        (**self).stream(req)
+    }
+    fn name(&self) -> String {
+        (**self).name()
+    }
+}
+
+/// One LLM invocation: context messages, the composed Solution schema, tools and settings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Request {
+    /// The context, in order.
+    pub messages: Vec<Message>,
+    /// The composed Solution schema (an object schema with `calls` and `output`).
+    pub schema: Value,
+    /// Tools offered as native functions in [`Mode::ToolCalls`].
+    pub tools: Vec<Tool>,
+    /// Model name, sampling and timeouts.
+    pub settings: Settings,
+}
+
+/// How the model returns its Solution.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Mode {
+    /// The Solution streams as text constrained by the schema (`response_format` json_schema;
+    /// for Anthropic a forced `solution` tool whose input streams as text deltas).
+    #[default]
+    StructuredOutput,
+    /// Each call is a native tool call; the output arrives through the `final_output` tool.
+    ToolCalls,
+}
+
+/// Which tool the model must call in [`Mode::ToolCalls`].
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum ToolChoice {
+    /// The model decides (`"auto"`).
+    #[default]
+    Auto,
+    /// The model must call some tool (`"required"` / Anthropic `any`).
+    Required,
+    /// The model must call this tool.
+    Named(String),
+}
+
+/// Per-request settings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Settings {
+    /// The provider's model name. Empty means the provider's configured default.
+    pub model: String,
+    /// Sampling temperature; None leaves the provider default.
+    pub temperature: Option<f64>,
+    /// Output token cap; None leaves the provider default (Anthropic requires one: 4096).
+    pub max_tokens: Option<u32>,
+    /// Structured output or native tool calls.
+    pub mode: Mode,
+    /// Tool choice in tool-call mode.
+    pub tool_choice: ToolChoice,
+    /// Deadline for one attempt, from sending the request to the last byte (`llm.timeout`).
+    pub request_timeout: Duration,
+    /// Longest silence allowed from the server, before the headers or between body bytes
+    /// (`llm.idle_timeout`).
+    pub idle_timeout: Duration,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            model: String::new(),
+            temperature: None,
+            max_tokens: None,
+            mode: Mode::StructuredOutput,
+            tool_choice: ToolChoice::Auto,
+            request_timeout: Duration::from_secs(600),
+            idle_timeout: Duration::from_secs(60),
+        }
+    }
+}
+
+/// Why the model stopped.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FinishReason {
+    /// Natural end (`stop`, `end_turn`, `stop_sequence`).
+    Stop,
+    /// The output token cap was hit (`length`, `max_tokens`).
+    Length,
+    /// The model stopped to have tools run (`tool_calls`, `function_call`, `tool_use`).
+    ToolCalls,
+    /// A content filter stopped it.
+    ContentFilter,
+    /// Something else, as the provider named it (empty when it named nothing).
+    Other(String),
+}
+
+impl FinishReason {
+    /// Maps a provider's stop reason to the normalised one.
+    pub fn from_provider(reason: &str) -> FinishReason {
+        match reason {
+            "stop" | "end_turn" | "stop_sequence" => FinishReason::Stop,
+            "length" | "max_tokens" => FinishReason::Length,
+            "tool_calls" | "function_call" | "tool_use" => FinishReason::ToolCalls,
+            "content_filter" | "refusal" => FinishReason::ContentFilter,
+            other => FinishReason::Other(other.to_string()),
+        }
+    }
+}
+
+/// One normalised event of a model's response stream.
+#[derive(Debug, Clone, PartialEq)]
+pub enum StreamEvent {
+    /// More Solution text (structured-output mode) or free text (tool-call mode).
+    TextDelta(String),
+    /// A fragment of a native tool call. `id` and `name` are set the first time they are known.
+    ToolCallDelta {
+        /// The call's position among this response's tool calls.
+        index: usize,
+        /// The provider's call id, when first seen.
+        id: Option<String>,
+        /// The tool name, when first seen.
+        name: Option<String>,
+        /// The next piece of the JSON arguments text.
+        arguments: String,
+    },
+    /// A native tool call whose arguments are complete.
+    ToolCallDone {
+        /// The call's position among this response's tool calls.
+        index: usize,
+        /// The provider's call id (`call_<index>` when the provider gave none).
+        id: String,
+        /// The tool name (empty when the provider never sent one).
+        name: String,
+        /// The whole JSON arguments text, unparsed.
+        arguments: String,
+    },
+    /// Token usage of this request, reported once near the end when the provider gives it.
+    Usage {
+        /// Prompt tokens.
+        input_tokens: u64,
+        /// Completion tokens.
+        output_tokens: u64,
+    },
+    /// The last event of a successful stream.
+    Finish {
+        /// Why the model stopped.
+        reason: FinishReason,
+    },
+}
+
+impl StreamEvent {
+    /// True for events that carry model output (text or tool-call pieces). Once one of these
+    /// has been delivered, a failed attempt is no longer retried.
+    pub fn is_content(&self) -> bool {
+        matches!(
+            self,
+            StreamEvent::TextDelta(_)
+                | StreamEvent::ToolCallDelta { .. }
+                | StreamEvent::ToolCallDone { .. }
+        )
+    }
+}
+
+/// Which model a run uses, as written on the command line or in a goal file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ModelSpec {
+    /// `scripted:PATH`: replay a scripted-model file.
+    Scripted(PathBuf),
+    /// `openai:MODEL`: an OpenAI-compatible endpoint (`OPENAI_BASE_URL`, `OPENAI_API_KEY`).
+    OpenAi(String),
+    /// `anthropic:MODEL`: the Anthropic messages API (`ANTHROPIC_API_KEY`, `ANTHROPIC_BASE_URL`).
+    Anthropic(String),
+}
+
+impl ModelSpec {
+    /// Parses `scripted:PATH`, `openai:MODEL` or `anthropic:MODEL`.
+    pub fn parse(spec: &str) -> Result<ModelSpec, LlmError> {
+        let unknown = || LlmError::UnknownSpec {
+            spec: spec.to_string(),
+        };
+        let (kind, rest) = spec.split_once(':').ok_or_else(unknown)?;
+        if rest.trim().is_empty() {
+            return Err(LlmError::InvalidSpec {
+                spec: spec.to_string(),
+                reason: format!("`{kind}:` needs a value after the colon"),
+            });
+        }
+        match kind {
+            "scripted" => Ok(ModelSpec::Scripted(PathBuf::from(rest))),
+            "openai" => Ok(ModelSpec::OpenAi(rest.to_string())),
+            "anthropic" => Ok(ModelSpec::Anthropic(rest.to_string())),
+            _ => Err(unknown()),
+        }
+    }
+
+    /// Builds the model, reading keys and base URLs from the environment. The model is not
+    /// wrapped in [`Retrying`]; callers choose the policy.
+    pub fn build(&self) -> Result<Arc<dyn Model>, LlmError> {
+        Ok(match self {
+            ModelSpec::Scripted(path) => Arc::new(ScriptedModel::load(path)?),
+            ModelSpec::OpenAi(model) => Arc::new(OpenAi::from_env(model)?),
+            ModelSpec::Anthropic(model) => Arc::new(Anthropic::from_env(model)?),
+        })
+    }
+}

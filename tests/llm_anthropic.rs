@@ -1,0 +1,304 @@
+//! The Anthropic messages provider against an in-process SSE server on 127.0.0.1.
+#![cfg(feature = "server")]
+
+mod common;
+
+use common::*;
+use dagloop::llm::Jitter;
+use dagloop::llm::{
+    Anthropic, ApiKey, FinishReason, LlmError, Mode, Model, RetryPolicy, Retrying, SOLUTION_TOOL,
+    StreamEvent, ToolChoice,
+};
+use dagloop::protocol::{Message, Role, Tool};
+use serde_json::{Value, json};
+use std::sync::Arc;
+
+const KEY: &str = "sk-ant-test-abcdef0123456789";
+
+fn provider(server: &TestServer) -> Anthropic {
+    Anthropic::new(server.base(), ApiKey::new(KEY), "claude-test").unwrap()
+}
+
+fn message_start(input: u64) -> String {
+    named(
+        "message_start",
+        json!({"type": "message_start", "message": {"id": "msg_1", "type": "message",
+               "role": "assistant", "content": [], "model": "claude-test", "stop_reason": null,
+               "usage": {"input_tokens": input, "output_tokens": 1}}}),
+    )
+}
+
+fn block_start(index: u64, block: Value) -> String {
+    named(
+        "content_block_start",
+        json!({"type": "content_block_start", "index": index, "content_block": block}),
+    )
+}
+
+fn block_delta(index: u64, delta: Value) -> String {
+    named(
+        "content_block_delta",
+        json!({"type": "content_block_delta", "index": index, "delta": delta}),
+    )
+}
+
+fn json_delta(index: u64, partial: &str) -> String {
+    block_delta(
+        index,
+        json!({"type": "input_json_delta", "partial_json": partial}),
+    )
+}
+
+fn block_stop(index: u64) -> String {
+    named(
+        "content_block_stop",
+        json!({"type": "content_block_stop", "index": index}),
+    )
+}
+
+fn message_end(stop: &str, output: u64) -> Vec<String> {
+    vec![
+        named(
+            "message_delta",
+            json!({"type": "message_delta", "delta": {"stop_reason": stop, "stop_sequence": null},
+                   "usage": {"output_tokens": output}}),
+        ),
+        named("message_stop", json!({"type": "message_stop"})),
+    ]
+}
+
+fn ping() -> String {
+    named("ping", json!({"type": "ping"}))
+}
+
+fn tool_request() -> dagloop::llm::Request {
+    let mut req = request(Mode::ToolCalls);
+    req.tools = vec![
+        Tool::from_value(json!({"_tool": "weather", "_activity": "http",
+        "description": "Weather.", "type": "object",
+        "properties": {"city": {"type": "string"}}, "required": ["city"]}))
+        .unwrap(),
+    ];
+    req
+}
+
+#[tokio::test]
+async fn tool_use_blocks_become_tool_calls_with_text_and_usage() {
+    let mut frames = vec![
+        message_start(25),
+        block_start(0, json!({"type": "text", "text": ""})),
+        ping(),
+        block_delta(0, json!({"type": "text_delta", "text": "Checking both."})),
+        block_stop(0),
+        block_start(
+            1,
+            json!({"type": "tool_use", "id": "toolu_1", "name": "weather", "input": {}}),
+        ),
+        json_delta(1, ""),
+        json_delta(1, "{\"city\": \"Pa"),
+        json_delta(1, "ris\"}"),
+        block_stop(1),
+        block_start(
+            2,
+            json!({"type": "tool_use", "id": "toolu_2", "name": "weather", "input": {}}),
+        ),
+        json_delta(2, "{\"city\": \"Oslo\"}"),
+        block_stop(2),
+    ];
+    frames.extend(message_end("tool_use", 40));
+    let server = serve(vec![Canned::sse(&frames)]).await;
+    let (events, err) = collect(provider(&server).stream(&tool_request())).await;
+    assert_eq!(err, None);
+    assert_eq!(text_of(&events), "Checking both.");
+    assert_eq!(
+        dones(&events),
+        vec![
+            (
+                0,
+                "toolu_1".into(),
+                "weather".into(),
+                "{\"city\": \"Paris\"}".into()
+            ),
+            (
+                1,
+                "toolu_2".into(),
+                "weather".into(),
+                "{\"city\": \"Oslo\"}".into()
+            ),
+        ]
+    );
+    // The first call is done before the second one starts.
+    let done0 = events
+        .iter()
+        .position(|e| matches!(e, StreamEvent::ToolCallDone { index: 0, .. }))
+        .unwrap();
+    let start1 = events
+        .iter()
+        .position(|e| matches!(e, StreamEvent::ToolCallDelta { index: 1, .. }))
+        .unwrap();
+    assert!(done0 < start1);
+    let tail = &events[events.len() - 2..];
+    assert_eq!(
+        tail,
+        &[
+            StreamEvent::Usage {
+                input_tokens: 25,
+                output_tokens: 40
+            },
+            StreamEvent::Finish {
+                reason: FinishReason::ToolCalls
+            }
+        ]
+    );
+
+    let rec = &server.requests()[0];
+    assert_eq!(rec.path, "/v1/messages");
+    assert_eq!(rec.headers["x-api-key"], KEY);
+    assert_eq!(rec.headers["anthropic-version"], "2023-06-01");
+    assert!(rec.headers.get("authorization").is_none());
+    assert_eq!(rec.body["model"], "test-model");
+    assert_eq!(rec.body["max_tokens"], 4096);
+    assert_eq!(rec.body["stream"], true);
+    assert_eq!(rec.body["system"], "You plan tool calls.");
+    assert_eq!(
+        rec.body["messages"],
+        json!([{"role": "user", "content": "Look up the weather."}])
+    );
+    assert_eq!(rec.body["tools"][0]["name"], "weather");
+    assert_eq!(rec.body["tools"][0]["description"], "Weather.");
+    assert_eq!(
+        rec.body["tools"][0]["input_schema"]["required"],
+        json!(["city"])
+    );
+    assert_eq!(rec.body["tools"][1]["name"], "final_output");
+    assert_eq!(rec.body["tool_choice"], json!({"type": "auto"}));
+}
+
+#[tokio::test]
+async fn structured_mode_forces_the_solution_tool_and_streams_its_input_as_text() {
+    let solution = r#"{"calls":[],"output":{"answer":"42"}}"#;
+    let mut frames = vec![
+        message_start(5),
+        block_start(
+            0,
+            json!({"type": "tool_use", "id": "toolu_s", "name": SOLUTION_TOOL, "input": {}}),
+        ),
+        json_delta(0, &solution[..10]),
+        json_delta(0, &solution[10..]),
+        block_stop(0),
+    ];
+    frames.extend(message_end("tool_use", 12));
+    let server = serve(vec![Canned::sse(&frames)]).await;
+    let (events, err) = collect(provider(&server).stream(&request(Mode::StructuredOutput))).await;
+    assert_eq!(err, None);
+    assert_eq!(text_of(&events), solution);
+    assert!(dones(&events).is_empty(), "the solution tool is not a call");
+    let body = &server.requests()[0].body;
+    assert_eq!(body["tools"][0]["name"], SOLUTION_TOOL);
+    assert_eq!(body["tools"][0]["input_schema"], solution_schema());
+    assert_eq!(
+        body["tool_choice"],
+        json!({"type": "tool", "name": SOLUTION_TOOL})
+    );
+}
+
+#[tokio::test]
+async fn consecutive_messages_of_one_role_are_merged_and_tool_choice_maps() {
+    let mut frames = vec![message_start(1)];
+    frames.extend(message_end("end_turn", 1));
+    let server = serve(vec![Canned::sse(&frames)]).await;
+    let mut req = tool_request();
+    req.messages.push(Message::Data {
+        kind: "user".into(),
+        data: json!({"id": 7}),
+        schema: None,
+        instance: None,
+        extra: Default::default(),
+    });
+    req.messages.push(Message::Text {
+        role: Role::Assistant,
+        text: "ok".into(),
+        extra: Default::default(),
+    });
+    req.settings.tool_choice = ToolChoice::Required;
+    req.settings.max_tokens = Some(100);
+    let (events, err) = collect(provider(&server).stream(&req)).await;
+    assert_eq!(err, None);
+    assert_eq!(
+        events.last(),
+        Some(&StreamEvent::Finish {
+            reason: FinishReason::Stop
+        })
+    );
+    let body = &server.requests()[0].body;
+    let msgs = body["messages"].as_array().unwrap();
+    assert_eq!(msgs.len(), 2);
+    assert_eq!(msgs[0]["role"], "user");
+    assert!(
+        msgs[0]["content"]
+            .as_str()
+            .unwrap()
+            .contains("\"kind\":\"user\"")
+    );
+    assert_eq!(msgs[1]["role"], "assistant");
+    assert_eq!(body["tool_choice"], json!({"type": "any"}));
+    assert_eq!(body["max_tokens"], 100);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_overloaded_error_event_is_retried_before_content() {
+    let mut ok = vec![message_start(3)];
+    ok.extend(message_end("end_turn", 2));
+    let server = serve(vec![
+        Canned::sse(&[
+            message_start(3),
+            named(
+                "error",
+                json!({"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}),
+            ),
+        ]),
+        Canned::sse(&ok),
+    ])
+    .await;
+    let policy = RetryPolicy {
+        jitter: Jitter::None,
+        ..RetryPolicy::default()
+    };
+    let model = Retrying::new(Arc::new(provider(&server)), policy);
+    let (events, err) = collect(model.stream(&tool_request())).await;
+    assert_eq!(err, None);
+    assert_eq!(model.attempts(), 2);
+    assert_eq!(
+        events.last(),
+        Some(&StreamEvent::Finish {
+            reason: FinishReason::Stop
+        })
+    );
+}
+
+#[tokio::test]
+async fn a_stream_without_message_stop_is_incomplete() {
+    let server = serve(vec![Canned::sse(&[
+        message_start(3),
+        block_start(0, json!({"type": "text", "text": ""})),
+        block_delta(0, json!({"type": "text_delta", "text": "hi"})),
+    ])])
+    .await;
+    let (events, err) = collect(provider(&server).stream(&tool_request())).await;
+    assert_eq!(text_of(&events), "hi");
+    assert!(
+        matches!(err, Some(LlmError::IncompleteStream { .. })),
+        "{err:?}"
+    );
+}
+
+#[test]
+fn debug_hides_the_key_and_a_missing_key_is_typed() {
+    let p = Anthropic::new("http://127.0.0.1:9", ApiKey::new(KEY), "claude-test").unwrap();
+    let dbg = format!("{p:?}");
+    assert!(!dbg.contains(KEY), "{dbg}");
+    assert_eq!(p.name(), "anthropic:claude-test");
+    let e = Anthropic::new("::", ApiKey::new(KEY), "m").unwrap_err();
+    assert_eq!(e.code(), "llm.invalid_config");
+    assert!(!format!("{e:?}").contains(KEY));
+}
