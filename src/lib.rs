@@ -12,3 +12,4 @@
 
 pub mod protocol;
 pub mod state;
+pub mod approval;
