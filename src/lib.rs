@@ -13,3 +13,4 @@
 pub mod protocol;
 pub mod state;
 pub mod approval;
+pub mod graph;
