@@ -10,7 +10,9 @@
 
 #![warn(missing_docs)]
 
-pub mod protocol;
-pub mod state;
 pub mod approval;
+pub mod engine;
 pub mod graph;
+pub mod protocol;
+pub mod scheduler;
+pub mod state;

@@ -215,19 +215,30 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn scripted_answers_by_tool_then_order_then_fallback() {
         let a = ScriptedApprover::new()
-            .for_tool("wire", Decision::Reject { reason: "no".into() })
+            .for_tool(
+                "wire",
+                Decision::Reject {
+                    reason: "no".into(),
+                },
+            )
             .then(after(Duration::from_secs(5), Decision::Approve))
-            .otherwise(Decision::Reject { reason: "done".into() });
+            .otherwise(Decision::Reject {
+                reason: "done".into(),
+            });
         let start = tokio::time::Instant::now();
         assert_eq!(
             a.decide(req(1, "wire")).await,
-            Decision::Reject { reason: "no".into() }
+            Decision::Reject {
+                reason: "no".into()
+            }
         );
         assert_eq!(a.decide(req(2, "read")).await, Decision::Approve);
         assert_eq!(start.elapsed(), Duration::from_secs(5));
         assert_eq!(
             a.decide(req(3, "read")).await,
-            Decision::Reject { reason: "done".into() }
+            Decision::Reject {
+                reason: "done".into()
+            }
         );
         let ids: Vec<u64> = a.requests().iter().map(|r| r.id.0).collect();
         assert_eq!(ids, vec![1, 2, 3]);

@@ -172,7 +172,11 @@ impl TryFrom<PolicyRepr> for Policy {
                 allow: allow.unwrap_or_default(),
             },
             (other, Some(_)) => {
-                let policy = if other == ModeName::Ask { "ask" } else { "auto" };
+                let policy = if other == ModeName::Ask {
+                    "ask"
+                } else {
+                    "auto"
+                };
                 return Err(ApprovalError::AllowWithoutAllowlist {
                     policy: policy.into(),
                 });
@@ -234,7 +238,11 @@ mod tests {
     fn tool_override_beats_every_mode() {
         let always = tool("wire", Some(ToolApproval::Always));
         let never = tool("read", Some(ToolApproval::Never));
-        for p in [Policy::auto(), Policy::ask(), Policy::allowlist(["wire", "read"])] {
+        for p in [
+            Policy::auto(),
+            Policy::ask(),
+            Policy::allowlist(["wire", "read"]),
+        ] {
             assert_eq!(assess(&always, &p), Gate::Ask, "{p:?}");
             assert_eq!(assess(&never, &p), Gate::Run, "{p:?}");
         }
@@ -266,7 +274,10 @@ mod tests {
     fn bad_policies_are_refused_with_codes() {
         let e = serde_json::from_value::<Policy>(json!({"policy": "ask", "allow": ["x"]}))
             .expect_err("allow with ask");
-        assert!(e.to_string().contains("only applies to the `allowlist`"), "{e}");
+        assert!(
+            e.to_string().contains("only applies to the `allowlist`"),
+            "{e}"
+        );
         let e = serde_json::from_value::<Policy>(json!({"policy": "sometimes"}))
             .expect_err("unknown mode");
         assert!(e.to_string().contains("sometimes"), "{e}");

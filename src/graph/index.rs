@@ -115,7 +115,8 @@ impl PathIndex {
                 return true;
             }
         }
-        self.extensions(segs).any(|(_, ids)| ids.has_other_than(except))
+        self.extensions(segs)
+            .any(|(_, ids)| ids.has_other_than(except))
     }
 
     /// Calls every call registered at a path overlapping `path` (a call may be reported more
@@ -160,7 +161,11 @@ mod tests {
         ix.insert(&p("state.ab"), CallId(5));
         ix.insert(&p("state.a.x"), CallId(6));
         ix.insert(&p("input.a.b"), CallId(7));
-        let got: Vec<u64> = ix.overlapping(&p("state.a.b")).iter().map(|c| c.0).collect();
+        let got: Vec<u64> = ix
+            .overlapping(&p("state.a.b"))
+            .iter()
+            .map(|c| c.0)
+            .collect();
         assert_eq!(got, vec![1, 2, 3, 4]);
         assert!(ix.any_overlapping_except(&p("state.a.b"), CallId(3)));
         let mut solo = PathIndex::new();

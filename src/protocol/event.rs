@@ -265,7 +265,9 @@ mod tests {
                 timed_out: false,
             },
             EventKind::Decision {
-                decision: Decision::Reject { reason: "no".into() },
+                decision: Decision::Reject {
+                    reason: "no".into(),
+                },
                 timed_out: true,
             },
             EventKind::Started {
@@ -342,6 +344,11 @@ mod tests {
         let d: Decision =
             serde_json::from_value(json!({"decision": "reject", "reason": "too risky"}))
                 .expect("decision");
-        assert_eq!(d, Decision::Reject { reason: "too risky".into() });
+        assert_eq!(
+            d,
+            Decision::Reject {
+                reason: "too risky".into()
+            }
+        );
     }
 }
