@@ -10,11 +10,15 @@
 
 #![warn(missing_docs)]
 
+pub mod approval;
 pub mod context;
+pub mod engine;
 pub mod goal;
-pub mod plan;
+pub mod graph;
 pub mod llm;
+pub mod plan;
 pub mod protocol;
+pub mod scheduler;
 pub mod schema;
 pub mod state;
 pub mod tools;

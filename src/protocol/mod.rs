@@ -4,10 +4,12 @@
 //! performs no IO and makes no decisions; every other module builds on it.
 
 mod call;
+mod event;
 mod message;
 pub mod reference;
 
 pub use call::{Call, OutputMethod, Tool, ToolApproval, collect_refs, json_type};
+pub use event::{Decision, Event, EventKind, FailKind};
 pub use message::{Message, Role, Solution};
 pub use reference::{
     ASCII_MARKER, Combinator, Expression, MARKER, Path, Reference, ReferenceError, Segment,

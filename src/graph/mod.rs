@@ -1,0 +1,367 @@
+//! The graph of pending calls (rule 7): a petgraph with an edge from writer to reader for every
+//! overlap (rule 4) between one call's output paths and another's reference paths, plus the two
+//! path indexes that answer "who may still write this path" and "who waits on this path".
+//!
+//! A call is a node from the moment it is accepted until it finishes. While it waits (blocked),
+//! its reference paths are registered as *reads*; once it is unblocked it reads nothing more, so
+//! edges into it no longer count. Its output paths stay registered as *writes* until it
+//! finishes. A call's overlap with itself is not an edge.
+//!
+//! Cycles are checked incrementally: the graph without a new node is acyclic, so the new node
+//! closes a cycle exactly when one of its waiting readers reaches one of its waiting writers.
+//! Edges are never removed one by one (petgraph unlinks an edge in time proportional to its
+//! endpoints' degree, which would make a wide fan-in quadratic); finished nodes become
+//! tombstones that traversals skip, and the graph is rebuilt from its live part once tombstones
+//! outnumber live nodes, which keeps removal amortised O(degree).
+//!
+//! Deliberately not here: whether a reference is *satisfied* (that needs state; the scheduler
+//! asks [`CallGraph::writable_by_other`] through `State::resolve_params`), approvals, or IO.
+
+pub mod index;
+
+use std::collections::{BTreeSet, HashMap, HashSet};
+
+use petgraph::Direction;
+use petgraph::stable_graph::{NodeIndex, StableGraph};
+use petgraph::visit::{EdgeRef, IntoEdgeReferences};
+
+use crate::protocol::{CallId, Path};
+pub use index::PathIndex;
+
+/// Rebuild the petgraph once at least this many tombstones exist and they outnumber live nodes.
+const COMPACT_MIN_TOMBSTONES: usize = 1024;
+
+/// A graph operation that cannot be done.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum GraphError {
+    /// Accepting the call would close a dependency cycle.
+    #[error("call {} would close a dependency cycle: {}", .cycle[0], cycle_text(.cycle))]
+    Cycle {
+        /// The calls around the cycle, starting (and implicitly ending) with the new call.
+        cycle: Vec<CallId>,
+    },
+    /// The call id is already in the graph.
+    #[error("call {id} is already in the graph")]
+    Duplicate {
+        /// The id.
+        id: CallId,
+    },
+}
+
+fn cycle_text(cycle: &[CallId]) -> String {
+    let mut s: Vec<String> = cycle.iter().map(|c| c.to_string()).collect();
+    if let Some(first) = cycle.first() {
+        s.push(first.to_string());
+    }
+    s.join(" -> ")
+}
+
+impl GraphError {
+    /// A stable code for programs that react to failures.
+    pub fn code(&self) -> &'static str {
+        match self {
+            GraphError::Cycle { .. } => "graph.cycle",
+            GraphError::Duplicate { .. } => "graph.duplicate",
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Node {
+    id: CallId,
+    reads: Vec<Path>,
+    writes: Vec<Path>,
+    alive: bool,
+    reading: bool,
+}
+
+/// Pending and running calls, their overlap edges and path indexes.
+#[derive(Debug, Default)]
+pub struct CallGraph {
+    g: StableGraph<Node, ()>,
+    nodes: HashMap<CallId, NodeIndex>,
+    writers: PathIndex,
+    readers: PathIndex,
+    tombstones: usize,
+}
+
+fn dedup(mut paths: Vec<Path>) -> Vec<Path> {
+    paths.sort_unstable();
+    paths.dedup();
+    paths
+}
+
+impl CallGraph {
+    /// An empty graph.
+    pub fn new() -> Self {
+        CallGraph::default()
+    }
+
+    /// Number of calls in the graph (pending or running).
+    pub fn len(&self) -> usize {
+        self.nodes.len()
+    }
+
+    /// True when no call is pending or running.
+    pub fn is_empty(&self) -> bool {
+        self.nodes.is_empty()
+    }
+
+    /// True if the call is in the graph.
+    pub fn contains(&self, id: CallId) -> bool {
+        self.nodes.contains_key(&id)
+    }
+
+    /// True if the call is in the graph and still waits on its reads.
+    pub fn is_reading(&self, id: CallId) -> bool {
+        self.node(id).is_some_and(|n| n.reading)
+    }
+
+    /// The output paths registered for a call.
+    pub fn writes(&self, id: CallId) -> &[Path] {
+        self.node(id).map_or(&[], |n| &n.writes)
+    }
+
+    /// The reference paths registered for a call (empty once it stopped reading).
+    pub fn reads(&self, id: CallId) -> &[Path] {
+        match self.node(id) {
+            Some(n) if n.reading => &n.reads,
+            _ => &[],
+        }
+    }
+
+    /// Number of live edges: writer → waiting reader, both in the graph.
+    pub fn live_edge_count(&self) -> usize {
+        self.g
+            .edge_references()
+            .filter(|e| self.g[e.source()].alive && self.g[e.target()].reading)
+            .count()
+    }
+
+    /// The ids of the live calls that write paths `id` waits on, sorted.
+    pub fn producers(&self, id: CallId) -> Vec<CallId> {
+        let Some(&ix) = self.nodes.get(&id) else {
+            return Vec::new();
+        };
+        if !self.g[ix].reading {
+            return Vec::new();
+        }
+        let set: BTreeSet<CallId> = self
+            .g
+            .edges_directed(ix, Direction::Incoming)
+            .map(|e| &self.g[e.source()])
+            .filter(|n| n.alive)
+            .map(|n| n.id)
+            .collect();
+        set.into_iter().collect()
+    }
+
+    fn node(&self, id: CallId) -> Option<&Node> {
+        self.nodes.get(&id).map(|&ix| &self.g[ix])
+    }
+
+    /// Adds a call that reads `reads` and may write `writes` (every alternative of its output
+    /// target). Fails, changing nothing, if it would close a cycle.
+    pub fn insert(
+        &mut self,
+        id: CallId,
+        reads: Vec<Path>,
+        writes: Vec<Path>,
+    ) -> Result<(), GraphError> {
+        if self.nodes.contains_key(&id) {
+            return Err(GraphError::Duplicate { id });
+        }
+        let reads = dedup(reads);
+        let writes = dedup(writes);
+        let mut producers = BTreeSet::new();
+        for p in &reads {
+            self.writers.for_each_overlapping(p, |w| {
+                if w != id {
+                    producers.insert(w);
+                }
+            });
+        }
+        let mut consumers = BTreeSet::new();
+        for p in &writes {
+            self.readers.for_each_overlapping(p, |r| {
+                if r != id {
+                    consumers.insert(r);
+                }
+            });
+        }
+        if let Some(mut cycle) = self.find_path(&consumers, &producers) {
+            cycle.insert(0, id);
+            return Err(GraphError::Cycle { cycle });
+        }
+        for p in &reads {
+            self.readers.insert(p, id);
+        }
+        for p in &writes {
+            self.writers.insert(p, id);
+        }
+        let reading = !reads.is_empty();
+        let ix = self.g.add_node(Node {
+            id,
+            reads,
+            writes,
+            alive: true,
+            reading,
+        });
+        self.nodes.insert(id, ix);
+        for w in &producers {
+            if let Some(&wx) = self.nodes.get(w) {
+                self.g.add_edge(wx, ix, ());
+            }
+        }
+        for r in &consumers {
+            if let Some(&rx) = self.nodes.get(r) {
+                self.g.add_edge(ix, rx, ());
+            }
+        }
+        Ok(())
+    }
+
+    /// A path of live edges from one of `from` (waiting calls) to one of `to` that is still
+    /// waiting, as call ids from start to end; None when there is none.
+    fn find_path(&self, from: &BTreeSet<CallId>, to: &BTreeSet<CallId>) -> Option<Vec<CallId>> {
+        if from.is_empty() || to.is_empty() {
+            return None;
+        }
+        let targets: HashSet<NodeIndex> = to
+            .iter()
+            .filter_map(|id| self.nodes.get(id).copied())
+            .filter(|&ix| self.g[ix].reading)
+            .collect();
+        if targets.is_empty() {
+            return None;
+        }
+        let mut parent: HashMap<NodeIndex, Option<NodeIndex>> = HashMap::new();
+        let mut stack = Vec::new();
+        for id in from {
+            let Some(&start) = self.nodes.get(id) else {
+                continue;
+            };
+            if parent.contains_key(&start) {
+                continue;
+            }
+            parent.insert(start, None);
+            stack.push(start);
+            while let Some(cur) = stack.pop() {
+                if targets.contains(&cur) {
+                    let mut out = vec![self.g[cur].id];
+                    let mut at = cur;
+                    while let Some(Some(prev)) = parent.get(&at) {
+                        out.push(self.g[*prev].id);
+                        at = *prev;
+                    }
+                    out.reverse();
+                    return Some(out);
+                }
+                for e in self.g.edges_directed(cur, Direction::Outgoing) {
+                    let next = e.target();
+                    let n = &self.g[next];
+                    if n.alive && n.reading && !parent.contains_key(&next) {
+                        parent.insert(next, Some(cur));
+                        stack.push(next);
+                    }
+                }
+            }
+        }
+        None
+    }
+
+    /// The call no longer waits on anything (it was unblocked): its reads are unregistered and
+    /// edges into it stop counting.
+    pub fn stop_reading(&mut self, id: CallId) {
+        let Some(&ix) = self.nodes.get(&id) else {
+            return;
+        };
+        let node = &mut self.g[ix];
+        if !node.reading {
+            return;
+        }
+        node.reading = false;
+        let reads = std::mem::take(&mut node.reads);
+        for p in &reads {
+            self.readers.remove(p, id);
+        }
+    }
+
+    /// Takes a call out of the graph (finished, failed, unresolved, cancelled). Returns the
+    /// output paths it had registered, whose readers may now be ready.
+    pub fn remove(&mut self, id: CallId) -> Vec<Path> {
+        let Some(ix) = self.nodes.remove(&id) else {
+            return Vec::new();
+        };
+        let node = &mut self.g[ix];
+        node.alive = false;
+        let reads = std::mem::take(&mut node.reads);
+        let writes = std::mem::take(&mut node.writes);
+        if node.reading {
+            node.reading = false;
+            for p in &reads {
+                self.readers.remove(p, id);
+            }
+        }
+        for p in &writes {
+            self.writers.remove(p, id);
+        }
+        self.tombstones += 1;
+        if self.tombstones >= COMPACT_MIN_TOMBSTONES && self.tombstones > self.nodes.len() {
+            self.compact();
+        }
+        writes
+    }
+
+    fn compact(&mut self) {
+        let mut g = StableGraph::with_capacity(self.nodes.len(), 0);
+        let mut map = HashMap::with_capacity(self.nodes.len());
+        for ix in self.g.node_indices() {
+            let n = &self.g[ix];
+            if n.alive {
+                map.insert(ix, g.add_node(n.clone()));
+            }
+        }
+        for e in (&self.g).edge_references() {
+            if let (Some(&a), Some(&b)) = (map.get(&e.source()), map.get(&e.target()))
+                && g[b].reading
+            {
+                g.add_edge(a, b, ());
+            }
+        }
+        for (_, ix) in self.nodes.iter_mut() {
+            if let Some(&new) = map.get(ix) {
+                *ix = new;
+            }
+        }
+        self.g = g;
+        self.tombstones = 0;
+    }
+
+    /// True if a call other than `except` may still write a path overlapping `path` (rule 5).
+    pub fn writable_by_other(&self, path: &Path, except: CallId) -> bool {
+        self.writers.any_overlapping_except(path, except)
+    }
+
+    /// Waiting calls whose reads overlap `path`, added to `out`.
+    pub fn readers_of(&self, path: &Path, out: &mut BTreeSet<CallId>) {
+        self.readers.for_each_overlapping(path, |id| {
+            out.insert(id);
+        });
+    }
+
+    /// Calls that may write a path overlapping `path`, added to `out`.
+    pub fn writers_of(&self, path: &Path, out: &mut BTreeSet<CallId>) {
+        self.writers.for_each_overlapping(path, |id| {
+            out.insert(id);
+        });
+    }
+
+    /// Number of petgraph nodes including tombstones (for tests of compaction).
+    pub fn raw_node_count(&self) -> usize {
+        self.g.node_count()
+    }
+}
+
+#[cfg(test)]
+mod tests;

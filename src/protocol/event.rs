@@ -1,0 +1,354 @@
+//! Events: the one typed record of everything that happens in a run, in order.
+//!
+//! The scheduler and the outer loop produce [`EventKind`]s; the engine's bus stamps them with a
+//! per-run sequence number, the step and a timestamp, giving an [`Event`]. Events are what the
+//! store persists, what the CLI prints and what the server streams; a run can be rebuilt by
+//! replaying them.
+//!
+//! Also here: [`Decision`], a reviewer's answer about one call, because events record it and
+//! this module imports nothing from the rest of the crate.
+//!
+//! Deliberately not here: assigning sequence numbers or reading clocks (the engine's bus does),
+//! sanitising results (events carry full values; the context builder sanitises what the model
+//! sees).
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+use super::{Call, CallId, Millis, OutputMethod};
+
+/// One stamped event of a run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Event {
+    /// Per-run sequence number, strictly increasing from 1 without gaps.
+    pub seq: u64,
+    /// The step (Request number) the event belongs to.
+    pub step: u32,
+    /// When it was published (milliseconds since the Unix epoch, from the engine's clock).
+    pub at: Millis,
+    /// The call it concerns, if any. Serialised as `call_id` (some kinds carry a `call` body).
+    #[serde(rename = "call_id", default, skip_serializing_if = "Option::is_none")]
+    pub call: Option<CallId>,
+    /// What happened.
+    #[serde(flatten)]
+    pub kind: EventKind,
+}
+
+/// How a call failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FailKind {
+    /// The activity returned an error.
+    Error,
+    /// The activity did not finish within the call timeout.
+    Timeout,
+    /// The activity panicked.
+    Panic,
+    /// A reviewer (or the policy default after a timeout) rejected the call.
+    Rejected,
+    /// The activity itself reported that it was cancelled.
+    Cancelled,
+}
+
+impl FailKind {
+    /// The kind's name as serialised.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FailKind::Error => "error",
+            FailKind::Timeout => "timeout",
+            FailKind::Panic => "panic",
+            FailKind::Rejected => "rejected",
+            FailKind::Cancelled => "cancelled",
+        }
+    }
+}
+
+/// A reviewer's answer about a call presented for approval (rule 13).
+///
+/// Serialised with a `decision` tag: `{"decision": "approve"}`,
+/// `{"decision": "edit", "params": {...}}`, `{"decision": "replace", "call": {...}}`,
+/// `{"decision": "reject", "reason": "..."}`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "decision", rename_all = "snake_case")]
+pub enum Decision {
+    /// Run the call as presented.
+    Approve,
+    /// Run the call with these params instead. References in them are resolved again; meta
+    /// fields (`_outputPath`, `_outputMethod`) in the map override the original's.
+    Edit {
+        /// The new params.
+        params: Map<String, Value>,
+    },
+    /// Run a different call in this one's place (same call id).
+    Replace {
+        /// The call to run instead.
+        call: Call,
+    },
+    /// Do not run the call; the model is told why and not to retry it.
+    Reject {
+        /// Why, in the reviewer's words.
+        reason: String,
+    },
+}
+
+/// What happened. Serialised internally tagged with `type`, in snake_case.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum EventKind {
+    // ----- the inner loop (scheduler) -----
+    /// A call arrived from the model's stream (as written).
+    CallReceived {
+        /// The call as the model wrote it.
+        call: Call,
+    },
+    /// A call was refused before it could run: invalid, unknown tool, or it would close a cycle.
+    CallRefused {
+        /// Why, in words meant for the model.
+        reason: String,
+        /// For a cycle: the call ids around it, starting with the refused call.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        cycle: Vec<CallId>,
+    },
+    /// A call waits on paths that pending or running calls may still write (or that are absent
+    /// while the stream is open).
+    Blocked {
+        /// The awaited paths, as `kind.path` strings.
+        waiting_on: Vec<String>,
+    },
+    /// Every reference of a blocked call can now be resolved.
+    Unblocked,
+    /// A call was presented for approval, with its params resolved.
+    ApprovalRequested {
+        /// The call with references replaced by values.
+        call: Call,
+    },
+    /// A reviewer decided, or the policy default applied after a reviewer timeout.
+    Decision {
+        /// The decision.
+        decision: Decision,
+        /// True when the policy default was applied because the reviewer did not answer in time.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        timed_out: bool,
+    },
+    /// An activity was launched.
+    Started {
+        /// The tool name.
+        tool: String,
+        /// The resolved params.
+        params: Map<String, Value>,
+    },
+    /// A call succeeded. The result is the full value (not sanitised).
+    Finished {
+        /// The result.
+        result: Value,
+    },
+    /// A call failed; the error is its observation for the model.
+    Failed {
+        /// The error object.
+        error: Value,
+        /// How it failed.
+        kind: FailKind,
+    },
+    /// A call's result (or error, on a branch) was appended to state.
+    Written {
+        /// Where, as a `kind.path` string.
+        path: String,
+        /// How it combines with earlier writes.
+        method: OutputMethod,
+        /// The write's position in the state log (`seq` would clash with the event's own).
+        write_seq: u64,
+    },
+    /// A call can never run: the stream closed and these references point at nothing.
+    Unresolved {
+        /// The missing paths.
+        missing: Vec<String>,
+    },
+    /// A call was cancelled (the inner loop was cancelled before it finished).
+    Cancelled,
+    /// The inner loop of this step has nothing left to do.
+    StepDrained,
+
+    // ----- the outer loop (engine) -----
+    /// A run began.
+    RunStarted {
+        /// The goal text.
+        goal: String,
+    },
+    /// A Request to the model began (attempt counts retries within the step, from 1).
+    RequestStarted {
+        /// The attempt number.
+        attempt: u32,
+    },
+    /// The model streamed more text.
+    ModelDelta {
+        /// How many characters arrived.
+        chars: u64,
+    },
+    /// The model's Solution for this step is complete.
+    Solution {
+        /// Whether `output` was non-null.
+        output_present: bool,
+    },
+    /// The Solution's output did not validate against the user's schema.
+    OutputInvalid {
+        /// The validation errors.
+        errors: Vec<String>,
+    },
+    /// The run ended.
+    RunFinished {
+        /// The terminal status (`succeeded`, `failed`, `cancelled`, ...).
+        status: String,
+    },
+}
+
+impl EventKind {
+    /// The `type` tag of this kind.
+    pub fn name(&self) -> &'static str {
+        match self {
+            EventKind::CallReceived { .. } => "call_received",
+            EventKind::CallRefused { .. } => "call_refused",
+            EventKind::Blocked { .. } => "blocked",
+            EventKind::Unblocked => "unblocked",
+            EventKind::ApprovalRequested { .. } => "approval_requested",
+            EventKind::Decision { .. } => "decision",
+            EventKind::Started { .. } => "started",
+            EventKind::Finished { .. } => "finished",
+            EventKind::Failed { .. } => "failed",
+            EventKind::Written { .. } => "written",
+            EventKind::Unresolved { .. } => "unresolved",
+            EventKind::Cancelled => "cancelled",
+            EventKind::StepDrained => "step_drained",
+            EventKind::RunStarted { .. } => "run_started",
+            EventKind::RequestStarted { .. } => "request_started",
+            EventKind::ModelDelta { .. } => "model_delta",
+            EventKind::Solution { .. } => "solution",
+            EventKind::OutputInvalid { .. } => "output_invalid",
+            EventKind::RunFinished { .. } => "run_finished",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn all_kinds() -> Vec<EventKind> {
+        let call = Call::new("fetch").param("q", "†state.x").output("†state.y");
+        vec![
+            EventKind::CallReceived { call: call.clone() },
+            EventKind::CallRefused {
+                reason: "cycle".into(),
+                cycle: vec![CallId(2), CallId(1)],
+            },
+            EventKind::CallRefused {
+                reason: "unknown tool".into(),
+                cycle: vec![],
+            },
+            EventKind::Blocked {
+                waiting_on: vec!["state.x".into()],
+            },
+            EventKind::Unblocked,
+            EventKind::ApprovalRequested { call: call.clone() },
+            EventKind::Decision {
+                decision: Decision::Approve,
+                timed_out: false,
+            },
+            EventKind::Decision {
+                decision: Decision::Edit {
+                    params: json!({"q": 1}).as_object().cloned().unwrap_or_default(),
+                },
+                timed_out: false,
+            },
+            EventKind::Decision {
+                decision: Decision::Replace { call: call.clone() },
+                timed_out: false,
+            },
+            EventKind::Decision {
+                decision: Decision::Reject {
+                    reason: "no".into(),
+                },
+                timed_out: true,
+            },
+            EventKind::Started {
+                tool: "fetch".into(),
+                params: Map::new(),
+            },
+            EventKind::Finished {
+                result: json!({"ok": true}),
+            },
+            EventKind::Failed {
+                error: json!({"error": "boom"}),
+                kind: FailKind::Panic,
+            },
+            EventKind::Written {
+                path: "state.y".into(),
+                method: OutputMethod::Merge,
+                write_seq: 4,
+            },
+            EventKind::Unresolved {
+                missing: vec!["state.z".into()],
+            },
+            EventKind::Cancelled,
+            EventKind::StepDrained,
+            EventKind::RunStarted { goal: "g".into() },
+            EventKind::RequestStarted { attempt: 2 },
+            EventKind::ModelDelta { chars: 17 },
+            EventKind::Solution {
+                output_present: true,
+            },
+            EventKind::OutputInvalid {
+                errors: vec!["/status: required".into()],
+            },
+            EventKind::RunFinished {
+                status: "succeeded".into(),
+            },
+        ]
+    }
+
+    #[test]
+    fn every_kind_round_trips_through_json() {
+        for (i, kind) in all_kinds().into_iter().enumerate() {
+            let ev = Event {
+                seq: i as u64 + 1,
+                step: 3,
+                at: 1_700_000_000_000,
+                call: (i % 2 == 0).then_some(CallId(i as u64)),
+                kind,
+            };
+            let text = serde_json::to_string(&ev).expect("serialise");
+            let back: Event = serde_json::from_str(&text).expect("deserialise");
+            assert_eq!(back, ev, "{text}");
+            let v: Value = serde_json::from_str(&text).expect("json");
+            assert_eq!(v["type"], json!(ev.kind.name()), "{text}");
+        }
+    }
+
+    #[test]
+    fn wire_shape_is_flat_and_snake_case() {
+        let ev = Event {
+            seq: 7,
+            step: 1,
+            at: 5,
+            call: Some(CallId(3)),
+            kind: EventKind::Failed {
+                error: json!({"error": "late"}),
+                kind: FailKind::Timeout,
+            },
+        };
+        assert_eq!(
+            serde_json::to_value(&ev).expect("json"),
+            json!({"seq": 7, "step": 1, "at": 5, "call_id": 3, "type": "failed",
+                   "error": {"error": "late"}, "kind": "timeout"})
+        );
+        let d: Decision =
+            serde_json::from_value(json!({"decision": "reject", "reason": "too risky"}))
+                .expect("decision");
+        assert_eq!(
+            d,
+            Decision::Reject {
+                reason: "too risky".into()
+            }
+        );
+    }
+}

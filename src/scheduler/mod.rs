@@ -1,0 +1,246 @@
+//! The inner loop (rules 3, 5–14) as a sans-IO state machine.
+//!
+//! [`Scheduler::handle`] takes one [`Input`] (a call arrived, the stream closed, a reviewer
+//! decided, an activity finished, cancel) and the current time, updates the pending-call graph
+//! and state, and returns [`Action`]s (ask, launch, abort, publish an event, drained). It spawns
+//! nothing, reads no clock and iterates no hash map, so the same inputs always give the same
+//! actions: every rule is testable without timing, and a step can be replayed from its inputs.
+//!
+//! Work is incremental: when a call finishes, only the waiting readers of the paths it could
+//! write are looked at again, and a reader that was blocked re-checks the paths it waited on,
+//! starting where it left off, before resolving its params in full.
+//!
+//! Deliberately not here: running activities, timers, the approval conversation (see
+//! `engine::inner`), or deciding what the model sees next (the outer loop turns the
+//! [`StepReport`] into plan and observations).
+
+mod core;
+mod types;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use serde_json::Value;
+
+pub use types::{
+    Action, CallReport, CallStatus, Input, Outcome, OutcomeKind, SchedulerError, StepReport,
+};
+
+use crate::approval::Policy;
+use crate::graph::CallGraph;
+use crate::protocol::{Call, CallId, Expression, Millis, Path, Tool};
+use crate::state::State;
+
+/// Checks a call's resolved params against its tool before it is presented or launched
+/// (typically JSON Schema validation); an `Err` refuses the call with that reason.
+pub type Validator = Arc<dyn Fn(&Tool, &Call) -> Result<(), String> + Send + Sync>;
+
+/// How a scheduler is set up for one step.
+#[derive(Clone, Default)]
+pub struct SchedulerOptions {
+    /// The id given to the first call that arrives; later calls count up from it.
+    pub first_call_id: u64,
+    /// The step (Request number), stamped on events.
+    pub step: u32,
+    /// Optional params check run on every call once its references are resolved.
+    pub validate: Option<Validator>,
+}
+
+impl std::fmt::Debug for SchedulerOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SchedulerOptions")
+            .field("first_call_id", &self.first_call_id)
+            .field("step", &self.step)
+            .field("validate", &self.validate.is_some())
+            .finish()
+    }
+}
+
+#[derive(Debug, Clone)]
+struct ToolEntry {
+    tool: Arc<Tool>,
+    detached: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    Waiting,
+    Asking,
+    Running,
+    Done(CallStatus),
+}
+
+#[derive(Debug)]
+struct Entry {
+    id: CallId,
+    written: Option<Call>,
+    revised: Option<Call>,
+    tool: Option<ToolEntry>,
+    target: Option<Expression>,
+    phase: Phase,
+    /// A reviewer already approved (edit/replace): launch without asking again.
+    approved: bool,
+    /// A `blocked` event was published for the current blocking episode.
+    announced: bool,
+    /// The paths the call waited on at its last full check; `watch` is the first that may still
+    /// be blocking.
+    waiting_on: Vec<Path>,
+    watch: usize,
+    /// The resolved call shown to the reviewer.
+    presented: Option<Call>,
+    result: Option<Value>,
+    error: Option<Value>,
+    missing: Vec<String>,
+}
+
+impl Entry {
+    fn current(&self) -> Option<&Call> {
+        self.revised.as_ref().or(self.written.as_ref())
+    }
+}
+
+/// The inner loop of one step. See the module docs.
+#[derive(Debug)]
+pub struct Scheduler {
+    state: State,
+    tools: BTreeMap<String, ToolEntry>,
+    policy: Policy,
+    opts: SchedulerOptions,
+    graph: CallGraph,
+    entries: Vec<Entry>,
+    stream_open: bool,
+    cancelled: bool,
+    drained: bool,
+    waiting: usize,
+    asking: usize,
+    running: usize,
+    recheck: BTreeSet<CallId>,
+}
+
+/// True when the tool is marked fire-and-forget (`"_detached": true` in its definition).
+pub fn is_detached(tool: &Tool) -> bool {
+    tool.schema.get("_detached").and_then(Value::as_bool) == Some(true)
+}
+
+impl Scheduler {
+    /// A scheduler for one step over `state`, with the run's tools and approval policy.
+    /// A tool is fire-and-forget when its definition has `"_detached": true` (rule 11).
+    pub fn new(
+        state: State,
+        tools: impl IntoIterator<Item = Tool>,
+        policy: Policy,
+        opts: SchedulerOptions,
+    ) -> Self {
+        let tools = tools
+            .into_iter()
+            .map(|t| {
+                let detached = is_detached(&t);
+                (
+                    t.name.clone(),
+                    ToolEntry {
+                        tool: Arc::new(t),
+                        detached,
+                    },
+                )
+            })
+            .collect();
+        Scheduler {
+            state,
+            tools,
+            policy,
+            opts,
+            graph: CallGraph::new(),
+            entries: Vec::new(),
+            stream_open: true,
+            cancelled: false,
+            drained: false,
+            waiting: 0,
+            asking: 0,
+            running: 0,
+            recheck: BTreeSet::new(),
+        }
+    }
+
+    /// Handles one input at time `now`; returns what to do.
+    pub fn handle(&mut self, input: Input, now: Millis) -> Vec<Action> {
+        let mut out = Vec::new();
+        self.handle_into(input, now, &mut out);
+        out
+    }
+
+    /// Like [`Scheduler::handle`], appending the actions to `out` (to reuse one buffer).
+    pub fn handle_into(&mut self, input: Input, now: Millis, out: &mut Vec<Action>) {
+        if self.drained {
+            return;
+        }
+        match input {
+            Input::CallArrived(call) => self.arrive(call, now, out),
+            Input::StreamClosed => self.close(),
+            Input::Decided { id, decision } => self.decided(id, decision, false, now, out),
+            Input::ApprovalTimedOut { id } => self.timed_out(id, now, out),
+            Input::Finished { id, outcome } => self.finished(id, outcome, now, out),
+            Input::Cancel => self.cancel(out),
+        }
+        self.settle(now, out);
+    }
+
+    /// The state as it stands.
+    pub fn state(&self) -> &State {
+        &self.state
+    }
+
+    /// Gives the state back (at the end of the step).
+    pub fn into_state(self) -> State {
+        self.state
+    }
+
+    /// The step number given in the options.
+    pub fn step(&self) -> u32 {
+        self.opts.step
+    }
+
+    /// The id the next arriving call will get (the next step's `first_call_id`).
+    pub fn next_call_id(&self) -> u64 {
+        self.opts.first_call_id + self.entries.len() as u64
+    }
+
+    /// True once [`Action::Drained`] was emitted.
+    pub fn is_drained(&self) -> bool {
+        self.drained
+    }
+
+    /// Calls waiting on references, waiting for a reviewer, and running.
+    pub fn counts(&self) -> (usize, usize, usize) {
+        (self.waiting, self.asking, self.running)
+    }
+
+    /// The pending-call graph (read-only, for inspection and tests).
+    pub fn graph(&self) -> &CallGraph {
+        &self.graph
+    }
+
+    /// What became of every call so far, in arrival order.
+    pub fn report(&self) -> StepReport {
+        let calls = self
+            .entries
+            .iter()
+            .map(|e| CallReport {
+                id: e.id,
+                call: e.written.clone(),
+                revised: e.revised.clone(),
+                status: match e.phase {
+                    Phase::Waiting | Phase::Asking => CallStatus::Pending,
+                    Phase::Running => CallStatus::Running,
+                    Phase::Done(s) => s,
+                },
+                result: e.result.clone(),
+                error: e.error.clone(),
+                missing: e.missing.clone(),
+            })
+            .collect();
+        StepReport { calls }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,331 @@
+//! The scheduler's vocabulary: inputs, actions, outcomes, the step report and errors.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+use crate::graph::GraphError;
+use crate::protocol::{Call, CallId, Decision, EventKind, ReferenceError, Tool};
+use crate::state::StateError;
+
+/// Something that happened outside the scheduler.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Input {
+    /// The model's stream produced a call, or something the parser could not read as one
+    /// (the error text goes back to the model).
+    CallArrived(Result<Call, String>),
+    /// The model's stream ended: no more calls this step.
+    StreamClosed,
+    /// A reviewer answered about a call presented with [`Action::Ask`].
+    Decided {
+        /// The call.
+        id: CallId,
+        /// The answer.
+        decision: Decision,
+    },
+    /// The reviewer did not answer within the policy's timeout.
+    ApprovalTimedOut {
+        /// The call.
+        id: CallId,
+    },
+    /// A launched activity ended.
+    Finished {
+        /// The call.
+        id: CallId,
+        /// How it ended.
+        outcome: Outcome,
+    },
+    /// Stop: launch nothing more, abort running calls, report everything unfinished cancelled.
+    Cancel,
+}
+
+/// Something the driver must do.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Action {
+    /// Present a call to a reviewer; answer with [`Input::Decided`] (or
+    /// [`Input::ApprovalTimedOut`] once `timeout` elapses).
+    Ask {
+        /// The call.
+        id: CallId,
+        /// The call with its references resolved.
+        call: Call,
+        /// Its tool.
+        tool: Arc<Tool>,
+        /// The policy's reviewer timeout.
+        timeout: Option<Duration>,
+    },
+    /// Run a call's activity now; answer with [`Input::Finished`] unless `detached`.
+    Launch {
+        /// The call.
+        id: CallId,
+        /// The call with its references resolved.
+        call: Call,
+        /// Its tool.
+        tool: Arc<Tool>,
+        /// Fire-and-forget (rule 11): the loop does not wait for it and ignores its outcome.
+        detached: bool,
+    },
+    /// Stop a running activity (cancellation); its outcome is no longer awaited.
+    Abort {
+        /// The call.
+        id: CallId,
+    },
+    /// Publish an event (the driver's bus stamps it with a sequence number and time).
+    Event {
+        /// The call it concerns.
+        call: Option<CallId>,
+        /// What happened.
+        kind: EventKind,
+    },
+    /// The step is over: nothing is waiting, asking or running, and the stream is closed (or the
+    /// step was cancelled). Emitted once.
+    Drained,
+}
+
+/// How an activity ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OutcomeKind {
+    /// It returned a result.
+    Ok,
+    /// It returned an error.
+    Error,
+    /// It ran past the call timeout.
+    Timeout,
+    /// It panicked.
+    Panic,
+    /// It was cancelled.
+    Cancelled,
+}
+
+/// What an activity produced.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Outcome {
+    /// The result, or an error object.
+    pub result: Result<Value, Value>,
+    /// For a `†a || †b` output path: the alternative the activity chose (rule 10).
+    pub branch: Option<usize>,
+    /// How it ended. Anything but `Ok` (or an `Err` result) is a failure.
+    pub kind: OutcomeKind,
+}
+
+impl Outcome {
+    /// A success.
+    pub fn ok(value: Value) -> Self {
+        Outcome {
+            result: Ok(value),
+            branch: None,
+            kind: OutcomeKind::Ok,
+        }
+    }
+
+    /// An error returned by the activity.
+    pub fn error(error: Value) -> Self {
+        Outcome {
+            result: Err(error),
+            branch: None,
+            kind: OutcomeKind::Error,
+        }
+    }
+
+    /// The call ran past `limit`.
+    pub fn timeout(limit: Duration) -> Self {
+        Outcome {
+            result: Err(json!({
+                "error": format!("the call did not finish within {} ms", limit.as_millis()),
+                "code": "scheduler.timeout",
+            })),
+            branch: None,
+            kind: OutcomeKind::Timeout,
+        }
+    }
+
+    /// The activity panicked with `message`.
+    pub fn panic(message: impl Into<String>) -> Self {
+        Outcome {
+            result: Err(json!({
+                "error": format!("the activity panicked: {}", message.into()),
+                "code": "scheduler.panic",
+            })),
+            branch: None,
+            kind: OutcomeKind::Panic,
+        }
+    }
+
+    /// The activity was cancelled.
+    pub fn cancelled() -> Self {
+        Outcome {
+            result: Err(json!({"error": "the call was cancelled", "code": "scheduler.cancelled"})),
+            branch: None,
+            kind: OutcomeKind::Cancelled,
+        }
+    }
+
+    /// Chooses the output alternative (builder style).
+    pub fn with_branch(mut self, branch: usize) -> Self {
+        self.branch = Some(branch);
+        self
+    }
+}
+
+/// Where a call ended up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CallStatus {
+    /// Blocked or waiting for a reviewer (only seen before the step drained).
+    Pending,
+    /// Its activity is running (only seen before the step drained).
+    Running,
+    /// Succeeded (a latent call counts as done once stored).
+    Done,
+    /// Failed: error, timeout or panic.
+    Failed,
+    /// A reviewer rejected it (or the policy default did after a timeout).
+    Rejected,
+    /// It could never run: references to nothing once the stream closed.
+    Unresolved,
+    /// The step was cancelled before it finished.
+    Cancelled,
+    /// Refused before running: invalid, unknown tool, or it would close a cycle.
+    Refused,
+    /// Fire-and-forget: launched, not awaited.
+    Detached,
+}
+
+/// What became of one call of the step.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CallReport {
+    /// The call's id.
+    pub id: CallId,
+    /// The call as the model wrote it (None when the parser could not read it).
+    pub call: Option<Call>,
+    /// The call a reviewer's edit or replacement put in its place.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revised: Option<Call>,
+    /// Where it ended up.
+    pub status: CallStatus,
+    /// The result, for a call that is done.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub result: Option<Value>,
+    /// The error object, for a call that failed, was rejected, refused or unresolved.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<Value>,
+    /// For an unresolved call: the paths that nothing wrote.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub missing: Vec<String>,
+}
+
+/// Every call of the step in arrival order, for the next Request's plan and observations.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct StepReport {
+    /// The calls, by id.
+    pub calls: Vec<CallReport>,
+}
+
+impl StepReport {
+    /// The report of one call.
+    pub fn get(&self, id: CallId) -> Option<&CallReport> {
+        self.calls.iter().find(|c| c.id == id)
+    }
+
+    /// How many calls ended with `status`.
+    pub fn count(&self, status: CallStatus) -> usize {
+        self.calls.iter().filter(|c| c.status == status).count()
+    }
+}
+
+/// Why the scheduler refused or failed a call. Each becomes the call's error object
+/// (`{"error": message, "code": code}`) for the model.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum SchedulerError {
+    /// The parser could not read the call.
+    #[error("the call could not be read: {reason}")]
+    Unreadable {
+        /// The parser's explanation.
+        reason: String,
+    },
+    /// No tool has this name.
+    #[error("unknown tool `{tool}` (available: {known})")]
+    UnknownTool {
+        /// The name used.
+        tool: String,
+        /// The available names, comma separated.
+        known: String,
+    },
+    /// A reference or output path does not parse.
+    #[error("invalid reference in the call: {0}")]
+    Reference(#[from] ReferenceError),
+    /// A latent tool's call must carry its result in `_output`.
+    #[error("`{tool}` has no activity: the call must carry its result in `_output`")]
+    MissingLatentOutput {
+        /// The tool.
+        tool: String,
+    },
+    /// The call would close a dependency cycle.
+    #[error(transparent)]
+    Cycle(#[from] GraphError),
+    /// The params do not satisfy the tool (from the configured validator).
+    #[error("invalid params for `{tool}`: {reason}")]
+    InvalidParams {
+        /// The tool.
+        tool: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A reviewer's edit does not form a valid call.
+    #[error("the reviewer's edit does not form a valid call: {reason}")]
+    BadEdit {
+        /// What is wrong.
+        reason: String,
+    },
+    /// Reading state for the call failed.
+    #[error(transparent)]
+    State(#[from] StateError),
+    /// A reviewer rejected the call.
+    #[error("a reviewer rejected this call: {reason}. Do not retry it.")]
+    Rejected {
+        /// The reviewer's reason.
+        reason: String,
+    },
+    /// The stream closed and these references point at nothing.
+    #[error("unresolved: nothing wrote {}", .missing.join(", "))]
+    Unresolved {
+        /// The missing paths.
+        missing: Vec<String>,
+    },
+}
+
+impl SchedulerError {
+    /// A stable code for programs that react to failures.
+    pub fn code(&self) -> &'static str {
+        match self {
+            SchedulerError::Unreadable { .. } => "scheduler.unreadable_call",
+            SchedulerError::UnknownTool { .. } => "scheduler.unknown_tool",
+            SchedulerError::Reference(_) => "reference.invalid",
+            SchedulerError::MissingLatentOutput { .. } => "scheduler.missing_latent_output",
+            SchedulerError::Cycle(e) => e.code(),
+            SchedulerError::InvalidParams { .. } => "scheduler.invalid_params",
+            SchedulerError::BadEdit { .. } => "approval.bad_edit",
+            SchedulerError::State(e) => e.code(),
+            SchedulerError::Rejected { .. } => "approval.rejected",
+            SchedulerError::Unresolved { .. } => "scheduler.unresolved",
+        }
+    }
+
+    /// The error object shown to the model.
+    pub fn to_value(&self) -> Value {
+        let mut v = json!({"error": self.to_string(), "code": self.code()});
+        match self {
+            SchedulerError::Cycle(GraphError::Cycle { cycle }) => v["cycle"] = json!(cycle),
+            SchedulerError::Rejected { reason } => {
+                v["reason"] = json!(reason);
+                v["retry"] = json!(false);
+            }
+            SchedulerError::Unresolved { missing } => v["missing"] = json!(missing),
+            _ => {}
+        }
+        v
+    }
+}

@@ -1,0 +1,454 @@
+//! Dependencies and scheduling (rules 3-12), driven end to end on tokio's paused clock.
+
+#[path = "sched_common/mod.rs"]
+mod common;
+
+use common::*;
+use dagloop::protocol::{CallId, EventKind, FailKind, OutputMethod};
+use dagloop::scheduler::CallStatus;
+use serde_json::json;
+use tokio::time::Instant;
+
+#[tokio::test(start_paused = true)]
+async fn diamond_runs_both_middles_in_parallel_and_joins() {
+    let exec = TestExec::new(Instant::now())
+        .with("a", Behaviour::Sleep(10, Some(json!(1))))
+        .with("b", Behaviour::Sleep(30, Some(json!(2))))
+        .with("c", Behaviour::Sleep(20, Some(json!(3))));
+    let step = Step::new(vec![tool("a"), tool("b"), tool("c"), tool("d")])
+        .at(
+            0,
+            json!({"_tool": "d", "x": "†state.b", "y": "†state.c", "_outputPath": "†state.d"}),
+        )
+        .at(
+            0,
+            json!({"_tool": "b", "a": "†state.a", "_outputPath": "†state.b"}),
+        )
+        .at(
+            0,
+            json!({"_tool": "c", "a": "†state.a", "_outputPath": "†state.c"}),
+        )
+        .at(0, json!({"_tool": "a", "_outputPath": "†state.a"}));
+    let o = run(step, exec).await;
+    let (a, b, c, d) = (o.run_of(3), o.run_of(1), o.run_of(2), o.run_of(0));
+    assert_eq!(a.start, 0);
+    assert_eq!(
+        (b.start, c.start),
+        (10, 10),
+        "both middles start when a finishes"
+    );
+    assert_eq!(d.start, 40, "d waits for the slower middle");
+    assert_eq!(
+        d.params,
+        json!({"x": 2, "y": 3})
+            .as_object()
+            .cloned()
+            .unwrap_or_default()
+    );
+    assert_eq!(o.elapsed, 50);
+    assert_eq!(o.report.count(CallStatus::Done), 4);
+}
+
+#[tokio::test(start_paused = true)]
+async fn concurrent_writers_last_to_complete_wins_and_reader_waits_for_both() {
+    let exec = TestExec::new(Instant::now())
+        .with("slow", Behaviour::Sleep(30, Some(json!("slow"))))
+        .with("fast", Behaviour::Sleep(10, Some(json!("fast"))));
+    let step = Step::new(vec![tool("slow"), tool("fast"), tool("read")])
+        .at(0, json!({"_tool": "slow", "_outputPath": "†state.x"}))
+        .at(0, json!({"_tool": "fast", "_outputPath": "†state.x"}))
+        .at(0, json!({"_tool": "read", "v": "†state.x"}));
+    let o = run(step, exec).await;
+    assert_eq!(o.run_of(2).start, 30, "the reader waits for both writers");
+    assert_eq!(
+        o.run_of(2).params["v"],
+        json!("slow"),
+        "completion order: slow finished last"
+    );
+    assert_eq!(o.get("state.x"), Some(json!("slow")));
+    let writers: Vec<Option<CallId>> = o.state.log().iter().map(|w| w.call).collect();
+    assert_eq!(
+        writers,
+        vec![Some(CallId(1)), Some(CallId(0))],
+        "rule 3: log in completion order"
+    );
+    assert_eq!(o.state.log()[1].at, 30, "writes carry the completion time");
+}
+
+#[tokio::test(start_paused = true)]
+async fn reader_of_a_prefix_waits_for_a_pending_extension_write() {
+    let exec = TestExec::new(Instant::now()).with("deep", Behaviour::Sleep(20, Some(json!(7))));
+    let mut step = Step::new(vec![tool("deep"), tool("read")])
+        .at(0, json!({"_tool": "deep", "_outputPath": "†state.a.b"}))
+        .at(0, json!({"_tool": "read", "v": "†state.a"}));
+    step.state.write(
+        path("state.a"),
+        json!({"old": true}),
+        OutputMethod::Set,
+        None,
+        0,
+    );
+    let o = run(step, exec).await;
+    assert_eq!(o.run_of(1).start, 20);
+    assert_eq!(o.run_of(1).params["v"], json!({"old": true, "b": 7}));
+}
+
+#[tokio::test(start_paused = true)]
+async fn fallback_takes_the_second_alternative_when_the_first_producer_fails() {
+    let exec =
+        TestExec::new(Instant::now()).with("flaky", Behaviour::Fail(10, json!({"error": "down"})));
+    let mut step = Step::new(vec![tool("flaky"), tool("use")])
+        .at(0, json!({"_tool": "flaky", "_outputPath": "†state.fresh"}))
+        .at(
+            0,
+            json!({"_tool": "use", "v": "†state.fresh || †state.cached"}),
+        );
+    step.state.write(
+        path("state.cached"),
+        json!("cached"),
+        OutputMethod::Set,
+        None,
+        0,
+    );
+    let o = run(step, exec).await;
+    assert_eq!(o.run_of(1).start, 10);
+    assert_eq!(o.run_of(1).params["v"], json!("cached"));
+    assert_eq!(
+        o.report.get(CallId(0)).map(|c| c.status),
+        Some(CallStatus::Failed)
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_absent_first_alternative_blocks_while_the_stream_is_open() {
+    let mut step =
+        Step::new(vec![tool("use")]).at(0, json!({"_tool": "use", "v": "†state.a || †state.b"}));
+    step.state
+        .write(path("state.b"), json!("b"), OutputMethod::Set, None, 0);
+    step.close_at = Some(40);
+    let o = run(step, TestExec::new(Instant::now())).await;
+    assert_eq!(
+        o.run_of(0).start,
+        40,
+        "a later call could still write state.a"
+    );
+    assert_eq!(o.run_of(0).params["v"], json!("b"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_cycle_over_the_stream_is_refused_and_the_rest_runs() {
+    let step = Step::new(vec![tool("t")])
+        .at(
+            0,
+            json!({"_tool": "t", "in": "†state.b", "_outputPath": "†state.a"}),
+        )
+        .at(
+            5,
+            json!({"_tool": "t", "in": "†state.a", "_outputPath": "†state.b"}),
+        )
+        .at(5, json!({"_tool": "t", "_outputPath": "†state.c"}));
+    let o = run(step, TestExec::new(Instant::now())).await;
+    let refused = o.report.get(CallId(1)).expect("c1");
+    assert_eq!(refused.status, CallStatus::Refused);
+    let err = refused.error.clone().expect("error");
+    assert_eq!(err["code"], json!("graph.cycle"));
+    assert_eq!(err["cycle"], json!([1, 0]));
+    assert!(o.events.iter().any(|e| matches!(&e.kind,
+        EventKind::CallRefused { cycle, .. } if cycle == &vec![CallId(1), CallId(0)])));
+    assert_eq!(
+        o.report.get(CallId(2)).map(|c| c.status),
+        Some(CallStatus::Done)
+    );
+    assert_eq!(
+        o.report.get(CallId(0)).map(|c| c.status),
+        Some(CallStatus::Unresolved)
+    );
+    assert_eq!(
+        o.report.get(CallId(0)).map(|c| c.missing.clone()),
+        Some(vec!["state.b".to_string()])
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_call_arriving_after_its_producer_finished_starts_at_once() {
+    let step = Step::new(vec![tool("p"), tool("r")])
+        .at(0, json!({"_tool": "p", "_outputPath": "†state.x"}))
+        .at(50, json!({"_tool": "r", "v": "†state.x"}));
+    let o = run(step, TestExec::new(Instant::now())).await;
+    assert_eq!(o.run_of(0).end, Some(10));
+    assert_eq!(o.run_of(1).start, 50);
+    assert_eq!(o.kinds(1), vec!["call_received", "started", "finished"]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn rule9_a_ready_call_starts_while_the_stream_is_still_open() {
+    let mut step = Step::new(vec![tool("p"), tool("r"), tool("late")])
+        .at(0, json!({"_tool": "p", "_outputPath": "†state.x"}))
+        .at(20, json!({"_tool": "r", "v": "†state.x"}))
+        .at(100, json!({"_tool": "late"}));
+    step.close_at = Some(200);
+    let o = run(step, TestExec::new(Instant::now())).await;
+    assert_eq!(
+        o.run_of(1).start,
+        20,
+        "started long before the stream ended at 200"
+    );
+    assert_eq!(o.run_of(2).start, 100);
+    assert_eq!(o.elapsed, 200);
+}
+
+#[tokio::test(start_paused = true)]
+async fn unresolved_at_stream_close_with_the_missing_paths() {
+    let step = Step::new(vec![tool("r"), tool("after")])
+        .at(0, json!({"_tool": "r", "v": "†state.nothing", "w": "†input.none", "_outputPath": "†state.r"}))
+        .at(0, json!({"_tool": "after", "v": "†state.r"}));
+    let o = run(step, TestExec::new(Instant::now())).await;
+    assert!(o.runs.is_empty());
+    let r = o.report.get(CallId(0)).expect("c0");
+    assert_eq!(r.status, CallStatus::Unresolved);
+    assert_eq!(
+        r.missing,
+        vec!["input.none".to_string(), "state.nothing".to_string()]
+    );
+    assert_eq!(
+        r.error.as_ref().map(|e| e["code"].clone()),
+        Some(json!("scheduler.unresolved"))
+    );
+    let after = o.report.get(CallId(1)).expect("c1");
+    assert_eq!(
+        (after.status, after.missing.clone()),
+        (CallStatus::Unresolved, vec!["state.r".to_string()])
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn failures_isolate_and_readers_of_a_failed_output_become_unresolved() {
+    let exec = TestExec::new(Instant::now())
+        .with("boom", Behaviour::Panic(5))
+        .with("bad", Behaviour::Fail(5, json!({"error": "nope"})))
+        .with("ok", Behaviour::Sleep(20, Some(json!("fine"))));
+    let step = Step::new(vec![tool("boom"), tool("bad"), tool("ok"), tool("r")])
+        .at(0, json!({"_tool": "boom", "_outputPath": "†state.p"}))
+        .at(
+            0,
+            json!({"_tool": "bad", "_outputPath": "†state.ok || †state.err"}),
+        )
+        .at(0, json!({"_tool": "ok", "_outputPath": "†state.fine"}))
+        .at(0, json!({"_tool": "r", "v": "†state.p"}))
+        .at(0, json!({"_tool": "r", "v": "†state.err"}));
+    let o = run(step, exec).await;
+    let boom = o.report.get(CallId(0)).expect("c0");
+    assert_eq!(boom.status, CallStatus::Failed);
+    assert_eq!(
+        boom.error.as_ref().map(|e| e["code"].clone()),
+        Some(json!("scheduler.panic"))
+    );
+    assert!(o.events.iter().any(|e| e.call == Some(CallId(0))
+        && matches!(
+            e.kind,
+            EventKind::Failed {
+                kind: FailKind::Panic,
+                ..
+            }
+        )));
+    assert_eq!(
+        o.get("state.err"),
+        Some(json!({"error": "nope"})),
+        "rule 10: failure branch"
+    );
+    assert_eq!(o.get("state.fine"), Some(json!("fine")));
+    assert_eq!(
+        o.report.get(CallId(3)).map(|c| c.status),
+        Some(CallStatus::Unresolved)
+    );
+    assert_eq!(o.run_of(4).params["v"], json!({"error": "nope"}));
+}
+
+#[tokio::test(start_paused = true)]
+async fn per_call_timeout_fails_the_call_and_writes_the_failure_branch() {
+    let exec = TestExec::new(Instant::now()).with("hang", Behaviour::Sleep(60_000, None));
+    let mut step = Step::new(vec![tool("hang")]).at(
+        0,
+        json!({"_tool": "hang", "_outputPath": "†state.ok || †state.timeout"}),
+    );
+    step.opts.call_timeout = Some(std::time::Duration::from_secs(1));
+    let o = run(step, exec).await;
+    assert_eq!(o.elapsed, 1000);
+    assert!(o.events.iter().any(|e| matches!(
+        e.kind,
+        EventKind::Failed {
+            kind: FailKind::Timeout,
+            ..
+        }
+    )));
+    assert_eq!(
+        o.get("state.timeout").map(|e| e["code"].clone()),
+        Some(json!("scheduler.timeout"))
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn cancellation_aborts_running_calls_and_reports_everything_cancelled() {
+    let exec = TestExec::new(Instant::now()).with("long", Behaviour::Sleep(100, None));
+    let mut step = Step::new(vec![tool("long"), tool("r")])
+        .at(0, json!({"_tool": "long", "_outputPath": "†state.a"}))
+        .at(0, json!({"_tool": "long", "_outputPath": "†state.b"}))
+        .at(0, json!({"_tool": "r", "v": "†state.a"}));
+    step.close_at = Some(1000);
+    step.cancel_at = Some(50);
+    let o = run(step, exec).await;
+    assert_eq!(o.elapsed, 50, "drive returns as soon as it is cancelled");
+    assert_eq!(o.report.count(CallStatus::Cancelled), 3);
+    assert!(
+        o.runs.iter().all(|r| r.end.is_none()),
+        "running activities were aborted"
+    );
+    assert!(o.state.is_empty());
+    let last = o.events.last().expect("events");
+    assert_eq!(last.kind, EventKind::StepDrained);
+    for id in 0..3 {
+        assert!(
+            o.kinds(id).contains(&"cancelled"),
+            "c{id}: {:?}",
+            o.kinds(id)
+        );
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn latent_calls_are_stored_without_running_and_feed_readers() {
+    let step = Step::new(vec![latent("summarize"), tool("send")])
+        .at(
+            0,
+            json!({"_tool": "summarize", "text": "x", "_output": {"summary": "short"},
+                      "_outputPath": "†state.s && †state.audit.s"}),
+        )
+        .at(0, json!({"_tool": "send", "body": "†state.s.summary"}))
+        .at(0, json!({"_tool": "summarize", "text": "no output"}));
+    let o = run(step, TestExec::new(Instant::now())).await;
+    assert_eq!(o.runs.len(), 1, "only the activity ran: {:?}", o.runs);
+    assert_eq!(o.run_of(1).params["body"], json!("short"));
+    assert_eq!(
+        o.get("state.audit.s"),
+        Some(json!({"summary": "short"})),
+        "fan-out write"
+    );
+    assert_eq!(
+        o.kinds(0),
+        vec!["call_received", "finished", "written", "written"]
+    );
+    let bad = o.report.get(CallId(2)).expect("c2");
+    assert_eq!(bad.status, CallStatus::Refused);
+    assert_eq!(
+        bad.error.as_ref().map(|e| e["code"].clone()),
+        Some(json!("scheduler.missing_latent_output"))
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn invalid_calls_are_refused_with_an_error_and_nothing_else_stops() {
+    let mut step = Step::new(vec![tool("t")])
+        .at(0, json!({"_tool": "nope"}))
+        .at(0, json!({"_tool": "t", "v": "†state.[broken"}))
+        .at(0, json!({"_tool": "t", "_outputPath": "†state.items[*]"}))
+        .at(0, json!({"_tool": "t", "v": 1}));
+    step.calls.push((0, Err("expected `,` at byte 17".into())));
+    let o = run(step, TestExec::new(Instant::now())).await;
+    let codes: Vec<_> = o
+        .report
+        .calls
+        .iter()
+        .map(|c| (c.status, c.error.as_ref().map(|e| e["code"].clone())))
+        .collect();
+    assert_eq!(
+        codes,
+        vec![
+            (CallStatus::Refused, Some(json!("scheduler.unknown_tool"))),
+            (CallStatus::Refused, Some(json!("reference.invalid"))),
+            (CallStatus::Refused, Some(json!("reference.invalid"))),
+            (CallStatus::Done, None),
+            (
+                CallStatus::Refused,
+                Some(json!("scheduler.unreadable_call"))
+            ),
+        ]
+    );
+    let unknown = o.report.calls[0].error.clone().expect("error");
+    assert!(
+        unknown["error"]
+            .as_str()
+            .is_some_and(|s| s.contains("available: t")),
+        "{unknown}"
+    );
+    assert!(o.report.calls[4].call.is_none());
+}
+
+#[tokio::test(start_paused = true)]
+async fn calls_without_output_path_report_results_and_write_nothing() {
+    let exec = TestExec::new(Instant::now()).with("ping", Behaviour::Sleep(5, Some(json!("pong"))));
+    let step = Step::new(vec![tool("ping")]).at(0, json!({"_tool": "ping"}));
+    let o = run(step, exec).await;
+    assert!(o.state.is_empty());
+    assert_eq!(
+        o.report.get(CallId(0)).and_then(|c| c.result.clone()),
+        Some(json!("pong"))
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_activity_may_choose_its_branch() {
+    let exec = TestExec::new(Instant::now()).with("route", Behaviour::Branch(5, 1));
+    let step = Step::new(vec![tool("route")]).at(
+        0,
+        json!({"_tool": "route", "_outputPath": "†state.sunny || †state.rainy"}),
+    );
+    let o = run(step, exec).await;
+    assert_eq!(o.get("state.rainy"), Some(json!("branched")));
+    assert_eq!(o.get("state.sunny"), None);
+}
+
+#[tokio::test(start_paused = true)]
+async fn detached_calls_are_not_awaited() {
+    let mut fire = tool("notify");
+    fire.schema.insert("_detached".into(), json!(true));
+    let exec = TestExec::new(Instant::now()).with("notify", Behaviour::Sleep(500, None));
+    let step = Step::new(vec![fire]).at(0, json!({"_tool": "notify"}));
+    let o = run(step, exec).await;
+    assert_eq!(o.elapsed, 0);
+    assert_eq!(
+        o.report.get(CallId(0)).map(|c| c.status),
+        Some(CallStatus::Detached)
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_validator_refuses_bad_params_after_resolution() {
+    let mut step = Step::new(vec![tool("t")])
+        .at(0, json!({"_tool": "t", "n": "†input.n"}))
+        .at(0, json!({"_tool": "t", "n": 2}));
+    step.state.write(
+        path("input.n"),
+        json!("not a number"),
+        OutputMethod::Set,
+        None,
+        0,
+    );
+    step.sched.validate = Some(std::sync::Arc::new(|_tool, call| {
+        if call.params["n"].is_number() {
+            Ok(())
+        } else {
+            Err("/n must be a number".into())
+        }
+    }));
+    let o = run(step, TestExec::new(Instant::now())).await;
+    let bad = o.report.get(CallId(0)).expect("c0");
+    assert_eq!(bad.status, CallStatus::Refused);
+    assert_eq!(
+        bad.error.as_ref().map(|e| e["code"].clone()),
+        Some(json!("scheduler.invalid_params"))
+    );
+    assert_eq!(
+        o.report.get(CallId(1)).map(|c| c.status),
+        Some(CallStatus::Done)
+    );
+}
