@@ -11,6 +11,7 @@
 #![warn(missing_docs)]
 
 pub mod approval;
+pub mod cli;
 pub mod context;
 pub mod engine;
 pub mod goal;

@@ -5,3 +5,12 @@
 
 pub mod bus;
 pub mod inner;
+
+mod agent;
+mod builder;
+mod delegate;
+mod exec;
+
+pub use agent::{Agent, CallSummary, RunResult, RunStatus, Usage};
+pub use builder::{AgentBuilder, AgentError};
+pub use exec::{AfterTool, BeforeTool, Hooks, OnError, RegistryExecutor};

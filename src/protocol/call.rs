@@ -192,7 +192,7 @@ impl TryFrom<Value> for Call {
                 found: json_type(&v),
             });
         };
-        let tool = match m.remove("_tool") {
+        let tool = match m.shift_remove("_tool") {
             Some(Value::String(s)) if !s.trim().is_empty() => s,
             Some(Value::String(_)) => {
                 return Err(ProtocolError::InvalidField {
@@ -215,7 +215,7 @@ impl TryFrom<Value> for Call {
                 });
             }
         };
-        let output_path = match m.remove("_outputPath") {
+        let output_path = match m.shift_remove("_outputPath") {
             None | Some(Value::Null) => None,
             Some(Value::String(s)) => Some(s),
             Some(other) => {
@@ -226,7 +226,7 @@ impl TryFrom<Value> for Call {
                 });
             }
         };
-        let output_method = match m.remove("_outputMethod") {
+        let output_method = match m.shift_remove("_outputMethod") {
             None | Some(Value::Null) => None,
             Some(Value::String(s)) => match OutputMethod::parse(&s) {
                 Some(m) => Some(m),
@@ -240,12 +240,12 @@ impl TryFrom<Value> for Call {
                 });
             }
         };
-        let instance = match m.remove("_instance") {
+        let instance = match m.shift_remove("_instance") {
             None | Some(Value::Null) => None,
             Some(Value::String(s)) => Some(s),
             Some(other) => Some(other.to_string()),
         };
-        let scopes = match m.remove("_scopes") {
+        let scopes = match m.shift_remove("_scopes") {
             None | Some(Value::Null) => None,
             Some(v) => match serde_json::from_value::<Vec<String>>(v) {
                 Ok(s) => Some(s),

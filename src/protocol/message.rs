@@ -128,7 +128,7 @@ impl Solution {
                 found: json_type(&v),
             });
         };
-        let calls = match m.remove("calls") {
+        let calls = match m.shift_remove("calls") {
             None | Some(Value::Null) => Vec::new(),
             Some(Value::Array(items)) => items
                 .into_iter()
@@ -142,9 +142,9 @@ impl Solution {
                 });
             }
         };
-        let output = m.remove("output").unwrap_or(Value::Null);
-        let meta = m.remove("meta");
-        let thoughts = m.remove("thoughts");
+        let output = m.shift_remove("output").unwrap_or(Value::Null);
+        let meta = m.shift_remove("meta");
+        let thoughts = m.shift_remove("thoughts");
         Ok(Solution {
             calls,
             output,

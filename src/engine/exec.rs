@@ -1,0 +1,92 @@
+//! Runs calls through the tool registry for the inner loop, with the run's hooks around them.
+
+use std::sync::Arc;
+
+use futures::FutureExt;
+use futures::future::BoxFuture;
+use serde_json::{Map, Value};
+
+use super::inner::Executor;
+use crate::protocol::{Call, CallId, Tool};
+use crate::scheduler::Outcome;
+use crate::tools::Registry;
+
+/// Called before a tool runs; an `Err` fails the call with that message instead of running it.
+pub type BeforeTool = Arc<dyn Fn(&Tool, &Call) -> Result<(), String> + Send + Sync>;
+/// Called after a tool ran, with its outcome.
+pub type AfterTool = Arc<dyn Fn(&Tool, &Call, &Outcome) + Send + Sync>;
+/// Called when a tool failed, with the error object.
+pub type OnError = Arc<dyn Fn(&Tool, &Call, &Value) + Send + Sync>;
+
+/// Rust callbacks around every activity.
+#[derive(Clone, Default)]
+pub struct Hooks {
+    /// Before each activity.
+    pub before_tool: Option<BeforeTool>,
+    /// After each activity.
+    pub after_tool: Option<AfterTool>,
+    /// After each failed activity.
+    pub on_error: Option<OnError>,
+}
+
+/// Adapts a [`Registry`] to the inner loop's [`Executor`].
+pub struct RegistryExecutor {
+    registry: Registry,
+    hooks: Hooks,
+    scoped: Map<String, Value>,
+}
+
+impl RegistryExecutor {
+    /// `scoped` is the parent context (kind → value) delegates may see through `_scopes`.
+    pub fn new(registry: Registry, hooks: Hooks, scoped: Map<String, Value>) -> Self {
+        RegistryExecutor {
+            registry,
+            hooks,
+            scoped,
+        }
+    }
+}
+
+impl Executor for RegistryExecutor {
+    fn execute(&self, _id: CallId, tool: &Tool, call: Call) -> BoxFuture<'static, Outcome> {
+        let hooks = self.hooks.clone();
+        let tool = tool.clone();
+        if let Some(before) = &hooks.before_tool {
+            if let Err(message) = before(&tool, &call) {
+                let err = serde_json::json!({"code": "hook.before_tool", "message": message});
+                if let Some(on_error) = &hooks.on_error {
+                    on_error(&tool, &call, &err);
+                }
+                return async move { Outcome::error(err) }.boxed();
+            }
+        }
+        let scoped: Map<String, Value> = match &call.scopes {
+            Some(scopes) => self
+                .scoped
+                .iter()
+                .filter(|(k, _)| scopes.contains(k))
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
+            None => Map::new(),
+        };
+        let fut = self.registry.run(&tool, call.clone(), scoped);
+        async move {
+            let outcome = match fut.await {
+                Ok(out) => {
+                    let mut o = Outcome::ok(out.value);
+                    o.branch = out.branch;
+                    o
+                }
+                Err(e) => Outcome::error(e.to_value()),
+            };
+            if let (Err(err), Some(on_error)) = (&outcome.result, &hooks.on_error) {
+                on_error(&tool, &call, err);
+            }
+            if let Some(after) = &hooks.after_tool {
+                after(&tool, &call, &outcome);
+            }
+            outcome
+        }
+        .boxed()
+    }
+}
