@@ -10,6 +10,11 @@
 
 #![warn(missing_docs)]
 
+/// The README's examples, compiled as doctests so they stay true.
+#[doc = include_str!("../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;
+
 pub mod approval;
 pub mod cli;
 pub mod context;
