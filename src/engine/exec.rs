@@ -57,7 +57,11 @@ impl Executor for RegistryExecutor {
                 if let Some(on_error) = &hooks.on_error {
                     on_error(&tool, &call, &err);
                 }
-                return async move { Outcome::error(err) }.boxed();
+                let outcome = Outcome::error(err);
+                if let Some(after) = &hooks.after_tool {
+                    after(&tool, &call, &outcome);
+                }
+                return async move { outcome }.boxed();
             }
         }
         let scoped: Map<String, Value> = match &call.scopes {
