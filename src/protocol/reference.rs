@@ -333,11 +333,7 @@ fn find_operator(text: &str, from: usize) -> Option<usize> {
 }
 
 /// Parses `kind.path...` starting at byte `offset` of `whole` (for error positions).
-fn parse_reference_body(
-    body: &str,
-    offset: usize,
-    whole: &str,
-) -> Result<Reference, ReferenceError> {
+fn parse_reference_body(body: &str, offset: usize, whole: &str) -> Result<Reference, ReferenceError> {
     let err = |at: usize, reason: &str| ReferenceError::new(whole, offset + at, reason);
     let mut chars = body.char_indices().peekable();
     let kind_end = match chars.peek() {
@@ -351,12 +347,7 @@ fn parse_reference_body(
             }
             end
         }
-        Some(_) => {
-            return Err(err(
-                0,
-                "a reference starts with a kind such as `state` or `input`",
-            ));
-        }
+        Some(_) => return Err(err(0, "a reference starts with a kind such as `state` or `input`")),
         None => return Err(err(0, "empty reference")),
     };
     let mut path = Path::root(&body[..kind_end]);
@@ -376,8 +367,7 @@ fn parse_reference_body(
                 if end == start {
                     return Err(err(start, "expected a key after `.`"));
                 }
-                path.segments
-                    .push(Segment::Key(body[start..end].to_string()));
+                path.segments.push(Segment::Key(body[start..end].to_string()));
                 i = end;
             }
             b'[' => {
@@ -394,17 +384,10 @@ fn parse_reference_body(
                     return Err(err(i, "empty brackets"));
                 } else if inner.starts_with('-') && inner[1..].parse::<usize>().is_ok() {
                     return Ok(query_tail(path, &body[i..]));
-                } else if inner == "*"
-                    || inner.starts_with('?')
-                    || inner.contains(':')
-                    || inner.contains(',')
-                {
+                } else if inner == "*" || inner.starts_with('?') || inner.contains(':') || inner.contains(',') {
                     return Ok(query_tail(path, &body[i..]));
                 } else {
-                    return Err(err(
-                        i + 1,
-                        "expected an index, a quoted key, `*`, a slice or a `?` filter",
-                    ));
+                    return Err(err(i + 1, "expected an index, a quoted key, `*`, a slice or a `?` filter"));
                 }
                 i = close + 1;
             }
