@@ -5,8 +5,8 @@ mod common;
 
 use common::*;
 use dagloop::llm::{
-    ApiKey, FINAL_OUTPUT_TOOL, FinishReason, Mode, Model, OpenAi, StreamEvent, ToolCallOutcome,
-    ToolChoice, call_from_tool_call,
+    ApiKey, FINAL_OUTPUT_TOOL, FinishReason, LlmError, Mode, Model, OpenAi, ResponseFormat,
+    StreamEvent, ToolCallOutcome, ToolChoice, call_from_tool_call,
 };
 use dagloop::protocol::Tool;
 use serde_json::{Value, json};
@@ -389,4 +389,76 @@ fn invalid_configuration_is_typed_and_never_echoes_the_key() {
     let e = OpenAi::new("http://127.0.0.1:9/v1", Some(ApiKey::new(bad_key)), "m").unwrap_err();
     assert_eq!(e.code(), "llm.invalid_config");
     assert!(!format!("{e:?}{e}").contains(bad_key));
+}
+
+/// What llama-cpp-python answers when it sees `response_format.type = json_schema`.
+const LLAMA_CPP_REJECTION: &str = r#"{"error": {"message": "1 validation error:\n  {'type': 'literal_error', 'loc': ('body', 'response_format', 'type'), 'msg': \"Input should be 'text' or 'json_object'\"}", "type": "internal_server_error"}}"#;
+
+#[tokio::test]
+async fn auto_response_format_falls_back_to_json_object_once_rejected() {
+    let server = serve(vec![
+        Canned::status(500, LLAMA_CPP_REJECTION),
+        Canned::sse(&oa_stream("{\"calls\":[],\"output\":null}")),
+    ])
+    .await;
+    let p = provider(&server);
+    assert_eq!(p.effective_response_format(), ResponseFormat::JsonSchema);
+    let (events, err) = collect(p.stream(&request(Mode::StructuredOutput))).await;
+    assert_eq!(err, None);
+    assert_eq!(text_of(&events), "{\"calls\":[],\"output\":null}");
+    assert_eq!(p.effective_response_format(), ResponseFormat::JsonObject);
+    // Later requests (also from clones) go straight to the accepted dialect.
+    let (_, err) = collect(p.clone().stream(&request(Mode::StructuredOutput))).await;
+    assert_eq!(err, None);
+    let reqs = server.requests();
+    assert_eq!(reqs.len(), 3);
+    assert_eq!(reqs[0].body["response_format"]["type"], "json_schema");
+    for r in &reqs[1..] {
+        assert_eq!(
+            r.body["response_format"],
+            json!({"type": "json_object", "schema": solution_schema()})
+        );
+    }
+}
+
+#[tokio::test]
+async fn an_explicit_response_format_never_falls_back() {
+    let server = serve(vec![
+        Canned::status(500, LLAMA_CPP_REJECTION),
+        Canned::sse(&oa_stream("{}")),
+    ])
+    .await;
+    let p = provider(&server).with_response_format(ResponseFormat::JsonSchema);
+    let (_, err) = collect(p.stream(&request(Mode::StructuredOutput))).await;
+    assert!(matches!(
+        err,
+        Some(LlmError::HttpStatus { status: 500, .. })
+    ));
+    assert_eq!(server.hits(), 1);
+
+    let server = serve(vec![Canned::sse(&oa_stream("{}"))]).await;
+    let p = provider(&server).with_response_format(ResponseFormat::JsonObject);
+    let (_, err) = collect(p.stream(&request(Mode::StructuredOutput))).await;
+    assert_eq!(err, None);
+    assert_eq!(
+        server.requests()[0].body["response_format"]["type"],
+        "json_object"
+    );
+}
+
+#[tokio::test]
+async fn other_errors_do_not_switch_the_response_format() {
+    let server = serve(vec![
+        Canned::status(500, "boom"),
+        Canned::sse(&oa_stream("{}")),
+    ])
+    .await;
+    let p = provider(&server);
+    let (_, err) = collect(p.stream(&request(Mode::StructuredOutput))).await;
+    assert!(matches!(
+        err,
+        Some(LlmError::HttpStatus { status: 500, .. })
+    ));
+    assert_eq!(server.hits(), 1);
+    assert_eq!(p.effective_response_format(), ResponseFormat::JsonSchema);
 }

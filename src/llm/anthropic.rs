@@ -14,7 +14,7 @@ use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 use serde_json::{Value, json};
 
 use super::http::{Decoder, HttpCall, sse_stream};
-use super::openai::{excerpt, provider_error};
+use super::openai_stream::{excerpt, provider_error};
 use super::secret::Redactor;
 use super::wire::{SOLUTION_TOOL, functions, role_and_text, role_name};
 use super::{

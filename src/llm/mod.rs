@@ -17,6 +17,7 @@ mod http;
 #[cfg(feature = "server")]
 mod mock;
 mod openai;
+mod openai_stream;
 mod retry;
 mod script;
 mod scripted;
@@ -28,7 +29,7 @@ pub use error::LlmError;
 pub use http::parse_retry_after;
 #[cfg(feature = "server")]
 pub use mock::{MockServer, serve_mock};
-pub use openai::OpenAi;
+pub use openai::{OpenAi, ResponseFormat};
 pub use retry::{Jitter, RetryNotice, RetryPolicy, Retrying};
 pub use script::{Script, Turn, TurnBody};
 pub use scripted::ScriptedModel;

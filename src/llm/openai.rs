@@ -4,22 +4,41 @@
 //! Structured-output mode sends the Solution schema as `response_format` and streams the content
 //! as text deltas; tool-call mode sends the tools as functions and merges tool-call fragments by
 //! index. It does not retry (see `Retrying`) and does not parse the Solution.
+//!
+//! Two `response_format` dialects exist: OpenAI's `{"type": "json_schema", "json_schema": {...}}`
+//! (OpenAI, vLLM, Ollama, llama.cpp's llama-server) and `{"type": "json_object", "schema": ...}`
+//! (llama-cpp-python, Anyscale). [`ResponseFormat::Auto`] sends the first and, when the server
+//! rejects the request naming `response_format`, switches to the second for this and every later
+//! request of the provider.
 
 use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
-use eventsource_stream::Event;
+use futures::StreamExt;
 use reqwest::header::{AUTHORIZATION, HeaderMap, HeaderValue};
 use serde_json::{Value, json};
 
-use super::http::{Decoder, HttpCall, sse_stream};
+use super::http::{HttpCall, sse_stream};
+use super::openai_stream::OpenAiDecoder;
 use super::secret::Redactor;
-use super::wire::{ToolCallMerger, functions, role_and_text, role_name};
-use super::{
-    ApiKey, EventStream, FinishReason, LlmError, Mode, Model, Request, StreamEvent, ToolChoice,
-};
+use super::wire::{functions, role_and_text, role_name};
+use super::{ApiKey, EventStream, LlmError, Mode, Model, Request, ToolChoice};
 
 /// Default base URL when `OPENAI_BASE_URL` is unset.
 pub const DEFAULT_OPENAI_BASE_URL: &str = "https://api.openai.com/v1";
+
+/// How structured output is requested.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ResponseFormat {
+    /// `json_schema` first; `json_object` + `schema` once the server rejects it.
+    #[default]
+    Auto,
+    /// Always `{"type": "json_schema", "json_schema": {"name", "schema", "strict": false}}`.
+    JsonSchema,
+    /// Always `{"type": "json_object", "schema": ...}` (llama-cpp-python's dialect).
+    JsonObject,
+}
 
 /// An OpenAI-compatible chat-completions endpoint. `Debug` never shows the key.
 #[derive(Clone)]
@@ -30,6 +49,9 @@ pub struct OpenAi {
     key: Option<ApiKey>,
     headers: HeaderMap,
     redactor: Redactor,
+    format: ResponseFormat,
+    /// Set once an `Auto` provider has seen the server reject `json_schema`.
+    json_object_fallback: Arc<AtomicBool>,
 }
 
 impl fmt::Debug for OpenAi {
@@ -38,6 +60,7 @@ impl fmt::Debug for OpenAi {
             .field("base_url", &self.base_url)
             .field("model", &self.model)
             .field("key", &self.key)
+            .field("response_format", &self.format)
             .finish()
     }
 }
@@ -73,18 +96,49 @@ impl OpenAi {
             key,
             headers,
             redactor,
+            format: ResponseFormat::Auto,
+            json_object_fallback: Arc::new(AtomicBool::new(false)),
         })
     }
 
-    /// Reads `OPENAI_BASE_URL` (default [`DEFAULT_OPENAI_BASE_URL`]) and `OPENAI_API_KEY`
-    /// (optional).
+    /// Chooses the `response_format` dialect (default [`ResponseFormat::Auto`]).
+    pub fn with_response_format(mut self, format: ResponseFormat) -> OpenAi {
+        self.format = format;
+        self
+    }
+
+    /// The dialect the next structured-output request will use (never `Auto`).
+    pub fn effective_response_format(&self) -> ResponseFormat {
+        match self.format {
+            ResponseFormat::Auto if self.json_object_fallback.load(Ordering::SeqCst) => {
+                ResponseFormat::JsonObject
+            }
+            ResponseFormat::Auto => ResponseFormat::JsonSchema,
+            f => f,
+        }
+    }
+
+    /// Reads `OPENAI_BASE_URL` (default [`DEFAULT_OPENAI_BASE_URL`]), `OPENAI_API_KEY`
+    /// (optional) and `OPENAI_RESPONSE_FORMAT` (`json_schema`, `json_object`, default auto).
     pub fn from_env(model: impl Into<String>) -> Result<OpenAi, LlmError> {
         let base = std::env::var("OPENAI_BASE_URL")
             .ok()
             .filter(|s| !s.trim().is_empty())
             .unwrap_or_else(|| DEFAULT_OPENAI_BASE_URL.to_string());
         let key = std::env::var("OPENAI_API_KEY").ok().map(ApiKey::new);
-        OpenAi::new(base, key, model)
+        let format = match std::env::var("OPENAI_RESPONSE_FORMAT").ok().as_deref() {
+            None | Some("" | "auto") => ResponseFormat::Auto,
+            Some("json_schema") => ResponseFormat::JsonSchema,
+            Some("json_object") => ResponseFormat::JsonObject,
+            Some(other) => {
+                return Err(LlmError::InvalidConfig {
+                    reason: format!(
+                        "OPENAI_RESPONSE_FORMAT is `{other}` (expected auto, json_schema or json_object)"
+                    ),
+                });
+            }
+        };
+        Ok(OpenAi::new(base, key, model)?.with_response_format(format))
     }
 
     /// Uses this HTTP client (for custom TLS, proxies or connection pools).
@@ -93,8 +147,12 @@ impl OpenAi {
         self
     }
 
-    /// The JSON body sent for a request.
+    /// The JSON body sent for a request, with the current `response_format` dialect.
     pub fn request_body(&self, req: &Request) -> Value {
+        self.body_with(req, self.effective_response_format())
+    }
+
+    fn body_with(&self, req: &Request, format: ResponseFormat) -> Value {
         let s = &req.settings;
         let model = if s.model.is_empty() {
             &self.model
@@ -122,6 +180,9 @@ impl OpenAi {
             body["max_tokens"] = json!(m);
         }
         match s.mode {
+            Mode::StructuredOutput if format == ResponseFormat::JsonObject => {
+                body["response_format"] = json!({"type": "json_object", "schema": req.schema});
+            }
             Mode::StructuredOutput => {
                 body["response_format"] = json!({
                     "type": "json_schema",
@@ -151,180 +212,61 @@ impl OpenAi {
     }
 }
 
-impl Model for OpenAi {
-    fn stream(&self, req: &Request) -> EventStream {
+impl OpenAi {
+    fn attempt(&self, req: &Request, format: ResponseFormat) -> EventStream {
         let call = HttpCall {
             client: self.client.clone(),
             url: format!("{}/chat/completions", self.base_url),
             headers: self.headers.clone(),
-            body: self.request_body(req),
+            body: self.body_with(req, format),
             request_timeout: req.settings.request_timeout,
             idle_timeout: req.settings.idle_timeout,
             redactor: self.redactor.clone(),
         };
         sse_stream(call, OpenAiDecoder::new(self.redactor.clone()))
     }
+}
+
+/// Whether an error answer says the server does not accept our `response_format`.
+fn rejects_response_format(e: &LlmError) -> bool {
+    matches!(e, LlmError::HttpStatus { status: 400 | 422 | 500, message, .. }
+        if message.contains("response_format"))
+}
+
+impl Model for OpenAi {
+    fn stream(&self, req: &Request) -> EventStream {
+        let format = self.effective_response_format();
+        let first = self.attempt(req, format);
+        if self.format != ResponseFormat::Auto
+            || format != ResponseFormat::JsonSchema
+            || req.settings.mode != Mode::StructuredOutput
+        {
+            return first;
+        }
+        let this = self.clone();
+        let req = req.clone();
+        futures::stream::once(async move {
+            let mut first = first;
+            match first.next().await {
+                Some(Err(e)) if rejects_response_format(&e) => {
+                    tracing::info!(
+                        model = %this.name(),
+                        "server rejected response_format json_schema; using json_object + schema"
+                    );
+                    this.json_object_fallback.store(true, Ordering::SeqCst);
+                    this.attempt(&req, ResponseFormat::JsonObject)
+                }
+                Some(item) => futures::stream::once(async move { item })
+                    .chain(first)
+                    .boxed(),
+                None => futures::stream::empty().boxed(),
+            }
+        })
+        .flatten()
+        .boxed()
+    }
 
     fn name(&self) -> String {
         format!("openai:{}", self.model)
-    }
-}
-
-/// Decodes chat-completion chunks.
-pub(crate) struct OpenAiDecoder {
-    merger: ToolCallMerger,
-    finish: Option<String>,
-    usage: Option<(u64, u64)>,
-    done: bool,
-    redactor: Redactor,
-}
-
-impl OpenAiDecoder {
-    pub(crate) fn new(redactor: Redactor) -> OpenAiDecoder {
-        OpenAiDecoder {
-            merger: ToolCallMerger::default(),
-            finish: None,
-            usage: None,
-            done: false,
-            redactor,
-        }
-    }
-
-    fn choice(&mut self, choice: &Value, out: &mut Vec<StreamEvent>) -> Result<(), LlmError> {
-        if let Some(delta) = choice.get("delta") {
-            if let Some(text) = delta.get("content").and_then(Value::as_str)
-                && !text.is_empty()
-            {
-                out.push(StreamEvent::TextDelta(text.to_string()));
-            }
-            match delta.get("tool_calls").and_then(Value::as_array) {
-                Some(calls) => {
-                    for (pos, tc) in calls.iter().enumerate() {
-                        let index = tc
-                            .get("index")
-                            .and_then(Value::as_u64)
-                            .map_or(pos, |i| i as usize);
-                        let f = tc.get("function");
-                        self.merger.fragment(
-                            index,
-                            tc.get("id").and_then(Value::as_str),
-                            f.and_then(|f| f.get("name")).and_then(Value::as_str),
-                            f.and_then(|f| f.get("arguments"))
-                                .and_then(Value::as_str)
-                                .unwrap_or(""),
-                            out,
-                        )?;
-                    }
-                }
-                // The legacy field counts only when `tool_calls` is absent: llama-cpp-python sends
-                // both, carrying the same fragment twice.
-                None => {
-                    if let Some(fc) = delta.get("function_call").filter(|f| f.is_object()) {
-                        self.merger.fragment(
-                            0,
-                            None,
-                            fc.get("name").and_then(Value::as_str),
-                            fc.get("arguments").and_then(Value::as_str).unwrap_or(""),
-                            out,
-                        )?;
-                    }
-                }
-            }
-        }
-        if let Some(r) = choice.get("finish_reason").and_then(Value::as_str) {
-            self.finish = Some(r.to_string());
-        }
-        Ok(())
-    }
-}
-
-/// Whether a provider error type names a transient condition.
-pub(crate) fn transient_kind(kind: &str) -> bool {
-    [
-        "overloaded",
-        "server_error",
-        "rate_limit",
-        "api_error",
-        "timeout",
-        "unavailable",
-    ]
-    .iter()
-    .any(|k| kind.contains(k))
-}
-
-pub(crate) fn provider_error(err: &Value, redactor: &Redactor) -> LlmError {
-    let kind = ["type", "code"]
-        .iter()
-        .find_map(|k| err.get(k).and_then(Value::as_str))
-        .unwrap_or("error")
-        .to_string();
-    let message = err
-        .get("message")
-        .and_then(Value::as_str)
-        .map(str::to_string)
-        .unwrap_or_else(|| err.to_string());
-    LlmError::Provider {
-        retryable: transient_kind(&kind),
-        kind,
-        message: redactor.apply(&message),
-    }
-}
-
-/// A short, redacted excerpt of a bad data line for error messages.
-pub(crate) fn excerpt(data: &str, redactor: &Redactor) -> String {
-    let short: String = data.chars().take(80).collect();
-    redactor.apply(&short)
-}
-
-impl Decoder for OpenAiDecoder {
-    fn event(&mut self, ev: &Event, out: &mut Vec<StreamEvent>) -> Result<(), LlmError> {
-        let data = ev.data.trim();
-        if data == "[DONE]" {
-            self.done = true;
-            return Ok(());
-        }
-        let v: Value = serde_json::from_str(data).map_err(|e| LlmError::BadSse {
-            reason: format!("data is not JSON ({e}): {}", excerpt(data, &self.redactor)),
-        })?;
-        if let Some(err) = v.get("error").filter(|e| !e.is_null()) {
-            return Err(provider_error(err, &self.redactor));
-        }
-        if let Some(choice) = v.get("choices").and_then(Value::as_array).and_then(|cs| {
-            cs.iter()
-                .find(|c| c.get("index").and_then(Value::as_u64).unwrap_or(0) == 0)
-        }) {
-            self.choice(choice, out)?;
-        }
-        if let Some(u) = v.get("usage").filter(|u| u.is_object()) {
-            let n = |k: &str| u.get(k).and_then(Value::as_u64).unwrap_or(0);
-            self.usage = Some((n("prompt_tokens"), n("completion_tokens")));
-        }
-        Ok(())
-    }
-
-    fn is_done(&self) -> bool {
-        self.done
-    }
-
-    fn finish(&mut self, out: &mut Vec<StreamEvent>) -> Result<(), LlmError> {
-        if !self.done && self.finish.is_none() {
-            return Err(LlmError::IncompleteStream {
-                reason: "the body ended before `data: [DONE]` or a finish_reason".into(),
-            });
-        }
-        self.merger.flush(out);
-        if let Some((input_tokens, output_tokens)) = self.usage {
-            out.push(StreamEvent::Usage {
-                input_tokens,
-                output_tokens,
-            });
-        }
-        let reason = self
-            .finish
-            .as_deref()
-            .map(FinishReason::from_provider)
-            .unwrap_or(FinishReason::Other(String::new()));
-        out.push(StreamEvent::Finish { reason });
-        Ok(())
     }
 }
