@@ -208,7 +208,12 @@ impl TryFrom<Value> for Call {
                     reason: format!("expected a non-empty string, found {}", json_type(&other)),
                 });
             }
-            None => return Err(ProtocolError::MissingField { what: "call", field: "_tool" }),
+            None => {
+                return Err(ProtocolError::MissingField {
+                    what: "call",
+                    field: "_tool",
+                });
+            }
         };
         let output_path = match m.shift_remove("_outputPath") {
             None | Some(Value::Null) => None,
@@ -335,8 +340,14 @@ impl Tool {
                 found: json_type(&v),
             });
         }
-        if v.get("_tool").and_then(Value::as_str).is_none_or(|s| s.trim().is_empty()) {
-            return Err(ProtocolError::MissingField { what: "tool", field: "_tool" });
+        if v.get("_tool")
+            .and_then(Value::as_str)
+            .is_none_or(|s| s.trim().is_empty())
+        {
+            return Err(ProtocolError::MissingField {
+                what: "tool",
+                field: "_tool",
+            });
         }
         serde_json::from_value(v).map_err(|e| ProtocolError::Malformed {
             what: "tool",

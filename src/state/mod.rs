@@ -202,7 +202,11 @@ pub fn output_paths(target: &Expression, success: bool, branch: Option<usize>) -
             if !success && branch.is_none() && n < 2 {
                 return Vec::new();
             }
-            target.refs.get(i).map(|r| vec![r.path.clone()]).unwrap_or_default()
+            target
+                .refs
+                .get(i)
+                .map(|r| vec![r.path.clone()])
+                .unwrap_or_default()
         }
         _ if success => paths().collect(),
         _ => Vec::new(),
