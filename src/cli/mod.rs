@@ -261,6 +261,12 @@ fn load_plan(file: &FsPath) -> Result<(Vec<Call>, Option<Goal>), CliError> {
         let goal = Goal::load(file).map_err(|e| CliError::new(e.code(), &e))?;
         return Ok((goal.plan.clone(), Some(goal)));
     }
+    if !(v.is_array() || v.get("calls").is_some()) {
+        return Err(CliError::new(
+            "plan.not_a_plan",
+            format!("{} is not a plan: expected a goal file, a Solution with `calls`, or an array of calls", file.display()),
+        ));
+    }
     let calls = match v {
         Value::Array(items) => Solution::from_value(json!({"calls": items})),
         other => Solution::from_value(other),
