@@ -237,8 +237,15 @@ async fn run(
     ctrl_c.abort();
     reviewer.abort();
     drop(bus);
-    if let Some(p) = progress {
-        p.abort();
+    if let Some(mut p) = progress {
+        // With the agent gone, dropping our handle closes the bus: the view prints what is left
+        // (down to "run finished") and returns. The wait is bounded in case a task still holds it.
+        if tokio::time::timeout(std::time::Duration::from_secs(2), &mut p)
+            .await
+            .is_err()
+        {
+            p.abort();
+        }
     }
     let value = serde_json::to_value(&result).unwrap_or(Value::Null);
     println!("{}", pretty(&value));
