@@ -188,17 +188,15 @@ async fn run(
         }
         _ => {}
     }
+    // The events file is created only once the agent is built, so bad input leaves no file.
+    let events_out: Arc<Mutex<Option<std::io::BufWriter<std::fs::File>>>> = Arc::default();
     let mut bus = EventBus::default();
-    if let Some(path) = &events {
-        let file = std::fs::File::create(path).map_err(|e| {
-            CliError::new(
-                "cli.events_file",
-                format!("cannot create {}: {e}", path.display()),
-            )
-        })?;
-        let file = Mutex::new(std::io::BufWriter::new(file));
+    if events.is_some() {
+        let out = events_out.clone();
         bus = bus.with_sink(Box::new(move |ev| {
-            if let (Ok(mut f), Ok(line)) = (file.lock(), serde_json::to_string(ev)) {
+            if let (Ok(mut slot), Ok(line)) = (out.lock(), serde_json::to_string(ev))
+                && let Some(f) = slot.as_mut()
+            {
                 let _ = writeln!(f, "{line}");
                 let _ = f.flush();
             }
@@ -217,6 +215,17 @@ async fn run(
         builder = builder.model_spec(m);
     }
     let agent = builder.build().map_err(|e| CliError::new(e.code(), &e))?;
+    if let Some(path) = &events {
+        let file = std::fs::File::create(path).map_err(|e| {
+            CliError::new(
+                "cli.events_file",
+                format!("cannot create {}: {e}", path.display()),
+            )
+        })?;
+        if let Ok(mut slot) = events_out.lock() {
+            *slot = Some(std::io::BufWriter::new(file));
+        }
+    }
     let interactive = std::io::stdin().is_terminal();
     let reviewer = tokio::spawn(review::serve(requests, interactive));
     let progress = (!json_only).then(|| {
