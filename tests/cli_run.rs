@@ -211,6 +211,34 @@ async fn ctrl_c_cancels_cleanly_and_still_prints_the_result() {
 }
 
 #[tokio::test]
+async fn ctrl_c_during_a_slow_model_stream_is_prompt() {
+    let server = ToolServer::start().await;
+    // The slow call arrives early in a turn that takes about 30 s to stream (rule 9: it starts
+    // before the stream ends), so Ctrl-C lands while both are under way.
+    let ws = probe(&server, "slow_call_slow_stream.script.json", |_| {});
+    let child = command([OsStr::new("run"), ws.goal.as_os_str(), OsStr::new("--json")])
+        .spawn()
+        .expect("start dagloop");
+    server.slow_started().await;
+    let pid = child.id().expect("child pid");
+    let signalled = Instant::now();
+    let kill = std::process::Command::new("kill")
+        .args(["-INT", &pid.to_string()])
+        .status()
+        .expect("run kill");
+    assert!(kill.success());
+    let run = finish(child).await;
+    assert!(
+        signalled.elapsed() < Duration::from_secs(20),
+        "the run waited for the model to finish streaming: {:?}",
+        signalled.elapsed()
+    );
+    let r = assert_failed(&run, "cancelled", "run.cancelled");
+    // The second call was still being streamed: only the slow one exists, cancelled.
+    assert_eq!(call_statuses(&r), ["cancelled"]);
+}
+
+#[tokio::test]
 async fn invalid_output_fails_after_the_retries() {
     let server = ToolServer::start().await;
     let ws = probe(&server, "invalid_output.script.json", |g| {
