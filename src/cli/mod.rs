@@ -188,17 +188,15 @@ async fn run(
         }
         _ => {}
     }
+    // The events file is created only once the agent is built, so bad input leaves no file.
+    let events_out: Arc<Mutex<Option<std::io::BufWriter<std::fs::File>>>> = Arc::default();
     let mut bus = EventBus::default();
-    if let Some(path) = &events {
-        let file = std::fs::File::create(path).map_err(|e| {
-            CliError::new(
-                "cli.events_file",
-                format!("cannot create {}: {e}", path.display()),
-            )
-        })?;
-        let file = Mutex::new(std::io::BufWriter::new(file));
+    if events.is_some() {
+        let out = events_out.clone();
         bus = bus.with_sink(Box::new(move |ev| {
-            if let (Ok(mut f), Ok(line)) = (file.lock(), serde_json::to_string(ev)) {
+            if let (Ok(mut slot), Ok(line)) = (out.lock(), serde_json::to_string(ev))
+                && let Some(f) = slot.as_mut()
+            {
                 let _ = writeln!(f, "{line}");
                 let _ = f.flush();
             }
@@ -217,6 +215,17 @@ async fn run(
         builder = builder.model_spec(m);
     }
     let agent = builder.build().map_err(|e| CliError::new(e.code(), &e))?;
+    if let Some(path) = &events {
+        let file = std::fs::File::create(path).map_err(|e| {
+            CliError::new(
+                "cli.events_file",
+                format!("cannot create {}: {e}", path.display()),
+            )
+        })?;
+        if let Ok(mut slot) = events_out.lock() {
+            *slot = Some(std::io::BufWriter::new(file));
+        }
+    }
     let interactive = std::io::stdin().is_terminal();
     let reviewer = tokio::spawn(review::serve(requests, interactive));
     let progress = (!json_only).then(|| {
@@ -237,8 +246,15 @@ async fn run(
     ctrl_c.abort();
     reviewer.abort();
     drop(bus);
-    if let Some(p) = progress {
-        p.abort();
+    if let Some(mut p) = progress {
+        // With the agent gone, dropping our handle closes the bus: the view prints what is left
+        // (down to "run finished") and returns. The wait is bounded in case a task still holds it.
+        if tokio::time::timeout(std::time::Duration::from_secs(2), &mut p)
+            .await
+            .is_err()
+        {
+            p.abort();
+        }
     }
     let value = serde_json::to_value(&result).unwrap_or(Value::Null);
     println!("{}", pretty(&value));

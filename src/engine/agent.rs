@@ -299,7 +299,7 @@ impl Agent {
             self.bus
                 .publish(step, None, EventKind::RequestStarted { attempt: 1 });
             let (tx, rx) = mpsc::unbounded_channel();
-            let model_task = tokio::spawn(stream_turn(
+            let mut model_task = tokio::spawn(stream_turn(
                 self.model.clone(),
                 req,
                 tx,
@@ -310,9 +310,19 @@ impl Agent {
             let (s, report) = self.step(state, step, next_id, calls, &cancel).await;
             state = s;
             next_id += report.calls.len() as u64;
-            let turn = match model_task.await {
-                Ok(t) => t,
-                Err(e) => Turn {
+            // A cancelled (or timed-out) run does not wait for the model to finish streaming.
+            let joined = tokio::select! {
+                biased;
+                t = &mut model_task => Some(t),
+                _ = cancel.cancelled() => {
+                    model_task.abort();
+                    None
+                }
+            };
+            let turn = match joined {
+                None => Turn::default(),
+                Some(Ok(t)) => t,
+                Some(Err(e)) => Turn {
                     fatal: Some(json!({"code": "run.model_task", "message": e.to_string()})),
                     ..Turn::default()
                 },

@@ -1,0 +1,340 @@
+//! Bad input to `dagloop run` (exit 2, a JSON error with a stable code, nothing half-written),
+//! and the static commands `dagloop validate` and `dagloop graph` (insta snapshots).
+//!
+//! Goal and plan fixtures are read with relative paths from their own folder, so the messages
+//! in the snapshots do not depend on where the repository lives.
+
+#[path = "fixtures/e2e/harness.rs"]
+mod harness;
+
+use harness::{Run, command, finish, fixture};
+use serde_json::{Map, Value, json};
+
+/// Runs `dagloop ARGS` from `tests/fixtures/e2e/<dir>`.
+async fn dagloop_in(dir: &str, args: &[&str]) -> Run {
+    let mut cmd = command(args);
+    cmd.current_dir(fixture(dir));
+    finish(cmd.spawn().expect("start dagloop")).await
+}
+
+/// `dagloop run GOAL --json --events <tmp>` from `bad/`: exit 2, `{"status": "error", "error":
+/// {"code", "message"}}`, and no events file left behind. Returns the error object.
+async fn bad_run(goal: &str, extra: &[&str], code: &str) -> Value {
+    let tmp = tempfile::tempdir().unwrap();
+    let events = tmp.path().join("events.jsonl");
+    let mut args = vec!["run", goal, "--json", "--events", events.to_str().unwrap()];
+    args.extend_from_slice(extra);
+    let run = dagloop_in("bad", &args).await;
+    let r = run.json();
+    assert_eq!(run.code, 2, "bad input exits 2: {r:#}");
+    assert_eq!(r["status"], "error", "{r:#}");
+    assert_eq!(r["error"]["code"], code, "{r:#}");
+    assert!(
+        r["error"]["message"]
+            .as_str()
+            .is_some_and(|m| !m.is_empty()),
+        "{r:#}"
+    );
+    assert!(!run.stdout.contains("succeeded"), "{}", run.stdout);
+    assert!(
+        !events.exists(),
+        "a run that never started leaves no events file"
+    );
+    r["error"].clone()
+}
+
+#[tokio::test]
+async fn broken_output_schema() {
+    let e = bad_run("broken_output_schema.goal.json", &[], "goal.invalid_schema").await;
+    assert!(
+        e["message"].as_str().unwrap().contains("output_schema"),
+        "{e}"
+    );
+}
+
+#[tokio::test]
+async fn broken_tool_params_schema() {
+    let e = bad_run("broken_tool_schema.goal.json", &[], "goal.invalid_schema").await;
+    assert!(
+        e["message"].as_str().unwrap().contains("tools[0] (search)"),
+        "{e}"
+    );
+}
+
+#[tokio::test]
+async fn missing_goal_file() {
+    bad_run("no-such.goal.json", &[], "goal.not_found").await;
+}
+
+#[tokio::test]
+async fn unknown_model_spec() {
+    let e = bad_run(
+        "answer.goal.json",
+        &["--model", "gpt4:turbo"],
+        "llm.unknown_spec",
+    )
+    .await;
+    assert!(e["message"].as_str().unwrap().contains("gpt4:turbo"), "{e}");
+}
+
+#[tokio::test]
+async fn incomplete_model_spec() {
+    bad_run(
+        "answer.goal.json",
+        &["--model", "openai:"],
+        "llm.invalid_spec",
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn tool_name_clash() {
+    let e = bad_run("tool_clash.goal.json", &[], "goal.tool_clash").await;
+    assert!(
+        e["message"]
+            .as_str()
+            .unwrap()
+            .contains("tools[0] and tools[2]"),
+        "{e}"
+    );
+}
+
+#[tokio::test]
+async fn malformed_goal_json() {
+    let e = bad_run("malformed.goal.json", &[], "goal.invalid").await;
+    assert!(
+        e["message"].as_str().unwrap().contains("line 5"),
+        "the position is given: {e}"
+    );
+}
+
+#[tokio::test]
+async fn misspelt_goal_key() {
+    let e = bad_run("unknown_key.goal.json", &[], "goal.invalid").await;
+    assert!(e["message"].as_str().unwrap().contains("limit"), "{e}");
+}
+
+#[tokio::test]
+async fn input_that_breaks_its_schema() {
+    let e = bad_run("input_mismatch.goal.json", &[], "goal.invalid").await;
+    assert!(
+        e["message"].as_str().unwrap().contains("input_schema"),
+        "{e}"
+    );
+}
+
+#[tokio::test]
+async fn scripted_file_that_does_not_exist() {
+    let e = bad_run("missing_script.goal.json", &[], "llm.script_io").await;
+    assert!(
+        e["message"]
+            .as_str()
+            .unwrap()
+            .contains("no-such.script.json"),
+        "{e}"
+    );
+}
+
+#[tokio::test]
+async fn scripted_file_that_is_invalid() {
+    bad_run("malformed_script.goal.json", &[], "llm.script_invalid").await;
+}
+
+#[tokio::test]
+async fn invalid_approval_policy() {
+    bad_run("bad_policy.goal.json", &[], "agent.invalid_policy").await;
+}
+
+#[tokio::test]
+async fn no_model_anywhere() {
+    bad_run("no_model.goal.json", &[], "agent.no_model").await;
+}
+
+#[tokio::test]
+async fn events_file_that_cannot_be_created() {
+    let run = dagloop_in(
+        "bad",
+        &[
+            "run",
+            "answer.goal.json",
+            "--json",
+            "--events",
+            "no-such-dir/events.jsonl",
+        ],
+    )
+    .await;
+    assert_eq!(run.code, 2);
+    assert_eq!(run.json()["error"]["code"], "cli.events_file");
+}
+
+#[tokio::test]
+async fn mock_llm_with_a_missing_script() {
+    let run = dagloop_in("bad", &["mock-llm", "--script", "no-such.script.json"]).await;
+    assert_eq!(run.code, 2);
+    assert_eq!(run.json()["error"]["code"], "llm.script_io");
+}
+
+#[tokio::test]
+#[ignore = "bug: Goal denies `$schema` and `description`, which schemas/goal.schema.json allows"]
+async fn goal_keys_the_published_schema_allows_are_accepted() {
+    let run = dagloop_in("bad", &["run", "described.goal.json", "--json"]).await;
+    assert_eq!(run.code, 0, "{}", run.stdout);
+    assert_eq!(run.json()["output"], json!({"answer": 42}));
+}
+
+#[tokio::test]
+async fn bad_input_errors_are_stable() {
+    let cases: &[(&str, &[&str])] = &[
+        ("broken_output_schema.goal.json", &[]),
+        ("broken_tool_schema.goal.json", &[]),
+        ("no-such.goal.json", &[]),
+        ("answer.goal.json", &["--model", "gpt4:turbo"]),
+        ("tool_clash.goal.json", &[]),
+        ("malformed.goal.json", &[]),
+        ("unknown_key.goal.json", &[]),
+        ("input_mismatch.goal.json", &[]),
+        ("missing_script.goal.json", &[]),
+        ("malformed_script.goal.json", &[]),
+        ("bad_policy.goal.json", &[]),
+        ("no_model.goal.json", &[]),
+    ];
+    let mut all = Map::new();
+    for (goal, extra) in cases {
+        let mut args = vec!["run", goal, "--json"];
+        args.extend_from_slice(extra);
+        let run = dagloop_in("bad", &args).await;
+        let mut key = goal.to_string();
+        if !extra.is_empty() {
+            key = format!("{key} {}", extra.join(" "));
+        }
+        all.insert(key, run.json());
+    }
+    insta::assert_json_snapshot!(all);
+}
+
+// ----- dagloop validate -----
+
+/// `dagloop validate PLAN --goal research.goal.json` from `plans/`: (exit code, output).
+async fn validate(plan: &str) -> (i32, Value) {
+    let run = dagloop_in("plans", &["validate", plan, "--goal", "research.goal.json"]).await;
+    (run.code, run.json())
+}
+
+fn codes(v: &Value) -> Vec<&str> {
+    v["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["code"].as_str().unwrap())
+        .collect()
+}
+
+#[tokio::test]
+async fn validate_a_valid_plan() {
+    let (code, v) = validate("valid.plan.json").await;
+    assert_eq!(code, 0, "{v:#}");
+    insta::assert_json_snapshot!(v);
+}
+
+#[tokio::test]
+async fn validate_a_goal_with_its_own_plan() {
+    let run = dagloop_in("plans", &["validate", "research.goal.json"]).await;
+    assert_eq!(run.code, 0, "{}", run.stdout);
+    assert_eq!(
+        run.json(),
+        json!({"status": "valid", "calls": 3, "findings": []})
+    );
+}
+
+#[tokio::test]
+async fn validate_an_unknown_tool() {
+    let (code, v) = validate("unknown_tool.plan.json").await;
+    assert_eq!(code, 1);
+    assert_eq!(codes(&v), ["plan.unknown_tool"]);
+    insta::assert_json_snapshot!(v);
+}
+
+#[tokio::test]
+async fn validate_invalid_params() {
+    let (code, v) = validate("invalid_params.plan.json").await;
+    assert_eq!(code, 1);
+    assert_eq!(codes(&v), ["plan.invalid_params", "plan.invalid_params"]);
+    insta::assert_json_snapshot!(v);
+}
+
+#[tokio::test]
+async fn validate_a_cycle() {
+    let (code, v) = validate("cycle.plan.json").await;
+    assert_eq!(code, 1);
+    assert_eq!(codes(&v), ["plan.cycle"]);
+    insta::assert_json_snapshot!(v);
+}
+
+#[tokio::test]
+async fn validate_dangling_references() {
+    let (code, v) = validate("dangling.plan.json").await;
+    assert_eq!(code, 1);
+    assert_eq!(
+        codes(&v),
+        ["plan.dangling_reference", "plan.dangling_reference"]
+    );
+    insta::assert_json_snapshot!(v);
+}
+
+#[tokio::test]
+async fn validate_bad_references() {
+    let (code, v) = validate("bad_reference.plan.json").await;
+    insta::assert_json_snapshot!(json!({"exit": code, "output": v}));
+}
+
+#[tokio::test]
+async fn validate_without_a_goal_checks_only_the_graph() {
+    // No tools to check against; the cycle is still found.
+    let run = dagloop_in("plans", &["validate", "cycle.plan.json"]).await;
+    assert_eq!(run.code, 1);
+    assert!(codes(&run.json()).contains(&"plan.cycle"));
+}
+
+#[tokio::test]
+async fn validate_unreadable_plans() {
+    let run = dagloop_in("plans", &["validate", "truncated.plan.json"]).await;
+    assert_eq!(run.code, 2);
+    assert_eq!(run.json()["error"]["code"], "plan.invalid_json");
+    let run = dagloop_in("plans", &["validate", "no-such.plan.json"]).await;
+    assert_eq!(run.code, 2);
+    assert_eq!(run.json()["error"]["code"], "cli.not_found");
+}
+
+// ----- dagloop graph -----
+
+async fn graph(plan: &str, format: &str) -> String {
+    let run = dagloop_in("plans", &["graph", plan, "--format", format]).await;
+    assert_eq!(run.code, 0, "{}", run.stdout);
+    assert_eq!(run.stderr, "");
+    run.stdout
+}
+
+#[tokio::test]
+async fn graph_mermaid() {
+    insta::assert_snapshot!(graph("valid.plan.json", "mermaid").await);
+}
+
+#[tokio::test]
+async fn graph_dot() {
+    insta::assert_snapshot!(graph("valid.plan.json", "dot").await);
+}
+
+#[tokio::test]
+async fn graph_of_a_cycle_and_of_a_goal_plan() {
+    insta::assert_snapshot!("graph_cycle_dot", graph("cycle.plan.json", "dot").await);
+    insta::assert_snapshot!(
+        "graph_goal_mermaid",
+        graph("research.goal.json", "mermaid").await
+    );
+}
+
+#[tokio::test]
+async fn graph_defaults_to_mermaid() {
+    let run = dagloop_in("plans", &["graph", "valid.plan.json"]).await;
+    assert_eq!(run.stdout, graph("valid.plan.json", "mermaid").await);
+}
