@@ -49,6 +49,12 @@ impl Default for Limits {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Goal {
+    /// The JSON Schema the file declares itself against (ignored).
+    #[serde(rename = "$schema", default, skip_serializing_if = "Option::is_none")]
+    pub json_schema: Option<String>,
+    /// A note for people reading the file (not shown to the model).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
     /// What to achieve, in words.
     pub goal: String,
     /// Default model spec (`scripted:PATH`, `openai:MODEL`, `anthropic:MODEL`).

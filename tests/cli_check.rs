@@ -175,7 +175,6 @@ async fn mock_llm_with_a_missing_script() {
 }
 
 #[tokio::test]
-#[ignore = "bug: Goal denies `$schema` and `description`, which schemas/goal.schema.json allows"]
 async fn goal_keys_the_published_schema_allows_are_accepted() {
     let run = dagloop_in("bad", &["run", "described.goal.json", "--json"]).await;
     assert_eq!(run.code, 0, "{}", run.stdout);

@@ -337,5 +337,6 @@ async fn openai_provider_reports_an_unreachable_server_as_a_model_error() {
     let r = run.json();
     assert_eq!(run.code, 1, "{r:#}");
     assert_eq!(r["status"], "model_error");
-    assert_eq!(r["error"]["code"], "llm.transport");
+    assert_eq!(r["error"]["code"], "run.model_error");
+    assert_eq!(r["error"]["cause"]["code"], "llm.transport");
 }

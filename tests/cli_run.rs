@@ -272,8 +272,10 @@ async fn model_error_401_is_not_retried() {
     let r = run.json();
     assert_eq!(run.code, 1);
     assert_eq!(r["status"], "model_error");
-    // The provider's own code: the script's next turn (a valid answer) was never requested.
-    assert_eq!(r["error"]["code"], "llm.http_status");
+    // The run's code, with the provider's own code as the cause; the script's next turn (a valid
+    // answer) was never requested.
+    assert_eq!(r["error"]["code"], "run.model_error");
+    assert_eq!(r["error"]["cause"]["code"], "llm.http_status");
     assert!(
         r["error"]["message"].as_str().unwrap().contains("401"),
         "{r:#}"
@@ -297,7 +299,8 @@ async fn transient_model_errors_are_retried_up_to_four_attempts() {
     let r = run.json();
     assert_eq!(run.code, 1);
     assert_eq!(r["status"], "model_error");
-    assert_eq!(r["error"]["code"], "llm.http_status");
+    assert_eq!(r["error"]["code"], "run.model_error");
+    assert_eq!(r["error"]["cause"]["code"], "llm.http_status");
     assert!(
         r["error"]["message"]
             .as_str()

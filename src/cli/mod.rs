@@ -280,7 +280,10 @@ fn load_plan(file: &FsPath) -> Result<(Vec<Call>, Option<Goal>), CliError> {
     if !(v.is_array() || v.get("calls").is_some()) {
         return Err(CliError::new(
             "plan.not_a_plan",
-            format!("{} is not a plan: expected a goal file, a Solution with `calls`, or an array of calls", file.display()),
+            format!(
+                "{} is not a plan: expected a goal file, a Solution with `calls`, or an array of calls",
+                file.display()
+            ),
         ));
     }
     let calls = match v {

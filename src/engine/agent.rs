@@ -522,7 +522,11 @@ async fn stream_turn(
             Ok(StreamEvent::Finish { .. }) => break,
             Ok(_) => {}
             Err(e) => {
-                turn.fatal = Some(json!({"code": e.code(), "message": e.to_string()}));
+                turn.fatal = Some(json!({
+                    "code": "run.model_error",
+                    "message": format!("the model failed: {e}"),
+                    "cause": {"code": e.code(), "message": e.to_string()},
+                }));
                 break;
             }
         }
