@@ -16,21 +16,57 @@ use tokio::time::Instant;
 #[tokio::test(start_paused = true)]
 async fn representative_event_log() {
     let exec = TestExec::new(Instant::now())
-        .with("fetchUser", Behaviour::Sleep(20, Some(json!({"name": "Ada", "plan": "pro"}))))
-        .with("chargeCard", Behaviour::Fail(5, json!({"error": "card declined"})))
-        .with("sendEmail", Behaviour::Sleep(10, Some(json!({"sent": true}))));
-    let approver = Arc::new(
-        ScriptedApprover::new().for_tool("sendEmail", after(Duration::from_millis(7), Decision::Approve)),
+        .with(
+            "fetchUser",
+            Behaviour::Sleep(20, Some(json!({"name": "Ada", "plan": "pro"}))),
+        )
+        .with(
+            "chargeCard",
+            Behaviour::Fail(5, json!({"error": "card declined"})),
+        )
+        .with(
+            "sendEmail",
+            Behaviour::Sleep(10, Some(json!({"sent": true}))),
+        );
+    let approver = Arc::new(ScriptedApprover::new().for_tool(
+        "sendEmail",
+        after(Duration::from_millis(7), Decision::Approve),
+    ));
+    let mut step = Step::new(vec![
+        tool("fetchUser"),
+        latent("summarize"),
+        tool("chargeCard"),
+        tool("sendEmail"),
+    ])
+    .at(
+        0,
+        json!({"_tool": "fetchUser", "id": "u1", "_outputPath": "†state.user"}),
+    )
+    .at(
+        2,
+        json!({"_tool": "summarize", "user": "†state.user", "_output": "Ada is on pro",
+                      "_outputPath": "†state.summary"}),
+    )
+    .at(
+        4,
+        json!({"_tool": "sendEmail", "body": "†state.summary", "to": "†state.user.name"}),
+    )
+    .at(
+        6,
+        json!({"_tool": "chargeCard", "_outputPath": "†state.charge || †state.chargeError"}),
+    )
+    .at(
+        8,
+        json!({"_tool": "sendEmail", "body": "†state.x", "_outputPath": "†state.y"}),
+    )
+    .at(
+        8,
+        json!({"_tool": "sendEmail", "body": "†state.y", "_outputPath": "†state.x"}),
+    )
+    .at(
+        9,
+        json!({"_tool": "sendEmail", "body": "†state.neverWritten"}),
     );
-    let mut step = Step::new(vec![tool("fetchUser"), latent("summarize"), tool("chargeCard"), tool("sendEmail")])
-        .at(0, json!({"_tool": "fetchUser", "id": "u1", "_outputPath": "†state.user"}))
-        .at(2, json!({"_tool": "summarize", "user": "†state.user", "_output": "Ada is on pro",
-                      "_outputPath": "†state.summary"}))
-        .at(4, json!({"_tool": "sendEmail", "body": "†state.summary", "to": "†state.user.name"}))
-        .at(6, json!({"_tool": "chargeCard", "_outputPath": "†state.charge || †state.chargeError"}))
-        .at(8, json!({"_tool": "sendEmail", "body": "†state.x", "_outputPath": "†state.y"}))
-        .at(8, json!({"_tool": "sendEmail", "body": "†state.y", "_outputPath": "†state.x"}))
-        .at(9, json!({"_tool": "sendEmail", "body": "†state.neverWritten"}));
     step.policy = Policy::allowlist(["fetchUser", "chargeCard"]);
     step.approver = approver;
     step.close_at = Some(12);

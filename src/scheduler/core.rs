@@ -230,6 +230,7 @@ impl Scheduler {
             return;
         }
         let open = self.stream_open;
+        self.resolutions += 1;
         let resolved = {
             let Some(call) = self.entries[ix].current() else {
                 return;

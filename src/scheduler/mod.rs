@@ -115,6 +115,7 @@ pub struct Scheduler {
     asking: usize,
     running: usize,
     recheck: BTreeSet<CallId>,
+    resolutions: u64,
 }
 
 /// True when the tool is marked fire-and-forget (`"_detached": true` in its definition).
@@ -158,6 +159,7 @@ impl Scheduler {
             asking: 0,
             running: 0,
             recheck: BTreeSet::new(),
+            resolutions: 0,
         }
     }
 
@@ -212,6 +214,12 @@ impl Scheduler {
     /// Calls waiting on references, waiting for a reviewer, and running.
     pub fn counts(&self) -> (usize, usize, usize) {
         (self.waiting, self.asking, self.running)
+    }
+
+    /// How many times a waiting call's params were resolved in full so far (a measure of the
+    /// scheduler's work: it grows with the number of calls and edges, never quadratically).
+    pub fn resolutions(&self) -> u64 {
+        self.resolutions
     }
 
     /// The pending-call graph (read-only, for inspection and tests).
