@@ -272,6 +272,11 @@ where
     runs.swap_remove(1)
 }
 
+/// `DAGLOOP_BENCH_N` overrides the zero-latency sizes (for profiling runs).
+fn env_n(default: usize) -> usize {
+    std::env::var("DAGLOOP_BENCH_N").ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
 fn main() {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -301,13 +306,13 @@ fn main() {
             line("layered", dag.dur.len(), m, Some(cp), None, None, json!({}));
         }
         if want("fanout0") {
-            let n = 100_000;
+            let n = env_n(100_000);
             let bytes = bytes_per_pending(fanout_calls(n, 0).into_iter(), n);
             let (m, _) = median(|| run(fanout_calls(n, 0), 0)).await;
             line("fanout0", n, m, None, Some(m * 1000.0 / (n + 2) as f64), Some(bytes), json!({}));
         }
         if want("chain0") {
-            let n = 10_000;
+            let n = env_n(10_000);
             let bytes = bytes_per_pending(chain_calls(n, 0).into_iter(), n);
             let (m, _) = median(|| run(chain_calls(n, 0), 0)).await;
             line("chain0", n, m, None, Some(m * 1000.0 / n as f64), Some(bytes), json!({}));
