@@ -107,8 +107,13 @@ struct Dag {
 
 impl Dag {
     fn call(&self, i: usize) -> Call {
-        let deps: Vec<String> = self.parents[i].iter().map(|j| format!("†state.n{j}")).collect();
-        c(json!({"_tool": "work", "ms": self.dur[i], "deps": deps, "_outputPath": format!("†state.n{i}")}))
+        let deps: Vec<String> = self.parents[i]
+            .iter()
+            .map(|j| format!("†state.n{j}"))
+            .collect();
+        c(
+            json!({"_tool": "work", "ms": self.dur[i], "deps": deps, "_outputPath": format!("†state.n{i}")}),
+        )
     }
 
     /// Longest path, with optional arrival times (ms) per node.
@@ -164,7 +169,9 @@ fn layered(seed: u64) -> Dag {
 
 fn fanout_calls(n: usize, ms: u64) -> Vec<Call> {
     let mut v = Vec::with_capacity(n + 2);
-    v.push(c(json!({"_tool": "work", "ms": 0, "_outputPath": "†state.root"})));
+    v.push(c(
+        json!({"_tool": "work", "ms": 0, "_outputPath": "†state.root"}),
+    ));
     for i in 0..n {
         v.push(c(json!({"_tool": "work", "ms": ms, "in": "†state.root", "_outputPath": format!("†state.mid.k{i}")})));
     }
@@ -188,7 +195,12 @@ fn chain_calls(n: usize, ms: u64) -> Vec<Call> {
 /// arrival times in ms since the start.
 async fn run(calls: Vec<Call>, gap_ms: u64) -> (f64, Vec<f64>) {
     let n = calls.len();
-    let sched = Scheduler::new(State::new(), vec![work_tool()], Policy::auto(), SchedulerOptions::default());
+    let sched = Scheduler::new(
+        State::new(),
+        vec![work_tool()],
+        Policy::auto(),
+        SchedulerOptions::default(),
+    );
     let bus = EventBus::default();
     let arrivals = Arc::new(Mutex::new(Vec::with_capacity(n)));
     let t0 = Instant::now();
@@ -226,7 +238,12 @@ async fn run(calls: Vec<Call>, gap_ms: u64) -> (f64, Vec<f64>) {
 
 /// Bytes the scheduler keeps per waiting call: the root never finishes, so the others wait.
 fn bytes_per_pending(calls: impl Iterator<Item = Call>, n: usize) -> f64 {
-    let mut s = Scheduler::new(State::new(), vec![work_tool()], Policy::auto(), SchedulerOptions::default());
+    let mut s = Scheduler::new(
+        State::new(),
+        vec![work_tool()],
+        Policy::auto(),
+        SchedulerOptions::default(),
+    );
     let mut out = Vec::new();
     let before = LIVE.load(Ordering::Relaxed);
     for call in calls {
@@ -241,7 +258,15 @@ fn bytes_per_pending(calls: impl Iterator<Item = Call>, n: usize) -> f64 {
     (after - before) as f64 / n as f64
 }
 
-fn line(workload: &str, n: usize, makespan: f64, cp: Option<f64>, overhead: Option<f64>, bytes: Option<f64>, extra: Value) {
+fn line(
+    workload: &str,
+    n: usize,
+    makespan: f64,
+    cp: Option<f64>,
+    overhead: Option<f64>,
+    bytes: Option<f64>,
+    extra: Value,
+) {
     let round = |x: f64| (x * 1000.0).round() / 1000.0;
     let mut v = json!({
         "workload": workload,
@@ -274,7 +299,10 @@ where
 
 /// `DAGLOOP_BENCH_N` overrides the zero-latency sizes (for profiling runs).
 fn env_n(default: usize) -> usize {
-    std::env::var("DAGLOOP_BENCH_N").ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+    std::env::var("DAGLOOP_BENCH_N")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
 }
 
 fn main() {
@@ -285,7 +313,10 @@ fn main() {
         .build()
         .expect("runtime");
     let only: Option<String> = std::env::args().skip(1).find(|a| !a.starts_with('-'));
-    let want = |w: &str| only.as_deref().is_none_or(|o| w.contains(o) || o == "bench");
+    let want = |w: &str| {
+        only.as_deref()
+            .is_none_or(|o| w.contains(o) || o == "bench")
+    };
     rt.block_on(async {
         // Warm the blocking pool so thread creation is not measured.
         run(fanout_calls(120, 5), 0).await;

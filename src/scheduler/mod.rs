@@ -15,6 +15,7 @@
 //! [`StepReport`] into plan and observations).
 
 mod core;
+mod resolve;
 mod types;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -28,7 +29,7 @@ pub use types::{
 
 use crate::approval::Policy;
 use crate::graph::CallGraph;
-use crate::protocol::{Call, CallId, Expression, Millis, Path, Tool};
+use crate::protocol::{Call, CallId, Expression, Millis, Tool};
 use crate::state::State;
 
 /// Checks a call's resolved params against its tool before it is presented or launched
@@ -74,7 +75,7 @@ enum Phase {
 struct Entry {
     id: CallId,
     written: Option<Call>,
-    revised: Option<Call>,
+    revised: Option<Box<Call>>,
     tool: Option<ToolEntry>,
     target: Option<Expression>,
     phase: Phase,
@@ -84,10 +85,12 @@ struct Entry {
     announced: bool,
     /// The paths the call waited on at its last full check; `watch` is the first that may still
     /// be blocking.
-    waiting_on: Vec<Path>,
+    waiting_on: Vec<resolve::RefAt>,
     watch: usize,
     /// The resolved call shown to the reviewer.
-    presented: Option<Call>,
+    presented: Option<Box<Call>>,
+    /// The references in the current call's params, parsed once.
+    refs: resolve::Refs,
     result: Option<Value>,
     error: Option<Value>,
     missing: Vec<String>,
@@ -95,7 +98,7 @@ struct Entry {
 
 impl Entry {
     fn current(&self) -> Option<&Call> {
-        self.revised.as_ref().or(self.written.as_ref())
+        self.revised.as_deref().or(self.written.as_ref())
     }
 }
 
@@ -235,7 +238,7 @@ impl Scheduler {
             .map(|e| CallReport {
                 id: e.id,
                 call: e.written.clone(),
-                revised: e.revised.clone(),
+                revised: e.revised.as_deref().cloned(),
                 status: match e.phase {
                     Phase::Waiting | Phase::Asking => CallStatus::Pending,
                     Phase::Running => CallStatus::Running,
