@@ -62,27 +62,35 @@ fn precise_sleep(deadline: Instant) {
         if now >= deadline {
             return;
         }
+        // Thread sleeps overshoot by the timer slack (~50-100 µs), so aim a little early and
+        // finish with short sleeps rather than spinning (the machine is shared).
         let left = deadline - now;
-        if left > Duration::from_micros(400) {
-            std::thread::sleep(left - Duration::from_micros(300));
-        } else {
-            std::thread::yield_now();
-        }
+        std::thread::sleep(
+            left.saturating_sub(Duration::from_micros(80))
+                .max(Duration::from_micros(20)),
+        );
     }
 }
 
-/// Sleeps `ms` (a param), then returns 1.
-struct SleepExec;
+/// Sleeps `ms` (a param), then returns 1; records how long each activity really took (ms).
+struct SleepExec {
+    actual: Arc<Mutex<Vec<(u64, f64)>>>,
+}
 
 impl Executor for SleepExec {
-    fn execute(&self, _id: CallId, _tool: &Tool, call: Call) -> BoxFuture<'static, Outcome> {
+    fn execute(&self, id: CallId, _tool: &Tool, call: Call) -> BoxFuture<'static, Outcome> {
         let ms = call.params.get("ms").and_then(Value::as_u64).unwrap_or(0);
         if ms == 0 {
             return futures::future::ready(Outcome::ok(json!(1))).boxed();
         }
-        let deadline = Instant::now() + Duration::from_millis(ms);
+        let start = Instant::now();
+        let deadline = start + Duration::from_millis(ms);
+        let actual = self.actual.clone();
         async move {
             let _ = tokio::task::spawn_blocking(move || precise_sleep(deadline)).await;
+            if let Ok(mut a) = actual.lock() {
+                a.push((id.0, start.elapsed().as_secs_f64() * 1000.0));
+            }
             Outcome::ok(json!(1))
         }
         .boxed()
@@ -118,11 +126,17 @@ impl Dag {
 
     /// Longest path, with optional arrival times (ms) per node.
     fn bound(&self, arrival: Option<&[f64]>) -> f64 {
+        let nominal: Vec<f64> = self.dur.iter().map(|&d| d as f64).collect();
+        self.bound_with(&nominal, arrival)
+    }
+
+    /// Longest path with the given durations per node.
+    fn bound_with(&self, dur: &[f64], arrival: Option<&[f64]>) -> f64 {
         let mut fin = vec![0f64; self.dur.len()];
         for i in 0..self.dur.len() {
             let ready = self.parents[i].iter().map(|&j| fin[j]).fold(0f64, f64::max);
             let start = arrival.map_or(ready, |a| ready.max(a[i]));
-            fin[i] = start + self.dur[i] as f64;
+            fin[i] = start + dur.get(i).copied().unwrap_or(0.0);
         }
         fin.iter().copied().fold(0f64, f64::max)
     }
@@ -139,6 +153,27 @@ impl Rng {
     }
     fn below(&mut self, n: u64) -> u64 {
         self.next() % n
+    }
+}
+
+fn fanout_dag(n: usize, ms: u64) -> Dag {
+    let mut dur = vec![0];
+    let mut parents = vec![vec![]];
+    for _ in 0..n {
+        dur.push(ms);
+        parents.push(vec![0]);
+    }
+    dur.push(0);
+    parents.push((1..=n).collect());
+    Dag { dur, parents }
+}
+
+fn chain_dag(n: usize, ms: u64) -> Dag {
+    Dag {
+        dur: vec![ms; n],
+        parents: (0..n)
+            .map(|i| if i == 0 { vec![] } else { vec![i - 1] })
+            .collect(),
     }
 }
 
@@ -193,7 +228,7 @@ fn chain_calls(n: usize, ms: u64) -> Vec<Call> {
 
 /// Runs calls (arriving `gap_ms` apart when non-zero); returns makespan in ms and the actual
 /// arrival times in ms since the start.
-async fn run(calls: Vec<Call>, gap_ms: u64) -> (f64, Vec<f64>) {
+async fn run(calls: Vec<Call>, gap_ms: u64) -> Run {
     let n = calls.len();
     let sched = Scheduler::new(
         State::new(),
@@ -220,10 +255,13 @@ async fn run(calls: Vec<Call>, gap_ms: u64) -> (f64, Vec<f64>) {
             }
         })
         .boxed();
+    let actual = Arc::new(Mutex::new(Vec::new()));
     let (_state, report) = drive(
         sched,
         stream,
-        Arc::new(SleepExec),
+        Arc::new(SleepExec {
+            actual: actual.clone(),
+        }),
         Arc::new(ScriptedApprover::new()),
         &bus,
         CancellationToken::new(),
@@ -232,8 +270,29 @@ async fn run(calls: Vec<Call>, gap_ms: u64) -> (f64, Vec<f64>) {
     .await;
     let makespan = t0.elapsed().as_secs_f64() * 1000.0;
     assert_eq!(report.count(CallStatus::Done), n, "every call ran");
-    let a = arrivals.lock().map(|a| a.clone()).unwrap_or_default();
-    (makespan, a)
+    let arrivals = arrivals.lock().map(|a| a.clone()).unwrap_or_default();
+    let mut durations = vec![0f64; n];
+    if let Ok(a) = actual.lock() {
+        for &(id, ms) in a.iter() {
+            if let Some(d) = durations.get_mut(id as usize) {
+                *d = ms;
+            }
+        }
+    }
+    Run {
+        makespan,
+        arrivals,
+        durations,
+    }
+}
+
+/// One measured run.
+struct Run {
+    makespan: f64,
+    /// Arrival of each call (ms since start), for streamed runs.
+    arrivals: Vec<f64>,
+    /// How long each activity really slept (ms), by call id (= node index).
+    durations: Vec<f64>,
 }
 
 /// Bytes the scheduler keeps per waiting call: the root never finishes, so the others wait.
@@ -283,18 +342,39 @@ fn line(
     println!("{v}");
 }
 
-/// Runs `f` three times and returns the median result by makespan.
-async fn median<F, Fut>(mut f: F) -> (f64, Vec<f64>)
+/// Runs `f` three times and returns the median run by makespan.
+async fn median<F, Fut>(mut f: F) -> Run
 where
     F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = (f64, Vec<f64>)>,
+    Fut: std::future::Future<Output = Run>,
 {
     let mut runs = Vec::new();
     for _ in 0..3 {
         runs.push(f().await);
     }
-    runs.sort_by(|a, b| a.0.total_cmp(&b.0));
+    runs.sort_by(|a, b| a.makespan.total_cmp(&b.makespan));
     runs.swap_remove(1)
+}
+
+/// Prints a sleep workload: the ratio to the nominal critical path, and (extra fields) to the
+/// critical path computed from the activities' measured sleeps, which isolates scheduling
+/// overhead from the sleeping activity's own timer slack.
+fn sleep_line(workload: &str, dag: &Dag, r: &Run, arrivals: Option<&[f64]>, extra: Value) {
+    let cp = dag.bound(arrivals);
+    let cp_actual = dag.bound_with(&r.durations, arrivals);
+    let round = |x: f64| (x * 1000.0).round() / 1000.0;
+    let mut extra = extra;
+    extra["critical_path_measured_ms"] = json!(round(cp_actual));
+    extra["ratio_vs_measured"] = json!(round(r.makespan / cp_actual));
+    line(
+        workload,
+        dag.dur.len(),
+        r.makespan,
+        Some(cp),
+        None,
+        None,
+        extra,
+    );
 }
 
 /// `DAGLOOP_BENCH_N` overrides the zero-latency sizes (for profiling runs).
@@ -322,48 +402,61 @@ fn main() {
         run(fanout_calls(120, 5), 0).await;
 
         if want("fanout") {
-            let (m, _) = median(|| run(fanout_calls(100, 50), 0)).await;
-            line("fanout", 102, m, Some(50.0), None, None, json!({}));
+            let dag = fanout_dag(100, 50);
+            let r = median(|| run((0..dag.dur.len()).map(|i| dag.call(i)).collect(), 0)).await;
+            sleep_line("fanout", &dag, &r, None, json!({}));
         }
         if want("chain") {
-            let (m, _) = median(|| run(chain_calls(50, 10), 0)).await;
-            line("chain", 50, m, Some(500.0), None, None, json!({}));
+            let dag = chain_dag(50, 10);
+            let r = median(|| run((0..dag.dur.len()).map(|i| dag.call(i)).collect(), 0)).await;
+            sleep_line("chain", &dag, &r, None, json!({}));
         }
         if want("layered") {
             let dag = layered(7);
-            let cp = dag.bound(None);
-            let calls = || (0..dag.dur.len()).map(|i| dag.call(i)).collect::<Vec<_>>();
-            let (m, _) = median(|| run(calls(), 0)).await;
-            line("layered", dag.dur.len(), m, Some(cp), None, None, json!({}));
+            let r = median(|| run((0..dag.dur.len()).map(|i| dag.call(i)).collect(), 0)).await;
+            sleep_line("layered", &dag, &r, None, json!({}));
         }
         if want("fanout0") {
             let n = env_n(100_000);
             let bytes = bytes_per_pending(fanout_calls(n, 0).into_iter(), n);
-            let (m, _) = median(|| run(fanout_calls(n, 0), 0)).await;
-            line("fanout0", n, m, None, Some(m * 1000.0 / (n + 2) as f64), Some(bytes), json!({}));
+            let m = median(|| run(fanout_calls(n, 0), 0)).await.makespan;
+            line(
+                "fanout0",
+                n,
+                m,
+                None,
+                Some(m * 1000.0 / (n + 2) as f64),
+                Some(bytes),
+                json!({}),
+            );
         }
         if want("chain0") {
             let n = env_n(10_000);
             let bytes = bytes_per_pending(chain_calls(n, 0).into_iter(), n);
-            let (m, _) = median(|| run(chain_calls(n, 0), 0)).await;
-            line("chain0", n, m, None, Some(m * 1000.0 / n as f64), Some(bytes), json!({}));
+            let m = median(|| run(chain_calls(n, 0), 0)).await.makespan;
+            line(
+                "chain0",
+                n,
+                m,
+                None,
+                Some(m * 1000.0 / n as f64),
+                Some(bytes),
+                json!({}),
+            );
         }
         if want("streamed") {
             let dag = layered(7);
-            let gap = 5;
-            let calls = || (0..dag.dur.len()).map(|i| dag.call(i)).collect::<Vec<_>>();
-            let (m, arrivals) = median(|| run(calls(), gap)).await;
-            let bound = dag.bound(Some(&arrivals));
-            let stream_ms = arrivals.last().copied().unwrap_or(0.0);
-            line(
+            let r = median(|| run((0..dag.dur.len()).map(|i| dag.call(i)).collect(), 5)).await;
+            let stream_ms = r.arrivals.last().copied().unwrap_or(0.0);
+            let whole = stream_ms + dag.bound(None);
+            let arrivals = r.arrivals.clone();
+            sleep_line(
                 "streamed",
-                dag.dur.len(),
-                m,
-                Some(bound),
-                None,
-                None,
+                &dag,
+                &r,
+                Some(&arrivals),
                 json!({"stream_ms": (stream_ms * 1000.0).round() / 1000.0,
-                       "wait_for_whole_plan_ms": ((stream_ms + dag.bound(None)) * 1000.0).round() / 1000.0}),
+                       "wait_for_whole_plan_ms": (whole * 1000.0).round() / 1000.0}),
             );
         }
     });

@@ -86,15 +86,15 @@ fn take(slot: &mut Option<Ids>, id: CallId) -> bool {
 fn insert_at(node: &mut Node, segs: &[Segment], id: CallId) -> bool {
     let added = match segs.split_first() {
         None => add(&mut node.ids, id),
-        Some((first, rest)) => {
-            if !node.children.contains_key(first) {
-                node.children.insert(first.clone(), Node::default());
+        Some((first, rest)) => match node.children.get_mut(first) {
+            Some(child) => insert_at(child, rest, id),
+            None => {
+                let mut child = Node::default();
+                let added = insert_at(&mut child, rest, id);
+                node.children.insert(first.clone(), child);
+                added
             }
-            match node.children.get_mut(first) {
-                Some(child) => insert_at(child, rest, id),
-                None => false,
-            }
-        }
+        },
     };
     if added {
         node.count += 1;
@@ -120,6 +120,29 @@ fn remove_at(node: &mut Node, segs: &[Segment], id: CallId) -> bool {
         node.count -= 1;
     }
     removed
+}
+
+/// Visits the ids strictly below `node`, depth first in key order, lazily (a wide node's
+/// children are never collected up front); stops when `f` returns true.
+fn visit_below(node: &Node, mut f: impl FnMut(&Ids) -> bool) {
+    let mut stack = vec![node.children.values()];
+    while let Some(top) = stack.last_mut() {
+        match top.next() {
+            None => {
+                stack.pop();
+            }
+            Some(n) => {
+                if let Some(ids) = &n.ids
+                    && f(ids)
+                {
+                    return;
+                }
+                if !n.children.is_empty() {
+                    stack.push(n.children.values());
+                }
+            }
+        }
+    }
 }
 
 /// Calls by path, answering "who overlaps this path" without scanning.
@@ -185,14 +208,12 @@ impl PathIndex {
         }
         // Below `path`: any registration that is not `except`. Subtrees holding only `except`
         // are small (one call registers few paths), so this stops early.
-        let mut stack: Vec<&Node> = node.children.values().collect();
-        while let Some(n) = stack.pop() {
-            if n.ids.as_ref().is_some_and(|ids| ids.has_other_than(except)) {
-                return true;
-            }
-            stack.extend(n.children.values());
-        }
-        false
+        let mut found = false;
+        visit_below(node, |ids| {
+            found = ids.has_other_than(except);
+            found
+        });
+        found
     }
 
     /// Calls every call registered at a path overlapping `path` (a call may be reported more
@@ -204,13 +225,10 @@ impl PathIndex {
         }) else {
             return;
         };
-        let mut stack: Vec<&Node> = node.children.values().collect();
-        while let Some(n) = stack.pop() {
-            if let Some(ids) = &n.ids {
-                ids.iter().for_each(&mut f);
-            }
-            stack.extend(n.children.values());
-        }
+        visit_below(node, |ids| {
+            ids.iter().for_each(&mut f);
+            false
+        });
     }
 
     /// The calls registered at paths overlapping `path`, sorted and without duplicates.

@@ -29,7 +29,7 @@ impl Entry {
     fn new(id: CallId, written: Option<Call>) -> Self {
         Entry {
             id,
-            written,
+            written: written.map(Box::new),
             revised: None,
             tool: None,
             target: None,
@@ -40,9 +40,7 @@ impl Entry {
             watch: 0,
             presented: None,
             refs: Vec::new(),
-            result: None,
-            error: None,
-            missing: Vec::new(),
+            value: None,
         }
     }
 }
@@ -165,7 +163,7 @@ impl Scheduler {
                 cycle,
             },
         );
-        self.entries[ix].error = Some(err.to_value());
+        self.entries[ix].value = Some(err.to_value());
         self.set_phase(ix, Phase::Done(CallStatus::Refused));
     }
 
@@ -301,13 +299,7 @@ impl Scheduler {
                 missing: missing.clone(),
             },
         );
-        e.error = Some(
-            SchedulerError::Unresolved {
-                missing: missing.clone(),
-            }
-            .to_value(),
-        );
-        e.missing = missing;
+        e.value = Some(SchedulerError::Unresolved { missing }.to_value());
         e.waiting_on = Vec::new();
         self.set_phase(ix, Phase::Done(CallStatus::Unresolved));
         self.release(ix);
@@ -413,7 +405,7 @@ impl Scheduler {
             (OutcomeKind::Ok, Ok(v)) => self.succeed(ix, v, branch, now, out),
             (OutcomeKind::Cancelled, r) => {
                 let e = &mut self.entries[ix];
-                e.error = Some(r.unwrap_or_else(|e| e));
+                e.value = Some(r.unwrap_or_else(|e| e));
                 emit(out, id, EventKind::Cancelled);
                 self.set_phase(ix, Phase::Done(CallStatus::Cancelled));
                 self.release(ix);
@@ -483,7 +475,7 @@ impl Scheduler {
             },
         );
         self.write_all(ix, paths, &value, now, out);
-        self.entries[ix].result = Some(value);
+        self.entries[ix].value = Some(value);
         self.set_phase(ix, Phase::Done(CallStatus::Done));
         self.release(ix);
     }
@@ -513,7 +505,7 @@ impl Scheduler {
             },
         );
         self.write_all(ix, paths, &error, now, out);
-        self.entries[ix].error = Some(error);
+        self.entries[ix].value = Some(error);
         let status = if kind == FailKind::Rejected {
             CallStatus::Rejected
         } else {
@@ -646,7 +638,7 @@ impl Scheduler {
                 out.push(Action::Abort { id });
             }
             emit(out, id, EventKind::Cancelled);
-            self.entries[ix].error = Outcome::cancelled().result.err();
+            self.entries[ix].value = Outcome::cancelled().result.err();
             self.entries[ix].waiting_on = Vec::new();
             self.set_phase(ix, Phase::Done(CallStatus::Cancelled));
             self.graph.remove(id);

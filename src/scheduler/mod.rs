@@ -74,7 +74,7 @@ enum Phase {
 #[derive(Debug)]
 struct Entry {
     id: CallId,
-    written: Option<Call>,
+    written: Option<Box<Call>>,
     revised: Option<Box<Call>>,
     tool: Option<ToolEntry>,
     target: Option<Expression>,
@@ -91,14 +91,13 @@ struct Entry {
     presented: Option<Box<Call>>,
     /// The references in the current call's params, parsed once.
     refs: resolve::Refs,
-    result: Option<Value>,
-    error: Option<Value>,
-    missing: Vec<String>,
+    /// The result (status done) or the error object (any other finished status).
+    value: Option<Value>,
 }
 
 impl Entry {
     fn current(&self) -> Option<&Call> {
-        self.revised.as_deref().or(self.written.as_ref())
+        self.revised.as_deref().or(self.written.as_deref())
     }
 }
 
@@ -232,24 +231,80 @@ impl Scheduler {
 
     /// What became of every call so far, in arrival order.
     pub fn report(&self) -> StepReport {
-        let calls = self
-            .entries
-            .iter()
-            .map(|e| CallReport {
-                id: e.id,
-                call: e.written.clone(),
-                revised: e.revised.as_deref().cloned(),
-                status: match e.phase {
-                    Phase::Waiting | Phase::Asking => CallStatus::Pending,
-                    Phase::Running => CallStatus::Running,
-                    Phase::Done(s) => s,
-                },
-                result: e.result.clone(),
-                error: e.error.clone(),
-                missing: e.missing.clone(),
+        StepReport {
+            calls: self
+                .entries
+                .iter()
+                .map(|e| report_of(e, e.clone_parts()))
+                .collect(),
+        }
+    }
+
+    /// Ends the step: the final state and the report, moving (not copying) what the calls hold.
+    pub fn finish(self) -> (State, StepReport) {
+        let Scheduler {
+            state,
+            entries,
+            graph,
+            ..
+        } = self;
+        drop(graph);
+        let calls = entries
+            .into_iter()
+            .map(|mut e| {
+                let parts = (
+                    e.written.take().map(|c| *c),
+                    e.revised.take().map(|c| *c),
+                    e.value.take(),
+                );
+                report_of(&e, parts)
             })
             .collect();
-        StepReport { calls }
+        (state, StepReport { calls })
+    }
+}
+
+type Parts = (Option<Call>, Option<Call>, Option<Value>);
+
+impl Entry {
+    fn clone_parts(&self) -> Parts {
+        (
+            self.written.as_deref().cloned(),
+            self.revised.as_deref().cloned(),
+            self.value.clone(),
+        )
+    }
+}
+
+fn report_of(e: &Entry, (call, revised, value): Parts) -> CallReport {
+    let status = match e.phase {
+        Phase::Waiting | Phase::Asking => CallStatus::Pending,
+        Phase::Running => CallStatus::Running,
+        Phase::Done(s) => s,
+    };
+    let missing = match (&value, status) {
+        (Some(v), CallStatus::Unresolved) => v["missing"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|x| x.as_str().map(String::from))
+                    .collect()
+            })
+            .unwrap_or_default(),
+        _ => Vec::new(),
+    };
+    let (result, error) = match status {
+        CallStatus::Done => (value, None),
+        _ => (None, value),
+    };
+    CallReport {
+        id: e.id,
+        call,
+        revised,
+        status,
+        result,
+        error,
+        missing,
     }
 }
 
