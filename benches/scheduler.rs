@@ -342,6 +342,53 @@ fn line(
     println!("{v}");
 }
 
+/// The sans-IO state machine alone on a zero-latency workload: every launched call finishes
+/// at once (no tokio, no tasks); returns microseconds per call.
+fn core_only(calls: Vec<Call>) -> f64 {
+    let n = calls.len();
+    let mut s = Scheduler::new(
+        State::new(),
+        vec![work_tool()],
+        Policy::auto(),
+        SchedulerOptions::default(),
+    );
+    let mut out = Vec::new();
+    let mut ready = std::collections::VecDeque::new();
+    let t0 = Instant::now();
+    for call in calls {
+        s.handle_into(Input::CallArrived(Ok(call)), 0, &mut out);
+        collect(&mut out, &mut ready);
+    }
+    s.handle_into(Input::StreamClosed, 0, &mut out);
+    collect(&mut out, &mut ready);
+    while let Some(id) = ready.pop_front() {
+        s.handle_into(
+            Input::Finished {
+                id,
+                outcome: Outcome::ok(json!(1)),
+            },
+            0,
+            &mut out,
+        );
+        collect(&mut out, &mut ready);
+    }
+    let (_, report) = s.finish();
+    let us = t0.elapsed().as_secs_f64() * 1e6 / n as f64;
+    assert_eq!(report.count(CallStatus::Done), n);
+    us
+}
+
+fn collect(
+    out: &mut Vec<dagloop::scheduler::Action>,
+    ready: &mut std::collections::VecDeque<CallId>,
+) {
+    for a in out.drain(..) {
+        if let dagloop::scheduler::Action::Launch { id, .. } = a {
+            ready.push_back(id);
+        }
+    }
+}
+
 /// Runs `f` three times and returns the median run by makespan.
 async fn median<F, Fut>(mut f: F) -> Run
 where
@@ -420,6 +467,7 @@ fn main() {
             let n = env_n(100_000);
             let bytes = bytes_per_pending(fanout_calls(n, 0).into_iter(), n);
             let m = median(|| run(fanout_calls(n, 0), 0)).await.makespan;
+            let core = core_only(fanout_calls(n, 0));
             line(
                 "fanout0",
                 n,
@@ -427,13 +475,14 @@ fn main() {
                 None,
                 Some(m * 1000.0 / (n + 2) as f64),
                 Some(bytes),
-                json!({}),
+                json!({"core_only_us_per_call": (core * 1000.0).round() / 1000.0}),
             );
         }
         if want("chain0") {
             let n = env_n(10_000);
             let bytes = bytes_per_pending(chain_calls(n, 0).into_iter(), n);
             let m = median(|| run(chain_calls(n, 0), 0)).await.makespan;
+            let core = core_only(chain_calls(n, 0));
             line(
                 "chain0",
                 n,
@@ -441,7 +490,7 @@ fn main() {
                 None,
                 Some(m * 1000.0 / n as f64),
                 Some(bytes),
-                json!({}),
+                json!({"core_only_us_per_call": (core * 1000.0).round() / 1000.0}),
             );
         }
         if want("streamed") {
