@@ -224,6 +224,5 @@ where
         }
     }
     d.running.shutdown().await;
-    let report = scheduler.report();
-    (scheduler.into_state(), report)
+    scheduler.finish()
 }

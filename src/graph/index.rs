@@ -1,12 +1,12 @@
 //! A path index: which calls touch which paths, with overlap lookups (rule 4) that visit only the
-//! matching entries — the ancestors of a path by exact lookup and its extensions by one range
-//! scan — so finding the writers or readers of a path never scans all calls.
+//! matching entries. It is a trie over path segments: the ancestors of a path are the nodes on
+//! the way down to it, its extensions are the subtree below it, and each node counts the
+//! registrations in its subtree, so finding the writers or readers of a path never scans all
+//! calls, and one comparison per level compares a single segment rather than whole paths.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::ops::Bound;
 
 use crate::protocol::{CallId, Path, Segment};
-
 /// The calls registered at one path. Most paths have one, so that case does not allocate a set.
 #[derive(Debug, Clone)]
 enum Ids {
@@ -31,10 +31,124 @@ impl Ids {
     }
 }
 
+#[derive(Debug, Clone, Default)]
+struct Node {
+    ids: Option<Ids>,
+    /// Registrations at this node and below.
+    count: usize,
+    children: BTreeMap<Segment, Node>,
+}
+
+impl Ids {
+    fn len(&self) -> usize {
+        match self {
+            Ids::One(_) => 1,
+            Ids::Many(set) => set.len(),
+        }
+    }
+}
+
+fn add(slot: &mut Option<Ids>, id: CallId) -> bool {
+    match slot {
+        None => {
+            *slot = Some(Ids::One(id));
+            true
+        }
+        Some(Ids::One(old)) if *old == id => false,
+        Some(Ids::One(old)) => {
+            let old = *old;
+            *slot = Some(Ids::Many(BTreeSet::from([old, id])));
+            true
+        }
+        Some(Ids::Many(set)) => set.insert(id),
+    }
+}
+
+fn take(slot: &mut Option<Ids>, id: CallId) -> bool {
+    match slot {
+        Some(Ids::One(old)) if *old == id => {
+            *slot = None;
+            true
+        }
+        Some(Ids::Many(set)) => {
+            let removed = set.remove(&id);
+            if set.len() == 1
+                && let Some(last) = set.first().copied()
+            {
+                *slot = Some(Ids::One(last));
+            }
+            removed
+        }
+        _ => false,
+    }
+}
+
+fn insert_at(node: &mut Node, segs: &[Segment], id: CallId) -> bool {
+    let added = match segs.split_first() {
+        None => add(&mut node.ids, id),
+        Some((first, rest)) => match node.children.get_mut(first) {
+            Some(child) => insert_at(child, rest, id),
+            None => {
+                let mut child = Node::default();
+                let added = insert_at(&mut child, rest, id);
+                node.children.insert(first.clone(), child);
+                added
+            }
+        },
+    };
+    if added {
+        node.count += 1;
+    }
+    added
+}
+
+fn remove_at(node: &mut Node, segs: &[Segment], id: CallId) -> bool {
+    let removed = match segs.split_first() {
+        None => take(&mut node.ids, id),
+        Some((first, rest)) => {
+            let Some(child) = node.children.get_mut(first) else {
+                return false;
+            };
+            let removed = remove_at(child, rest, id);
+            if child.count == 0 {
+                node.children.remove(first);
+            }
+            removed
+        }
+    };
+    if removed {
+        node.count -= 1;
+    }
+    removed
+}
+
+/// Visits the ids strictly below `node`, depth first in key order, lazily (a wide node's
+/// children are never collected up front); stops when `f` returns true.
+fn visit_below(node: &Node, mut f: impl FnMut(&Ids) -> bool) {
+    let mut stack = vec![node.children.values()];
+    while let Some(top) = stack.last_mut() {
+        match top.next() {
+            None => {
+                stack.pop();
+            }
+            Some(n) => {
+                if let Some(ids) = &n.ids
+                    && f(ids)
+                {
+                    return;
+                }
+                if !n.children.is_empty() {
+                    stack.push(n.children.values());
+                }
+            }
+        }
+    }
+}
+
 /// Calls by path, answering "who overlaps this path" without scanning.
 #[derive(Debug, Clone, Default)]
 pub struct PathIndex {
-    map: BTreeMap<Path, Ids>,
+    root: Node,
 }
 
 impl PathIndex {
@@ -43,94 +157,78 @@ impl PathIndex {
         PathIndex::default()
     }
 
-    /// Number of distinct paths registered.
+    /// Number of registrations (call, path).
     pub fn len(&self) -> usize {
-        self.map.len()
+        self.root.count
     }
 
     /// True when nothing is registered.
     pub fn is_empty(&self) -> bool {
-        self.map.is_empty()
+        self.root.count == 0
     }
 
     /// Registers `id` at `path`.
     pub fn insert(&mut self, path: &Path, id: CallId) {
-        match self.map.get_mut(path.segments()) {
-            None => {
-                self.map.insert(path.clone(), Ids::One(id));
-            }
-            Some(Ids::One(old)) if *old == id => {}
-            Some(entry @ Ids::One(_)) => {
-                let Ids::One(old) = *entry else { return };
-                *entry = Ids::Many(BTreeSet::from([old, id]));
-            }
-            Some(Ids::Many(set)) => {
-                set.insert(id);
-            }
-        }
+        insert_at(&mut self.root, path.segments(), id);
     }
 
     /// Unregisters `id` from `path` (no-op when absent).
     pub fn remove(&mut self, path: &Path, id: CallId) {
-        let empty = match self.map.get_mut(path.segments()) {
-            None => return,
-            Some(Ids::One(old)) => *old == id,
-            Some(entry @ Ids::Many(_)) => {
-                let Ids::Many(set) = entry else { return };
-                set.remove(&id);
-                match set.len() {
-                    0 => true,
-                    1 => {
-                        if let Some(last) = set.first().copied() {
-                            *entry = Ids::One(last);
-                        }
-                        false
-                    }
-                    _ => false,
-                }
-            }
-        };
-        if empty {
-            self.map.remove(path.segments());
-        }
+        remove_at(&mut self.root, path.segments(), id);
     }
 
-    fn extensions<'a>(
-        &'a self,
-        segs: &'a [Segment],
-    ) -> impl Iterator<Item = (&'a Path, &'a Ids)> + 'a {
-        self.map
-            .range::<[Segment], _>((Bound::Excluded(segs), Bound::Unbounded))
-            .take_while(move |(k, _)| k.segments().starts_with(segs))
+    /// The node at `path`, calling `on_ancestor` with the ids of every node on the way (the
+    /// node itself included).
+    fn walk(&self, path: &Path, mut on_ancestor: impl FnMut(&Ids) -> bool) -> Option<&Node> {
+        let mut node = &self.root;
+        for seg in path.segments() {
+            node = node.children.get(seg)?;
+            if let Some(ids) = &node.ids
+                && on_ancestor(ids)
+            {
+                return None;
+            }
+        }
+        Some(node)
     }
 
     /// True if some call other than `except` is registered at a path overlapping `path`.
     /// Stops at the first match.
     pub fn any_overlapping_except(&self, path: &Path, except: CallId) -> bool {
-        let segs = path.segments();
-        for n in 1..=segs.len() {
-            if let Some(ids) = self.map.get(&segs[..n])
-                && ids.has_other_than(except)
-            {
-                return true;
-            }
+        let mut found = false;
+        let Some(node) = self.walk(path, |ids| {
+            found = ids.has_other_than(except);
+            found
+        }) else {
+            return found;
+        };
+        let own = node.ids.as_ref().map_or(0, Ids::len);
+        if node.count == own {
+            return false;
         }
-        self.extensions(segs)
-            .any(|(_, ids)| ids.has_other_than(except))
+        // Below `path`: any registration that is not `except`. Subtrees holding only `except`
+        // are small (one call registers few paths), so this stops early.
+        let mut found = false;
+        visit_below(node, |ids| {
+            found = ids.has_other_than(except);
+            found
+        });
+        found
     }
 
     /// Calls every call registered at a path overlapping `path` (a call may be reported more
     /// than once when several of its paths overlap).
     pub fn for_each_overlapping(&self, path: &Path, mut f: impl FnMut(CallId)) {
-        let segs = path.segments();
-        for n in 1..=segs.len() {
-            if let Some(ids) = self.map.get(&segs[..n]) {
-                ids.iter().for_each(&mut f);
-            }
-        }
-        for (_, ids) in self.extensions(segs) {
+        let Some(node) = self.walk(path, |ids| {
             ids.iter().for_each(&mut f);
-        }
+            false
+        }) else {
+            return;
+        };
+        visit_below(node, |ids| {
+            ids.iter().for_each(&mut f);
+            false
+        });
     }
 
     /// The calls registered at paths overlapping `path`, sorted and without duplicates.

@@ -7,8 +7,9 @@ use super::{Entry, Phase, Scheduler, ToolEntry};
 use crate::approval::{DefaultDecision, Gate, assess};
 use crate::graph::GraphError;
 use crate::protocol::{Call, CallId, Decision, EventKind, FailKind, Millis, OutputMethod, Path};
+use crate::scheduler::resolve::{self, Check, RefAt};
 use crate::scheduler::{Action, CallStatus, Outcome, OutcomeKind, SchedulerError};
-use crate::state::{Resolved, output_paths};
+use crate::state::output_paths;
 
 fn emit(out: &mut Vec<Action>, id: CallId, kind: EventKind) {
     out.push(Action::Event {
@@ -28,7 +29,7 @@ impl Entry {
     fn new(id: CallId, written: Option<Call>) -> Self {
         Entry {
             id,
-            written,
+            written: written.map(Box::new),
             revised: None,
             tool: None,
             target: None,
@@ -38,9 +39,8 @@ impl Entry {
             waiting_on: Vec::new(),
             watch: 0,
             presented: None,
-            result: None,
-            error: None,
-            missing: Vec::new(),
+            refs: Vec::new(),
+            value: None,
         }
     }
 }
@@ -95,7 +95,7 @@ impl Scheduler {
             None => return,
             Some(call) => self.prepare(call),
         };
-        let (tool, target, reads, writes) = match prepared {
+        let (tool, refs, target, reads, writes) = match prepared {
             Ok(p) => p,
             Err(e) => return self.refuse(ix, e, out),
         };
@@ -105,6 +105,7 @@ impl Scheduler {
         let e = &mut self.entries[ix];
         e.tool = Some(tool);
         e.target = target;
+        e.refs = refs;
         self.set_phase(ix, Phase::Waiting);
         self.recheck.insert(id);
     }
@@ -116,6 +117,7 @@ impl Scheduler {
     ) -> Result<
         (
             ToolEntry,
+            resolve::Refs,
             Option<crate::protocol::Expression>,
             Vec<Path>,
             Vec<Path>,
@@ -137,14 +139,14 @@ impl Scheduler {
             });
         }
         let reads = refs
-            .into_iter()
-            .flat_map(|(_, e)| e.refs.into_iter().map(|r| r.path))
+            .iter()
+            .flat_map(|(_, e)| e.refs.iter().map(|r| r.path.clone()))
             .collect();
         let writes = target
             .iter()
             .flat_map(|t| t.refs.iter().map(|r| r.path.clone()))
             .collect();
-        Ok((tool.clone(), target, reads, writes))
+        Ok((tool.clone(), refs, target, reads, writes))
     }
 
     fn refuse(&mut self, ix: usize, err: SchedulerError, out: &mut Vec<Action>) {
@@ -161,7 +163,7 @@ impl Scheduler {
                 cycle,
             },
         );
-        self.entries[ix].error = Some(err.to_value());
+        self.entries[ix].value = Some(err.to_value());
         self.set_phase(ix, Phase::Done(CallStatus::Refused));
     }
 
@@ -194,7 +196,12 @@ impl Scheduler {
             // Defensive (rule 8): nothing can run any more, so whatever still waits never will.
             for ix in 0..self.entries.len() {
                 if self.entries[ix].phase == Phase::Waiting {
-                    let missing = std::mem::take(&mut self.entries[ix].waiting_on);
+                    let e = &self.entries[ix];
+                    let missing = e
+                        .waiting_on
+                        .iter()
+                        .filter_map(|&at| resolve::path_at(&e.refs, at).cloned())
+                        .collect();
                     self.unresolve(ix, missing, out);
                 }
             }
@@ -215,7 +222,11 @@ impl Scheduler {
     fn still_blocked(&mut self, ix: usize) -> bool {
         let open = self.stream_open;
         let e = &mut self.entries[ix];
-        while let Some(p) = e.waiting_on.get(e.watch) {
+        while let Some(&at) = e.waiting_on.get(e.watch) {
+            let Some(p) = resolve::path_at(&e.refs, at) else {
+                e.watch += 1;
+                continue;
+            };
             if self.graph.writable_by_other(p, e.id) || (open && self.state.get(p).is_none()) {
                 return true;
             }
@@ -230,14 +241,16 @@ impl Scheduler {
             return;
         }
         let open = self.stream_open;
+        self.resolutions += 1;
         let resolved = {
-            let Some(call) = self.entries[ix].current() else {
+            let e = &self.entries[ix];
+            let Some(call) = e.current() else {
                 return;
             };
             let (graph, state) = (&self.graph, &self.state);
             let writable =
                 |p: &Path| graph.writable_by_other(p, id) || (open && state.get(p).is_none());
-            state.resolve_params(&call.params, &writable)
+            resolve::check(state, &call.params, &e.refs, &writable)
         };
         match resolved {
             Err(e) => self.fail(
@@ -248,25 +261,31 @@ impl Scheduler {
                 now,
                 out,
             ),
-            Ok(Resolved::Ready(params)) => self.unblock(ix, params, now, out),
-            Ok(Resolved::Blocked(paths)) => self.block(ix, paths, out),
-            Ok(Resolved::Missing { missing, blocked }) if open => {
-                let mut all = blocked;
-                all.extend(missing);
-                self.block(ix, all, out);
+            Ok(Check::Ready(params)) => self.unblock(ix, params, now, out),
+            Ok(Check::Blocked(at)) => self.block(ix, at, &[], out),
+            Ok(Check::Missing { missing, blocked }) if open => {
+                self.block(ix, blocked, &missing, out)
             }
-            Ok(Resolved::Missing { missing, .. }) => self.unresolve(ix, missing, out),
+            Ok(Check::Missing { missing, .. }) => self.unresolve(ix, missing, out),
         }
     }
 
-    fn block(&mut self, ix: usize, paths: Vec<Path>, out: &mut Vec<Action>) {
+    /// The call waits on the paths at `at` and (stream open only) on `absent` paths, which no
+    /// call writes yet; those are not watched, so the call is checked again in full when any
+    /// write overlapping its reads lands or the stream closes.
+    fn block(&mut self, ix: usize, at: Vec<RefAt>, absent: &[Path], out: &mut Vec<Action>) {
         let e = &mut self.entries[ix];
         if !e.announced {
             e.announced = true;
+            let mut paths: Vec<Path> = at
+                .iter()
+                .filter_map(|&a| resolve::path_at(&e.refs, a).cloned())
+                .collect();
+            paths.extend(absent.iter().cloned());
             let waiting_on = path_strings(&paths);
             emit(out, e.id, EventKind::Blocked { waiting_on });
         }
-        e.waiting_on = paths;
+        e.waiting_on = if absent.is_empty() { at } else { Vec::new() };
         e.watch = 0;
     }
 
@@ -280,13 +299,7 @@ impl Scheduler {
                 missing: missing.clone(),
             },
         );
-        e.error = Some(
-            SchedulerError::Unresolved {
-                missing: missing.clone(),
-            }
-            .to_value(),
-        );
-        e.missing = missing;
+        e.value = Some(SchedulerError::Unresolved { missing }.to_value());
         e.waiting_on = Vec::new();
         self.set_phase(ix, Phase::Done(CallStatus::Unresolved));
         self.release(ix);
@@ -337,7 +350,7 @@ impl Scheduler {
             return self.launch(ix, call, tool, out);
         }
         emit(out, id, EventKind::ApprovalRequested { call: call.clone() });
-        self.entries[ix].presented = Some(call.clone());
+        self.entries[ix].presented = Some(Box::new(call.clone()));
         self.set_phase(ix, Phase::Asking);
         out.push(Action::Ask {
             id,
@@ -392,7 +405,7 @@ impl Scheduler {
             (OutcomeKind::Ok, Ok(v)) => self.succeed(ix, v, branch, now, out),
             (OutcomeKind::Cancelled, r) => {
                 let e = &mut self.entries[ix];
-                e.error = Some(r.unwrap_or_else(|e| e));
+                e.value = Some(r.unwrap_or_else(|e| e));
                 emit(out, id, EventKind::Cancelled);
                 self.set_phase(ix, Phase::Done(CallStatus::Cancelled));
                 self.release(ix);
@@ -462,7 +475,7 @@ impl Scheduler {
             },
         );
         self.write_all(ix, paths, &value, now, out);
-        self.entries[ix].result = Some(value);
+        self.entries[ix].value = Some(value);
         self.set_phase(ix, Phase::Done(CallStatus::Done));
         self.release(ix);
     }
@@ -492,7 +505,7 @@ impl Scheduler {
             },
         );
         self.write_all(ix, paths, &error, now, out);
-        self.entries[ix].error = Some(error);
+        self.entries[ix].value = Some(error);
         let status = if kind == FailKind::Rejected {
             CallStatus::Rejected
         } else {
@@ -526,7 +539,7 @@ impl Scheduler {
         match decision {
             Decision::Approve => {
                 if let (Some(call), Some(tool)) = (presented, self.entries[ix].tool.clone()) {
-                    self.launch(ix, call, tool, out);
+                    self.launch(ix, *call, tool, out);
                 }
             }
             Decision::Reject { reason } => {
@@ -575,7 +588,8 @@ impl Scheduler {
     fn rewrite(&mut self, ix: usize, call: Call, out: &mut Vec<Action>) {
         self.release(ix);
         let e = &mut self.entries[ix];
-        e.revised = Some(call);
+        e.revised = Some(Box::new(call));
+        e.refs = Vec::new();
         e.approved = true;
         e.announced = false;
         e.waiting_on = Vec::new();
@@ -624,7 +638,7 @@ impl Scheduler {
                 out.push(Action::Abort { id });
             }
             emit(out, id, EventKind::Cancelled);
-            self.entries[ix].error = Outcome::cancelled().result.err();
+            self.entries[ix].value = Outcome::cancelled().result.err();
             self.entries[ix].waiting_on = Vec::new();
             self.set_phase(ix, Phase::Done(CallStatus::Cancelled));
             self.graph.remove(id);

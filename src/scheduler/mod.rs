@@ -15,6 +15,7 @@
 //! [`StepReport`] into plan and observations).
 
 mod core;
+mod resolve;
 mod types;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -28,7 +29,7 @@ pub use types::{
 
 use crate::approval::Policy;
 use crate::graph::CallGraph;
-use crate::protocol::{Call, CallId, Expression, Millis, Path, Tool};
+use crate::protocol::{Call, CallId, Expression, Millis, Tool};
 use crate::state::State;
 
 /// Checks a call's resolved params against its tool before it is presented or launched
@@ -73,8 +74,8 @@ enum Phase {
 #[derive(Debug)]
 struct Entry {
     id: CallId,
-    written: Option<Call>,
-    revised: Option<Call>,
+    written: Option<Box<Call>>,
+    revised: Option<Box<Call>>,
     tool: Option<ToolEntry>,
     target: Option<Expression>,
     phase: Phase,
@@ -84,18 +85,19 @@ struct Entry {
     announced: bool,
     /// The paths the call waited on at its last full check; `watch` is the first that may still
     /// be blocking.
-    waiting_on: Vec<Path>,
+    waiting_on: Vec<resolve::RefAt>,
     watch: usize,
     /// The resolved call shown to the reviewer.
-    presented: Option<Call>,
-    result: Option<Value>,
-    error: Option<Value>,
-    missing: Vec<String>,
+    presented: Option<Box<Call>>,
+    /// The references in the current call's params, parsed once.
+    refs: resolve::Refs,
+    /// The result (status done) or the error object (any other finished status).
+    value: Option<Value>,
 }
 
 impl Entry {
     fn current(&self) -> Option<&Call> {
-        self.revised.as_ref().or(self.written.as_ref())
+        self.revised.as_deref().or(self.written.as_deref())
     }
 }
 
@@ -115,6 +117,7 @@ pub struct Scheduler {
     asking: usize,
     running: usize,
     recheck: BTreeSet<CallId>,
+    resolutions: u64,
 }
 
 /// True when the tool is marked fire-and-forget (`"_detached": true` in its definition).
@@ -158,6 +161,7 @@ impl Scheduler {
             asking: 0,
             running: 0,
             recheck: BTreeSet::new(),
+            resolutions: 0,
         }
     }
 
@@ -214,6 +218,12 @@ impl Scheduler {
         (self.waiting, self.asking, self.running)
     }
 
+    /// How many times a waiting call's params were resolved in full so far (a measure of the
+    /// scheduler's work: it grows with the number of calls and edges, never quadratically).
+    pub fn resolutions(&self) -> u64 {
+        self.resolutions
+    }
+
     /// The pending-call graph (read-only, for inspection and tests).
     pub fn graph(&self) -> &CallGraph {
         &self.graph
@@ -221,24 +231,80 @@ impl Scheduler {
 
     /// What became of every call so far, in arrival order.
     pub fn report(&self) -> StepReport {
-        let calls = self
-            .entries
-            .iter()
-            .map(|e| CallReport {
-                id: e.id,
-                call: e.written.clone(),
-                revised: e.revised.clone(),
-                status: match e.phase {
-                    Phase::Waiting | Phase::Asking => CallStatus::Pending,
-                    Phase::Running => CallStatus::Running,
-                    Phase::Done(s) => s,
-                },
-                result: e.result.clone(),
-                error: e.error.clone(),
-                missing: e.missing.clone(),
+        StepReport {
+            calls: self
+                .entries
+                .iter()
+                .map(|e| report_of(e, e.clone_parts()))
+                .collect(),
+        }
+    }
+
+    /// Ends the step: the final state and the report, moving (not copying) what the calls hold.
+    pub fn finish(self) -> (State, StepReport) {
+        let Scheduler {
+            state,
+            entries,
+            graph,
+            ..
+        } = self;
+        drop(graph);
+        let calls = entries
+            .into_iter()
+            .map(|mut e| {
+                let parts = (
+                    e.written.take().map(|c| *c),
+                    e.revised.take().map(|c| *c),
+                    e.value.take(),
+                );
+                report_of(&e, parts)
             })
             .collect();
-        StepReport { calls }
+        (state, StepReport { calls })
+    }
+}
+
+type Parts = (Option<Call>, Option<Call>, Option<Value>);
+
+impl Entry {
+    fn clone_parts(&self) -> Parts {
+        (
+            self.written.as_deref().cloned(),
+            self.revised.as_deref().cloned(),
+            self.value.clone(),
+        )
+    }
+}
+
+fn report_of(e: &Entry, (call, revised, value): Parts) -> CallReport {
+    let status = match e.phase {
+        Phase::Waiting | Phase::Asking => CallStatus::Pending,
+        Phase::Running => CallStatus::Running,
+        Phase::Done(s) => s,
+    };
+    let missing = match (&value, status) {
+        (Some(v), CallStatus::Unresolved) => v["missing"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|x| x.as_str().map(String::from))
+                    .collect()
+            })
+            .unwrap_or_default(),
+        _ => Vec::new(),
+    };
+    let (result, error) = match status {
+        CallStatus::Done => (value, None),
+        _ => (None, value),
+    };
+    CallReport {
+        id: e.id,
+        call,
+        revised,
+        status,
+        result,
+        error,
+        missing,
     }
 }
 

@@ -1,1 +1,218 @@
+//! Sans-IO tests: inputs in, actions out, no runtime.
+
 use super::*;
+use crate::protocol::EventKind;
+use serde_json::json;
+
+fn tool(name: &str) -> Tool {
+    let mut t = Tool::new(name);
+    t.activity = Some("test".into());
+    t
+}
+
+fn call(v: Value) -> Call {
+    Call::try_from(v).expect("call")
+}
+
+fn sched() -> Scheduler {
+    Scheduler::new(
+        State::new(),
+        vec![tool("t")],
+        Policy::auto(),
+        SchedulerOptions {
+            first_call_id: 100,
+            step: 4,
+            validate: None,
+        },
+    )
+}
+
+fn launches(actions: &[Action]) -> Vec<CallId> {
+    actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Launch { id, .. } => Some(*id),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn ids_count_from_the_option_and_launch_is_immediate() {
+    let mut s = sched();
+    let a = s.handle(Input::CallArrived(Ok(call(json!({"_tool": "t"})))), 1);
+    assert_eq!(launches(&a), vec![CallId(100)]);
+    assert_eq!(s.next_call_id(), 101);
+    assert_eq!(s.step(), 4);
+    assert_eq!(s.counts(), (0, 0, 1));
+}
+
+#[test]
+fn completion_rechecks_only_the_readers_of_what_was_written() {
+    let n = 2000u64;
+    let mut s = sched();
+    let mut out = Vec::new();
+    s.handle_into(
+        Input::CallArrived(Ok(call(
+            json!({"_tool": "t", "_outputPath": "†state.root"}),
+        ))),
+        0,
+        &mut out,
+    );
+    for i in 0..n {
+        let c = call(
+            json!({"_tool": "t", "r": "†state.root", "_outputPath": format!("†state.mid.k{i}")}),
+        );
+        s.handle_into(Input::CallArrived(Ok(c)), 0, &mut out);
+    }
+    s.handle_into(
+        Input::CallArrived(Ok(call(json!({"_tool": "t", "all": "†state.mid"})))),
+        0,
+        &mut out,
+    );
+    s.handle_into(Input::StreamClosed, 0, &mut out);
+    let before = s.resolutions();
+    out.clear();
+    s.handle_into(
+        Input::Finished {
+            id: CallId(100),
+            outcome: Outcome::ok(json!(1)),
+        },
+        1,
+        &mut out,
+    );
+    assert_eq!(launches(&out).len() as u64, n);
+    for i in 0..n {
+        out.clear();
+        s.handle_into(
+            Input::Finished {
+                id: CallId(101 + i),
+                outcome: Outcome::ok(json!(i)),
+            },
+            2,
+            &mut out,
+        );
+    }
+    let sink = CallId(101 + n);
+    assert_eq!(launches(&out), vec![sink]);
+    // One full resolution per mid when the root finished, and one for the sink when its last
+    // producer finished: the sink's earlier rechecks stop at its first still-blocked path.
+    assert_eq!(s.resolutions() - before, n + 1);
+}
+
+#[test]
+fn stale_and_foreign_inputs_are_ignored() {
+    let mut s = sched();
+    s.handle(Input::CallArrived(Ok(call(json!({"_tool": "t"})))), 0);
+    assert!(
+        s.handle(
+            Input::Finished {
+                id: CallId(7),
+                outcome: Outcome::ok(json!(1))
+            },
+            0
+        )
+        .is_empty()
+    );
+    assert!(
+        s.handle(
+            Input::Decided {
+                id: CallId(100),
+                decision: crate::protocol::Decision::Approve
+            },
+            0
+        )
+        .is_empty()
+    );
+    assert!(
+        s.handle(Input::ApprovalTimedOut { id: CallId(100) }, 0)
+            .is_empty()
+    );
+    let a = s.handle(Input::StreamClosed, 0);
+    assert!(a.is_empty(), "still running: {a:?}");
+    let a = s.handle(
+        Input::Finished {
+            id: CallId(100),
+            outcome: Outcome::ok(json!(1)),
+        },
+        0,
+    );
+    assert_eq!(a.last(), Some(&Action::Drained));
+    assert!(s.is_drained());
+    assert!(
+        s.handle(Input::CallArrived(Ok(call(json!({"_tool": "t"})))), 0)
+            .is_empty()
+    );
+}
+
+#[test]
+fn cancel_aborts_running_and_drains_even_with_the_stream_open() {
+    let mut s = sched();
+    s.handle(
+        Input::CallArrived(Ok(call(json!({"_tool": "t", "_outputPath": "†state.a"})))),
+        0,
+    );
+    s.handle(
+        Input::CallArrived(Ok(call(json!({"_tool": "t", "v": "†state.a"})))),
+        0,
+    );
+    let a = s.handle(Input::Cancel, 5);
+    assert_eq!(a[0], Action::Abort { id: CallId(100) });
+    assert_eq!(a.last(), Some(&Action::Drained));
+    let cancelled = a
+        .iter()
+        .filter(|x| {
+            matches!(
+                x,
+                Action::Event {
+                    kind: EventKind::Cancelled,
+                    ..
+                }
+            )
+        })
+        .count();
+    assert_eq!(cancelled, 2);
+    assert_eq!(s.report().count(CallStatus::Cancelled), 2);
+    assert!(s.graph().is_empty());
+}
+
+#[test]
+fn the_same_inputs_give_the_same_actions() {
+    let script = || {
+        let mut s = sched();
+        let mut all = Vec::new();
+        for c in [
+            json!({"_tool": "t", "v": "†state.b", "_outputPath": "†state.c"}),
+            json!({"_tool": "t", "_outputPath": "†state.b"}),
+            json!({"_tool": "t", "v": "†state.c && †state.b"}),
+        ] {
+            all.extend(s.handle(Input::CallArrived(Ok(call(c))), 3));
+        }
+        all.extend(s.handle(Input::StreamClosed, 4));
+        all.extend(s.handle(
+            Input::Finished {
+                id: CallId(101),
+                outcome: Outcome::ok(json!(2)),
+            },
+            5,
+        ));
+        all.extend(s.handle(
+            Input::Finished {
+                id: CallId(100),
+                outcome: Outcome::ok(json!(3)),
+            },
+            6,
+        ));
+        all.extend(s.handle(
+            Input::Finished {
+                id: CallId(102),
+                outcome: Outcome::ok(json!(4)),
+            },
+            7,
+        ));
+        all
+    };
+    let (a, b) = (script(), script());
+    assert_eq!(a, b);
+    assert_eq!(a.last(), Some(&Action::Drained));
+}

@@ -1,0 +1,125 @@
+//! Resolving a waiting call's references (rules 1, 5, 6) from references parsed once, when the
+//! call arrived, instead of re-parsing every param string on every check. Same outcome as
+//! `State::resolve_params`: every expression is evaluated in param order; any missing path makes
+//! the call missing, else any blocked path makes it blocked, else the values are substituted.
+
+use serde_json::{Map, Value};
+
+use crate::protocol::{Expression, Path};
+use crate::state::{Eval, State, StateError};
+
+/// A reference expression found in a call's params, with the JSON pointer to where it sits.
+pub(super) type Refs = Vec<(String, Expression)>;
+
+/// Where a waited-on path sits in [`Refs`]: (expression index, alternative index).
+pub(super) type RefAt = (u32, u32);
+
+/// The outcome of one full check.
+pub(super) enum Check {
+    Ready(Map<String, Value>),
+    Blocked(Vec<RefAt>),
+    Missing {
+        missing: Vec<Path>,
+        blocked: Vec<RefAt>,
+    },
+}
+
+/// The path a [`RefAt`] points to.
+pub(super) fn path_at(refs: &Refs, at: RefAt) -> Option<&Path> {
+    let (_, e) = refs.get(at.0 as usize)?;
+    e.refs.get(at.1 as usize).map(|r| &r.path)
+}
+
+fn locate(i: usize, e: &Expression, p: &Path) -> RefAt {
+    let j = e.refs.iter().position(|r| &r.path == p).unwrap_or(0);
+    (i as u32, j as u32)
+}
+
+fn unescape(token: &str) -> String {
+    token.replace("~1", "/").replace("~0", "~")
+}
+
+fn set_pointer(params: &mut Map<String, Value>, pointer: &str, value: Value) {
+    let body = pointer.strip_prefix('/').unwrap_or(pointer);
+    let (key, rest) = match body.find('/') {
+        Some(i) => (&body[..i], &body[i..]),
+        None => (body, ""),
+    };
+    let key = unescape(key);
+    if rest.is_empty() {
+        params.insert(key, value);
+    } else if let Some(slot) = params.get_mut(&key).and_then(|v| v.pointer_mut(rest)) {
+        *slot = value;
+    }
+}
+
+/// Evaluates every expression of `refs` against `state`; `params` are the call's raw params.
+pub(super) fn check(
+    state: &State,
+    params: &Map<String, Value>,
+    refs: &Refs,
+    writable: &dyn Fn(&Path) -> bool,
+) -> Result<Check, StateError> {
+    let mut values = Vec::with_capacity(refs.len());
+    let mut blocked = Vec::new();
+    let mut missing = Vec::new();
+    for (i, (_, e)) in refs.iter().enumerate() {
+        match state.eval(e, writable)? {
+            Eval::Ready(v) => values.push(v),
+            Eval::Blocked(ps) => blocked.extend(ps.iter().map(|p| locate(i, e, p))),
+            Eval::Missing(ps) => missing.extend(ps),
+        }
+    }
+    if !missing.is_empty() {
+        return Ok(Check::Missing { missing, blocked });
+    }
+    if !blocked.is_empty() {
+        return Ok(Check::Blocked(blocked));
+    }
+    let mut out = params.clone();
+    for ((pointer, _), v) in refs.iter().zip(values) {
+        set_pointer(&mut out, pointer, v);
+    }
+    Ok(Check::Ready(out))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::{Call, OutputMethod};
+    use serde_json::json;
+
+    #[test]
+    fn agrees_with_state_resolve_params_on_nested_references() {
+        let mut state = State::new();
+        state.write(
+            Path::parse("state.a").expect("p"),
+            json!({"x": [1, 2]}),
+            OutputMethod::Set,
+            None,
+            0,
+        );
+        let call = Call::try_from(json!({"_tool": "t", "v": "†state.a.x[1]",
+            "deep": {"k/1": ["lit", "†state.a || †state.b"], "n": 3}, "q": "†state.a.x[*]"}))
+        .expect("call");
+        let refs = call.references().expect("refs");
+        let never = |_: &Path| false;
+        let Ok(Check::Ready(mine)) = check(&state, &call.params, &refs, &never) else {
+            panic!("ready expected");
+        };
+        let Ok(crate::state::Resolved::Ready(theirs)) = state.resolve_params(&call.params, &never)
+        else {
+            panic!("ready expected");
+        };
+        assert_eq!(mine, theirs);
+        let blocked = |p: &Path| p.to_string() == "state.a";
+        let Ok(Check::Blocked(at)) = check(&state, &call.params, &refs, &blocked) else {
+            panic!("blocked expected");
+        };
+        assert_eq!(at.len(), 1);
+        assert_eq!(
+            path_at(&refs, at[0]).map(|p| p.to_string()),
+            Some("state.a".into())
+        );
+    }
+}
