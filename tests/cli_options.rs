@@ -137,7 +137,6 @@ async fn events_file_holds_the_whole_run_in_order() {
 }
 
 #[tokio::test]
-#[ignore = "contract gap: DESIGN.md section 4 promises a run id on every event; Event has none"]
 async fn events_carry_a_run_id() {
     let server = ToolServer::start().await;
     let ws = lookup(&server);

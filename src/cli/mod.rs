@@ -190,7 +190,7 @@ async fn run(
     }
     // The events file is created only once the agent is built, so bad input leaves no file.
     let events_out: Arc<Mutex<Option<std::io::BufWriter<std::fs::File>>>> = Arc::default();
-    let mut bus = EventBus::default();
+    let mut bus = EventBus::default().with_run_id(crate::engine::bus::new_run_id());
     if events.is_some() {
         let out = events_out.clone();
         bus = bus.with_sink(Box::new(move |ev| {

@@ -42,6 +42,7 @@ struct Inner {
 
 /// Sequence numbers, timestamps and delivery for one run's events.
 pub struct EventBus {
+    run_id: String,
     inner: Mutex<Inner>,
     tx: broadcast::Sender<Event>,
     clock: Clock,
@@ -67,10 +68,22 @@ impl EventBus {
     pub fn new(capacity: usize) -> Self {
         let (tx, _) = broadcast::channel(capacity.max(1));
         EventBus {
+            run_id: String::new(),
             inner: Mutex::new(Inner { seq: 0, sink: None }),
             tx,
             clock: system_clock(),
         }
+    }
+
+    /// Stamps every event with this run id (builder style).
+    pub fn with_run_id(mut self, run_id: impl Into<String>) -> Self {
+        self.run_id = run_id.into();
+        self
+    }
+
+    /// The run id stamped on events (empty when none was given).
+    pub fn run_id(&self) -> &str {
+        &self.run_id
     }
 
     /// Uses `clock` for timestamps (tests use tokio's paused clock) (builder style).
@@ -118,6 +131,7 @@ impl EventBus {
         };
         inner.seq += 1;
         let event = Event {
+            run_id: self.run_id.clone(),
             seq: inner.seq,
             step,
             at,
@@ -159,4 +173,18 @@ mod tests {
         assert!(matches!(slow.recv().await, Err(RecvError::Lagged(1))));
         assert_eq!(slow.recv().await.expect("event").seq, 2);
     }
+}
+
+/// A new run id: `run-` followed by the time in milliseconds and a per-process counter, in hex.
+pub fn new_run_id() -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis());
+    format!(
+        "run-{ms:x}-{:x}-{:x}",
+        std::process::id(),
+        COUNTER.fetch_add(1, Ordering::Relaxed)
+    )
 }

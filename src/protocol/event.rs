@@ -20,6 +20,9 @@ use super::{Call, CallId, Millis, OutputMethod};
 /// One stamped event of a run.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Event {
+    /// The run the event belongs to (empty when the bus was given no run id).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub run_id: String,
     /// Per-run sequence number, strictly increasing from 1 without gaps.
     pub seq: u64,
     /// The step (Request number) the event belongs to.
@@ -310,6 +313,7 @@ mod tests {
     fn every_kind_round_trips_through_json() {
         for (i, kind) in all_kinds().into_iter().enumerate() {
             let ev = Event {
+                run_id: "run-1".into(),
                 seq: i as u64 + 1,
                 step: 3,
                 at: 1_700_000_000_000,
@@ -327,6 +331,7 @@ mod tests {
     #[test]
     fn wire_shape_is_flat_and_snake_case() {
         let ev = Event {
+            run_id: String::new(),
             seq: 7,
             step: 1,
             at: 5,
