@@ -18,6 +18,18 @@ fn emit(out: &mut Vec<Action>, id: CallId, kind: EventKind) {
     });
 }
 
+/// Every path the entry's references may read (all alternatives).
+fn read_paths(e: &Entry) -> impl Iterator<Item = &Path> {
+    e.refs
+        .iter()
+        .flat_map(|(_, x)| x.refs.iter().map(|r| &r.path))
+}
+
+/// Every path the entry's output target may write (all alternatives).
+fn write_paths(e: &Entry) -> impl Iterator<Item = &Path> {
+    e.target.iter().flat_map(|t| t.refs.iter().map(|r| &r.path))
+}
+
 fn path_strings(paths: &[Path]) -> Vec<String> {
     let mut v: Vec<String> = paths.iter().map(Path::to_string).collect();
     v.sort();
@@ -95,11 +107,19 @@ impl Scheduler {
             None => return,
             Some(call) => self.prepare(call),
         };
-        let (tool, refs, target, reads, writes) = match prepared {
+        let (tool, refs, target) = match prepared {
             Ok(p) => p,
             Err(e) => return self.refuse(ix, e, out),
         };
-        if let Err(e) = self.graph.insert(id, reads, writes) {
+        let reads: Vec<&Path> = refs
+            .iter()
+            .flat_map(|(_, x)| x.refs.iter().map(|r| &r.path))
+            .collect();
+        let writes: Vec<&Path> = target
+            .iter()
+            .flat_map(|t| t.refs.iter().map(|r| &r.path))
+            .collect();
+        if let Err(e) = self.graph.insert(id, &reads, &writes) {
             return self.refuse(ix, e.into(), out);
         }
         let e = &mut self.entries[ix];
@@ -119,8 +139,6 @@ impl Scheduler {
             ToolEntry,
             resolve::Refs,
             Option<crate::protocol::Expression>,
-            Vec<Path>,
-            Vec<Path>,
         ),
         SchedulerError,
     > {
@@ -138,15 +156,7 @@ impl Scheduler {
                 tool: call.tool.clone(),
             });
         }
-        let reads = refs
-            .iter()
-            .flat_map(|(_, e)| e.refs.iter().map(|r| r.path.clone()))
-            .collect();
-        let writes = target
-            .iter()
-            .flat_map(|t| t.refs.iter().map(|r| r.path.clone()))
-            .collect();
-        Ok((tool.clone(), refs, target, reads, writes))
+        Ok((tool.clone(), refs, target))
     }
 
     fn refuse(&mut self, ix: usize, err: SchedulerError, out: &mut Vec<Action>) {
@@ -169,9 +179,9 @@ impl Scheduler {
 
     /// Takes the call out of the graph and queues the waiting readers of what it could write.
     fn release(&mut self, ix: usize) {
-        let id = self.entries[ix].id;
-        let writes = self.graph.remove(id);
-        for w in &writes {
+        let e = &self.entries[ix];
+        self.graph.remove(e.id, read_paths(e), write_paths(e));
+        for w in write_paths(e) {
             self.graph.readers_of(w, &mut self.recheck);
         }
     }
@@ -313,7 +323,7 @@ impl Scheduler {
         out: &mut Vec<Action>,
     ) {
         let id = self.entries[ix].id;
-        self.graph.stop_reading(id);
+        self.graph.stop_reading(id, read_paths(&self.entries[ix]));
         let e = &mut self.entries[ix];
         e.waiting_on = Vec::new();
         if e.announced {
@@ -641,7 +651,8 @@ impl Scheduler {
             self.entries[ix].value = Outcome::cancelled().result.err();
             self.entries[ix].waiting_on = Vec::new();
             self.set_phase(ix, Phase::Done(CallStatus::Cancelled));
-            self.graph.remove(id);
+            let e = &self.entries[ix];
+            self.graph.remove(id, read_paths(e), write_paths(e));
         }
     }
 }
