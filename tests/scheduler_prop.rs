@@ -84,8 +84,11 @@ enum Ev {
     Finish(CallId, Outcome),
 }
 
-/// Runs the DAG through the scheduler; returns (start, finish) per node and the final state.
-fn simulate(d: &Dag) -> (Vec<(u64, u64)>, Vec<usize>, Value, Vec<CallStatus>) {
+/// (start, finish) per node, launches per node, the final `state` view, every call's status.
+type Sim = (Vec<(u64, u64)>, Vec<usize>, Value, Vec<CallStatus>);
+
+/// Runs the DAG through the scheduler.
+fn simulate(d: &Dag) -> Sim {
     let mut tool = Tool::new("t");
     tool.activity = Some("sim".into());
     let mut s = Scheduler::new(

@@ -2,9 +2,10 @@
 //! matching entries. It is a trie over path segments: the ancestors of a path are the nodes on
 //! the way down to it, its extensions are the subtree below it, and each node counts the
 //! registrations in its subtree, so finding the writers or readers of a path never scans all
-//! calls, and one comparison per level compares a single segment rather than whole paths.
+//! calls, and each level costs one hash of a single segment rather than comparisons of whole
+//! paths.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeSet, HashMap};
 
 use crate::protocol::{CallId, Path, Segment};
 /// The calls registered at one path. Most paths have one, so that case does not allocate a set.
@@ -36,7 +37,10 @@ struct Node {
     ids: Option<Ids>,
     /// Registrations at this node and below.
     count: usize,
-    children: BTreeMap<Segment, Node>,
+    /// Children by segment. A hash map: lookups hash one segment instead of comparing it with
+    /// ~log2(n) siblings; nothing depends on its iteration order (callers collect into sorted
+    /// sets or only ask whether something exists).
+    children: HashMap<Segment, Node>,
 }
 
 impl Ids {
@@ -122,7 +126,7 @@ fn remove_at(node: &mut Node, segs: &[Segment], id: CallId) -> bool {
     removed
 }
 
-/// Visits the ids strictly below `node`, depth first in key order, lazily (a wide node's
+/// Visits the ids strictly below `node`, depth first, lazily (a wide node's
 /// children are never collected up front); stops when `f` returns true.
 fn visit_below(node: &Node, mut f: impl FnMut(&Ids) -> bool) {
     let mut stack = vec![node.children.values()];

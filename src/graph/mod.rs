@@ -69,8 +69,6 @@ impl GraphError {
 #[derive(Debug, Clone)]
 struct Node {
     id: CallId,
-    reads: Vec<Path>,
-    writes: Vec<Path>,
     alive: bool,
     reading: bool,
 }
@@ -83,12 +81,6 @@ pub struct CallGraph {
     writers: PathIndex,
     readers: PathIndex,
     tombstones: usize,
-}
-
-fn dedup(mut paths: Vec<Path>) -> Vec<Path> {
-    paths.sort_unstable();
-    paths.dedup();
-    paths
 }
 
 impl CallGraph {
@@ -115,19 +107,6 @@ impl CallGraph {
     /// True if the call is in the graph and still waits on its reads.
     pub fn is_reading(&self, id: CallId) -> bool {
         self.node(id).is_some_and(|n| n.reading)
-    }
-
-    /// The output paths registered for a call.
-    pub fn writes(&self, id: CallId) -> &[Path] {
-        self.node(id).map_or(&[], |n| &n.writes)
-    }
-
-    /// The reference paths registered for a call (empty once it stopped reading).
-    pub fn reads(&self, id: CallId) -> &[Path] {
-        match self.node(id) {
-            Some(n) if n.reading => &n.reads,
-            _ => &[],
-        }
     }
 
     /// Number of live edges: writer → waiting reader, both in the graph.
@@ -162,19 +141,20 @@ impl CallGraph {
 
     /// Adds a call that reads `reads` and may write `writes` (every alternative of its output
     /// target). Fails, changing nothing, if it would close a cycle.
+    ///
+    /// The graph does not keep the paths: the caller owns them and passes the same ones to
+    /// [`CallGraph::stop_reading`] and [`CallGraph::remove`] (duplicates are harmless).
     pub fn insert(
         &mut self,
         id: CallId,
-        reads: Vec<Path>,
-        writes: Vec<Path>,
+        reads: &[&Path],
+        writes: &[&Path],
     ) -> Result<(), GraphError> {
         if self.nodes.contains_key(&id) {
             return Err(GraphError::Duplicate { id });
         }
-        let reads = dedup(reads);
-        let writes = dedup(writes);
         let mut producers = BTreeSet::new();
-        for p in &reads {
+        for p in reads {
             self.writers.for_each_overlapping(p, |w| {
                 if w != id {
                     producers.insert(w);
@@ -182,7 +162,7 @@ impl CallGraph {
             });
         }
         let mut consumers = BTreeSet::new();
-        for p in &writes {
+        for p in writes {
             self.readers.for_each_overlapping(p, |r| {
                 if r != id {
                     consumers.insert(r);
@@ -193,17 +173,15 @@ impl CallGraph {
             cycle.insert(0, id);
             return Err(GraphError::Cycle { cycle });
         }
-        for p in &reads {
+        for p in reads {
             self.readers.insert(p, id);
         }
-        for p in &writes {
+        for p in writes {
             self.writers.insert(p, id);
         }
         let reading = !reads.is_empty();
         let ix = self.g.add_node(Node {
             id,
-            reads,
-            writes,
             alive: true,
             reading,
         });
@@ -270,9 +248,9 @@ impl CallGraph {
         None
     }
 
-    /// The call no longer waits on anything (it was unblocked): its reads are unregistered and
-    /// edges into it stop counting.
-    pub fn stop_reading(&mut self, id: CallId) {
+    /// The call no longer waits on anything (it was unblocked): its reads (the paths given to
+    /// `insert`) are unregistered and edges into it stop counting.
+    pub fn stop_reading<'a>(&mut self, id: CallId, reads: impl IntoIterator<Item = &'a Path>) {
         let Some(&ix) = self.nodes.get(&id) else {
             return;
         };
@@ -281,36 +259,37 @@ impl CallGraph {
             return;
         }
         node.reading = false;
-        let reads = std::mem::take(&mut node.reads);
-        for p in &reads {
+        for p in reads {
             self.readers.remove(p, id);
         }
     }
 
-    /// Takes a call out of the graph (finished, failed, unresolved, cancelled). Returns the
-    /// output paths it had registered, whose readers may now be ready.
-    pub fn remove(&mut self, id: CallId) -> Vec<Path> {
+    /// Takes a call out of the graph (finished, failed, unresolved, cancelled), given the paths it
+    /// was inserted with. Readers of `writes` may now be ready.
+    pub fn remove<'a>(
+        &mut self,
+        id: CallId,
+        reads: impl IntoIterator<Item = &'a Path>,
+        writes: impl IntoIterator<Item = &'a Path>,
+    ) {
         let Some(ix) = self.nodes.remove(&id) else {
-            return Vec::new();
+            return;
         };
         let node = &mut self.g[ix];
         node.alive = false;
-        let reads = std::mem::take(&mut node.reads);
-        let writes = std::mem::take(&mut node.writes);
         if node.reading {
             node.reading = false;
-            for p in &reads {
+            for p in reads {
                 self.readers.remove(p, id);
             }
         }
-        for p in &writes {
+        for p in writes {
             self.writers.remove(p, id);
         }
         self.tombstones += 1;
         if self.tombstones >= COMPACT_MIN_TOMBSTONES && self.tombstones > self.nodes.len() {
             self.compact();
         }
-        writes
     }
 
     fn compact(&mut self) {

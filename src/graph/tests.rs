@@ -8,16 +8,23 @@ fn ps(v: &[&str]) -> Vec<Path> {
     v.iter().map(|s| p(s)).collect()
 }
 
+fn refs(v: &[Path]) -> Vec<&Path> {
+    v.iter().collect()
+}
+
+/// Inserts with owned path lists (the graph borrows them).
+fn ins(g: &mut CallGraph, id: u64, reads: Vec<Path>, writes: Vec<Path>) -> Result<(), GraphError> {
+    g.insert(CallId(id), &refs(&reads), &refs(&writes))
+}
+
 #[test]
 fn edges_follow_overlaps_and_skip_self() {
     let mut g = CallGraph::new();
-    g.insert(CallId(1), vec![], ps(&["state.a"])).expect("a");
+    ins(&mut g, 1, vec![], ps(&["state.a"])).expect("a");
     // Reads a prefix of what 1 writes and writes its own input (self-overlap is no edge).
-    g.insert(CallId(2), ps(&["state"]), ps(&["state.b"]))
-        .expect("b");
+    ins(&mut g, 2, ps(&["state"]), ps(&["state.b"])).expect("b");
     // Reads an extension of what 1 writes.
-    g.insert(CallId(3), ps(&["state.a.x"]), ps(&["state.c"]))
-        .expect("c");
+    ins(&mut g, 3, ps(&["state.a.x"]), ps(&["state.c"])).expect("c");
     assert_eq!(g.producers(CallId(2)), vec![CallId(1), CallId(3)]);
     assert_eq!(g.producers(CallId(3)), vec![CallId(1)]);
     assert_eq!(
@@ -33,13 +40,9 @@ fn edges_follow_overlaps_and_skip_self() {
 #[test]
 fn a_cycle_is_refused_with_its_members_and_nothing_changes() {
     let mut g = CallGraph::new();
-    g.insert(CallId(1), ps(&["state.c"]), ps(&["state.a"]))
-        .expect("1");
-    g.insert(CallId(2), ps(&["state.a"]), ps(&["state.b"]))
-        .expect("2");
-    let err = g
-        .insert(CallId(3), ps(&["state.b"]), ps(&["state.c"]))
-        .expect_err("cycle");
+    ins(&mut g, 1, ps(&["state.c"]), ps(&["state.a"])).expect("1");
+    ins(&mut g, 2, ps(&["state.a"]), ps(&["state.b"])).expect("2");
+    let err = ins(&mut g, 3, ps(&["state.b"]), ps(&["state.c"])).expect_err("cycle");
     assert_eq!(
         err,
         GraphError::Cycle {
@@ -54,9 +57,7 @@ fn a_cycle_is_refused_with_its_members_and_nothing_changes() {
     assert!(!g.contains(CallId(3)));
     assert!(!g.writable_by_other(&p("state.c"), CallId(1)));
     // A two-call cycle through a prefix overlap.
-    let err = g
-        .insert(CallId(4), ps(&["state.b.z"]), ps(&["state"]))
-        .expect_err("cycle via prefix");
+    let err = ins(&mut g, 4, ps(&["state.b.z"]), ps(&["state"])).expect_err("cycle via prefix");
     assert!(
         matches!(err, GraphError::Cycle { ref cycle } if cycle[0] == CallId(4)),
         "{err}"
@@ -66,37 +67,39 @@ fn a_cycle_is_refused_with_its_members_and_nothing_changes() {
 #[test]
 fn unblocked_writers_cannot_close_cycles() {
     let mut g = CallGraph::new();
-    g.insert(CallId(1), ps(&["state.x"]), ps(&["state.y"]))
-        .expect("1");
-    g.stop_reading(CallId(1));
+    ins(&mut g, 1, ps(&["state.x"]), ps(&["state.y"])).expect("1");
+    g.stop_reading(CallId(1), &ps(&["state.x"]));
     // 2 reads y (written by running 1) and writes x (which 1 no longer reads).
-    g.insert(CallId(2), ps(&["state.y"]), ps(&["state.x"]))
-        .expect("no cycle");
+    ins(&mut g, 2, ps(&["state.y"]), ps(&["state.x"])).expect("no cycle");
     assert_eq!(g.producers(CallId(2)), vec![CallId(1)]);
-    assert!(g.reads(CallId(1)).is_empty());
+    assert!(!g.is_reading(CallId(1)));
+    let mut readers = BTreeSet::new();
+    g.readers_of(&p("state.x"), &mut readers);
+    assert!(readers.is_empty(), "1's reads were unregistered");
 }
 
 #[test]
 fn removal_frees_paths_and_compaction_keeps_live_edges() {
     let mut g = CallGraph::new();
-    g.insert(CallId(0), vec![], ps(&["state.root"]))
-        .expect("root");
+    ins(&mut g, 0, vec![], ps(&["state.root"])).expect("root");
     let n = 3000;
     for i in 1..=n {
-        g.insert(
-            CallId(i),
+        ins(
+            &mut g,
+            i,
             ps(&["state.root"]),
             vec![p(&format!("state.r.k{i}"))],
         )
         .expect("mid");
     }
-    g.insert(CallId(n + 1), ps(&["state.r"]), ps(&["state.out"]))
-        .expect("sink");
+    ins(&mut g, n + 1, ps(&["state.r"]), ps(&["state.out"])).expect("sink");
     assert_eq!(g.live_edge_count(), 2 * n as usize);
-    g.remove(CallId(0));
+    let root = ps(&["state.root"]);
+    let mid = |i: u64| vec![p(&format!("state.r.k{i}"))];
+    g.remove(CallId(0), &[], &root);
     for i in 1..n {
-        g.stop_reading(CallId(i));
-        g.remove(CallId(i));
+        g.stop_reading(CallId(i), &root);
+        g.remove(CallId(i), &root, &mid(i));
     }
     assert!(
         g.raw_node_count() < 2 * n as usize,
@@ -105,8 +108,7 @@ fn removal_frees_paths_and_compaction_keeps_live_edges() {
     );
     assert_eq!(g.producers(CallId(n + 1)), vec![CallId(n)]);
     assert!(g.writable_by_other(&p("state.r"), CallId(n + 1)));
-    let freed = g.remove(CallId(n));
-    assert_eq!(freed, vec![p(&format!("state.r.k{n}"))]);
+    g.remove(CallId(n), &root, &mid(n));
     assert!(!g.writable_by_other(&p("state.r"), CallId(n + 1)));
     let mut readers = BTreeSet::new();
     g.readers_of(&p("state.r.k1"), &mut readers);
@@ -117,9 +119,9 @@ fn removal_frees_paths_and_compaction_keeps_live_edges() {
 #[test]
 fn duplicate_ids_are_refused() {
     let mut g = CallGraph::new();
-    g.insert(CallId(1), vec![], vec![]).expect("1");
+    ins(&mut g, 1, vec![], vec![]).expect("1");
     assert_eq!(
-        g.insert(CallId(1), vec![], vec![]).expect_err("dup").code(),
+        ins(&mut g, 1, vec![], vec![]).expect_err("dup").code(),
         "graph.duplicate"
     );
 }

@@ -14,7 +14,9 @@
 //! `engine::inner`), or deciding what the model sees next (the outer loop turns the
 //! [`StepReport`] into plan and observations).
 
+mod complete;
 mod core;
+mod gate;
 mod resolve;
 mod types;
 

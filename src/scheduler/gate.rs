@@ -1,0 +1,190 @@
+//! The approval gate's transitions (rules 13-14): presenting an unblocked call, launching it,
+//! and applying a reviewer's decision (approve, edit, replace, reject) or the policy default.
+
+use serde_json::{Map, Value};
+
+use super::core::{emit, read_paths};
+use super::{Phase, Scheduler, ToolEntry};
+use crate::approval::{DefaultDecision, Gate, assess};
+use crate::protocol::{Call, CallId, Decision, EventKind, FailKind, Millis};
+use crate::scheduler::{Action, CallStatus, SchedulerError};
+
+impl Scheduler {
+    pub(super) fn unblock(
+        &mut self,
+        ix: usize,
+        params: Map<String, Value>,
+        now: Millis,
+        out: &mut Vec<Action>,
+    ) {
+        let id = self.entries[ix].id;
+        self.graph.stop_reading(id, read_paths(&self.entries[ix]));
+        let e = &mut self.entries[ix];
+        e.waiting_on = Vec::new();
+        if e.announced {
+            e.announced = false;
+            emit(out, id, EventKind::Unblocked);
+        }
+        let (Some(tool), Some(cur)) = (e.tool.clone(), e.current()) else {
+            return;
+        };
+        let call = Call {
+            tool: cur.tool.clone(),
+            params,
+            output_path: cur.output_path.clone(),
+            output_method: cur.output_method,
+            instance: cur.instance.clone(),
+            scopes: cur.scopes.clone(),
+        };
+        let approved = e.approved;
+        if let Some(validate) = &self.opts.validate
+            && let Err(reason) = validate(&tool.tool, &call)
+        {
+            let err = SchedulerError::InvalidParams {
+                tool: call.tool.clone(),
+                reason,
+            };
+            self.refuse(ix, err, out);
+            return self.release(ix);
+        }
+        if tool.tool.is_latent() {
+            let value = call.params.get("_output").cloned().unwrap_or(Value::Null);
+            return self.succeed(ix, value, None, now, out);
+        }
+        if approved || assess(&tool.tool, &self.policy) == Gate::Run {
+            return self.launch(ix, call, tool, out);
+        }
+        emit(out, id, EventKind::ApprovalRequested { call: call.clone() });
+        self.entries[ix].presented = Some(Box::new(call.clone()));
+        self.set_phase(ix, Phase::Asking);
+        out.push(Action::Ask {
+            id,
+            call,
+            tool: tool.tool,
+            timeout: self.policy.timeout,
+        });
+    }
+
+    pub(super) fn launch(&mut self, ix: usize, call: Call, tool: ToolEntry, out: &mut Vec<Action>) {
+        let id = self.entries[ix].id;
+        emit(
+            out,
+            id,
+            EventKind::Started {
+                tool: call.tool.clone(),
+                params: call.params.clone(),
+            },
+        );
+        let detached = tool.detached && self.entries[ix].target.is_none();
+        if detached {
+            self.set_phase(ix, Phase::Done(CallStatus::Detached));
+            self.release(ix);
+        } else {
+            self.set_phase(ix, Phase::Running);
+        }
+        out.push(Action::Launch {
+            id,
+            call,
+            tool: tool.tool,
+            detached,
+        });
+    }
+
+    pub(super) fn decided(
+        &mut self,
+        id: CallId,
+        decision: Decision,
+        timed_out: bool,
+        now: Millis,
+        out: &mut Vec<Action>,
+    ) {
+        let Some(ix) = self.ix(id) else { return };
+        if self.entries[ix].phase != Phase::Asking {
+            return;
+        }
+        emit(
+            out,
+            id,
+            EventKind::Decision {
+                decision: decision.clone(),
+                timed_out,
+            },
+        );
+        let presented = self.entries[ix].presented.take();
+        match decision {
+            Decision::Approve => {
+                if let (Some(call), Some(tool)) = (presented, self.entries[ix].tool.clone()) {
+                    self.launch(ix, *call, tool, out);
+                }
+            }
+            Decision::Reject { reason } => {
+                let err = SchedulerError::Rejected { reason }.to_value();
+                self.fail(ix, err, FailKind::Rejected, None, now, out);
+            }
+            Decision::Edit { params } => match self.edited(ix, params) {
+                Ok(call) => self.rewrite(ix, call, out),
+                Err(reason) => {
+                    self.refuse(ix, SchedulerError::BadEdit { reason }, out);
+                    self.release(ix);
+                }
+            },
+            Decision::Replace { call } => self.rewrite(ix, call, out),
+        }
+    }
+
+    /// The current call with `params` in place of its params; meta fields in `params` override.
+    pub(super) fn edited(&self, ix: usize, params: Map<String, Value>) -> Result<Call, String> {
+        let cur = self.entries[ix].current().ok_or("no call to edit")?;
+        let mut obj = Map::new();
+        obj.insert("_tool".into(), Value::String(cur.tool.clone()));
+        if let Some(p) = &cur.output_path {
+            obj.insert("_outputPath".into(), Value::String(p.clone()));
+        }
+        if let Some(m) = cur.output_method {
+            obj.insert("_outputMethod".into(), Value::String(m.as_str().into()));
+        }
+        if let Some(i) = &cur.instance {
+            obj.insert("_instance".into(), Value::String(i.clone()));
+        }
+        if let Some(s) = &cur.scopes {
+            obj.insert("_scopes".into(), serde_json::json!(s));
+        }
+        for (k, v) in params {
+            if k != "_tool" {
+                obj.insert(k, v);
+            }
+        }
+        Call::try_from(Value::Object(obj)).map_err(|e| e.to_string())
+    }
+
+    /// Rule 13: an edited or replacing call takes the original's place (same id), its references
+    /// resolved afresh; it waits again if it needs something not yet available, and is not
+    /// presented again.
+    pub(super) fn rewrite(&mut self, ix: usize, call: Call, out: &mut Vec<Action>) {
+        self.release(ix);
+        let e = &mut self.entries[ix];
+        e.revised = Some(Box::new(call));
+        e.refs = Vec::new();
+        e.approved = true;
+        e.announced = false;
+        e.waiting_on = Vec::new();
+        e.watch = 0;
+        e.tool = None;
+        e.target = None;
+        self.set_phase(ix, Phase::Done(CallStatus::Refused));
+        self.accept(ix, out);
+    }
+
+    pub(super) fn timed_out(&mut self, id: CallId, now: Millis, out: &mut Vec<Action>) {
+        let decision = match self.policy.default_decision {
+            DefaultDecision::Approve => Decision::Approve,
+            DefaultDecision::Reject => Decision::Reject {
+                reason: format!(
+                    "no reviewer answered within {} ms and the policy rejects by default",
+                    self.policy.timeout.map_or(0, |t| t.as_millis())
+                ),
+            },
+        };
+        self.decided(id, decision, true, now, out);
+    }
+}
