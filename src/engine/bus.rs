@@ -149,6 +149,20 @@ impl EventBus {
     }
 }
 
+/// A new run id: `run-` followed by the time in milliseconds and a per-process counter, in hex.
+pub fn new_run_id() -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis());
+    format!(
+        "run-{ms:x}-{:x}-{:x}",
+        std::process::id(),
+        COUNTER.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -173,18 +187,4 @@ mod tests {
         assert!(matches!(slow.recv().await, Err(RecvError::Lagged(1))));
         assert_eq!(slow.recv().await.expect("event").seq, 2);
     }
-}
-
-/// A new run id: `run-` followed by the time in milliseconds and a per-process counter, in hex.
-pub fn new_run_id() -> String {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let ms = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis());
-    format!(
-        "run-{ms:x}-{:x}-{:x}",
-        std::process::id(),
-        COUNTER.fetch_add(1, Ordering::Relaxed)
-    )
 }
