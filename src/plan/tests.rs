@@ -3,6 +3,7 @@
 use proptest::prelude::*;
 use serde_json::{Value, json};
 
+use super::capture::locate;
 use super::scan::{Scanner, Sig};
 use super::*;
 
