@@ -5,6 +5,7 @@
 //! It does not know any provider's JSON and does not retry: one call is one attempt.
 
 use std::collections::VecDeque;
+use std::pin::Pin;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use eventsource_stream::{Event, EventStreamError, Eventsource};
@@ -12,7 +13,7 @@ use futures::StreamExt;
 use futures::stream::BoxStream;
 use reqwest::header::{CONTENT_TYPE, HeaderMap, RETRY_AFTER};
 use serde_json::Value;
-use tokio::time::Instant;
+use tokio::time::{Instant, Sleep};
 
 use super::secret::Redactor;
 use super::{EventStream, LlmError, StreamEvent};
@@ -56,13 +57,18 @@ struct Driver<D> {
     decoder: D,
     pending: VecDeque<Result<StreamEvent, LlmError>>,
     deadline: Instant,
+    /// Fires at `deadline`. One timer for the whole attempt: creating a timer per SSE event
+    /// costs timer-wheel work on the hot path (see `IdleTimer`).
+    deadline_timer: Pin<Box<Sleep>>,
     request_timeout: Duration,
 }
 
 /// Sends the request and streams the decoded events. The first error ends the stream.
 pub(crate) fn sse_stream<D: Decoder>(call: HttpCall, decoder: D) -> EventStream {
+    let deadline = Instant::now() + call.request_timeout;
     let driver = Driver {
-        deadline: Instant::now() + call.request_timeout,
+        deadline,
+        deadline_timer: Box::pin(tokio::time::sleep_until(deadline)),
         request_timeout: call.request_timeout,
         phase: Phase::Connect(Box::new(call)),
         decoder,
@@ -80,10 +86,14 @@ pub(crate) fn sse_stream<D: Decoder>(call: HttpCall, decoder: D) -> EventStream 
                     Err(e) => return Some((Err(e), d)),
                 },
                 Phase::Reading(mut sse) => {
-                    let next = tokio::time::timeout_at(d.deadline, sse.next()).await;
+                    let next = tokio::select! {
+                        biased;
+                        next = sse.next() => Ok(next),
+                        () = d.deadline_timer.as_mut() => Err(()),
+                    };
                     let mut out = Vec::new();
                     let result = match next {
-                        Err(_) => Err(LlmError::Timeout {
+                        Err(()) => Err(LlmError::Timeout {
                             after: d.request_timeout,
                         }),
                         Ok(None) => d.decoder.finish(&mut out),
@@ -191,26 +201,82 @@ async fn connect(call: HttpCall, deadline: Instant) -> Result<SseStream, LlmErro
         });
     }
     let bytes = Box::pin(resp.bytes_stream());
-    let timed = futures::stream::unfold((bytes, false), move |(mut bytes, failed)| {
-        let redactor = redactor.clone();
-        async move {
-            if failed {
-                return None;
+    let idle = IdleTimer::new(idle_timeout);
+    let timed = futures::stream::unfold(
+        (bytes, idle, false),
+        move |(mut bytes, mut idle, failed)| {
+            let redactor = redactor.clone();
+            async move {
+                if failed {
+                    return None;
+                }
+                let next = tokio::select! {
+                    biased;
+                    next = bytes.next() => Some(next),
+                    () = idle.expired() => None,
+                };
+                match next {
+                    Some(Some(Ok(chunk))) => {
+                        idle.activity();
+                        Some((Ok(chunk), (bytes, idle, false)))
+                    }
+                    Some(Some(Err(e))) => {
+                        Some((Err(transport_error(&e, &redactor)), (bytes, idle, true)))
+                    }
+                    Some(None) => None,
+                    None => Some((
+                        Err(LlmError::IdleTimeout {
+                            after: idle_timeout,
+                        }),
+                        (bytes, idle, true),
+                    )),
+                }
             }
-            match tokio::time::timeout(idle_timeout, bytes.next()).await {
-                Ok(Some(Ok(chunk))) => Some((Ok(chunk), (bytes, false))),
-                Ok(Some(Err(e))) => Some((Err(transport_error(&e, &redactor)), (bytes, true))),
-                Ok(None) => None,
-                Err(_) => Some((
-                    Err(LlmError::IdleTimeout {
-                        after: idle_timeout,
-                    }),
-                    (bytes, true),
-                )),
-            }
-        }
-    });
+        },
+    );
     Ok(timed.eventsource().boxed())
+}
+
+/// The idle timeout of a body, re-armed lazily.
+///
+/// A fresh timer per body chunk would add and remove a timer-wheel entry for every chunk, and
+/// on a multi-thread runtime registering a timer while the driver sleeps with no timer pending
+/// wakes the driver's thread: measurable on the path from an SSE event to its parsed call
+/// (`benches/latency.rs`). Instead one timer stays armed; a chunk only records the time, and
+/// when the timer fires early (there was activity since it was armed) it is moved to
+/// `last activity + idle` and waited for again.
+struct IdleTimer {
+    idle: Duration,
+    last: Instant,
+    timer: Pin<Box<Sleep>>,
+}
+
+impl IdleTimer {
+    fn new(idle: Duration) -> IdleTimer {
+        let last = Instant::now();
+        IdleTimer {
+            idle,
+            last,
+            timer: Box::pin(tokio::time::sleep_until(last + idle)),
+        }
+    }
+
+    /// Records a chunk: the silence is measured from now.
+    fn activity(&mut self) {
+        self.last = Instant::now();
+    }
+
+    /// Completes once `idle` has passed without activity.
+    async fn expired(&mut self) {
+        loop {
+            self.timer.as_mut().await;
+            let due = self.last + self.idle;
+            if Instant::now() >= due {
+                return;
+            }
+            self.timer.as_mut().reset(due);
+        }
+    }
 }
 
 async fn read_error_body(
