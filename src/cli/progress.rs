@@ -4,23 +4,43 @@ use std::io::Write;
 
 use tokio::sync::broadcast;
 
-use crate::protocol::{Event, EventKind};
+use std::collections::BTreeMap;
 
+use crate::protocol::{CallId, Event, EventKind};
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    Pending,
+    Running,
+    Done,
+    Failed,
+}
+
+/// Each call's phase (keyed by call id, so any event order keeps the counts right).
 #[derive(Default)]
 struct Counts {
     step: u32,
-    pending: usize,
-    running: usize,
-    done: usize,
-    failed: usize,
+    calls: BTreeMap<CallId, Phase>,
     asking: usize,
 }
 
 impl Counts {
+    fn set(&mut self, id: Option<CallId>, phase: Phase) {
+        if let Some(id) = id {
+            self.calls.insert(id, phase);
+        }
+    }
+
     fn line(&self) -> String {
+        let n = |p: Phase| self.calls.values().filter(|x| **x == p).count();
         format!(
             "step {} · calls: {} pending, {} running, {} done, {} failed · approvals awaited: {}",
-            self.step, self.pending, self.running, self.done, self.failed, self.asking
+            self.step,
+            n(Phase::Pending),
+            n(Phase::Running),
+            n(Phase::Done),
+            n(Phase::Failed),
+            self.asking
         )
     }
 }
@@ -38,7 +58,7 @@ pub(super) async fn show(mut rx: broadcast::Receiver<Event>, tty: bool) {
         let id = ev.call.map(|i| i.to_string()).unwrap_or_default();
         let plain: Option<String> = match &ev.kind {
             EventKind::CallReceived { call } => {
-                c.pending += 1;
+                c.set(ev.call, Phase::Pending);
                 Some(format!("{id} received: {}", call.tool))
             }
             EventKind::ApprovalRequested { .. } => {
@@ -55,23 +75,28 @@ pub(super) async fn show(mut rx: broadcast::Receiver<Event>, tty: bool) {
                 ))
             }
             EventKind::Started { tool, .. } => {
-                c.pending = c.pending.saturating_sub(1);
-                c.running += 1;
+                c.set(ev.call, Phase::Running);
                 Some(format!("{id} started: {tool}"))
             }
             EventKind::Finished { .. } => {
-                c.running = c.running.saturating_sub(1);
-                c.done += 1;
+                c.set(ev.call, Phase::Done);
                 Some(format!("{id} done"))
             }
             EventKind::Failed { kind, .. } => {
-                c.running = c.running.saturating_sub(1);
-                c.failed += 1;
+                c.set(ev.call, Phase::Failed);
                 Some(format!("{id} failed ({})", kind.as_str()))
             }
             EventKind::Unresolved { missing } => {
-                c.pending = c.pending.saturating_sub(1);
+                c.set(ev.call, Phase::Failed);
                 Some(format!("{id} unresolved: {}", missing.join(", ")))
+            }
+            EventKind::CallRefused { reason, .. } => {
+                c.set(ev.call, Phase::Failed);
+                Some(format!("{id} refused: {reason}"))
+            }
+            EventKind::Cancelled => {
+                c.set(ev.call, Phase::Failed);
+                Some(format!("{id} cancelled"))
             }
             EventKind::RequestStarted { .. } => Some(format!("step {}: asking the model", ev.step)),
             EventKind::RunFinished { status } => Some(format!("run finished: {status}")),
@@ -79,6 +104,15 @@ pub(super) async fn show(mut rx: broadcast::Receiver<Event>, tty: bool) {
         };
         let mut err = std::io::stderr().lock();
         if tty {
+            // While a reviewer prompt is on screen, redrawing would erase it: the line is left
+            // on its own row when the request arrives, and redraws resume after the decision.
+            if matches!(ev.kind, EventKind::ApprovalRequested { .. }) {
+                let _ = writeln!(err, "\r\x1b[2K{}", c.line());
+                continue;
+            }
+            if c.asking > 0 {
+                continue;
+            }
             let _ = write!(err, "\r\x1b[2K{}", c.line());
             if matches!(ev.kind, EventKind::RunFinished { .. }) {
                 let _ = writeln!(err);
@@ -87,5 +121,26 @@ pub(super) async fn show(mut rx: broadcast::Receiver<Event>, tty: bool) {
             let _ = writeln!(err, "[dagloop] {line}");
         }
         let _ = err.flush();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_follow_each_call_whatever_the_event_order() {
+        let mut c = Counts::default();
+        c.set(Some(CallId(1)), Phase::Pending);
+        c.set(Some(CallId(2)), Phase::Pending);
+        c.set(Some(CallId(3)), Phase::Pending);
+        c.set(Some(CallId(1)), Phase::Running);
+        c.set(Some(CallId(2)), Phase::Done); // a latent call: done without running
+        c.set(Some(CallId(3)), Phase::Failed); // refused or rejected before running
+        c.set(None, Phase::Done); // run-level events change nothing
+        assert_eq!(
+            c.line(),
+            "step 0 · calls: 0 pending, 1 running, 1 done, 1 failed · approvals awaited: 0"
+        );
     }
 }
