@@ -159,10 +159,10 @@ async fn rule16_cancellation_from_the_library() {
         "t",
     )
     .unwrap();
-    let agent = AgentBuilder::new(goal(json!({})))
-        .model(Arc::new(ScriptedModel::new(script)))
-        .build()
-        .unwrap();
+    let mut b = AgentBuilder::new(goal(json!({}))).model(Arc::new(ScriptedModel::new(script)));
+    b.registry_mut()
+        .register_fn("double", |x: i64| async move { Ok::<_, String>(x) });
+    let agent = b.build().unwrap();
     let token = agent.cancel_token();
     tokio::spawn(async move {
         tokio::time::sleep(Duration::from_secs(3)).await;
@@ -316,4 +316,20 @@ async fn hooks_run_around_tools_and_can_veto() {
         *log.lock().unwrap(),
         vec!["before 13".to_string(), "after 13 ok=false".to_string()]
     );
+}
+
+#[test]
+fn a_tool_whose_activity_cannot_run_is_refused_before_anything_starts() {
+    let script = Script::parse(&json!({"turns": []}).to_string(), "t").unwrap();
+    let model = Arc::new(ScriptedModel::new(script));
+    let err = AgentBuilder::new(goal(json!({})))
+        .model(model.clone())
+        .build()
+        .err()
+        .unwrap();
+    assert_eq!(err.code(), "agent.missing_activity");
+    assert!(err.to_string().contains("`double`"), "{err}");
+    let g = goal(json!({"tools": [{"_tool": "t", "_activity": "teleport", "type": "object"}]}));
+    let err = AgentBuilder::new(g).model(model).build().err().unwrap();
+    assert_eq!(err.code(), "agent.missing_activity");
 }

@@ -32,6 +32,17 @@ pub enum AgentError {
     /// The goal's `approval` field is not a valid policy.
     #[error("invalid approval policy: {0}")]
     Policy(String),
+    /// A tool names an activity that cannot run here (a Rust activity nobody registered, or an
+    /// unknown kind).
+    #[error("tool `{tool}` needs activity `{activity}`: {reason}")]
+    MissingActivity {
+        /// The tool.
+        tool: String,
+        /// Its `_activity`.
+        activity: String,
+        /// What is missing.
+        reason: String,
+    },
     /// The policy asks a reviewer but none was given.
     #[error("the approval policy asks a reviewer, but no approver is configured")]
     NoApprover,
@@ -45,6 +56,7 @@ impl AgentError {
             AgentError::Model(e) => e.code(),
             AgentError::Schema(e) => e.code(),
             AgentError::Policy(_) => "agent.invalid_policy",
+            AgentError::MissingActivity { .. } => "agent.missing_activity",
             AgentError::NoApprover => "agent.no_approver",
         }
     }
@@ -182,8 +194,30 @@ impl AgentBuilder {
         self
     }
 
-    /// Resolves the model, policy and approver.
+    /// Resolves the model, policy and approver, and checks every tool can run.
     pub fn build(mut self) -> Result<Agent, AgentError> {
+        for t in &self.goal.tools {
+            let Some(kind) = t.activity.as_deref() else {
+                continue;
+            };
+            if self.registry.has(&t.name) {
+                continue;
+            }
+            let reason = match kind {
+                "http" | "shell" | "delegate" => continue,
+                "rust" => {
+                    "no Rust function is registered under this name (register one with Registry::register_fn; the command line cannot run Rust activities)"
+                }
+                _ => {
+                    "unknown activity kind (expected http, shell, delegate, or a registered Rust function)"
+                }
+            };
+            return Err(AgentError::MissingActivity {
+                tool: t.name.clone(),
+                activity: kind.to_string(),
+                reason: reason.to_string(),
+            });
+        }
         let model: Arc<dyn Model> = match (self.model.take(), &self.model_spec, &self.goal.model) {
             (Some(m), _, _) => m,
             (None, Some(spec), _) => ModelSpec::parse(spec)?.build()?,
