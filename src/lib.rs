@@ -19,6 +19,7 @@ pub mod approval;
 pub mod cli;
 pub mod context;
 pub mod engine;
+mod fxhash;
 pub mod goal;
 pub mod graph;
 pub mod llm;

@@ -7,6 +7,8 @@
 
 use std::collections::{BTreeSet, HashMap};
 
+use crate::fxhash::FxBuildHasher;
+
 use crate::protocol::{CallId, Path, Segment};
 /// The calls registered at one path. Most paths have one, so that case does not allocate a set.
 #[derive(Debug, Clone)]
@@ -40,7 +42,7 @@ struct Node {
     /// Children by segment. A hash map: lookups hash one segment instead of comparing it with
     /// ~log2(n) siblings; nothing depends on its iteration order (callers collect into sorted
     /// sets or only ask whether something exists).
-    children: HashMap<Segment, Node>,
+    children: HashMap<Segment, Node, FxBuildHasher>,
 }
 
 impl Ids {

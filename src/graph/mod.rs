@@ -21,6 +21,8 @@ pub mod index;
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 
+use crate::fxhash::FxBuildHasher;
+
 use petgraph::Direction;
 use petgraph::stable_graph::{NodeIndex, StableGraph};
 use petgraph::visit::{EdgeRef, IntoEdgeReferences};
@@ -77,7 +79,7 @@ struct Node {
 #[derive(Debug, Default)]
 pub struct CallGraph {
     g: StableGraph<Node, ()>,
-    nodes: HashMap<CallId, NodeIndex>,
+    nodes: HashMap<CallId, NodeIndex, FxBuildHasher>,
     writers: PathIndex,
     readers: PathIndex,
     tombstones: usize,

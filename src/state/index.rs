@@ -2,9 +2,9 @@
 //! rescans the whole log.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::hash::{BuildHasherDefault, Hasher};
 use std::ops::Bound;
 
+use crate::fxhash::FxBuildHasher;
 use crate::protocol::{OutputMethod, Path, Segment};
 
 #[derive(Debug, Clone, Default)]
@@ -36,40 +36,9 @@ pub(super) struct ReadPlan {
 #[derive(Debug, Clone, Default)]
 pub(super) struct Index {
     nodes: Vec<Node>,
-    by_path: HashMap<Path, usize, BuildHasherDefault<FxHasher>>,
+    by_path: HashMap<Path, usize, FxBuildHasher>,
     ordered: BTreeMap<Path, usize>,
     kinds: BTreeSet<String>,
-}
-
-/// A small multiplicative hasher (the rustc "Fx" scheme): paths are short and hashed on every
-/// read and write, where SipHash's per-call cost dominates. Not DoS-resistant, and not needed to
-/// be: the map is never iterated and keys come from one run.
-#[derive(Default, Clone, Copy)]
-struct FxHasher(u64);
-
-impl Hasher for FxHasher {
-    fn write(&mut self, bytes: &[u8]) {
-        for chunk in bytes.chunks(8) {
-            let mut buf = [0u8; 8];
-            buf[..chunk.len()].copy_from_slice(chunk);
-            self.add(u64::from_le_bytes(buf));
-        }
-    }
-    fn write_u8(&mut self, n: u8) {
-        self.add(u64::from(n));
-    }
-    fn write_usize(&mut self, n: usize) {
-        self.add(n as u64);
-    }
-    fn finish(&self) -> u64 {
-        self.0
-    }
-}
-
-impl FxHasher {
-    fn add(&mut self, word: u64) {
-        self.0 = (self.0.rotate_left(5) ^ word).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
-    }
 }
 
 fn newer(s: Option<u64>, than: Option<u64>) -> bool {
