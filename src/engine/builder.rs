@@ -70,13 +70,18 @@ impl AgentError {
 /// use dagloop::goal::Goal;
 ///
 /// #[derive(serde::Deserialize)]
-/// struct Lookup { id: String }
+/// struct Refund { amount: f64 }
 ///
 /// let goal = Goal::load("examples/refund/goal.json".as_ref())?;
 /// let mut agent = AgentBuilder::new(goal);
-/// agent.registry_mut().register_fn("lookup", |p: Lookup| async move {
-///     Ok::<_, String>(serde_json::json!({"id": p.id, "ok": true}))
-/// });
+/// // Every `"_activity": "rust"` tool of the goal needs a registered function.
+/// agent.registry_mut()
+///     .register_fn("checkBillingHistory", |p: serde_json::Value| async move {
+///         Ok::<_, String>(serde_json::json!({"customerId": p["customerId"], "lastOrder": {"id": "o1", "refundable": 40.0}}))
+///     })
+///     .register_fn("issueRefund", |p: Refund| async move {
+///         Ok::<_, String>(serde_json::json!({"refunded": p.amount}))
+///     });
 /// let result = agent.build()?.run().await;
 /// println!("{}", serde_json::to_string_pretty(&result)?);
 /// # Ok(()) }
