@@ -305,8 +305,9 @@ fn bytes_per_pending(calls: impl Iterator<Item = Call>, n: usize) -> f64 {
     );
     let mut out = Vec::new();
     let before = LIVE.load(Ordering::Relaxed);
-    for call in calls {
-        s.handle_into(Input::CallArrived(Ok(call)), 0, &mut out);
+    for (i, call) in calls.enumerate() {
+        let id = dagloop::protocol::CallId(i as u64);
+        s.handle_into(Input::CallArrived { id, call: Ok(call) }, 0, &mut out);
         out.clear();
     }
     out.shrink_to_fit();
@@ -355,8 +356,9 @@ fn core_only(calls: Vec<Call>) -> f64 {
     let mut out = Vec::new();
     let mut ready = std::collections::VecDeque::new();
     let t0 = Instant::now();
-    for call in calls {
-        s.handle_into(Input::CallArrived(Ok(call)), 0, &mut out);
+    for (i, call) in calls.into_iter().enumerate() {
+        let id = dagloop::protocol::CallId(i as u64);
+        s.handle_into(Input::CallArrived { id, call: Ok(call) }, 0, &mut out);
         collect(&mut out, &mut ready);
     }
     s.handle_into(Input::StreamClosed, 0, &mut out);

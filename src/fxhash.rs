@@ -8,6 +8,9 @@ use std::hash::{BuildHasherDefault, Hasher};
 /// Builds [`FxHasher`]s.
 pub type FxBuildHasher = BuildHasherDefault<FxHasher>;
 
+/// A hash map with the Fx hasher.
+pub type FxHashMap<K, V> = std::collections::HashMap<K, V, FxBuildHasher>;
+
 /// The multiplicative "Fx" scheme used by rustc.
 #[derive(Default, Clone, Copy)]
 pub struct FxHasher(u64);

@@ -96,6 +96,7 @@ pub struct Goal {
 
 /// A goal that cannot be used.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum GoalError {
     /// The file could not be read.
     #[error("cannot read goal file {path}: {source}")]

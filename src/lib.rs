@@ -4,9 +4,10 @@
 //! inputs are ready runs at once, after an approval gate; results land in shared state (last
 //! write wins); the loop ends when the model's `output` validates against the user's schema.
 //!
-//! The core (`protocol`, `state`, `schema`, `graph`, `approval`, `scheduler`) is sans-IO: plain
-//! state machines with no tokio, no clock and no randomness. The async `engine` performs their
-//! actions.
+//! The core (`protocol`, `state`, `schema`, `graph`, `approval`, `scheduler`, `machine`) is
+//! sans-IO: plain state machines with no tokio, no clock and no randomness. The async `engine`
+//! performs their actions. A started run is a [`RunHandle`]: ops in ([`Op`]), events out
+//! ([`Event`], numbered, replayable from the run's journal).
 
 #![warn(missing_docs)]
 
@@ -16,6 +17,8 @@
 pub struct ReadmeDoctests;
 
 pub mod approval;
+/// The `dagloop` binary's front-end. Not part of the library API: it may change at any time.
+#[doc(hidden)]
 pub mod cli;
 pub mod context;
 pub mod engine;
@@ -23,9 +26,19 @@ mod fxhash;
 pub mod goal;
 pub mod graph;
 pub mod llm;
+pub mod machine;
 pub mod plan;
 pub mod protocol;
 pub mod scheduler;
 pub mod schema;
 pub mod state;
 pub mod tools;
+
+pub use approval::{Approver, Policy, ScriptedApprover};
+pub use engine::{
+    Agent, AgentBuilder, AgentError, Executor, Hooks, JournalSink, RunHandle, Subscription,
+};
+pub use goal::{Goal, GoalError};
+pub use machine::{CallSummary, JournalEntry, RunError, RunInput, RunResult, RunStatus, Usage};
+pub use protocol::{Call, CallId, Decision, Event, EventKind, Op, OpError, Tool};
+pub use tools::{Activity, ActivityError, Registry};

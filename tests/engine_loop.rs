@@ -103,10 +103,7 @@ async fn rule15_invalid_output_is_sent_back_with_errors_then_fails() {
     )
     .await;
     assert_eq!(r.status, RunStatus::InvalidOutput);
-    assert_eq!(
-        r.error.as_ref().unwrap()["code"],
-        json!("run.invalid_output")
-    );
+    assert_eq!(r.error.as_ref().unwrap().code, "run.invalid_output");
     assert!(
         texts(&reqs[1]).contains("did not match the output schema"),
         "{}",
@@ -149,7 +146,7 @@ async fn rule16_token_budget_and_run_timeout() {
     let slow = json!({"solution": {"calls": [], "output": {"answer": 1}}, "chunk_chars": 1, "chunk_delay_ms": 1000});
     let (r, _) = run_with(goal(json!({"limits": {"timeout_s": 2}})), vec![slow]).await;
     assert_eq!(r.status, RunStatus::Timeout);
-    assert_eq!(r.error.as_ref().unwrap()["code"], json!("run.timeout"));
+    assert_eq!(r.error.as_ref().unwrap().code, "run.timeout");
 }
 
 #[tokio::test(start_paused = true)]

@@ -144,7 +144,19 @@ async fn persistent_503_gives_up_after_four_attempts() {
     let server = serve(vec![Canned::status(503, "down")]).await;
     let (model, notices) = retrying(server.openai_base());
     let (events, err) = collect(model.stream(&req())).await;
-    assert!(events.is_empty());
+    // Each failed attempt but the last announces its retry; nothing else arrived.
+    let retries: Vec<u32> = events
+        .iter()
+        .map(|e| match e {
+            StreamEvent::Retry {
+                attempt,
+                status: Some(503),
+                ..
+            } => *attempt,
+            other => panic!("only retries expected, got {other:?}"),
+        })
+        .collect();
+    assert_eq!(retries, vec![1, 2, 3]);
     assert!(
         matches!(err, Some(LlmError::HttpStatus { status: 503, .. })),
         "{err:?}"

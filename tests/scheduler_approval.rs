@@ -136,6 +136,27 @@ async fn replace_runs_a_different_call_in_the_same_place() {
     let rep = o.report.get(CallId(0)).expect("c0");
     assert_eq!(rep.status, CallStatus::Done);
     assert_eq!(rep.revised.as_ref().map(|c| c.tool.as_str()), Some("safe"));
+    // Rule 21: the replacement is another tool, so its own policy applies: under `ask` it is
+    // presented too (the scripted approver's fallback approves it).
+    let asked: Vec<String> = approver
+        .requests()
+        .iter()
+        .map(|r| r.call.tool.clone())
+        .collect();
+    assert_eq!(asked, vec!["risky", "safe"]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_replacement_by_an_allowed_tool_runs_without_asking_again() {
+    let approver = Arc::new(ScriptedApprover::new().then(Decision::Replace {
+        call: call(json!({"_tool": "safe", "mode": "dry-run"})),
+    }));
+    let mut step = Step::new(vec![tool("risky"), tool("safe")]).at(0, json!({"_tool": "risky"}));
+    step.policy = Policy::allowlist(["safe"]);
+    step.approver = approver.clone();
+    let o = run(step, TestExec::new(Instant::now())).await;
+    assert_eq!(o.runs.len(), 1);
+    assert_eq!(o.runs[0].tool, "safe");
     assert_eq!(approver.requests().len(), 1);
 }
 

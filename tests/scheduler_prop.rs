@@ -114,7 +114,10 @@ fn simulate(d: &Dag) -> Sim {
     let mut drained = false;
     while let Some(((now, _), ev)) = queue.pop_first() {
         let input = match ev {
-            Ev::Arrive(i) => Input::CallArrived(Ok(call_for(d, i))),
+            Ev::Arrive(i) => Input::CallArrived {
+                id: CallId(i as u64),
+                call: Ok(call_for(d, i)),
+            },
             Ev::Close => Input::StreamClosed,
             Ev::Finish(id, o) => Input::Finished { id, outcome: o },
         };
@@ -139,8 +142,8 @@ fn simulate(d: &Dag) -> Sim {
                     seq += 1;
                 }
                 Action::Drained => drained = true,
-                Action::Ask { .. } | Action::Abort { .. } => panic!("unexpected {a:?}"),
                 Action::Event { .. } => {}
+                other => panic!("unexpected {other:?}"),
             }
         }
     }

@@ -21,19 +21,41 @@ use crate::protocol::{Call, CallId, Decision, Tool};
 /// One call presented to a reviewer.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ApprovalRequest {
-    /// The call's id (unique within the run).
+    /// The call's id (unique within the run, nested agents included).
     pub id: CallId,
     /// The call with its references already resolved to values.
     pub call: Call,
     /// The tool the call targets.
     pub tool: Arc<Tool>,
+    /// The run the call belongs to.
+    pub run_id: String,
+    /// The call's path through nested agents (delegate calls above it, then the call).
+    pub path: Vec<CallId>,
+    /// The fingerprint of the call as presented; decisions quote it (rule 21).
+    pub params_hash: String,
 }
 
 impl ApprovalRequest {
-    /// The request as JSON: `{"id": 3, "call": {...}, "tool": {...}}`.
+    /// A request for `call` to `tool` (outside any run; tests and custom drivers).
+    pub fn new(id: CallId, call: Call, tool: Arc<Tool>) -> Self {
+        let params_hash = crate::protocol::params_hash(&call);
+        ApprovalRequest {
+            id,
+            call,
+            tool,
+            run_id: String::new(),
+            path: vec![id],
+            params_hash,
+        }
+    }
+
+    /// The request as JSON: `{"id": 3, "run_id": .., "path": [..], "call": {...}, "tool": {...}}`.
     pub fn to_value(&self) -> Value {
         json!({
             "id": self.id,
+            "run_id": self.run_id,
+            "path": self.path,
+            "params_hash": self.params_hash,
             "call": self.call.to_value(),
             "tool": serde_json::to_value(&*self.tool).unwrap_or(Value::Null),
         })
@@ -205,11 +227,7 @@ mod tests {
     use super::*;
 
     fn req(id: u64, tool: &str) -> ApprovalRequest {
-        ApprovalRequest {
-            id: CallId(id),
-            call: Call::new(tool),
-            tool: Arc::new(Tool::new(tool)),
-        }
+        ApprovalRequest::new(CallId(id), Call::new(tool), Arc::new(Tool::new(tool)))
     }
 
     #[tokio::test(start_paused = true)]

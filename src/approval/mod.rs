@@ -21,6 +21,7 @@ pub use approver::{
 
 /// Which calls are asked about.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub enum Mode {
     /// Run everything without asking.
     #[default]
@@ -37,6 +38,7 @@ pub enum Mode {
 /// What happens when a reviewer does not answer in time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
+#[non_exhaustive]
 pub enum DefaultDecision {
     /// Run the call as presented.
     Approve,
@@ -92,6 +94,7 @@ impl Policy {
 
 /// What the gate says about a tool's calls.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Gate {
     /// Run as soon as unblocked.
     Run,
@@ -116,6 +119,7 @@ pub fn assess(tool: &Tool, policy: &Policy) -> Gate {
 
 /// A policy that cannot be read.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
 pub enum ApprovalError {
     /// `allow` given with a policy other than `allowlist`.
     #[error("`allow` only applies to the `allowlist` policy, not `{policy}`")]

@@ -10,7 +10,7 @@ mod review;
 
 use std::io::{IsTerminal, Write};
 use std::path::{Path as FsPath, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use serde_json::{Value, json};
@@ -18,7 +18,6 @@ use tokio_util::sync::CancellationToken;
 
 use crate::approval::{ChannelApprover, Mode, Policy};
 use crate::engine::AgentBuilder;
-use crate::engine::bus::EventBus;
 use crate::goal::Goal;
 use crate::protocol::{Call, Solution};
 
@@ -188,49 +187,48 @@ async fn run(
         }
         _ => {}
     }
-    // The events file is created only once the agent is built, so bad input leaves no file.
-    let events_out: Arc<Mutex<Option<std::io::BufWriter<std::fs::File>>>> = Arc::default();
-    let mut bus = EventBus::default().with_run_id(crate::engine::bus::new_run_id());
-    if events.is_some() {
-        let out = events_out.clone();
-        bus = bus.with_sink(Box::new(move |ev| {
-            if let (Ok(mut slot), Ok(line)) = (out.lock(), serde_json::to_string(ev))
-                && let Some(f) = slot.as_mut()
-            {
-                let _ = writeln!(f, "{line}");
-                let _ = f.flush();
-            }
-        }));
-    }
-    let bus = Arc::new(bus);
     let cancel = CancellationToken::new();
     let (approver, requests) = ChannelApprover::new(64);
     let mut builder = AgentBuilder::new(goal)
         .policy(policy)
         .approver(Arc::new(approver))
-        .bus(bus.clone())
         .cancel_token(cancel.clone());
     builder.registry_mut().enable_shell(allow_shell);
     if let Some(m) = model {
         builder = builder.model_spec(m);
     }
     let agent = builder.build().map_err(|e| CliError::new(e.code(), &e))?;
-    if let Some(path) = &events {
-        let file = std::fs::File::create(path).map_err(|e| {
+    // The events file is created only once the agent is built, so bad input leaves no file.
+    let events_out = match &events {
+        Some(path) => Some(std::fs::File::create(path).map_err(|e| {
             CliError::new(
                 "cli.events_file",
                 format!("cannot create {}: {e}", path.display()),
             )
-        })?;
-        if let Ok(mut slot) = events_out.lock() {
-            *slot = Some(std::io::BufWriter::new(file));
-        }
-    }
+        })?),
+        None => None,
+    };
+    let handle = agent.start();
+    let writer = events_out.map(|file| {
+        let mut sub = handle.subscribe_from(0);
+        tokio::spawn(async move {
+            let mut out = std::io::BufWriter::new(file);
+            while let Some(ev) = sub.recv().await {
+                if ev.kind.is_ephemeral() {
+                    continue;
+                }
+                if let Ok(line) = serde_json::to_string(&*ev) {
+                    let _ = writeln!(out, "{line}");
+                }
+            }
+            let _ = out.flush();
+        })
+    });
     let interactive = std::io::stdin().is_terminal();
     let reviewer = tokio::spawn(review::serve(requests, interactive));
     let progress = (!json_only).then(|| {
         tokio::spawn(progress::show(
-            bus.subscribe(),
+            handle.subscribe_from(0),
             std::io::stderr().is_terminal(),
         ))
     });
@@ -242,20 +240,20 @@ async fn run(
             }
         })
     };
-    let result = agent.run().await;
+    let result = handle.wait().await;
     ctrl_c.abort();
     reviewer.abort();
-    drop(bus);
-    if let Some(mut p) = progress {
-        // With the agent gone, dropping our handle closes the bus: the view prints what is left
-        // (down to "run finished") and returns. The wait is bounded in case a task still holds it.
-        if tokio::time::timeout(std::time::Duration::from_secs(2), &mut p)
+    for task in [writer, progress].into_iter().flatten() {
+        // Both end once they have seen `run_finished`; the wait is bounded all the same.
+        let mut task = task;
+        if tokio::time::timeout(std::time::Duration::from_secs(2), &mut task)
             .await
             .is_err()
         {
-            p.abort();
+            task.abort();
         }
     }
+    drop(handle);
     let value = serde_json::to_value(&result).unwrap_or(Value::Null);
     println!("{}", pretty(&value));
     Ok(if result.succeeded() { 0 } else { 1 })

@@ -2,11 +2,10 @@
 
 use std::io::Write;
 
-use tokio::sync::broadcast;
-
 use std::collections::BTreeMap;
 
-use crate::protocol::{CallId, Event, EventKind};
+use crate::engine::Subscription;
+use crate::protocol::{CallId, EventKind};
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Phase {
@@ -45,15 +44,10 @@ impl Counts {
     }
 }
 
-/// Prints progress until the bus closes.
-pub(super) async fn show(mut rx: broadcast::Receiver<Event>, tty: bool) {
+/// Prints progress until the run ends.
+pub(super) async fn show(mut events: Subscription, tty: bool) {
     let mut c = Counts::default();
-    loop {
-        let ev = match rx.recv().await {
-            Ok(ev) => ev,
-            Err(broadcast::error::RecvError::Lagged(_)) => continue,
-            Err(broadcast::error::RecvError::Closed) => break,
-        };
+    while let Some(ev) = events.recv().await {
         c.step = c.step.max(ev.step);
         let id = ev.call.map(|i| i.to_string()).unwrap_or_default();
         let plain: Option<String> = match &ev.kind {
@@ -99,7 +93,9 @@ pub(super) async fn show(mut rx: broadcast::Receiver<Event>, tty: bool) {
                 Some(format!("{id} cancelled"))
             }
             EventKind::RequestStarted { .. } => Some(format!("step {}: asking the model", ev.step)),
-            EventKind::RunFinished { status } => Some(format!("run finished: {status}")),
+            EventKind::RunFinished { status } if ev.parent.is_none() => {
+                Some(format!("run finished: {status}"))
+            }
             _ => None,
         };
         let mut err = std::io::stderr().lock();

@@ -180,6 +180,7 @@ pub struct TurnTracker {
 
 /// Why the tracker says to stop.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Stop {
     /// The same calls were made in too many consecutive steps.
     DoomLoop,

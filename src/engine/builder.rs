@@ -1,22 +1,37 @@
-//! Building an [`Agent`]: a goal, activities, a model, an approver, and options.
+//! Building an [`Agent`]: a goal, activities, a model, reviewers, and options; then starting it.
+//!
+//! The builder does the IO a run needs before it starts: it reads delegate goal files (so a
+//! missing one is an error now, not mid-run), builds the models they name, and checks that every
+//! tool's activity can run.
 
-use std::sync::Arc;
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
 
-use serde_json::Value;
+use serde_json::{Value, json};
+use tokio::sync::{broadcast, mpsc, watch};
+use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use super::agent::Agent;
-use super::bus::EventBus;
-use super::delegate::Delegates;
-use super::exec::Hooks;
-use crate::approval::{Approver, Decision, Mode, Policy, ScriptedApprover};
+use super::activities::Executor;
+use super::bus::{Clock, new_run_id, system_clock};
+use super::driver::Driver;
+use super::exec::{Hooks, RegistryExecutor};
+use super::handle::{Log, Owner, RunHandle, Shared};
+use super::journal::JournalSink;
+use super::review;
+use super::timers::Timers;
+use super::turns::{Models, Turns};
+use crate::approval::{Approver, Mode, Policy};
 use crate::context::SanitizeLimits;
 use crate::goal::Goal;
 use crate::llm::{LlmError, Model, ModelSpec, RetryPolicy, Retrying, Settings};
-use crate::tools::Registry;
+use crate::machine::{AgentConfig, ConfigError, MAX_DEPTH, RunMachine, RunResult};
+use crate::protocol::{Tool, ToolApproval};
+use crate::tools::{Activity, ActivityError, ActivityFuture, DelegateRunner, Registry};
 
 /// The agent could not be built.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum AgentError {
     /// Neither the goal nor the caller named a model.
     #[error(
@@ -26,9 +41,9 @@ pub enum AgentError {
     /// The model spec is unknown or the model cannot be set up.
     #[error(transparent)]
     Model(#[from] LlmError),
-    /// A tool's params schema cannot be compiled.
+    /// A schema of the goal cannot be compiled, or a limit is out of range.
     #[error(transparent)]
-    Schema(#[from] crate::schema::SchemaError),
+    Config(#[from] ConfigError),
     /// The goal's `approval` field is not a valid policy.
     #[error("invalid approval policy: {0}")]
     Policy(String),
@@ -43,8 +58,18 @@ pub enum AgentError {
         /// What is missing.
         reason: String,
     },
+    /// A delegate tool's goal cannot be read.
+    #[error("delegate tool `{tool}`: {reason}")]
+    Delegate {
+        /// The tool.
+        tool: String,
+        /// Why.
+        reason: String,
+    },
     /// The policy asks a reviewer but none was given.
-    #[error("the approval policy asks a reviewer, but no approver is configured")]
+    #[error(
+        "the approval policy asks a reviewer, but no approver is configured (give one, or call external_review() and answer through RunHandle::submit)"
+    )]
     NoApprover,
 }
 
@@ -54,9 +79,10 @@ impl AgentError {
         match self {
             AgentError::NoModel => "agent.no_model",
             AgentError::Model(e) => e.code(),
-            AgentError::Schema(e) => e.code(),
+            AgentError::Config(e) => e.code(),
             AgentError::Policy(_) => "agent.invalid_policy",
             AgentError::MissingActivity { .. } => "agent.missing_activity",
+            AgentError::Delegate { .. } => "agent.delegate",
             AgentError::NoApprover => "agent.no_approver",
         }
     }
@@ -66,8 +92,7 @@ impl AgentError {
 ///
 /// ```no_run
 /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
-/// use dagloop::engine::AgentBuilder;
-/// use dagloop::goal::Goal;
+/// use dagloop::{AgentBuilder, Goal};
 ///
 /// #[derive(serde::Deserialize)]
 /// struct Refund { amount: f64 }
@@ -92,14 +117,17 @@ pub struct AgentBuilder {
     model: Option<Arc<dyn Model>>,
     model_spec: Option<String>,
     approver: Option<Arc<dyn Approver>>,
+    external_review: bool,
     policy: Option<Policy>,
     hooks: Hooks,
-    bus: Option<Arc<EventBus>>,
+    executor: Option<Arc<dyn Executor>>,
+    journal: Option<Arc<dyn JournalSink>>,
+    clock: Option<Clock>,
+    run_id: Option<String>,
     cancel: CancellationToken,
     settings: Settings,
     retry: RetryPolicy,
     sanitize: SanitizeLimits,
-    depth: u32,
 }
 
 impl AgentBuilder {
@@ -111,14 +139,17 @@ impl AgentBuilder {
             model: None,
             model_spec: None,
             approver: None,
+            external_review: false,
             policy: None,
             hooks: Hooks::default(),
-            bus: None,
+            executor: None,
+            journal: None,
+            clock: None,
+            run_id: None,
             cancel: CancellationToken::new(),
             settings: Settings::default(),
             retry: RetryPolicy::default(),
             sanitize: SanitizeLimits::default(),
-            depth: 0,
         }
     }
 
@@ -130,6 +161,14 @@ impl AgentBuilder {
     /// Replaces the activity registry.
     pub fn registry(mut self, registry: Registry) -> Self {
         self.registry = registry;
+        self
+    }
+
+    /// Adds a tool the goal does not define, with the activity that runs its calls.
+    pub fn tool(mut self, tool: Tool, activity: Arc<dyn Activity>) -> Self {
+        self.registry.register(tool.name.clone(), activity);
+        self.goal.tools.retain(|t| t.name != tool.name);
+        self.goal.tools.push(tool);
         self
     }
 
@@ -146,9 +185,17 @@ impl AgentBuilder {
         self
     }
 
-    /// Who decides about calls the policy asks about.
+    /// A reviewer that answers every approval request of the run (delegates included). It is
+    /// an adapter: it reads `approval_requested` events and submits `Decide` ops.
     pub fn approver(mut self, approver: Arc<dyn Approver>) -> Self {
         self.approver = Some(approver);
+        self
+    }
+
+    /// Decisions arrive through [`RunHandle::submit`] (a web page, an HTTP client, a program):
+    /// the run needs no approver to start.
+    pub fn external_review(mut self) -> Self {
+        self.external_review = true;
         self
     }
 
@@ -158,15 +205,33 @@ impl AgentBuilder {
         self
     }
 
-    /// Callbacks around activities.
+    /// Callbacks around activities (every agent of the run).
     pub fn hooks(mut self, hooks: Hooks) -> Self {
         self.hooks = hooks;
         self
     }
 
-    /// Publishes events on this bus (subscribe to it before running).
-    pub fn bus(mut self, bus: Arc<EventBus>) -> Self {
-        self.bus = Some(bus);
+    /// Runs activities through `executor` instead of the registry.
+    pub fn executor(mut self, executor: Arc<dyn Executor>) -> Self {
+        self.executor = Some(executor);
+        self
+    }
+
+    /// Also appends the journal to `sink` (a store), awaiting it before acting on an entry.
+    pub fn journal(mut self, sink: Arc<dyn JournalSink>) -> Self {
+        self.journal = Some(sink);
+        self
+    }
+
+    /// Reads time from `clock` (tests use tokio's paused clock).
+    pub fn clock(mut self, clock: Clock) -> Self {
+        self.clock = Some(clock);
+        self
+    }
+
+    /// Uses this run id instead of a new one.
+    pub fn run_id(mut self, id: impl Into<String>) -> Self {
+        self.run_id = Some(id.into());
         self
     }
 
@@ -176,13 +241,13 @@ impl AgentBuilder {
         self
     }
 
-    /// Model settings (mode, temperature, timeouts).
+    /// Model settings (mode, temperature, timeouts), for every agent of the run.
     pub fn settings(mut self, settings: Settings) -> Self {
         self.settings = settings;
         self
     }
 
-    /// How model errors are retried.
+    /// How model errors are retried (once, whatever the nesting).
     pub fn retry(mut self, retry: RetryPolicy) -> Self {
         self.retry = retry;
         self
@@ -194,100 +259,286 @@ impl AgentBuilder {
         self
     }
 
-    pub(super) fn depth(mut self, depth: u32) -> Self {
-        self.depth = depth;
-        self
-    }
-
-    /// Resolves the model, policy and approver, and checks every tool can run.
+    /// Resolves the model, policy and reviewers, reads delegate goals, and checks every tool can
+    /// run.
     pub fn build(mut self) -> Result<Agent, AgentError> {
-        for t in &self.goal.tools {
-            let Some(kind) = t.activity.as_deref() else {
-                continue;
-            };
-            if self.registry.has(&t.name) {
-                continue;
-            }
-            let reason = match kind {
-                "http" | "shell" | "delegate" => continue,
-                "rust" => {
-                    "no Rust function is registered under this name (register one with Registry::register_fn; the command line cannot run Rust activities)"
-                }
-                _ => {
-                    "unknown activity kind (expected http, shell, delegate, or a registered Rust function)"
-                }
-            };
-            return Err(AgentError::MissingActivity {
-                tool: t.name.clone(),
-                activity: kind.to_string(),
-                reason: reason.to_string(),
-            });
-        }
-        let model: Arc<dyn Model> = match (self.model.take(), &self.model_spec, &self.goal.model) {
-            (Some(m), _, _) => m,
-            (None, Some(spec), _) => ModelSpec::parse(spec)?.build()?,
-            (None, None, Some(spec)) => {
-                let parsed = match ModelSpec::parse(spec)? {
-                    ModelSpec::Scripted(p) => {
-                        ModelSpec::Scripted(self.goal.resolve_path(&p.to_string_lossy()))
-                    }
-                    other => other,
-                };
-                parsed.build()?
-            }
-            (None, None, None) => return Err(AgentError::NoModel),
+        check_activities(&self.goal, &self.registry)?;
+        let root_model: Arc<dyn Model> = match (self.model.take(), &self.model_spec) {
+            (Some(m), _) => m,
+            (None, Some(spec)) => ModelSpec::parse(spec)?.build()?,
+            (None, None) => match self.goal.model.as_deref() {
+                Some(spec) => resolve_spec(&self.goal, spec)?.build()?,
+                None => return Err(AgentError::NoModel),
+            },
         };
-        let model: Arc<dyn Model> = Arc::new(Retrying::new(model, self.retry.clone()));
+        let mut models = Models {
+            root: Arc::new(Retrying::new(root_model, self.retry.clone())),
+            by_spec: BTreeMap::new(),
+        };
+        let config = load_config(
+            &self.goal,
+            0,
+            true,
+            &self.registry,
+            &self.retry,
+            &mut models,
+        )?;
         let policy = match (self.policy.take(), &self.goal.approval) {
             (Some(p), _) => p,
             (None, Some(v)) => serde_json::from_value::<Policy>(v.clone())
                 .map_err(|e| AgentError::Policy(e.to_string()))?,
             (None, None) => Policy::auto(),
         };
+        let mut tools = BTreeMap::new();
+        collect_tools(&config, &mut tools);
         let asks = policy.mode != Mode::Auto
-            || self
-                .goal
-                .tools
-                .iter()
-                .any(|t| t.approval == Some(crate::protocol::ToolApproval::Always));
-        let approver: Arc<dyn Approver> = match self.approver.take() {
-            Some(a) => a,
-            None if asks => return Err(AgentError::NoApprover),
-            None => Arc::new(ScriptedApprover::new().otherwise(Decision::Approve)),
+            || tools
+                .values()
+                .any(|t| t.approval == Some(ToolApproval::Always));
+        if asks && self.approver.is_none() && !self.external_review {
+            return Err(AgentError::NoApprover);
+        }
+        let executor = match self.executor.take() {
+            Some(e) => e,
+            None => {
+                let mut registry = self.registry.clone();
+                registry.set_delegate_runner(Arc::new(TooDeep));
+                Arc::new(RegistryExecutor::new(registry, self.hooks.clone()))
+            }
         };
-        let bus = self
-            .bus
-            .take()
-            .unwrap_or_else(|| Arc::new(EventBus::default()));
-        let mut registry = self.registry.clone();
-        registry.set_delegate_runner(Arc::new(Delegates {
-            base_dir: self.goal.base_dir.clone(),
-            registry: self.registry.clone(),
-            model: model.clone(),
-            approver: approver.clone(),
-            cancel: self.cancel.clone(),
-            depth: self.depth,
-        }));
-        let tools = self.goal.tools.clone();
-        let validators = Arc::new(crate::schema::ToolValidators::new(&tools)?);
         Ok(Agent {
-            validators,
-            goal: self.goal,
-            tools,
-            registry,
-            model,
-            approver,
+            config: Arc::new(config),
             policy,
-            bus,
-            hooks: self.hooks,
-            cancel: self.cancel,
-            settings: self.settings,
             sanitize: self.sanitize,
+            models,
+            settings: self.settings,
+            executor,
+            approver: self.approver,
+            tools,
+            journal: self.journal,
+            clock: self.clock.unwrap_or_else(system_clock),
+            run_id: self.run_id.unwrap_or_else(new_run_id),
+            cancel: self.cancel,
         })
     }
 }
 
-/// Reads a JSON value's string field (helper for delegate configuration).
-pub(super) fn str_field<'a>(v: &'a serde_json::Map<String, Value>, key: &str) -> Option<&'a str> {
-    v.get(key).and_then(Value::as_str)
+fn resolve_spec(goal: &Goal, spec: &str) -> Result<ModelSpec, LlmError> {
+    Ok(match ModelSpec::parse(spec)? {
+        ModelSpec::Scripted(p) => ModelSpec::Scripted(goal.resolve_path(&p.to_string_lossy())),
+        other => other,
+    })
+}
+
+fn check_activities(goal: &Goal, registry: &Registry) -> Result<(), AgentError> {
+    for t in &goal.tools {
+        let Some(kind) = t.activity.as_deref() else {
+            continue;
+        };
+        if registry.has(&t.name) {
+            continue;
+        }
+        let reason = match kind {
+            "http" | "shell" | "delegate" => continue,
+            "rust" => {
+                "no Rust function is registered under this name (register one with Registry::register_fn; the command line cannot run Rust activities)"
+            }
+            _ => {
+                "unknown activity kind (expected http, shell, delegate, or a registered Rust function)"
+            }
+        };
+        return Err(AgentError::MissingActivity {
+            tool: t.name.clone(),
+            activity: kind.to_string(),
+            reason: reason.to_string(),
+        });
+    }
+    Ok(())
+}
+
+/// True when the tool runs a nested agent.
+fn is_delegate(t: &Tool) -> bool {
+    t.schema.contains_key("_delegate") || t.activity.as_deref() == Some("delegate")
+}
+
+/// The agent of `goal` and, recursively up to [`MAX_DEPTH`], the agents of its delegate tools.
+fn load_config(
+    goal: &Goal,
+    depth: u32,
+    own_model: bool,
+    registry: &Registry,
+    retry: &RetryPolicy,
+    models: &mut Models,
+) -> Result<AgentConfig, AgentError> {
+    let mut delegates = BTreeMap::new();
+    if depth < MAX_DEPTH {
+        for t in goal
+            .tools
+            .iter()
+            .filter(|t| is_delegate(t) && !registry.has(&t.name))
+        {
+            let fail = |reason: String| AgentError::Delegate {
+                tool: t.name.clone(),
+                reason,
+            };
+            let target = t
+                .schema
+                .get("_delegate")
+                .and_then(Value::as_str)
+                .ok_or_else(|| {
+                    fail("`_delegate` must be a goal file path or \"anonymous\"".into())
+                })?;
+            let (child, own) = if target == "anonymous" {
+                let description = t
+                    .schema
+                    .get("description")
+                    .and_then(Value::as_str)
+                    .unwrap_or(&t.name);
+                let doc = json!({
+                    "goal": description,
+                    "output_schema": t.output.clone().unwrap_or_else(|| json!({})),
+                });
+                let g = Goal::from_json(&doc.to_string(), t.name.as_ref(), goal.base_dir.clone())
+                    .map_err(|e| fail(e.to_string()))?;
+                (g, false)
+            } else {
+                let g = Goal::load(&goal.base_dir.join(target)).map_err(|e| fail(e.to_string()))?;
+                let own = g.model.is_some();
+                (g, own)
+            };
+            check_activities(&child, registry)?;
+            let cfg = load_config(&child, depth + 1, own, registry, retry, models)?;
+            delegates.insert(t.name.clone(), Arc::new(cfg));
+        }
+    }
+    let mut cfg = AgentConfig::from_goal(goal, delegates)?;
+    cfg.model = None;
+    if depth > 0 && own_model {
+        if let Some(spec) = goal.model.as_deref() {
+            let resolved = resolve_spec(goal, spec)?;
+            let key = format!("{resolved:?}");
+            if !models.by_spec.contains_key(&key) {
+                let m = resolved.build()?;
+                models
+                    .by_spec
+                    .insert(key.clone(), Arc::new(Retrying::new(m, retry.clone())));
+            }
+            cfg.model = Some(key);
+        }
+    }
+    Ok(cfg)
+}
+
+fn collect_tools(cfg: &AgentConfig, out: &mut BTreeMap<String, Arc<Tool>>) {
+    for t in &cfg.tools {
+        out.entry(t.name.clone())
+            .or_insert_with(|| Arc::new(t.clone()));
+    }
+    for d in cfg.delegates.values() {
+        collect_tools(d, out);
+    }
+}
+
+/// Delegate calls that reach the registry are those nested too deep to be loaded.
+struct TooDeep;
+
+impl DelegateRunner for TooDeep {
+    fn run_delegate(
+        &self,
+        tool: &Tool,
+        _call: crate::protocol::Call,
+        _scoped: serde_json::Map<String, Value>,
+    ) -> ActivityFuture {
+        let e = ActivityError::Config {
+            tool: tool.name.clone(),
+            reason: format!("delegates nest deeper than {MAX_DEPTH} levels"),
+        };
+        Box::pin(async move { Err(e) })
+    }
+}
+
+/// Everything one run needs. Build it with [`AgentBuilder`]; run it with [`Agent::run`], or
+/// [`Agent::start`] it to address it while it runs.
+pub struct Agent {
+    config: Arc<AgentConfig>,
+    policy: Policy,
+    sanitize: SanitizeLimits,
+    models: Models,
+    settings: Settings,
+    executor: Arc<dyn Executor>,
+    approver: Option<Arc<dyn Approver>>,
+    tools: BTreeMap<String, Arc<Tool>>,
+    journal: Option<Arc<dyn JournalSink>>,
+    clock: Clock,
+    run_id: String,
+    cancel: CancellationToken,
+}
+
+impl Agent {
+    /// The id the run will have.
+    pub fn run_id(&self) -> &str {
+        &self.run_id
+    }
+
+    /// The run's configuration (its own agent; delegates inside).
+    pub fn config(&self) -> &Arc<AgentConfig> {
+        &self.config
+    }
+
+    /// A token that cancels the run when triggered.
+    pub fn cancel_token(&self) -> CancellationToken {
+        self.cancel.clone()
+    }
+
+    /// Starts the run on the current tokio runtime and returns its handle. The run stops when
+    /// the last clone of the handle is dropped.
+    pub fn start(self) -> RunHandle {
+        let (tx, _) = broadcast::channel(super::bus::DEFAULT_CAPACITY);
+        let (ops_tx, ops) = mpsc::unbounded_channel();
+        let (done, _) = watch::channel(None);
+        let shared = Arc::new(Shared {
+            run_id: self.run_id.clone(),
+            root: self.config.clone(),
+            policy: self.policy.clone(),
+            sanitize: self.sanitize,
+            log: Mutex::new(Log::default()),
+            tx,
+            ops: ops_tx,
+            done,
+        });
+        let mut aux = JoinSet::new();
+        if let Some(approver) = self.approver {
+            aux.spawn(review::serve(shared.clone(), approver, self.tools));
+        }
+        let driver = Driver {
+            machine: RunMachine::new(self.run_id, self.config, self.policy, self.sanitize),
+            shared: shared.clone(),
+            ops,
+            models: self.models,
+            settings: self.settings,
+            executor: self.executor,
+            sink: self.journal,
+            clock: self.clock,
+            cancel: self.cancel,
+            aux,
+            activities: Default::default(),
+            turns: Turns::default(),
+            timers: Timers::default(),
+            result: None,
+            journal_seq: 0,
+        };
+        let task = tokio::spawn(driver.run());
+        RunHandle {
+            shared,
+            _owner: Arc::new(Owner {
+                task: Some(task.abort_handle()),
+            }),
+        }
+    }
+
+    /// Runs to a terminal status. Never panics on bad model output or failing tools. Dropping
+    /// the future stops the run and every task it owns.
+    pub async fn run(self) -> RunResult {
+        self.start().wait().await
+    }
 }

@@ -136,6 +136,8 @@ impl EventBus {
             step,
             at,
             call,
+            parent: None,
+            depth: 0,
             kind,
         };
         if let Some(sink) = &inner.sink {

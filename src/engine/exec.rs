@@ -6,7 +6,7 @@ use futures::FutureExt;
 use futures::future::BoxFuture;
 use serde_json::{Map, Value};
 
-use super::inner::Executor;
+use super::activities::Executor;
 use crate::protocol::{Call, CallId, Tool};
 use crate::scheduler::Outcome;
 use crate::tools::Registry;
@@ -29,21 +29,16 @@ pub struct Hooks {
     pub on_error: Option<OnError>,
 }
 
-/// Adapts a [`Registry`] to the inner loop's [`Executor`].
+/// Adapts a [`Registry`] to the engine's [`Executor`], with the run's hooks around every call.
 pub struct RegistryExecutor {
     registry: Registry,
     hooks: Hooks,
-    scoped: Map<String, Value>,
 }
 
 impl RegistryExecutor {
-    /// `scoped` is the parent context (kind → value) delegates may see through `_scopes`.
-    pub fn new(registry: Registry, hooks: Hooks, scoped: Map<String, Value>) -> Self {
-        RegistryExecutor {
-            registry,
-            hooks,
-            scoped,
-        }
+    /// Runs calls through `registry`, calling `hooks` around each.
+    pub fn new(registry: Registry, hooks: Hooks) -> Self {
+        RegistryExecutor { registry, hooks }
     }
 }
 
@@ -64,16 +59,7 @@ impl Executor for RegistryExecutor {
                 return async move { outcome }.boxed();
             }
         }
-        let scoped: Map<String, Value> = match &call.scopes {
-            Some(scopes) => self
-                .scoped
-                .iter()
-                .filter(|(k, _)| scopes.contains(k))
-                .map(|(k, v)| (k.clone(), v.clone()))
-                .collect(),
-            None => Map::new(),
-        };
-        let fut = self.registry.run(&tool, call.clone(), scoped);
+        let fut = self.registry.run(&tool, call.clone(), Map::new());
         async move {
             let outcome = match fut.await {
                 Ok(out) => {

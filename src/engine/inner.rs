@@ -13,7 +13,6 @@
 //! Deliberately not here: the outer loop (requests, retries, termination) and the model stream's
 //! parsing.
 
-use std::collections::HashMap;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::Duration;
@@ -21,37 +20,25 @@ use std::time::Duration;
 use futures::FutureExt;
 use futures::future::BoxFuture;
 use futures::stream::{FuturesUnordered, Stream, StreamExt};
-use tokio::task::{AbortHandle, JoinSet};
 use tokio_util::sync::CancellationToken;
 
+pub use super::activities::Executor;
+use super::activities::{Activities, panic_message};
 use super::bus::EventBus;
 use crate::approval::{ApprovalRequest, Approver};
-use crate::protocol::{Call, CallId, Decision, Tool};
-use crate::scheduler::{Action, Input, Outcome, Scheduler, StepReport};
+#[allow(unused_imports)]
+use crate::protocol::Tool;
+use crate::protocol::{Call, CallId, Decision};
+use crate::scheduler::{Action, Input, Scheduler, StepReport};
 use crate::state::State;
-
-/// Runs activities. The engine calls `execute` inside a spawned task, so a panic anywhere in it
-/// is caught and reported as the call's failure.
-pub trait Executor: Send + Sync {
-    /// Executes one call (params already resolved) of `tool`.
-    fn execute(&self, id: CallId, tool: &Tool, call: Call) -> BoxFuture<'static, Outcome>;
-}
 
 /// How the driver runs a step.
 #[derive(Debug, Clone, Default)]
 pub struct DriveOptions {
     /// Each activity is failed with a timeout error after this long.
     pub call_timeout: Option<Duration>,
-}
-
-fn panic_message(payload: Box<dyn std::any::Any + Send>) -> String {
-    if let Some(s) = payload.downcast_ref::<&str>() {
-        (*s).to_string()
-    } else if let Some(s) = payload.downcast_ref::<String>() {
-        s.clone()
-    } else {
-        "(non-string panic payload)".to_string()
-    }
+    /// The id given to the first call that arrives; later calls count up from it.
+    pub first_call_id: u64,
 }
 
 struct Driver<'a> {
@@ -60,9 +47,7 @@ struct Driver<'a> {
     bus: &'a EventBus,
     opts: DriveOptions,
     step: u32,
-    running: JoinSet<Outcome>,
-    tasks: HashMap<tokio::task::Id, CallId>,
-    handles: HashMap<CallId, AbortHandle>,
+    activities: Activities,
     approvals: FuturesUnordered<BoxFuture<'static, Input>>,
 }
 
@@ -78,42 +63,24 @@ impl Driver<'_> {
                     call,
                     tool,
                     detached,
-                } => self.launch(id, call, tool, detached),
+                } => self.activities.launch(
+                    &self.executor,
+                    id,
+                    call,
+                    tool,
+                    detached,
+                    self.opts.call_timeout,
+                ),
                 Action::Ask {
                     id,
                     call,
                     tool,
                     timeout,
-                } => self.ask(ApprovalRequest { id, call, tool }, timeout),
-                Action::Abort { id } => {
-                    if let Some(h) = self.handles.remove(&id) {
-                        h.abort();
-                    }
-                }
+                } => self.ask(ApprovalRequest::new(id, call, tool), timeout),
+                Action::Abort { id } => self.activities.abort(id),
                 Action::Drained => {}
             }
         }
-    }
-
-    fn launch(&mut self, id: CallId, call: Call, tool: Arc<Tool>, detached: bool) {
-        let executor = self.executor.clone();
-        let limit = self.opts.call_timeout;
-        let task = async move {
-            let work = executor.execute(id, &tool, call);
-            match limit {
-                Some(d) => tokio::time::timeout(d, work)
-                    .await
-                    .unwrap_or_else(|_| Outcome::timeout(d)),
-                None => work.await,
-            }
-        };
-        if detached {
-            tokio::spawn(task);
-            return;
-        }
-        let handle = self.running.spawn(task);
-        self.tasks.insert(handle.id(), id);
-        self.handles.insert(id, handle);
     }
 
     fn ask(&mut self, req: ApprovalRequest, timeout: Option<Duration>) {
@@ -140,23 +107,6 @@ impl Driver<'_> {
         };
         self.approvals.push(fut.boxed());
     }
-
-    fn joined(
-        &mut self,
-        joined: Result<(tokio::task::Id, Outcome), tokio::task::JoinError>,
-    ) -> Option<Input> {
-        let (task, outcome) = match joined {
-            Ok((task, outcome)) => (task, outcome),
-            Err(e) if e.is_panic() => {
-                let task = e.id();
-                (task, Outcome::panic(panic_message(e.into_panic())))
-            }
-            Err(e) => (e.id(), Outcome::cancelled()),
-        };
-        let id = self.tasks.remove(&task)?;
-        self.handles.remove(&id);
-        Some(Input::Finished { id, outcome })
-    }
 }
 
 /// Drives one step: reads `calls` until it ends, runs what the scheduler launches through
@@ -174,15 +124,14 @@ pub async fn drive<S>(
 where
     S: Stream<Item = Result<Call, String>> + Unpin,
 {
+    let mut next_id = opts.first_call_id;
     let mut d = Driver {
         executor,
         approver,
         bus,
         opts,
         step: scheduler.step(),
-        running: JoinSet::new(),
-        tasks: HashMap::new(),
-        handles: HashMap::new(),
+        activities: Activities::default(),
         approvals: FuturesUnordered::new(),
     };
     let mut out = Vec::new();
@@ -196,17 +145,18 @@ where
                 Input::Cancel
             }
             item = calls.next(), if !stream_done => match item {
-                Some(call) => Input::CallArrived(call),
+                Some(call) => {
+                    let id = CallId(next_id);
+                    next_id += 1;
+                    Input::CallArrived { id, call }
+                }
                 None => {
                     stream_done = true;
                     Input::StreamClosed
                 }
             },
-            Some(joined) = d.running.join_next_with_id(), if !d.running.is_empty() => {
-                match d.joined(joined) {
-                    Some(input) => input,
-                    None => continue,
-                }
+            Some((id, outcome)) = d.activities.next(), if !d.activities.is_empty() => {
+                Input::Finished { id, outcome }
             }
             Some(input) = d.approvals.next(), if !d.approvals.is_empty() => input,
             else => break,
@@ -215,14 +165,12 @@ where
         d.perform(&mut out);
         // Completions that are already in are handled without another trip through select.
         while !scheduler.is_drained()
-            && let Some(joined) = d.running.try_join_next_with_id()
+            && let Some((id, outcome)) = d.activities.try_next()
         {
-            if let Some(input) = d.joined(joined) {
-                scheduler.handle_into(input, bus.now(), &mut out);
-                d.perform(&mut out);
-            }
+            scheduler.handle_into(Input::Finished { id, outcome }, bus.now(), &mut out);
+            d.perform(&mut out);
         }
     }
-    d.running.shutdown().await;
+    d.activities.shutdown().await;
     scheduler.finish()
 }

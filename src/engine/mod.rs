@@ -1,16 +1,29 @@
 //! The async side of dagloop: the only module that spawns tasks, sleeps, reads clocks and talks
 //! to the outside world. It performs the actions of the sans-IO core.
 //!
-//! `inner` drives one step's scheduler; `bus` stamps and delivers events.
+//! [`AgentBuilder`] builds an [`Agent`]; [`Agent::start`] spawns its driver and returns a
+//! [`RunHandle`] (ops in, events out). `inner` drives a single step's scheduler on its own (the
+//! scheduler's tests and benchmarks use it); `bus` stamps and delivers that driver's events.
+//!
+//! Deliberately not here: decisions about a run (the `machine` and `scheduler` modules take
+//! them) and how events are shown or stored (their consumers').
 
 pub mod bus;
 pub mod inner;
 
-mod agent;
+mod activities;
 mod builder;
-mod delegate;
+mod driver;
 mod exec;
+mod handle;
+mod journal;
+mod review;
+mod timers;
+mod turns;
 
-pub use agent::{Agent, CallSummary, RunResult, RunStatus, Usage};
-pub use builder::{AgentBuilder, AgentError};
+pub use crate::machine::{CallSummary, RunError, RunResult, RunStatus, Usage};
+pub use activities::Executor;
+pub use builder::{Agent, AgentBuilder, AgentError};
 pub use exec::{AfterTool, BeforeTool, Hooks, OnError, RegistryExecutor};
+pub use handle::{RunHandle, Subscription};
+pub use journal::{JournalError, JournalFuture, JournalSink};

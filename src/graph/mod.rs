@@ -35,6 +35,7 @@ const COMPACT_MIN_TOMBSTONES: usize = 1024;
 
 /// A graph operation that cannot be done.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum GraphError {
     /// Accepting the call would close a dependency cycle.
     #[error("call {} would close a dependency cycle: {}", .cycle[0], cycle_text(.cycle))]

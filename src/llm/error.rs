@@ -7,6 +7,7 @@ use std::time::Duration;
 
 /// What went wrong while talking to a model.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum LlmError {
     /// The server answered with a non-success HTTP status (or a scripted error turn).
     #[error("model server answered HTTP {status}: {message}")]

@@ -92,6 +92,7 @@ pub struct Request {
 
 /// How the model returns its Solution.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub enum Mode {
     /// The Solution streams as text constrained by the schema (`response_format` json_schema;
     /// for Anthropic a forced `solution` tool whose input streams as text deltas).
@@ -103,6 +104,7 @@ pub enum Mode {
 
 /// Which tool the model must call in [`Mode::ToolCalls`].
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub enum ToolChoice {
     /// The model decides (`"auto"`).
     #[default]
@@ -149,6 +151,7 @@ impl Default for Settings {
 
 /// Why the model stopped.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum FinishReason {
     /// Natural end (`stop`, `end_turn`, `stop_sequence`).
     Stop,
@@ -177,6 +180,7 @@ impl FinishReason {
 
 /// One normalised event of a model's response stream.
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub enum StreamEvent {
     /// More Solution text (structured-output mode) or free text (tool-call mode).
     TextDelta(String),
@@ -209,6 +213,18 @@ pub enum StreamEvent {
         /// Completion tokens.
         output_tokens: u64,
     },
+    /// An attempt failed before producing content and is retried after `wait` (emitted by
+    /// [`Retrying`] before it waits; the engine journals and publishes it).
+    Retry {
+        /// The attempt that failed (from 1).
+        attempt: u32,
+        /// The HTTP status, when the server answered with one.
+        status: Option<u16>,
+        /// The wait before the next attempt.
+        wait: Duration,
+        /// Why it failed.
+        error: String,
+    },
     /// The last event of a successful stream.
     Finish {
         /// Why the model stopped.
@@ -231,6 +247,7 @@ impl StreamEvent {
 
 /// Which model a run uses, as written on the command line or in a goal file.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum ModelSpec {
     /// `scripted:PATH`: replay a scripted-model file.
     Scripted(PathBuf),

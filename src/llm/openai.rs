@@ -30,6 +30,7 @@ pub const DEFAULT_OPENAI_BASE_URL: &str = "https://api.openai.com/v1";
 
 /// How structured output is requested.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub enum ResponseFormat {
     /// `json_schema` first; `json_object` + `schema` once the server rejects it.
     #[default]

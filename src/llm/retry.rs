@@ -13,10 +13,11 @@ use std::time::Duration;
 
 use futures::StreamExt;
 
-use super::{EventStream, LlmError, Model, Request};
+use super::{EventStream, LlmError, Model, Request, StreamEvent};
 
 /// How the backoff delay is randomised.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Jitter {
     /// The exact exponential delay.
     None,
@@ -180,6 +181,7 @@ struct State<M: ?Sized> {
     current: Option<EventStream>,
     content_seen: bool,
     finished: bool,
+    wait: Option<Duration>,
 }
 
 impl<M: Model + ?Sized + 'static> Model for Retrying<M> {
@@ -194,11 +196,15 @@ impl<M: Model + ?Sized + 'static> Model for Retrying<M> {
             current: None,
             content_seen: false,
             finished: false,
+            wait: None,
         };
         futures::stream::unfold(state, |mut s| async move {
-            loop {
+            {
                 if s.finished {
                     return None;
+                }
+                if let Some(d) = s.wait.take() {
+                    tokio::time::sleep(d).await;
                 }
                 let stream = match s.current.as_mut() {
                     Some(stream) => stream,
@@ -209,10 +215,10 @@ impl<M: Model + ?Sized + 'static> Model for Retrying<M> {
                     }
                 };
                 match stream.next().await {
-                    None => return None,
+                    None => None,
                     Some(Ok(ev)) => {
                         s.content_seen |= ev.is_content();
-                        return Some((Ok(ev), s));
+                        Some((Ok(ev), s))
                     }
                     Some(Err(e)) => {
                         let salt = s.attempts.load(Ordering::SeqCst);
@@ -241,7 +247,18 @@ impl<M: Model + ?Sized + 'static> Model for Retrying<M> {
                             f(&notice);
                         }
                         s.current = None;
-                        tokio::time::sleep(delay).await;
+                        s.wait = Some(delay);
+                        let status = match &notice.error {
+                            LlmError::HttpStatus { status, .. } => Some(*status),
+                            _ => None,
+                        };
+                        let ev = StreamEvent::Retry {
+                            attempt: notice.attempt,
+                            status,
+                            wait: delay,
+                            error: notice.error.to_string(),
+                        };
+                        Some((Ok(ev), s))
                     }
                 }
             }

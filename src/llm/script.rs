@@ -37,6 +37,7 @@ pub struct Turn {
 
 /// What a turn answers.
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub enum TurnBody {
     /// A Solution object, streamed as its compact JSON text.
     Solution(Value),

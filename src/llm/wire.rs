@@ -107,6 +107,7 @@ fn function_of(tool: &Tool) -> FunctionDef {
 
 /// What a finished native tool call means for the run.
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub enum ToolCallOutcome {
     /// A call of a tool.
     Call(Call),

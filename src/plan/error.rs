@@ -6,6 +6,7 @@
 /// JSON but not a valid [`Call`](crate::protocol::Call) is *not* a parse error; it is reported in
 /// its [`ParseEvent::Call`](super::ParseEvent::Call) and parsing goes on.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum ParseErrorKind {
     /// The text ended before any JSON object started (prose only, or nothing at all).
     #[error("no JSON object found in the text")]

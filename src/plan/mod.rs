@@ -29,6 +29,7 @@ use scan::{Scanner, Sig};
 
 /// Something the parser learned from the text.
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub enum ParseEvent {
     /// An element of `calls` is complete. Emitted as soon as its last byte arrives.
     Call {

@@ -9,6 +9,7 @@ use super::reference::{Expression, ReferenceError, parse_expression};
 /// How a write combines with earlier writes to the same path (protocol chapter 008).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
+#[non_exhaustive]
 pub enum OutputMethod {
     /// Replace (last write wins). The default.
     #[default]
@@ -284,6 +285,7 @@ pub fn json_type(v: &Value) -> &'static str {
 /// Per-tool approval override (`_approval`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
+#[non_exhaustive]
 pub enum ToolApproval {
     /// Always ask a reviewer, whatever the policy.
     Always,

@@ -32,14 +32,25 @@ pub struct Event {
     /// The call it concerns, if any. Serialised as `call_id` (some kinds carry a `call` body).
     #[serde(rename = "call_id", default, skip_serializing_if = "Option::is_none")]
     pub call: Option<CallId>,
+    /// For an event of a nested agent (a delegate): the parent's call that runs it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent: Option<CallId>,
+    /// How deep the agent that produced the event is nested (0 for the run's own agent).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub depth: u32,
     /// What happened.
     #[serde(flatten)]
     pub kind: EventKind,
 }
 
+fn is_zero(n: &u32) -> bool {
+    *n == 0
+}
+
 /// How a call failed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum FailKind {
     /// The activity returned an error.
     Error,
@@ -73,6 +84,7 @@ impl FailKind {
 /// `{"decision": "reject", "reason": "..."}`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "decision", rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum Decision {
     /// Run the call as presented.
     Approve,
@@ -97,6 +109,7 @@ pub enum Decision {
 /// What happened. Serialised internally tagged with `type`, in snake_case.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum EventKind {
     // ----- the inner loop (scheduler) -----
     /// A call arrived from the model's stream (as written).
@@ -124,6 +137,18 @@ pub enum EventKind {
     ApprovalRequested {
         /// The call with references replaced by values.
         call: Call,
+        /// The call's path through nested agents: the delegate calls above it, outermost first,
+        /// then the call itself.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        path: Vec<CallId>,
+        /// The fingerprint of the call as presented ([`super::params_hash`]); a decision may
+        /// quote it so that it only applies to exactly this presentation (rule 21).
+        #[serde(default)]
+        params_hash: String,
+        /// The call had started before the run stopped and was not known to finish: a reviewer
+        /// decides whether it runs again.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        interrupted: bool,
     },
     /// A reviewer decided, or the policy default applied after a reviewer timeout.
     Decision {
@@ -182,7 +207,20 @@ pub enum EventKind {
         /// The attempt number.
         attempt: u32,
     },
-    /// The model streamed more text.
+    /// A model attempt failed and is retried after a wait (rule 17).
+    ModelRetry {
+        /// The attempt that failed (from 1).
+        attempt: u32,
+        /// The provider's HTTP status, when there was one.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        status: Option<u16>,
+        /// How long the engine waits before the next attempt.
+        wait_ms: u64,
+        /// Why the attempt failed.
+        error: String,
+    },
+    /// The model streamed more text. Live only: never journaled, carries the sequence number of
+    /// the event before it, and is not replayed to late subscribers.
     ModelDelta {
         /// How many characters arrived.
         chars: u64,
@@ -204,7 +242,24 @@ pub enum EventKind {
     },
 }
 
+impl Decision {
+    /// The decision's tag: `approve`, `edit`, `replace` or `reject`.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Decision::Approve => "approve",
+            Decision::Edit { .. } => "edit",
+            Decision::Replace { .. } => "replace",
+            Decision::Reject { .. } => "reject",
+        }
+    }
+}
+
 impl EventKind {
+    /// True for events that are broadcast live but never journaled nor replayed.
+    pub fn is_ephemeral(&self) -> bool {
+        matches!(self, EventKind::ModelDelta { .. })
+    }
+
     /// The `type` tag of this kind.
     pub fn name(&self) -> &'static str {
         match self {
@@ -223,6 +278,7 @@ impl EventKind {
             EventKind::StepDrained => "step_drained",
             EventKind::RunStarted { .. } => "run_started",
             EventKind::RequestStarted { .. } => "request_started",
+            EventKind::ModelRetry { .. } => "model_retry",
             EventKind::ModelDelta { .. } => "model_delta",
             EventKind::Solution { .. } => "solution",
             EventKind::OutputInvalid { .. } => "output_invalid",
@@ -252,7 +308,18 @@ mod tests {
                 waiting_on: vec!["state.x".into()],
             },
             EventKind::Unblocked,
-            EventKind::ApprovalRequested { call: call.clone() },
+            EventKind::ApprovalRequested {
+                call: call.clone(),
+                path: vec![CallId(1), CallId(4)],
+                params_hash: "00ff".into(),
+                interrupted: true,
+            },
+            EventKind::ModelRetry {
+                attempt: 1,
+                status: Some(429),
+                wait_ms: 250,
+                error: "rate limited".into(),
+            },
             EventKind::Decision {
                 decision: Decision::Approve,
                 timed_out: false,
@@ -318,6 +385,8 @@ mod tests {
                 step: 3,
                 at: 1_700_000_000_000,
                 call: (i % 2 == 0).then_some(CallId(i as u64)),
+                parent: (i % 3 == 0).then_some(CallId(1)),
+                depth: (i % 3 == 0) as u32,
                 kind,
             };
             let text = serde_json::to_string(&ev).expect("serialise");
@@ -336,6 +405,8 @@ mod tests {
             step: 1,
             at: 5,
             call: Some(CallId(3)),
+            parent: None,
+            depth: 0,
             kind: EventKind::Failed {
                 error: json!({"error": "late"}),
                 kind: FailKind::Timeout,

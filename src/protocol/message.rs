@@ -8,6 +8,7 @@ use super::{Call, ProtocolError, json_type};
 /// Who a text message is from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
+#[non_exhaustive]
 pub enum Role {
     /// Instructions from the program.
     System,
@@ -22,6 +23,7 @@ pub enum Role {
 /// Unknown fields are kept in `extra` so a message read and written again is unchanged.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "lowercase")]
+#[non_exhaustive]
 pub enum Message {
     /// Plain text.
     Text {

@@ -6,11 +6,13 @@
 mod call;
 mod event;
 mod message;
+mod op;
 pub mod reference;
 
 pub use call::{Call, OutputMethod, Tool, ToolApproval, collect_refs, json_type};
 pub use event::{Decision, Event, EventKind, FailKind};
 pub use message::{Message, Role, Solution};
+pub use op::{Op, OpError, params_hash};
 pub use reference::{
     ASCII_MARKER, Combinator, Expression, MARKER, Path, Reference, ReferenceError, Segment,
     looks_like_reference, parse_expression,
@@ -34,6 +36,7 @@ pub type Millis = u64;
 
 /// A message, call, tool or solution that does not have the expected shape.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum ProtocolError {
     /// Something that must be a JSON object is not.
     #[error("{what} must be a JSON object, found {found}")]

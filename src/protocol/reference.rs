@@ -16,6 +16,7 @@ pub const ASCII_MARKER: &str = "$ref:";
 
 /// One concrete step of a path.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[non_exhaustive]
 pub enum Segment {
     /// An object key.
     Key(String),
@@ -172,6 +173,7 @@ impl fmt::Display for Reference {
 /// How the alternatives of an expression combine.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
+#[non_exhaustive]
 pub enum Combinator {
     /// A single reference.
     Single,

@@ -45,6 +45,7 @@ impl Entry {
             target: None,
             phase: Phase::Done(CallStatus::Refused),
             approved: false,
+            decided: false,
             announced: false,
             waiting_on: Vec::new(),
             watch: 0,
@@ -57,8 +58,7 @@ impl Entry {
 
 impl Scheduler {
     pub(super) fn ix(&self, id: CallId) -> Option<usize> {
-        let i = id.0.checked_sub(self.opts.first_call_id)? as usize;
-        (i < self.entries.len()).then_some(i)
+        self.index.get(&id).copied()
     }
 
     pub(super) fn set_phase(&mut self, ix: usize, phase: Phase) {
@@ -79,12 +79,16 @@ impl Scheduler {
 
     pub(super) fn arrive(
         &mut self,
+        id: CallId,
         call: Result<Call, String>,
         _now: Millis,
         out: &mut Vec<Action>,
     ) {
-        let id = CallId(self.next_call_id());
+        if self.index.contains_key(&id) {
+            return;
+        }
         let ix = self.entries.len();
+        self.index.insert(id, ix);
         match call {
             Err(reason) => {
                 self.entries.push(Entry::new(id, None));

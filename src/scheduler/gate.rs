@@ -6,7 +6,7 @@ use serde_json::{Map, Value};
 use super::core::{emit, read_paths};
 use super::{Phase, Scheduler, ToolEntry};
 use crate::approval::{DefaultDecision, Gate, assess};
-use crate::protocol::{Call, CallId, Decision, EventKind, FailKind, Millis};
+use crate::protocol::{Call, CallId, Decision, EventKind, FailKind, Millis, params_hash};
 use crate::scheduler::{Action, CallStatus, SchedulerError};
 
 impl Scheduler {
@@ -48,13 +48,31 @@ impl Scheduler {
             return self.release(ix);
         }
         if tool.tool.is_latent() {
+            if let Some(check) = &self.opts.validate_latent
+                && let Err(reason) = check(&tool.tool, &call)
+            {
+                let err = SchedulerError::InvalidLatentOutput {
+                    tool: call.tool.clone(),
+                    reason,
+                };
+                return self.fail(ix, err.to_value(), FailKind::Error, None, now, out);
+            }
             let value = call.params.get("_output").cloned().unwrap_or(Value::Null);
             return self.succeed(ix, value, None, now, out);
         }
         if approved || assess(&tool.tool, &self.policy) == Gate::Run {
             return self.launch(ix, call, tool, out);
         }
-        emit(out, id, EventKind::ApprovalRequested { call: call.clone() });
+        emit(
+            out,
+            id,
+            EventKind::ApprovalRequested {
+                params_hash: params_hash(&call),
+                call: call.clone(),
+                path: Vec::new(),
+                interrupted: false,
+            },
+        );
         self.entries[ix].presented = Some(Box::new(call.clone()));
         self.set_phase(ix, Phase::Asking);
         out.push(Action::Ask {
@@ -102,6 +120,7 @@ impl Scheduler {
         if self.entries[ix].phase != Phase::Asking {
             return;
         }
+        self.entries[ix].decided = true;
         emit(
             out,
             id,
@@ -122,19 +141,39 @@ impl Scheduler {
                 self.fail(ix, err, FailKind::Rejected, None, now, out);
             }
             Decision::Edit { params } => match self.edited(ix, params) {
-                Ok(call) => self.rewrite(ix, call, out),
+                Ok(call) => self.rewrite(ix, call, true, out),
                 Err(reason) => {
                     self.refuse(ix, SchedulerError::BadEdit { reason }, out);
                     self.release(ix);
                 }
             },
-            Decision::Replace { call } => self.rewrite(ix, call, out),
+            Decision::Replace { call } => {
+                // Rule 21: a replacement by another tool goes through that tool's own gate.
+                let same_tool = self.entries[ix]
+                    .current()
+                    .is_some_and(|c| c.tool == call.tool);
+                self.rewrite(ix, call, same_tool, out)
+            }
         }
     }
 
+    /// True once a decision (or the timeout default) was applied to the call.
+    pub fn was_decided(&self, id: CallId) -> bool {
+        self.ix(id).is_some_and(|ix| self.entries[ix].decided)
+    }
+
     /// The current call with `params` in place of its params; meta fields in `params` override.
+    /// An edit keeps the tool (rule 21): a `_tool` naming another tool is refused.
     pub(super) fn edited(&self, ix: usize, params: Map<String, Value>) -> Result<Call, String> {
         let cur = self.entries[ix].current().ok_or("no call to edit")?;
+        if let Some(t) = params.get("_tool")
+            && t.as_str() != Some(cur.tool.as_str())
+        {
+            return Err(format!(
+                "an edit keeps the tool `{}` (changing the tool is a replace)",
+                cur.tool
+            ));
+        }
         let mut obj = Map::new();
         obj.insert("_tool".into(), Value::String(cur.tool.clone()));
         if let Some(p) = &cur.output_path {
@@ -158,14 +197,14 @@ impl Scheduler {
     }
 
     /// Rule 13: an edited or replacing call takes the original's place (same id), its references
-    /// resolved afresh; it waits again if it needs something not yet available, and is not
-    /// presented again.
-    pub(super) fn rewrite(&mut self, ix: usize, call: Call, out: &mut Vec<Action>) {
+    /// resolved afresh; it waits again if it needs something not yet available. It is presented
+    /// again only when `approved` is false (a replacement by another tool whose own policy asks).
+    pub(super) fn rewrite(&mut self, ix: usize, call: Call, approved: bool, out: &mut Vec<Action>) {
         self.release(ix);
         let e = &mut self.entries[ix];
         e.revised = Some(Box::new(call));
         e.refs = Vec::new();
-        e.approved = true;
+        e.approved = approved;
         e.announced = false;
         e.waiting_on = Vec::new();
         e.watch = 0;

@@ -30,6 +30,7 @@ pub use types::{
 };
 
 use crate::approval::Policy;
+use crate::fxhash::FxHashMap;
 use crate::graph::CallGraph;
 use crate::protocol::{Call, CallId, Expression, Millis, Tool};
 use crate::state::State;
@@ -41,20 +42,21 @@ pub type Validator = Arc<dyn Fn(&Tool, &Call) -> Result<(), String> + Send + Syn
 /// How a scheduler is set up for one step.
 #[derive(Clone, Default)]
 pub struct SchedulerOptions {
-    /// The id given to the first call that arrives; later calls count up from it.
-    pub first_call_id: u64,
     /// The step (Request number), stamped on events.
     pub step: u32,
     /// Optional params check run on every call once its references are resolved.
     pub validate: Option<Validator>,
+    /// Optional check of a latent call's `_output` against its tool's `_output` schema (rule
+    /// 20); an `Err` fails the call and nothing is written.
+    pub validate_latent: Option<Validator>,
 }
 
 impl std::fmt::Debug for SchedulerOptions {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SchedulerOptions")
-            .field("first_call_id", &self.first_call_id)
             .field("step", &self.step)
             .field("validate", &self.validate.is_some())
+            .field("validate_latent", &self.validate_latent.is_some())
             .finish()
     }
 }
@@ -83,6 +85,8 @@ struct Entry {
     phase: Phase,
     /// A reviewer already approved (edit/replace): launch without asking again.
     approved: bool,
+    /// A decision (or the timeout default) was applied to this call.
+    decided: bool,
     /// A `blocked` event was published for the current blocking episode.
     announced: bool,
     /// The paths the call waited on at its last full check; `watch` is the first that may still
@@ -112,6 +116,8 @@ pub struct Scheduler {
     opts: SchedulerOptions,
     graph: CallGraph,
     entries: Vec<Entry>,
+    /// Where each call's entry sits (ids are allocated by the caller, unique across the run).
+    index: FxHashMap<CallId, usize>,
     stream_open: bool,
     cancelled: bool,
     drained: bool,
@@ -156,6 +162,7 @@ impl Scheduler {
             opts,
             graph: CallGraph::new(),
             entries: Vec::new(),
+            index: FxHashMap::default(),
             stream_open: true,
             cancelled: false,
             drained: false,
@@ -180,7 +187,7 @@ impl Scheduler {
             return;
         }
         match input {
-            Input::CallArrived(call) => self.arrive(call, now, out),
+            Input::CallArrived { id, call } => self.arrive(id, call, now, out),
             Input::StreamClosed => self.close(),
             Input::Decided { id, decision } => self.decided(id, decision, false, now, out),
             Input::ApprovalTimedOut { id } => self.timed_out(id, now, out),
@@ -205,9 +212,43 @@ impl Scheduler {
         self.opts.step
     }
 
-    /// The id the next arriving call will get (the next step's `first_call_id`).
-    pub fn next_call_id(&self) -> u64 {
-        self.opts.first_call_id + self.entries.len() as u64
+    /// How many calls arrived so far.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// True before the first call arrives.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// The call as presented to a reviewer, while it awaits a decision.
+    pub fn awaiting(&self, id: CallId) -> Option<&Call> {
+        let e = &self.entries[self.ix(id)?];
+        match e.phase {
+            Phase::Asking => e.presented.as_deref(),
+            _ => None,
+        }
+    }
+
+    /// What a call of this step is doing, in words (`blocked`, `awaiting approval`, `running`,
+    /// or its final status); None for an id this step never saw.
+    pub fn status_of(&self, id: CallId) -> Option<String> {
+        let e = &self.entries[self.ix(id)?];
+        Some(match e.phase {
+            Phase::Waiting => "blocked".into(),
+            Phase::Asking => "awaiting approval".into(),
+            Phase::Running => "running".into(),
+            Phase::Done(s) => serde_json::to_value(s)
+                .ok()
+                .and_then(|v| v.as_str().map(String::from))
+                .unwrap_or_default(),
+        })
+    }
+
+    /// The call as it stands (a reviewer's revision, else as written).
+    pub fn call_of(&self, id: CallId) -> Option<&Call> {
+        self.entries[self.ix(id)?].current()
     }
 
     /// True once [`Action::Drained`] was emitted.

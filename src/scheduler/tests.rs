@@ -20,11 +20,18 @@ fn sched() -> Scheduler {
         vec![tool("t")],
         Policy::auto(),
         SchedulerOptions {
-            first_call_id: 100,
             step: 4,
-            validate: None,
+            ..SchedulerOptions::default()
         },
     )
+}
+
+/// The next call, numbered from 100 in arrival order.
+fn arrival(s: &Scheduler, c: Call) -> Input {
+    Input::CallArrived {
+        id: CallId(100 + s.len() as u64),
+        call: Ok(c),
+    }
 }
 
 fn launches(actions: &[Action]) -> Vec<CallId> {
@@ -38,11 +45,11 @@ fn launches(actions: &[Action]) -> Vec<CallId> {
 }
 
 #[test]
-fn ids_count_from_the_option_and_launch_is_immediate() {
+fn ids_are_the_callers_and_launch_is_immediate() {
     let mut s = sched();
-    let a = s.handle(Input::CallArrived(Ok(call(json!({"_tool": "t"})))), 1);
+    let a = s.handle(arrival(&s, call(json!({"_tool": "t"}))), 1);
     assert_eq!(launches(&a), vec![CallId(100)]);
-    assert_eq!(s.next_call_id(), 101);
+    assert_eq!(s.len(), 1);
     assert_eq!(s.step(), 4);
     assert_eq!(s.counts(), (0, 0, 1));
 }
@@ -53,9 +60,10 @@ fn completion_rechecks_only_the_readers_of_what_was_written() {
     let mut s = sched();
     let mut out = Vec::new();
     s.handle_into(
-        Input::CallArrived(Ok(call(
-            json!({"_tool": "t", "_outputPath": "†state.root"}),
-        ))),
+        arrival(
+            &s,
+            call(json!({"_tool": "t", "_outputPath": "†state.root"})),
+        ),
         0,
         &mut out,
     );
@@ -63,10 +71,10 @@ fn completion_rechecks_only_the_readers_of_what_was_written() {
         let c = call(
             json!({"_tool": "t", "r": "†state.root", "_outputPath": format!("†state.mid.k{i}")}),
         );
-        s.handle_into(Input::CallArrived(Ok(c)), 0, &mut out);
+        s.handle_into(arrival(&s, c), 0, &mut out);
     }
     s.handle_into(
-        Input::CallArrived(Ok(call(json!({"_tool": "t", "all": "†state.mid"})))),
+        arrival(&s, call(json!({"_tool": "t", "all": "†state.mid"}))),
         0,
         &mut out,
     );
@@ -103,7 +111,7 @@ fn completion_rechecks_only_the_readers_of_what_was_written() {
 #[test]
 fn stale_and_foreign_inputs_are_ignored() {
     let mut s = sched();
-    s.handle(Input::CallArrived(Ok(call(json!({"_tool": "t"})))), 0);
+    s.handle(arrival(&s, call(json!({"_tool": "t"}))), 0);
     assert!(
         s.handle(
             Input::Finished {
@@ -140,7 +148,7 @@ fn stale_and_foreign_inputs_are_ignored() {
     assert_eq!(a.last(), Some(&Action::Drained));
     assert!(s.is_drained());
     assert!(
-        s.handle(Input::CallArrived(Ok(call(json!({"_tool": "t"})))), 0)
+        s.handle(arrival(&s, call(json!({"_tool": "t"}))), 0)
             .is_empty()
     );
 }
@@ -149,13 +157,10 @@ fn stale_and_foreign_inputs_are_ignored() {
 fn cancel_aborts_running_and_drains_even_with_the_stream_open() {
     let mut s = sched();
     s.handle(
-        Input::CallArrived(Ok(call(json!({"_tool": "t", "_outputPath": "†state.a"})))),
+        arrival(&s, call(json!({"_tool": "t", "_outputPath": "†state.a"}))),
         0,
     );
-    s.handle(
-        Input::CallArrived(Ok(call(json!({"_tool": "t", "v": "†state.a"})))),
-        0,
-    );
+    s.handle(arrival(&s, call(json!({"_tool": "t", "v": "†state.a"}))), 0);
     let a = s.handle(Input::Cancel, 5);
     assert_eq!(a[0], Action::Abort { id: CallId(100) });
     assert_eq!(a.last(), Some(&Action::Drained));
@@ -186,7 +191,7 @@ fn the_same_inputs_give_the_same_actions() {
             json!({"_tool": "t", "_outputPath": "†state.b"}),
             json!({"_tool": "t", "v": "†state.c && †state.b"}),
         ] {
-            all.extend(s.handle(Input::CallArrived(Ok(call(c))), 3));
+            all.extend(s.handle(arrival(&s, call(c)), 3));
         }
         all.extend(s.handle(Input::StreamClosed, 4));
         all.extend(s.handle(

@@ -12,10 +12,17 @@ use crate::state::StateError;
 
 /// Something that happened outside the scheduler.
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub enum Input {
     /// The model's stream produced a call, or something the parser could not read as one
-    /// (the error text goes back to the model).
-    CallArrived(Result<Call, String>),
+    /// (the error text goes back to the model). The caller allocates the id (unique across the
+    /// run, so nested agents never reuse one).
+    CallArrived {
+        /// The id the call gets.
+        id: CallId,
+        /// The call, or why it could not be read.
+        call: Result<Call, String>,
+    },
     /// The model's stream ended: no more calls this step.
     StreamClosed,
     /// A reviewer answered about a call presented with [`Action::Ask`].
@@ -43,6 +50,7 @@ pub enum Input {
 
 /// Something the driver must do.
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub enum Action {
     /// Present a call to a reviewer; answer with [`Input::Decided`] (or
     /// [`Input::ApprovalTimedOut`] once `timeout` elapses).
@@ -87,6 +95,7 @@ pub enum Action {
 /// How an activity ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum OutcomeKind {
     /// It returned a result.
     Ok,
@@ -101,11 +110,12 @@ pub enum OutcomeKind {
 }
 
 /// What an activity produced.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Outcome {
     /// The result, or an error object.
     pub result: Result<Value, Value>,
     /// For a `†a || †b` output path: the alternative the activity chose (rule 10).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub branch: Option<usize>,
     /// How it ended. Anything but `Ok` (or an `Err` result) is a failure.
     pub kind: OutcomeKind,
@@ -173,6 +183,7 @@ impl Outcome {
 /// Where a call ended up.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum CallStatus {
     /// Blocked or waiting for a reviewer (only seen before the step drained).
     Pending,
@@ -239,6 +250,7 @@ impl StepReport {
 /// Why the scheduler refused or failed a call. Each becomes the call's error object
 /// (`{"error": message, "code": code}`) for the model.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
 pub enum SchedulerError {
     /// The parser could not read the call.
     #[error("the call could not be read: {reason}")]
@@ -269,6 +281,14 @@ pub enum SchedulerError {
     /// The params do not satisfy the tool (from the configured validator).
     #[error("invalid params for `{tool}`: {reason}")]
     InvalidParams {
+        /// The tool.
+        tool: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A latent call's `_output` does not satisfy its tool's `_output` schema (rule 20).
+    #[error("the `_output` of `{tool}` does not match the tool's _output schema: {reason}")]
+    InvalidLatentOutput {
         /// The tool.
         tool: String,
         /// What is wrong.
@@ -307,6 +327,7 @@ impl SchedulerError {
             SchedulerError::MissingLatentOutput { .. } => "scheduler.missing_latent_output",
             SchedulerError::Cycle(e) => e.code(),
             SchedulerError::InvalidParams { .. } => "scheduler.invalid_params",
+            SchedulerError::InvalidLatentOutput { .. } => "scheduler.invalid_latent_output",
             SchedulerError::BadEdit { .. } => "approval.bad_edit",
             SchedulerError::State(e) => e.code(),
             SchedulerError::Rejected { .. } => "approval.rejected",

@@ -27,6 +27,7 @@ use serde::{Deserialize, Serialize};
 /// Which schema an error is about.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(tag = "kind", content = "name", rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum Subject {
     /// The user's output schema.
     OutputSchema,
@@ -54,6 +55,7 @@ impl std::fmt::Display for Subject {
 
 /// Composing or compiling a schema failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum SchemaError {
     /// A schema is not a valid JSON Schema (draft 2020-12 unless it names another draft), or one
     /// of its `$ref`s points at nothing.

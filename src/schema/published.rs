@@ -10,6 +10,7 @@ use super::{SchemaError, Subject, Violation};
 
 /// A document type with a published schema.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[non_exhaustive]
 pub enum Document {
     /// A goal file (`schemas/goal.schema.json`).
     Goal,

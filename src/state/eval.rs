@@ -7,6 +7,7 @@ use crate::protocol::{Combinator, Expression, Path, parse_expression};
 
 /// The outcome of evaluating one expression.
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub enum Eval {
     /// The value is known and no pending call can change it.
     Ready(Value),
@@ -18,6 +19,7 @@ pub enum Eval {
 
 /// The outcome of resolving all references inside a call's params.
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub enum Resolved {
     /// Every reference replaced by its value.
     Ready(Map<String, Value>),

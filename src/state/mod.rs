@@ -39,6 +39,7 @@ pub struct Write {
 
 /// Reading state failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum StateError {
     /// A JSONPath tail (`[*]`, `[?...]`) could not be evaluated.
     #[error("cannot evaluate `{reference}`: {reason}")]

@@ -44,6 +44,7 @@ impl From<Value> for ActivityOutput {
 
 /// An activity failed. The message goes back to the model; the code is stable.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
 pub enum ActivityError {
     /// No activity is registered for the tool.
     #[error("no activity for tool `{tool}` (activity `{activity}`)")]

@@ -64,6 +64,7 @@ pub fn describe(e: &ParseEvent) -> Value {
         }}),
         ParseEvent::Output(v) => json!({"output": v}),
         ParseEvent::Solution(s) => json!({"solution": s}),
+        other => json!({"other": format!("{other:?}")}),
     }
 }
 

@@ -1,0 +1,289 @@
+//! The one async driver of a run: it performs the [`RunMachine`]'s actions and feeds it what
+//! happens, journaling every input first.
+//!
+//! One loop selects over the external cancel token, submitted ops, the agents' model streams,
+//! running activities and the earliest timer. Each occurrence becomes machine inputs; the
+//! inputs are appended to the durable journal sink (awaited), then to the in-memory journal,
+//! handled, and their events published, in that order. Ops are checked against the machine
+//! first and journaled only when they apply.
+//!
+//! Deliberately not here: any decision about the run (the machine's), or how events are shown
+//! (subscribers').
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+use super::activities::{Activities, Executor};
+use super::bus::Clock;
+use super::handle::{OpRequest, Shared};
+use super::journal::{JournalSink, append_caught};
+use super::timers::Timers;
+use super::turns::{Models, TurnItem, Turns};
+use crate::llm::{Request, Settings};
+use crate::machine::{
+    Action, FrameKey, JournalEntry, RunError, RunInput, RunMachine, RunResult, RunStatus, Usage,
+};
+use crate::protocol::{Event, EventKind, Op};
+use crate::scheduler::Outcome;
+
+pub(super) struct Driver {
+    pub machine: RunMachine,
+    pub shared: Arc<Shared>,
+    pub ops: mpsc::UnboundedReceiver<OpRequest>,
+    pub models: Models,
+    pub settings: Settings,
+    pub executor: Arc<dyn Executor>,
+    pub sink: Option<Arc<dyn JournalSink>>,
+    pub clock: Clock,
+    pub cancel: CancellationToken,
+    /// Tasks that live exactly as long as the run (reviewer adapters).
+    pub aux: JoinSet<()>,
+    pub activities: Activities,
+    pub turns: Turns,
+    pub timers: Timers,
+    pub result: Option<RunResult>,
+    pub journal_seq: u64,
+}
+
+enum Next {
+    Cancel,
+    Op(OpRequest),
+    Turn(TurnItem),
+    Done(crate::protocol::CallId, Outcome),
+    Timer,
+    Idle,
+}
+
+impl Driver {
+    /// Runs to the end; publishes the result on the shared `done` channel.
+    pub async fn run(mut self) -> RunResult {
+        self.feed(vec![RunInput::Start]).await;
+        let mut cancel_seen = false;
+        while self.result.is_none() {
+            let now = (self.clock)();
+            let next = tokio::select! {
+                biased;
+                _ = self.cancel.cancelled(), if !cancel_seen => Next::Cancel,
+                Some(op) = self.ops.recv() => Next::Op(op),
+                Some(item) = self.turns.next(), if !self.turns.is_empty() => Next::Turn(item),
+                Some((id, o)) = self.activities.next(), if !self.activities.is_empty() => {
+                    Next::Done(id, o)
+                }
+                _ = self.timers.wait(now), if !self.timers.is_empty() => Next::Timer,
+                else => Next::Idle,
+            };
+            let mut inputs = match next {
+                Next::Cancel => {
+                    cancel_seen = true;
+                    vec![RunInput::Cancel {
+                        reason: "cancelled by the caller".into(),
+                    }]
+                }
+                Next::Op(req) => {
+                    self.op(req).await;
+                    continue;
+                }
+                Next::Turn(item) => self.read(item),
+                Next::Done(call, outcome) => vec![RunInput::Outcome { call, outcome }],
+                Next::Timer => {
+                    let now = (self.clock)();
+                    self.timers
+                        .fired(now)
+                        .into_iter()
+                        .map(|timer| RunInput::TimerFired { timer })
+                        .collect()
+                }
+                Next::Idle => {
+                    // Nothing can happen any more: the machine is waiting on nobody. Only a
+                    // reviewer's op (or cancel) can move it on.
+                    tokio::select! {
+                        _ = self.cancel.cancelled(), if !cancel_seen => {
+                            cancel_seen = true;
+                            vec![RunInput::Cancel { reason: "cancelled by the caller".into() }]
+                        }
+                        Some(op) = self.ops.recv() => {
+                            self.op(op).await;
+                            continue;
+                        }
+                        else => break,
+                    }
+                }
+            };
+            // Completions that are already in join this batch (one journal append for all).
+            while inputs.len() < 256
+                && let Some((call, outcome)) = self.activities.try_next()
+            {
+                inputs.push(RunInput::Outcome { call, outcome });
+            }
+            self.feed(inputs).await;
+        }
+        self.turns = Turns::default();
+        self.activities.shutdown().await;
+        self.aux.shutdown().await;
+        let result = self.result.take().unwrap_or_else(|| RunResult {
+            status: RunStatus::Cancelled,
+            output: serde_json::Value::Null,
+            state: serde_json::Value::Null,
+            steps: 0,
+            usage: Usage::default(),
+            calls: Vec::new(),
+            error: Some(RunError::new(
+                "run.stalled",
+                "the run stopped: nothing was running and nobody could decide",
+            )),
+        });
+        self.shared
+            .done
+            .send_replace(Some(Arc::new(result.clone())));
+        result
+    }
+
+    fn read(&mut self, item: TurnItem) -> Vec<RunInput> {
+        let shared = &self.shared;
+        let run_id = &shared.run_id;
+        let clock = &self.clock;
+        let frame = item.0;
+        let step = self.turns.step(frame);
+        let mut delta = |frame: FrameKey, chars: u64| {
+            let Ok(mut log) = shared.log.lock() else {
+                return;
+            };
+            let event = Event {
+                run_id: run_id.clone(),
+                seq: log.last_seq,
+                step,
+                at: clock(),
+                call: None,
+                parent: frame,
+                depth: 0,
+                kind: EventKind::ModelDelta { chars },
+            };
+            shared.publish(&mut log, event);
+        };
+        self.turns.read(item, &mut delta)
+    }
+
+    async fn op(&mut self, req: OpRequest) {
+        if let Err(e) = self.machine.check_op(&req.op) {
+            let _ = req.reply.send(Err(e));
+            return;
+        }
+        let input = match req.op {
+            Op::Decide { call, decision, .. } => RunInput::Decided { call, decision },
+            Op::Cancel { reason } => RunInput::Cancel { reason },
+        };
+        let ok = self.feed(vec![input]).await;
+        let verdict = if ok {
+            Ok(())
+        } else {
+            Err(crate::protocol::OpError::Unavailable {
+                reason: "the run's journal failed".into(),
+            })
+        };
+        let _ = req.reply.send(verdict);
+    }
+
+    /// Journals `inputs`, hands them to the machine and performs what it says. False when the
+    /// journal failed (the run is then over).
+    async fn feed(&mut self, inputs: Vec<RunInput>) -> bool {
+        if inputs.is_empty() || self.result.is_some() {
+            return self.result.is_none();
+        }
+        let at = (self.clock)();
+        let entries: Vec<JournalEntry> = inputs
+            .into_iter()
+            .map(|input| {
+                self.journal_seq += 1;
+                JournalEntry {
+                    seq: self.journal_seq,
+                    at,
+                    input,
+                }
+            })
+            .collect();
+        if let Some(sink) = &self.sink
+            && let Err(e) = append_caught(sink.as_ref(), &self.shared.run_id, &entries).await
+        {
+            self.result = Some(journal_failed(e));
+            return false;
+        }
+        let mut actions = Vec::new();
+        let mut rest = Vec::new();
+        for entry in entries {
+            let input = entry.input.clone();
+            {
+                let mut log = match self.shared.log.lock() {
+                    Ok(l) => l,
+                    Err(p) => p.into_inner(),
+                };
+                log.journal.push(entry);
+                self.machine.handle_into(input, at, &mut actions);
+                for a in actions.drain(..) {
+                    match a {
+                        Action::Emit(ev) => self.shared.publish(&mut log, ev),
+                        other => rest.push(other),
+                    }
+                }
+            }
+            for a in rest.drain(..) {
+                self.perform(a, at);
+            }
+        }
+        true
+    }
+
+    fn perform(&mut self, action: Action, now: u64) {
+        match action {
+            Action::Request {
+                frame,
+                step,
+                messages,
+                config,
+            } => {
+                let model = self.models.get(config.model.as_deref());
+                let req = Request {
+                    messages,
+                    schema: config.composed.clone(),
+                    tools: config.tools.clone(),
+                    settings: self.settings.clone(),
+                };
+                self.turns.open(frame, step, model.stream(&req));
+            }
+            Action::CloseStream { frame } => self.turns.close(frame),
+            Action::Launch {
+                id,
+                call,
+                tool,
+                detached,
+                timeout_ms,
+            } => {
+                let limit = timeout_ms.map(Duration::from_millis);
+                self.activities
+                    .launch(&self.executor, id, call, tool, detached, limit);
+            }
+            Action::Abort { id } => self.activities.abort(id),
+            Action::SetTimer { timer, at } => self.timers.set(timer, at.max(now)),
+            Action::ClearTimer { timer } => self.timers.clear(timer),
+            Action::Emit(_) => {}
+            Action::Finished(result) => self.result = Some(*result),
+        }
+    }
+}
+
+fn journal_failed(e: super::journal::JournalError) -> RunResult {
+    let mut err = RunError::new("run.journal", e.to_string());
+    err.cause = Some(serde_json::json!({"code": e.code(), "message": e.reason}));
+    RunResult {
+        status: RunStatus::JournalFailed,
+        output: serde_json::Value::Null,
+        state: serde_json::Value::Null,
+        steps: 0,
+        usage: Usage::default(),
+        calls: Vec::new(),
+        error: Some(err),
+    }
+}

@@ -1,0 +1,63 @@
+//! Where a run's journal goes before the run acts on it.
+//!
+//! Every run keeps its journal in memory (late subscribers are caught up by replaying it); a
+//! [`JournalSink`] is an extra, durable home (the store). The engine awaits the sink before it
+//! hands the entries to the machine: a failing sink fails the run with `run.journal` rather
+//! than letting it go on unrecorded, and a panicking one is caught and treated the same.
+//!
+//! Deliberately not here: what a durable sink does with the entries (the store's business).
+
+use std::future::Future;
+use std::panic::AssertUnwindSafe;
+use std::pin::Pin;
+
+use futures::FutureExt;
+
+use crate::machine::JournalEntry;
+
+/// A journal sink failed; the run stops.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("the journal could not be written: {reason}")]
+pub struct JournalError {
+    /// What the sink said (or that it panicked).
+    pub reason: String,
+}
+
+impl JournalError {
+    /// A stable code.
+    pub fn code(&self) -> &'static str {
+        "run.journal"
+    }
+}
+
+/// The future a sink returns.
+pub type JournalFuture<'a> = Pin<Box<dyn Future<Output = Result<(), JournalError>> + Send + 'a>>;
+
+/// A durable home for a run's journal. `append` resolves once the entries are safe (committed):
+/// the engine acts on them only then. Entries arrive in order, each exactly once.
+pub trait JournalSink: Send + Sync {
+    /// Persists `entries` of run `run_id`.
+    fn append<'a>(&'a self, run_id: &'a str, entries: &'a [JournalEntry]) -> JournalFuture<'a>;
+}
+
+/// Appends through `sink`, turning a panic inside it into an error.
+pub(super) async fn append_caught(
+    sink: &dyn JournalSink,
+    run_id: &str,
+    entries: &[JournalEntry],
+) -> Result<(), JournalError> {
+    let fut = match std::panic::catch_unwind(AssertUnwindSafe(|| sink.append(run_id, entries))) {
+        Ok(f) => f,
+        Err(_) => {
+            return Err(JournalError {
+                reason: "the journal sink panicked".into(),
+            });
+        }
+    };
+    match AssertUnwindSafe(fut).catch_unwind().await {
+        Ok(r) => r,
+        Err(_) => Err(JournalError {
+            reason: "the journal sink panicked".into(),
+        }),
+    }
+}

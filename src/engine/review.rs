@@ -1,0 +1,77 @@
+//! In-process reviewers as adapters: an [`Approver`] reads the run's `approval_requested`
+//! events and answers with `Decide` ops, quoting the params hash it was shown (rule 21).
+//!
+//! Each request is answered concurrently (one slow answer never holds up another, rule 14). A
+//! decision that no longer applies (the policy's timeout decided first, the run ended) is
+//! refused by the run and dropped here. A panicking approver rejects the call.
+
+use std::collections::BTreeMap;
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+
+use futures::stream::FuturesUnordered;
+use futures::{FutureExt, StreamExt};
+
+use super::activities::panic_message;
+use super::handle::Shared;
+use crate::approval::{ApprovalRequest, Approver};
+use crate::protocol::{CallId, Decision, EventKind, Op, Tool};
+
+/// Answers the run's approval requests with `approver` until the run ends.
+pub(super) async fn serve(
+    shared: Arc<Shared>,
+    approver: Arc<dyn Approver>,
+    tools: BTreeMap<String, Arc<Tool>>,
+) {
+    let mut events = shared.subscribe_from(0);
+    let mut pending = FuturesUnordered::new();
+    loop {
+        tokio::select! {
+            ev = events.recv() => {
+                let Some(ev) = ev else { break };
+                let (EventKind::ApprovalRequested { call, params_hash, path, .. }, Some(id)) =
+                    (&ev.kind, ev.call)
+                else {
+                    continue;
+                };
+                let tool = tools
+                    .get(&call.tool)
+                    .cloned()
+                    .unwrap_or_else(|| Arc::new(Tool::new(call.tool.clone())));
+                let req = ApprovalRequest {
+                    id,
+                    call: call.clone(),
+                    tool,
+                    run_id: shared.run_id.clone(),
+                    path: path.clone(),
+                    params_hash: params_hash.clone(),
+                };
+                pending.push(decide(approver.clone(), req));
+            }
+            Some((id, hash, decision)) = pending.next(), if !pending.is_empty() => {
+                let op = Op::Decide { call: id, decision, presented: Some(hash) };
+                if let Err(e) = shared.submit(op).await {
+                    tracing::debug!(call = %id, code = e.code(), "decision not applied: {e}");
+                }
+            }
+        }
+    }
+}
+
+async fn decide(approver: Arc<dyn Approver>, req: ApprovalRequest) -> (CallId, String, Decision) {
+    let (id, hash) = (req.id, req.params_hash.clone());
+    let fut = match std::panic::catch_unwind(AssertUnwindSafe(|| approver.decide(req))) {
+        Ok(f) => f,
+        Err(p) => return (id, hash, failed(p)),
+    };
+    match AssertUnwindSafe(fut).catch_unwind().await {
+        Ok(d) => (id, hash, d),
+        Err(p) => (id, hash, failed(p)),
+    }
+}
+
+fn failed(p: Box<dyn std::any::Any + Send>) -> Decision {
+    Decision::Reject {
+        reason: format!("the approver failed: {}", panic_message(p)),
+    }
+}

@@ -1,0 +1,184 @@
+//! Reading model turns: each agent's stream of normalised model events becomes machine inputs
+//! (calls the moment their array element closes, the output, usage, retries, problems, and the
+//! stream's end).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use futures::StreamExt;
+use futures::stream::{AbortHandle, Abortable, BoxStream, SelectAll};
+use serde_json::json;
+
+use crate::llm::{LlmError, Model, StreamEvent, ToolCallOutcome, call_from_tool_call};
+use crate::machine::{FrameKey, RunError, RunInput};
+use crate::plan::{ParseEvent, SolutionParser};
+
+/// One item of some agent's model stream (`None`: the stream ended).
+pub(super) type TurnItem = (FrameKey, Option<Result<StreamEvent, LlmError>>);
+
+/// The models of a run: the run's own, and those delegates name.
+#[derive(Clone)]
+pub(super) struct Models {
+    pub root: Arc<dyn Model>,
+    pub by_spec: BTreeMap<String, Arc<dyn Model>>,
+}
+
+impl Models {
+    pub fn get(&self, spec: Option<&str>) -> Arc<dyn Model> {
+        spec.and_then(|s| self.by_spec.get(s))
+            .cloned()
+            .unwrap_or_else(|| self.root.clone())
+    }
+}
+
+struct Reader {
+    parser: SolutionParser,
+    saw_text: bool,
+    step: u32,
+    abort: AbortHandle,
+}
+
+/// Every open model stream of a run, read concurrently.
+#[derive(Default)]
+pub(super) struct Turns {
+    streams: SelectAll<BoxStream<'static, TurnItem>>,
+    readers: BTreeMap<FrameKey, Reader>,
+}
+
+impl Turns {
+    pub fn open(&mut self, frame: FrameKey, step: u32, stream: crate::llm::EventStream) {
+        self.close(frame);
+        let (abort, reg) = AbortHandle::new_pair();
+        let items = Abortable::new(stream, reg)
+            .map(move |ev| (frame, Some(ev)))
+            .chain(futures::stream::once(async move { (frame, None) }));
+        // An aborted stream ends without its end marker; `close` already forgot the reader.
+        self.streams.push(items.boxed());
+        self.readers.insert(
+            frame,
+            Reader {
+                parser: SolutionParser::new(),
+                saw_text: false,
+                step,
+                abort,
+            },
+        );
+    }
+
+    /// Stops reading an agent's stream (the stream is dropped on the next poll).
+    pub fn close(&mut self, frame: FrameKey) {
+        if let Some(r) = self.readers.remove(&frame) {
+            r.abort.abort();
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.streams.is_empty()
+    }
+
+    pub async fn next(&mut self) -> Option<TurnItem> {
+        self.streams.next().await
+    }
+
+    /// The step of the turn an agent is streaming.
+    pub fn step(&self, frame: FrameKey) -> u32 {
+        self.readers.get(&frame).map_or(0, |r| r.step)
+    }
+
+    /// Turns one stream item into machine inputs; `delta` is told of each text delta's size.
+    pub fn read(
+        &mut self,
+        (frame, item): TurnItem,
+        delta: &mut dyn FnMut(FrameKey, u64),
+    ) -> Vec<RunInput> {
+        let mut out = Vec::new();
+        let Some(reader) = self.readers.get_mut(&frame) else {
+            return out;
+        };
+        match item {
+            None => {
+                if reader.saw_text {
+                    match std::mem::take(&mut reader.parser).finish() {
+                        Ok(evs) => parsed(frame, evs, &mut out),
+                        Err(e) => out.push(RunInput::Problem {
+                            frame,
+                            problem: format!("{e} [{}]", e.code()),
+                        }),
+                    }
+                }
+                out.push(RunInput::StreamClosed { frame, error: None });
+                self.readers.remove(&frame);
+            }
+            Some(Ok(StreamEvent::TextDelta(t))) => {
+                reader.saw_text = true;
+                delta(frame, t.chars().count() as u64);
+                let evs = reader.parser.feed(&t);
+                parsed(frame, evs, &mut out);
+            }
+            Some(Ok(StreamEvent::ToolCallDone {
+                name, arguments, ..
+            })) => match call_from_tool_call(&name, &arguments) {
+                Ok(ToolCallOutcome::Call(call)) => out.push(RunInput::Call { frame, call }),
+                Ok(ToolCallOutcome::Output(output)) => out.push(RunInput::Output { frame, output }),
+                Err(e) => out.push(RunInput::Unreadable {
+                    frame,
+                    raw: arguments,
+                    reason: e.to_string(),
+                }),
+            },
+            Some(Ok(StreamEvent::Usage {
+                input_tokens,
+                output_tokens,
+            })) => out.push(RunInput::Usage {
+                frame,
+                input_tokens,
+                output_tokens,
+            }),
+            Some(Ok(StreamEvent::Retry {
+                attempt,
+                status,
+                wait,
+                error,
+            })) => {
+                // A retried attempt starts over: what it parsed is discarded (none was content).
+                reader.parser = SolutionParser::new();
+                reader.saw_text = false;
+                out.push(RunInput::Retry {
+                    frame,
+                    attempt,
+                    status,
+                    wait_ms: u64::try_from(wait.as_millis()).unwrap_or(u64::MAX),
+                    error,
+                });
+            }
+            Some(Ok(_)) => {}
+            Some(Err(e)) => {
+                let mut err = RunError::new("run.model_error", format!("the model failed: {e}"));
+                err.cause = Some(json!({"code": e.code(), "message": e.to_string()}));
+                out.push(RunInput::StreamClosed {
+                    frame,
+                    error: Some(err),
+                });
+                self.close(frame);
+            }
+        }
+        out
+    }
+}
+
+fn parsed(frame: FrameKey, events: Vec<ParseEvent>, out: &mut Vec<RunInput>) {
+    for ev in events {
+        match ev {
+            ParseEvent::Call { call: Ok(call), .. } => out.push(RunInput::Call { frame, call }),
+            ParseEvent::Call {
+                call: Err(e), raw, ..
+            } => out.push(RunInput::Unreadable {
+                frame,
+                raw: raw.to_string(),
+                reason: e.to_string(),
+            }),
+            ParseEvent::Output(output) => out.push(RunInput::Output { frame, output }),
+            ParseEvent::Solution(_) => {}
+        }
+    }
+}

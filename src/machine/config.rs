@@ -1,0 +1,176 @@
+//! What an agent is, fixed before its run starts: goal text, data, tools, limits, compiled
+//! schemas and the nested agents its delegate tools run.
+//!
+//! Built from a [`Goal`] without IO: the engine's builder reads delegate goal files and passes
+//! their configurations in.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use serde_json::{Value, json};
+
+use crate::goal::{Goal, Limits};
+use crate::protocol::{Call, Message, Tool};
+use crate::schema::{self, OutputValidator, SchemaError, ToolValidators};
+
+/// An agent's configuration (the run's own, or a delegate's).
+#[derive(Debug)]
+pub struct AgentConfig {
+    /// What to achieve.
+    pub goal: String,
+    /// The input (`†input.*`) and its schema.
+    pub input: Option<(Value, Option<Value>)>,
+    /// The initial state and its schema.
+    pub state: (Value, Option<Value>),
+    /// Extra context messages.
+    pub context: Vec<Message>,
+    /// Calls run before the first Request.
+    pub plan: Vec<Call>,
+    /// Tools offered to the model.
+    pub tools: Vec<Tool>,
+    /// Limits, with durations already checked.
+    pub limits: CheckedLimits,
+    /// The composed Solution schema sent to the model.
+    pub composed: Value,
+    /// The user's output schema, compiled.
+    pub output: OutputValidator,
+    /// Params schemas, compiled.
+    pub params: ToolValidators,
+    /// `_output` schemas of latent tools, compiled (rule 20).
+    pub latent_outputs: BTreeMap<String, OutputValidator>,
+    /// The nested agent each delegate tool runs, by tool name.
+    pub delegates: BTreeMap<String, Arc<AgentConfig>>,
+    /// The model spec of this agent when it names its own (None: the run's model).
+    pub model: Option<String>,
+}
+
+/// [`Limits`] with their durations converted to milliseconds once, so nothing later can fail.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CheckedLimits {
+    /// Most Requests.
+    pub max_steps: u32,
+    /// Run time limit.
+    pub timeout_ms: Option<u64>,
+    /// Token budget.
+    pub token_budget: Option<u64>,
+    /// Invalid outputs sent back before failing.
+    pub max_output_retries: u32,
+    /// Consecutive empty turns before stopping.
+    pub empty_turns: u32,
+    /// Consecutive identical steps before stopping.
+    pub doom_loop: u32,
+    /// Per-call time limit.
+    pub call_timeout_ms: Option<u64>,
+}
+
+/// The longest duration a goal may give, in seconds (about 30 years).
+pub const MAX_SECONDS: f64 = 1.0e9;
+
+/// A configuration that cannot be built.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// A duration is negative, not finite or absurdly large.
+    #[error("`{field}` must be a number of seconds between 0 and {MAX_SECONDS}, found {value}")]
+    BadDuration {
+        /// The field (`limits.timeout_s`...).
+        field: String,
+        /// The value given.
+        value: f64,
+    },
+    /// A schema does not compile or cannot be composed.
+    #[error("{context}: {source}")]
+    Schema {
+        /// Where (`output_schema`, `tools[2]._output`...).
+        context: String,
+        /// Why.
+        source: SchemaError,
+    },
+}
+
+impl ConfigError {
+    /// A stable code.
+    pub fn code(&self) -> &'static str {
+        match self {
+            ConfigError::BadDuration { .. } => "goal.invalid",
+            ConfigError::Schema { source, .. } => source.code(),
+        }
+    }
+}
+
+/// Converts seconds to whole milliseconds, refusing what no clock can represent.
+pub fn checked_ms(field: &str, seconds: f64) -> Result<u64, ConfigError> {
+    if !seconds.is_finite() || !(0.0..=MAX_SECONDS).contains(&seconds) {
+        return Err(ConfigError::BadDuration {
+            field: field.to_string(),
+            value: seconds,
+        });
+    }
+    Ok((seconds * 1000.0).round() as u64)
+}
+
+impl CheckedLimits {
+    /// Checks a goal's limits.
+    pub fn new(l: &Limits) -> Result<Self, ConfigError> {
+        let ms = |field: &str, v: Option<f64>| v.map(|s| checked_ms(field, s)).transpose();
+        Ok(CheckedLimits {
+            max_steps: l.max_steps,
+            timeout_ms: ms("limits.timeout_s", l.timeout_s)?,
+            token_budget: l.token_budget,
+            max_output_retries: l.max_output_retries,
+            empty_turns: l.empty_turns,
+            doom_loop: l.doom_loop,
+            call_timeout_ms: ms("limits.call_timeout_s", l.call_timeout_s)?,
+        })
+    }
+}
+
+impl AgentConfig {
+    /// The configuration of `goal`'s agent; `delegates` are the nested agents of its delegate
+    /// tools (already built by the caller, which reads their goal files).
+    pub fn from_goal(
+        goal: &Goal,
+        delegates: BTreeMap<String, Arc<AgentConfig>>,
+    ) -> Result<Self, ConfigError> {
+        let schema_err = |context: &str| {
+            let context = context.to_string();
+            move |source| ConfigError::Schema { context, source }
+        };
+        let composed =
+            schema::compose(&goal.tools, &goal.output_schema).map_err(schema_err("the goal"))?;
+        let output =
+            OutputValidator::new(&goal.output_schema).map_err(schema_err("output_schema"))?;
+        let params = ToolValidators::new(&goal.tools).map_err(schema_err("tools"))?;
+        let mut latent_outputs = BTreeMap::new();
+        for t in goal.tools.iter().filter(|t| t.is_latent()) {
+            if let Some(out) = &t.output {
+                let v = OutputValidator::new(out)
+                    .map_err(schema_err(&format!("tool `{}` _output", t.name)))?;
+                latent_outputs.insert(t.name.clone(), v);
+            }
+        }
+        Ok(AgentConfig {
+            goal: goal.goal.clone(),
+            input: goal.input.clone().map(|i| (i, goal.input_schema.clone())),
+            state: (
+                goal.state.clone().unwrap_or_else(|| json!({})),
+                goal.state_schema.clone(),
+            ),
+            context: goal.context.clone(),
+            plan: goal.plan.clone(),
+            tools: goal.tools.clone(),
+            limits: CheckedLimits::new(&goal.limits)?,
+            composed,
+            output,
+            params,
+            latent_outputs,
+            delegates,
+            model: goal.model.clone(),
+        })
+    }
+
+    /// The nested agent a tool runs, when it is a delegate.
+    pub fn delegate(&self, tool: &str) -> Option<&Arc<AgentConfig>> {
+        self.delegates.get(tool)
+    }
+}

@@ -1,0 +1,311 @@
+//! One agent of a run (the run's own, or a delegate's): its state, its current step's
+//! scheduler, the model turn being read, and the outer-loop bookkeeping between steps.
+//!
+//! The machine moves frames through their steps; this file holds the per-agent data and the
+//! pure decisions made at the end of a step (rules 15, 16, 19).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use serde_json::{Map, Value, json};
+
+use super::config::AgentConfig;
+use super::types::{CallSummary, FrameKey, RunError, RunResult, RunStatus, Usage};
+use crate::context::{self, ContextInput, PlanEntry, SanitizeLimits, Stop, TurnTracker};
+use crate::protocol::{Call, CallId, Decision, Message, OutputMethod, Path};
+use crate::scheduler::{Scheduler, StepReport};
+use crate::state::{Resolved, State};
+
+/// What one model turn produced besides its calls.
+#[derive(Debug, Default)]
+pub(super) struct Turn {
+    pub output: Value,
+    pub usage: Usage,
+    pub problems: Vec<String>,
+    pub fatal: Option<RunError>,
+    pub attempt: u32,
+}
+
+#[derive(Debug)]
+pub(super) struct Frame {
+    pub key: FrameKey,
+    /// The agent above this one (None for the run's own agent).
+    pub parent: Option<FrameKey>,
+    /// The delegate calls above this agent, outermost first.
+    pub path: Vec<CallId>,
+    pub depth: u32,
+    pub cfg: Arc<AgentConfig>,
+    /// This agent's input (a delegate's is the call's params).
+    pub input: Option<Value>,
+    /// Context messages added for this agent (a delegate's granted scopes).
+    pub extra: Vec<Message>,
+    pub step: u32,
+    pub state: Option<State>,
+    pub sched: Option<Scheduler>,
+    pub streaming: bool,
+    pub turn: Turn,
+    pub tracker: TurnTracker,
+    pub output_errors: Vec<String>,
+    pub problems: Vec<String>,
+    pub retries_left: u32,
+    pub plan: Vec<PlanEntry>,
+    pub calls: Vec<CallSummary>,
+    pub decisions: BTreeMap<CallId, Decision>,
+    pub usage: Usage,
+    /// Set when the agent must stop at the end of the current step (cancel, timeout).
+    pub stopping: Option<RunStatus>,
+}
+
+/// What to do once a step has drained.
+pub(super) enum Next {
+    Step,
+    Finish(RunStatus, Option<Box<RunError>>, Value),
+}
+
+impl Frame {
+    pub fn new(
+        key: FrameKey,
+        parent: Option<&Frame>,
+        cfg: Arc<AgentConfig>,
+        input: Option<Value>,
+        extra: Vec<Message>,
+    ) -> Frame {
+        let retries_left = cfg.limits.max_output_retries;
+        Frame {
+            key,
+            parent: parent.map(|p| p.key),
+            path: parent
+                .map(|p| {
+                    let mut v = p.path.clone();
+                    v.extend(key);
+                    v
+                })
+                .unwrap_or_default(),
+            depth: parent.map_or(0, |p| p.depth + 1),
+            cfg,
+            input,
+            extra,
+            step: 0,
+            state: None,
+            sched: None,
+            streaming: false,
+            turn: Turn::default(),
+            tracker: TurnTracker::default(),
+            output_errors: Vec::new(),
+            problems: Vec::new(),
+            retries_left,
+            plan: Vec::new(),
+            calls: Vec::new(),
+            decisions: BTreeMap::new(),
+            usage: Usage::default(),
+            stopping: None,
+        }
+    }
+
+    /// The initial state log: input and state, written at `now`.
+    pub fn initial_state(&self, now: u64) -> State {
+        let mut state = State::new();
+        if let Some(input) = &self.input {
+            state.write(
+                Path::root("input"),
+                input.clone(),
+                OutputMethod::Set,
+                None,
+                now,
+            );
+        }
+        state.write(
+            Path::root("state"),
+            self.cfg.state.0.clone(),
+            OutputMethod::Set,
+            None,
+            now,
+        );
+        state
+    }
+
+    /// The messages of the next Request.
+    pub fn messages(&self, state: &State, sanitize: SanitizeLimits) -> Vec<Message> {
+        let cfg = &self.cfg;
+        let state_view = state.view("state").unwrap_or(Value::Null);
+        let input_schema = cfg.input.as_ref().and_then(|(_, s)| s.as_ref());
+        let mut extra = cfg.context.clone();
+        extra.extend(self.extra.iter().cloned());
+        context::assemble(&ContextInput {
+            goal: &cfg.goal,
+            tools: &cfg.tools,
+            extra: &extra,
+            input: self.input.as_ref().map(|v| (v, input_schema)),
+            state: Some((&state_view, cfg.state.1.as_ref())),
+            plan: &self.plan,
+            output_errors: &self.output_errors,
+            model_errors: &self.problems,
+            limits: sanitize,
+        })
+    }
+
+    /// Folds a drained step's report into the plan the next Request shows and the run's call
+    /// list.
+    pub fn absorb(&mut self, step: u32, report: &StepReport) {
+        self.plan = report
+            .calls
+            .iter()
+            .map(|c| {
+                let call = c.revised.as_ref().or(c.call.as_ref());
+                self.calls.push(CallSummary {
+                    id: c.id,
+                    step,
+                    tool: call.map(|x| x.tool.clone()).unwrap_or_default(),
+                    status: c.status,
+                    decision: self.decisions.get(&c.id).map(|d| d.name().to_string()),
+                    error: c.error.clone(),
+                });
+                PlanEntry {
+                    id: c.id,
+                    call: call.map(Call::to_value).unwrap_or(Value::Null),
+                    status: serde_json::to_value(c.status)
+                        .ok()
+                        .and_then(|v| v.as_str().map(str::to_string))
+                        .unwrap_or_default(),
+                    result: call
+                        .filter(|x| x.output_path.is_none())
+                        .and(c.result.clone()),
+                    error: c.error.clone(),
+                    missing: c.missing.clone(),
+                }
+            })
+            .collect();
+    }
+
+    /// The outer loop's decision once step `self.step` has drained (rules 15, 16, 19).
+    /// Returns the events to publish (`solution`, `output_invalid`) through `emit`.
+    pub fn after_step(
+        &mut self,
+        report: &StepReport,
+        emit: &mut dyn FnMut(crate::protocol::EventKind),
+    ) -> Next {
+        use crate::protocol::EventKind;
+        let turn = std::mem::take(&mut self.turn);
+        self.usage.add(turn.usage);
+        if let Some(status) = self.stopping {
+            return Next::Finish(status, None, Value::Null);
+        }
+        if let Some(err) = turn.fatal {
+            return Next::Finish(RunStatus::ModelError, Some(Box::new(err)), Value::Null);
+        }
+        self.problems = turn.problems;
+        let has_output = !turn.output.is_null();
+        emit(EventKind::Solution {
+            output_present: has_output,
+        });
+        self.output_errors.clear();
+        if has_output {
+            let errors = match self.resolve_output(&turn.output) {
+                Ok(output) => {
+                    let violations = self.cfg.output.validate(&output);
+                    if violations.is_empty() {
+                        return Next::Finish(RunStatus::Succeeded, None, output);
+                    }
+                    violations.iter().map(ToString::to_string).collect()
+                }
+                Err(errors) => errors,
+            };
+            self.output_errors = errors;
+            emit(EventKind::OutputInvalid {
+                errors: self.output_errors.clone(),
+            });
+            if self.retries_left == 0 {
+                let mut err = RunError::new(
+                    "run.invalid_output",
+                    "the output did not match the output schema",
+                );
+                err.errors = self.output_errors.clone();
+                return Next::Finish(RunStatus::InvalidOutput, Some(Box::new(err)), Value::Null);
+            }
+            self.retries_left -= 1;
+        }
+        if let Some(budget) = self.cfg.limits.token_budget
+            && self.usage.total() > budget
+        {
+            return Next::Finish(RunStatus::TokenBudget, None, Value::Null);
+        }
+        let written: Vec<Value> = report
+            .calls
+            .iter()
+            .filter_map(|c| c.call.as_ref().map(Call::to_value))
+            .collect();
+        let limits = &self.cfg.limits;
+        match self
+            .tracker
+            .record(&written, has_output, limits.doom_loop, limits.empty_turns)
+        {
+            Some(Stop::DoomLoop) => Next::Finish(RunStatus::DoomLoop, None, Value::Null),
+            Some(Stop::EmptyTurns) => Next::Finish(RunStatus::EmptyTurns, None, Value::Null),
+            None => Next::Step,
+        }
+    }
+
+    /// Rule 19: references inside the output are replaced by what state holds; a reference to
+    /// nothing is a validation error for the model.
+    fn resolve_output(&self, output: &Value) -> Result<Value, Vec<String>> {
+        let Some(state) = &self.state else {
+            return Ok(output.clone());
+        };
+        let mut wrapper = Map::new();
+        wrapper.insert("output".into(), output.clone());
+        let nothing_pending = |_: &Path| false;
+        match state.resolve_params(&wrapper, &nothing_pending) {
+            Ok(Resolved::Ready(mut m)) => Ok(m.remove("output").unwrap_or(Value::Null)),
+            Ok(Resolved::Missing { missing, .. }) | Ok(Resolved::Blocked(missing)) => Err(missing
+                .iter()
+                .map(|p| format!("the output refers to `†{p}`, which holds nothing"))
+                .collect()),
+            Err(e) => Err(vec![format!("the output has a bad reference: {e}")]),
+        }
+    }
+
+    /// The frame's result.
+    pub fn result(
+        &mut self,
+        status: RunStatus,
+        error: Option<RunError>,
+        output: Value,
+    ) -> RunResult {
+        let error = error.or_else(|| {
+            status
+                .code()
+                .map(|code| RunError::new(code, format!("the run ended: {}", status.as_str())))
+        });
+        let state = self
+            .state
+            .as_ref()
+            .or_else(|| self.sched.as_ref().map(Scheduler::state))
+            .and_then(|s| s.view("state"))
+            .unwrap_or(Value::Null);
+        RunResult {
+            status,
+            output,
+            state,
+            steps: self.step,
+            usage: self.usage,
+            calls: std::mem::take(&mut self.calls),
+            error,
+        }
+    }
+}
+
+/// The outcome a delegate's result gives its parent call.
+pub(super) fn delegate_outcome(tool: &str, r: &RunResult) -> crate::scheduler::Outcome {
+    use crate::scheduler::Outcome;
+    if r.succeeded() {
+        return Outcome::ok(r.output.clone());
+    }
+    let mut err = json!({
+        "code": "activity.failed",
+        "message": format!("delegate `{tool}` ended with status {}", r.status.as_str()),
+    });
+    if let Some(e) = &r.error {
+        err["details"] = e.to_value();
+    }
+    Outcome::error(err)
+}

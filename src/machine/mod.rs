@@ -1,0 +1,724 @@
+//! The outer loop as a sans-IO state machine (rules 15–21, DESIGN.md section 3.1).
+//!
+//! [`RunMachine::handle`] takes one [`RunInput`] (the run starts, the model streamed a call or
+//! closed its stream, an activity finished, a reviewer decided, a timer fired, cancel) and the
+//! current time, and returns [`Action`]s (ask the model, launch, abort, set a timer, publish a
+//! numbered event, finished). It owns step counting, call-id allocation, output validation and
+//! re-asks, the doom-loop and empty-turn rules, the token budget, deadlines, nested agents
+//! (delegates run as frames of the same machine, under the same policy and id space) and
+//! termination. It spawns nothing, reads no clock and iterates no hash map: the same inputs give
+//! the same actions, so a journal of inputs rebuilds a run exactly.
+//!
+//! [`RunMachine::check_op`] says whether an [`Op`] applies right now (rule 21) without changing
+//! anything; the engine journals only ops that apply.
+//!
+//! Deliberately not here: streaming from the model, running activities, sleeping, persisting or
+//! delivering events (the engine performs the actions), and the inner loop's rules (the
+//! scheduler's).
+
+mod config;
+mod frame;
+mod ops;
+mod types;
+
+#[cfg(test)]
+mod tests;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use serde_json::{Map, Value};
+
+pub use config::{AgentConfig, CheckedLimits, ConfigError, MAX_SECONDS, checked_ms};
+pub use types::{
+    Action, CallSummary, FrameKey, JournalEntry, RunError, RunInput, RunResult, RunStatus, Timer,
+    Usage,
+};
+
+use crate::approval::Policy;
+use crate::context::SanitizeLimits;
+use crate::protocol::{CallId, Event, EventKind, Message, Millis};
+use crate::scheduler::{self, Scheduler, SchedulerOptions};
+use frame::{Frame, Next, delegate_outcome};
+
+/// Most nested agents deep a run may go (a delegate of a delegate of ...).
+pub const MAX_DEPTH: u32 = 4;
+
+/// A whole run: its agents (frames), ids and event numbering. See the module docs.
+#[derive(Debug)]
+pub struct RunMachine {
+    run_id: String,
+    policy: Policy,
+    sanitize: SanitizeLimits,
+    root: Arc<AgentConfig>,
+    frames: BTreeMap<FrameKey, Frame>,
+    /// The frame that owns each call, by id - 1.
+    owners: Vec<FrameKey>,
+    seq: u64,
+    started: bool,
+    finished: Option<RunStatus>,
+}
+
+/// One scheduler input addressed to a frame (the machine's internal work queue).
+type Work = (FrameKey, scheduler::Input);
+
+impl RunMachine {
+    /// A machine for a run of `root` under `policy`; events are stamped with `run_id`.
+    pub fn new(
+        run_id: impl Into<String>,
+        root: Arc<AgentConfig>,
+        policy: Policy,
+        sanitize: SanitizeLimits,
+    ) -> Self {
+        RunMachine {
+            run_id: run_id.into(),
+            policy,
+            sanitize,
+            root,
+            frames: BTreeMap::new(),
+            owners: Vec::new(),
+            seq: 0,
+            started: false,
+            finished: None,
+        }
+    }
+
+    /// The run id stamped on events.
+    pub fn run_id(&self) -> &str {
+        &self.run_id
+    }
+
+    /// The sequence number of the last event emitted (0 before the first).
+    pub fn last_seq(&self) -> u64 {
+        self.seq
+    }
+
+    /// The terminal status, once the run has finished.
+    pub fn finished(&self) -> Option<RunStatus> {
+        self.finished
+    }
+
+    /// The run's own agent.
+    pub fn root(&self) -> &Arc<AgentConfig> {
+        &self.root
+    }
+
+    /// The approval policy of the run (every agent of it).
+    pub fn policy(&self) -> &Policy {
+        &self.policy
+    }
+
+    /// Handles one input at time `now`; returns what to do.
+    pub fn handle(&mut self, input: RunInput, now: Millis) -> Vec<Action> {
+        let mut out = Vec::new();
+        self.handle_into(input, now, &mut out);
+        out
+    }
+
+    /// Like [`RunMachine::handle`], appending to `out`.
+    pub fn handle_into(&mut self, input: RunInput, now: Millis, out: &mut Vec<Action>) {
+        if self.finished.is_some() {
+            return;
+        }
+        let mut work: Vec<Work> = Vec::new();
+        match input {
+            RunInput::Start => self.start(now, &mut work, out),
+            RunInput::Call { frame, call } => {
+                if self.streaming(frame) {
+                    let id = self.alloc(frame);
+                    work.push((frame, scheduler::Input::CallArrived { id, call: Ok(call) }));
+                }
+            }
+            RunInput::Unreadable { frame, raw, reason } => {
+                if self.streaming(frame) {
+                    let id = self.alloc(frame);
+                    let call = Err(format!("{reason} (in {raw})"));
+                    work.push((frame, scheduler::Input::CallArrived { id, call }));
+                }
+            }
+            RunInput::Output { frame, output } => {
+                if let Some(f) = self.live(frame) {
+                    f.turn.output = output;
+                }
+            }
+            RunInput::Problem { frame, problem } => {
+                if let Some(f) = self.live(frame) {
+                    f.turn.problems.push(problem);
+                }
+            }
+            RunInput::Usage {
+                frame,
+                input_tokens,
+                output_tokens,
+            } => {
+                if let Some(f) = self.live(frame) {
+                    f.turn.usage.add(Usage {
+                        input_tokens,
+                        output_tokens,
+                    });
+                }
+            }
+            RunInput::Retry {
+                frame,
+                attempt,
+                status,
+                wait_ms,
+                error,
+            } => {
+                if self.streaming(frame) {
+                    let kind = EventKind::ModelRetry {
+                        attempt,
+                        status,
+                        wait_ms,
+                        error,
+                    };
+                    self.emit(frame, None, kind, now, out);
+                    let next = attempt.saturating_add(1);
+                    if let Some(f) = self.frames.get_mut(&frame) {
+                        f.turn.attempt = next;
+                    }
+                    self.emit(
+                        frame,
+                        None,
+                        EventKind::RequestStarted { attempt: next },
+                        now,
+                        out,
+                    );
+                }
+            }
+            RunInput::StreamClosed { frame, error } => {
+                if let Some(f) = self.frames.get_mut(&frame)
+                    && f.streaming
+                {
+                    f.streaming = false;
+                    if error.is_some() {
+                        f.turn.fatal = error;
+                    }
+                    work.push((frame, scheduler::Input::StreamClosed));
+                }
+            }
+            RunInput::Outcome { call, outcome } => {
+                if let Some(frame) = self.owner(call) {
+                    work.push((frame, scheduler::Input::Finished { id: call, outcome }));
+                }
+            }
+            RunInput::Decided { call, decision } => {
+                if let Some(frame) = self.owner(call) {
+                    out.push(Action::ClearTimer {
+                        timer: Timer::Approval { call },
+                    });
+                    work.push((frame, scheduler::Input::Decided { id: call, decision }));
+                }
+            }
+            RunInput::TimerFired { timer } => match timer {
+                Timer::Approval { call } => {
+                    if let Some(frame) = self.owner(call) {
+                        work.push((frame, scheduler::Input::ApprovalTimedOut { id: call }));
+                    }
+                }
+                Timer::Deadline { frame } => {
+                    self.stop(frame, RunStatus::Timeout, now, &mut work, out);
+                }
+            },
+            RunInput::Cancel { .. } => self.stop(None, RunStatus::Cancelled, now, &mut work, out),
+        }
+        self.run_work(work, now, out);
+    }
+
+    fn streaming(&self, frame: FrameKey) -> bool {
+        self.frames.get(&frame).is_some_and(|f| f.streaming)
+    }
+
+    fn live(&mut self, frame: FrameKey) -> Option<&mut Frame> {
+        self.frames.get_mut(&frame).filter(|f| f.streaming)
+    }
+
+    fn owner(&self, call: CallId) -> Option<FrameKey> {
+        let i = usize::try_from(call.0.checked_sub(1)?).ok()?;
+        let frame = *self.owners.get(i)?;
+        self.frames.contains_key(&frame).then_some(frame)
+    }
+
+    fn alloc(&mut self, frame: FrameKey) -> CallId {
+        self.owners.push(frame);
+        CallId(self.owners.len() as u64)
+    }
+
+    fn emit(
+        &mut self,
+        frame: FrameKey,
+        call: Option<CallId>,
+        kind: EventKind,
+        now: Millis,
+        out: &mut Vec<Action>,
+    ) {
+        let (step, depth, parent) = self
+            .frames
+            .get(&frame)
+            .map_or((0, 0, None), |f| (f.step, f.depth, f.key));
+        self.seq += 1;
+        out.push(Action::Emit(Event {
+            run_id: self.run_id.clone(),
+            seq: self.seq,
+            step,
+            at: now,
+            call,
+            parent,
+            depth,
+            kind,
+        }));
+    }
+
+    fn start(&mut self, now: Millis, work: &mut Vec<Work>, out: &mut Vec<Action>) {
+        if self.started {
+            return;
+        }
+        self.started = true;
+        let cfg = self.root.clone();
+        let input = cfg.input.as_ref().map(|(v, _)| v.clone());
+        let frame = Frame::new(None, None, cfg, input, Vec::new());
+        self.frames.insert(None, frame);
+        self.begin_frame(None, now, work, out);
+    }
+
+    /// Starts an agent: its deadline, its initial state, then the plan (step 0) or step 1.
+    fn begin_frame(
+        &mut self,
+        key: FrameKey,
+        now: Millis,
+        work: &mut Vec<Work>,
+        out: &mut Vec<Action>,
+    ) {
+        let Some(f) = self.frames.get_mut(&key) else {
+            return;
+        };
+        let goal = f.cfg.goal.clone();
+        let timeout = f.cfg.limits.timeout_ms;
+        f.state = Some(f.initial_state(now));
+        self.emit(key, None, EventKind::RunStarted { goal }, now, out);
+        if let Some(ms) = timeout {
+            out.push(Action::SetTimer {
+                timer: Timer::Deadline { frame: key },
+                at: now.saturating_add(ms),
+            });
+        }
+        let plan = self
+            .frames
+            .get(&key)
+            .map(|f| f.cfg.plan.clone())
+            .unwrap_or_default();
+        if plan.is_empty() {
+            return self.begin_step(key, now, work, out);
+        }
+        self.open_scheduler(key, 0);
+        for call in plan {
+            let id = self.alloc(key);
+            work.push((key, scheduler::Input::CallArrived { id, call: Ok(call) }));
+        }
+        work.push((key, scheduler::Input::StreamClosed));
+    }
+
+    fn open_scheduler(&mut self, key: FrameKey, step: u32) {
+        let policy = self.policy.clone();
+        let Some(f) = self.frames.get_mut(&key) else {
+            return;
+        };
+        f.step = step;
+        let state = f.state.take().unwrap_or_default();
+        let params_cfg = f.cfg.clone();
+        let validate: scheduler::Validator = Arc::new(move |tool, call| {
+            match params_cfg.params.validate(&tool.name, &call.params) {
+                Ok(v) if v.is_empty() => Ok(()),
+                Ok(v) => Err(v
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+                    .join("; ")),
+                Err(e) => Err(e.to_string()),
+            }
+        });
+        let latent_cfg = f.cfg.clone();
+        let validate_latent: scheduler::Validator = Arc::new(move |tool, call| {
+            let Some(v) = latent_cfg.latent_outputs.get(&tool.name) else {
+                return Ok(());
+            };
+            let output = call.params.get("_output").cloned().unwrap_or(Value::Null);
+            let violations = v.validate(&output);
+            if violations.is_empty() {
+                Ok(())
+            } else {
+                Err(violations
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+                    .join("; "))
+            }
+        });
+        f.sched = Some(Scheduler::new(
+            state,
+            f.cfg.tools.iter().cloned(),
+            policy,
+            SchedulerOptions {
+                step,
+                validate: Some(validate),
+                validate_latent: Some(validate_latent),
+            },
+        ));
+    }
+
+    /// Asks the model for the agent's next step, or finishes it at `max_steps`.
+    fn begin_step(
+        &mut self,
+        key: FrameKey,
+        now: Millis,
+        work: &mut Vec<Work>,
+        out: &mut Vec<Action>,
+    ) {
+        let sanitize = self.sanitize;
+        let Some(f) = self.frames.get_mut(&key) else {
+            return;
+        };
+        let step = f.step + 1;
+        if step > f.cfg.limits.max_steps {
+            return self.finish(key, RunStatus::MaxSteps, None, Value::Null, now, work, out);
+        }
+        let messages = match &f.state {
+            Some(state) => f.messages(state, sanitize),
+            None => Vec::new(),
+        };
+        let config = f.cfg.clone();
+        self.open_scheduler(key, step);
+        if let Some(f) = self.frames.get_mut(&key) {
+            f.streaming = true;
+            f.turn = frame::Turn {
+                attempt: 1,
+                ..Default::default()
+            };
+        }
+        self.emit(
+            key,
+            None,
+            EventKind::RequestStarted { attempt: 1 },
+            now,
+            out,
+        );
+        out.push(Action::Request {
+            frame: key,
+            step,
+            messages,
+            config,
+        });
+    }
+
+    /// Stops an agent with `status` (cancel, timeout): its step is cancelled, its model stream
+    /// closed, and it finishes with that status.
+    fn stop(
+        &mut self,
+        key: FrameKey,
+        status: RunStatus,
+        now: Millis,
+        work: &mut Vec<Work>,
+        out: &mut Vec<Action>,
+    ) {
+        let Some(f) = self.frames.get_mut(&key) else {
+            return;
+        };
+        if f.stopping.is_some() {
+            return;
+        }
+        f.stopping = Some(status);
+        if f.streaming {
+            f.streaming = false;
+            out.push(Action::CloseStream { frame: key });
+        }
+        if f.sched.is_some() {
+            work.push((key, scheduler::Input::Cancel));
+        } else {
+            self.finish(key, status, None, Value::Null, now, work, out);
+        }
+    }
+
+    fn run_work(&mut self, mut work: Vec<Work>, now: Millis, out: &mut Vec<Action>) {
+        let mut buf = Vec::new();
+        // Processed in order: each input's consequences are appended and handled after it.
+        let mut i = 0;
+        while i < work.len() {
+            let (key, input) = std::mem::replace(&mut work[i], (None, scheduler::Input::Cancel));
+            i += 1;
+            let Some(f) = self.frames.get_mut(&key) else {
+                continue;
+            };
+            let Some(sched) = f.sched.as_mut() else {
+                continue;
+            };
+            sched.handle_into(input, now, &mut buf);
+            let mut drained = false;
+            for action in buf.drain(..) {
+                match action {
+                    scheduler::Action::Event { call, mut kind } => {
+                        if let (EventKind::ApprovalRequested { path, .. }, Some(f)) =
+                            (&mut kind, self.frames.get(&key))
+                        {
+                            path.clone_from(&f.path);
+                            path.extend(call);
+                        }
+                        if let (EventKind::Decision { decision, .. }, Some(id), Some(f)) =
+                            (&kind, call, self.frames.get_mut(&key))
+                        {
+                            f.decisions.insert(id, decision.clone());
+                        }
+                        self.emit(key, call, kind, now, out);
+                    }
+                    scheduler::Action::Ask { id, timeout, .. } => {
+                        if let Some(t) = timeout {
+                            let ms = u64::try_from(t.as_millis()).unwrap_or(u64::MAX);
+                            out.push(Action::SetTimer {
+                                timer: Timer::Approval { call: id },
+                                at: now.saturating_add(ms),
+                            });
+                        }
+                    }
+                    scheduler::Action::Launch {
+                        id,
+                        call,
+                        tool,
+                        detached,
+                    } => self.launch(key, id, call, tool, detached, now, &mut work, out),
+                    scheduler::Action::Abort { id } => {
+                        if self.frames.contains_key(&Some(id)) {
+                            self.abandon(Some(id), now, out);
+                        } else {
+                            out.push(Action::Abort { id });
+                        }
+                    }
+                    scheduler::Action::Drained => drained = true,
+                }
+            }
+            if drained {
+                self.end_step(key, now, &mut work, out);
+            }
+            if self.finished.is_some() {
+                return;
+            }
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn launch(
+        &mut self,
+        key: FrameKey,
+        id: CallId,
+        call: crate::protocol::Call,
+        tool: Arc<crate::protocol::Tool>,
+        detached: bool,
+        now: Millis,
+        work: &mut Vec<Work>,
+        out: &mut Vec<Action>,
+    ) {
+        let Some(f) = self.frames.get(&key) else {
+            return;
+        };
+        let Some(child_cfg) = f.cfg.delegate(&tool.name).cloned() else {
+            out.push(Action::Launch {
+                id,
+                call,
+                tool,
+                detached,
+                timeout_ms: f.cfg.limits.call_timeout_ms,
+            });
+            return;
+        };
+        if f.depth + 1 > MAX_DEPTH {
+            let err = serde_json::json!({
+                "code": "activity.config",
+                "message": format!("delegates nest deeper than {MAX_DEPTH} levels"),
+            });
+            work.push((
+                key,
+                scheduler::Input::Finished {
+                    id,
+                    outcome: scheduler::Outcome::error(err),
+                },
+            ));
+            return;
+        }
+        // The delegate's input is the call's params; its context, the parent data it may see.
+        let input: Map<String, Value> = call
+            .params
+            .iter()
+            .filter(|(k, _)| !k.starts_with('_'))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        let mut extra = Vec::new();
+        if let (Some(scopes), Some(state)) = (&call.scopes, f.sched.as_ref().map(Scheduler::state))
+        {
+            for kind in state.kinds() {
+                if scopes.contains(&kind)
+                    && let Some(data) = state.view(&kind)
+                {
+                    extra.push(Message::Data {
+                        kind,
+                        data,
+                        schema: None,
+                        instance: None,
+                        extra: Map::new(),
+                    });
+                }
+            }
+        }
+        let child = Frame::new(
+            Some(id),
+            Some(f),
+            child_cfg,
+            Some(Value::Object(input)),
+            extra,
+        );
+        self.frames.insert(Some(id), child);
+        self.begin_frame(Some(id), now, work, out);
+    }
+
+    /// Drops a delegate (and its own delegates) whose parent call was aborted: no outcome goes
+    /// back, its timers and streams are stopped.
+    fn abandon(&mut self, key: FrameKey, now: Millis, out: &mut Vec<Action>) {
+        let children: Vec<FrameKey> = self
+            .frames
+            .values()
+            .filter(|f| f.parent == Some(key))
+            .map(|f| f.key)
+            .collect();
+        for c in children {
+            self.abandon(c, now, out);
+        }
+        let Some(f) = self.frames.get_mut(&key) else {
+            return;
+        };
+        if f.streaming {
+            out.push(Action::CloseStream { frame: key });
+        }
+        if f.cfg.limits.timeout_ms.is_some() {
+            out.push(Action::ClearTimer {
+                timer: Timer::Deadline { frame: key },
+            });
+        }
+        let mut buf = Vec::new();
+        if let Some(sched) = f.sched.as_mut() {
+            sched.handle_into(scheduler::Input::Cancel, now, &mut buf);
+        }
+        for a in buf {
+            match a {
+                scheduler::Action::Event { call, kind } => self.emit(key, call, kind, now, out),
+                scheduler::Action::Abort { id } => out.push(Action::Abort { id }),
+                _ => {}
+            }
+        }
+        self.frames.remove(&key);
+    }
+
+    fn end_step(
+        &mut self,
+        key: FrameKey,
+        now: Millis,
+        work: &mut Vec<Work>,
+        out: &mut Vec<Action>,
+    ) {
+        let Some(f) = self.frames.get_mut(&key) else {
+            return;
+        };
+        let Some(sched) = f.sched.take() else {
+            return;
+        };
+        if f.streaming {
+            // Cancelled while the model still streamed (the stop already closed the stream).
+            f.streaming = false;
+        }
+        let step = f.step;
+        let (state, report) = sched.finish();
+        f.state = Some(state);
+        f.absorb(step, &report);
+        if step == 0 && f.stopping.is_none() {
+            return self.begin_step(key, now, work, out);
+        }
+        let mut events = Vec::new();
+        let next = f.after_step(&report, &mut |k| events.push(k));
+        for kind in events {
+            self.emit(key, None, kind, now, out);
+        }
+        match next {
+            Next::Step => self.begin_step(key, now, work, out),
+            Next::Finish(status, err, output) => {
+                self.finish(key, status, err.map(|e| *e), output, now, work, out)
+            }
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn finish(
+        &mut self,
+        key: FrameKey,
+        status: RunStatus,
+        error: Option<RunError>,
+        output: Value,
+        now: Millis,
+        work: &mut Vec<Work>,
+        out: &mut Vec<Action>,
+    ) {
+        let Some(f) = self.frames.get_mut(&key) else {
+            return;
+        };
+        let timed = f.cfg.limits.timeout_ms.is_some();
+        let result = f.result(status, error, output);
+        let parent = f.parent;
+        if timed {
+            out.push(Action::ClearTimer {
+                timer: Timer::Deadline { frame: key },
+            });
+        }
+        let kind = EventKind::RunFinished {
+            status: status.as_str().to_string(),
+        };
+        self.emit(key, None, kind, now, out);
+        self.frames.remove(&key);
+        match (key, parent) {
+            (Some(call), Some(parent)) => {
+                if let Some(p) = self.frames.get_mut(&parent) {
+                    p.usage.add(result.usage);
+                }
+                let tool = self
+                    .frames
+                    .get(&parent)
+                    .and_then(|p| p.sched.as_ref())
+                    .and_then(|s| s.call_of(call))
+                    .map(|c| c.tool.clone())
+                    .unwrap_or_default();
+                let outcome = delegate_outcome(&tool, &result);
+                work.push((parent, scheduler::Input::Finished { id: call, outcome }));
+            }
+            _ => {
+                self.finished = Some(status);
+                out.push(Action::Finished(Box::new(result)));
+            }
+        }
+    }
+}
+
+/// Replays a journal through a fresh machine: the events the run published, in order (wall
+/// clock included: each input carries the time it was consumed).
+pub fn replay(
+    run_id: &str,
+    root: Arc<AgentConfig>,
+    policy: Policy,
+    sanitize: SanitizeLimits,
+    journal: &[JournalEntry],
+) -> Vec<Event> {
+    let mut m = RunMachine::new(run_id, root, policy, sanitize);
+    let mut out = Vec::new();
+    let mut events = Vec::new();
+    for e in journal {
+        m.handle_into(e.input.clone(), e.at, &mut out);
+        events.extend(out.drain(..).filter_map(|a| match a {
+            Action::Emit(ev) => Some(ev),
+            _ => None,
+        }));
+    }
+    events
+}

@@ -1,0 +1,140 @@
+//! Whether an op applies to the run as it stands (rule 21). Pure: it reads the machine and
+//! changes nothing, so a refused op leaves no trace in the journal.
+
+use serde_json::{Map, Value};
+
+use super::RunMachine;
+use crate::protocol::{Call, CallId, Decision, Op, OpError, params_hash};
+use crate::schema::ToolValidators;
+
+impl RunMachine {
+    /// `Ok(())` when `op` applies now; otherwise why not. A decision applies to the exact call
+    /// presented (its id, and its params when the op quotes their hash); an edit keeps the tool;
+    /// a replacement names a known tool; params without references are checked against the
+    /// tool's schema here (params with references are checked once resolved).
+    pub fn check_op(&self, op: &Op) -> Result<(), OpError> {
+        if let Some(status) = self.finished {
+            return Err(OpError::RunFinished {
+                status: status.as_str().into(),
+            });
+        }
+        let Op::Decide {
+            call,
+            decision,
+            presented,
+        } = op
+        else {
+            return Ok(());
+        };
+        let call = *call;
+        let frame_key = usize::try_from(call.0.wrapping_sub(1))
+            .ok()
+            .and_then(|i| self.owners.get(i))
+            .ok_or(OpError::UnknownCall { call })?;
+        let not_awaiting = |status: &str| OpError::NotAwaiting {
+            call,
+            status: status.into(),
+        };
+        let f = self
+            .frames
+            .get(frame_key)
+            .ok_or_else(|| not_awaiting("finished"))?;
+        if let Some(d) = f.decisions.get(&call) {
+            return Err(OpError::AlreadyDecided {
+                call,
+                decision: d.name().into(),
+            });
+        }
+        let sched = f.sched.as_ref().ok_or_else(|| not_awaiting("finished"))?;
+        let Some(shown) = sched.awaiting(call) else {
+            let status = sched.status_of(call).unwrap_or_else(|| "finished".into());
+            return Err(not_awaiting(&status));
+        };
+        let current = params_hash(shown);
+        if let Some(p) = presented
+            && *p != current
+        {
+            return Err(OpError::Stale {
+                call,
+                presented: p.clone(),
+                current,
+            });
+        }
+        let invalid = |reason: String| OpError::InvalidDecision { call, reason };
+        match decision {
+            Decision::Approve | Decision::Reject { .. } => Ok(()),
+            Decision::Edit { params } => {
+                if let Some(t) = params.get("_tool")
+                    && t.as_str() != Some(shown.tool.as_str())
+                {
+                    return Err(OpError::EditChangesTool {
+                        call,
+                        tool: shown.tool.clone(),
+                        requested: t.as_str().map_or_else(|| t.to_string(), String::from),
+                    });
+                }
+                let mut obj = Map::new();
+                obj.insert("_tool".into(), Value::String(shown.tool.clone()));
+                for (k, v) in params {
+                    obj.insert(k.clone(), v.clone());
+                }
+                let edited =
+                    Call::try_from(Value::Object(obj)).map_err(|e| invalid(e.to_string()))?;
+                check_params(&f.cfg.params, &edited).map_err(invalid)
+            }
+            Decision::Replace { call: replacement } => {
+                if !f.cfg.tools.iter().any(|t| t.name == replacement.tool) {
+                    return Err(invalid(format!(
+                        "the replacement names the unknown tool `{}`",
+                        replacement.tool
+                    )));
+                }
+                check_params(&f.cfg.params, replacement).map_err(invalid)
+            }
+        }
+    }
+
+    /// The calls awaiting a decision right now, across every agent of the run, by id.
+    pub fn awaiting(&self) -> Vec<(CallId, Call)> {
+        let mut v = Vec::new();
+        for (i, owner) in self.owners.iter().enumerate() {
+            let id = CallId(i as u64 + 1);
+            if let Some(c) = self
+                .frames
+                .get(owner)
+                .and_then(|f| f.sched.as_ref())
+                .and_then(|s| s.awaiting(id))
+            {
+                v.push((id, c.clone()));
+            }
+        }
+        v
+    }
+}
+
+/// Checks a reviewer's call against its tool's schema, unless it still holds references (those
+/// are checked once resolved, like any call).
+fn check_params(validators: &ToolValidators, call: &Call) -> Result<(), String> {
+    let refs = call.references().map_err(|e| e.to_string())?;
+    if !refs.is_empty() {
+        return Ok(());
+    }
+    let params: Map<String, Value> = call
+        .params
+        .iter()
+        .filter(|(k, _)| !k.starts_with('_'))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    match validators.validate(&call.tool, &params) {
+        Ok(v) if v.is_empty() => Ok(()),
+        Ok(v) => Err(format!(
+            "the params do not match `{}`'s schema: {}",
+            call.tool,
+            v.iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join("; ")
+        )),
+        Err(e) => Err(e.to_string()),
+    }
+}

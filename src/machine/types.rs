@@ -1,0 +1,384 @@
+//! The run machine's vocabulary: what goes in (journaled inputs), what comes out (actions), and
+//! what a run ends with (the result).
+
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::AgentConfig;
+use crate::protocol::{Call, CallId, Decision, Event, Message, Millis, Tool};
+use crate::scheduler::{CallStatus, Outcome};
+
+/// Which agent of the run something concerns: `None` for the run's own agent, `Some(call)` for
+/// the nested agent (delegate) that call runs.
+pub type FrameKey = Option<CallId>;
+
+/// A timer the machine asked for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(tag = "timer", rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum Timer {
+    /// The reviewer of this call ran out of time (the policy's default applies).
+    Approval {
+        /// The call.
+        call: CallId,
+    },
+    /// An agent's run timeout (`limits.timeout_s`).
+    Deadline {
+        /// The agent.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        frame: FrameKey,
+    },
+}
+
+/// Everything the machine consumes, in the order it consumed it. Each input is journaled before
+/// the machine handles it; replaying the journal through a fresh machine gives the same events.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "input", rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum RunInput {
+    /// The run begins.
+    Start,
+    /// The model streamed a call.
+    Call {
+        /// The agent whose model it is.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        frame: FrameKey,
+        /// The call as written.
+        call: Call,
+    },
+    /// The model streamed something that is not a valid call (it is refused; the model is told).
+    Unreadable {
+        /// The agent whose model it is.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        frame: FrameKey,
+        /// The raw text of the element.
+        raw: String,
+        /// Why it could not be read.
+        reason: String,
+    },
+    /// The turn's `output` value.
+    Output {
+        /// The agent.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        frame: FrameKey,
+        /// The value as written (references not yet resolved).
+        output: Value,
+    },
+    /// Something wrong with the response as a whole (malformed JSON, truncation).
+    Problem {
+        /// The agent.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        frame: FrameKey,
+        /// What was wrong, in words meant for the model.
+        problem: String,
+    },
+    /// Tokens reported by the provider (or estimated when it reports none).
+    Usage {
+        /// The agent.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        frame: FrameKey,
+        /// Prompt tokens.
+        input_tokens: u64,
+        /// Completion tokens.
+        output_tokens: u64,
+    },
+    /// An attempt at the model failed and is retried.
+    Retry {
+        /// The agent.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        frame: FrameKey,
+        /// The attempt that failed (from 1).
+        attempt: u32,
+        /// The provider's HTTP status, when there was one.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        status: Option<u16>,
+        /// The wait before the next attempt.
+        wait_ms: u64,
+        /// Why it failed.
+        error: String,
+    },
+    /// The model's stream for the current turn ended (with the error that ended it, if any).
+    StreamClosed {
+        /// The agent.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        frame: FrameKey,
+        /// A model failure that ends the run (after retries).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        error: Option<RunError>,
+    },
+    /// An activity ended.
+    Outcome {
+        /// The call.
+        call: CallId,
+        /// How it ended, with the branch it chose.
+        outcome: Outcome,
+    },
+    /// A reviewer's decision was accepted.
+    Decided {
+        /// The call.
+        call: CallId,
+        /// The decision.
+        decision: Decision,
+    },
+    /// A timer fired.
+    TimerFired {
+        /// Which.
+        timer: Timer,
+    },
+    /// The run was cancelled.
+    Cancel {
+        /// Why.
+        reason: String,
+    },
+}
+
+impl RunInput {
+    /// The input's tag, as journaled.
+    pub fn name(&self) -> &'static str {
+        match self {
+            RunInput::Start => "start",
+            RunInput::Call { .. } => "call",
+            RunInput::Unreadable { .. } => "unreadable",
+            RunInput::Output { .. } => "output",
+            RunInput::Problem { .. } => "problem",
+            RunInput::Usage { .. } => "usage",
+            RunInput::Retry { .. } => "retry",
+            RunInput::StreamClosed { .. } => "stream_closed",
+            RunInput::Outcome { .. } => "outcome",
+            RunInput::Decided { .. } => "decided",
+            RunInput::TimerFired { .. } => "timer_fired",
+            RunInput::Cancel { .. } => "cancel",
+        }
+    }
+}
+
+/// One journal entry: an input with its position and the time it was consumed.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct JournalEntry {
+    /// Position in the run's journal, from 1 without gaps.
+    pub seq: u64,
+    /// When the machine consumed it (milliseconds since the Unix epoch, the engine's clock).
+    pub at: Millis,
+    /// What it consumed.
+    #[serde(flatten)]
+    pub input: RunInput,
+}
+
+/// What the engine must do.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub enum Action {
+    /// Start a model turn for an agent; feed back [`RunInput::Call`]s, `Output`, `Usage`,
+    /// `Problem`, `Retry` and finally `StreamClosed` for this frame.
+    Request {
+        /// The agent.
+        frame: FrameKey,
+        /// The step (Request number) of that agent.
+        step: u32,
+        /// The context.
+        messages: Vec<Message>,
+        /// The agent's configuration (its composed schema, tools and model).
+        config: Arc<AgentConfig>,
+    },
+    /// Stop reading an agent's model stream (the agent was cancelled or timed out).
+    CloseStream {
+        /// The agent.
+        frame: FrameKey,
+    },
+    /// Run a call's activity; feed back [`RunInput::Outcome`] unless `detached`.
+    Launch {
+        /// The call.
+        id: CallId,
+        /// The call with its references resolved.
+        call: Call,
+        /// Its tool.
+        tool: Arc<Tool>,
+        /// Fire-and-forget: nobody waits for its outcome.
+        detached: bool,
+        /// The per-call time limit of the agent that made the call.
+        timeout_ms: Option<u64>,
+    },
+    /// Stop a running activity; its outcome is no longer wanted.
+    Abort {
+        /// The call.
+        id: CallId,
+    },
+    /// Fire [`RunInput::TimerFired`] at `at` (replaces an earlier setting of the same timer).
+    SetTimer {
+        /// Which timer.
+        timer: Timer,
+        /// When (milliseconds since the Unix epoch).
+        at: Millis,
+    },
+    /// Forget a timer.
+    ClearTimer {
+        /// Which timer.
+        timer: Timer,
+    },
+    /// Publish an event (already numbered and stamped).
+    Emit(Event),
+    /// The run is over; nothing more will be asked.
+    Finished(Box<RunResult>),
+}
+
+/// How a run ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum RunStatus {
+    /// A valid output was produced.
+    Succeeded,
+    /// `max_steps` Requests without a valid output.
+    MaxSteps,
+    /// The same calls in too many consecutive steps.
+    DoomLoop,
+    /// Too many consecutive steps with neither calls nor output.
+    EmptyTurns,
+    /// The token budget was spent.
+    TokenBudget,
+    /// The run's time limit passed.
+    Timeout,
+    /// Cancelled by the caller (API, Ctrl-C, library).
+    Cancelled,
+    /// The output stayed invalid after the allowed retries.
+    InvalidOutput,
+    /// The model could not be reached or kept failing after retries.
+    ModelError,
+    /// The journal could not be written: the run stopped rather than go on unrecorded.
+    JournalFailed,
+}
+
+impl RunStatus {
+    /// The status as written in results and events.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RunStatus::Succeeded => "succeeded",
+            RunStatus::MaxSteps => "max_steps",
+            RunStatus::DoomLoop => "doom_loop",
+            RunStatus::EmptyTurns => "empty_turns",
+            RunStatus::TokenBudget => "token_budget",
+            RunStatus::Timeout => "timeout",
+            RunStatus::Cancelled => "cancelled",
+            RunStatus::InvalidOutput => "invalid_output",
+            RunStatus::ModelError => "model_error",
+            RunStatus::JournalFailed => "journal_failed",
+        }
+    }
+
+    /// The stable error code of a failed run (None for success).
+    pub fn code(self) -> Option<&'static str> {
+        match self {
+            RunStatus::Succeeded => None,
+            RunStatus::MaxSteps => Some("run.max_steps"),
+            RunStatus::DoomLoop => Some("run.doom_loop"),
+            RunStatus::EmptyTurns => Some("run.empty_turns"),
+            RunStatus::TokenBudget => Some("run.token_budget"),
+            RunStatus::Timeout => Some("run.timeout"),
+            RunStatus::Cancelled => Some("run.cancelled"),
+            RunStatus::InvalidOutput => Some("run.invalid_output"),
+            RunStatus::ModelError => Some("run.model_error"),
+            RunStatus::JournalFailed => Some("run.journal"),
+        }
+    }
+}
+
+/// Why a run did not succeed: a stable code, a message, and what caused it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunError {
+    /// Stable code (`run.max_steps`, `run.model_error`, ...).
+    pub code: String,
+    /// What happened, in words.
+    pub message: String,
+    /// The underlying error (a provider's code and message, a journal failure...).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cause: Option<Value>,
+    /// Validation errors (for `run.invalid_output`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub errors: Vec<String>,
+}
+
+impl RunError {
+    /// An error with a code and a message.
+    pub fn new(code: impl Into<String>, message: impl Into<String>) -> Self {
+        RunError {
+            code: code.into(),
+            message: message.into(),
+            cause: None,
+            errors: Vec::new(),
+        }
+    }
+
+    /// The error as a JSON object (what a parent agent's delegate call fails with).
+    pub fn to_value(&self) -> Value {
+        serde_json::to_value(self).unwrap_or(Value::Null)
+    }
+}
+
+/// Tokens used over the run.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Usage {
+    /// Prompt tokens.
+    pub input_tokens: u64,
+    /// Completion tokens.
+    pub output_tokens: u64,
+}
+
+impl Usage {
+    /// Input plus output tokens.
+    pub fn total(&self) -> u64 {
+        self.input_tokens.saturating_add(self.output_tokens)
+    }
+
+    pub(super) fn add(&mut self, other: Usage) {
+        self.input_tokens = self.input_tokens.saturating_add(other.input_tokens);
+        self.output_tokens = self.output_tokens.saturating_add(other.output_tokens);
+    }
+}
+
+/// One call of the run, summarised.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CallSummary {
+    /// The call's id.
+    pub id: CallId,
+    /// The step it belonged to (0 = the goal's initial plan).
+    pub step: u32,
+    /// Its tool (after a reviewer's replacement, the replacing tool).
+    pub tool: String,
+    /// What became of it.
+    pub status: CallStatus,
+    /// The reviewer's decision, when one was taken (`approve`, `edit`, `replace`, `reject`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decision: Option<String>,
+    /// The error object, for anything but done.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<Value>,
+}
+
+/// The result of a run: what `dagloop run` prints and `Agent::run` returns.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunResult {
+    /// How the run ended.
+    pub status: RunStatus,
+    /// The validated output (null unless succeeded).
+    pub output: Value,
+    /// The final merged state.
+    pub state: Value,
+    /// Requests made.
+    pub steps: u32,
+    /// Tokens used (nested agents included).
+    pub usage: Usage,
+    /// Every call of the run's own agent.
+    pub calls: Vec<CallSummary>,
+    /// For a failed run: a stable code, a message and details.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<RunError>,
+}
+
+impl RunResult {
+    /// True when the run produced a valid output.
+    pub fn succeeded(&self) -> bool {
+        self.status == RunStatus::Succeeded
+    }
+}

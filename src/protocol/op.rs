@@ -1,0 +1,192 @@
+//! Ops: what reviewers, programs and front-ends send *into* a run (DESIGN.md section 3.1).
+//!
+//! A run is addressed only through ops; events are what comes out. An op that does not apply to
+//! the run as it stands is refused with a typed [`OpError`] and changes nothing (rule 21).
+//!
+//! Also here: [`params_hash`], the fingerprint that binds a decision to the exact call a reviewer
+//! was shown.
+//!
+//! Deliberately not here: deciding whether an op applies (the run machine does) or delivering it
+//! (the engine's `RunHandle` does).
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::{Call, CallId, Decision};
+
+/// Something submitted to a run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum Op {
+    /// A reviewer's decision about a call awaiting approval.
+    Decide {
+        /// The call (ids are unique across the run, delegates included).
+        call: CallId,
+        /// The decision.
+        decision: Decision,
+        /// The `params_hash` of the approval request the reviewer saw. When given and the call
+        /// was since presented with other params, the op is refused as stale.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        presented: Option<String>,
+    },
+    /// Stop the run: nothing more launches, running calls are aborted.
+    Cancel {
+        /// Why, in the canceller's words.
+        reason: String,
+    },
+}
+
+/// Why an op was refused. Nothing changed in the run.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum OpError {
+    /// No call has this id in the run.
+    #[error("the run has no call {call}")]
+    UnknownCall {
+        /// The id given.
+        call: CallId,
+    },
+    /// The call exists but is not waiting for a reviewer (still blocked, running or finished).
+    #[error("call {call} is not awaiting a decision (it is {status})")]
+    NotAwaiting {
+        /// The call.
+        call: CallId,
+        /// What it is doing instead.
+        status: String,
+    },
+    /// Somebody (another reviewer, the policy's timeout default) decided first.
+    #[error("call {call} was already decided ({decision})")]
+    AlreadyDecided {
+        /// The call.
+        call: CallId,
+        /// The decision that was applied, in words.
+        decision: String,
+    },
+    /// The call now awaits a decision about other params than the ones the reviewer saw.
+    #[error("call {call} was presented with other params (seen {presented}, now {current})")]
+    Stale {
+        /// The call.
+        call: CallId,
+        /// The fingerprint the reviewer saw.
+        presented: String,
+        /// The fingerprint of what awaits a decision now.
+        current: String,
+    },
+    /// An edit tried to change the tool (changing the tool is a replace).
+    #[error(
+        "an edit keeps the tool: call {call} is `{tool}`, the edit names `{requested}` (use replace)"
+    )]
+    EditChangesTool {
+        /// The call.
+        call: CallId,
+        /// Its tool.
+        tool: String,
+        /// The tool the edit named.
+        requested: String,
+    },
+    /// The decision cannot apply: the replacing tool is unknown, or the params do not satisfy
+    /// the tool's schema.
+    #[error("the decision about call {call} cannot apply: {reason}")]
+    InvalidDecision {
+        /// The call.
+        call: CallId,
+        /// What is wrong.
+        reason: String,
+    },
+    /// The run has ended; it takes no more ops.
+    #[error("the run has finished ({status})")]
+    RunFinished {
+        /// Its terminal status.
+        status: String,
+    },
+    /// The run's driver is gone (the process is shutting down) or its journal failed.
+    #[error("the run cannot take ops: {reason}")]
+    Unavailable {
+        /// Why.
+        reason: String,
+    },
+}
+
+impl OpError {
+    /// A stable code for programs that react to refusals.
+    pub fn code(&self) -> &'static str {
+        match self {
+            OpError::UnknownCall { .. } => "op.unknown_call",
+            OpError::NotAwaiting { .. } => "op.not_awaiting",
+            OpError::AlreadyDecided { .. } => "op.already_decided",
+            OpError::Stale { .. } => "op.stale",
+            OpError::EditChangesTool { .. } => "op.edit_changes_tool",
+            OpError::InvalidDecision { .. } => "op.invalid_decision",
+            OpError::RunFinished { .. } => "op.run_finished",
+            OpError::Unavailable { .. } => "op.unavailable",
+        }
+    }
+}
+
+/// The fingerprint of a call as presented (tool, params, output path and method): 16 hex digits
+/// of FNV-1a over its canonical JSON (object keys sorted), so the same call always gives the same
+/// hash whatever order its keys were written in.
+pub fn params_hash(call: &Call) -> String {
+    let canonical = canonical(&call.to_value());
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in canonical.to_string().bytes() {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    format!("{h:016x}")
+}
+
+fn canonical(v: &Value) -> Value {
+    match v {
+        Value::Object(m) => {
+            let sorted: BTreeMap<&String, Value> =
+                m.iter().map(|(k, x)| (k, canonical(x))).collect();
+            Value::Object(sorted.into_iter().map(|(k, x)| (k.clone(), x)).collect())
+        }
+        Value::Array(a) => Value::Array(a.iter().map(canonical).collect()),
+        other => other.clone(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn hash_ignores_key_order_and_sees_every_value() {
+        let a = Call::try_from(json!({"_tool": "t", "a": 1, "b": {"x": 1, "y": 2}})).expect("call");
+        let b = Call::try_from(json!({"b": {"y": 2, "x": 1}, "a": 1, "_tool": "t"})).expect("call");
+        let c = Call::try_from(json!({"_tool": "t", "a": 2, "b": {"x": 1, "y": 2}})).expect("call");
+        let d = Call::try_from(json!({"_tool": "u", "a": 1, "b": {"x": 1, "y": 2}})).expect("call");
+        assert_eq!(params_hash(&a), params_hash(&b));
+        assert_ne!(params_hash(&a), params_hash(&c));
+        assert_ne!(params_hash(&a), params_hash(&d));
+        assert_eq!(params_hash(&a).len(), 16);
+    }
+
+    #[test]
+    fn ops_have_a_tagged_wire_shape() {
+        let op: Op = serde_json::from_value(json!({"op": "decide", "call": 3,
+            "decision": {"decision": "reject", "reason": "no"}}))
+        .expect("op");
+        assert_eq!(
+            op,
+            Op::Decide {
+                call: CallId(3),
+                decision: Decision::Reject {
+                    reason: "no".into()
+                },
+                presented: None
+            }
+        );
+        let back = serde_json::to_value(&Op::Cancel {
+            reason: "stop".into(),
+        })
+        .expect("json");
+        assert_eq!(back, json!({"op": "cancel", "reason": "stop"}));
+    }
+}
