@@ -1,1 +1,441 @@
+//! The outer loop without a runtime: inputs in, actions out. One test per termination rule.
 
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use serde_json::{Value, json};
+
+use super::*;
+use crate::goal::Goal;
+use crate::protocol::{Call, Decision, Op, OpError};
+
+fn config(goal: Value) -> Arc<AgentConfig> {
+    let mut doc = json!({"goal": "g", "output_schema": {"type": "object", "required": ["answer"]},
+        "tools": [{"_tool": "note", "_output": {"type": "string"}},
+                  {"_tool": "act", "_activity": "rust", "type": "object"}]});
+    if let (Some(d), Some(extra)) = (doc.as_object_mut(), goal.as_object()) {
+        d.extend(extra.clone());
+    }
+    let g = Goal::from_json(&doc.to_string(), "t".as_ref(), ".".into()).expect("goal");
+    Arc::new(AgentConfig::from_goal(&g, BTreeMap::new()).expect("config"))
+}
+
+fn machine(goal: Value, policy: Policy) -> RunMachine {
+    RunMachine::new("run-t", config(goal), policy, SanitizeLimits::default())
+}
+
+fn call(v: Value) -> Call {
+    Call::try_from(v).expect("call")
+}
+
+/// Feeds one model turn (calls, output) and closes its stream.
+fn turn(m: &mut RunMachine, calls: &[Value], output: Value, now: Millis) -> Vec<Action> {
+    let mut out = Vec::new();
+    for c in calls {
+        m.handle_into(
+            RunInput::Call {
+                frame: None,
+                call: call(c.clone()),
+            },
+            now,
+            &mut out,
+        );
+    }
+    if !output.is_null() {
+        m.handle_into(
+            RunInput::Output {
+                frame: None,
+                output,
+            },
+            now,
+            &mut out,
+        );
+    }
+    m.handle_into(
+        RunInput::StreamClosed {
+            frame: None,
+            error: None,
+        },
+        now,
+        &mut out,
+    );
+    out
+}
+
+fn result(actions: &[Action]) -> Option<RunResult> {
+    actions.iter().find_map(|a| match a {
+        Action::Finished(r) => Some((**r).clone()),
+        _ => None,
+    })
+}
+
+fn requests(actions: &[Action]) -> usize {
+    actions
+        .iter()
+        .filter(|a| matches!(a, Action::Request { .. }))
+        .count()
+}
+
+fn kinds(actions: &[Action]) -> Vec<&'static str> {
+    actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Emit(e) => Some(e.kind.name()),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn start_asks_the_model_and_a_valid_output_succeeds() {
+    let mut m = machine(json!({}), Policy::auto());
+    let a = m.handle(RunInput::Start, 10);
+    assert_eq!(requests(&a), 1);
+    assert_eq!(kinds(&a), vec!["run_started", "request_started"]);
+    let a = turn(&mut m, &[], json!({"answer": 1}), 20);
+    let r = result(&a).expect("finished");
+    assert_eq!(
+        (r.status, r.output.clone(), r.steps),
+        (RunStatus::Succeeded, json!({"answer": 1}), 1)
+    );
+    assert_eq!(m.finished(), Some(RunStatus::Succeeded));
+    assert!(
+        m.handle(RunInput::Start, 30).is_empty(),
+        "a finished run takes no input"
+    );
+}
+
+#[test]
+fn rule15_an_invalid_output_is_sent_back_then_fails_after_the_retries() {
+    let mut m = machine(json!({"limits": {"max_output_retries": 1}}), Policy::auto());
+    m.handle(RunInput::Start, 0);
+    let a = turn(&mut m, &[], json!({"wrong": 1}), 1);
+    assert!(kinds(&a).contains(&"output_invalid"));
+    assert_eq!(requests(&a), 1, "sent back once");
+    let a = turn(&mut m, &[], json!({"wrong": 2}), 2);
+    let r = result(&a).expect("finished");
+    assert_eq!(r.status, RunStatus::InvalidOutput);
+    let err = r.error.expect("error");
+    assert_eq!(err.code, "run.invalid_output");
+    assert!(err.errors[0].contains("answer"), "{:?}", err.errors);
+}
+
+#[test]
+fn rule19_output_references_are_resolved_and_a_reference_to_nothing_is_an_error() {
+    let mut m = machine(json!({"state": {"found": 42}}), Policy::auto());
+    m.handle(RunInput::Start, 0);
+    let a = turn(&mut m, &[], json!({"answer": "†state.missing"}), 1);
+    assert!(kinds(&a).contains(&"output_invalid"));
+    let a = turn(&mut m, &[], json!({"answer": "†state.found"}), 2);
+    assert_eq!(result(&a).expect("done").output, json!({"answer": 42}));
+}
+
+#[test]
+fn rule20_a_latent_output_that_breaks_its_schema_is_not_written() {
+    let mut m = machine(json!({}), Policy::auto());
+    m.handle(RunInput::Start, 0);
+    let a = turn(
+        &mut m,
+        &[json!({"_tool": "note", "_output": 7, "_outputPath": "†state.n"})],
+        Value::Null,
+        1,
+    );
+    assert!(kinds(&a).contains(&"failed"), "{:?}", kinds(&a));
+    assert!(!kinds(&a).contains(&"written"));
+}
+
+#[test]
+fn rule16_max_steps() {
+    let mut m = machine(json!({"limits": {"max_steps": 2}}), Policy::auto());
+    m.handle(RunInput::Start, 0);
+    turn(
+        &mut m,
+        &[json!({"_tool": "note", "_output": "a"})],
+        Value::Null,
+        1,
+    );
+    let a = turn(
+        &mut m,
+        &[json!({"_tool": "note", "_output": "b"})],
+        Value::Null,
+        2,
+    );
+    assert_eq!(result(&a).map(|r| r.status), Some(RunStatus::MaxSteps));
+}
+
+#[test]
+fn rule16_doom_loop() {
+    let mut m = machine(json!({}), Policy::auto());
+    m.handle(RunInput::Start, 0);
+    let same = [json!({"_tool": "note", "_output": "same"})];
+    turn(&mut m, &same, Value::Null, 1);
+    turn(&mut m, &same, Value::Null, 2);
+    let a = turn(&mut m, &same, Value::Null, 3);
+    assert_eq!(
+        result(&a).map(|r| (r.status, r.steps)),
+        Some((RunStatus::DoomLoop, 3))
+    );
+}
+
+#[test]
+fn rule16_empty_turns() {
+    let mut m = machine(json!({}), Policy::auto());
+    m.handle(RunInput::Start, 0);
+    turn(&mut m, &[], Value::Null, 1);
+    let a = turn(&mut m, &[], Value::Null, 2);
+    assert_eq!(result(&a).map(|r| r.status), Some(RunStatus::EmptyTurns));
+}
+
+#[test]
+fn rule16_token_budget() {
+    let mut m = machine(json!({"limits": {"token_budget": 100}}), Policy::auto());
+    m.handle(RunInput::Start, 0);
+    let mut out = Vec::new();
+    let usage = RunInput::Usage {
+        frame: None,
+        input_tokens: 90,
+        output_tokens: 20,
+    };
+    m.handle_into(usage, 1, &mut out);
+    out.extend(turn(
+        &mut m,
+        &[json!({"_tool": "note", "_output": "x"})],
+        Value::Null,
+        1,
+    ));
+    let r = result(&out).expect("finished");
+    assert_eq!((r.status, r.usage.total()), (RunStatus::TokenBudget, 110));
+}
+
+#[test]
+fn rule16_the_deadline_timer_stops_the_run_and_closes_the_stream() {
+    let mut m = machine(json!({"limits": {"timeout_s": 2}}), Policy::auto());
+    let a = m.handle(RunInput::Start, 1000);
+    assert!(a.iter().any(|x| matches!(
+        x,
+        Action::SetTimer {
+            timer: Timer::Deadline { frame: None },
+            at: 3000
+        }
+    )));
+    let a = m.handle(
+        RunInput::TimerFired {
+            timer: Timer::Deadline { frame: None },
+        },
+        3000,
+    );
+    assert!(
+        a.iter()
+            .any(|x| matches!(x, Action::CloseStream { frame: None }))
+    );
+    assert_eq!(result(&a).map(|r| r.status), Some(RunStatus::Timeout));
+}
+
+#[test]
+fn rule16_cancel_aborts_running_calls() {
+    let mut m = machine(json!({}), Policy::auto());
+    m.handle(RunInput::Start, 0);
+    let mut out = Vec::new();
+    m.handle_into(
+        RunInput::Call {
+            frame: None,
+            call: call(json!({"_tool": "act"})),
+        },
+        1,
+        &mut out,
+    );
+    assert!(
+        out.iter()
+            .any(|x| matches!(x, Action::Launch { id: CallId(1), .. }))
+    );
+    let a = m.handle(
+        RunInput::Cancel {
+            reason: "stop".into(),
+        },
+        2,
+    );
+    assert!(
+        a.iter()
+            .any(|x| matches!(x, Action::Abort { id: CallId(1) }))
+    );
+    assert_eq!(result(&a).map(|r| r.status), Some(RunStatus::Cancelled));
+}
+
+#[test]
+fn rule17_a_model_failure_ends_the_run_with_its_cause() {
+    let mut m = machine(json!({}), Policy::auto());
+    m.handle(RunInput::Start, 0);
+    let retry = RunInput::Retry {
+        frame: None,
+        attempt: 1,
+        status: Some(503),
+        wait_ms: 5,
+        error: "down".into(),
+    };
+    let a = m.handle(retry, 1);
+    assert_eq!(kinds(&a), vec!["model_retry", "request_started"]);
+    let mut err = RunError::new("run.model_error", "the model failed");
+    err.cause = Some(json!({"code": "llm.http_status"}));
+    let a = m.handle(
+        RunInput::StreamClosed {
+            frame: None,
+            error: Some(err),
+        },
+        2,
+    );
+    let r = result(&a).expect("finished");
+    assert_eq!(r.status, RunStatus::ModelError);
+    assert_eq!(
+        r.error.and_then(|e| e.cause),
+        Some(json!({"code": "llm.http_status"}))
+    );
+}
+
+#[test]
+fn ops_are_refused_with_typed_reasons_rule21() {
+    let mut m = machine(json!({}), Policy::ask());
+    m.handle(RunInput::Start, 0);
+    let mut out = Vec::new();
+    m.handle_into(
+        RunInput::Call {
+            frame: None,
+            call: call(json!({"_tool": "act", "x": 1})),
+        },
+        1,
+        &mut out,
+    );
+    let hash = out
+        .iter()
+        .find_map(|a| match a {
+            Action::Emit(e) => match &e.kind {
+                crate::protocol::EventKind::ApprovalRequested {
+                    params_hash, path, ..
+                } => {
+                    assert_eq!(path, &vec![CallId(1)]);
+                    Some(params_hash.clone())
+                }
+                _ => None,
+            },
+            _ => None,
+        })
+        .expect("approval requested");
+    let decide = |call: u64, decision: Decision, presented: Option<&str>| Op::Decide {
+        call: CallId(call),
+        decision,
+        presented: presented.map(String::from),
+    };
+    let code = |m: &RunMachine, op: Op| m.check_op(&op).err().map(|e| e.code());
+    assert_eq!(
+        code(&m, decide(9, Decision::Approve, None)),
+        Some("op.unknown_call")
+    );
+    assert_eq!(
+        code(&m, decide(1, Decision::Approve, Some("0000"))),
+        Some("op.stale")
+    );
+    let edit_tool = Decision::Edit {
+        params: json!({"_tool": "note"})
+            .as_object()
+            .cloned()
+            .unwrap_or_default(),
+    };
+    assert_eq!(
+        code(&m, decide(1, edit_tool, None)),
+        Some("op.edit_changes_tool")
+    );
+    let unknown = Decision::Replace {
+        call: call(json!({"_tool": "nope"})),
+    };
+    assert_eq!(
+        code(&m, decide(1, unknown, None)),
+        Some("op.invalid_decision")
+    );
+    assert_eq!(code(&m, decide(1, Decision::Approve, Some(&hash))), None);
+    m.handle(
+        RunInput::Decided {
+            call: CallId(1),
+            decision: Decision::Approve,
+        },
+        2,
+    );
+    assert_eq!(
+        code(&m, decide(1, Decision::Approve, None)),
+        Some("op.already_decided")
+    );
+    m.handle(
+        RunInput::Call {
+            frame: None,
+            call: call(json!({"_tool": "act", "v": "†state.later"})),
+        },
+        3,
+    );
+    assert!(matches!(m.check_op(&decide(2, Decision::Approve, None)),
+        Err(OpError::NotAwaiting { status, .. }) if status == "blocked"));
+    m.handle(
+        RunInput::Cancel {
+            reason: "done".into(),
+        },
+        4,
+    );
+    assert_eq!(
+        code(&m, decide(2, Decision::Approve, None)),
+        Some("op.run_finished")
+    );
+}
+
+#[test]
+fn the_same_journal_gives_the_same_events() {
+    let journal: Vec<JournalEntry> = [
+        RunInput::Start,
+        RunInput::Call {
+            frame: None,
+            call: call(json!({"_tool": "note", "_output": "x", "_outputPath": "†state.a"})),
+        },
+        RunInput::Call {
+            frame: None,
+            call: call(json!({"_tool": "act", "v": "†state.a"})),
+        },
+        RunInput::StreamClosed {
+            frame: None,
+            error: None,
+        },
+        RunInput::Outcome {
+            call: CallId(2),
+            outcome: crate::scheduler::Outcome::ok(json!(1)),
+        },
+    ]
+    .into_iter()
+    .enumerate()
+    .map(|(i, input)| JournalEntry {
+        seq: i as u64 + 1,
+        at: i as u64 * 10,
+        input,
+    })
+    .collect();
+    let cfg = config(json!({}));
+    let a = replay(
+        "r",
+        cfg.clone(),
+        Policy::auto(),
+        SanitizeLimits::default(),
+        &journal,
+    );
+    let b = replay(
+        "r",
+        cfg,
+        Policy::auto(),
+        SanitizeLimits::default(),
+        &journal,
+    );
+    assert_eq!(a, b);
+    let seqs: Vec<u64> = a.iter().map(|e| e.seq).collect();
+    assert_eq!(
+        seqs,
+        (1..=a.len() as u64).collect::<Vec<_>>(),
+        "numbered without gaps"
+    );
+    assert!(
+        a.iter()
+            .any(|e| e.kind.name() == "request_started" && e.step == 2)
+    );
+}
