@@ -457,10 +457,15 @@ impl RunMachine {
                 match action {
                     scheduler::Action::Event { call, mut kind } => {
                         if let (EventKind::ApprovalRequested { path, .. }, Some(f)) =
-                            (&mut kind, self.frames.get(&key))
+                            (&mut kind, self.frames.get_mut(&key))
                         {
                             path.clone_from(&f.path);
                             path.extend(call);
+                            // A new presentation (a replacement by another tool) awaits its own
+                            // decision.
+                            if let Some(id) = call {
+                                f.decisions.remove(&id);
+                            }
                         }
                         if let (EventKind::Decision { decision, .. }, Some(id), Some(f)) =
                             (&kind, call, self.frames.get_mut(&key))

@@ -331,7 +331,7 @@ impl Tool {
 
     /// True when no activity executes the tool: the model fills `_output` itself.
     pub fn is_latent(&self) -> bool {
-        self.activity.is_none()
+        self.activity.is_none() && !self.schema.contains_key("_delegate")
     }
 
     /// Parses a tool from JSON with a typed error.

@@ -1,0 +1,465 @@
+//! A run addressed through its handle (DESIGN.md 3.1): ops in with typed refusals (rule 21),
+//! events out without gap or duplicate, journal sinks, delegates inside the parent run, and no
+//! task outliving a dropped run. Paused tokio clock throughout.
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use dagloop::approval::{Decision, ScriptedApprover};
+use dagloop::engine::{JournalError, JournalFuture, JournalSink};
+use dagloop::llm::{EventStream, Model, Request, Script, ScriptedModel, StreamEvent};
+use dagloop::machine::JournalEntry;
+use dagloop::{AgentBuilder, CallId, Event, EventKind, Goal, Op, RunHandle, RunStatus};
+use futures::StreamExt;
+use serde_json::{Value, json};
+
+fn goal_in(dir: &std::path::Path, doc: Value) -> Goal {
+    Goal::from_json(&doc.to_string(), "test.json".as_ref(), dir.to_path_buf()).expect("goal")
+}
+
+fn model(turns: Value) -> Arc<ScriptedModel> {
+    let script = Script::parse(&json!({ "turns": turns }).to_string(), "test").expect("script");
+    Arc::new(ScriptedModel::new(script))
+}
+
+fn sol(calls: Value, output: Value) -> Value {
+    json!({"solution": {"calls": calls, "output": output}, "chunk_chars": 9, "chunk_delay_ms": 1})
+}
+
+async fn all_events(h: &RunHandle) -> Vec<Arc<Event>> {
+    let mut sub = h.subscribe_from(0);
+    let mut v = Vec::new();
+    while let Some(e) = sub.recv().await {
+        if !e.kind.is_ephemeral() {
+            v.push(e);
+        }
+    }
+    v
+}
+
+fn counting(
+    n: &Arc<AtomicUsize>,
+) -> impl Fn(Value) -> futures::future::BoxFuture<'static, Result<Value, String>> + Send + Sync + 'static
+{
+    let n = n.clone();
+    move |_p: Value| {
+        n.fetch_add(1, Ordering::SeqCst);
+        Box::pin(async move { Ok::<_, String>(json!({"ran": true})) })
+    }
+}
+
+/// A parent whose delegate calls a tool the parent's policy does not allow: the nested call is
+/// presented to the parent's reviewer (path through the delegate call), rejected, and never runs.
+#[tokio::test(start_paused = true)]
+async fn delegates_run_inside_the_parent_run_under_its_policy() {
+    let dir = tempfile::tempdir().expect("dir");
+    let helper = json!({"goal": "helper", "output_schema": {"type": "object"},
+        "tools": [{"_tool": "danger", "_activity": "rust", "type": "object"}]});
+    std::fs::write(dir.path().join("helper.goal.json"), helper.to_string()).expect("write");
+    let parent = goal_in(
+        dir.path(),
+        json!({"goal": "parent", "output_schema": {"type": "object"},
+        "tools": [
+            {"_tool": "askHelper", "_delegate": "helper.goal.json", "type": "object"},
+            {"_tool": "danger", "_activity": "rust", "type": "object"}],
+        "approval": {"policy": "allowlist", "allow": ["askHelper"]}}),
+    );
+    let turns = json!([
+        sol(
+            json!([{"_tool": "askHelper", "q": "go", "_outputPath": "†state.h"}]),
+            Value::Null
+        ),
+        sol(json!([{"_tool": "danger", "rm": "-rf"}]), Value::Null),
+        sol(json!([]), json!({"helped": true})),
+        sol(json!([]), json!({"done": "†state.h"})),
+    ]);
+    let ran = Arc::new(AtomicUsize::new(0));
+    let approver = Arc::new(ScriptedApprover::new().for_tool(
+        "danger",
+        Decision::Reject {
+            reason: "not in a delegate either".into(),
+        },
+    ));
+    let mut b = AgentBuilder::new(parent)
+        .model(model(turns))
+        .approver(approver.clone());
+    let f = counting(&ran);
+    b.registry_mut().register_fn("danger", move |p: Value| f(p));
+    let h = b.build().expect("build").start();
+    let events = all_events(&h).await;
+    let r = h.wait().await;
+    assert_eq!(r.status, RunStatus::Succeeded, "{r:?}");
+    assert_eq!(r.output, json!({"done": {"helped": true}}));
+    assert_eq!(
+        ran.load(Ordering::SeqCst),
+        0,
+        "the nested call was rejected, never run"
+    );
+    let reqs = approver.requests();
+    assert_eq!(reqs.len(), 1);
+    assert_eq!(
+        reqs[0].path,
+        vec![CallId(1), CallId(2)],
+        "path through the delegate call"
+    );
+    assert_eq!(reqs[0].run_id, h.run_id());
+    let nested: Vec<&Arc<Event>> = events
+        .iter()
+        .filter(|e| e.parent == Some(CallId(1)))
+        .collect();
+    assert!(nested.iter().all(|e| e.depth == 1));
+    assert!(
+        nested
+            .iter()
+            .any(|e| matches!(e.kind, EventKind::RunStarted { .. }))
+    );
+    let received: Vec<CallId> = events
+        .iter()
+        .filter(|e| matches!(e.kind, EventKind::CallReceived { .. }))
+        .filter_map(|e| e.call)
+        .collect();
+    assert_eq!(
+        received,
+        vec![CallId(1), CallId(2)],
+        "one id space for the whole run"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn ops_are_checked_against_the_run_and_refusals_change_nothing() {
+    let dir = tempfile::tempdir().expect("dir");
+    let g = goal_in(
+        dir.path(),
+        json!({"goal": "g", "output_schema": {"type": "object"},
+        "tools": [
+            {"_tool": "pay", "_activity": "rust", "type": "object",
+             "properties": {"amount": {"type": "number", "maximum": 100}}, "required": ["amount"]},
+            {"_tool": "wire", "_activity": "rust", "_approval": "always", "type": "object"}],
+        "approval": {"policy": "ask"}}),
+    );
+    let turns = json!([
+        sol(json!([{"_tool": "pay", "amount": 30}]), Value::Null),
+        sol(json!([]), json!({"ok": true})),
+    ]);
+    let paid = Arc::new(Mutex::new(Vec::new()));
+    let mut b = AgentBuilder::new(g).model(model(turns)).external_review();
+    let p2 = paid.clone();
+    b.registry_mut().register_fn("pay", move |p: Value| {
+        let p2 = p2.clone();
+        async move {
+            p2.lock().expect("paid").push(p["amount"].clone());
+            Ok::<_, String>(json!({"paid": p["amount"]}))
+        }
+    });
+    b.registry_mut()
+        .register_fn("wire", |_p: Value| async move { Ok::<_, String>(json!(1)) });
+    let h = b.build().expect("build").start();
+    let mut sub = h.subscribe_from(0);
+    let (call, hash) = loop {
+        let e = sub.recv().await.expect("an approval request");
+        if let (EventKind::ApprovalRequested { params_hash, .. }, Some(c)) = (&e.kind, e.call) {
+            break (c, params_hash.clone());
+        }
+    };
+    let decide = |d: Decision, presented: Option<String>| Op::Decide {
+        call,
+        decision: d,
+        presented,
+    };
+    let code = |r: Result<(), dagloop::OpError>| r.err().map(|e| e.code());
+    let unknown = Op::Decide {
+        call: CallId(99),
+        decision: Decision::Approve,
+        presented: None,
+    };
+    assert_eq!(code(h.submit(unknown).await), Some("op.unknown_call"));
+    assert_eq!(
+        code(
+            h.submit(decide(Decision::Approve, Some("feedbeef".into())))
+                .await
+        ),
+        Some("op.stale")
+    );
+    let to_wire = Decision::Edit {
+        params: json!({"_tool": "wire"})
+            .as_object()
+            .cloned()
+            .unwrap_or_default(),
+    };
+    assert_eq!(
+        code(h.submit(decide(to_wire, None)).await),
+        Some("op.edit_changes_tool")
+    );
+    let too_much = Decision::Edit {
+        params: json!({"amount": 500})
+            .as_object()
+            .cloned()
+            .unwrap_or_default(),
+    };
+    assert_eq!(
+        code(h.submit(decide(too_much, None)).await),
+        Some("op.invalid_decision")
+    );
+    let ok = Decision::Edit {
+        params: json!({"amount": 45})
+            .as_object()
+            .cloned()
+            .unwrap_or_default(),
+    };
+    assert_eq!(code(h.submit(decide(ok, Some(hash.clone()))).await), None);
+    assert_eq!(
+        code(h.submit(decide(Decision::Approve, Some(hash))).await),
+        Some("op.already_decided")
+    );
+    let r = h.wait().await;
+    assert_eq!(r.status, RunStatus::Succeeded);
+    assert_eq!(
+        *paid.lock().expect("paid"),
+        vec![json!(45)],
+        "the edited params ran, once"
+    );
+    assert_eq!(r.calls[0].decision.as_deref(), Some("edit"));
+    assert_eq!(
+        code(h.submit(decide(Decision::Approve, None)).await),
+        Some("op.run_finished")
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_replacement_goes_through_the_replacing_tools_own_gate() {
+    let dir = tempfile::tempdir().expect("dir");
+    let g = goal_in(
+        dir.path(),
+        json!({"goal": "g", "output_schema": {"type": "object"},
+        "tools": [
+            {"_tool": "draft", "_activity": "rust", "type": "object"},
+            {"_tool": "send", "_activity": "rust", "_approval": "always", "type": "object"}],
+        "approval": {"policy": "allowlist", "allow": []}}),
+    );
+    let turns = json!([
+        sol(json!([{"_tool": "draft"}]), Value::Null),
+        sol(json!([]), json!({}))
+    ]);
+    let approver = Arc::new(
+        ScriptedApprover::new()
+            .then(Decision::Replace {
+                call: dagloop::Call::new("send").param("to", "ceo"),
+            })
+            .then(Decision::Reject {
+                reason: "not that either".into(),
+            }),
+    );
+    let sent = Arc::new(AtomicUsize::new(0));
+    let mut b = AgentBuilder::new(g)
+        .model(model(turns))
+        .approver(approver.clone());
+    b.registry_mut().register_fn(
+        "draft",
+        |_p: Value| async move { Ok::<_, String>(json!(1)) },
+    );
+    let f = counting(&sent);
+    b.registry_mut().register_fn("send", move |p: Value| f(p));
+    let r = b.build().expect("build").run().await;
+    let asked: Vec<String> = approver
+        .requests()
+        .iter()
+        .map(|r| r.call.tool.clone())
+        .collect();
+    assert_eq!(
+        asked,
+        vec!["draft", "send"],
+        "the replacement was presented on its own"
+    );
+    assert_eq!(sent.load(Ordering::SeqCst), 0);
+    assert_eq!(r.calls[0].status, dagloop::scheduler::CallStatus::Rejected);
+}
+
+#[tokio::test(start_paused = true)]
+async fn late_subscribers_get_every_event_once_in_order() {
+    let dir = tempfile::tempdir().expect("dir");
+    let g = goal_in(
+        dir.path(),
+        json!({"goal": "g", "output_schema": {"type": "object"},
+        "tools": [{"_tool": "t", "_activity": "rust", "type": "object"}]}),
+    );
+    let calls: Vec<Value> = (0..6)
+        .map(|i| json!({"_tool": "t", "i": i, "_outputPath": format!("†state.r{i}")}))
+        .collect();
+    let turns = json!([
+        sol(json!(calls), Value::Null),
+        sol(json!([]), json!({"ok": 1}))
+    ]);
+    let mut b = AgentBuilder::new(g).model(model(turns));
+    b.registry_mut().register_fn("t", |p: Value| async move {
+        tokio::time::sleep(Duration::from_millis(5 * p["i"].as_u64().unwrap_or(0))).await;
+        Ok::<_, String>(p)
+    });
+    let h = b.build().expect("build").start();
+    let mut early = h.subscribe_from(0);
+    let mut first = Vec::new();
+    while first.len() < 7 {
+        let e = early.recv().await.expect("event");
+        if !e.kind.is_ephemeral() {
+            first.push(e);
+        }
+    }
+    // Mid-run: a new subscriber asks for everything after the 4th event.
+    let mut late = h.subscribe_from(4);
+    let mut rest = Vec::new();
+    while let Some(e) = late.recv().await {
+        if !e.kind.is_ephemeral() {
+            rest.push(e);
+        }
+    }
+    let full = all_events(&h).await;
+    assert_eq!(h.wait().await.status, RunStatus::Succeeded);
+    let seqs: Vec<u64> = full.iter().map(|e| e.seq).collect();
+    assert_eq!(seqs, (1..=full.len() as u64).collect::<Vec<_>>());
+    assert_eq!(
+        rest.iter().map(|e| e.seq).collect::<Vec<_>>(),
+        seqs[4..].to_vec()
+    );
+    assert_eq!(&full[..7], &first[..]);
+    assert_eq!(
+        full,
+        rest.iter().fold(full[..4].to_vec(), |mut v, e| {
+            v.push(e.clone());
+            v
+        })
+    );
+}
+
+struct FailingSink {
+    after: usize,
+    panic: bool,
+    seen: AtomicUsize,
+}
+
+impl JournalSink for FailingSink {
+    fn append<'a>(&'a self, _run: &'a str, _entries: &'a [JournalEntry]) -> JournalFuture<'a> {
+        let n = self.seen.fetch_add(1, Ordering::SeqCst);
+        Box::pin(async move {
+            if n >= self.after {
+                if self.panic {
+                    panic!("disk on fire");
+                }
+                return Err(JournalError {
+                    reason: "disk full".into(),
+                });
+            }
+            Ok(())
+        })
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_failing_or_panicking_journal_sink_stops_the_run_with_a_code() {
+    for panic in [false, true] {
+        let dir = tempfile::tempdir().expect("dir");
+        let g = goal_in(
+            dir.path(),
+            json!({"goal": "g", "output_schema": {"type": "object"}}),
+        );
+        let turns = json!([sol(json!([]), Value::Null), sol(json!([]), json!({}))]);
+        let sink = Arc::new(FailingSink {
+            after: 2,
+            panic,
+            seen: AtomicUsize::new(0),
+        });
+        let r = AgentBuilder::new(g)
+            .model(model(turns))
+            .journal(sink)
+            .build()
+            .expect("b")
+            .run()
+            .await;
+        assert_eq!(r.status, RunStatus::JournalFailed, "panic={panic}");
+        assert_eq!(
+            r.error.as_ref().map(|e| e.code.as_str()),
+            Some("run.journal")
+        );
+    }
+}
+
+struct Flag(Arc<AtomicBool>);
+impl Drop for Flag {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+}
+
+/// Streams one call, then nothing, forever; notes when its stream is dropped.
+struct Hanging(Arc<AtomicBool>);
+impl Model for Hanging {
+    fn stream(&self, _req: &Request) -> EventStream {
+        let flag = Flag(self.0.clone());
+        let first = futures::stream::iter(vec![Ok(StreamEvent::TextDelta(
+            r#"{"calls": [{"_tool": "slow"}, "#.into(),
+        ))]);
+        first
+            .chain(futures::stream::pending())
+            .map(move |e| {
+                let _keep = &flag;
+                e
+            })
+            .boxed()
+    }
+    fn name(&self) -> String {
+        "hanging".into()
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn dropping_or_cancelling_a_run_stops_every_task_it_owns() {
+    for cancel in [false, true] {
+        let dir = tempfile::tempdir().expect("dir");
+        let g = goal_in(
+            dir.path(),
+            json!({"goal": "g", "output_schema": {},
+            "tools": [{"_tool": "slow", "_activity": "rust", "type": "object"}]}),
+        );
+        let stream_closed = Arc::new(AtomicBool::new(false));
+        let activity_dropped = Arc::new(AtomicBool::new(false));
+        let started = Arc::new(tokio::sync::Notify::new());
+        let mut b = AgentBuilder::new(g).model(Arc::new(Hanging(stream_closed.clone())));
+        let (ad, st) = (activity_dropped.clone(), started.clone());
+        b.registry_mut().register_fn("slow", move |_p: Value| {
+            let guard = Flag(ad.clone());
+            st.notify_one();
+            async move {
+                let _guard = guard;
+                std::future::pending::<()>().await;
+                Ok::<_, String>(json!(1))
+            }
+        });
+        let baseline = tokio::runtime::Handle::current()
+            .metrics()
+            .num_alive_tasks();
+        let h = b.build().expect("build").start();
+        started.notified().await;
+        if cancel {
+            h.cancel("test").await.expect("cancel applies");
+            assert_eq!(h.wait().await.status, RunStatus::Cancelled);
+        }
+        drop(h);
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        assert!(
+            activity_dropped.load(Ordering::SeqCst),
+            "activity stopped (cancel={cancel})"
+        );
+        assert!(
+            stream_closed.load(Ordering::SeqCst),
+            "model stream closed (cancel={cancel})"
+        );
+        let alive = tokio::runtime::Handle::current()
+            .metrics()
+            .num_alive_tasks();
+        assert_eq!(
+            alive, baseline,
+            "no task outlives the run (cancel={cancel})"
+        );
+    }
+}
