@@ -25,7 +25,7 @@ use crate::approval::{Approver, Mode, Policy};
 use crate::context::SanitizeLimits;
 use crate::goal::Goal;
 use crate::llm::{LlmError, Model, ModelSpec, RetryPolicy, Retrying, Settings};
-use crate::machine::{AgentConfig, ConfigError, MAX_DEPTH, RunMachine, RunResult};
+use crate::machine::{AgentConfig, ConfigError, JournalEntry, MAX_DEPTH, RunMachine, RunResult};
 use crate::protocol::{Tool, ToolApproval};
 use crate::tools::{Activity, ActivityError, ActivityFuture, DelegateRunner, Registry};
 
@@ -493,6 +493,18 @@ impl Agent {
     /// Starts the run on the current tokio runtime and returns its handle. The run stops when
     /// the last clone of the handle is dropped.
     pub fn start(self) -> RunHandle {
+        self.launch(None)
+    }
+
+    /// Continues a run from its journal (recorded by an earlier process under the same run id,
+    /// goal and options): nothing completed runs again; model turns that were streaming are
+    /// asked again; calls that had started are interrupted (re-run when their tool is
+    /// `_idempotent`, else presented to a reviewer again, flagged `interrupted`).
+    pub fn resume(self, journal: Vec<JournalEntry>) -> RunHandle {
+        self.launch(Some(journal))
+    }
+
+    fn launch(self, journal: Option<Vec<JournalEntry>>) -> RunHandle {
         let (tx, _) = broadcast::channel(super::bus::DEFAULT_CAPACITY);
         let (ops_tx, ops) = mpsc::unbounded_channel();
         let (done, _) = watch::channel(None);
@@ -527,7 +539,7 @@ impl Agent {
             result: None,
             journal_seq: 0,
         };
-        let task = tokio::spawn(driver.run());
+        let task = tokio::spawn(driver.run(journal));
         RunHandle {
             shared,
             _owner: Arc::new(Owner {

@@ -59,9 +59,18 @@ enum Next {
 }
 
 impl Driver {
-    /// Runs to the end; publishes the result on the shared `done` channel.
-    pub async fn run(mut self) -> RunResult {
-        self.feed(vec![RunInput::Start]).await;
+    /// Runs to the end; publishes the result on the shared `done` channel. With `journal`, the
+    /// run is rebuilt from it first (a resumed run) and told so with [`RunInput::Resumed`].
+    pub async fn run(mut self, journal: Option<Vec<JournalEntry>>) -> RunResult {
+        match journal {
+            Some(entries) if !entries.is_empty() => {
+                self.rebuild(entries);
+                self.feed(vec![RunInput::Resumed]).await;
+            }
+            _ => {
+                self.feed(vec![RunInput::Start]).await;
+            }
+        }
         let mut cancel_seen = false;
         while self.result.is_none() {
             let now = (self.clock)();
@@ -140,6 +149,58 @@ impl Driver {
             .done
             .send_replace(Some(Arc::new(result.clone())));
         result
+    }
+
+    /// Replays a stored journal through the machine without performing anything, keeping what
+    /// is still pending: timers, and how many requests each model already answered.
+    fn rebuild(&mut self, entries: Vec<JournalEntry>) {
+        let mut actions = Vec::new();
+        let mut attempts: std::collections::BTreeMap<Option<String>, usize> = Default::default();
+        let mut frame_model: std::collections::BTreeMap<FrameKey, Option<String>> = Default::default();
+        let mut timers = std::collections::BTreeMap::new();
+        let mut log = match self.shared.log.lock() {
+            Ok(l) => l,
+            Err(p) => p.into_inner(),
+        };
+        for e in entries {
+            self.journal_seq = self.journal_seq.max(e.seq);
+            match &e.input {
+                RunInput::TimerFired { timer } => {
+                    timers.remove(timer);
+                }
+                RunInput::Retry { frame, .. } => {
+                    let model = frame_model.get(frame).cloned().flatten();
+                    *attempts.entry(model).or_default() += 1;
+                }
+                _ => {}
+            }
+            self.machine.handle_into(e.input.clone(), e.at, &mut actions);
+            log.journal.push(e);
+            for a in actions.drain(..) {
+                match a {
+                    Action::Emit(ev) => log.last_seq = ev.seq,
+                    Action::SetTimer { timer, at } => {
+                        timers.insert(timer, at);
+                    }
+                    Action::ClearTimer { timer } => {
+                        timers.remove(&timer);
+                    }
+                    Action::Request { frame, config, .. } => {
+                        *attempts.entry(config.model.clone()).or_default() += 1;
+                        frame_model.insert(frame, config.model.clone());
+                    }
+                    Action::Finished(r) => self.result = Some(*r),
+                    _ => {}
+                }
+            }
+        }
+        drop(log);
+        for (model, n) in attempts {
+            self.models.get(model.as_deref()).resume_after(n);
+        }
+        for (timer, at) in timers {
+            self.timers.set(timer, at);
+        }
     }
 
     fn read(&mut self, item: TurnItem) -> Vec<RunInput> {
@@ -243,6 +304,7 @@ impl Driver {
                 step,
                 messages,
                 config,
+                skip_calls,
             } => {
                 let model = self.models.get(config.model.as_deref());
                 let req = Request {
@@ -251,7 +313,7 @@ impl Driver {
                     tools: config.tools.clone(),
                     settings: self.settings.clone(),
                 };
-                self.turns.open(frame, step, model.stream(&req));
+                self.turns.open(frame, step, skip_calls, model.stream(&req));
             }
             Action::CloseStream { frame } => self.turns.close(frame),
             Action::Launch {

@@ -35,6 +35,8 @@ struct Reader {
     parser: SolutionParser,
     saw_text: bool,
     step: u32,
+    /// Calls still to drop (already taken before a restart).
+    skip: usize,
     abort: AbortHandle,
 }
 
@@ -46,7 +48,13 @@ pub(super) struct Turns {
 }
 
 impl Turns {
-    pub fn open(&mut self, frame: FrameKey, step: u32, stream: crate::llm::EventStream) {
+    pub fn open(
+        &mut self,
+        frame: FrameKey,
+        step: u32,
+        skip: usize,
+        stream: crate::llm::EventStream,
+    ) {
         self.close(frame);
         let (abort, reg) = AbortHandle::new_pair();
         let items = Abortable::new(stream, reg)
@@ -60,6 +68,7 @@ impl Turns {
                 parser: SolutionParser::new(),
                 saw_text: false,
                 step,
+                skip,
                 abort,
             },
         );
@@ -92,14 +101,38 @@ impl Turns {
         delta: &mut dyn FnMut(FrameKey, u64),
     ) -> Vec<RunInput> {
         let mut out = Vec::new();
+        self.read_into(frame, item, delta, &mut out);
+        // A turn asked again after a restart: drop the calls already taken.
+        if let Some(reader) = self.readers.get_mut(&frame)
+            && reader.skip > 0
+        {
+            out.retain(|i| {
+                let call = matches!(i, RunInput::Call { .. } | RunInput::Unreadable { .. });
+                if call && reader.skip > 0 {
+                    reader.skip -= 1;
+                    return false;
+                }
+                true
+            });
+        }
+        out
+    }
+
+    fn read_into(
+        &mut self,
+        frame: FrameKey,
+        item: Option<Result<StreamEvent, LlmError>>,
+        delta: &mut dyn FnMut(FrameKey, u64),
+        out: &mut Vec<RunInput>,
+    ) {
         let Some(reader) = self.readers.get_mut(&frame) else {
-            return out;
+            return;
         };
         match item {
             None => {
                 if reader.saw_text {
                     match std::mem::take(&mut reader.parser).finish() {
-                        Ok(evs) => parsed(frame, evs, &mut out),
+                        Ok(evs) => parsed(frame, evs, out),
                         Err(e) => out.push(RunInput::Problem {
                             frame,
                             problem: format!("{e} [{}]", e.code()),
@@ -113,7 +146,7 @@ impl Turns {
                 reader.saw_text = true;
                 delta(frame, t.chars().count() as u64);
                 let evs = reader.parser.feed(&t);
-                parsed(frame, evs, &mut out);
+                parsed(frame, evs, out);
             }
             Some(Ok(StreamEvent::ToolCallDone {
                 name, arguments, ..
@@ -162,7 +195,6 @@ impl Turns {
                 self.close(frame);
             }
         }
-        out
     }
 }
 

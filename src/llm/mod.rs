@@ -57,6 +57,12 @@ pub trait Model: Send + Sync {
     fn stream(&self, req: &Request) -> EventStream;
     /// A display name for logs and events (`openai:gpt-4o-mini`); never contains a secret.
     fn name(&self) -> String;
+    /// A resumed run already made `attempts` requests of this model in an earlier process. A
+    /// model whose answers depend on how many came before (a script) moves on that far; others
+    /// ignore it.
+    fn resume_after(&self, attempts: usize) {
+        let _ = attempts;
+    }
 }
 
 impl<M: Model + ?Sized> Model for Arc<M> {
@@ -66,6 +72,9 @@ impl<M: Model + ?Sized> Model for Arc<M> {
     fn name(&self) -> String {
         (**self).name()
     }
+    fn resume_after(&self, attempts: usize) {
+        (**self).resume_after(attempts)
+    }
 }
 
 impl<M: Model + ?Sized> Model for Box<M> {
@@ -74,6 +83,9 @@ impl<M: Model + ?Sized> Model for Box<M> {
     }
     fn name(&self) -> String {
         (**self).name()
+    }
+    fn resume_after(&self, attempts: usize) {
+        (**self).resume_after(attempts)
     }
 }
 

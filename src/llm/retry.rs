@@ -269,6 +269,10 @@ impl<M: Model + ?Sized + 'static> Model for Retrying<M> {
     fn name(&self) -> String {
         self.inner.name()
     }
+
+    fn resume_after(&self, attempts: usize) {
+        self.inner.resume_after(attempts);
+    }
 }
 
 #[cfg(test)]

@@ -145,4 +145,8 @@ impl Model for ScriptedModel {
     fn name(&self) -> String {
         self.name.clone()
     }
+
+    fn resume_after(&self, attempts: usize) {
+        self.next.store(attempts, Ordering::SeqCst);
+    }
 }

@@ -24,6 +24,8 @@ pub(super) struct Turn {
     pub problems: Vec<String>,
     pub fatal: Option<RunError>,
     pub attempt: u32,
+    /// Calls (readable or not) streamed so far in this turn.
+    pub calls: usize,
 }
 
 #[derive(Debug)]
@@ -43,6 +45,8 @@ pub(super) struct Frame {
     pub state: Option<State>,
     pub sched: Option<Scheduler>,
     pub streaming: bool,
+    /// The context of the current turn (asked again as is after a restart).
+    pub messages: Vec<Message>,
     pub turn: Turn,
     pub tracker: TurnTracker,
     pub output_errors: Vec<String>,
@@ -89,6 +93,7 @@ impl Frame {
             state: None,
             sched: None,
             streaming: false,
+            messages: Vec::new(),
             turn: Turn::default(),
             tracker: TurnTracker::default(),
             output_errors: Vec::new(),

@@ -124,13 +124,15 @@ impl RunMachine {
         match input {
             RunInput::Start => self.start(now, &mut work, out),
             RunInput::Call { frame, call } => {
-                if self.streaming(frame) {
+                if let Some(f) = self.live(frame) {
+                    f.turn.calls += 1;
                     let id = self.alloc(frame);
                     work.push((frame, scheduler::Input::CallArrived { id, call: Ok(call) }));
                 }
             }
             RunInput::Unreadable { frame, raw, reason } => {
-                if self.streaming(frame) {
+                if let Some(f) = self.live(frame) {
+                    f.turn.calls += 1;
                     let id = self.alloc(frame);
                     let call = Err(format!("{reason} (in {raw})"));
                     work.push((frame, scheduler::Input::CallArrived { id, call }));
@@ -221,6 +223,7 @@ impl RunMachine {
                 }
             },
             RunInput::Cancel { .. } => self.stop(None, RunStatus::Cancelled, now, &mut work, out),
+            RunInput::Resumed => self.resume(&mut work, out),
         }
         self.run_work(work, now, out);
     }
@@ -387,6 +390,7 @@ impl RunMachine {
             None => Vec::new(),
         };
         let config = f.cfg.clone();
+        f.messages.clone_from(&messages);
         self.open_scheduler(key, step);
         if let Some(f) = self.frames.get_mut(&key) {
             f.streaming = true;
@@ -407,7 +411,31 @@ impl RunMachine {
             step,
             messages,
             config,
+            skip_calls: 0,
         });
+    }
+
+    /// After a restart: turns that were streaming are asked again, running calls interrupted.
+    fn resume(&mut self, work: &mut Vec<Work>, out: &mut Vec<Action>) {
+        for f in self.frames.values() {
+            if f.streaming {
+                out.push(Action::Request {
+                    frame: f.key,
+                    step: f.step,
+                    messages: f.messages.clone(),
+                    config: f.cfg.clone(),
+                    skip_calls: f.turn.calls,
+                });
+            }
+            if let Some(s) = &f.sched {
+                for id in s.running() {
+                    // A delegate's call is its nested agent, which resumes on its own.
+                    if !self.frames.contains_key(&Some(id)) {
+                        work.push((f.key, scheduler::Input::Interrupted { id }));
+                    }
+                }
+            }
+        }
     }
 
     /// Stops an agent with `status` (cancel, timeout): its step is cancelled, its model stream

@@ -132,6 +132,10 @@ pub enum RunInput {
         /// Why.
         reason: String,
     },
+    /// The run was rebuilt from its journal after its process stopped: model turns that were
+    /// streaming are asked again (the calls they had already streamed are not taken twice),
+    /// and calls that had started are interrupted (re-run when idempotent, else re-presented).
+    Resumed,
 }
 
 impl RunInput {
@@ -150,6 +154,7 @@ impl RunInput {
             RunInput::Decided { .. } => "decided",
             RunInput::TimerFired { .. } => "timer_fired",
             RunInput::Cancel { .. } => "cancel",
+            RunInput::Resumed => "resumed",
         }
     }
 }
@@ -181,6 +186,9 @@ pub enum Action {
         messages: Vec<Message>,
         /// The agent's configuration (its composed schema, tools and model).
         config: Arc<AgentConfig>,
+        /// How many calls at the start of the stream were already taken (a turn asked again
+        /// after a restart): the engine drops that many before feeding calls back.
+        skip_calls: usize,
     },
     /// Stop reading an agent's model stream (the agent was cancelled or timed out).
     CloseStream {

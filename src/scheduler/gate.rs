@@ -4,7 +4,7 @@
 use serde_json::{Map, Value};
 
 use super::core::{emit, read_paths};
-use super::{Phase, Scheduler, ToolEntry};
+use super::{Phase, Scheduler, ToolEntry, is_idempotent};
 use crate::approval::{DefaultDecision, Gate, assess};
 use crate::protocol::{Call, CallId, Decision, EventKind, FailKind, Millis, params_hash};
 use crate::scheduler::{Action, CallStatus, SchedulerError};
@@ -99,6 +99,8 @@ impl Scheduler {
             self.release(ix);
         } else {
             self.set_phase(ix, Phase::Running);
+            // Kept to re-present (or re-launch) the call if the run stops while it runs.
+            self.entries[ix].presented = Some(Box::new(call.clone()));
         }
         out.push(Action::Launch {
             id,
@@ -155,6 +157,44 @@ impl Scheduler {
                 self.rewrite(ix, call, same_tool, out)
             }
         }
+    }
+
+    /// The run stopped while this call ran and nobody knows whether it finished: an idempotent
+    /// tool's call is launched again; any other goes back through the approval gate, flagged
+    /// `interrupted`, whatever the policy.
+    pub(super) fn interrupted(&mut self, id: CallId, out: &mut Vec<Action>) {
+        let Some(ix) = self.ix(id) else { return };
+        if self.entries[ix].phase != Phase::Running {
+            return;
+        }
+        let (Some(call), Some(tool)) = (
+            self.entries[ix].presented.as_deref().cloned(),
+            self.entries[ix].tool.clone(),
+        ) else {
+            return;
+        };
+        if is_idempotent(&tool.tool) {
+            return self.launch(ix, call, tool, out);
+        }
+        self.entries[ix].decided = false;
+        self.entries[ix].approved = false;
+        emit(
+            out,
+            id,
+            EventKind::ApprovalRequested {
+                params_hash: params_hash(&call),
+                call: call.clone(),
+                path: Vec::new(),
+                interrupted: true,
+            },
+        );
+        self.set_phase(ix, Phase::Asking);
+        out.push(Action::Ask {
+            id,
+            call,
+            tool: tool.tool,
+            timeout: self.policy.timeout,
+        });
     }
 
     /// True once a decision (or the timeout default) was applied to the call.

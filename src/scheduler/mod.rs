@@ -128,6 +128,12 @@ pub struct Scheduler {
     resolutions: u64,
 }
 
+/// True when the tool declares its calls safe to run twice (`"_idempotent": true`): a call
+/// interrupted by a crash is then retried without asking.
+pub fn is_idempotent(tool: &Tool) -> bool {
+    tool.schema.get("_idempotent").and_then(Value::as_bool) == Some(true)
+}
+
 /// True when the tool is marked fire-and-forget (`"_detached": true` in its definition).
 pub fn is_detached(tool: &Tool) -> bool {
     tool.schema.get("_detached").and_then(Value::as_bool) == Some(true)
@@ -193,6 +199,7 @@ impl Scheduler {
             Input::ApprovalTimedOut { id } => self.timed_out(id, now, out),
             Input::Finished { id, outcome } => self.finished(id, outcome, now, out),
             Input::Cancel => self.cancel(out),
+            Input::Interrupted { id } => self.interrupted(id, out),
         }
         self.settle(now, out);
     }
@@ -205,6 +212,15 @@ impl Scheduler {
     /// Gives the state back (at the end of the step).
     pub fn into_state(self) -> State {
         self.state
+    }
+
+    /// The calls whose activities are running, in arrival order.
+    pub fn running(&self) -> Vec<CallId> {
+        self.entries
+            .iter()
+            .filter(|e| e.phase == Phase::Running)
+            .map(|e| e.id)
+            .collect()
     }
 
     /// The step number given in the options.

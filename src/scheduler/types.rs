@@ -46,6 +46,12 @@ pub enum Input {
     },
     /// Stop: launch nothing more, abort running calls, report everything unfinished cancelled.
     Cancel,
+    /// The run was rebuilt after a stop while this call's activity ran (see
+    /// `Scheduler::interrupted` for what happens).
+    Interrupted {
+        /// The call.
+        id: CallId,
+    },
 }
 
 /// Something the driver must do.

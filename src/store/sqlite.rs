@@ -1,0 +1,519 @@
+//! The embedded run store: one SQLite file in WAL mode, one writer thread fed by a channel,
+//! readers on their own connections.
+//!
+//! The writer takes every request waiting in its channel and commits them in one `BEGIN
+//! IMMEDIATE` transaction, then answers each: nothing is acknowledged before it is committed.
+//! Commits that carry a decision or a run's end are made with `synchronous=FULL`; journal-only
+//! commits with `NORMAL` (durable across a process crash; WAL). A busy timeout keeps two
+//! processes sharing one file from ever reporting `database is locked`.
+
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::sync::mpsc;
+use std::time::Duration;
+
+use rusqlite::{Connection, OpenFlags, OptionalExtension, params};
+use tokio::sync::oneshot;
+
+use super::{RunRecord, RunRow, RunStore, StoreError, StoredRun};
+use crate::engine::{JournalError, JournalFuture, JournalSink};
+use crate::machine::{JournalEntry, RunInput, RunResult};
+use crate::protocol::{Millis, Op};
+
+/// The schema version this build writes; older stores are upgraded in place.
+pub const SCHEMA_VERSION: i64 = 1;
+
+const BUSY: Duration = Duration::from_secs(30);
+
+/// Migrations, in order: `MIGRATIONS[i]` takes a store from version `i` to `i + 1`.
+const MIGRATIONS: &[&str] = &["
+    CREATE TABLE runs (
+        id TEXT PRIMARY KEY,
+        created_at INTEGER NOT NULL,
+        updated_at INTEGER NOT NULL,
+        record TEXT NOT NULL,
+        result TEXT,
+        status TEXT NOT NULL,
+        entries INTEGER NOT NULL DEFAULT 0,
+        owner_pid INTEGER
+    );
+    CREATE TABLE journal (
+        run_id TEXT NOT NULL,
+        seq INTEGER NOT NULL,
+        at INTEGER NOT NULL,
+        input TEXT NOT NULL,
+        PRIMARY KEY (run_id, seq)
+    ) WITHOUT ROWID;
+    CREATE TABLE ops (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        run_id TEXT NOT NULL,
+        op TEXT NOT NULL
+    );
+    CREATE INDEX runs_updated ON runs(updated_at);
+"];
+
+enum Write {
+    Create(RunRecord, u32),
+    Claim(String, u32),
+    Append(String, Vec<JournalEntry>),
+    Finish(String, Box<RunResult>),
+    Prune(Millis),
+    PushOp(String, String),
+    TakeOps(String),
+}
+
+enum Done {
+    Unit,
+    Count(usize),
+    Ops(Vec<String>),
+}
+
+/// Where the writer sends one request's outcome (a tokio oneshot for the async journal path, a
+/// std channel for the synchronous calls, which may come from inside a runtime).
+type Reply = Box<dyn FnOnce(Result<Done, StoreError>) + Send>;
+
+/// A run store in one SQLite file. See the module docs.
+pub struct SqliteStore {
+    path: PathBuf,
+    tx: Mutex<mpsc::Sender<(Write, Reply)>>,
+}
+
+impl std::fmt::Debug for SqliteStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SqliteStore").field("path", &self.path).finish()
+    }
+}
+
+fn classify(path: &Path, e: rusqlite::Error) -> StoreError {
+    let p = path.display().to_string();
+    match e.sqlite_error_code() {
+        Some(rusqlite::ErrorCode::NotADatabase) => StoreError::Foreign {
+            path: p,
+            reason: "not an SQLite database".into(),
+        },
+        Some(rusqlite::ErrorCode::DatabaseCorrupt) => StoreError::Corrupt {
+            path: p,
+            reason: e.to_string(),
+        },
+        _ => StoreError::Io {
+            reason: e.to_string(),
+        },
+    }
+}
+
+fn io(e: impl std::fmt::Display) -> StoreError {
+    StoreError::Io {
+        reason: e.to_string(),
+    }
+}
+
+fn connect(path: &Path, flags: OpenFlags) -> Result<Connection, StoreError> {
+    let c = Connection::open_with_flags(path, flags).map_err(|e| StoreError::Open {
+        path: path.display().to_string(),
+        reason: e.to_string(),
+    })?;
+    c.busy_timeout(BUSY).map_err(io)?;
+    Ok(c)
+}
+
+/// Checks the file is ours (or empty), at a version we know; upgrades an older one.
+fn migrate(c: &mut Connection, path: &Path) -> Result<(), StoreError> {
+    let version: i64 = c
+        .query_row("PRAGMA user_version", [], |r| r.get(0))
+        .map_err(|e| classify(path, e))?;
+    let tables: i64 = c
+        .query_row("SELECT count(*) FROM sqlite_master WHERE type = 'table'", [], |r| r.get(0))
+        .map_err(|e| classify(path, e))?;
+    if version == 0 && tables > 0 {
+        return Err(StoreError::Foreign {
+            path: path.display().to_string(),
+            reason: format!("an SQLite database with {tables} tables of another program"),
+        });
+    }
+    if version > SCHEMA_VERSION {
+        return Err(StoreError::TooNew {
+            path: path.display().to_string(),
+            found: version,
+            supported: SCHEMA_VERSION,
+        });
+    }
+    let check: String = c
+        .query_row("PRAGMA quick_check", [], |r| r.get(0))
+        .map_err(|e| classify(path, e))?;
+    if check != "ok" {
+        return Err(StoreError::Corrupt {
+            path: path.display().to_string(),
+            reason: check,
+        });
+    }
+    for (v, sql) in MIGRATIONS.iter().enumerate().skip(version as usize) {
+        let tx = c.transaction().map_err(io)?;
+        tx.execute_batch(sql).map_err(io)?;
+        tx.pragma_update(None, "user_version", (v + 1) as i64)
+            .map_err(io)?;
+        tx.commit().map_err(io)?;
+    }
+    Ok(())
+}
+
+impl SqliteStore {
+    /// Opens (creating it and its folder if needed) the store at `path`.
+    pub fn open(path: &Path) -> Result<SqliteStore, StoreError> {
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir).map_err(|e| StoreError::Open {
+                path: path.display().to_string(),
+                reason: e.to_string(),
+            })?;
+        }
+        let mut c = connect(
+            path,
+            OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_CREATE,
+        )?;
+        migrate(&mut c, path)?;
+        c.pragma_update(None, "journal_mode", "WAL")
+            .map_err(|e| classify(path, e))?;
+        c.pragma_update(None, "synchronous", "NORMAL").map_err(io)?;
+        let (tx, rx) = mpsc::channel::<(Write, Reply)>();
+        let p = path.to_path_buf();
+        std::thread::Builder::new()
+            .name("dagloop-store".into())
+            .spawn(move || writer(c, rx, &p))
+            .map_err(io)?;
+        Ok(SqliteStore {
+            path: path.to_path_buf(),
+            tx: Mutex::new(tx),
+        })
+    }
+
+    /// The file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn send(&self, w: Write, reply: Reply) {
+        if let Ok(tx) = self.tx.lock() {
+            let _ = tx.send((w, reply));
+        }
+    }
+
+    fn call(&self, w: Write) -> Result<Done, StoreError> {
+        let (tx, rx) = mpsc::channel();
+        self.send(
+            w,
+            Box::new(move |r| {
+                let _ = tx.send(r);
+            }),
+        );
+        rx.recv()
+            .unwrap_or_else(|_| Err(io("the store's writer stopped")))
+    }
+
+    fn reader(&self) -> Result<Connection, StoreError> {
+        connect(&self.path, OpenFlags::SQLITE_OPEN_READ_ONLY)
+    }
+}
+
+fn writer(mut c: Connection, rx: mpsc::Receiver<(Write, Reply)>, path: &Path) {
+    while let Ok(first) = rx.recv() {
+        let mut batch = vec![first];
+        while let Ok(more) = rx.try_recv() {
+            batch.push(more);
+            if batch.len() >= 512 {
+                break;
+            }
+        }
+        let full = batch.iter().any(|(w, _)| match w {
+            Write::Finish(..) | Write::PushOp(..) => true,
+            Write::Append(_, entries) => entries
+                .iter()
+                .any(|e| matches!(e.input, RunInput::Decided { .. })),
+            _ => false,
+        });
+        if full {
+            let _ = c.pragma_update(None, "synchronous", "FULL");
+        }
+        let results = commit(&mut c, &batch, path);
+        if full {
+            let _ = c.pragma_update(None, "synchronous", "NORMAL");
+        }
+        match results {
+            Ok(done) => {
+                for ((_, reply), d) in batch.into_iter().zip(done) {
+                    reply(d);
+                }
+            }
+            Err(e) => {
+                for (_, reply) in batch {
+                    reply(Err(e.clone()));
+                }
+            }
+        }
+    }
+}
+
+fn now_ms() -> Millis {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// One transaction for the whole batch; per-request failures (a duplicate id) are answered
+/// individually without undoing the others.
+fn commit(
+    c: &mut Connection,
+    batch: &[(Write, Reply)],
+    path: &Path,
+) -> Result<Vec<Result<Done, StoreError>>, StoreError> {
+    let tx = c
+        .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+        .map_err(|e| classify(path, e))?;
+    let mut out = Vec::with_capacity(batch.len());
+    for (w, _) in batch {
+        out.push(apply(&tx, w));
+    }
+    tx.commit().map_err(|e| classify(path, e))?;
+    Ok(out)
+}
+
+fn apply(tx: &rusqlite::Transaction<'_>, w: &Write) -> Result<Done, StoreError> {
+    let now = now_ms() as i64;
+    match w {
+        Write::Create(rec, pid) => {
+            let record = serde_json::to_string(rec).map_err(io)?;
+            let n = tx
+                .execute(
+                    "INSERT OR IGNORE INTO runs (id, created_at, updated_at, record, status, owner_pid)
+                     VALUES (?1, ?2, ?2, ?3, 'running', ?4)",
+                    params![rec.id, rec.created_at as i64, record, pid],
+                )
+                .map_err(io)?;
+            if n == 0 {
+                return Err(StoreError::Exists { id: rec.id.clone() });
+            }
+            Ok(Done::Unit)
+        }
+        Write::Claim(id, pid) => {
+            let n = tx
+                .execute(
+                    "UPDATE runs SET owner_pid = ?2, updated_at = ?3 WHERE id = ?1",
+                    params![id, pid, now],
+                )
+                .map_err(io)?;
+            if n == 0 {
+                return Err(StoreError::UnknownRun { id: id.clone() });
+            }
+            Ok(Done::Unit)
+        }
+        Write::Append(id, entries) => {
+            let mut stmt = tx
+                .prepare_cached("INSERT INTO journal (run_id, seq, at, input) VALUES (?1, ?2, ?3, ?4)")
+                .map_err(io)?;
+            for e in entries {
+                let input = serde_json::to_string(&e.input).map_err(io)?;
+                stmt.execute(params![id, e.seq as i64, e.at as i64, input])
+                    .map_err(io)?;
+            }
+            tx.execute(
+                "UPDATE runs SET entries = entries + ?2, updated_at = ?3 WHERE id = ?1",
+                params![id, entries.len() as i64, now],
+            )
+            .map_err(io)?;
+            Ok(Done::Unit)
+        }
+        Write::Finish(id, result) => {
+            let text = serde_json::to_string(&**result).map_err(io)?;
+            tx.execute(
+                "UPDATE runs SET result = ?2, status = ?3, updated_at = ?4, owner_pid = NULL WHERE id = ?1",
+                params![id, text, result.status.as_str(), now],
+            )
+            .map_err(io)?;
+            Ok(Done::Unit)
+        }
+        Write::Prune(before) => {
+            let n = tx
+                .execute(
+                    "DELETE FROM journal WHERE run_id IN (SELECT id FROM runs WHERE result IS NOT NULL AND updated_at < ?1)",
+                    params![*before as i64],
+                )
+                .map_err(io)?;
+            let _ = n;
+            tx.execute(
+                "DELETE FROM ops WHERE run_id IN (SELECT id FROM runs WHERE result IS NOT NULL AND updated_at < ?1)",
+                params![*before as i64],
+            )
+            .map_err(io)?;
+            let runs = tx
+                .execute(
+                    "DELETE FROM runs WHERE result IS NOT NULL AND updated_at < ?1",
+                    params![*before as i64],
+                )
+                .map_err(io)?;
+            Ok(Done::Count(runs))
+        }
+        Write::PushOp(id, op) => {
+            let exists: Option<i64> = tx
+                .query_row("SELECT 1 FROM runs WHERE id = ?1", params![id], |r| r.get(0))
+                .optional()
+                .map_err(io)?;
+            if exists.is_none() {
+                return Err(StoreError::UnknownRun { id: id.clone() });
+            }
+            tx.execute("INSERT INTO ops (run_id, op) VALUES (?1, ?2)", params![id, op])
+                .map_err(io)?;
+            Ok(Done::Unit)
+        }
+        Write::TakeOps(id) => {
+            let mut stmt = tx
+                .prepare_cached("SELECT op FROM ops WHERE run_id = ?1 ORDER BY id")
+                .map_err(io)?;
+            let ops: Vec<String> = stmt
+                .query_map(params![id], |r| r.get(0))
+                .map_err(io)?
+                .collect::<Result<_, _>>()
+                .map_err(io)?;
+            tx.execute("DELETE FROM ops WHERE run_id = ?1", params![id])
+                .map_err(io)?;
+            Ok(Done::Ops(ops))
+        }
+    }
+}
+
+impl JournalSink for SqliteStore {
+    fn append<'a>(&'a self, run_id: &'a str, entries: &'a [JournalEntry]) -> JournalFuture<'a> {
+        let (tx, rx) = oneshot::channel();
+        self.send(
+            Write::Append(run_id.to_string(), entries.to_vec()),
+            Box::new(move |r| {
+                let _ = tx.send(r);
+            }),
+        );
+        Box::pin(async move {
+            match rx.await {
+                Ok(Ok(_)) => Ok(()),
+                Ok(Err(e)) => Err(JournalError {
+                    reason: e.to_string(),
+                }),
+                Err(_) => Err(JournalError {
+                    reason: "the store's writer stopped".into(),
+                }),
+            }
+        })
+    }
+}
+
+fn pid_alive(pid: u32) -> bool {
+    Path::new(&format!("/proc/{pid}")).exists()
+}
+
+impl RunStore for SqliteStore {
+    fn create(&self, record: &RunRecord, owner_pid: u32) -> Result<(), StoreError> {
+        self.call(Write::Create(record.clone(), owner_pid)).map(|_| ())
+    }
+
+    fn claim(&self, id: &str, owner_pid: u32) -> Result<(), StoreError> {
+        self.call(Write::Claim(id.into(), owner_pid)).map(|_| ())
+    }
+
+    fn finish(&self, id: &str, result: &RunResult) -> Result<(), StoreError> {
+        self.call(Write::Finish(id.into(), Box::new(result.clone())))
+            .map(|_| ())
+    }
+
+    fn list(&self) -> Result<Vec<RunRow>, StoreError> {
+        let c = self.reader()?;
+        let mut stmt = c
+            .prepare(
+                "SELECT id, status, entries, created_at, updated_at, owner_pid, result IS NOT NULL
+                 FROM runs ORDER BY created_at DESC, id DESC",
+            )
+            .map_err(io)?;
+        let rows = stmt
+            .query_map([], |r| {
+                let pid: Option<i64> = r.get(5)?;
+                let finished: bool = r.get(6)?;
+                let mut status: String = r.get(1)?;
+                let owner_pid = pid.and_then(|p| u32::try_from(p).ok()).filter(|p| pid_alive(*p));
+                if !finished && owner_pid.is_none() {
+                    status = "stopped".into();
+                }
+                Ok(RunRow {
+                    id: r.get(0)?,
+                    status,
+                    entries: r.get::<_, i64>(2)? as u64,
+                    created_at: r.get::<_, i64>(3)? as u64,
+                    updated_at: r.get::<_, i64>(4)? as u64,
+                    owner_pid,
+                })
+            })
+            .map_err(io)?;
+        rows.collect::<Result<_, _>>().map_err(io)
+    }
+
+    fn load(&self, id: &str) -> Result<StoredRun, StoreError> {
+        let c = self.reader()?;
+        let row: Option<(String, Option<String>, Option<i64>)> = c
+            .query_row(
+                "SELECT record, result, owner_pid FROM runs WHERE id = ?1",
+                params![id],
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+            )
+            .optional()
+            .map_err(io)?;
+        let Some((record, result, pid)) = row else {
+            return Err(StoreError::UnknownRun { id: id.into() });
+        };
+        let record: RunRecord = serde_json::from_str(&record).map_err(io)?;
+        let result: Option<RunResult> = result
+            .map(|r| serde_json::from_str(&r))
+            .transpose()
+            .map_err(io)?;
+        let mut stmt = c
+            .prepare("SELECT seq, at, input FROM journal WHERE run_id = ?1 ORDER BY seq")
+            .map_err(io)?;
+        let journal = stmt
+            .query_map(params![id], |r| {
+                Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?, r.get::<_, String>(2)?))
+            })
+            .map_err(io)?
+            .map(|row| {
+                let (seq, at, input) = row.map_err(io)?;
+                let input: RunInput = serde_json::from_str(&input).map_err(io)?;
+                Ok(JournalEntry {
+                    seq: seq as u64,
+                    at: at as u64,
+                    input,
+                })
+            })
+            .collect::<Result<Vec<_>, StoreError>>()?;
+        Ok(StoredRun {
+            record,
+            journal,
+            result,
+            owner_pid: pid
+                .and_then(|p| u32::try_from(p).ok())
+                .filter(|p| pid_alive(*p)),
+        })
+    }
+
+    fn prune(&self, before: Millis) -> Result<usize, StoreError> {
+        match self.call(Write::Prune(before))? {
+            Done::Count(n) => Ok(n),
+            _ => Ok(0),
+        }
+    }
+
+    fn push_op(&self, id: &str, op: &Op) -> Result<(), StoreError> {
+        let text = serde_json::to_string(op).map_err(io)?;
+        self.call(Write::PushOp(id.into(), text)).map(|_| ())
+    }
+
+    fn take_ops(&self, id: &str) -> Result<Vec<Op>, StoreError> {
+        match self.call(Write::TakeOps(id.into()))? {
+            Done::Ops(ops) => ops
+                .iter()
+                .map(|o| serde_json::from_str(o).map_err(io))
+                .collect(),
+            _ => Ok(Vec::new()),
+        }
+    }
+}
