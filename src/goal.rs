@@ -220,18 +220,18 @@ impl Goal {
             jsonschema::validator_for(&params)
                 .map_err(|e| bad(format!("tools[{i}] ({})", t.name), e.to_string()))?;
         }
-        if let (Some(schema), Some(input)) = (&self.input_schema, &self.input) {
-            if let Ok(v) = jsonschema::validator_for(schema) {
-                let errors: Vec<String> = v
-                    .iter_errors(input)
-                    .map(|e| format!("{} at `{}`", e, e.instance_path()))
-                    .collect();
-                if !errors.is_empty() {
-                    return Err(GoalError::Invalid {
-                        path: origin.to_path_buf(),
-                        reason: format!("input does not match input_schema: {}", errors.join("; ")),
-                    });
-                }
+        if let (Some(schema), Some(input)) = (&self.input_schema, &self.input)
+            && let Ok(v) = jsonschema::validator_for(schema)
+        {
+            let errors: Vec<String> = v
+                .iter_errors(input)
+                .map(|e| format!("{} at `{}`", e, e.instance_path()))
+                .collect();
+            if !errors.is_empty() {
+                return Err(GoalError::Invalid {
+                    path: origin.to_path_buf(),
+                    reason: format!("input does not match input_schema: {}", errors.join("; ")),
+                });
             }
         }
         Ok(())

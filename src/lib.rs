@@ -32,6 +32,7 @@ pub mod protocol;
 pub mod scheduler;
 pub mod schema;
 pub mod state;
+pub mod store;
 pub mod tools;
 
 pub use approval::{Approver, Policy, ScriptedApprover};

@@ -1,4 +1,5 @@
-//! The `dagloop` command line: `run`, `validate`, `graph`, `mock-llm`.
+//! The `dagloop` command line: `run`, `resume`, `runs`, `show`, `decide`, `validate`, `graph`,
+//! `mock-llm`.
 //!
 //! A front-end over `engine`, `goal` and `llm`: it parses arguments, prints results and errors
 //! (always JSON with a stable `code` on failure), shows progress, and turns Ctrl-C into
@@ -7,17 +8,15 @@
 pub mod check;
 mod progress;
 mod review;
+mod run;
+mod runs;
 
-use std::io::{IsTerminal, Write};
 use std::path::{Path as FsPath, PathBuf};
 use std::sync::Arc;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use serde_json::{Value, json};
-use tokio_util::sync::CancellationToken;
 
-use crate::approval::{ChannelApprover, Mode, Policy};
-use crate::engine::AgentBuilder;
 use crate::goal::Goal;
 use crate::protocol::{Call, Solution};
 
@@ -32,6 +31,49 @@ pub struct Cli {
     /// What to do.
     #[command(subcommand)]
     pub command: Command,
+    /// The run store (default: `DAGLOOP_STORE`, else `dagloop/runs.db` in the user's data
+    /// directory).
+    #[arg(long, global = true)]
+    pub store: Option<PathBuf>,
+    /// Keep no record of runs (they cannot be resumed, shown or decided later).
+    #[arg(long, global = true, conflicts_with = "store")]
+    pub no_store: bool,
+}
+
+/// What to do with stored runs.
+#[derive(Debug, Subcommand)]
+pub enum RunsAction {
+    /// Forget finished runs not updated for this long (`30d`, `12h`, `45m`).
+    Prune {
+        /// The age.
+        #[arg(long)]
+        older_than: String,
+    },
+}
+
+/// A decision on the command line (the protocol's `Decision`).
+#[derive(Debug, Subcommand)]
+pub enum DecideArg {
+    /// Run the call as presented.
+    Approve,
+    /// Do not run it; the model is told why.
+    Reject {
+        /// Why.
+        #[arg(long, default_value = "rejected by the reviewer")]
+        reason: String,
+    },
+    /// Run it with these params (JSON object; the tool stays the same).
+    Edit {
+        /// The new params.
+        #[arg(long)]
+        params: String,
+    },
+    /// Run this call in its place (JSON object with `_tool`).
+    Replace {
+        /// The call.
+        #[arg(long)]
+        call: String,
+    },
 }
 
 /// Approval policies selectable on the command line.
@@ -76,6 +118,60 @@ pub enum Command {
         /// Allow tools that use the built-in shell activity.
         #[arg(long)]
         allow_shell: bool,
+        /// Return as soon as the run only waits for reviewers (decide with `dagloop decide`,
+        /// continue with `dagloop resume`).
+        #[arg(long)]
+        detach: bool,
+    },
+    /// Continue a stored run where it stopped (same options, output and exit codes as `run`).
+    Resume {
+        /// The run id.
+        run: String,
+        /// Model (default: the one the run was started with).
+        #[arg(long)]
+        model: Option<String>,
+        /// Approval policy (default: the one the run was started with).
+        #[arg(long, value_enum)]
+        approve: Option<ApproveArg>,
+        /// Print only the result JSON.
+        #[arg(long)]
+        json: bool,
+        /// Write every event (from the run's start) as a JSON line to this file.
+        #[arg(long)]
+        events: Option<PathBuf>,
+        /// Allow tools that use the built-in shell activity.
+        #[arg(long)]
+        allow_shell: bool,
+        /// Return as soon as the run only waits for reviewers.
+        #[arg(long)]
+        detach: bool,
+    },
+    /// List stored runs.
+    Runs {
+        /// Prune instead of listing.
+        #[command(subcommand)]
+        action: Option<RunsAction>,
+        /// Print a JSON array.
+        #[arg(long)]
+        json: bool,
+    },
+    /// A stored run's timeline, critical path, state and output.
+    Show {
+        /// The run id.
+        run: String,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Record a decision about a call of a stored run (checked against the run first).
+    Decide {
+        /// The run id.
+        run: String,
+        /// The call id.
+        call: u64,
+        /// The decision.
+        #[command(subcommand)]
+        decision: DecideArg,
     },
     /// Check a goal file, or a plan (a Solution or an array of calls), without running anything.
     Validate {
@@ -116,7 +212,7 @@ pub struct CliError {
 }
 
 impl CliError {
-    fn new(code: impl Into<String>, message: impl ToString) -> Self {
+    pub(crate) fn new(code: impl Into<String>, message: impl ToString) -> Self {
         CliError {
             code: code.into(),
             message: message.to_string(),
@@ -137,6 +233,7 @@ impl CliError {
 /// Runs a parsed command; returns the process exit code (0 success, 1 the run or check did not
 /// succeed, 2 bad input).
 pub async fn main(cli: Cli) -> i32 {
+    let store = || open_store(cli.store.as_deref(), cli.no_store);
     let outcome = match cli.command {
         Command::Run {
             goal,
@@ -145,7 +242,70 @@ pub async fn main(cli: Cli) -> i32 {
             json,
             events,
             allow_shell,
-        } => run(&goal, model, approve, json, events, allow_shell).await,
+            detach,
+        } => {
+            let opts = run::RunOptions {
+                model,
+                approve: run::approve_name(approve),
+                allow_shell,
+            };
+            let display = run::Display {
+                json_only: json,
+                events,
+                detach,
+            };
+            match store() {
+                Ok(s) => run::run(run::Start::New(goal), opts, display, s).await,
+                Err(e) => Err(e),
+            }
+        }
+        Command::Resume {
+            run: id,
+            model,
+            approve,
+            json,
+            events,
+            allow_shell,
+            detach,
+        } => {
+            resume(
+                &id,
+                store(),
+                model,
+                approve,
+                allow_shell,
+                run::Display {
+                    json_only: json,
+                    events,
+                    detach,
+                },
+            )
+            .await
+        }
+        Command::Runs { action, json } => match (required(store()), action) {
+            (Ok(s), None) => runs::list(&s, json),
+            (Ok(s), Some(RunsAction::Prune { older_than })) => runs::prune(&s, &older_than),
+            (Err(e), _) => Err(e),
+        },
+        Command::Show { run: id, json } => {
+            required(store()).and_then(|s| runs::show(&s, &id, json))
+        }
+        Command::Decide {
+            run: id,
+            call,
+            decision,
+        } => match (required(store()), decision_of(decision)) {
+            (Ok(s), Ok(d)) => runs::decide(
+                &s,
+                &id,
+                crate::protocol::Op::Decide {
+                    call: crate::protocol::CallId(call),
+                    decision: d,
+                    presented: None,
+                },
+            ),
+            (Err(e), _) | (_, Err(e)) => Err(e),
+        },
         Command::Validate { file, goal } => validate(&file, goal.as_deref()),
         Command::Graph { file, format } => graph(&file, format),
         Command::MockLlm { script, port } => mock_llm(&script, port).await,
@@ -154,109 +314,111 @@ pub async fn main(cli: Cli) -> i32 {
         Ok(code) => code,
         Err(e) => {
             println!("{}", pretty(&e.to_json()));
-            2
+            if e.code.starts_with("op.") { 1 } else { 2 }
         }
     }
+}
+
+type Store = Arc<crate::store::SqliteStore>;
+
+/// The store the command uses: `--store`, else `DAGLOOP_STORE`, else the default file; none
+/// with `--no-store`.
+fn open_store(path: Option<&FsPath>, none: bool) -> Result<Option<Store>, CliError> {
+    if none {
+        return Ok(None);
+    }
+    let Some(path) = path
+        .map(FsPath::to_path_buf)
+        .or_else(crate::store::default_path)
+    else {
+        return Ok(None);
+    };
+    crate::store::SqliteStore::open(&path)
+        .map(|s| Some(Arc::new(s)))
+        .map_err(|e| CliError::new(e.code(), e))
+}
+
+fn required(s: Result<Option<Store>, CliError>) -> Result<Store, CliError> {
+    s?.ok_or_else(|| {
+        CliError::new(
+            "cli.no_store",
+            "this command needs the run store (drop --no-store, or give --store PATH)",
+        )
+    })
+}
+
+fn decision_of(d: DecideArg) -> Result<crate::protocol::Decision, CliError> {
+    use crate::protocol::Decision;
+    let json = |what: &str, text: &str| -> Result<Value, CliError> {
+        serde_json::from_str(text)
+            .map_err(|e| CliError::new("cli.bad_decision", format!("--{what} is not JSON: {e}")))
+    };
+    Ok(match d {
+        DecideArg::Approve => Decision::Approve,
+        DecideArg::Reject { reason } => Decision::Reject { reason },
+        DecideArg::Edit { params } => match json("params", &params)? {
+            Value::Object(params) => Decision::Edit { params },
+            _ => {
+                return Err(CliError::new(
+                    "cli.bad_decision",
+                    "--params must be a JSON object",
+                ));
+            }
+        },
+        DecideArg::Replace { call } => Decision::Replace {
+            call: Call::try_from(json("call", &call)?)
+                .map_err(|e| CliError::new("cli.bad_decision", format!("--call: {e}")))?,
+        },
+    })
+}
+
+async fn resume(
+    id: &str,
+    store: Result<Option<Store>, CliError>,
+    model: Option<String>,
+    approve: Option<ApproveArg>,
+    allow_shell: bool,
+    display: run::Display,
+) -> Result<i32, CliError> {
+    use crate::store::RunStore;
+    let s = required(store)?;
+    let stored = s.load(id).map_err(|e| CliError::new(e.code(), e))?;
+    if let Some(r) = &stored.result {
+        let mut v = serde_json::to_value(r).unwrap_or(Value::Null);
+        v["run_id"] = json!(id);
+        println!("{}", pretty(&v));
+        return Ok(if r.succeeded() { 0 } else { 1 });
+    }
+    if let Some(pid) = stored.owner_pid
+        && pid != std::process::id()
+    {
+        return Err(CliError::new(
+            "store.busy",
+            format!(
+                "run {id} is being run by process {pid}; decide with `dagloop decide`, or stop that process first"
+            ),
+        ));
+    }
+    let mut opts: run::RunOptions =
+        serde_json::from_value(stored.record.options.clone()).unwrap_or_default();
+    if model.is_some() {
+        opts.model = model;
+    }
+    if approve.is_some() {
+        opts.approve = run::approve_name(approve);
+    }
+    opts.allow_shell |= allow_shell;
+    let ops = s.take_ops(id).map_err(|e| CliError::new(e.code(), e))?;
+    // Decisions recorded while no process ran the run go back in the queue; the resumed run's
+    // poller applies them once it has rebuilt the run.
+    for op in &ops {
+        s.push_op(id, op).map_err(|e| CliError::new(e.code(), e))?;
+    }
+    run::run(run::Start::Resume(Box::new(stored)), opts, display, Some(s)).await
 }
 
 fn pretty(v: &Value) -> String {
     serde_json::to_string_pretty(v).unwrap_or_else(|_| v.to_string())
-}
-
-async fn run(
-    goal_path: &FsPath,
-    model: Option<String>,
-    approve: Option<ApproveArg>,
-    json_only: bool,
-    events: Option<PathBuf>,
-    allow_shell: bool,
-) -> Result<i32, CliError> {
-    let goal = Goal::load(goal_path).map_err(|e| CliError::new(e.code(), &e))?;
-    let mut policy: Policy = match &goal.approval {
-        Some(v) => serde_json::from_value(v.clone())
-            .map_err(|e| CliError::new("agent.invalid_policy", e))?,
-        None => Policy::auto(),
-    };
-    match approve {
-        Some(ApproveArg::Auto) => policy.mode = Mode::Auto,
-        Some(ApproveArg::Ask) => policy.mode = Mode::Ask,
-        Some(ApproveArg::Allowlist) if !matches!(policy.mode, Mode::Allowlist { .. }) => {
-            policy.mode = Mode::Allowlist {
-                allow: Default::default(),
-            }
-        }
-        _ => {}
-    }
-    let cancel = CancellationToken::new();
-    let (approver, requests) = ChannelApprover::new(64);
-    let mut builder = AgentBuilder::new(goal)
-        .policy(policy)
-        .approver(Arc::new(approver))
-        .cancel_token(cancel.clone());
-    builder.registry_mut().enable_shell(allow_shell);
-    if let Some(m) = model {
-        builder = builder.model_spec(m);
-    }
-    let agent = builder.build().map_err(|e| CliError::new(e.code(), &e))?;
-    // The events file is created only once the agent is built, so bad input leaves no file.
-    let events_out = match &events {
-        Some(path) => Some(std::fs::File::create(path).map_err(|e| {
-            CliError::new(
-                "cli.events_file",
-                format!("cannot create {}: {e}", path.display()),
-            )
-        })?),
-        None => None,
-    };
-    let handle = agent.start();
-    let writer = events_out.map(|file| {
-        let mut sub = handle.subscribe_from(0);
-        tokio::spawn(async move {
-            let mut out = std::io::BufWriter::new(file);
-            while let Some(ev) = sub.recv().await {
-                if ev.kind.is_ephemeral() {
-                    continue;
-                }
-                if let Ok(line) = serde_json::to_string(&*ev) {
-                    let _ = writeln!(out, "{line}");
-                }
-            }
-            let _ = out.flush();
-        })
-    });
-    let interactive = std::io::stdin().is_terminal();
-    let reviewer = tokio::spawn(review::serve(requests, interactive));
-    let progress = (!json_only).then(|| {
-        tokio::spawn(progress::show(
-            handle.subscribe_from(0),
-            std::io::stderr().is_terminal(),
-        ))
-    });
-    let ctrl_c = {
-        let cancel = cancel.clone();
-        tokio::spawn(async move {
-            if tokio::signal::ctrl_c().await.is_ok() {
-                cancel.cancel();
-            }
-        })
-    };
-    let result = handle.wait().await;
-    ctrl_c.abort();
-    reviewer.abort();
-    for task in [writer, progress].into_iter().flatten() {
-        // Both end once they have seen `run_finished`; the wait is bounded all the same.
-        let mut task = task;
-        if tokio::time::timeout(std::time::Duration::from_secs(2), &mut task)
-            .await
-            .is_err()
-        {
-            task.abort();
-        }
-    }
-    drop(handle);
-    let value = serde_json::to_value(&result).unwrap_or(Value::Null);
-    println!("{}", pretty(&value));
-    Ok(if result.succeeded() { 0 } else { 1 })
 }
 
 /// Reads a plan file: a Solution object, an array of calls, or a goal's `plan`.

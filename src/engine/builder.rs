@@ -275,14 +275,8 @@ impl AgentBuilder {
             root: Arc::new(Retrying::new(root_model, self.retry.clone())),
             by_spec: BTreeMap::new(),
         };
-        let config = load_config(
-            &self.goal,
-            0,
-            true,
-            &self.registry,
-            &self.retry,
-            &mut models,
-        )?;
+        let config = load_config(&self.goal, 0, true, &self.registry)?;
+        build_models(&config, &self.retry, &mut models)?;
         let policy = match (self.policy.take(), &self.goal.approval) {
             (Some(p), _) => p,
             (None, Some(v)) => serde_json::from_value::<Policy>(v.clone())
@@ -361,14 +355,45 @@ fn is_delegate(t: &Tool) -> bool {
     t.schema.contains_key("_delegate") || t.activity.as_deref() == Some("delegate")
 }
 
+/// The configuration of `goal`'s agent, its delegates' goals read (no model is built): what
+/// inspecting a stored run needs (`dagloop show`, `dagloop decide`).
+pub fn config_for(goal: &Goal) -> Result<Arc<AgentConfig>, AgentError> {
+    load_config(goal, 0, true, &Registry::new()).map(Arc::new)
+}
+
+fn build_models(
+    cfg: &AgentConfig,
+    retry: &RetryPolicy,
+    models: &mut Models,
+) -> Result<(), AgentError> {
+    if let Some(spec) = &cfg.model
+        && !models.by_spec.contains_key(spec)
+    {
+        let m = ModelSpec::parse(spec)?.build()?;
+        models
+            .by_spec
+            .insert(spec.clone(), Arc::new(Retrying::new(m, retry.clone())));
+    }
+    for d in cfg.delegates.values() {
+        build_models(d, retry, models)?;
+    }
+    Ok(())
+}
+
+fn spec_string(spec: &ModelSpec) -> String {
+    match spec {
+        ModelSpec::Scripted(p) => format!("scripted:{}", p.display()),
+        ModelSpec::OpenAi(m) => format!("openai:{m}"),
+        ModelSpec::Anthropic(m) => format!("anthropic:{m}"),
+    }
+}
+
 /// The agent of `goal` and, recursively up to [`MAX_DEPTH`], the agents of its delegate tools.
 fn load_config(
     goal: &Goal,
     depth: u32,
     own_model: bool,
     registry: &Registry,
-    retry: &RetryPolicy,
-    models: &mut Models,
 ) -> Result<AgentConfig, AgentError> {
     let mut delegates = BTreeMap::new();
     if depth < MAX_DEPTH {
@@ -407,24 +432,17 @@ fn load_config(
                 (g, own)
             };
             check_activities(&child, registry)?;
-            let cfg = load_config(&child, depth + 1, own, registry, retry, models)?;
+            let cfg = load_config(&child, depth + 1, own, registry)?;
             delegates.insert(t.name.clone(), Arc::new(cfg));
         }
     }
     let mut cfg = AgentConfig::from_goal(goal, delegates)?;
     cfg.model = None;
-    if depth > 0 && own_model {
-        if let Some(spec) = goal.model.as_deref() {
-            let resolved = resolve_spec(goal, spec)?;
-            let key = format!("{resolved:?}");
-            if !models.by_spec.contains_key(&key) {
-                let m = resolved.build()?;
-                models
-                    .by_spec
-                    .insert(key.clone(), Arc::new(Retrying::new(m, retry.clone())));
-            }
-            cfg.model = Some(key);
-        }
+    if depth > 0
+        && own_model
+        && let Some(spec) = goal.model.as_deref()
+    {
+        cfg.model = Some(spec_string(&resolve_spec(goal, spec)?));
     }
     Ok(cfg)
 }
@@ -508,6 +526,7 @@ impl Agent {
         let (tx, _) = broadcast::channel(super::bus::DEFAULT_CAPACITY);
         let (ops_tx, ops) = mpsc::unbounded_channel();
         let (done, _) = watch::channel(None);
+        let (idle, _) = watch::channel(false);
         let shared = Arc::new(Shared {
             run_id: self.run_id.clone(),
             root: self.config.clone(),
@@ -517,6 +536,7 @@ impl Agent {
             tx,
             ops: ops_tx,
             done,
+            idle,
         });
         let mut aux = JoinSet::new();
         if let Some(approver) = self.approver {

@@ -73,6 +73,9 @@ impl Driver {
         }
         let mut cancel_seen = false;
         while self.result.is_none() {
+            self.shared
+                .idle
+                .send_if_modified(|v| std::mem::replace(v, false));
             let now = (self.clock)();
             let next = tokio::select! {
                 biased;
@@ -109,6 +112,7 @@ impl Driver {
                 Next::Idle => {
                     // Nothing can happen any more: the machine is waiting on nobody. Only a
                     // reviewer's op (or cancel) can move it on.
+                    self.shared.idle.send_replace(true);
                     tokio::select! {
                         _ = self.cancel.cancelled(), if !cancel_seen => {
                             cancel_seen = true;
@@ -156,7 +160,8 @@ impl Driver {
     fn rebuild(&mut self, entries: Vec<JournalEntry>) {
         let mut actions = Vec::new();
         let mut attempts: std::collections::BTreeMap<Option<String>, usize> = Default::default();
-        let mut frame_model: std::collections::BTreeMap<FrameKey, Option<String>> = Default::default();
+        let mut frame_model: std::collections::BTreeMap<FrameKey, Option<String>> =
+            Default::default();
         let mut timers = std::collections::BTreeMap::new();
         let mut log = match self.shared.log.lock() {
             Ok(l) => l,
@@ -174,7 +179,8 @@ impl Driver {
                 }
                 _ => {}
             }
-            self.machine.handle_into(e.input.clone(), e.at, &mut actions);
+            self.machine
+                .handle_into(e.input.clone(), e.at, &mut actions);
             log.journal.push(e);
             for a in actions.drain(..) {
                 match a {
@@ -195,6 +201,13 @@ impl Driver {
             }
         }
         drop(log);
+        // A turn that was streaming when the process stopped is asked again: it is not an
+        // answer the model moved past.
+        for (_, model) in self.machine.streaming_frames() {
+            if let Some(n) = attempts.get_mut(&model) {
+                *n = n.saturating_sub(1);
+            }
+        }
         for (model, n) in attempts {
             self.models.get(model.as_deref()).resume_after(n);
         }

@@ -46,18 +46,18 @@ impl Executor for RegistryExecutor {
     fn execute(&self, _id: CallId, tool: &Tool, call: Call) -> BoxFuture<'static, Outcome> {
         let hooks = self.hooks.clone();
         let tool = tool.clone();
-        if let Some(before) = &hooks.before_tool {
-            if let Err(message) = before(&tool, &call) {
-                let err = serde_json::json!({"code": "hook.before_tool", "message": message});
-                if let Some(on_error) = &hooks.on_error {
-                    on_error(&tool, &call, &err);
-                }
-                let outcome = Outcome::error(err);
-                if let Some(after) = &hooks.after_tool {
-                    after(&tool, &call, &outcome);
-                }
-                return async move { outcome }.boxed();
+        if let Some(before) = &hooks.before_tool
+            && let Err(message) = before(&tool, &call)
+        {
+            let err = serde_json::json!({"code": "hook.before_tool", "message": message});
+            if let Some(on_error) = &hooks.on_error {
+                on_error(&tool, &call, &err);
             }
+            let outcome = Outcome::error(err);
+            if let Some(after) = &hooks.after_tool {
+                after(&tool, &call, &outcome);
+            }
+            return async move { outcome }.boxed();
         }
         let fut = self.registry.run(&tool, call.clone(), Map::new());
         async move {

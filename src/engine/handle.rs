@@ -34,6 +34,9 @@ pub(super) struct Shared {
     pub tx: broadcast::Sender<Arc<Event>>,
     pub ops: mpsc::UnboundedSender<OpRequest>,
     pub done: watch::Sender<Option<Arc<RunResult>>>,
+    /// True while the run can only move on when somebody submits an op (nothing streams, runs
+    /// or waits on a timer).
+    pub idle: watch::Sender<bool>,
 }
 
 /// The journal so far and the last event published from it.
@@ -259,6 +262,40 @@ impl RunHandle {
     /// The result, once the run is over (None while it runs).
     pub fn result(&self) -> Option<RunResult> {
         self.shared.done.borrow().as_deref().cloned()
+    }
+
+    /// Waits until the run ends (`Some(result)`) or can only move on when somebody decides
+    /// (`None`): nothing streams, runs or waits on a timer.
+    pub async fn wait_or_idle(&self) -> Option<RunResult> {
+        let mut done = self.shared.done.subscribe();
+        let mut idle = self.shared.idle.subscribe();
+        tokio::select! {
+            r = done.wait_for(Option::is_some) => {
+                r.ok().and_then(|r| r.as_deref().cloned()).or_else(|| Some(driver_lost()))
+            }
+            _ = idle.wait_for(|i| *i) => None,
+        }
+    }
+
+    /// The calls awaiting a decision now, with the fingerprint a decision may quote.
+    pub fn awaiting(&self) -> Vec<(crate::protocol::CallId, crate::protocol::Call, String)> {
+        let journal = self.journal();
+        let mut m = crate::machine::RunMachine::new(
+            self.shared.run_id.clone(),
+            self.shared.root.clone(),
+            self.shared.policy.clone(),
+            self.shared.sanitize,
+        );
+        for e in journal {
+            m.handle(e.input, e.at);
+        }
+        m.awaiting()
+            .into_iter()
+            .map(|(id, c)| {
+                let h = crate::protocol::params_hash(&c);
+                (id, c, h)
+            })
+            .collect()
     }
 
     /// Waits for the run to end and returns its result.

@@ -23,7 +23,7 @@ mod turns;
 
 pub use crate::machine::{CallSummary, RunError, RunResult, RunStatus, Usage};
 pub use activities::Executor;
-pub use builder::{Agent, AgentBuilder, AgentError};
+pub use builder::{Agent, AgentBuilder, AgentError, config_for};
 pub use exec::{AfterTool, BeforeTool, Hooks, OnError, RegistryExecutor};
 pub use handle::{RunHandle, Subscription};
 pub use journal::{JournalError, JournalFuture, JournalSink};

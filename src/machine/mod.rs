@@ -103,6 +103,15 @@ impl RunMachine {
         &self.root
     }
 
+    /// The agents whose model turn is streaming right now, with the model they use.
+    pub fn streaming_frames(&self) -> Vec<(FrameKey, Option<String>)> {
+        self.frames
+            .values()
+            .filter(|f| f.streaming)
+            .map(|f| (f.key, f.cfg.model.clone()))
+            .collect()
+    }
+
     /// The approval policy of the run (every agent of it).
     pub fn policy(&self) -> &Policy {
         &self.policy

@@ -123,15 +123,15 @@ impl Index {
         for node in prefixes.iter().flatten() {
             take(node, &mut seqs);
         }
-        if let Some(Some(node)) = prefixes.last() {
-            if newer(node.through_key.max(node.through_index), stop) {
-                let range = self
-                    .ordered
-                    .range::<[Segment], _>((Bound::Excluded(segs), Bound::Unbounded))
-                    .take_while(|(k, _)| k.segments().starts_with(segs));
-                for (_, &child) in range {
-                    take(&self.nodes[child], &mut seqs);
-                }
+        if let Some(Some(node)) = prefixes.last()
+            && newer(node.through_key.max(node.through_index), stop)
+        {
+            let range = self
+                .ordered
+                .range::<[Segment], _>((Bound::Excluded(segs), Bound::Unbounded))
+                .take_while(|(k, _)| k.segments().starts_with(segs));
+            for (_, &child) in range {
+                take(&self.nodes[child], &mut seqs);
             }
         }
         seqs.sort_unstable();

@@ -98,7 +98,9 @@ pub enum StoreError {
         reason: String,
     },
     /// The store was written by a newer dagloop.
-    #[error("the run store {path} has schema version {found}, newer than this dagloop's {supported}; upgrade dagloop")]
+    #[error(
+        "the run store {path} has schema version {found}, newer than this dagloop's {supported}; upgrade dagloop"
+    )]
     TooNew {
         /// The file.
         path: String,

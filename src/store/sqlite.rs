@@ -80,7 +80,9 @@ pub struct SqliteStore {
 
 impl std::fmt::Debug for SqliteStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SqliteStore").field("path", &self.path).finish()
+        f.debug_struct("SqliteStore")
+            .field("path", &self.path)
+            .finish()
     }
 }
 
@@ -122,7 +124,11 @@ fn migrate(c: &mut Connection, path: &Path) -> Result<(), StoreError> {
         .query_row("PRAGMA user_version", [], |r| r.get(0))
         .map_err(|e| classify(path, e))?;
     let tables: i64 = c
-        .query_row("SELECT count(*) FROM sqlite_master WHERE type = 'table'", [], |r| r.get(0))
+        .query_row(
+            "SELECT count(*) FROM sqlite_master WHERE type = 'table'",
+            [],
+            |r| r.get(0),
+        )
         .map_err(|e| classify(path, e))?;
     if version == 0 && tables > 0 {
         return Err(StoreError::Foreign {
@@ -306,7 +312,9 @@ fn apply(tx: &rusqlite::Transaction<'_>, w: &Write) -> Result<Done, StoreError> 
         }
         Write::Append(id, entries) => {
             let mut stmt = tx
-                .prepare_cached("INSERT INTO journal (run_id, seq, at, input) VALUES (?1, ?2, ?3, ?4)")
+                .prepare_cached(
+                    "INSERT INTO journal (run_id, seq, at, input) VALUES (?1, ?2, ?3, ?4)",
+                )
                 .map_err(io)?;
             for e in entries {
                 let input = serde_json::to_string(&e.input).map_err(io)?;
@@ -352,14 +360,19 @@ fn apply(tx: &rusqlite::Transaction<'_>, w: &Write) -> Result<Done, StoreError> 
         }
         Write::PushOp(id, op) => {
             let exists: Option<i64> = tx
-                .query_row("SELECT 1 FROM runs WHERE id = ?1", params![id], |r| r.get(0))
+                .query_row("SELECT 1 FROM runs WHERE id = ?1", params![id], |r| {
+                    r.get(0)
+                })
                 .optional()
                 .map_err(io)?;
             if exists.is_none() {
                 return Err(StoreError::UnknownRun { id: id.clone() });
             }
-            tx.execute("INSERT INTO ops (run_id, op) VALUES (?1, ?2)", params![id, op])
-                .map_err(io)?;
+            tx.execute(
+                "INSERT INTO ops (run_id, op) VALUES (?1, ?2)",
+                params![id, op],
+            )
+            .map_err(io)?;
             Ok(Done::Unit)
         }
         Write::TakeOps(id) => {
@@ -407,7 +420,8 @@ fn pid_alive(pid: u32) -> bool {
 
 impl RunStore for SqliteStore {
     fn create(&self, record: &RunRecord, owner_pid: u32) -> Result<(), StoreError> {
-        self.call(Write::Create(record.clone(), owner_pid)).map(|_| ())
+        self.call(Write::Create(record.clone(), owner_pid))
+            .map(|_| ())
     }
 
     fn claim(&self, id: &str, owner_pid: u32) -> Result<(), StoreError> {
@@ -432,7 +446,9 @@ impl RunStore for SqliteStore {
                 let pid: Option<i64> = r.get(5)?;
                 let finished: bool = r.get(6)?;
                 let mut status: String = r.get(1)?;
-                let owner_pid = pid.and_then(|p| u32::try_from(p).ok()).filter(|p| pid_alive(*p));
+                let owner_pid = pid
+                    .and_then(|p| u32::try_from(p).ok())
+                    .filter(|p| pid_alive(*p));
                 if !finished && owner_pid.is_none() {
                     status = "stopped".into();
                 }
@@ -472,7 +488,11 @@ impl RunStore for SqliteStore {
             .map_err(io)?;
         let journal = stmt
             .query_map(params![id], |r| {
-                Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?, r.get::<_, String>(2)?))
+                Ok((
+                    r.get::<_, i64>(0)?,
+                    r.get::<_, i64>(1)?,
+                    r.get::<_, String>(2)?,
+                ))
             })
             .map_err(io)?
             .map(|row| {

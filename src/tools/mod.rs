@@ -108,10 +108,10 @@ impl ActivityError {
     /// The error object written to state and shown to the model.
     pub fn to_value(&self) -> Value {
         let mut v = json!({"code": self.code(), "message": self.to_string()});
-        if let ActivityError::Failed { details, .. } = self {
-            if !details.is_null() {
-                v["details"] = details.clone();
-            }
+        if let ActivityError::Failed { details, .. } = self
+            && !details.is_null()
+        {
+            v["details"] = details.clone();
         }
         v
     }

@@ -1,0 +1,265 @@
+//! `dagloop run` and `dagloop resume`: build the agent, attach the store, the reviewer, the
+//! progress view and the events file, run (or continue) it, print the result.
+
+use std::io::{IsTerminal, Write};
+use std::path::{Path as FsPath, PathBuf};
+use std::sync::Arc;
+
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+use super::{ApproveArg, CliError, pretty, progress, review};
+use crate::approval::{ChannelApprover, Mode, Policy};
+use crate::engine::{AgentBuilder, RunHandle};
+use crate::goal::Goal;
+use crate::store::{RunRecord, RunStore};
+
+/// How a run is started, as recorded in the store so `resume` can start it the same way.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub(super) struct RunOptions {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approve: Option<String>,
+    #[serde(default)]
+    pub allow_shell: bool,
+}
+
+/// What the front-end does around the run (not recorded).
+pub(super) struct Display {
+    pub json_only: bool,
+    pub events: Option<PathBuf>,
+    pub detach: bool,
+}
+
+/// The run's policy: the goal's, with the command line's `--approve` over it.
+pub(super) fn policy_for(goal: &Goal, approve: Option<&str>) -> Result<Policy, CliError> {
+    let mut policy: Policy = match &goal.approval {
+        Some(v) => serde_json::from_value(v.clone())
+            .map_err(|e| CliError::new("agent.invalid_policy", e))?,
+        None => Policy::auto(),
+    };
+    match approve {
+        Some("auto") => policy.mode = Mode::Auto,
+        Some("ask") => policy.mode = Mode::Ask,
+        Some("allowlist") if !matches!(policy.mode, Mode::Allowlist { .. }) => {
+            policy.mode = Mode::Allowlist {
+                allow: Default::default(),
+            }
+        }
+        _ => {}
+    }
+    Ok(policy)
+}
+
+pub(super) fn approve_name(a: Option<ApproveArg>) -> Option<String> {
+    a.map(|a| {
+        match a {
+            ApproveArg::Auto => "auto",
+            ApproveArg::Allowlist => "allowlist",
+            ApproveArg::Ask => "ask",
+        }
+        .to_string()
+    })
+}
+
+/// A run to start, or one to continue.
+pub(super) enum Start {
+    New(PathBuf),
+    Resume(Box<crate::store::StoredRun>),
+}
+
+pub(super) async fn run(
+    start: Start,
+    opts: RunOptions,
+    display: Display,
+    store: Option<Arc<crate::store::SqliteStore>>,
+) -> Result<i32, CliError> {
+    let (goal, run_id, journal) = match start {
+        Start::New(path) => {
+            let goal = Goal::load(&path).map_err(|e| CliError::new(e.code(), &e))?;
+            (goal, None, None)
+        }
+        Start::Resume(stored) => {
+            let doc = stored.record.goal.to_string();
+            let base = PathBuf::from(&stored.record.base_dir);
+            let goal = Goal::from_json(&doc, FsPath::new(&stored.record.id), base)
+                .map_err(|e| CliError::new(e.code(), &e))?;
+            (goal, Some(stored.record.id.clone()), Some(stored.journal))
+        }
+    };
+    let policy = policy_for(&goal, opts.approve.as_deref())?;
+    let record_goal = serde_json::to_value(&goal).unwrap_or(Value::Null);
+    let base_dir = goal.base_dir.display().to_string();
+    let cancel = CancellationToken::new();
+    let (approver, requests) = ChannelApprover::new(64);
+    let mut builder = AgentBuilder::new(goal)
+        .policy(policy)
+        .cancel_token(cancel.clone());
+    builder = if display.detach {
+        builder.external_review()
+    } else {
+        builder.approver(Arc::new(approver))
+    };
+    builder.registry_mut().enable_shell(opts.allow_shell);
+    if let Some(m) = &opts.model {
+        builder = builder.model_spec(m.clone());
+    }
+    if let Some(id) = &run_id {
+        builder = builder.run_id(id.clone());
+    }
+    if let Some(s) = &store {
+        builder = builder.journal(s.clone());
+    }
+    let agent = builder.build().map_err(|e| CliError::new(e.code(), &e))?;
+    let id = agent.run_id().to_string();
+    if let Some(s) = &store {
+        let pid = std::process::id();
+        let stored = match &journal {
+            None => s.create(
+                &RunRecord {
+                    id: id.clone(),
+                    created_at: now_ms(),
+                    goal: record_goal,
+                    base_dir,
+                    options: serde_json::to_value(&opts).unwrap_or(Value::Null),
+                },
+                pid,
+            ),
+            Some(_) => s.claim(&id, pid),
+        };
+        stored.map_err(|e| CliError::new(e.code(), &e))?;
+        eprintln!("dagloop: run {id} (store {})", s.path().display());
+    }
+    // The events file is created only once the agent is built, so bad input leaves no file.
+    let events_out = match &display.events {
+        Some(path) => Some(std::fs::File::create(path).map_err(|e| {
+            CliError::new(
+                "cli.events_file",
+                format!("cannot create {}: {e}", path.display()),
+            )
+        })?),
+        None => None,
+    };
+    let handle = match journal {
+        Some(j) => agent.resume(j),
+        None => agent.start(),
+    };
+    let writer = events_out.map(|file| spawn_writer(&handle, file));
+    let ops = store.clone().map(|s| spawn_op_poller(&handle, s));
+    let interactive = std::io::stdin().is_terminal();
+    let reviewer = tokio::spawn(review::serve(requests, interactive));
+    let progress = (!display.json_only).then(|| {
+        tokio::spawn(progress::show(
+            handle.subscribe_from(0),
+            std::io::stderr().is_terminal(),
+        ))
+    });
+    let ctrl_c = {
+        let cancel = cancel.clone();
+        tokio::spawn(async move {
+            if tokio::signal::ctrl_c().await.is_ok() {
+                cancel.cancel();
+            }
+        })
+    };
+    let result = if display.detach {
+        handle.wait_or_idle().await
+    } else {
+        Some(handle.wait().await)
+    };
+    ctrl_c.abort();
+    reviewer.abort();
+    if let Some(t) = ops {
+        t.abort();
+    }
+    let Some(result) = result else {
+        // Detached: the run waits for decisions (`dagloop decide`, then `dagloop resume`).
+        let awaiting: Vec<Value> = handle
+            .awaiting()
+            .into_iter()
+            .map(|(id, call, hash)| json!({"call_id": id, "call": call, "params_hash": hash}))
+            .collect();
+        for t in [writer, progress].into_iter().flatten() {
+            t.abort();
+        }
+        drop(handle);
+        println!(
+            "{}",
+            pretty(&json!({"status": "waiting", "run_id": id, "awaiting": awaiting}))
+        );
+        return Ok(0);
+    };
+    if let Some(s) = &store
+        && let Err(e) = s.finish(&id, &result)
+    {
+        eprintln!("dagloop: could not record the run's end: {e}");
+    }
+    for task in [writer, progress].into_iter().flatten() {
+        // Both end once they have seen `run_finished`; the wait is bounded all the same.
+        let mut task = task;
+        if tokio::time::timeout(std::time::Duration::from_secs(2), &mut task)
+            .await
+            .is_err()
+        {
+            task.abort();
+        }
+    }
+    drop(handle);
+    let mut value = serde_json::to_value(&result).unwrap_or(Value::Null);
+    if store.is_some() {
+        value["run_id"] = json!(id);
+    }
+    println!("{}", pretty(&value));
+    Ok(if result.succeeded() { 0 } else { 1 })
+}
+
+fn spawn_writer(handle: &RunHandle, file: std::fs::File) -> tokio::task::JoinHandle<()> {
+    let mut sub = handle.subscribe_from(0);
+    tokio::spawn(async move {
+        let mut out = std::io::BufWriter::new(file);
+        while let Some(ev) = sub.recv().await {
+            if ev.kind.is_ephemeral() {
+                continue;
+            }
+            if let Ok(line) = serde_json::to_string(&*ev) {
+                let _ = writeln!(out, "{line}");
+            }
+        }
+        let _ = out.flush();
+    })
+}
+
+/// Applies decisions recorded with `dagloop decide` while this process runs the run.
+fn spawn_op_poller(
+    handle: &RunHandle,
+    store: Arc<crate::store::SqliteStore>,
+) -> tokio::task::JoinHandle<()> {
+    let handle = handle.clone();
+    tokio::spawn(async move {
+        loop {
+            let id = handle.run_id().to_string();
+            let s = store.clone();
+            let ops = tokio::task::spawn_blocking(move || s.take_ops(&id))
+                .await
+                .ok()
+                .and_then(Result::ok)
+                .unwrap_or_default();
+            for op in ops {
+                if let Err(e) = handle.submit(op).await {
+                    eprintln!(
+                        "dagloop: a recorded decision does not apply: {e} [{}]",
+                        e.code()
+                    );
+                }
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+        }
+    })
+}
+
+pub(super) fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
