@@ -109,7 +109,7 @@ pub(super) async fn run(
         builder = builder.run_id(id.clone());
     }
     if let Some(s) = &store {
-        builder = builder.journal(s.clone());
+        builder = builder.journal(crash_hook(s.clone()));
     }
     let agent = builder.build().map_err(|e| CliError::new(e.code(), &e))?;
     let id = agent.run_id().to_string();
@@ -129,7 +129,11 @@ pub(super) async fn run(
             Some(_) => s.claim(&id, pid),
         };
         stored.map_err(|e| CliError::new(e.code(), &e))?;
-        eprintln!("dagloop: run {id} (store {})", s.path().display());
+        if display.json_only {
+            eprintln!("{}", json!({"run_id": id}));
+        } else {
+            eprintln!("dagloop: run {id} (store {})", s.path().display());
+        }
     }
     // The events file is created only once the agent is built, so bad input leaves no file.
     let events_out = match &display.events {
@@ -256,6 +260,50 @@ fn spawn_op_poller(
             tokio::time::sleep(std::time::Duration::from_millis(250)).await;
         }
     })
+}
+
+/// For crash tests: with `DAGLOOP_CRASH_AFTER_ENTRIES=N`, the process kills itself (SIGKILL)
+/// as soon as N journal entries of this process are committed, the way a crash would.
+fn crash_hook(store: Arc<crate::store::SqliteStore>) -> Arc<dyn crate::engine::JournalSink> {
+    let Some(limit) = std::env::var("DAGLOOP_CRASH_AFTER_ENTRIES")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+    else {
+        return store;
+    };
+    Arc::new(CrashAfter {
+        store,
+        limit,
+        seen: std::sync::atomic::AtomicU64::new(0),
+    })
+}
+
+struct CrashAfter {
+    store: Arc<crate::store::SqliteStore>,
+    limit: u64,
+    seen: std::sync::atomic::AtomicU64,
+}
+
+impl crate::engine::JournalSink for CrashAfter {
+    fn append<'a>(
+        &'a self,
+        run_id: &'a str,
+        entries: &'a [crate::machine::JournalEntry],
+    ) -> crate::engine::JournalFuture<'a> {
+        Box::pin(async move {
+            self.store.append(run_id, entries).await?;
+            let n = entries.len() as u64;
+            let seen = self.seen.fetch_add(n, std::sync::atomic::Ordering::SeqCst) + n;
+            if seen >= self.limit {
+                let pid = std::process::id().to_string();
+                let _ = std::process::Command::new("kill")
+                    .args(["-9", &pid])
+                    .status();
+                std::future::pending::<()>().await;
+            }
+            Ok(())
+        })
+    }
 }
 
 pub(super) fn now_ms() -> u64 {

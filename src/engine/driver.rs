@@ -73,9 +73,13 @@ impl Driver {
         }
         let mut cancel_seen = false;
         while self.result.is_none() {
+            // Nothing streams, runs or waits on a timer: only an op (a reviewer's decision,
+            // cancel) can move the run on.
+            let idle =
+                self.turns.is_empty() && self.activities.is_empty() && self.timers.is_empty();
             self.shared
                 .idle
-                .send_if_modified(|v| std::mem::replace(v, false));
+                .send_if_modified(|v| std::mem::replace(v, idle) != idle);
             let now = (self.clock)();
             let next = tokio::select! {
                 biased;
@@ -109,22 +113,7 @@ impl Driver {
                         .map(|timer| RunInput::TimerFired { timer })
                         .collect()
                 }
-                Next::Idle => {
-                    // Nothing can happen any more: the machine is waiting on nobody. Only a
-                    // reviewer's op (or cancel) can move it on.
-                    self.shared.idle.send_replace(true);
-                    tokio::select! {
-                        _ = self.cancel.cancelled(), if !cancel_seen => {
-                            cancel_seen = true;
-                            vec![RunInput::Cancel { reason: "cancelled by the caller".into() }]
-                        }
-                        Some(op) = self.ops.recv() => {
-                            self.op(op).await;
-                            continue;
-                        }
-                        else => break,
-                    }
-                }
+                Next::Idle => break,
             };
             // Completions that are already in join this batch (one journal append for all).
             while inputs.len() < 256

@@ -6,7 +6,6 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use futures::StreamExt;
-use futures::stream::{AbortHandle, Abortable, BoxStream, SelectAll};
 use serde_json::json;
 
 use crate::llm::{LlmError, Model, StreamEvent, ToolCallOutcome, call_from_tool_call};
@@ -32,19 +31,21 @@ impl Models {
 }
 
 struct Reader {
+    stream: crate::llm::EventStream,
     parser: SolutionParser,
     saw_text: bool,
     step: u32,
     /// Calls still to drop (already taken before a restart).
     skip: usize,
-    abort: AbortHandle,
 }
 
-/// Every open model stream of a run, read concurrently.
+/// Every open model stream of a run, read concurrently. Closing one drops it at once (which
+/// closes its connection).
 #[derive(Default)]
 pub(super) struct Turns {
-    streams: SelectAll<BoxStream<'static, TurnItem>>,
     readers: BTreeMap<FrameKey, Reader>,
+    /// Where the next poll starts (round robin between agents).
+    cursor: usize,
 }
 
 impl Turns {
@@ -55,38 +56,49 @@ impl Turns {
         skip: usize,
         stream: crate::llm::EventStream,
     ) {
-        self.close(frame);
-        let (abort, reg) = AbortHandle::new_pair();
-        let items = Abortable::new(stream, reg)
-            .map(move |ev| (frame, Some(ev)))
-            .chain(futures::stream::once(async move { (frame, None) }));
-        // An aborted stream ends without its end marker; `close` already forgot the reader.
-        self.streams.push(items.boxed());
         self.readers.insert(
             frame,
             Reader {
+                stream,
                 parser: SolutionParser::new(),
                 saw_text: false,
                 step,
                 skip,
-                abort,
             },
         );
     }
 
-    /// Stops reading an agent's stream (the stream is dropped on the next poll).
+    /// Stops reading an agent's stream; the stream is dropped now.
     pub fn close(&mut self, frame: FrameKey) {
-        if let Some(r) = self.readers.remove(&frame) {
-            r.abort.abort();
-        }
+        self.readers.remove(&frame);
     }
 
     pub fn is_empty(&self) -> bool {
-        self.streams.is_empty()
+        self.readers.is_empty()
     }
 
+    /// The next item of any open stream (`None` in the item: that stream ended). Pending while
+    /// every stream is.
     pub async fn next(&mut self) -> Option<TurnItem> {
-        self.streams.next().await
+        if self.readers.is_empty() {
+            return std::future::pending().await;
+        }
+        futures::future::poll_fn(|cx| {
+            let n = self.readers.len();
+            let start = self.cursor % n.max(1);
+            let order: Vec<usize> = (start..n).chain(0..start).collect();
+            for i in order {
+                let Some((frame, r)) = self.readers.iter_mut().nth(i) else {
+                    continue;
+                };
+                if let std::task::Poll::Ready(item) = r.stream.poll_next_unpin(cx) {
+                    self.cursor = i + 1;
+                    return std::task::Poll::Ready(Some((*frame, item)));
+                }
+            }
+            std::task::Poll::Pending
+        })
+        .await
     }
 
     /// The step of the turn an agent is streaming.
@@ -129,7 +141,8 @@ impl Turns {
             return;
         };
         match item {
-            None => {
+            // A stream ends with `Finish` (a provider may keep the connection open after it).
+            None | Some(Ok(StreamEvent::Finish { .. })) => {
                 if reader.saw_text {
                     match std::mem::take(&mut reader.parser).finish() {
                         Ok(evs) => parsed(frame, evs, out),
@@ -140,7 +153,7 @@ impl Turns {
                     }
                 }
                 out.push(RunInput::StreamClosed { frame, error: None });
-                self.readers.remove(&frame);
+                self.close(frame);
             }
             Some(Ok(StreamEvent::TextDelta(t))) => {
                 reader.saw_text = true;

@@ -1,0 +1,331 @@
+//! Durable runs through the binary: a run killed (SIGKILL) after every possible number of
+//! journal entries resumes to the same output and state as an uninterrupted run, and no call
+//! whose completion was recorded runs again; a run waiting for a reviewer is decided and resumed
+//! from another process; bad stores and bad decisions get stable codes.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::Json;
+use axum::extract::State;
+use axum::routing::post;
+use serde_json::{Value, json};
+
+type Counts = Arc<Mutex<BTreeMap<u64, u64>>>;
+
+/// A service that counts how many times each `n` was executed.
+async fn counting_service() -> (String, Counts) {
+    let counts: Counts = Arc::default();
+    let app = axum::Router::new()
+        .route(
+            "/step",
+            post(
+                |State(c): State<Counts>, Json(body): Json<Value>| async move {
+                    tokio::time::sleep(Duration::from_millis(15)).await;
+                    let n = body["n"].as_u64().unwrap_or(0);
+                    *c.lock().expect("counts").entry(n).or_default() += 1;
+                    Json(json!({"n": n, "v": n * 10}))
+                },
+            ),
+        )
+        .with_state(counts.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let url = format!("http://{}/step", listener.local_addr().expect("addr"));
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (url, counts)
+}
+
+fn write_goal(dir: &Path, url: &str, approve: Option<&str>) -> PathBuf {
+    let step = json!({"_tool": "step", "_activity": "http", "_idempotent": true,
+        "_http": {"method": "POST", "url": url},
+        "type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]});
+    let mut goal = json!({"goal": "crash test", "model": "scripted:s.json",
+        "output_schema": {"type": "object", "required": ["total"]}, "tools": [step]});
+    if let Some(p) = approve {
+        goal["approval"] = json!({"policy": p});
+    }
+    let calls = json!([
+        {"_tool": "step", "n": 1, "_outputPath": "†state.a"},
+        {"_tool": "step", "n": 2, "after": "†state.a", "_outputPath": "†state.b"},
+        {"_tool": "step", "n": 3, "_outputPath": "†state.c"},
+        {"_tool": "step", "n": 4, "after": "†state.b && †state.c", "_outputPath": "†state.d"}
+    ]);
+    let script = json!({"turns": [
+        {"solution": {"calls": calls, "output": null}, "chunk_chars": 24, "chunk_delay_ms": 4},
+        {"solution": {"calls": [], "output": {"total": "†state.d"}}, "chunk_chars": 24, "chunk_delay_ms": 4}
+    ]});
+    std::fs::write(dir.join("s.json"), script.to_string()).expect("script");
+    let path = dir.join("goal.json");
+    std::fs::write(&path, goal.to_string()).expect("goal");
+    path
+}
+
+fn dagloop(store: &Path) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_dagloop"));
+    c.env("DAGLOOP_STORE", store)
+        .env_remove("DAGLOOP_CRASH_AFTER_ENTRIES");
+    c
+}
+
+fn json_of(out: &std::process::Output) -> Value {
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "not JSON ({e}): {}\nstderr: {}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })
+}
+
+fn only_run(store: &Path) -> String {
+    let out = dagloop(store)
+        .args(["runs", "--json"])
+        .output()
+        .expect("runs");
+    json_of(&out)[0]["id"].as_str().expect("a run").to_string()
+}
+
+/// The `n` of every call whose outcome the journal recorded.
+fn completed(store: &Path, run: &str) -> Vec<u64> {
+    let db = rusqlite::Connection::open(store).expect("open");
+    let mut stmt = db
+        .prepare("SELECT input FROM journal WHERE run_id = ?1 ORDER BY seq")
+        .expect("query");
+    let inputs: Vec<Value> = stmt
+        .query_map([run], |r| r.get::<_, String>(0))
+        .expect("rows")
+        .map(|r| serde_json::from_str(&r.expect("row")).expect("json"))
+        .collect();
+    let ns: Vec<u64> = inputs
+        .iter()
+        .filter(|i| i["input"] == "call")
+        .map(|i| i["call"]["n"].as_u64().unwrap_or(0))
+        .collect();
+    inputs
+        .iter()
+        .filter(|i| i["input"] == "outcome")
+        .filter_map(|i| i["call"].as_u64())
+        .filter_map(|id| ns.get(id as usize - 1).copied())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_killed_after_any_journal_entry_resumes_to_the_same_result() {
+    let (url, counts) = counting_service().await;
+    let dir = tempfile::tempdir().expect("dir");
+    let goal = write_goal(dir.path(), &url, None);
+    let base_store = dir.path().join("base.db");
+    let out = dagloop(&base_store)
+        .args(["run"])
+        .arg(&goal)
+        .arg("--json")
+        .output()
+        .expect("run");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let base = json_of(&out);
+    assert_eq!(base["output"], json!({"total": {"n": 4, "v": 40}}));
+    let id = base["run_id"].as_str().expect("run id").to_string();
+    let shown = json_of(
+        &dagloop(&base_store)
+            .args(["show", &id, "--json"])
+            .output()
+            .expect("show"),
+    );
+    let entries = shown["journal_entries"].as_u64().expect("entries");
+    assert!(entries >= 10, "{shown}");
+    let mut crashed = 0;
+    for n in 1..entries {
+        counts.lock().expect("counts").clear();
+        let store = dir.path().join(format!("crash-{n}.db"));
+        let out = dagloop(&store)
+            .env("DAGLOOP_CRASH_AFTER_ENTRIES", n.to_string())
+            .args(["run"])
+            .arg(&goal)
+            .arg("--json")
+            .output()
+            .expect("run");
+        if out.status.success() {
+            continue; // a batch of entries went past n in one commit: nothing to crash at n
+        }
+        crashed += 1;
+        let run = only_run(&store);
+        let done_before = completed(&store, &run);
+        let out = dagloop(&store)
+            .args(["resume", &run, "--json"])
+            .output()
+            .expect("resume");
+        assert!(
+            out.status.success(),
+            "resume after {n}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let resumed = json_of(&out);
+        assert_eq!(
+            resumed["output"], base["output"],
+            "after a crash at entry {n}"
+        );
+        assert_eq!(
+            resumed["state"], base["state"],
+            "after a crash at entry {n}"
+        );
+        let counts = counts.lock().expect("counts").clone();
+        for k in &done_before {
+            assert_eq!(
+                counts.get(k),
+                Some(&1),
+                "call n={k} completed before the crash at {n} and ran again: {counts:?}"
+            );
+        }
+        for k in 1..=4 {
+            assert!(
+                counts.contains_key(&k),
+                "n={k} never ran (crash at {n}): {counts:?}"
+            );
+        }
+    }
+    assert!(
+        crashed * 2 >= entries - 1,
+        "most entry counts crashed the run: {crashed}/{}",
+        entries - 1
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_run_is_decided_from_another_process_then_resumed() {
+    let (url, counts) = counting_service().await;
+    let dir = tempfile::tempdir().expect("dir");
+    let goal = write_goal(dir.path(), &url, Some("ask"));
+    let store = dir.path().join("runs.db");
+    let out = dagloop(&store)
+        .args(["run"])
+        .arg(&goal)
+        .args(["--json", "--detach"])
+        .output()
+        .expect("run");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let waiting = json_of(&out);
+    assert_eq!(waiting["status"], "waiting", "{waiting}");
+    let run = waiting["run_id"].as_str().expect("id").to_string();
+    let listed = json_of(
+        &dagloop(&store)
+            .args(["runs", "--json"])
+            .output()
+            .expect("runs"),
+    );
+    assert_eq!(listed[0]["status"], "waiting");
+    assert!(listed[0]["waiting_approvals"].as_u64() >= Some(1));
+    // Nothing ran yet: every call waits for a reviewer.
+    assert!(counts.lock().expect("counts").is_empty());
+    let bad = dagloop(&store)
+        .args(["decide", &run, "99", "approve"])
+        .output()
+        .expect("decide");
+    assert_eq!(bad.status.code(), Some(1));
+    assert_eq!(json_of(&bad)["error"]["code"], "op.unknown_call");
+    let mut rounds = 0;
+    let result = loop {
+        rounds += 1;
+        assert!(rounds < 10, "the run never finished");
+        let shown = json_of(
+            &dagloop(&store)
+                .args(["show", &run, "--json"])
+                .output()
+                .expect("show"),
+        );
+        for a in shown["awaiting"].as_array().cloned().unwrap_or_default() {
+            let call = a["call_id"].to_string();
+            let out = dagloop(&store)
+                .args(["decide", &run, &call, "approve"])
+                .output()
+                .expect("decide");
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stdout)
+            );
+        }
+        let out = dagloop(&store)
+            .args(["resume", &run, "--json", "--detach"])
+            .output()
+            .expect("resume");
+        let v = json_of(&out);
+        if v["status"] != "waiting" {
+            break v;
+        }
+    };
+    assert_eq!(result["status"], "succeeded", "{result}");
+    assert_eq!(result["output"], json!({"total": {"n": 4, "v": 40}}));
+    let again = dagloop(&store)
+        .args(["decide", &run, "1", "approve"])
+        .output()
+        .expect("decide");
+    assert_eq!(json_of(&again)["error"]["code"], "op.run_finished");
+    let counts = counts.lock().expect("counts").clone();
+    assert!(counts.values().all(|c| *c == 1), "{counts:?}");
+}
+
+#[test]
+fn bad_stores_are_refused_with_codes_and_left_untouched() {
+    let dir = tempfile::tempdir().expect("dir");
+    let code = |store: &Path, args: &[&str]| {
+        let out = dagloop(store).args(args).output().expect("dagloop");
+        assert_eq!(
+            out.status.code(),
+            Some(2),
+            "{}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        json_of(&out)["error"]["code"]
+            .as_str()
+            .unwrap_or("")
+            .to_string()
+    };
+    let junk = dir.path().join("junk.db");
+    std::fs::write(&junk, b"this is not a database at all, just some text").expect("write");
+    assert_eq!(code(&junk, &["runs"]), "store.foreign");
+    assert_eq!(
+        std::fs::read(&junk).expect("read"),
+        b"this is not a database at all, just some text"
+    );
+    let future = dir.path().join("future.db");
+    {
+        let c = rusqlite::Connection::open(&future).expect("open");
+        c.execute_batch("PRAGMA user_version = 99; CREATE TABLE runs(x);")
+            .expect("setup");
+    }
+    assert_eq!(code(&future, &["runs"]), "store.too_new");
+    let foreign = dir.path().join("foreign.db");
+    {
+        let c = rusqlite::Connection::open(&foreign).expect("open");
+        c.execute_batch("CREATE TABLE customers(id);")
+            .expect("setup");
+    }
+    assert_eq!(code(&foreign, &["runs"]), "store.foreign");
+    let good = dir.path().join("good.db");
+    assert_eq!(code(&good, &["show", "run-nope"]), "store.unknown_run");
+    // A store cut short mid-file is damaged, not silently empty.
+    let out = Command::new(env!("CARGO_BIN_EXE_dagloop"))
+        .env("DAGLOOP_STORE", &good)
+        .args(["runs", "--json"])
+        .output()
+        .expect("runs");
+    assert!(out.status.success());
+    let bytes = std::fs::read(&good).expect("read");
+    let cut = dir.path().join("cut.db");
+    std::fs::write(&cut, &bytes[..bytes.len().min(100)]).expect("write");
+    let c = code(&cut, &["runs"]);
+    assert!(c == "store.corrupt" || c == "store.foreign", "{c}");
+}
