@@ -463,3 +463,34 @@ async fn dropping_or_cancelling_a_run_stops_every_task_it_owns() {
         );
     }
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_subscriber_that_falls_behind_is_caught_up_from_the_journal() {
+    let dir = tempfile::tempdir().expect("dir");
+    let g = goal_in(
+        dir.path(),
+        json!({"goal": "g", "output_schema": {"type": "object"},
+        "tools": [{"_tool": "t", "_activity": "rust", "type": "object"}]}),
+    );
+    let calls: Vec<Value> = (0..20).map(|i| json!({"_tool": "t", "i": i})).collect();
+    let turns = json!([
+        sol(json!(calls), Value::Null),
+        sol(json!([]), json!({"ok": 1}))
+    ]);
+    let mut b = AgentBuilder::new(g).model(model(turns)).event_capacity(4);
+    b.registry_mut()
+        .register_fn("t", |p: Value| async move { Ok::<_, String>(p) });
+    let h = b.build().expect("build").start();
+    let mut slow = h.subscribe_from(0);
+    assert_eq!(h.wait().await.status, RunStatus::Succeeded);
+    let mut got = Vec::new();
+    while let Some(e) = slow.recv().await {
+        if !e.kind.is_ephemeral() {
+            got.push(e);
+        }
+    }
+    assert!(slow.lagged() > 0, "the ring of 4 was overrun");
+    let full = all_events(&h).await;
+    assert!(full.len() > 60, "{}", full.len());
+    assert_eq!(got, full, "caught up without gap or duplicate");
+}

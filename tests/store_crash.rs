@@ -329,3 +329,95 @@ fn bad_stores_are_refused_with_codes_and_left_untouched() {
     let c = code(&cut, &["runs"]);
     assert!(c == "store.corrupt" || c == "store.foreign", "{c}");
 }
+
+/// 100 runs at once in one store from one process, and several processes writing the same
+/// store: every journal entry lands, nothing reports `database is locked`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_runs_and_processes_share_one_store() {
+    use dagloop::store::{RunRecord, RunStore, SqliteStore};
+    let dir = tempfile::tempdir().expect("dir");
+    let path = dir.path().join("shared.db");
+    let store = Arc::new(SqliteStore::open(&path).expect("store"));
+    let goal = dagloop::Goal::from_json(
+        &json!({"goal": "g", "output_schema": {"type": "object"},
+            "tools": [{"_tool": "t", "_activity": "rust", "type": "object"}]})
+        .to_string(),
+        "g.json".as_ref(),
+        ".".into(),
+    )
+    .expect("goal");
+    let mut handles = Vec::new();
+    for i in 0..100 {
+        let calls: Vec<Value> = (0..5).map(|k| json!({"_tool": "t", "k": k})).collect();
+        let script = dagloop::llm::Script::parse(
+            &json!({"turns": [{"solution": {"calls": calls, "output": null}},
+                              {"solution": {"calls": [], "output": {"i": i}}}]})
+            .to_string(),
+            "s",
+        )
+        .expect("script");
+        let mut b = dagloop::AgentBuilder::new(goal.clone())
+            .model(Arc::new(dagloop::llm::ScriptedModel::new(script)))
+            .journal(store.clone());
+        b.registry_mut()
+            .register_fn("t", |p: Value| async move { Ok::<_, String>(p) });
+        let agent = b.build().expect("build");
+        let rec = RunRecord {
+            id: agent.run_id().to_string(),
+            created_at: i,
+            goal: json!({}),
+            base_dir: ".".into(),
+            options: json!({}),
+        };
+        store.create(&rec, std::process::id()).expect("create");
+        handles.push(agent.start());
+    }
+    for h in &handles {
+        let r = h.wait().await;
+        assert!(r.succeeded(), "{r:?}");
+        store.finish(h.run_id(), &r).expect("finish");
+        let stored = store.load(h.run_id()).expect("load");
+        assert_eq!(
+            stored.journal,
+            h.journal(),
+            "every entry of {} landed, in order",
+            h.run_id()
+        );
+    }
+    // Several processes at once on the same file.
+    let (url, _counts) = counting_service().await;
+    let goal = write_goal(dir.path(), &url, None);
+    let children: Vec<_> = (0..6)
+        .map(|_| {
+            std::process::Command::new(env!("CARGO_BIN_EXE_dagloop"))
+                .env("DAGLOOP_STORE", &path)
+                .args(["run"])
+                .arg(&goal)
+                .arg("--json")
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .expect("spawn")
+        })
+        .collect();
+    for c in children {
+        let out = c.wait_with_output().expect("wait");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{stderr}");
+        assert!(!stderr.contains("locked"), "{stderr}");
+    }
+    let listed = json_of(
+        &dagloop(&path)
+            .args(["runs", "--json"])
+            .output()
+            .expect("runs"),
+    );
+    assert_eq!(listed.as_array().map(Vec::len), Some(106));
+    assert!(
+        listed
+            .as_array()
+            .into_iter()
+            .flatten()
+            .all(|r| r["status"] == "succeeded")
+    );
+}

@@ -128,6 +128,7 @@ pub struct AgentBuilder {
     settings: Settings,
     retry: RetryPolicy,
     sanitize: SanitizeLimits,
+    event_capacity: usize,
 }
 
 impl AgentBuilder {
@@ -150,7 +151,15 @@ impl AgentBuilder {
             settings: Settings::default(),
             retry: RetryPolicy::default(),
             sanitize: SanitizeLimits::default(),
+            event_capacity: super::bus::DEFAULT_CAPACITY,
         }
+    }
+
+    /// How many live events a subscriber may fall behind before it is caught up from the
+    /// journal instead (default 65,536).
+    pub fn event_capacity(mut self, events: usize) -> Self {
+        self.event_capacity = events.max(1);
+        self
     }
 
     /// The activities (Rust closures, built-ins); register more through it.
@@ -313,6 +322,7 @@ impl AgentBuilder {
             clock: self.clock.unwrap_or_else(system_clock),
             run_id: self.run_id.unwrap_or_else(new_run_id),
             cancel: self.cancel,
+            event_capacity: self.event_capacity,
         })
     }
 }
@@ -490,6 +500,7 @@ pub struct Agent {
     clock: Clock,
     run_id: String,
     cancel: CancellationToken,
+    event_capacity: usize,
 }
 
 impl Agent {
@@ -523,7 +534,7 @@ impl Agent {
     }
 
     fn launch(self, journal: Option<Vec<JournalEntry>>) -> RunHandle {
-        let (tx, _) = broadcast::channel(super::bus::DEFAULT_CAPACITY);
+        let (tx, _) = broadcast::channel(self.event_capacity);
         let (ops_tx, ops) = mpsc::unbounded_channel();
         let (done, _) = watch::channel(None);
         let (idle, _) = watch::channel(false);
