@@ -275,6 +275,33 @@ async fn a_waiting_run_is_decided_from_another_process_then_resumed() {
     assert_eq!(json_of(&again)["error"]["code"], "op.run_finished");
     let counts = counts.lock().expect("counts").clone();
     assert!(counts.values().all(|c| *c == 1), "{counts:?}");
+    let bad = dagloop(&store)
+        .args(["runs", "prune", "--older-than", "soon"])
+        .output()
+        .expect("prune");
+    assert_eq!(json_of(&bad)["error"]["code"], "cli.bad_duration");
+    let kept = json_of(
+        &dagloop(&store)
+            .args(["runs", "prune", "--older-than", "1d"])
+            .output()
+            .expect("prune"),
+    );
+    assert_eq!(kept["runs"], 0, "a fresh run is kept");
+    std::thread::sleep(Duration::from_millis(1100));
+    let pruned = json_of(
+        &dagloop(&store)
+            .args(["runs", "prune", "--older-than", "1s"])
+            .output()
+            .expect("prune"),
+    );
+    assert_eq!(pruned["runs"], 1);
+    let listed = json_of(
+        &dagloop(&store)
+            .args(["runs", "--json"])
+            .output()
+            .expect("runs"),
+    );
+    assert_eq!(listed, json!([]));
 }
 
 #[test]

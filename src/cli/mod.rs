@@ -408,12 +408,6 @@ async fn resume(
         opts.approve = run::approve_name(approve);
     }
     opts.allow_shell |= allow_shell;
-    let ops = s.take_ops(id).map_err(|e| CliError::new(e.code(), e))?;
-    // Decisions recorded while no process ran the run go back in the queue; the resumed run's
-    // poller applies them once it has rebuilt the run.
-    for op in &ops {
-        s.push_op(id, op).map_err(|e| CliError::new(e.code(), e))?;
-    }
     run::run(run::Start::Resume(Box::new(stored)), opts, display, Some(s)).await
 }
 

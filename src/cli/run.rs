@@ -145,10 +145,23 @@ pub(super) async fn run(
         })?),
         None => None,
     };
+    let resumed = journal.is_some();
     let handle = match journal {
         Some(j) => agent.resume(j),
         None => agent.start(),
     };
+    if resumed && let Some(s) = &store {
+        // Decisions recorded while no process ran the run apply before anything else.
+        let queued = s.take_ops(&id).map_err(|e| CliError::new(e.code(), &e))?;
+        for op in queued {
+            if let Err(e) = handle.submit(op).await {
+                eprintln!(
+                    "dagloop: a recorded decision does not apply: {e} [{}]",
+                    e.code()
+                );
+            }
+        }
+    }
     let writer = events_out.map(|file| spawn_writer(&handle, file));
     let ops = store.clone().map(|s| spawn_op_poller(&handle, s));
     let interactive = std::io::stdin().is_terminal();

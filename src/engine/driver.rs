@@ -73,13 +73,7 @@ impl Driver {
         }
         let mut cancel_seen = false;
         while self.result.is_none() {
-            // Nothing streams, runs or waits on a timer: only an op (a reviewer's decision,
-            // cancel) can move the run on.
-            let idle =
-                self.turns.is_empty() && self.activities.is_empty() && self.timers.is_empty();
-            self.shared
-                .idle
-                .send_if_modified(|v| std::mem::replace(v, idle) != idle);
+            self.update_idle();
             let now = (self.clock)();
             let next = tokio::select! {
                 biased;
@@ -230,6 +224,18 @@ impl Driver {
         self.turns.read(item, &mut delta)
     }
 
+    /// Nothing streams, runs or waits on a timer: only an op (a reviewer's decision, cancel)
+    /// can move the run on.
+    fn update_idle(&self) {
+        let idle = self.result.is_none()
+            && self.turns.is_empty()
+            && self.activities.is_empty()
+            && self.timers.is_empty();
+        self.shared
+            .idle
+            .send_if_modified(|v| std::mem::replace(v, idle) != idle);
+    }
+
     async fn op(&mut self, req: OpRequest) {
         if let Err(e) = self.machine.check_op(&req.op) {
             let _ = req.reply.send(Err(e));
@@ -240,6 +246,7 @@ impl Driver {
             Op::Cancel { reason } => RunInput::Cancel { reason },
         };
         let ok = self.feed(vec![input]).await;
+        self.update_idle();
         let verdict = if ok {
             Ok(())
         } else {
