@@ -170,6 +170,44 @@ async fn model_flag_overrides_the_goal_model_relative_to_the_working_directory()
 }
 
 #[tokio::test]
+async fn without_a_terminal_a_policy_that_asks_refuses_to_start_unless_told_what_to_do() {
+    let tools = ToolServer::start().await;
+    let ws = probe(&tools, "ping_then_answer.script.json", |_| {});
+    let run = run_goal(&ws, &["--approve", "ask"]).await;
+    assert_eq!(run.code, 2, "{}", run.stdout);
+    assert_eq!(run.json()["error"]["code"], "approval.no_reviewer");
+    assert!(
+        run.stdout.contains("--decisions"),
+        "the error names the ways out: {}",
+        run.stdout
+    );
+    assert_eq!(tools.hits("/ping"), 0);
+    // Decisions given up front, by tool.
+    let dir = tempfile::tempdir().expect("dir");
+    let file = dir.path().join("decisions.json");
+    std::fs::write(
+        &file,
+        json!({"decisions": [{"tool": "ping", "decision": "approve"}]}).to_string(),
+    )
+    .expect("write");
+    let ws = probe(&tools, "ping_then_answer.script.json", |_| {});
+    let run = run_goal(
+        &ws,
+        &[
+            "--approve",
+            "ask",
+            "--decisions",
+            file.to_str().expect("utf-8"),
+        ],
+    )
+    .await;
+    assert_eq!(run.code, 0, "{}", run.stdout);
+    assert_eq!(call_statuses(&run.json()), ["done"]);
+    assert_eq!(run.json()["calls"][0]["decision"], "approve");
+    assert_eq!(tools.hits("/ping"), 1);
+}
+
+#[tokio::test]
 async fn approve_ask_without_a_terminal_rejects_and_the_model_is_told() {
     let tools = ToolServer::start().await;
     // The model is the in-process OpenAI-compatible mock, so the requests it got can be read.
@@ -186,6 +224,8 @@ async fn approve_ask_without_a_terminal_rejects_and_the_model_is_told() {
         OsStr::new("openai:test"),
         OsStr::new("--approve"),
         OsStr::new("ask"),
+        OsStr::new("--on-no-reviewer"),
+        OsStr::new("reject"),
     ]);
     cmd.env("OPENAI_BASE_URL", llm.base_url())
         .env("OPENAI_API_KEY", "dummy");
@@ -201,7 +241,7 @@ async fn approve_ask_without_a_terminal_rejects_and_the_model_is_told() {
     let second = requests[1]["messages"].to_string();
     assert!(second.contains("rejected"), "{second}");
     assert!(
-        second.contains("no interactive reviewer"),
+        second.contains("no reviewer is attached"),
         "the reason reaches the model: {second}"
     );
 }
@@ -213,7 +253,7 @@ async fn approve_auto_overrides_an_allowlist_goal() {
         |g: &mut Value| g["approval"] = json!({"policy": "allowlist", "allow": ["note"]});
     // The goal's own policy asks about ping, and nobody can answer: rejected.
     let ws = probe(&server, "ping_then_answer.script.json", allow_notes_only);
-    let run = run_goal(&ws, &[]).await;
+    let run = run_goal(&ws, &["--on-no-reviewer", "reject"]).await;
     assert_eq!(run.code, 0);
     assert_eq!(call_statuses(&run.json()), ["rejected"]);
     assert_eq!(server.hits("/ping"), 0);
@@ -231,7 +271,11 @@ async fn approve_auto_overrides_an_allowlist_goal() {
 async fn approve_allowlist_on_a_goal_without_one_asks_about_everything() {
     let server = ToolServer::start().await;
     let ws = probe(&server, "ping_then_answer.script.json", |_| {});
-    let run = run_goal(&ws, &["--approve", "allowlist"]).await;
+    let run = run_goal(
+        &ws,
+        &["--approve", "allowlist", "--on-no-reviewer", "reject"],
+    )
+    .await;
     assert_eq!(run.code, 0);
     assert_eq!(call_statuses(&run.json()), ["rejected"]);
     assert_eq!(server.hits("/ping"), 0);

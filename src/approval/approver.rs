@@ -92,6 +92,7 @@ impl From<Decision> for Scripted {
 /// else the fallback (approve unless changed). Records every request it saw.
 #[derive(Debug)]
 pub struct ScriptedApprover {
+    by_call: BTreeMap<CallId, Scripted>,
     by_tool: BTreeMap<String, Scripted>,
     in_order: Mutex<VecDeque<Scripted>>,
     fallback: Scripted,
@@ -101,6 +102,7 @@ pub struct ScriptedApprover {
 impl Default for ScriptedApprover {
     fn default() -> Self {
         ScriptedApprover {
+            by_call: BTreeMap::new(),
             by_tool: BTreeMap::new(),
             in_order: Mutex::new(VecDeque::new()),
             fallback: Decision::Approve.into(),
@@ -113,6 +115,12 @@ impl ScriptedApprover {
     /// An approver that approves everything until told otherwise.
     pub fn new() -> Self {
         ScriptedApprover::default()
+    }
+
+    /// The call with this id gets `answer` (builder style); it wins over a per-tool answer.
+    pub fn for_call(mut self, id: CallId, answer: impl Into<Scripted>) -> Self {
+        self.by_call.insert(id, answer.into());
+        self
     }
 
     /// Every call to `tool` gets `answer` (builder style).
@@ -151,7 +159,11 @@ pub fn after(delay: Duration, decision: Decision) -> Scripted {
 
 impl Approver for ScriptedApprover {
     fn decide(&self, req: ApprovalRequest) -> BoxFuture<'static, Decision> {
-        let answer = match self.by_tool.get(&req.tool.name) {
+        let answer = match self
+            .by_call
+            .get(&req.id)
+            .or_else(|| self.by_tool.get(&req.tool.name))
+        {
             Some(a) => a.clone(),
             None => self
                 .in_order

@@ -87,6 +87,15 @@ pub enum ApproveArg {
     Ask,
 }
 
+/// What a run without a terminal does when its policy can ask a reviewer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum NoReviewer {
+    /// Refuse to start (`approval.no_reviewer`).
+    Fail,
+    /// Reject every call that needs a reviewer; the model is told.
+    Reject,
+}
+
 /// Graph output formats.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum GraphFormat {
@@ -122,6 +131,14 @@ pub enum Command {
         /// continue with `dagloop resume`).
         #[arg(long)]
         detach: bool,
+        /// Decisions given up front: `{"decisions": [{"tool": NAME} or {"call": ID}, plus a
+        /// decision]}` (schemas/decisions.schema.json); calls it does not cover are rejected.
+        #[arg(long)]
+        decisions: Option<PathBuf>,
+        /// Without a terminal (and without --decisions): `fail` refuses to start a run whose
+        /// policy can ask (`approval.no_reviewer`); `reject` rejects what needs a reviewer.
+        #[arg(long, value_enum, default_value = "fail")]
+        on_no_reviewer: NoReviewer,
     },
     /// Continue a stored run where it stopped (same options, output and exit codes as `run`).
     Resume {
@@ -145,6 +162,12 @@ pub enum Command {
         /// Return as soon as the run only waits for reviewers.
         #[arg(long)]
         detach: bool,
+        /// Decisions given up front (see `run --decisions`).
+        #[arg(long)]
+        decisions: Option<PathBuf>,
+        /// Without a terminal: `fail` or `reject` (see `run --on-no-reviewer`).
+        #[arg(long, value_enum, default_value = "fail")]
+        on_no_reviewer: NoReviewer,
     },
     /// List stored runs.
     Runs {
@@ -243,6 +266,8 @@ pub async fn main(cli: Cli) -> i32 {
             events,
             allow_shell,
             detach,
+            decisions,
+            on_no_reviewer,
         } => {
             let opts = run::RunOptions {
                 model,
@@ -253,6 +278,8 @@ pub async fn main(cli: Cli) -> i32 {
                 json_only: json,
                 events,
                 detach,
+                decisions,
+                reject_without_reviewer: on_no_reviewer == NoReviewer::Reject,
             };
             match store() {
                 Ok(s) => run::run(run::Start::New(goal), opts, display, s).await,
@@ -267,20 +294,17 @@ pub async fn main(cli: Cli) -> i32 {
             events,
             allow_shell,
             detach,
+            decisions,
+            on_no_reviewer,
         } => {
-            resume(
-                &id,
-                store(),
-                model,
-                approve,
-                allow_shell,
-                run::Display {
-                    json_only: json,
-                    events,
-                    detach,
-                },
-            )
-            .await
+            let display = run::Display {
+                json_only: json,
+                events,
+                detach,
+                decisions,
+                reject_without_reviewer: on_no_reviewer == NoReviewer::Reject,
+            };
+            resume(&id, store(), model, approve, allow_shell, display).await
         }
         Command::Runs { action, json } => match (required(store()), action) {
             (Ok(s), None) => runs::list(&s, json),

@@ -44,8 +44,12 @@ impl Counts {
     }
 }
 
-/// Prints progress until the run ends.
-pub(super) async fn show(mut events: Subscription, tty: bool) {
+/// Prints progress until the run ends; on a terminal, never over an open reviewer prompt.
+pub(super) async fn show(
+    mut events: Subscription,
+    tty: bool,
+    screen: std::sync::Arc<super::review::Screen>,
+) {
     let mut c = Counts::default();
     while let Some(ev) = events.recv().await {
         c.step = c.step.max(ev.step);
@@ -102,11 +106,7 @@ pub(super) async fn show(mut events: Subscription, tty: bool) {
         if tty {
             // While a reviewer prompt is on screen, redrawing would erase it: the line is left
             // on its own row when the request arrives, and redraws resume after the decision.
-            if matches!(ev.kind, EventKind::ApprovalRequested { .. }) {
-                let _ = writeln!(err, "\r\x1b[2K{}", c.line());
-                continue;
-            }
-            if c.asking > 0 {
+            if screen.prompt_open.load(std::sync::atomic::Ordering::SeqCst) {
                 continue;
             }
             let _ = write!(err, "\r\x1b[2K{}", c.line());

@@ -1,101 +1,350 @@
-//! The terminal reviewer for `--approve ask`: approve, edit (in $EDITOR) or reject with a reason.
+//! The terminal reviewer for `--approve ask` (and any policy that asks): a consumer of the run's
+//! `approval_requested` events and a producer of `Decide` ops.
 //!
-//! Without a terminal on stdin nobody can answer, so every request is rejected with a reason
-//! that says so (the model is told; nothing runs unreviewed).
+//! One call is prompted at a time, on one line: its id, tool, resolved params (compact) and,
+//! when it had started before a restart, that it was interrupted. Answers: `a` approve, `A`
+//! approve every call of this tool for the rest of the run, `e` edit the params in `$EDITOR`
+//! (checked against the tool's schema, the changes shown before they are sent), `r` reject with
+//! a reason, `?` show the whole call. While a prompt is open the progress view does not redraw.
+//! A prompt is withdrawn when the call is decided another way (the policy's timeout, another
+//! reviewer, cancel). Only call params are shown: tool definitions (and so header values) never.
+//!
+//! Stdin is read by a plain thread, line by line and only when a prompt asks for a line, so an
+//! unanswered prompt never keeps the process alive and never competes with `$EDITOR`.
 
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::io::{BufRead, Write};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use serde_json::{Map, Value};
 use tokio::sync::mpsc;
 
-use crate::approval::{Decision, PendingApproval};
+use crate::engine::RunHandle;
+use crate::protocol::{Call, CallId, Decision, EventKind, Op, Tool};
 
-/// Answers approval requests until the channel closes.
-pub(super) async fn serve(mut rx: mpsc::Receiver<PendingApproval>, interactive: bool) {
-    while let Some(p) = rx.recv().await {
-        let decision = if interactive {
-            let req = p.request.to_value();
-            tokio::task::spawn_blocking(move || ask(&req))
-                .await
-                .unwrap_or(Decision::Reject {
-                    reason: "the reviewer prompt failed".into(),
-                })
-        } else {
-            Decision::Reject {
-                reason: "approval required but no interactive reviewer is attached (stdin is not a terminal)".into(),
+/// What the reviewer and the progress view share: whether a prompt is on screen.
+#[derive(Debug, Default)]
+pub(super) struct Screen {
+    pub prompt_open: AtomicBool,
+}
+
+struct Pending {
+    id: CallId,
+    call: Call,
+    hash: String,
+    interrupted: bool,
+}
+
+enum Waiting {
+    Answer,
+    Reason,
+    Confirm(Map<String, Value>),
+}
+
+/// Asks for one line at a time on a thread of its own.
+struct Lines {
+    ask: std::sync::mpsc::Sender<()>,
+    lines: mpsc::UnboundedReceiver<Option<String>>,
+    outstanding: bool,
+}
+
+impl Lines {
+    fn new() -> Lines {
+        let (ask, asked) = std::sync::mpsc::channel::<()>();
+        let (tx, lines) = mpsc::unbounded_channel();
+        std::thread::spawn(move || {
+            while asked.recv().is_ok() {
+                let mut s = String::new();
+                let line = match std::io::stdin().lock().read_line(&mut s) {
+                    Ok(0) | Err(_) => None,
+                    Ok(_) => Some(s),
+                };
+                if tx.send(line).is_err() {
+                    return;
+                }
             }
-        };
-        let _ = p.reply.send(decision);
+        });
+        Lines {
+            ask,
+            lines,
+            outstanding: false,
+        }
+    }
+
+    fn request(&mut self) {
+        if !self.outstanding {
+            self.outstanding = self.ask.send(()).is_ok();
+        }
+    }
+
+    async fn next(&mut self) -> Option<String> {
+        let l = self.lines.recv().await.flatten();
+        self.outstanding = false;
+        l
     }
 }
 
-fn ask(req: &Value) -> Decision {
-    let mut err = std::io::stderr();
-    let _ = writeln!(
-        err,
-        "\n── approval requested ──\n{}",
-        serde_json::to_string_pretty(req).unwrap_or_default()
-    );
+fn say(text: &str) {
+    let mut err = std::io::stderr().lock();
+    let _ = write!(err, "{text}");
+    let _ = err.flush();
+}
+
+fn compact(params: &Map<String, Value>, max: usize) -> String {
+    let shown: Map<String, Value> = params
+        .iter()
+        .filter(|(k, _)| !k.starts_with('_'))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    let s = Value::Object(shown).to_string();
+    if s.chars().count() > max {
+        format!("{}…", s.chars().take(max).collect::<String>())
+    } else {
+        s
+    }
+}
+
+/// Answers the run's approval requests on the terminal until the run ends.
+pub(super) async fn serve(handle: RunHandle, tools: BTreeMap<String, Tool>, screen: Arc<Screen>) {
+    let mut events = handle.subscribe_from(0);
+    let mut queue: VecDeque<Pending> = VecDeque::new();
+    let mut current: Option<Pending> = None;
+    let mut waiting = Waiting::Answer;
+    let mut approve_all: BTreeSet<String> = BTreeSet::new();
+    let mut lines = Lines::new();
     loop {
-        let _ = write!(err, "[a]pprove, [e]dit, [r]eject? ");
-        let _ = err.flush();
-        let Some(line) = read_line() else {
-            return Decision::Reject {
-                reason: "the reviewer closed the terminal".into(),
-            };
-        };
-        match line.trim() {
-            "a" | "approve" | "y" | "yes" => return Decision::Approve,
-            "r" | "reject" | "n" | "no" => {
-                let _ = write!(err, "reason: ");
-                let _ = err.flush();
-                let reason = read_line().unwrap_or_default().trim().to_string();
-                return Decision::Reject {
-                    reason: if reason.is_empty() {
-                        "rejected by the reviewer".into()
-                    } else {
-                        reason
-                    },
-                };
-            }
-            "e" | "edit" => match edit(req.get("call").unwrap_or(req)) {
-                Ok(params) => return Decision::Edit { params },
-                Err(e) => {
-                    let _ = writeln!(err, "edit failed: {e}");
+        if current.is_none()
+            && let Some(p) = queue.pop_front()
+        {
+            screen.prompt_open.store(true, Ordering::SeqCst);
+            prompt(&p);
+            waiting = Waiting::Answer;
+            current = Some(p);
+        }
+        if current.is_some() {
+            lines.request();
+        }
+        tokio::select! {
+            ev = events.recv() => {
+                let Some(ev) = ev else { break };
+                match (&ev.kind, ev.call) {
+                    (EventKind::ApprovalRequested { call, params_hash, interrupted, .. }, Some(id)) => {
+                        let p = Pending { id, call: call.clone(), hash: params_hash.clone(), interrupted: *interrupted };
+                        if approve_all.contains(&call.tool) && !interrupted {
+                            say(&format!("\r\x1b[2K  {id} {} approved (every call of this tool)\n", call.tool));
+                            decide(&handle, &p, Decision::Approve).await;
+                        } else {
+                            queue.push_back(p);
+                        }
+                    }
+                    (EventKind::Decision { decision, timed_out }, Some(id)) => {
+                        queue.retain(|p| p.id != id);
+                        if current.as_ref().is_some_and(|p| p.id == id) {
+                            let why = if *timed_out { " (the reviewer's time ran out)" } else { "" };
+                            say(&format!("\n  {id} was decided: {}{why}\n", words(decision)));
+                            current = None;
+                            screen.prompt_open.store(false, Ordering::SeqCst);
+                        }
+                    }
+                    (EventKind::RunFinished { .. }, _) if ev.parent.is_none() => break,
+                    _ => {}
                 }
-            },
-            _ => {}
+            }
+            line = lines.next(), if current.is_some() => {
+                let Some(p) = current.take() else { continue };
+                let Some(line) = line else {
+                    // The terminal closed: nobody can answer any more.
+                    decide(&handle, &p, Decision::Reject { reason: "the reviewer closed the terminal".into() }).await;
+                    screen.prompt_open.store(false, Ordering::SeqCst);
+                    continue;
+                };
+                let tool = tools.get(&p.call.tool);
+                match answer(&handle, &p, tool, &mut waiting, line.trim(), &mut approve_all).await {
+                    Some(()) => screen.prompt_open.store(false, Ordering::SeqCst),
+                    None => current = Some(p),
+                }
+            }
+        }
+    }
+    if current.is_some() {
+        say("\n");
+    }
+    screen.prompt_open.store(false, Ordering::SeqCst);
+}
+
+fn prompt(p: &Pending) {
+    let flag = if p.interrupted {
+        " (interrupted: it had started when the run stopped)"
+    } else {
+        ""
+    };
+    say(&format!(
+        "\r\x1b[2K\n  {} {} {}{flag}\n  [a]pprove [A]pprove all {} [e]dit [r]eject [?]show > ",
+        p.id,
+        p.call.tool,
+        compact(&p.call.params, 120),
+        p.call.tool
+    ));
+}
+
+fn words(d: &Decision) -> String {
+    match d {
+        Decision::Approve => "approved".into(),
+        Decision::Edit { .. } => "approved with edited params".into(),
+        Decision::Replace { call } => format!("replaced by a call to {}", call.tool),
+        Decision::Reject { reason } => format!("rejected ({reason})"),
+    }
+}
+
+async fn decide(handle: &RunHandle, p: &Pending, decision: Decision) {
+    let op = Op::Decide {
+        call: p.id,
+        decision,
+        presented: Some(p.hash.clone()),
+    };
+    if let Err(e) = handle.submit(op).await {
+        say(&format!("  {}: not applied: {e} [{}]\n", p.id, e.code()));
+    }
+}
+
+/// Handles one line; `Some(())` when the call is decided, `None` to keep prompting.
+async fn answer(
+    handle: &RunHandle,
+    p: &Pending,
+    tool: Option<&Tool>,
+    waiting: &mut Waiting,
+    line: &str,
+    approve_all: &mut BTreeSet<String>,
+) -> Option<()> {
+    match std::mem::replace(waiting, Waiting::Answer) {
+        Waiting::Reason => {
+            let reason = if line.is_empty() {
+                "rejected by the reviewer".to_string()
+            } else {
+                line.to_string()
+            };
+            decide(handle, p, Decision::Reject { reason }).await;
+            return Some(());
+        }
+        Waiting::Confirm(params) => {
+            if matches!(line, "y" | "yes") {
+                decide(handle, p, Decision::Edit { params }).await;
+                return Some(());
+            }
+            say("  edit dropped\n");
+            prompt(p);
+            return None;
+        }
+        Waiting::Answer => {}
+    }
+    match line {
+        "a" | "approve" | "y" | "yes" => {
+            decide(handle, p, Decision::Approve).await;
+            Some(())
+        }
+        "A" => {
+            approve_all.insert(p.call.tool.clone());
+            decide(handle, p, Decision::Approve).await;
+            Some(())
+        }
+        "r" | "reject" | "n" | "no" => {
+            *waiting = Waiting::Reason;
+            say("  reason > ");
+            None
+        }
+        "?" | "show" => {
+            say(&format!(
+                "\n{}\n",
+                serde_json::to_string_pretty(&p.call.to_value()).unwrap_or_default()
+            ));
+            prompt(p);
+            None
+        }
+        "e" | "edit" => {
+            let call = p.call.clone();
+            let edited = tokio::task::spawn_blocking(move || edit(&call))
+                .await
+                .unwrap_or_else(|e| Err(e.to_string()));
+            match edited.and_then(|params| check(tool, &p.call, params)) {
+                Ok((params, diff)) => {
+                    say(&format!("{diff}  send this edit? [y/n] > "));
+                    *waiting = Waiting::Confirm(params);
+                }
+                Err(e) => {
+                    say(&format!("  edit failed: {e}\n"));
+                    prompt(p);
+                }
+            }
+            None
+        }
+        _ => {
+            prompt(p);
+            None
         }
     }
 }
 
-fn read_line() -> Option<String> {
-    let mut s = String::new();
-    match std::io::stdin().lock().read_line(&mut s) {
-        Ok(0) | Err(_) => None,
-        Ok(_) => Some(s),
+/// Checks edited params against the tool's schema; returns them with the changes in words.
+fn check(
+    tool: Option<&Tool>,
+    call: &Call,
+    params: Map<String, Value>,
+) -> Result<(Map<String, Value>, String), String> {
+    if let Some(t) = tool {
+        let v = crate::schema::ParamsValidator::new(t).map_err(|e| e.to_string())?;
+        let errors = v.validate(&params);
+        if !errors.is_empty() {
+            return Err(errors
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join("; "));
+        }
     }
+    let mut diff = String::new();
+    let old: Map<String, Value> = call
+        .params
+        .iter()
+        .filter(|(k, _)| !k.starts_with('_'))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    for (k, v) in &old {
+        match params.get(k) {
+            None => diff.push_str(&format!("  - {k}: {v}\n")),
+            Some(n) if n != v => diff.push_str(&format!("  - {k}: {v}\n  + {k}: {n}\n")),
+            _ => {}
+        }
+    }
+    for (k, v) in &params {
+        if !old.contains_key(k) {
+            diff.push_str(&format!("  + {k}: {v}\n"));
+        }
+    }
+    if diff.is_empty() {
+        diff.push_str("  (no change)\n");
+    }
+    Ok((params, diff))
 }
 
-fn edit(call: &Value) -> Result<Map<String, Value>, String> {
+fn edit(call: &Call) -> Result<Map<String, Value>, String> {
     let params: Map<String, Value> = call
-        .as_object()
-        .map(|m| {
-            m.iter()
-                .filter(|(k, _)| !k.starts_with('_'))
-                .map(|(k, v)| (k.clone(), v.clone()))
-                .collect()
-        })
-        .unwrap_or_default();
-    let dir = std::env::temp_dir().join(format!("dagloop-edit-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+        .params
+        .iter()
+        .filter(|(k, _)| !k.starts_with('_'))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    let dir = tempfile_dir()?;
     let file = dir.join("params.json");
     let text = serde_json::to_string_pretty(&Value::Object(params)).map_err(|e| e.to_string())?;
     std::fs::write(&file, text).map_err(|e| e.to_string())?;
     let editor = std::env::var("VISUAL")
         .or_else(|_| std::env::var("EDITOR"))
         .unwrap_or_else(|_| "vi".into());
-    let status = std::process::Command::new(&editor)
+    let mut parts = editor.split_whitespace();
+    let program = parts.next().unwrap_or("vi");
+    let status = std::process::Command::new(program)
+        .args(parts)
         .arg(&file)
         .status()
         .map_err(|e| format!("cannot start {editor}: {e}"))?;
@@ -106,4 +355,14 @@ fn edit(call: &Value) -> Result<Map<String, Value>, String> {
     let _ = std::fs::remove_dir_all(&dir);
     serde_json::from_str(&edited)
         .map_err(|e| format!("the edited params are not a JSON object: {e}"))
+}
+
+fn tempfile_dir() -> Result<std::path::PathBuf, String> {
+    let dir = std::env::temp_dir().join(format!(
+        "dagloop-edit-{}-{}",
+        std::process::id(),
+        super::run::now_ms()
+    ));
+    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+    Ok(dir)
 }

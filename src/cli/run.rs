@@ -9,7 +9,7 @@ use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
 use super::{ApproveArg, CliError, pretty, progress, review};
-use crate::approval::{ChannelApprover, Mode, Policy};
+use crate::approval::{Mode, Policy};
 use crate::engine::{AgentBuilder, RunHandle};
 use crate::goal::Goal;
 use crate::store::{RunRecord, RunStore};
@@ -30,6 +30,59 @@ pub(super) struct Display {
     pub json_only: bool,
     pub events: Option<PathBuf>,
     pub detach: bool,
+    /// Decisions given up front (`--decisions FILE`).
+    pub decisions: Option<PathBuf>,
+    /// Without a terminal and without decisions: reject what needs a reviewer instead of
+    /// refusing to start.
+    pub reject_without_reviewer: bool,
+}
+
+/// True when some call of the run may have to be presented to somebody.
+fn may_ask(policy: &Policy, goal: &Goal) -> bool {
+    policy.mode != Mode::Auto
+        || goal
+            .tools
+            .iter()
+            .any(|t| t.approval == Some(crate::protocol::ToolApproval::Always))
+}
+
+/// `{"decisions": [{"tool": NAME} or {"call": ID}, plus a protocol Decision]}`.
+fn load_decisions(path: &FsPath) -> Result<crate::approval::ScriptedApprover, CliError> {
+    #[derive(serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct File {
+        decisions: Vec<Value>,
+    }
+    let bad = |reason: String| {
+        CliError::new("cli.bad_decisions", format!("{}: {reason}", path.display()))
+    };
+    let text = std::fs::read_to_string(path).map_err(|e| bad(e.to_string()))?;
+    let file: File = serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?;
+    let mut a =
+        crate::approval::ScriptedApprover::new().otherwise(crate::protocol::Decision::Reject {
+            reason: "no decision was given for this call (--decisions)".into(),
+        });
+    for (i, mut d) in file.decisions.into_iter().enumerate() {
+        let (tool, call) = match d.as_object_mut() {
+            Some(m) => (m.remove("tool"), m.remove("call")),
+            None => (None, None),
+        };
+        let decision: crate::protocol::Decision =
+            serde_json::from_value(d).map_err(|e| bad(format!("decisions[{i}]: {e}")))?;
+        a = match (
+            tool.as_ref().and_then(Value::as_str),
+            call.as_ref().and_then(Value::as_u64),
+        ) {
+            (Some(t), None) => a.for_tool(t, decision),
+            (None, Some(c)) => a.for_call(crate::protocol::CallId(c), decision),
+            _ => {
+                return Err(bad(format!(
+                    "decisions[{i}]: give exactly one of `tool` or `call`"
+                )));
+            }
+        };
+    }
+    Ok(a)
 }
 
 /// The run's policy: the goal's, with the command line's `--approve` over it.
@@ -92,14 +145,33 @@ pub(super) async fn run(
     let record_goal = serde_json::to_value(&goal).unwrap_or(Value::Null);
     let base_dir = goal.base_dir.display().to_string();
     let cancel = CancellationToken::new();
-    let (approver, requests) = ChannelApprover::new(64);
+    let interactive = std::io::stdin().is_terminal() && !display.detach;
+    let tools: std::collections::BTreeMap<String, crate::protocol::Tool> = goal
+        .tools
+        .iter()
+        .map(|t| (t.name.clone(), t.clone()))
+        .collect();
+    let asks = may_ask(&policy, &goal);
     let mut builder = AgentBuilder::new(goal)
         .policy(policy)
         .cancel_token(cancel.clone());
-    builder = if display.detach {
+    builder = if let Some(path) = &display.decisions {
+        builder.approver(Arc::new(load_decisions(path)?))
+    } else if display.detach || interactive || !asks {
         builder.external_review()
+    } else if display.reject_without_reviewer {
+        builder.approver(Arc::new(
+            crate::approval::ScriptedApprover::new().otherwise(crate::protocol::Decision::Reject {
+                reason:
+                    "approval required but no reviewer is attached (no terminal, no --decisions)"
+                        .into(),
+            }),
+        ))
     } else {
-        builder.approver(Arc::new(approver))
+        return Err(CliError::new(
+            "approval.no_reviewer",
+            "the approval policy can ask a reviewer, but stdin is not a terminal: give --decisions FILE, --detach (decide later with `dagloop decide`), or --on-no-reviewer reject",
+        ));
     };
     builder.registry_mut().enable_shell(opts.allow_shell);
     if let Some(m) = &opts.model {
@@ -164,12 +236,14 @@ pub(super) async fn run(
     }
     let writer = events_out.map(|file| spawn_writer(&handle, file));
     let ops = store.clone().map(|s| spawn_op_poller(&handle, s));
-    let interactive = std::io::stdin().is_terminal();
-    let reviewer = tokio::spawn(review::serve(requests, interactive));
+    let screen = Arc::new(review::Screen::default());
+    let reviewer = (interactive && display.decisions.is_none() && asks)
+        .then(|| tokio::spawn(review::serve(handle.clone(), tools, screen.clone())));
     let progress = (!display.json_only).then(|| {
         tokio::spawn(progress::show(
             handle.subscribe_from(0),
             std::io::stderr().is_terminal(),
+            screen.clone(),
         ))
     });
     let ctrl_c = {
@@ -177,6 +251,11 @@ pub(super) async fn run(
         tokio::spawn(async move {
             if tokio::signal::ctrl_c().await.is_ok() {
                 cancel.cancel();
+            }
+            // A second Ctrl-C leaves at once.
+            if tokio::signal::ctrl_c().await.is_ok() {
+                eprintln!("\ndagloop: interrupted twice, leaving now");
+                std::process::exit(130);
             }
         })
     };
@@ -186,7 +265,9 @@ pub(super) async fn run(
         Some(handle.wait().await)
     };
     ctrl_c.abort();
-    reviewer.abort();
+    if let Some(r) = reviewer {
+        r.abort();
+    }
     if let Some(t) = ops {
         t.abort();
     }

@@ -118,12 +118,25 @@ fn connect(path: &Path, flags: OpenFlags) -> Result<Connection, StoreError> {
     Ok(c)
 }
 
-/// Checks the file is ours (or empty), at a version we know; upgrades an older one.
+/// Checks the file is ours (or empty), at a version we know; upgrades an older one. Runs in
+/// one `BEGIN IMMEDIATE` transaction, so processes opening a new store at once migrate it once.
 fn migrate(c: &mut Connection, path: &Path) -> Result<(), StoreError> {
-    let version: i64 = c
+    let check: String = c
+        .query_row("PRAGMA quick_check", [], |r| r.get(0))
+        .map_err(|e| classify(path, e))?;
+    if check != "ok" {
+        return Err(StoreError::Corrupt {
+            path: path.display().to_string(),
+            reason: check,
+        });
+    }
+    let tx = c
+        .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+        .map_err(|e| classify(path, e))?;
+    let version: i64 = tx
         .query_row("PRAGMA user_version", [], |r| r.get(0))
         .map_err(|e| classify(path, e))?;
-    let tables: i64 = c
+    let tables: i64 = tx
         .query_row(
             "SELECT count(*) FROM sqlite_master WHERE type = 'table'",
             [],
@@ -143,23 +156,13 @@ fn migrate(c: &mut Connection, path: &Path) -> Result<(), StoreError> {
             supported: SCHEMA_VERSION,
         });
     }
-    let check: String = c
-        .query_row("PRAGMA quick_check", [], |r| r.get(0))
-        .map_err(|e| classify(path, e))?;
-    if check != "ok" {
-        return Err(StoreError::Corrupt {
-            path: path.display().to_string(),
-            reason: check,
-        });
-    }
-    for (v, sql) in MIGRATIONS.iter().enumerate().skip(version as usize) {
-        let tx = c.transaction().map_err(io)?;
+    let from = usize::try_from(version).unwrap_or(0);
+    for (v, sql) in MIGRATIONS.iter().enumerate().skip(from) {
         tx.execute_batch(sql).map_err(io)?;
         tx.pragma_update(None, "user_version", (v + 1) as i64)
             .map_err(io)?;
-        tx.commit().map_err(io)?;
     }
-    Ok(())
+    tx.commit().map_err(|e| classify(path, e))
 }
 
 impl SqliteStore {

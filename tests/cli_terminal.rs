@@ -1,0 +1,125 @@
+//! The terminal reviewer through a real pseudo-terminal (`dagloop run --approve ask` with stdin
+//! and stderr on a PTY): the prompt is visible and stays so, each answer does what it says, a
+//! reviewer timeout withdraws the prompt and the process exits, Ctrl-C cancels at once.
+
+#[path = "fixtures/e2e/harness.rs"]
+mod harness;
+
+use std::process::Command;
+
+use harness::{ToolServer, Workspace};
+use rexpect::session::{PtySession, spawn_command};
+use serde_json::{Value, json};
+
+fn probe(server: &ToolServer, patch: impl FnOnce(&mut Value)) -> Workspace {
+    Workspace::new(
+        "probe.goal.json",
+        "scripts/ping_then_answer.script.json",
+        &server.base,
+        patch,
+    )
+}
+
+fn dagloop(ws: &Workspace, store: &std::path::Path) -> PtySession {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_dagloop"));
+    cmd.arg("run")
+        .arg(&ws.goal)
+        .args(["--approve", "ask"])
+        .env("DAGLOOP_STORE", store)
+        .env_remove("OPENAI_API_KEY");
+    spawn_command(cmd, Some(20_000)).expect("spawn in a pty")
+}
+
+async fn in_pty<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+    tokio::task::spawn_blocking(f).await.expect("pty session")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_prompt_is_visible_and_approve_runs_the_call() {
+    let server = ToolServer::start().await;
+    let ws = probe(&server, |_| {});
+    let store = ws.goal.with_file_name("runs.db");
+    let out = in_pty(move || {
+        let mut p = dagloop(&ws, &store);
+        // One line per call: id, tool, resolved params; then the answers.
+        p.exp_string("c1 ping {\"n\":7}")
+            .expect("the call on one line");
+        p.exp_string("[a]pprove [A]pprove all ping [e]dit [r]eject [?]show >")
+            .expect("the prompt is on screen");
+        p.send_line("?").expect("send");
+        p.exp_string("\"_tool\": \"ping\"").expect("the whole call");
+        p.exp_string("[a]pprove").expect("asked again");
+        p.send_line("a").expect("send");
+        let rest = p.exp_eof().expect("exits when the run ends");
+        drop(ws);
+        rest
+    })
+    .await;
+    assert!(out.contains("\"status\": \"succeeded\""), "{out}");
+    assert_eq!(server.hits("/ping"), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reject_asks_for_a_reason_and_the_call_never_runs() {
+    let server = ToolServer::start().await;
+    let ws = probe(&server, |_| {});
+    let store = ws.goal.with_file_name("runs.db");
+    let out = in_pty(move || {
+        let mut p = dagloop(&ws, &store);
+        p.exp_string("[r]eject").expect("prompt");
+        p.send_line("r").expect("send");
+        p.exp_string("reason >").expect("asks why");
+        p.send_line("not on a Sunday").expect("send");
+        let rest = p.exp_eof().expect("exit");
+        drop(ws);
+        rest
+    })
+    .await;
+    assert!(out.contains("\"rejected\""), "{out}");
+    assert!(out.contains("\"decision\": \"reject\""), "{out}");
+    assert_eq!(server.hits("/ping"), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reviewer_timeout_withdraws_the_prompt_and_the_process_exits() {
+    let server = ToolServer::start().await;
+    let ws =
+        probe(
+            &server,
+            |g| {
+                g["approval"] =
+                    json!({"policy": "ask", "timeout_s": 1, "default_decision": "reject"})
+            },
+        );
+    let store = ws.goal.with_file_name("runs.db");
+    let out = in_pty(move || {
+        let mut p = dagloop(&ws, &store);
+        p.exp_string("[a]pprove").expect("prompt");
+        p.exp_string("c1 was decided: rejected")
+            .expect("withdrawn after the timeout");
+        let rest = p.exp_eof().expect("the process exits without an answer");
+        drop(ws);
+        rest
+    })
+    .await;
+    assert!(out.contains("\"status\": \"succeeded\""), "{out}");
+    assert_eq!(server.hits("/ping"), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ctrl_c_at_the_prompt_cancels_the_run_and_exits() {
+    let server = ToolServer::start().await;
+    let ws = probe(&server, |_| {});
+    let store = ws.goal.with_file_name("runs.db");
+    let out = in_pty(move || {
+        let mut p = dagloop(&ws, &store);
+        p.exp_string("[a]pprove").expect("prompt");
+        p.send_control('c').expect("ctrl-c");
+        let rest = p.exp_eof().expect("exits");
+        drop(ws);
+        rest
+    })
+    .await;
+    assert!(out.contains("\"status\": \"cancelled\""), "{out}");
+    assert_eq!(server.hits("/ping"), 0);
+}
