@@ -7,6 +7,7 @@
 pub mod check;
 mod progress;
 mod review;
+mod schema_cmd;
 
 use std::io::{IsTerminal, Write};
 use std::path::{Path as FsPath, PathBuf};
@@ -46,6 +47,24 @@ pub enum ApproveArg {
     Ask,
 }
 
+/// How the model returns its Solution (`--mode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ModeArg {
+    /// JSON text constrained by the composed schema.
+    Structured,
+    /// Native tool calls; the output through `final_output`.
+    Tools,
+}
+
+impl From<ModeArg> for crate::llm::Mode {
+    fn from(m: ModeArg) -> Self {
+        match m {
+            ModeArg::Structured => crate::llm::Mode::StructuredOutput,
+            ModeArg::Tools => crate::llm::Mode::ToolCalls,
+        }
+    }
+}
+
 /// Graph output formats.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum GraphFormat {
@@ -77,6 +96,18 @@ pub enum Command {
         /// Allow tools that use the built-in shell activity.
         #[arg(long)]
         allow_shell: bool,
+        /// How the model returns its Solution (default: the goal's `mode`, else structured).
+        #[arg(long, value_enum)]
+        mode: Option<ModeArg>,
+    },
+    /// Print what the model is sent for a goal: the composed Solution schema (structured mode)
+    /// or the native function definitions (tool mode), as JSON.
+    Schema {
+        /// The goal file (JSON).
+        goal: PathBuf,
+        /// Which mode's schema (default: the goal's `mode`, else structured).
+        #[arg(long, value_enum)]
+        mode: Option<ModeArg>,
     },
     /// Check a goal file, or a plan (a Solution or an array of calls), without running anything.
     Validate {
@@ -146,7 +177,9 @@ pub async fn main(cli: Cli) -> i32 {
             json,
             events,
             allow_shell,
-        } => run(&goal, model, approve, json, events, allow_shell).await,
+            mode,
+        } => run(&goal, model, approve, json, events, allow_shell, mode).await,
+        Command::Schema { goal, mode } => schema_cmd::schema(&goal, mode),
         Command::Validate { file, goal } => validate(&file, goal.as_deref()),
         Command::Graph { file, format } => graph(&file, format),
         Command::MockLlm { script, port } => mock_llm(&script, port).await,
@@ -171,8 +204,13 @@ async fn run(
     json_only: bool,
     events: Option<PathBuf>,
     allow_shell: bool,
+    mode: Option<ModeArg>,
 ) -> Result<i32, CliError> {
     let goal = Goal::load(goal_path).map_err(|e| CliError::new(e.code(), &e))?;
+    let mode = mode
+        .map(crate::llm::Mode::from)
+        .or(goal.mode)
+        .unwrap_or_default();
     let mut policy: Policy = match &goal.approval {
         Some(v) => serde_json::from_value(v.clone())
             .map_err(|e| CliError::new("agent.invalid_policy", e))?,
@@ -209,7 +247,11 @@ async fn run(
         .policy(policy)
         .approver(Arc::new(approver))
         .bus(bus.clone())
-        .cancel_token(cancel.clone());
+        .cancel_token(cancel.clone())
+        .settings(crate::llm::Settings {
+            mode,
+            ..Default::default()
+        });
     builder.registry_mut().enable_shell(allow_shell);
     if let Some(m) = model {
         builder = builder.model_spec(m);

@@ -34,7 +34,9 @@ pub use retry::{Jitter, RetryNotice, RetryPolicy, Retrying};
 pub use script::{Script, Turn, TurnBody};
 pub use scripted::ScriptedModel;
 pub use secret::ApiKey;
-pub use wire::{FINAL_OUTPUT_TOOL, SOLUTION_TOOL, ToolCallOutcome, call_from_tool_call};
+pub use wire::{
+    FINAL_OUTPUT_TOOL, SOLUTION_TOOL, ToolCallOutcome, call_from_tool_call, function_definitions,
+};
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -90,14 +92,16 @@ pub struct Request {
     pub settings: Settings,
 }
 
-/// How the model returns its Solution.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+/// How the model returns its Solution. In a goal file: `"mode": "structured" | "tools"`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 pub enum Mode {
     /// The Solution streams as text constrained by the schema (`response_format` json_schema;
     /// for Anthropic a forced `solution` tool whose input streams as text deltas).
     #[default]
+    #[serde(rename = "structured")]
     StructuredOutput,
     /// Each call is a native tool call; the output arrives through the `final_output` tool.
+    #[serde(rename = "tools")]
     ToolCalls,
 }
 
