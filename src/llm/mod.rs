@@ -22,6 +22,7 @@ mod retry;
 mod script;
 mod scripted;
 mod secret;
+mod strict;
 mod wire;
 
 pub use anthropic::Anthropic;
@@ -29,11 +30,12 @@ pub use error::LlmError;
 pub use http::parse_retry_after;
 #[cfg(feature = "server")]
 pub use mock::{MockServer, serve_mock};
-pub use openai::{OpenAi, ResponseFormat};
+pub use openai::{OpenAi, ResponseFormat, Strict, ToolStreaming};
 pub use retry::{Jitter, RetryNotice, RetryPolicy, Retrying};
 pub use script::{Script, Turn, TurnBody};
 pub use scripted::ScriptedModel;
 pub use secret::ApiKey;
+pub use strict::strict_schema;
 pub use wire::{
     FINAL_OUTPUT_TOOL, SOLUTION_TOOL, ToolCallOutcome, call_from_tool_call, function_definitions,
 };
@@ -212,6 +214,15 @@ pub enum StreamEvent {
         input_tokens: u64,
         /// Completion tokens.
         output_tokens: u64,
+    },
+    /// Prompt-cache accounting of this request, reported once near the end (before
+    /// [`StreamEvent::Usage`]) when the provider gives it (Anthropic prompt caching). These
+    /// tokens are not counted in `Usage::input_tokens`.
+    CacheUsage {
+        /// Prompt tokens read from the cache.
+        read_tokens: u64,
+        /// Prompt tokens written to the cache.
+        write_tokens: u64,
     },
     /// The last event of a successful stream.
     Finish {
