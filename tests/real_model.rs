@@ -385,7 +385,9 @@ async fn dagloop_runs_goals_on_the_local_model() {
     const TINY: &str = "tests/fixtures/real_model/tiny.goal.json";
     const TINY_OUTPUT: &str = "tests/fixtures/real_model/tiny-output.goal.json";
     const DELEGATE: &str = "examples/delegate/goal.json";
-    let plan: [(&str, Option<&str>, &[(&str, bool)]); 2] = [
+    // (mode, chat format, [(goal, must succeed)])
+    type Plan<'a> = (&'a str, Option<&'a str>, &'a [(&'a str, bool)]);
+    let plan: [Plan; 2] = [
         ("structured", None, &[(TINY, true), (DELEGATE, true)]),
         (
             "tools",
