@@ -30,7 +30,7 @@ if [ ! -x "$PY" ]; then
 fi
 
 have_version() { # package version -> 0 when installed at that version
-    "$PY" -m pip show "$1" 2>/dev/null | grep -qx "Version: $2"
+    "$PY" -m pip show "$1" 2>/dev/null | grep -x "Version: $2" >/dev/null  # not -q: an early exit would SIGPIPE pip and fail under pipefail
 }
 
 if have_version llguidance "$LLGUIDANCE_VERSION" && have_version outlines_core "$OUTLINES_CORE_VERSION"; then
