@@ -31,7 +31,7 @@ if [ ! -x "$PY" ]; then
 fi
 
 have_version() { # package version -> 0 when installed at that version
-    "$PY" -m pip show "$1" 2>/dev/null | grep -qx "Version: $2"
+    "$PY" -m pip show "$1" 2>/dev/null | grep -x "Version: $2" >/dev/null  # not -q: an early exit would SIGPIPE pip and fail under pipefail
 }
 
 if have_version llama_cpp_python "$LLAMA_CPP_PYTHON_VERSION" \

@@ -86,6 +86,10 @@ pub struct Goal {
     /// Run limits.
     #[serde(default)]
     pub limits: Limits,
+    /// How the model returns its Solution: `structured` (constrained JSON text, the default) or
+    /// `tools` (native tool calls). `dagloop run --mode` overrides it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<crate::llm::Mode>,
     /// Approval policy (see `approval::Policy`); absent means run everything.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub approval: Option<Value>,

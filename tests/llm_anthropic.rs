@@ -159,7 +159,11 @@ async fn tool_use_blocks_become_tool_calls_with_text_and_usage() {
     assert_eq!(rec.body["model"], "test-model");
     assert_eq!(rec.body["max_tokens"], 4096);
     assert_eq!(rec.body["stream"], true);
-    assert_eq!(rec.body["system"], "You plan tool calls.");
+    assert_eq!(
+        rec.body["system"],
+        json!([{"type": "text", "text": "You plan tool calls.",
+                "cache_control": {"type": "ephemeral"}}])
+    );
     assert_eq!(
         rec.body["messages"],
         json!([{"role": "user", "content": "Look up the weather."}])
@@ -301,4 +305,107 @@ fn debug_hides_the_key_and_a_missing_key_is_typed() {
     let e = Anthropic::new("::", ApiKey::new(KEY), "m").unwrap_err();
     assert_eq!(e.code(), "llm.invalid_config");
     assert!(!format!("{e:?}").contains(KEY));
+}
+
+/// Prompt caching: the static prefix (tools, the Solution schema, the system prompt) carries
+/// `cache_control` breakpoints, and the cache reads and writes the API reports come back as a
+/// `CacheUsage` event next to `Usage`.
+#[tokio::test]
+async fn the_static_prefix_is_cached_and_cache_usage_is_reported() {
+    let start = named(
+        "message_start",
+        json!({"type": "message_start", "message": {"id": "msg_1", "type": "message",
+               "role": "assistant", "content": [], "model": "claude-test", "stop_reason": null,
+               "usage": {"input_tokens": 7, "output_tokens": 1,
+                         "cache_creation_input_tokens": 1200, "cache_read_input_tokens": 0}}}),
+    );
+    let solution = r#"{"calls":[],"output":null}"#;
+    let mut first = vec![
+        start,
+        block_start(
+            0,
+            json!({"type": "tool_use", "id": "toolu_s", "name": SOLUTION_TOOL, "input": {}}),
+        ),
+        json_delta(0, solution),
+        block_stop(0),
+    ];
+    first.extend(message_end("tool_use", 9));
+    // The second request reads the prefix back; this time the counts come in `message_delta`.
+    let mut second = vec![
+        message_start(7),
+        block_start(
+            0,
+            json!({"type": "tool_use", "id": "toolu_t", "name": "weather", "input": {}}),
+        ),
+        json_delta(0, "{\"city\": \"Oslo\"}"),
+        block_stop(0),
+    ];
+    second.push(named(
+        "message_delta",
+        json!({"type": "message_delta", "delta": {"stop_reason": "tool_use"},
+               "usage": {"output_tokens": 5, "cache_read_input_tokens": 1200,
+                         "cache_creation_input_tokens": 0}}),
+    ));
+    second.push(named("message_stop", json!({"type": "message_stop"})));
+    let server = serve(vec![Canned::sse(&first), Canned::sse(&second)]).await;
+    let p = provider(&server);
+
+    let (events, err) = collect(p.stream(&request(Mode::StructuredOutput))).await;
+    assert_eq!(err, None);
+    let n = events.len();
+    assert_eq!(
+        &events[n - 3..],
+        &[
+            StreamEvent::CacheUsage {
+                read_tokens: 0,
+                write_tokens: 1200
+            },
+            StreamEvent::Usage {
+                input_tokens: 7,
+                output_tokens: 9
+            },
+            StreamEvent::Finish {
+                reason: FinishReason::ToolCalls
+            }
+        ]
+    );
+    let (events, err) = collect(p.stream(&tool_request())).await;
+    assert_eq!(err, None);
+    assert!(events.contains(&StreamEvent::CacheUsage {
+        read_tokens: 1200,
+        write_tokens: 0
+    }));
+
+    let reqs = server.requests();
+    let ephemeral = json!({"type": "ephemeral"});
+    // Structured mode: the forced solution tool (the schema text) and the system prompt.
+    let body = &reqs[0].body;
+    assert_eq!(body["tools"][0]["name"], SOLUTION_TOOL);
+    assert_eq!(body["tools"][0]["cache_control"], ephemeral);
+    assert_eq!(body["system"][0]["cache_control"], ephemeral);
+    // Tool mode: a breakpoint on the last tool (so all tool definitions are cached) and the
+    // system prompt; none on the messages, which change every step.
+    let body = &reqs[1].body;
+    let tools = body["tools"].as_array().unwrap();
+    assert_eq!(tools.last().unwrap()["cache_control"], ephemeral);
+    assert!(
+        tools[..tools.len() - 1]
+            .iter()
+            .all(|t| t.get("cache_control").is_none())
+    );
+    assert_eq!(body["system"][0]["cache_control"], ephemeral);
+    assert!(!body["messages"].to_string().contains("cache_control"));
+    let breakpoints = body.to_string().matches("cache_control").count();
+    assert!(breakpoints <= 4, "the API allows at most 4 breakpoints");
+
+    // Without cache fields in the answer there is no CacheUsage event.
+    let mut plain = vec![message_start(3)];
+    plain.extend(message_end("end_turn", 2));
+    let server = serve(vec![Canned::sse(&plain)]).await;
+    let (events, _) = collect(provider(&server).stream(&request(Mode::StructuredOutput))).await;
+    assert!(
+        !events
+            .iter()
+            .any(|e| matches!(e, StreamEvent::CacheUsage { .. }))
+    );
 }

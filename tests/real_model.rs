@@ -286,3 +286,149 @@ async fn native_tool_calls_with_chatml_function_calling() {
         })
     ));
 }
+
+/// What the server logs when llama-cpp-python's JSON-Schema-to-grammar converter refuses a
+/// schema (it then silently decodes unconstrained JSON) or llama.cpp refuses the grammar.
+const GRAMMAR_FAILURES: [&str; 6] = [
+    "Pattern must start with",
+    "Unsupported pattern syntax",
+    "AssertionError",
+    "failed to parse grammar",
+    "error parsing grammar",
+    "Failed to parse grammar",
+];
+
+fn assert_no_grammar_failure(server: &Server) {
+    let log = std::fs::read_to_string(&server.log).unwrap_or_default();
+    for needle in GRAMMAR_FAILURES {
+        assert!(
+            !log.contains(needle),
+            "the server logged a grammar conversion failure (`{needle}`):\n{}",
+            server.log_tail()
+        );
+    }
+}
+
+/// One `dagloop run GOAL --model openai:smollm2 --mode MODE --json` against the server.
+struct RunOutcome {
+    status: String,
+    steps: u64,
+    wall: Duration,
+    result: Value,
+}
+
+fn run_dagloop(server: &Server, goal: &str, mode: &str) -> RunOutcome {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let started = Instant::now();
+    let out = Command::new(env!("CARGO_BIN_EXE_dagloop"))
+        .current_dir(&root)
+        .args([
+            "run",
+            goal,
+            "--model",
+            "openai:smollm2",
+            "--mode",
+            mode,
+            "--json",
+        ])
+        .env("OPENAI_BASE_URL", &server.base_url)
+        .env_remove("OPENAI_API_KEY")
+        .env("OPENAI_RESPONSE_FORMAT", "auto")
+        // llama-cpp-python's chatml-function-calling cannot stream a tool call the model
+        // chooses itself ("Automatic streaming tool choice is not supported").
+        .env(
+            "OPENAI_TOOL_STREAM",
+            if mode == "tools" { "off" } else { "on" },
+        )
+        .stdin(Stdio::null())
+        .output()
+        .expect("dagloop runs");
+    let wall = started.elapsed();
+    let result: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "dagloop run {goal} --mode {mode} printed no result JSON ({e}):\n{}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    assert!(
+        matches!(out.status.code(), Some(0 | 1)),
+        "dagloop run {goal} --mode {mode} failed before running ({:?}): {result}",
+        out.status
+    );
+    RunOutcome {
+        status: result["status"].as_str().unwrap_or("?").to_string(),
+        steps: result["steps"].as_u64().unwrap_or(0),
+        wall,
+        result,
+    }
+}
+
+fn output_validates(goal: &str, output: &Value) -> bool {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let g: Value =
+        serde_json::from_str(&std::fs::read_to_string(root.join(goal)).unwrap()).unwrap();
+    jsonschema::validator_for(&g["output_schema"])
+        .unwrap()
+        .is_valid(output)
+}
+
+/// The dagloop binary itself, on the tiny goals and on the example goal the command line can run
+/// (delegate; refund and research need Rust activities), in structured and in tool-call mode.
+/// Every run must end with a result and the server must never log a grammar conversion failure.
+/// Must succeed, with an output that validates: the tiny goal (one latent tool) in structured
+/// mode, the tiny goal without its tool in tool mode, and the delegate example in both modes.
+/// The tiny goal with its tool in tool mode is recorded only: SmolLM2-135M calls `greet` at
+/// every step and never `final_output` (max_steps).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dagloop_runs_goals_on_the_local_model() {
+    const TINY: &str = "tests/fixtures/real_model/tiny.goal.json";
+    const TINY_OUTPUT: &str = "tests/fixtures/real_model/tiny-output.goal.json";
+    const DELEGATE: &str = "examples/delegate/goal.json";
+    // (mode, chat format, [(goal, must succeed)])
+    type Plan<'a> = (&'a str, Option<&'a str>, &'a [(&'a str, bool)]);
+    let plan: [Plan; 2] = [
+        ("structured", None, &[(TINY, true), (DELEGATE, true)]),
+        (
+            "tools",
+            Some("chatml-function-calling"),
+            &[(TINY_OUTPUT, true), (DELEGATE, true), (TINY, false)],
+        ),
+    ];
+    let mut table = vec!["| goal | mode | status | steps | wall time |".to_string()];
+    table.push("| --- | --- | --- | --- | --- |".to_string());
+    let mut failures = Vec::new();
+    for (mode, chat_format, runs) in plan {
+        let server = start_server(chat_format).await;
+        for &(goal, must_succeed) in runs {
+            let server_ref = &server;
+            let r = tokio::task::block_in_place(|| run_dagloop(server_ref, goal, mode));
+            table.push(format!(
+                "| {goal} | {mode} | {} | {} | {:.1} s |",
+                r.status,
+                r.steps,
+                r.wall.as_secs_f64()
+            ));
+            eprintln!("{}\n{}", table.last().unwrap(), r.result);
+            if !must_succeed {
+                continue;
+            }
+            if r.status != "succeeded" {
+                failures.push(format!("{goal} --mode {mode}: {}", r.result));
+            } else if !output_validates(goal, &r.result["output"]) {
+                failures.push(format!(
+                    "{goal} --mode {mode}: output invalid: {}",
+                    r.result
+                ));
+            }
+        }
+        assert_no_grammar_failure(&server);
+    }
+    eprintln!("{}", table.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "{}\n{}",
+        failures.join("\n"),
+        table.join("\n")
+    );
+}

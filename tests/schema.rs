@@ -120,11 +120,7 @@ fn calls_must_match_a_defined_tool() {
 fn params_accept_reference_strings() {
     let v = composed_validator(&sample_tools(), &user_schema());
     let call = |c: Value| json!({"calls": [c], "output": null});
-    for reference in [
-        "†input.amount",
-        "$ref:state.total",
-        "  †state.a || †state.b",
-    ] {
+    for reference in ["†input.amount", "$ref:state.total", "†state.a || †state.b"] {
         assert!(
             v.is_valid(&call(
                 json!({"_tool": "issueRefund", "customerId": "†input.id", "amount": reference})
@@ -132,10 +128,16 @@ fn params_accept_reference_strings() {
             "{reference}"
         );
     }
-    // A plain string is still not a number.
-    assert!(!v.is_valid(&call(
-        json!({"_tool": "issueRefund", "customerId": "c", "amount": "fifty"})
-    )));
+    // A plain string is still not a number, and the pattern is anchored at the start: a
+    // reference with leading blanks is not described (decoders should not emit them).
+    for not_a_reference in ["fifty", "  †state.a", "x†state.a", "ref:state.a"] {
+        assert!(
+            !v.is_valid(&call(
+                json!({"_tool": "issueRefund", "customerId": "c", "amount": not_a_reference})
+            )),
+            "{not_a_reference}"
+        );
+    }
 }
 
 #[test]

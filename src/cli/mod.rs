@@ -10,6 +10,7 @@ mod progress;
 mod review;
 mod run;
 mod runs;
+mod schema_cmd;
 
 use std::path::{Path as FsPath, PathBuf};
 use std::sync::Arc;
@@ -87,6 +88,24 @@ pub enum ApproveArg {
     Ask,
 }
 
+/// How the model returns its Solution (`--mode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ModeArg {
+    /// JSON text constrained by the composed schema.
+    Structured,
+    /// Native tool calls; the output through `final_output`.
+    Tools,
+}
+
+impl From<ModeArg> for crate::llm::Mode {
+    fn from(m: ModeArg) -> Self {
+        match m {
+            ModeArg::Structured => crate::llm::Mode::StructuredOutput,
+            ModeArg::Tools => crate::llm::Mode::ToolCalls,
+        }
+    }
+}
+
 /// What a run without a terminal does when its policy can ask a reviewer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum NoReviewer {
@@ -139,6 +158,9 @@ pub enum Command {
         /// policy can ask (`approval.no_reviewer`); `reject` rejects what needs a reviewer.
         #[arg(long, value_enum, default_value = "fail")]
         on_no_reviewer: NoReviewer,
+        /// How the model returns its Solution (default: the goal's `mode`, else structured).
+        #[arg(long, value_enum)]
+        mode: Option<ModeArg>,
     },
     /// Continue a stored run where it stopped (same options, output and exit codes as `run`).
     Resume {
@@ -168,6 +190,18 @@ pub enum Command {
         /// Without a terminal: `fail` or `reject` (see `run --on-no-reviewer`).
         #[arg(long, value_enum, default_value = "fail")]
         on_no_reviewer: NoReviewer,
+        /// How the model returns its Solution (default: the goal's `mode`, else structured).
+        #[arg(long, value_enum)]
+        mode: Option<ModeArg>,
+    },
+    /// Print what the model is sent for a goal: the composed Solution schema (structured mode)
+    /// or the native function definitions (tool mode), as JSON.
+    Schema {
+        /// The goal file (JSON).
+        goal: PathBuf,
+        /// Which mode's schema (default: the goal's `mode`, else structured).
+        #[arg(long, value_enum)]
+        mode: Option<ModeArg>,
     },
     /// List stored runs.
     Runs {
@@ -268,11 +302,13 @@ pub async fn main(cli: Cli) -> i32 {
             detach,
             decisions,
             on_no_reviewer,
+            mode,
         } => {
             let opts = run::RunOptions {
                 model,
                 approve: run::approve_name(approve),
                 allow_shell,
+                mode: mode.map(run::mode_name),
             };
             let display = run::Display {
                 json_only: json,
@@ -296,6 +332,7 @@ pub async fn main(cli: Cli) -> i32 {
             detach,
             decisions,
             on_no_reviewer,
+            mode,
         } => {
             let display = run::Display {
                 json_only: json,
@@ -304,7 +341,13 @@ pub async fn main(cli: Cli) -> i32 {
                 decisions,
                 reject_without_reviewer: on_no_reviewer == NoReviewer::Reject,
             };
-            resume(&id, store(), model, approve, allow_shell, display).await
+            let over = run::RunOptions {
+                model,
+                approve: run::approve_name(approve),
+                allow_shell,
+                mode: mode.map(run::mode_name),
+            };
+            resume(&id, store(), over, display).await
         }
         Command::Runs { action, json } => match (required(store()), action) {
             (Ok(s), None) => runs::list(&s, json),
@@ -330,6 +373,7 @@ pub async fn main(cli: Cli) -> i32 {
             ),
             (Err(e), _) | (_, Err(e)) => Err(e),
         },
+        Command::Schema { goal, mode } => schema_cmd::schema(&goal, mode),
         Command::Validate { file, goal } => validate(&file, goal.as_deref()),
         Command::Graph { file, format } => graph(&file, format),
         Command::MockLlm { script, port } => mock_llm(&script, port).await,
@@ -399,9 +443,7 @@ fn decision_of(d: DecideArg) -> Result<crate::protocol::Decision, CliError> {
 async fn resume(
     id: &str,
     store: Result<Option<Store>, CliError>,
-    model: Option<String>,
-    approve: Option<ApproveArg>,
-    allow_shell: bool,
+    over: run::RunOptions,
     display: run::Display,
 ) -> Result<i32, CliError> {
     use crate::store::RunStore;
@@ -425,13 +467,16 @@ async fn resume(
     }
     let mut opts: run::RunOptions =
         serde_json::from_value(stored.record.options.clone()).unwrap_or_default();
-    if model.is_some() {
-        opts.model = model;
+    if over.model.is_some() {
+        opts.model = over.model;
     }
-    if approve.is_some() {
-        opts.approve = run::approve_name(approve);
+    if over.approve.is_some() {
+        opts.approve = over.approve;
     }
-    opts.allow_shell |= allow_shell;
+    if over.mode.is_some() {
+        opts.mode = over.mode;
+    }
+    opts.allow_shell |= over.allow_shell;
     run::run(run::Start::Resume(Box::new(stored)), opts, display, Some(s)).await
 }
 

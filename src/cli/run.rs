@@ -23,6 +23,17 @@ pub(super) struct RunOptions {
     pub approve: Option<String>,
     #[serde(default)]
     pub allow_shell: bool,
+    /// `structured` or `tools` (default: the goal's `mode`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<String>,
+}
+
+pub(super) fn mode_name(m: super::ModeArg) -> String {
+    match m {
+        super::ModeArg::Structured => "structured",
+        super::ModeArg::Tools => "tools",
+    }
+    .to_string()
 }
 
 /// What the front-end does around the run (not recorded).
@@ -176,6 +187,13 @@ pub(super) async fn run(
     builder.registry_mut().enable_shell(opts.allow_shell);
     if let Some(m) = &opts.model {
         builder = builder.model_spec(m.clone());
+    }
+    if let Some(m) = opts.mode.as_deref() {
+        builder = builder.mode(if m == "tools" {
+            crate::llm::Mode::ToolCalls
+        } else {
+            crate::llm::Mode::StructuredOutput
+        });
     }
     if let Some(id) = &run_id {
         builder = builder.run_id(id.clone());

@@ -129,6 +129,7 @@ pub struct AgentBuilder {
     retry: RetryPolicy,
     sanitize: SanitizeLimits,
     event_capacity: usize,
+    mode: Option<crate::llm::Mode>,
 }
 
 impl AgentBuilder {
@@ -152,6 +153,7 @@ impl AgentBuilder {
             retry: RetryPolicy::default(),
             sanitize: SanitizeLimits::default(),
             event_capacity: super::bus::DEFAULT_CAPACITY,
+            mode: None,
         }
     }
 
@@ -250,9 +252,16 @@ impl AgentBuilder {
         self
     }
 
-    /// Model settings (mode, temperature, timeouts), for every agent of the run.
+    /// Model settings (mode, temperature, timeouts), for every agent of the run. Their mode
+    /// is used only when neither [`AgentBuilder::mode`] nor the goal's `mode` says otherwise.
     pub fn settings(mut self, settings: Settings) -> Self {
         self.settings = settings;
+        self
+    }
+
+    /// How the model returns its Solution, over the goal's `mode`.
+    pub fn mode(mut self, mode: crate::llm::Mode) -> Self {
+        self.mode = Some(mode);
         self
     }
 
@@ -272,6 +281,9 @@ impl AgentBuilder {
     /// run.
     pub fn build(mut self) -> Result<Agent, AgentError> {
         check_activities(&self.goal, &self.registry)?;
+        if let Some(m) = self.mode.or(self.goal.mode) {
+            self.settings.mode = m;
+        }
         let root_model: Arc<dyn Model> = match (self.model.take(), &self.model_spec) {
             (Some(m), _) => m,
             (None, Some(spec)) => ModelSpec::parse(spec)?.build()?,

@@ -5,6 +5,11 @@
 //! mode forces a `solution` tool whose input schema is the Solution schema and streams that tool's
 //! input JSON as text deltas, so the plan parser sees the same text as with OpenAI. It does not
 //! retry and does not parse the Solution.
+//!
+//! Prompt caching: the static prefix of every request of a run (the tool definitions, with the
+//! Solution schema, then the system prompt) carries `cache_control` breakpoints, on the last
+//! tool and on the system block, so later steps read it from the cache. The cache reads and
+//! writes the API reports arrive as [`StreamEvent::CacheUsage`].
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -136,7 +141,12 @@ impl Anthropic {
             "stream": true,
         });
         if !system.is_empty() {
-            body["system"] = json!(system.join("\n\n"));
+            // A cache breakpoint: tools and system prompt are the prefix every step repeats.
+            body["system"] = json!([{
+                "type": "text",
+                "text": system.join("\n\n"),
+                "cache_control": {"type": "ephemeral"},
+            }]);
         }
         if let Some(t) = s.temperature {
             body["temperature"] = json!(t);
@@ -147,6 +157,7 @@ impl Anthropic {
                     "name": SOLUTION_TOOL,
                     "description": "Write your Solution: the calls to make and the output.",
                     "input_schema": req.schema,
+                    "cache_control": {"type": "ephemeral"},
                 }]);
                 body["tool_choice"] = json!({"type": "tool", "name": SOLUTION_TOOL});
             }
@@ -162,6 +173,9 @@ impl Anthropic {
                     })
                     .collect();
                 body["tools"] = Value::Array(tools);
+                if let Some(last) = body["tools"].as_array_mut().and_then(|t| t.last_mut()) {
+                    last["cache_control"] = json!({"type": "ephemeral"});
+                }
                 body["tool_choice"] = match &s.tool_choice {
                     ToolChoice::Auto => json!({"type": "auto"}),
                     ToolChoice::Required => json!({"type": "any"}),
@@ -214,6 +228,8 @@ struct AnthropicDecoder {
     blocks: BTreeMap<u64, Block>,
     next_call: usize,
     usage: Option<(u64, u64)>,
+    /// Cache (read, write) tokens from `message_start` / `message_delta`.
+    cache: Option<(u64, u64)>,
     stop_reason: Option<String>,
     done: bool,
     redactor: Redactor,
@@ -226,6 +242,7 @@ impl AnthropicDecoder {
             blocks: BTreeMap::new(),
             next_call: 0,
             usage: None,
+            cache: None,
             stop_reason: None,
             done: false,
             redactor,
@@ -274,6 +291,14 @@ impl Decoder for AnthropicDecoder {
                     n("/message/usage/input_tokens"),
                     n("/message/usage/output_tokens"),
                 ));
+                let read = v.pointer("/message/usage/cache_read_input_tokens");
+                let write = v.pointer("/message/usage/cache_creation_input_tokens");
+                if read.is_some() || write.is_some() {
+                    self.cache = Some((
+                        n("/message/usage/cache_read_input_tokens"),
+                        n("/message/usage/cache_creation_input_tokens"),
+                    ));
+                }
             }
             "content_block_start" => {
                 let cb = v.get("content_block").unwrap_or(&Value::Null);
@@ -357,6 +382,14 @@ impl Decoder for AnthropicDecoder {
                         .unwrap_or(input);
                     self.usage = Some((input, n));
                 }
+                let u = |k: &str| v.pointer(&format!("/usage/{k}")).and_then(Value::as_u64);
+                if let (r @ Some(_), w) | (r, w @ Some(_)) = (
+                    u("cache_read_input_tokens"),
+                    u("cache_creation_input_tokens"),
+                ) {
+                    let (r0, w0) = self.cache.unwrap_or((0, 0));
+                    self.cache = Some((r.unwrap_or(r0), w.unwrap_or(w0)));
+                }
             }
             "message_stop" => self.done = true,
             "error" => {
@@ -384,6 +417,12 @@ impl Decoder for AnthropicDecoder {
         let open: Vec<u64> = self.blocks.keys().copied().collect();
         for index in open {
             self.close(index, out);
+        }
+        if let Some((read_tokens, write_tokens)) = self.cache {
+            out.push(StreamEvent::CacheUsage {
+                read_tokens,
+                write_tokens,
+            });
         }
         if let Some((input_tokens, output_tokens)) = self.usage {
             out.push(StreamEvent::Usage {

@@ -98,8 +98,8 @@ pub enum LlmError {
         /// What is wrong.
         reason: String,
     },
-    /// A required API key variable is unset.
-    #[error("environment variable {var} is not set")]
+    /// A required API key variable is unset (for OpenAI: no key and no `OPENAI_BASE_URL`).
+    #[error("environment variable {var} is not set{}", missing_key_hint(var))]
     MissingApiKey {
         /// The variable name.
         var: &'static str,
@@ -118,6 +118,18 @@ pub enum LlmError {
         /// What is wrong.
         reason: String,
     },
+}
+
+/// What to do about a missing key, by variable.
+fn missing_key_hint(var: &str) -> &'static str {
+    match var {
+        "OPENAI_API_KEY" => {
+            ": the hosted OpenAI API needs a key; a local OpenAI-compatible server (llama.cpp, \
+             vLLM, Ollama) needs none, but then set OPENAI_BASE_URL to it"
+        }
+        "ANTHROPIC_API_KEY" => ": the Anthropic API needs a key",
+        _ => "",
+    }
 }
 
 impl LlmError {

@@ -382,6 +382,45 @@ fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
     era * 146_097 + doe - 719_468
 }
 
+/// Sends one POST and reads the whole JSON answer (no streaming), bounded by the request
+/// deadline. Statuses, timeouts and transport failures map to the same errors as
+/// [`sse_stream`].
+pub(crate) async fn post_json(call: HttpCall) -> Result<serde_json::Value, LlmError> {
+    let HttpCall {
+        client,
+        url,
+        headers,
+        body,
+        request_timeout,
+        idle_timeout: _,
+        redactor,
+    } = call;
+    let deadline = Instant::now() + request_timeout;
+    let send = client.post(&url).headers(headers).json(&body).send();
+    let resp = bounded(send, request_timeout, deadline, request_timeout)
+        .await?
+        .map_err(|e| transport_error(&e, &redactor))?;
+    let status = resp.status();
+    if !status.is_success() {
+        let retry_after = retry_after_of(resp.headers(), SystemTime::now());
+        let body = read_error_body(resp, request_timeout, deadline, request_timeout).await;
+        return Err(LlmError::HttpStatus {
+            status: status.as_u16(),
+            retry_after,
+            message: error_message(&body, &redactor),
+        });
+    }
+    let bytes = bounded(resp.bytes(), request_timeout, deadline, request_timeout)
+        .await?
+        .map_err(|e| transport_error(&e, &redactor))?;
+    serde_json::from_slice(&bytes).map_err(|e| LlmError::BadSse {
+        reason: format!(
+            "the non-streaming answer is not JSON ({e}): {}",
+            redactor.apply(&String::from_utf8_lossy(&bytes[..bytes.len().min(200)]))
+        ),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -22,6 +22,7 @@ mod retry;
 mod script;
 mod scripted;
 mod secret;
+mod strict;
 mod wire;
 
 pub use anthropic::Anthropic;
@@ -29,12 +30,15 @@ pub use error::LlmError;
 pub use http::parse_retry_after;
 #[cfg(feature = "server")]
 pub use mock::{MockServer, serve_mock};
-pub use openai::{OpenAi, ResponseFormat};
+pub use openai::{OpenAi, ResponseFormat, Strict, ToolStreaming};
 pub use retry::{Jitter, RetryNotice, RetryPolicy, Retrying};
 pub use script::{Script, Turn, TurnBody};
 pub use scripted::ScriptedModel;
 pub use secret::ApiKey;
-pub use wire::{FINAL_OUTPUT_TOOL, SOLUTION_TOOL, ToolCallOutcome, call_from_tool_call};
+pub use strict::strict_schema;
+pub use wire::{
+    FINAL_OUTPUT_TOOL, SOLUTION_TOOL, ToolCallOutcome, call_from_tool_call, function_definitions,
+};
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -102,15 +106,17 @@ pub struct Request {
     pub settings: Settings,
 }
 
-/// How the model returns its Solution.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+/// How the model returns its Solution. In a goal file: `"mode": "structured" | "tools"`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 #[non_exhaustive]
 pub enum Mode {
     /// The Solution streams as text constrained by the schema (`response_format` json_schema;
     /// for Anthropic a forced `solution` tool whose input streams as text deltas).
     #[default]
+    #[serde(rename = "structured")]
     StructuredOutput,
     /// Each call is a native tool call; the output arrives through the `final_output` tool.
+    #[serde(rename = "tools")]
     ToolCalls,
 }
 
@@ -236,6 +242,15 @@ pub enum StreamEvent {
         wait: Duration,
         /// Why it failed.
         error: String,
+    },
+    /// Prompt-cache accounting of this request, reported once near the end (before
+    /// [`StreamEvent::Usage`]) when the provider gives it (Anthropic prompt caching). These
+    /// tokens are not counted in `Usage::input_tokens`.
+    CacheUsage {
+        /// Prompt tokens read from the cache.
+        read_tokens: u64,
+        /// Prompt tokens written to the cache.
+        write_tokens: u64,
     },
     /// The last event of a successful stream.
     Finish {

@@ -19,11 +19,14 @@ use futures::StreamExt;
 use reqwest::header::{AUTHORIZATION, HeaderMap, HeaderValue};
 use serde_json::{Value, json};
 
-use super::http::{HttpCall, sse_stream};
+use super::http::{HttpCall, post_json, sse_stream};
 use super::openai_stream::OpenAiDecoder;
 use super::secret::Redactor;
+use super::strict::strict_schema;
 use super::wire::{functions, role_and_text, role_name};
-use super::{ApiKey, EventStream, LlmError, Mode, Model, Request, ToolChoice};
+use super::{
+    ApiKey, EventStream, FinishReason, LlmError, Mode, Model, Request, StreamEvent, ToolChoice,
+};
 
 /// Default base URL when `OPENAI_BASE_URL` is unset.
 pub const DEFAULT_OPENAI_BASE_URL: &str = "https://api.openai.com/v1";
@@ -41,6 +44,31 @@ pub enum ResponseFormat {
     JsonObject,
 }
 
+/// Whether schemas are sent with `strict: true` (OpenAI strict structured outputs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Strict {
+    /// Strict when the base URL is OpenAI's own API and the schema fits the strict subset
+    /// (transformed by [`strict_schema`]); other servers get the schema as composed.
+    #[default]
+    Auto,
+    /// Strict whenever the schema fits, whatever the server.
+    On,
+    /// Never strict.
+    Off,
+}
+
+/// How tool-call mode requests are sent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ToolStreaming {
+    /// `stream: true`, tool-call fragments as they come.
+    #[default]
+    Stream,
+    /// `stream: false`: one whole answer, turned into the same events. For servers that cannot
+    /// stream tool calls the model chooses itself (llama-cpp-python's `chatml-function-calling`
+    /// streams only a named `tool_choice`).
+    Whole,
+}
+
 /// An OpenAI-compatible chat-completions endpoint. `Debug` never shows the key.
 #[derive(Clone)]
 pub struct OpenAi {
@@ -51,6 +79,8 @@ pub struct OpenAi {
     headers: HeaderMap,
     redactor: Redactor,
     format: ResponseFormat,
+    strict: Strict,
+    tool_streaming: ToolStreaming,
     /// Set once an `Auto` provider has seen the server reject `json_schema`.
     json_object_fallback: Arc<AtomicBool>,
 }
@@ -98,6 +128,8 @@ impl OpenAi {
             headers,
             redactor,
             format: ResponseFormat::Auto,
+            strict: Strict::Auto,
+            tool_streaming: ToolStreaming::Stream,
             json_object_fallback: Arc::new(AtomicBool::new(false)),
         })
     }
@@ -106,6 +138,40 @@ impl OpenAi {
     pub fn with_response_format(mut self, format: ResponseFormat) -> OpenAi {
         self.format = format;
         self
+    }
+
+    /// Chooses when schemas are sent strict (default [`Strict::Auto`]).
+    pub fn with_strict(mut self, strict: Strict) -> OpenAi {
+        self.strict = strict;
+        self
+    }
+
+    /// Chooses how tool-call mode requests are sent (default [`ToolStreaming::Stream`]).
+    pub fn with_tool_streaming(mut self, t: ToolStreaming) -> OpenAi {
+        self.tool_streaming = t;
+        self
+    }
+
+    /// The schema to send and whether to mark it strict: the strict transform of `schema` when
+    /// strict mode applies and the schema fits, else `schema` itself (and the reason is logged).
+    pub fn strict_variant(&self, schema: &Value, what: &str) -> (Value, bool) {
+        let wanted = match self.strict {
+            Strict::Off => false,
+            Strict::On => true,
+            Strict::Auto => reqwest::Url::parse(&self.base_url)
+                .is_ok_and(|u| u.host_str() == Some("api.openai.com")),
+        };
+        if !wanted {
+            tracing::debug!(model = %self.name(), what, "strict: false (strict mode is off for this server; OPENAI_STRICT=on forces it)");
+            return (schema.clone(), false);
+        }
+        match strict_schema(schema) {
+            Ok(s) => (s, true),
+            Err(why) => {
+                tracing::info!(model = %self.name(), what, why = %why, "strict: false: the schema does not fit OpenAI's strict subset");
+                (schema.clone(), false)
+            }
+        }
     }
 
     /// The dialect the next structured-output request will use (never `Auto`).
@@ -119,14 +185,27 @@ impl OpenAi {
         }
     }
 
-    /// Reads `OPENAI_BASE_URL` (default [`DEFAULT_OPENAI_BASE_URL`]), `OPENAI_API_KEY`
-    /// (optional) and `OPENAI_RESPONSE_FORMAT` (`json_schema`, `json_object`, default auto).
+    /// Reads `OPENAI_BASE_URL` (default [`DEFAULT_OPENAI_BASE_URL`]), `OPENAI_API_KEY`,
+    /// `OPENAI_RESPONSE_FORMAT` (`json_schema`, `json_object`, default auto), `OPENAI_STRICT`
+    /// (`auto`, `on`, `off`) and `OPENAI_TOOL_STREAM` (`on`, `off`: see [`ToolStreaming`]).
+    ///
+    /// The key is optional only with a base URL (local servers need none): with neither, this is
+    /// [`LlmError::MissingApiKey`], so a run fails before it starts rather than on its first
+    /// request.
     pub fn from_env(model: impl Into<String>) -> Result<OpenAi, LlmError> {
         let base = std::env::var("OPENAI_BASE_URL")
             .ok()
-            .filter(|s| !s.trim().is_empty())
-            .unwrap_or_else(|| DEFAULT_OPENAI_BASE_URL.to_string());
-        let key = std::env::var("OPENAI_API_KEY").ok().map(ApiKey::new);
+            .filter(|s| !s.trim().is_empty());
+        let key = std::env::var("OPENAI_API_KEY")
+            .ok()
+            .filter(|k| !k.is_empty())
+            .map(ApiKey::new);
+        if base.is_none() && key.is_none() {
+            return Err(LlmError::MissingApiKey {
+                var: "OPENAI_API_KEY",
+            });
+        }
+        let base = base.unwrap_or_else(|| DEFAULT_OPENAI_BASE_URL.to_string());
         let format = match std::env::var("OPENAI_RESPONSE_FORMAT").ok().as_deref() {
             None | Some("" | "auto") => ResponseFormat::Auto,
             Some("json_schema") => ResponseFormat::JsonSchema,
@@ -139,7 +218,29 @@ impl OpenAi {
                 });
             }
         };
-        Ok(OpenAi::new(base, key, model)?.with_response_format(format))
+        let strict = match std::env::var("OPENAI_STRICT").ok().as_deref() {
+            None | Some("" | "auto") => Strict::Auto,
+            Some("on") => Strict::On,
+            Some("off") => Strict::Off,
+            Some(other) => {
+                return Err(LlmError::InvalidConfig {
+                    reason: format!("OPENAI_STRICT is `{other}` (expected auto, on or off)"),
+                });
+            }
+        };
+        let tool_streaming = match std::env::var("OPENAI_TOOL_STREAM").ok().as_deref() {
+            None | Some("" | "on") => ToolStreaming::Stream,
+            Some("off") => ToolStreaming::Whole,
+            Some(other) => {
+                return Err(LlmError::InvalidConfig {
+                    reason: format!("OPENAI_TOOL_STREAM is `{other}` (expected on or off)"),
+                });
+            }
+        };
+        Ok(OpenAi::new(base, key, model)?
+            .with_response_format(format)
+            .with_strict(strict)
+            .with_tool_streaming(tool_streaming))
     }
 
     /// Uses this HTTP client (for custom TLS, proxies or connection pools).
@@ -185,16 +286,19 @@ impl OpenAi {
                 body["response_format"] = json!({"type": "json_object", "schema": req.schema});
             }
             Mode::StructuredOutput => {
+                let (schema, strict) = self.strict_variant(&req.schema, "solution");
                 body["response_format"] = json!({
                     "type": "json_schema",
-                    "json_schema": {"name": "solution", "schema": req.schema, "strict": false}
+                    "json_schema": {"name": "solution", "schema": schema, "strict": strict}
                 });
             }
             Mode::ToolCalls => {
                 let tools: Vec<Value> = functions(&req.tools, &req.schema)
                     .into_iter()
                     .map(|f| {
-                        let mut function = json!({"name": f.name, "parameters": f.parameters});
+                        let (parameters, strict) = self.strict_variant(&f.parameters, &f.name);
+                        let mut function =
+                            json!({"name": f.name, "parameters": parameters, "strict": strict});
                         if let Some(d) = f.description {
                             function["description"] = json!(d);
                         }
@@ -214,6 +318,33 @@ impl OpenAi {
 }
 
 impl OpenAi {
+    /// One non-streaming tool-call request, turned into the events a stream would give.
+    fn whole(&self, req: &Request) -> EventStream {
+        let mut body = self.body_with(req, self.effective_response_format());
+        body["stream"] = json!(false);
+        if let Value::Object(m) = &mut body {
+            m.shift_remove("stream_options");
+        }
+        let call = HttpCall {
+            client: self.client.clone(),
+            url: format!("{}/chat/completions", self.base_url),
+            headers: self.headers.clone(),
+            body,
+            request_timeout: req.settings.request_timeout,
+            idle_timeout: req.settings.idle_timeout,
+            redactor: self.redactor.clone(),
+        };
+        futures::stream::once(async move {
+            let items: Vec<Result<StreamEvent, LlmError>> = match post_json(call).await {
+                Ok(v) => whole_answer_events(&v).into_iter().map(Ok).collect(),
+                Err(e) => vec![Err(e)],
+            };
+            futures::stream::iter(items)
+        })
+        .flatten()
+        .boxed()
+    }
+
     fn attempt(&self, req: &Request, format: ResponseFormat) -> EventStream {
         let call = HttpCall {
             client: self.client.clone(),
@@ -234,8 +365,72 @@ fn rejects_response_format(e: &LlmError) -> bool {
         if message.contains("response_format"))
 }
 
+/// The events of a whole (non-streaming) chat-completions answer: its text, each tool call as
+/// one delta and its done event, usage, and the finish reason.
+fn whole_answer_events(v: &Value) -> Vec<StreamEvent> {
+    let mut out = Vec::new();
+    let message = v.pointer("/choices/0/message").unwrap_or(&Value::Null);
+    if let Some(t) = message.get("content").and_then(Value::as_str)
+        && !t.is_empty()
+    {
+        out.push(StreamEvent::TextDelta(t.to_string()));
+    }
+    for (index, c) in message
+        .get("tool_calls")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .enumerate()
+    {
+        let id = c
+            .get("id")
+            .and_then(Value::as_str)
+            .map_or_else(|| format!("call_{index}"), str::to_string);
+        let name = c
+            .pointer("/function/name")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string();
+        let arguments = c
+            .pointer("/function/arguments")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string();
+        out.push(StreamEvent::ToolCallDelta {
+            index,
+            id: Some(id.clone()),
+            name: Some(name.clone()),
+            arguments: arguments.clone(),
+        });
+        out.push(StreamEvent::ToolCallDone {
+            index,
+            id,
+            name,
+            arguments,
+        });
+    }
+    if let Some(u) = v.get("usage").filter(|u| u.is_object()) {
+        let n = |k: &str| u.get(k).and_then(Value::as_u64).unwrap_or(0);
+        out.push(StreamEvent::Usage {
+            input_tokens: n("prompt_tokens"),
+            output_tokens: n("completion_tokens"),
+        });
+    }
+    let reason = v
+        .pointer("/choices/0/finish_reason")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    out.push(StreamEvent::Finish {
+        reason: FinishReason::from_provider(reason),
+    });
+    out
+}
+
 impl Model for OpenAi {
     fn stream(&self, req: &Request) -> EventStream {
+        if req.settings.mode == Mode::ToolCalls && self.tool_streaming == ToolStreaming::Whole {
+            return self.whole(req);
+        }
         let format = self.effective_response_format();
         let first = self.attempt(req, format);
         if self.format != ResponseFormat::Auto

@@ -49,27 +49,96 @@ pub(crate) struct FunctionDef {
 
 /// The function definitions for tool-call mode: one per tool, then `final_output`.
 ///
-/// Parameters are the tool's schema without `description`, `title` and `_`-prefixed fields, plus
-/// optional `_outputPath` and `_outputMethod` properties (and `_output` for latent tools that
-/// declare an output schema), so a native call carries everything a Solution call would.
+/// Each tool's parameters are its branch of the composed Solution schema (`calls.items.anyOf`)
+/// without `_tool`: the params in the tool's order, each also accepting a reference string (as
+/// in structured mode, rule C7), then `_outputPath`, `_outputMethod` and, for latent tools, the
+/// required `_output`. `final_output` takes `{"output": <the goal's output schema>}`. The
+/// composed schema's `$defs` travel with every definition that refers to them, so local `$ref`s
+/// keep resolving. A tool with no branch in the schema (a schema not made by `compose`) falls
+/// back to its own params schema plus the meta fields.
 pub(crate) fn functions(tools: &[Tool], solution_schema: &Value) -> Vec<FunctionDef> {
-    let mut out: Vec<FunctionDef> = tools.iter().map(function_of).collect();
+    let defs = solution_schema.get("$defs").cloned();
+    let with_defs = |mut params: Value| {
+        if let (Some(d), Value::Object(m)) = (&defs, &mut params)
+            && serde_json::to_string(m).is_ok_and(|t| t.contains("#/$defs/"))
+        {
+            m.insert("$defs".into(), d.clone());
+        }
+        params
+    };
+    let mut seen = std::collections::BTreeSet::new();
+    let mut out: Vec<FunctionDef> = Vec::with_capacity(tools.len() + 1);
+    // The last definition of a name wins, in the position of that definition (rule C6).
+    for (i, tool) in tools.iter().enumerate() {
+        if tools[i + 1..].iter().any(|t| t.name == tool.name) || !seen.insert(&tool.name) {
+            continue;
+        }
+        let mut f = branch_of(solution_schema, &tool.name).unwrap_or_else(|| function_of(tool));
+        f.parameters = with_defs(f.parameters);
+        out.push(f);
+    }
     let output_schema = solution_schema
-        .pointer("/properties/output")
+        .pointer("/properties/output/anyOf/0")
+        .or_else(|| solution_schema.pointer("/properties/output"))
         .cloned()
         .unwrap_or_else(|| json!({}));
     out.push(FunctionDef {
         name: FINAL_OUTPUT_TOOL.to_string(),
         description: Some("Return the final output when the goal is reached.".to_string()),
-        parameters: json!({
+        parameters: with_defs(json!({
             "type": "object",
             "properties": {"output": output_schema},
-            "required": ["output"]
-        }),
+            "required": ["output"],
+            "additionalProperties": false
+        })),
     });
     out
 }
 
+/// The native function definitions tool-call mode sends for these tools and this composed
+/// Solution schema, as `{"name", "description", "parameters"}` objects (`final_output` last).
+/// `dagloop schema GOAL --mode tools` prints them.
+pub fn function_definitions(tools: &[Tool], solution_schema: &Value) -> Vec<Value> {
+    functions(tools, solution_schema)
+        .into_iter()
+        .map(|f| {
+            let mut v = json!({"name": f.name});
+            if let Some(d) = f.description {
+                v["description"] = json!(d);
+            }
+            v["parameters"] = f.parameters;
+            v
+        })
+        .collect()
+}
+
+/// The composed schema's branch for `name`, as a function definition (without `_tool`).
+fn branch_of(solution_schema: &Value, name: &str) -> Option<FunctionDef> {
+    let branches = solution_schema
+        .pointer("/properties/calls/items/anyOf")?
+        .as_array()?;
+    let branch = branches
+        .iter()
+        .find(|b| b.pointer("/properties/_tool/const").and_then(Value::as_str) == Some(name))?;
+    let mut params = branch.as_object()?.clone();
+    let description = params
+        .shift_remove("description")
+        .and_then(|d| d.as_str().map(str::to_string));
+    params.shift_remove("title");
+    if let Some(Value::Object(props)) = params.get_mut("properties") {
+        props.shift_remove("_tool");
+    }
+    if let Some(Value::Array(req)) = params.get_mut("required") {
+        req.retain(|r| r != "_tool");
+    }
+    Some(FunctionDef {
+        name: name.to_string(),
+        description,
+        parameters: Value::Object(params),
+    })
+}
+
+/// A tool's own params schema plus the meta fields, for a schema without the tool's branch.
 fn function_of(tool: &Tool) -> FunctionDef {
     let mut params: Map<String, Value> = tool
         .schema
@@ -90,8 +159,8 @@ fn function_of(tool: &Tool) -> FunctionDef {
             "_outputMethod".into(),
             json!({"type": "string", "enum": ["set", "merge", "assign", "push", "concat"]}),
         );
-        if let (true, Some(output)) = (tool.is_latent(), &tool.output) {
-            props.insert("_output".into(), output.clone());
+        if tool.is_latent() {
+            props.insert("_output".into(), tool.output.clone().unwrap_or(json!({})));
         }
     }
     FunctionDef {

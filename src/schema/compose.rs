@@ -9,8 +9,15 @@ use super::validate::{compile, params_schema};
 use super::{SchemaError, Subject, cap_message};
 use crate::protocol::{Call, OutputMethod, Tool};
 
-/// Pattern of a string that is a reference (`†...` or `$ref:...`, leading blanks allowed).
-pub const REFERENCE_PATTERN: &str = r"^\s*(†|\$ref:)";
+/// Pattern of a string that is a reference (`†...` or `$ref:...`).
+///
+/// Anchored at both ends and written in the subset every grammar engine accepts (llama.cpp's
+/// JSON-Schema-to-grammar, llguidance, outlines-core): no `\s`, no `\$`, no lookaround. The
+/// tail is `[^"\\]*`, not `.*`: a `.` that may match the closing quote makes outlines-core's
+/// automaton explode (minutes and gigabytes for the example goals). So the schema describes
+/// references without `"` or `\`; the reference parser itself accepts those, and leading
+/// blanks, too: the schema only steers decoders.
+pub const REFERENCE_PATTERN: &str = r#"^(†|[$]ref:)[^"\\]*$"#;
 
 /// The schema every top-level param also accepts, so that constrained decoders let the model
 /// write a reference where a value is expected.
@@ -42,7 +49,9 @@ pub fn compose(tools: &[Tool], output_schema: &Value) -> Result<Value, SchemaErr
     }
 
     let calls = if branches.is_empty() {
-        json!({"type": "array", "maxItems": 0, "description": "No tools are available: leave empty."})
+        // `const: []` rather than `maxItems: 0`: llama.cpp's JSON-Schema-to-grammar ignores a
+        // zero `maxItems` and would let the model write calls to tools that do not exist.
+        json!({"type": "array", "const": [], "description": "No tools are available: leave empty."})
     } else {
         json!({
             "type": "array",
