@@ -74,8 +74,15 @@ fn load_decisions(path: &FsPath) -> Result<crate::approval::ScriptedApprover, Cl
             reason: "no decision was given for this call (--decisions)".into(),
         });
     for (i, mut d) in file.decisions.into_iter().enumerate() {
+        // `call` selects by id when it is a number; a replace carries its new call there.
         let (tool, call) = match d.as_object_mut() {
-            Some(m) => (m.remove("tool"), m.remove("call")),
+            Some(m) => {
+                let by_id = m.get("call").is_some_and(Value::is_u64);
+                (
+                    m.remove("tool"),
+                    if by_id { m.remove("call") } else { None },
+                )
+            }
             None => (None, None),
         };
         let decision: crate::protocol::Decision =
