@@ -1,117 +1,268 @@
-//! Live progress of a run on stderr: one updating line on a terminal, plain lines otherwise.
-
-use std::io::Write;
+//! Live progress of a run on stderr: one updating line on a terminal (never over an open
+//! reviewer prompt), plain lines otherwise; a summary line at the end.
+//!
+//! Calls are shown by id and tool; failures with their code and message; decisions in words;
+//! done, failed, rejected, unresolved, refused and cancelled are counted apart.
 
 use std::collections::BTreeMap;
+use std::io::Write;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
+use serde_json::Value;
+
+use super::review::Screen;
 use crate::engine::Subscription;
-use crate::protocol::{CallId, EventKind};
+use crate::protocol::{CallId, Decision, EventKind};
 
-#[derive(Clone, Copy, PartialEq, Eq)]
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 enum Phase {
     Pending,
+    Asking,
     Running,
     Done,
     Failed,
+    Rejected,
+    Unresolved,
+    Refused,
+    Cancelled,
+}
+
+impl Phase {
+    fn word(self) -> &'static str {
+        match self {
+            Phase::Pending => "pending",
+            Phase::Asking => "awaiting approval",
+            Phase::Running => "running",
+            Phase::Done => "done",
+            Phase::Failed => "failed",
+            Phase::Rejected => "rejected",
+            Phase::Unresolved => "unresolved",
+            Phase::Refused => "refused",
+            Phase::Cancelled => "cancelled",
+        }
+    }
+}
+
+struct CallView {
+    tool: String,
+    phase: Phase,
+    started: Option<u64>,
 }
 
 /// Each call's phase (keyed by call id, so any event order keeps the counts right).
 #[derive(Default)]
 struct Counts {
     step: u32,
-    calls: BTreeMap<CallId, Phase>,
-    asking: usize,
+    calls: BTreeMap<CallId, CallView>,
 }
 
 impl Counts {
-    fn set(&mut self, id: Option<CallId>, phase: Phase) {
-        if let Some(id) = id {
-            self.calls.insert(id, phase);
+    fn set(&mut self, id: Option<CallId>, tool: Option<&str>, phase: Phase) {
+        let Some(id) = id else { return };
+        let v = self.calls.entry(id).or_insert_with(|| CallView {
+            tool: String::new(),
+            phase,
+            started: None,
+        });
+        if let Some(t) = tool {
+            v.tool = t.to_string();
         }
+        v.phase = phase;
     }
 
-    fn line(&self) -> String {
-        let n = |p: Phase| self.calls.values().filter(|x| **x == p).count();
+    fn tool(&self, id: Option<CallId>) -> String {
+        id.and_then(|i| self.calls.get(&i))
+            .map(|c| c.tool.clone())
+            .unwrap_or_default()
+    }
+
+    fn counts(&self) -> String {
+        let mut by: BTreeMap<Phase, usize> = BTreeMap::new();
+        for c in self.calls.values() {
+            *by.entry(c.phase).or_default() += 1;
+        }
+        let parts: Vec<String> = by
+            .iter()
+            .filter(|(p, _)| !matches!(p, Phase::Running))
+            .map(|(p, n)| format!("{n} {}", p.word()))
+            .collect();
+        parts.join(", ")
+    }
+
+    fn line(&self, now: u64) -> String {
+        let running: Vec<String> = self
+            .calls
+            .iter()
+            .filter(|(_, c)| c.phase == Phase::Running)
+            .take(3)
+            .map(|(id, c)| {
+                let secs = c
+                    .started
+                    .map_or(0.0, |s| now.saturating_sub(s) as f64 / 1000.0);
+                format!("{id} {} {secs:.1}s", c.tool)
+            })
+            .collect();
+        let n_running = self
+            .calls
+            .values()
+            .filter(|c| c.phase == Phase::Running)
+            .count();
+        let more = if n_running > running.len() {
+            format!(" +{}", n_running - running.len())
+        } else {
+            String::new()
+        };
         format!(
-            "step {} · calls: {} pending, {} running, {} done, {} failed · approvals awaited: {}",
+            "step {} · running: {}{more} · {}",
             self.step,
-            n(Phase::Pending),
-            n(Phase::Running),
-            n(Phase::Done),
-            n(Phase::Failed),
-            self.asking
+            if running.is_empty() {
+                "none".to_string()
+            } else {
+                running.join(", ")
+            },
+            self.counts()
         )
     }
 }
 
+fn decision_words(d: &Decision, timed_out: bool) -> String {
+    let w = match d {
+        Decision::Approve => "approved".to_string(),
+        Decision::Edit { .. } => "approved with edited params".to_string(),
+        Decision::Replace { call } => format!("replaced by a call to {}", call.tool),
+        Decision::Reject { reason } => format!("rejected ({reason})"),
+    };
+    if timed_out {
+        format!("{w}, by the policy after the reviewer's time ran out")
+    } else {
+        w
+    }
+}
+
+fn error_words(e: &Value) -> String {
+    let code = e["code"].as_str().unwrap_or("error");
+    let msg = e["message"]
+        .as_str()
+        .or_else(|| e["error"].as_str())
+        .unwrap_or("");
+    let msg: String = msg.chars().take(160).collect();
+    format!("{code}: {msg}")
+}
+
 /// Prints progress until the run ends; on a terminal, never over an open reviewer prompt.
-pub(super) async fn show(
-    mut events: Subscription,
-    tty: bool,
-    screen: std::sync::Arc<super::review::Screen>,
-) {
+pub(super) async fn show(mut events: Subscription, tty: bool, screen: Arc<Screen>) {
     let mut c = Counts::default();
+    let mut last_at = 0;
     while let Some(ev) = events.recv().await {
-        c.step = c.step.max(ev.step);
-        let id = ev.call.map(|i| i.to_string()).unwrap_or_default();
+        if ev.parent.is_none() {
+            c.step = c.step.max(ev.step);
+        }
+        last_at = last_at.max(ev.at);
+        let id = ev.call;
+        let name = id.map(|i| i.to_string()).unwrap_or_default();
         let plain: Option<String> = match &ev.kind {
             EventKind::CallReceived { call } => {
-                c.set(ev.call, Phase::Pending);
-                Some(format!("{id} received: {}", call.tool))
+                c.set(id, Some(&call.tool), Phase::Pending);
+                Some(format!("{name} {} received", call.tool))
             }
             EventKind::ApprovalRequested { .. } => {
-                c.asking += 1;
-                Some(format!("{id} awaits approval"))
+                c.set(id, None, Phase::Asking);
+                Some(format!("{name} {} awaits approval", c.tool(id)))
             }
-            EventKind::Decision { decision, .. } => {
-                c.asking = c.asking.saturating_sub(1);
-                Some(format!(
-                    "{id} decision: {}",
-                    serde_json::to_value(decision)
-                        .map(|v| v["decision"].to_string())
-                        .unwrap_or_default()
-                ))
-            }
+            EventKind::Decision {
+                decision,
+                timed_out,
+            } => Some(format!(
+                "{name} {}: {}",
+                c.tool(id),
+                decision_words(decision, *timed_out)
+            )),
             EventKind::Started { tool, .. } => {
-                c.set(ev.call, Phase::Running);
-                Some(format!("{id} started: {tool}"))
+                c.set(id, Some(tool), Phase::Running);
+                if let Some(v) = id.and_then(|i| c.calls.get_mut(&i)) {
+                    v.started = Some(ev.at);
+                }
+                Some(format!("{name} {tool} started"))
             }
             EventKind::Finished { .. } => {
-                c.set(ev.call, Phase::Done);
-                Some(format!("{id} done"))
+                let took = id
+                    .and_then(|i| c.calls.get(&i))
+                    .and_then(|v| v.started)
+                    .map(|s| format!(" in {} ms", ev.at.saturating_sub(s)))
+                    .unwrap_or_default();
+                c.set(id, None, Phase::Done);
+                Some(format!("{name} {} done{took}", c.tool(id)))
             }
-            EventKind::Failed { kind, .. } => {
-                c.set(ev.call, Phase::Failed);
-                Some(format!("{id} failed ({})", kind.as_str()))
+            EventKind::Failed { error, kind } => {
+                let phase = if kind.as_str() == "rejected" {
+                    Phase::Rejected
+                } else {
+                    Phase::Failed
+                };
+                c.set(id, None, phase);
+                Some(format!(
+                    "{name} {} {} — {}",
+                    c.tool(id),
+                    phase.word(),
+                    error_words(error)
+                ))
             }
             EventKind::Unresolved { missing } => {
-                c.set(ev.call, Phase::Failed);
-                Some(format!("{id} unresolved: {}", missing.join(", ")))
+                c.set(id, None, Phase::Unresolved);
+                Some(format!(
+                    "{name} {} unresolved: nothing wrote {}",
+                    c.tool(id),
+                    missing.join(", ")
+                ))
             }
             EventKind::CallRefused { reason, .. } => {
-                c.set(ev.call, Phase::Failed);
-                Some(format!("{id} refused: {reason}"))
+                c.set(id, None, Phase::Refused);
+                Some(format!("{name} refused: {reason}"))
             }
             EventKind::Cancelled => {
-                c.set(ev.call, Phase::Failed);
-                Some(format!("{id} cancelled"))
+                c.set(id, None, Phase::Cancelled);
+                Some(format!("{name} {} cancelled", c.tool(id)))
             }
-            EventKind::RequestStarted { .. } => Some(format!("step {}: asking the model", ev.step)),
-            EventKind::RunFinished { status } if ev.parent.is_none() => {
-                Some(format!("run finished: {status}"))
-            }
+            EventKind::RequestStarted { attempt } if ev.parent.is_none() => Some(if *attempt > 1 {
+                format!(
+                    "step {}: asking the model again (attempt {attempt})",
+                    ev.step
+                )
+            } else {
+                format!("step {}: asking the model", ev.step)
+            }),
+            EventKind::ModelRetry {
+                attempt,
+                status,
+                wait_ms,
+                error,
+            } => Some(format!(
+                "model attempt {attempt} failed{}: {error}; retrying in {wait_ms} ms",
+                status.map(|s| format!(" (HTTP {s})")).unwrap_or_default()
+            )),
+            EventKind::OutputInvalid { errors } => Some(format!(
+                "step {}: the output did not validate ({})",
+                ev.step,
+                errors.join("; ")
+            )),
+            EventKind::RunFinished { status } if ev.parent.is_none() => Some(format!(
+                "run finished: {status} after {} step(s) · {}",
+                c.step,
+                c.counts()
+            )),
             _ => None,
         };
+        let finished = matches!(ev.kind, EventKind::RunFinished { .. }) && ev.parent.is_none();
         let mut err = std::io::stderr().lock();
         if tty {
-            // While a reviewer prompt is on screen, redrawing would erase it: the line is left
-            // on its own row when the request arrives, and redraws resume after the decision.
-            if screen.prompt_open.load(std::sync::atomic::Ordering::SeqCst) {
+            if screen.prompt_open.load(Ordering::SeqCst) {
                 continue;
             }
-            let _ = write!(err, "\r\x1b[2K{}", c.line());
-            if matches!(ev.kind, EventKind::RunFinished { .. }) {
-                let _ = writeln!(err);
+            if finished {
+                let _ = writeln!(err, "\r\x1b[2K{}", plain.unwrap_or_default());
+            } else {
+                let _ = write!(err, "\r\x1b[2K{}", c.line(last_at));
             }
         } else if let Some(line) = plain {
             let _ = writeln!(err, "[dagloop] {line}");
@@ -125,18 +276,19 @@ mod tests {
     use super::*;
 
     #[test]
-    fn counts_follow_each_call_whatever_the_event_order() {
+    fn counts_keep_every_ending_apart_whatever_the_event_order() {
         let mut c = Counts::default();
-        c.set(Some(CallId(1)), Phase::Pending);
-        c.set(Some(CallId(2)), Phase::Pending);
-        c.set(Some(CallId(3)), Phase::Pending);
-        c.set(Some(CallId(1)), Phase::Running);
-        c.set(Some(CallId(2)), Phase::Done); // a latent call: done without running
-        c.set(Some(CallId(3)), Phase::Failed); // refused or rejected before running
-        c.set(None, Phase::Done); // run-level events change nothing
-        assert_eq!(
-            c.line(),
-            "step 0 · calls: 0 pending, 1 running, 1 done, 1 failed · approvals awaited: 0"
-        );
+        for (i, t) in ["a", "b", "c", "d", "e"].iter().enumerate() {
+            c.set(Some(CallId(i as u64 + 1)), Some(t), Phase::Pending);
+        }
+        c.set(Some(CallId(1)), None, Phase::Running);
+        c.set(Some(CallId(2)), None, Phase::Done);
+        c.set(Some(CallId(3)), None, Phase::Rejected);
+        c.set(Some(CallId(4)), None, Phase::Unresolved);
+        c.set(Some(CallId(5)), None, Phase::Failed);
+        c.set(None, None, Phase::Done); // run-level events change nothing
+        assert_eq!(c.counts(), "1 done, 1 failed, 1 rejected, 1 unresolved");
+        assert_eq!(c.tool(Some(CallId(1))), "a");
+        assert!(c.line(0).contains("running: c1 a"), "{}", c.line(0));
     }
 }

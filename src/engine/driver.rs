@@ -141,6 +141,7 @@ impl Driver {
     /// Replays a stored journal through the machine without performing anything, keeping what
     /// is still pending: timers, and how many requests each model already answered.
     fn rebuild(&mut self, entries: Vec<JournalEntry>) {
+        self.machine.keep_launched(true);
         let mut actions = Vec::new();
         let mut attempts: std::collections::BTreeMap<Option<String>, usize> = Default::default();
         let mut frame_model: std::collections::BTreeMap<FrameKey, Option<String>> =

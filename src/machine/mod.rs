@@ -57,6 +57,7 @@ pub struct RunMachine {
     seq: u64,
     started: bool,
     finished: Option<RunStatus>,
+    keep_launched: bool,
 }
 
 /// One scheduler input addressed to a frame (the machine's internal work queue).
@@ -80,7 +81,14 @@ impl RunMachine {
             seq: 0,
             started: false,
             finished: None,
+            keep_launched: false,
         }
+    }
+
+    /// Keeps a copy of each running call so that a rebuilt run can interrupt it (set before
+    /// replaying a journal to resume; events are the same either way).
+    pub fn keep_launched(&mut self, on: bool) {
+        self.keep_launched = on;
     }
 
     /// The run id stamped on events.
@@ -332,6 +340,7 @@ impl RunMachine {
 
     fn open_scheduler(&mut self, key: FrameKey, step: u32) {
         let policy = self.policy.clone();
+        let keep_launched = self.keep_launched;
         let Some(f) = self.frames.get_mut(&key) else {
             return;
         };
@@ -374,6 +383,7 @@ impl RunMachine {
                 step,
                 validate: Some(validate),
                 validate_latent: Some(validate_latent),
+                keep_launched,
             },
         ));
     }

@@ -100,7 +100,9 @@ impl Scheduler {
         } else {
             self.set_phase(ix, Phase::Running);
             // Kept to re-present (or re-launch) the call if the run stops while it runs.
-            self.entries[ix].presented = Some(Box::new(call.clone()));
+            if self.opts.keep_launched {
+                self.entries[ix].presented = Some(Box::new(call.clone()));
+            }
         }
         out.push(Action::Launch {
             id,

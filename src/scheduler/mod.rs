@@ -49,6 +49,10 @@ pub struct SchedulerOptions {
     /// Optional check of a latent call's `_output` against its tool's `_output` schema (rule
     /// 20); an `Err` fails the call and nothing is written.
     pub validate_latent: Option<Validator>,
+    /// Keep a copy of each launched call while it runs, so that it can be re-presented or
+    /// re-launched if the run is rebuilt after a stop (`Input::Interrupted`). Off on the hot
+    /// path of a fresh run; a rebuilt run turns it on before replaying its journal.
+    pub keep_launched: bool,
 }
 
 impl std::fmt::Debug for SchedulerOptions {
@@ -57,6 +61,7 @@ impl std::fmt::Debug for SchedulerOptions {
             .field("step", &self.step)
             .field("validate", &self.validate.is_some())
             .field("validate_latent", &self.validate_latent.is_some())
+            .field("keep_launched", &self.keep_launched)
             .finish()
     }
 }
