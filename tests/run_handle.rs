@@ -494,3 +494,57 @@ async fn a_subscriber_that_falls_behind_is_caught_up_from_the_journal() {
     assert!(full.len() > 60, "{}", full.len());
     assert_eq!(got, full, "caught up without gap or duplicate");
 }
+
+/// Cancelling the run cancels the nested agent too: its running activity is stopped and the
+/// delegate call is reported cancelled.
+#[tokio::test(start_paused = true)]
+async fn a_delegate_is_cancelled_with_its_parent() {
+    let dir = tempfile::tempdir().expect("dir");
+    let helper = json!({"goal": "helper", "output_schema": {"type": "object"},
+        "tools": [{"_tool": "hang", "_activity": "rust", "type": "object"}]});
+    std::fs::write(dir.path().join("helper.goal.json"), helper.to_string()).expect("write");
+    let parent = goal_in(
+        dir.path(),
+        json!({"goal": "parent", "output_schema": {"type": "object"},
+        "tools": [{"_tool": "askHelper", "_activity": "delegate", "_delegate": "helper.goal.json",
+                   "type": "object"},
+                  {"_tool": "hang", "_activity": "rust", "type": "object"}]}),
+    );
+    let turns = json!([
+        sol(json!([{"_tool": "askHelper"}]), Value::Null),
+        sol(json!([{"_tool": "hang"}]), Value::Null),
+    ]);
+    let dropped = Arc::new(AtomicBool::new(false));
+    let started = Arc::new(tokio::sync::Notify::new());
+    let mut b = AgentBuilder::new(parent).model(model(turns));
+    let (d, st) = (dropped.clone(), started.clone());
+    b.registry_mut().register_fn("hang", move |_p: Value| {
+        let guard = Flag(d.clone());
+        st.notify_one();
+        async move {
+            let _guard = guard;
+            std::future::pending::<()>().await;
+            Ok::<_, String>(json!(1))
+        }
+    });
+    let h = b.build().expect("build").start();
+    started.notified().await;
+    h.cancel("stop").await.expect("cancel applies");
+    let r = h.wait().await;
+    assert_eq!(r.status, RunStatus::Cancelled);
+    assert_eq!(r.calls[0].status, dagloop::scheduler::CallStatus::Cancelled);
+    for _ in 0..10 {
+        tokio::task::yield_now().await;
+    }
+    assert!(
+        dropped.load(Ordering::SeqCst),
+        "the nested agent's activity was stopped"
+    );
+    let events = all_events(&h).await;
+    assert!(
+        events.iter().any(|e| e.parent == Some(CallId(1))
+            && e.call == Some(CallId(2))
+            && matches!(e.kind, EventKind::Cancelled)),
+        "the nested call is reported cancelled on the run's stream"
+    );
+}
