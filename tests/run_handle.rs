@@ -548,3 +548,43 @@ async fn a_delegate_is_cancelled_with_its_parent() {
         "the nested call is reported cancelled on the run's stream"
     );
 }
+
+/// Streams a Solution and never reports usage (like some local servers).
+struct Silent;
+impl Model for Silent {
+    fn stream(&self, _req: &Request) -> EventStream {
+        let text =
+            json!({"calls": [{"_tool": "t", "pad": "x".repeat(400)}], "output": null}).to_string();
+        futures::stream::iter(vec![
+            Ok(StreamEvent::TextDelta(text)),
+            Ok(StreamEvent::Finish {
+                reason: dagloop::llm::FinishReason::Stop,
+            }),
+        ])
+        .boxed()
+    }
+    fn name(&self) -> String {
+        "silent".into()
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_token_budget_holds_when_the_server_reports_no_usage() {
+    let dir = tempfile::tempdir().expect("dir");
+    let g = goal_in(
+        dir.path(),
+        json!({"goal": "g", "output_schema": {"type": "object"},
+        "tools": [{"_tool": "t", "_activity": "rust", "type": "object"}],
+        "limits": {"token_budget": 300}}),
+    );
+    let mut b = AgentBuilder::new(g).model(Arc::new(Silent));
+    b.registry_mut()
+        .register_fn("t", |_p: Value| async move { Ok::<_, String>(json!(1)) });
+    let r = b.build().expect("build").run().await;
+    assert_eq!(r.status, RunStatus::TokenBudget, "{r:?}");
+    assert!(
+        r.usage.estimated,
+        "the result says the figures are estimates"
+    );
+    assert!(r.usage.output_tokens >= 100, "{:?}", r.usage);
+}

@@ -317,13 +317,15 @@ impl Driver {
                 skip_calls,
             } => {
                 let model = self.models.get(config.model.as_deref());
+                let in_chars = serde_json::to_string(&messages).map_or(0, |t| t.chars().count());
                 let req = Request {
                     messages,
                     schema: config.composed.clone(),
                     tools: config.tools.clone(),
                     settings: self.settings.clone(),
                 };
-                self.turns.open(frame, step, skip_calls, model.stream(&req));
+                self.turns
+                    .open(frame, step, skip_calls, in_chars, model.stream(&req));
             }
             Action::CloseStream { frame } => self.turns.close(frame),
             Action::Launch {

@@ -37,6 +37,11 @@ struct Reader {
     step: u32,
     /// Calls still to drop (already taken before a restart).
     skip: usize,
+    /// The provider reported usage for this turn.
+    usage_seen: bool,
+    /// Characters sent and received, for an estimate when it did not.
+    in_chars: usize,
+    out_chars: usize,
 }
 
 /// Every open model stream of a run, read concurrently. Closing one drops it at once (which
@@ -54,6 +59,7 @@ impl Turns {
         frame: FrameKey,
         step: u32,
         skip: usize,
+        in_chars: usize,
         stream: crate::llm::EventStream,
     ) {
         self.readers.insert(
@@ -64,6 +70,9 @@ impl Turns {
                 saw_text: false,
                 step,
                 skip,
+                usage_seen: false,
+                in_chars,
+                out_chars: 0,
             },
         );
     }
@@ -152,18 +161,31 @@ impl Turns {
                         }),
                     }
                 }
+                if !reader.usage_seen {
+                    // Honest accounting: the budget holds even when the server says nothing.
+                    out.push(RunInput::Usage {
+                        frame,
+                        input_tokens: reader.in_chars.div_ceil(4) as u64,
+                        output_tokens: reader.out_chars.div_ceil(4) as u64,
+                        estimated: true,
+                    });
+                }
                 out.push(RunInput::StreamClosed { frame, error: None });
                 self.close(frame);
             }
             Some(Ok(StreamEvent::TextDelta(t))) => {
                 reader.saw_text = true;
+                reader.out_chars += t.chars().count();
                 delta(frame, t.chars().count() as u64);
                 let evs = reader.parser.feed(&t);
                 parsed(frame, evs, out);
             }
             Some(Ok(StreamEvent::ToolCallDone {
                 name, arguments, ..
-            })) => match call_from_tool_call(&name, &arguments) {
+            })) => match {
+                reader.out_chars += arguments.chars().count();
+                call_from_tool_call(&name, &arguments)
+            } {
                 Ok(ToolCallOutcome::Call(call)) => out.push(RunInput::Call { frame, call }),
                 Ok(ToolCallOutcome::Output(output)) => out.push(RunInput::Output { frame, output }),
                 Err(e) => out.push(RunInput::Unreadable {
@@ -175,11 +197,15 @@ impl Turns {
             Some(Ok(StreamEvent::Usage {
                 input_tokens,
                 output_tokens,
-            })) => out.push(RunInput::Usage {
-                frame,
-                input_tokens,
-                output_tokens,
-            }),
+            })) => {
+                reader.usage_seen = true;
+                out.push(RunInput::Usage {
+                    frame,
+                    input_tokens,
+                    output_tokens,
+                    estimated: false,
+                });
+            }
             Some(Ok(StreamEvent::Retry {
                 attempt,
                 status,

@@ -169,11 +169,13 @@ impl RunMachine {
                 frame,
                 input_tokens,
                 output_tokens,
+                estimated,
             } => {
                 if let Some(f) = self.live(frame) {
                     f.turn.usage.add(Usage {
                         input_tokens,
                         output_tokens,
+                        estimated,
                     });
                 }
             }

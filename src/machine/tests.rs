@@ -195,6 +195,7 @@ fn rule16_token_budget() {
         frame: None,
         input_tokens: 90,
         output_tokens: 20,
+        estimated: false,
     };
     m.handle_into(usage, 1, &mut out);
     out.extend(turn(

@@ -83,6 +83,10 @@ pub enum RunInput {
         input_tokens: u64,
         /// Completion tokens.
         output_tokens: u64,
+        /// The provider reported nothing; these are estimated from the text (about four
+        /// characters a token).
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        estimated: bool,
     },
     /// An attempt at the model failed and is retried.
     Retry {
@@ -331,6 +335,9 @@ pub struct Usage {
     pub input_tokens: u64,
     /// Completion tokens.
     pub output_tokens: u64,
+    /// Some of the figures are estimates (a server that reported no usage).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub estimated: bool,
 }
 
 impl Usage {
@@ -342,6 +349,7 @@ impl Usage {
     pub(super) fn add(&mut self, other: Usage) {
         self.input_tokens = self.input_tokens.saturating_add(other.input_tokens);
         self.output_tokens = self.output_tokens.saturating_add(other.output_tokens);
+        self.estimated |= other.estimated;
     }
 }
 
