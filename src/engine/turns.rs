@@ -182,11 +182,11 @@ impl Turns {
             }
             Some(Ok(StreamEvent::ToolCallDone {
                 name, arguments, ..
-            })) => match {
-                reader.out_chars += arguments.chars().count();
-                call_from_tool_call(&name, &arguments)
-            } {
-                Ok(ToolCallOutcome::Call(call)) => out.push(RunInput::Call { frame, call }),
+            })) => match call_from_tool_call(&name, &arguments) {
+                Ok(ToolCallOutcome::Call(call)) => {
+                    reader.out_chars += arguments.chars().count();
+                    out.push(RunInput::Call { frame, call })
+                }
                 Ok(ToolCallOutcome::Output(output)) => out.push(RunInput::Output { frame, output }),
                 Err(e) => out.push(RunInput::Unreadable {
                     frame,
