@@ -89,6 +89,9 @@ pub struct Goal {
     /// Approval policy (see `approval::Policy`); absent means run everything.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub approval: Option<Value>,
+    /// Environment variables the goal may read (`${VAR}` in an http tool's `url` and headers).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub env: Vec<String>,
     /// The folder the goal was read from (relative paths resolve against it).
     #[serde(skip)]
     pub base_dir: PathBuf,
@@ -184,6 +187,14 @@ impl Goal {
     }
 
     fn check(&self, origin: &FsPath) -> Result<(), GoalError> {
+        self.check_durations().map_err(|e| GoalError::Invalid {
+            path: origin.to_path_buf(),
+            reason: e.to_string(),
+        })?;
+        self.check_env().map_err(|reason| GoalError::Invalid {
+            path: origin.to_path_buf(),
+            reason,
+        })?;
         let bad = |field: String, reason: String| GoalError::BadSchema {
             path: origin.to_path_buf(),
             field,
@@ -234,6 +245,85 @@ impl Goal {
             }
         }
         Ok(())
+    }
+
+    /// Checks every number of seconds in the goal (limits, approval timeout) with
+    /// [`crate::duration::seconds`], so no later conversion can panic.
+    pub fn check_durations(&self) -> Result<(), crate::duration::DurationError> {
+        use crate::duration::seconds;
+        if let Some(s) = self.limits.timeout_s {
+            seconds("limits.timeout_s", s)?;
+        }
+        if let Some(s) = self.limits.call_timeout_s {
+            seconds("limits.call_timeout_s", s)?;
+        }
+        if let Some(s) = self
+            .approval
+            .as_ref()
+            .and_then(|a| a.get("timeout_s"))
+            .and_then(Value::as_f64)
+        {
+            seconds("approval.timeout_s", s)?;
+        }
+        Ok(())
+    }
+
+    /// Checks every `${VAR}` placeholder in the tools' `_http` (`url` and header values): VAR
+    /// must be listed in `env` and set in the environment. The message names the tool and field,
+    /// never a value.
+    pub fn check_env(&self) -> Result<(), String> {
+        for (i, t) in self.tools.iter().enumerate() {
+            let Some(http) = t.schema.get("_http") else {
+                continue;
+            };
+            let mut fields: Vec<(String, &str)> = Vec::new();
+            if let Some(u) = http.get("url").and_then(Value::as_str) {
+                fields.push(("url".into(), u));
+            }
+            if let Some(h) = http.get("headers").and_then(Value::as_object) {
+                for (k, v) in h {
+                    if let Some(v) = v.as_str() {
+                        fields.push((format!("headers.{k}"), v));
+                    }
+                }
+            }
+            for (field, text) in fields {
+                for var in crate::tools::env_placeholders(text) {
+                    let at = format!("tools[{i}] ({})._http.{field}", t.name);
+                    if !self.env.iter().any(|e| e == var) {
+                        return Err(format!(
+                            "{at} uses `${{{var}}}` but `{var}` is not listed in the goal's `env` (add \"env\": [\"{var}\"])"
+                        ));
+                    }
+                    if std::env::var_os(var).is_none() {
+                        return Err(format!(
+                            "{at} uses `${{{var}}}` but the environment variable `{var}` is not set"
+                        ));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The run's wall-clock limit, checked (`None`: no limit).
+    pub fn run_timeout(
+        &self,
+    ) -> Result<Option<std::time::Duration>, crate::duration::DurationError> {
+        self.limits
+            .timeout_s
+            .map(|s| crate::duration::seconds("limits.timeout_s", s))
+            .transpose()
+    }
+
+    /// The per-call time limit, checked (`None`: no limit).
+    pub fn call_timeout(
+        &self,
+    ) -> Result<Option<std::time::Duration>, crate::duration::DurationError> {
+        self.limits
+            .call_timeout_s
+            .map(|s| crate::duration::seconds("limits.call_timeout_s", s))
+            .transpose()
     }
 
     /// Resolves a path written in the goal file against the goal's folder.

@@ -9,6 +9,10 @@
 //! actions.
 
 #![warn(missing_docs)]
+#![cfg_attr(
+    not(test),
+    deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)
+)]
 
 /// The README's examples, compiled as doctests so they stay true.
 #[doc = include_str!("../README.md")]
@@ -16,8 +20,10 @@
 pub struct ReadmeDoctests;
 
 pub mod approval;
+pub mod check;
 pub mod cli;
 pub mod context;
+pub mod duration;
 pub mod engine;
 mod fxhash;
 pub mod goal;
