@@ -241,7 +241,7 @@ async fn validate_a_goal_with_its_own_plan() {
     assert_eq!(run.code, 0, "{}", run.stdout);
     assert_eq!(
         run.json(),
-        json!({"status": "valid", "calls": 3, "findings": []})
+        json!({"kind": "goal", "calls": 3, "status": "valid", "findings": []})
     );
 }
 
