@@ -10,6 +10,45 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::protocol::{Call, Message, Tool};
+use crate::schema::published::Document;
+use crate::schema::{OutputValidator, SchemaError};
+
+/// Most schema violations listed in one error message.
+const MAX_LISTED: usize = 5;
+
+/// Checks a goal document against the published `schemas/goal.schema.json`; the error lists the
+/// violations with their JSON pointers ("at the root" for the document itself).
+pub fn check_published(doc: &Value) -> Result<(), String> {
+    let violations = Document::Goal.validate(doc).map_err(|e| e.to_string())?;
+    if violations.is_empty() {
+        return Ok(());
+    }
+    let mut parts: Vec<String> = violations
+        .iter()
+        .take(MAX_LISTED)
+        .map(ToString::to_string)
+        .collect();
+    if violations.len() > MAX_LISTED {
+        parts.push(format!("and {} more", violations.len() - MAX_LISTED));
+    }
+    Err(format!(
+        "does not match schemas/goal.schema.json: {}",
+        parts.join("; ")
+    ))
+}
+
+/// The reason an embedded schema is invalid, without repeating which schema (the caller names it).
+fn schema_reason(e: &SchemaError) -> String {
+    match e {
+        SchemaError::InvalidSchema {
+            pointer, message, ..
+        } if pointer.is_empty() => format!("at the root: {message}"),
+        SchemaError::InvalidSchema {
+            pointer, message, ..
+        } => format!("at {pointer}: {message}"),
+        other => other.to_string(),
+    }
+}
 
 /// Limits of one run (DESIGN.md rule 16). Every field has a default.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -180,9 +219,12 @@ impl Goal {
                 Tool::from_value(t.clone()).map_err(|e| invalid(format!("tools[{i}]: {e}")))?;
             }
         }
-        let mut goal: Goal = serde_json::from_value(value).map_err(|e| invalid(e.to_string()))?;
+        let mut goal: Goal =
+            serde_json::from_value(value.clone()).map_err(|e| invalid(e.to_string()))?;
         goal.base_dir = base_dir;
         goal.check(origin)?;
+        // Last, so the specific errors above (with their own codes) come first.
+        check_published(&value).map_err(invalid)?;
         Ok(goal)
     }
 
@@ -208,7 +250,7 @@ impl Goal {
             schemas.push(("state_schema".into(), s));
         }
         for (field, schema) in schemas {
-            jsonschema::validator_for(schema).map_err(|e| bad(field, e.to_string()))?;
+            OutputValidator::new(schema).map_err(|e| bad(field, schema_reason(&e)))?;
         }
         let mut seen: Vec<(&str, usize)> = Vec::new();
         let mut names = BTreeSet::new();
@@ -227,15 +269,12 @@ impl Goal {
             }
             seen.push((&t.name, i));
             let params = Value::Object(t.schema.clone());
-            jsonschema::validator_for(&params)
-                .map_err(|e| bad(format!("tools[{i}] ({})", t.name), e.to_string()))?;
+            OutputValidator::new(&params)
+                .map_err(|e| bad(format!("tools[{i}] ({})", t.name), schema_reason(&e)))?;
         }
         if let (Some(schema), Some(input)) = (&self.input_schema, &self.input) {
-            if let Ok(v) = jsonschema::validator_for(schema) {
-                let errors: Vec<String> = v
-                    .iter_errors(input)
-                    .map(|e| format!("{} at `{}`", e, e.instance_path()))
-                    .collect();
+            if let Ok(v) = OutputValidator::new(schema) {
+                let errors: Vec<String> = v.validate(input).iter().map(|e| e.to_string()).collect();
                 if !errors.is_empty() {
                     return Err(GoalError::Invalid {
                         path: origin.to_path_buf(),

@@ -142,7 +142,7 @@ async fn scripted_file_that_is_invalid() {
 
 #[tokio::test]
 async fn invalid_approval_policy() {
-    bad_run("bad_policy.goal.json", &[], "agent.invalid_policy").await;
+    bad_run("bad_policy.goal.json", &[], "goal.invalid").await;
 }
 
 #[tokio::test]

@@ -60,27 +60,17 @@ fn out_of_range_seconds_are_goal_invalid_naming_the_field() {
 
 #[test]
 fn validate_refuses_tools_and_models_the_run_cannot_use() {
+    // Either the goal does not load at all (exit 2, `goal.invalid`: the published schema or the
+    // activity's own config parser refuses it), or it loads and a finding names the problem.
     for (goal, code, text) in [
         (
             "activity_typo.goal.json",
             "tool.activity",
             "unknown `_activity` `htpp`",
         ),
-        (
-            "http_without_url.goal.json",
-            "tool.activity",
-            "missing field `url`",
-        ),
-        (
-            "http_unknown_key.goal.json",
-            "tool.activity",
-            "unknown field `header`",
-        ),
-        (
-            "shell_unknown_key.goal.json",
-            "tool.activity",
-            "unknown field `cwd`",
-        ),
+        ("http_without_url.goal.json", "goal.invalid", "url"),
+        ("http_unknown_key.goal.json", "goal.invalid", "header"),
+        ("shell_unknown_key.goal.json", "goal.invalid", "cwd"),
         (
             "delegate_missing.goal.json",
             "tool.activity",
@@ -94,14 +84,74 @@ fn validate_refuses_tools_and_models_the_run_cannot_use() {
         ("script_malformed.goal.json", "model.script", "chunk_chars"),
     ] {
         let (exit, v) = dagloop(&["validate", goal]);
-        assert_eq!(exit, 1, "{goal}: {v:#}");
-        assert_eq!(v["status"], "invalid", "{goal}: {v:#}");
-        let f = &v["findings"][0];
-        assert_eq!(f["code"], code, "{goal}: {v:#}");
+        let (found, said) = if exit == 2 {
+            (&v["error"]["code"], &v["error"]["message"])
+        } else {
+            assert_eq!(
+                (exit, &v["status"]),
+                (1, &Value::from("invalid")),
+                "{goal}: {v:#}"
+            );
+            (&v["findings"][0]["code"], &v["findings"][0]["message"])
+        };
+        assert_eq!(found, code, "{goal}: {v:#}");
         assert!(
-            f["message"].as_str().is_some_and(|m| m.contains(text)),
+            said.as_str().is_some_and(|m| m.contains(text)),
             "{goal}: {v:#}"
         );
+    }
+}
+
+#[test]
+fn the_activity_check_refuses_what_the_activity_refuses() {
+    // The same function validate uses, on tools built directly (no goal schema in front of it).
+    use dagloop::protocol::Tool;
+    let tool = |v: Value| Tool::from_value(v).expect("tool");
+    let dir = std::path::Path::new(".");
+    for (t, text) in [
+        (
+            serde_json::json!({"_tool": "a", "_activity": "htpp"}),
+            "unknown `_activity`",
+        ),
+        (
+            serde_json::json!({"_tool": "a", "_activity": "http", "_http": {"method": "GET"}}),
+            "missing field `url`",
+        ),
+        (
+            serde_json::json!({"_tool": "a", "_activity": "http", "_http": {"url": "http://x", "header": {}}}),
+            "unknown field `header`",
+        ),
+        (
+            serde_json::json!({"_tool": "a", "_activity": "http", "_http": {"url": "http://x", "timeout_s": 1e300}}),
+            "_http.timeout_s must be",
+        ),
+        (
+            serde_json::json!({"_tool": "a", "_activity": "http", "_http": {"url": "http://x", "body": "form"}}),
+            "unknown body mode",
+        ),
+        (
+            serde_json::json!({"_tool": "a", "_activity": "shell", "_shell": {"command": ["ls"], "cwd": "/"}}),
+            "unknown field `cwd`",
+        ),
+        (
+            serde_json::json!({"_tool": "a", "_http": {"url": "http://x"}}),
+            "`_activity` is not set",
+        ),
+        (
+            serde_json::json!({"_tool": "a", "_delegate": "nowhere.goal.json"}),
+            "nowhere.goal.json",
+        ),
+    ] {
+        let e = dagloop::tools::check_tool(&tool(t.clone()), dir).expect_err(&t.to_string());
+        assert_eq!(e.code(), "activity.config", "{t}");
+        assert!(e.to_string().contains(text), "{t}: {e}");
+    }
+    for ok in [
+        serde_json::json!({"_tool": "a"}),
+        serde_json::json!({"_tool": "a", "_activity": "rust"}),
+        serde_json::json!({"_tool": "a", "_activity": "http", "_http": {"url": "http://x/{id}", "method": "get", "body": "query", "timeout_s": 2, "max_bytes": 10}}),
+    ] {
+        dagloop::tools::check_tool(&tool(ok.clone()), dir).unwrap_or_else(|e| panic!("{ok}: {e}"));
     }
 }
 
