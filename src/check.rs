@@ -86,21 +86,39 @@ fn build_graph(calls: &[Call]) -> (CallGraph, Vec<(usize, crate::graph::GraphErr
 }
 
 /// A plan's dependency edges by the graph's rules: `(writer index, reader index, path)`, indexes
-/// from 0 into `calls`.
+/// from 0 into `calls`. A call the graph refuses (it would close a cycle) is drawn with the
+/// edges it would have had, so the cycle shows.
 pub fn edges(calls: &[Call]) -> Vec<(usize, usize, String)> {
-    let (g, _) = build_graph(calls);
+    let (g, refused) = build_graph(calls);
+    let reads: Vec<Vec<Path>> = calls.iter().map(read_paths).collect();
+    let writes: Vec<Vec<Path>> = calls.iter().map(write_paths).collect();
+    let overlap = |w: usize, r: usize| {
+        reads[r]
+            .iter()
+            .find(|p| writes[w].iter().any(|q| q.overlaps(p)))
+            .map(ToString::to_string)
+    };
     let mut out = Vec::new();
-    for (r, c) in calls.iter().enumerate() {
-        let reads = read_paths(c);
+    for r in 0..calls.len() {
         for CallId(w) in g.producers(CallId(r as u64 + 1)) {
             let w = w as usize - 1;
-            let writes = write_paths(&calls[w]);
-            if let Some(p) = reads.iter().find(|p| writes.iter().any(|q| q.overlaps(p))) {
-                out.push((w, r, p.to_string()));
+            if let Some(p) = overlap(w, r) {
+                out.push((w, r, p));
+            }
+        }
+    }
+    for (i, _) in &refused {
+        for j in (0..calls.len()).filter(|j| j != i) {
+            if let Some(p) = overlap(j, *i) {
+                out.push((j, *i, p));
+            }
+            if let Some(p) = overlap(*i, j) {
+                out.push((*i, j, p));
             }
         }
     }
     out.sort();
+    out.dedup();
     out
 }
 
