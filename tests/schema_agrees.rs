@@ -91,8 +91,7 @@ fn goal_files(dir: &Path, out: &mut Vec<PathBuf>) {
             }
         } else if name.ends_with(".json") && !name.contains("invalid-") {
             let text = std::fs::read_to_string(&p).unwrap();
-            if serde_json::from_str::<Value>(&text)
-                .is_ok_and(|v| v.get("output_schema").is_some())
+            if serde_json::from_str::<Value>(&text).is_ok_and(|v| v.get("output_schema").is_some())
             {
                 out.push(p);
             }
