@@ -31,7 +31,11 @@ if [ ! -x "$PY" ]; then
 fi
 
 have_version() { # package version -> 0 when installed at that version
-    "$PY" -m pip show "$1" 2>/dev/null | grep -x "Version: $2" >/dev/null  # not -q: an early exit would SIGPIPE pip and fail under pipefail
+    # Read pip's whole output first: piping it into `grep -q` lets grep exit at the first match,
+    # pip then fails writing the rest (broken pipe) and, under `pipefail`, the check fails.
+    local info
+    info="$("$PY" -m pip show "$1" 2>/dev/null)" || return 1
+    grep -qx "Version: $2" <<<"$info"
 }
 
 if have_version llama_cpp_python "$LLAMA_CPP_PYTHON_VERSION" \

@@ -10,6 +10,45 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::protocol::{Call, Message, Tool};
+use crate::schema::published::Document;
+use crate::schema::{OutputValidator, SchemaError};
+
+/// Most schema violations listed in one error message.
+const MAX_LISTED: usize = 5;
+
+/// Checks a goal document against the published `schemas/goal.schema.json`; the error lists the
+/// violations with their JSON pointers ("at the root" for the document itself).
+pub fn check_published(doc: &Value) -> Result<(), String> {
+    let violations = Document::Goal.validate(doc).map_err(|e| e.to_string())?;
+    if violations.is_empty() {
+        return Ok(());
+    }
+    let mut parts: Vec<String> = violations
+        .iter()
+        .take(MAX_LISTED)
+        .map(ToString::to_string)
+        .collect();
+    if violations.len() > MAX_LISTED {
+        parts.push(format!("and {} more", violations.len() - MAX_LISTED));
+    }
+    Err(format!(
+        "does not match schemas/goal.schema.json: {}",
+        parts.join("; ")
+    ))
+}
+
+/// The reason an embedded schema is invalid, without repeating which schema (the caller names it).
+fn schema_reason(e: &SchemaError) -> String {
+    match e {
+        SchemaError::InvalidSchema {
+            pointer, message, ..
+        } if pointer.is_empty() => format!("at the root: {message}"),
+        SchemaError::InvalidSchema {
+            pointer, message, ..
+        } => format!("at {pointer}: {message}"),
+        other => other.to_string(),
+    }
+}
 
 /// Limits of one run (DESIGN.md rule 16). Every field has a default.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -18,8 +57,10 @@ pub struct Limits {
     /// Most Requests in a run.
     pub max_steps: u32,
     /// Wall-clock limit of the whole run, in seconds.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub timeout_s: Option<f64>,
     /// Most tokens (input + output) over the run.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub token_budget: Option<u64>,
     /// How many times an invalid output is sent back before the run fails.
     pub max_output_retries: u32,
@@ -28,6 +69,7 @@ pub struct Limits {
     /// Consecutive steps with the same calls before the run stops.
     pub doom_loop: u32,
     /// Time limit of one call, in seconds.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub call_timeout_s: Option<f64>,
 }
 
@@ -93,6 +135,9 @@ pub struct Goal {
     /// Approval policy (see `approval::Policy`); absent means run everything.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub approval: Option<Value>,
+    /// Environment variables the goal may read (`${VAR}` in an http tool's `url` and headers).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub env: Vec<String>,
     /// The folder the goal was read from (relative paths resolve against it).
     #[serde(skip)]
     pub base_dir: PathBuf,
@@ -182,13 +227,24 @@ impl Goal {
                 Tool::from_value(t.clone()).map_err(|e| invalid(format!("tools[{i}]: {e}")))?;
             }
         }
-        let mut goal: Goal = serde_json::from_value(value).map_err(|e| invalid(e.to_string()))?;
+        let mut goal: Goal =
+            serde_json::from_value(value.clone()).map_err(|e| invalid(e.to_string()))?;
         goal.base_dir = base_dir;
         goal.check(origin)?;
+        // Last, so the specific errors above (with their own codes) come first.
+        check_published(&value).map_err(invalid)?;
         Ok(goal)
     }
 
     fn check(&self, origin: &FsPath) -> Result<(), GoalError> {
+        self.check_durations().map_err(|e| GoalError::Invalid {
+            path: origin.to_path_buf(),
+            reason: e.to_string(),
+        })?;
+        self.check_env().map_err(|reason| GoalError::Invalid {
+            path: origin.to_path_buf(),
+            reason,
+        })?;
         let bad = |field: String, reason: String| GoalError::BadSchema {
             path: origin.to_path_buf(),
             field,
@@ -202,7 +258,7 @@ impl Goal {
             schemas.push(("state_schema".into(), s));
         }
         for (field, schema) in schemas {
-            jsonschema::validator_for(schema).map_err(|e| bad(field, e.to_string()))?;
+            OutputValidator::new(schema).map_err(|e| bad(field, schema_reason(&e)))?;
         }
         let mut seen: Vec<(&str, usize)> = Vec::new();
         let mut names = BTreeSet::new();
@@ -221,16 +277,13 @@ impl Goal {
             }
             seen.push((&t.name, i));
             let params = Value::Object(t.schema.clone());
-            jsonschema::validator_for(&params)
-                .map_err(|e| bad(format!("tools[{i}] ({})", t.name), e.to_string()))?;
+            OutputValidator::new(&params)
+                .map_err(|e| bad(format!("tools[{i}] ({})", t.name), schema_reason(&e)))?;
         }
         if let (Some(schema), Some(input)) = (&self.input_schema, &self.input)
-            && let Ok(v) = jsonschema::validator_for(schema)
+            && let Ok(v) = OutputValidator::new(schema)
         {
-            let errors: Vec<String> = v
-                .iter_errors(input)
-                .map(|e| format!("{} at `{}`", e, e.instance_path()))
-                .collect();
+            let errors: Vec<String> = v.validate(input).iter().map(|e| e.to_string()).collect();
             if !errors.is_empty() {
                 return Err(GoalError::Invalid {
                     path: origin.to_path_buf(),
@@ -239,6 +292,85 @@ impl Goal {
             }
         }
         Ok(())
+    }
+
+    /// Checks every number of seconds in the goal (limits, approval timeout) with
+    /// [`crate::duration::seconds`], so no later conversion can panic.
+    pub fn check_durations(&self) -> Result<(), crate::duration::DurationError> {
+        use crate::duration::seconds;
+        if let Some(s) = self.limits.timeout_s {
+            seconds("limits.timeout_s", s)?;
+        }
+        if let Some(s) = self.limits.call_timeout_s {
+            seconds("limits.call_timeout_s", s)?;
+        }
+        if let Some(s) = self
+            .approval
+            .as_ref()
+            .and_then(|a| a.get("timeout_s"))
+            .and_then(Value::as_f64)
+        {
+            seconds("approval.timeout_s", s)?;
+        }
+        Ok(())
+    }
+
+    /// Checks every `${VAR}` placeholder in the tools' `_http` (`url` and header values): VAR
+    /// must be listed in `env` and set in the environment. The message names the tool and field,
+    /// never a value.
+    pub fn check_env(&self) -> Result<(), String> {
+        for (i, t) in self.tools.iter().enumerate() {
+            let Some(http) = t.schema.get("_http") else {
+                continue;
+            };
+            let mut fields: Vec<(String, &str)> = Vec::new();
+            if let Some(u) = http.get("url").and_then(Value::as_str) {
+                fields.push(("url".into(), u));
+            }
+            if let Some(h) = http.get("headers").and_then(Value::as_object) {
+                for (k, v) in h {
+                    if let Some(v) = v.as_str() {
+                        fields.push((format!("headers.{k}"), v));
+                    }
+                }
+            }
+            for (field, text) in fields {
+                for var in crate::tools::env_placeholders(text) {
+                    let at = format!("tools[{i}] ({})._http.{field}", t.name);
+                    if !self.env.iter().any(|e| e == var) {
+                        return Err(format!(
+                            "{at} uses `${{{var}}}` but `{var}` is not listed in the goal's `env` (add \"env\": [\"{var}\"])"
+                        ));
+                    }
+                    if std::env::var_os(var).is_none() {
+                        return Err(format!(
+                            "{at} uses `${{{var}}}` but the environment variable `{var}` is not set"
+                        ));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The run's wall-clock limit, checked (`None`: no limit).
+    pub fn run_timeout(
+        &self,
+    ) -> Result<Option<std::time::Duration>, crate::duration::DurationError> {
+        self.limits
+            .timeout_s
+            .map(|s| crate::duration::seconds("limits.timeout_s", s))
+            .transpose()
+    }
+
+    /// The per-call time limit, checked (`None`: no limit).
+    pub fn call_timeout(
+        &self,
+    ) -> Result<Option<std::time::Duration>, crate::duration::DurationError> {
+        self.limits
+            .call_timeout_s
+            .map(|s| crate::duration::seconds("limits.call_timeout_s", s))
+            .transpose()
     }
 
     /// Resolves a path written in the goal file against the goal's folder.

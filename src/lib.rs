@@ -10,6 +10,10 @@
 //! ([`Event`], numbered, replayable from the run's journal).
 
 #![warn(missing_docs)]
+#![cfg_attr(
+    not(test),
+    deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)
+)]
 
 /// The README's examples, compiled as doctests so they stay true.
 #[doc = include_str!("../README.md")]
@@ -17,10 +21,12 @@
 pub struct ReadmeDoctests;
 
 pub mod approval;
+pub mod check;
 /// The `dagloop` binary's front-end. Not part of the library API: it may change at any time.
 #[doc(hidden)]
 pub mod cli;
 pub mod context;
+pub mod duration;
 pub mod engine;
 mod fxhash;
 pub mod goal;

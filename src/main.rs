@@ -3,7 +3,11 @@
 use clap::Parser;
 
 fn main() -> anyhow::Result<()> {
-    let cli = dagloop::cli::Cli::parse();
+    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let cli = match dagloop::cli::Cli::try_parse_from(&args) {
+        Ok(cli) => cli,
+        Err(e) => std::process::exit(dagloop::cli::usage_error(&e, &args)),
+    };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;

@@ -142,7 +142,7 @@ async fn scripted_file_that_is_invalid() {
 
 #[tokio::test]
 async fn invalid_approval_policy() {
-    bad_run("bad_policy.goal.json", &[], "agent.invalid_policy").await;
+    bad_run("bad_policy.goal.json", &[], "goal.invalid").await;
 }
 
 #[tokio::test]
@@ -241,7 +241,7 @@ async fn validate_a_goal_with_its_own_plan() {
     assert_eq!(run.code, 0, "{}", run.stdout);
     assert_eq!(
         run.json(),
-        json!({"status": "valid", "calls": 3, "findings": []})
+        json!({"kind": "goal", "calls": 3, "status": "valid", "findings": []})
     );
 }
 

@@ -127,8 +127,12 @@ pub enum ApprovalError {
         /// The policy that was given.
         policy: String,
     },
-    /// `timeout_s` negative or not finite.
-    #[error("`timeout_s` must be a non-negative number of seconds, found {value}")]
+    /// `timeout_s` negative, not finite or above `duration::MAX_SECONDS`.
+    #[error(
+        "`approval.timeout_s` must be a non-negative number of seconds no larger than {max} (one year), found {shown}",
+        max = crate::duration::MAX_SECONDS,
+        shown = crate::duration::show(*.value)
+    )]
     BadTimeout {
         /// The value as given.
         value: f64,
@@ -190,8 +194,10 @@ impl TryFrom<PolicyRepr> for Policy {
         };
         let timeout = match r.timeout_s {
             None => None,
-            Some(s) if s.is_finite() && s >= 0.0 => Some(Duration::from_secs_f64(s)),
-            Some(value) => return Err(ApprovalError::BadTimeout { value }),
+            Some(value) => Some(
+                crate::duration::seconds("approval.timeout_s", value)
+                    .map_err(|_| ApprovalError::BadTimeout { value })?,
+            ),
         };
         Ok(Policy {
             mode,

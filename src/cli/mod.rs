@@ -5,7 +5,6 @@
 //! (always JSON with a stable `code` on failure), shows progress, and turns Ctrl-C into
 //! cancellation. It takes no decisions about runs.
 
-pub mod check;
 mod progress;
 mod review;
 mod run;
@@ -18,6 +17,7 @@ use std::sync::Arc;
 use clap::{Parser, Subcommand, ValueEnum};
 use serde_json::{Value, json};
 
+use crate::check;
 use crate::goal::Goal;
 use crate::protocol::{Call, Solution};
 
@@ -287,6 +287,34 @@ impl CliError {
     }
 }
 
+/// Reports an argument error and returns the exit code. With `--json` among the arguments, a
+/// usage error is printed on stdout as the documented JSON error (`cli.usage`, exit 2); help and
+/// version requests, and usage errors without `--json`, are printed by clap as usual.
+pub fn usage_error(err: &clap::Error, args: &[std::ffi::OsString]) -> i32 {
+    use clap::error::ErrorKind;
+    let informational = matches!(
+        err.kind(),
+        ErrorKind::DisplayHelp
+            | ErrorKind::DisplayVersion
+            | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
+    );
+    if informational || !args.iter().any(|a| a == "--json") {
+        let _ = err.print();
+        return err.exit_code();
+    }
+    let text = err.render().to_string();
+    let message = text
+        .lines()
+        .map(|l| l.trim_start_matches("error: ").trim())
+        .find(|l| !l.is_empty())
+        .unwrap_or("invalid arguments")
+        .to_string();
+    let mut e = CliError::new("cli.usage", message);
+    e.details = json!({"usage": text.trim()});
+    println!("{}", pretty(&e.to_json()));
+    2
+}
+
 /// Runs a parsed command; returns the process exit code (0 success, 1 the run or check did not
 /// succeed, 2 bad input).
 pub async fn main(cli: Cli) -> i32 {
@@ -519,28 +547,50 @@ fn load_plan(file: &FsPath) -> Result<(Vec<Call>, Option<Goal>), CliError> {
 }
 
 fn validate(file: &FsPath, goal: Option<&FsPath>) -> Result<i32, CliError> {
-    let (calls, own_goal) = load_plan(file)?;
-    let goal = match (own_goal, goal) {
-        (Some(g), _) => Some(g),
-        (None, Some(p)) => Some(Goal::load(p).map_err(|e| CliError::new(e.code(), &e))?),
-        (None, None) => None,
-    };
-    let mut initial = serde_json::Map::new();
-    if let Some(g) = &goal {
-        if let Some(i) = &g.input {
-            initial.insert("input".into(), i.clone());
-        }
-        initial.insert("state".into(), g.state.clone().unwrap_or_else(|| json!({})));
+    let other_goal = goal
+        .map(|p| Goal::load(p).map_err(|e| CliError::new(e.code(), &e)))
+        .transpose()?;
+    if is_script_file(file) {
+        let findings = check::check_script_file(file, other_goal.as_ref().map(|g| &g.tools[..]));
+        return Ok(report(json!({"kind": "scripted-model"}), findings));
     }
-    let findings = check::check(&calls, goal.as_ref().map(|g| g.tools.as_slice()), &initial);
+    let (calls, own_goal) = load_plan(file)?;
+    let (kind, findings) = match (own_goal, other_goal) {
+        (Some(g), _) => ("goal", check::check_goal(&g)),
+        (None, Some(g)) => {
+            let mut initial = serde_json::Map::new();
+            if let Some(i) = &g.input {
+                initial.insert("input".into(), i.clone());
+            }
+            initial.insert("state".into(), g.state.clone().unwrap_or_else(|| json!({})));
+            ("plan", check::check_plan(&calls, Some(&g.tools), &initial))
+        }
+        (None, None) => (
+            "plan",
+            check::check_plan(&calls, None, &serde_json::Map::new()),
+        ),
+    };
+    Ok(report(
+        json!({"kind": kind, "calls": calls.len()}),
+        findings,
+    ))
+}
+
+/// True when `file` is a JSON object with a `turns` key (a scripted-model file).
+fn is_script_file(file: &FsPath) -> bool {
+    std::fs::read_to_string(file)
+        .ok()
+        .and_then(|t| serde_json::from_str::<Value>(&t).ok())
+        .is_some_and(|v| v.get("turns").is_some())
+}
+
+/// Prints a validation report (`head` plus status and findings); exit 0 when there are none.
+fn report(mut head: Value, findings: Vec<check::Finding>) -> i32 {
     let ok = findings.is_empty();
-    let out = json!({
-        "status": if ok { "valid" } else { "invalid" },
-        "calls": calls.len(),
-        "findings": findings,
-    });
-    println!("{}", pretty(&out));
-    Ok(if ok { 0 } else { 1 })
+    head["status"] = json!(if ok { "valid" } else { "invalid" });
+    head["findings"] = json!(findings);
+    println!("{}", pretty(&head));
+    if ok { 0 } else { 1 }
 }
 
 fn graph(file: &FsPath, format: GraphFormat) -> Result<i32, CliError> {

@@ -58,6 +58,9 @@ pub enum AgentError {
         /// What is missing.
         reason: String,
     },
+    /// A built-in activity's configuration is wrong (`_http` without `url`, unknown keys...).
+    #[error(transparent)]
+    Activity(crate::tools::ActivityError),
     /// A delegate tool's goal cannot be read.
     #[error("delegate tool `{tool}`: {reason}")]
     Delegate {
@@ -83,6 +86,7 @@ impl AgentError {
             AgentError::Policy(_) => "agent.invalid_policy",
             AgentError::MissingActivity { .. } => "agent.missing_activity",
             AgentError::Delegate { .. } => "agent.delegate",
+            AgentError::Activity(e) => e.code(),
             AgentError::NoApprover => "agent.no_approver",
         }
     }
@@ -346,27 +350,25 @@ fn resolve_spec(goal: &Goal, spec: &str) -> Result<ModelSpec, LlmError> {
     })
 }
 
+/// Every tool can run: a registered function, or a built-in activity whose configuration
+/// `tools::check_tool` accepts (the same check `dagloop validate` makes).
 fn check_activities(goal: &Goal, registry: &Registry) -> Result<(), AgentError> {
-    for t in &goal.tools {
-        let Some(kind) = t.activity.as_deref() else {
-            continue;
-        };
-        if registry.has(&t.name) {
-            continue;
-        }
+    for t in goal.tools.iter().filter(|t| !registry.has(&t.name)) {
+        let kind = t.activity.as_deref().unwrap_or("");
         let reason = match kind {
-            "http" | "shell" | "delegate" => continue,
             "rust" => {
-                "no Rust function is registered under this name (register one with Registry::register_fn; the command line cannot run Rust activities)"
+                "no Rust function is registered under this name (register one with Registry::register_fn; the command line cannot run Rust activities)".to_string()
             }
-            _ => {
-                "unknown activity kind (expected http, shell, delegate, or a registered Rust function)"
-            }
+            "http" | "shell" | "delegate" | "" => match crate::tools::check_tool(t, &goal.base_dir) {
+                Ok(()) => continue,
+                Err(e) => return Err(AgentError::Activity(e)),
+            },
+            _ => "unknown activity kind (expected http, shell, delegate, or a registered Rust function)".to_string(),
         };
         return Err(AgentError::MissingActivity {
             tool: t.name.clone(),
             activity: kind.to_string(),
-            reason: reason.to_string(),
+            reason,
         });
     }
     Ok(())
@@ -440,6 +442,7 @@ fn load_config(
                     .schema
                     .get("description")
                     .and_then(Value::as_str)
+                    .filter(|d| !d.trim().is_empty())
                     .unwrap_or(&t.name);
                 let doc = json!({
                     "goal": description,

@@ -324,9 +324,9 @@ fn retry_after_of(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
         .get("retry-after-ms")
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.trim().parse::<f64>().ok())
-        .filter(|ms| ms.is_finite() && *ms >= 0.0)
     {
-        return Some(Duration::from_secs_f64(ms / 1000.0));
+        // Out of range (negative, NaN, `1e300`) means the header is ignored, never a panic.
+        return crate::duration::seconds("retry-after-ms", ms / 1000.0).ok();
     }
     parse_retry_after(headers.get(RETRY_AFTER)?.to_str().ok()?, now)
 }
@@ -337,10 +337,12 @@ fn retry_after_of(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
 pub fn parse_retry_after(value: &str, now: SystemTime) -> Option<Duration> {
     let value = value.trim();
     if !value.is_empty() && value.bytes().all(|b| b.is_ascii_digit()) {
-        return value.parse::<u64>().ok().map(Duration::from_secs);
+        let secs = value.parse::<u64>().ok()?;
+        return crate::duration::seconds("retry-after", secs as f64).ok();
     }
-    let at = UNIX_EPOCH + Duration::from_secs(parse_http_date(value)?);
-    Some(at.duration_since(now).unwrap_or(Duration::ZERO))
+    let at = UNIX_EPOCH.checked_add(Duration::from_secs(parse_http_date(value)?))?;
+    let wait = at.duration_since(now).unwrap_or(Duration::ZERO);
+    crate::duration::seconds("retry-after", wait.as_secs_f64()).ok()
 }
 
 const MONTHS: [&str; 12] = [
@@ -443,6 +445,20 @@ mod tests {
             parse_retry_after("Sun, 06 Foo 1994 08:49:47 GMT", now),
             None
         );
+    }
+
+    #[test]
+    fn hostile_retry_after_values_are_ignored_not_panics() {
+        let now = UNIX_EPOCH + Duration::from_secs(784_111_777);
+        let mut h = HeaderMap::new();
+        for ms in ["1e300", "-5", "NaN", "inf", "1e30"] {
+            h.insert("retry-after-ms", ms.parse().unwrap());
+            assert_eq!(retry_after_of(&h, now), None, "retry-after-ms: {ms}");
+        }
+        h.insert("retry-after-ms", "1500".parse().unwrap());
+        assert_eq!(retry_after_of(&h, now), Some(Duration::from_millis(1500)));
+        assert_eq!(parse_retry_after("99999999999999999999", now), None);
+        assert_eq!(parse_retry_after("999999999999", now), None);
     }
 
     #[test]

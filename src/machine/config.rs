@@ -63,8 +63,7 @@ pub struct CheckedLimits {
     pub call_timeout_ms: Option<u64>,
 }
 
-/// The longest duration a goal may give, in seconds (about 30 years).
-pub const MAX_SECONDS: f64 = 1.0e9;
+pub use crate::duration::MAX_SECONDS;
 
 /// A configuration that cannot be built.
 #[derive(Debug, thiserror::Error)]
@@ -98,15 +97,15 @@ impl ConfigError {
     }
 }
 
-/// Converts seconds to whole milliseconds, refusing what no clock can represent.
+/// Converts seconds to whole milliseconds with [`crate::duration::seconds`], refusing what no
+/// clock can represent.
 pub fn checked_ms(field: &str, seconds: f64) -> Result<u64, ConfigError> {
-    if !seconds.is_finite() || !(0.0..=MAX_SECONDS).contains(&seconds) {
-        return Err(ConfigError::BadDuration {
+    crate::duration::seconds(field, seconds)
+        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+        .map_err(|_| ConfigError::BadDuration {
             field: field.to_string(),
             value: seconds,
-        });
-    }
-    Ok((seconds * 1000.0).round() as u64)
+        })
 }
 
 impl CheckedLimits {

@@ -1,7 +1,5 @@
 //! The built-in `http` activity: one HTTP request per call, configured by the tool's `_http`.
 
-use std::time::Duration;
-
 use futures::StreamExt;
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
@@ -56,10 +54,27 @@ impl HttpConfig {
                 tool: tool.name.clone(),
                 reason: "an http tool needs `_http` with at least `url`".into(),
             })?;
-        serde_json::from_value(raw).map_err(|e| ActivityError::Config {
+        let config = |reason: String| ActivityError::Config {
             tool: tool.name.clone(),
-            reason: format!("`_http`: {e}"),
-        })
+            reason,
+        };
+        let cfg: HttpConfig =
+            serde_json::from_value(raw).map_err(|e| config(format!("`_http`: {e}")))?;
+        reqwest::Method::from_bytes(cfg.method.to_uppercase().as_bytes()).map_err(|_| {
+            config(format!(
+                "`_http.method`: unknown HTTP method `{}`",
+                cfg.method
+            ))
+        })?;
+        if !matches!(cfg.body.as_str(), "json" | "query" | "none") {
+            return Err(config(format!(
+                "`_http.body`: unknown body mode `{}` (json, query, none)",
+                cfg.body
+            )));
+        }
+        crate::duration::seconds("_http.timeout_s", cfg.timeout_s)
+            .map_err(|e| config(e.to_string()))?;
+        Ok(cfg)
     }
 }
 
@@ -81,7 +96,9 @@ impl Client {
             };
             let method = reqwest::Method::from_bytes(cfg.method.to_uppercase().as_bytes())
                 .map_err(|_| config_err(format!("unknown HTTP method `{}`", cfg.method)))?;
-            let url = fill_template(&cfg.url, &params, true);
+            let base =
+                super::fill_env(&cfg.url).map_err(|e| config_err(format!("`_http.url`: {e}")))?;
+            let url = fill_template(&base, &params, true);
             let used: Vec<String> = params
                 .keys()
                 .filter(|k| cfg.url.contains(&format!("{{{k}}}")))
@@ -92,11 +109,14 @@ impl Client {
                 .filter(|(k, _)| !used.contains(k))
                 .map(|(k, v)| (k.clone(), v.clone()))
                 .collect();
-            let mut req = client
-                .request(method.clone(), &url)
-                .timeout(Duration::from_secs_f64(cfg.timeout_s.max(0.001)));
+            let mut req = client.request(method.clone(), &url).timeout(
+                crate::duration::seconds("_http.timeout_s", cfg.timeout_s.max(0.001))
+                    .map_err(|e| config_err(e.to_string()))?,
+            );
             for (k, v) in &cfg.headers {
-                req = req.header(k, fill_template(v, &params, false));
+                let v = super::fill_env(v)
+                    .map_err(|e| config_err(format!("`_http.headers.{k}`: {e}")))?;
+                req = req.header(k, fill_template(&v, &params, false));
             }
             let as_query =
                 cfg.body == "query" || (cfg.body == "json" && method == reqwest::Method::GET);
@@ -149,11 +169,38 @@ impl Client {
 
 fn transport(e: &reqwest::Error, timeout_s: f64) -> ActivityError {
     if e.is_timeout() {
-        ActivityError::Timeout { seconds: timeout_s }
-    } else {
-        ActivityError::Failed {
-            message: format!("HTTP request failed: {e}"),
-            details: json!({"code": "http.transport"}),
-        }
+        return ActivityError::Timeout { seconds: timeout_s };
     }
+    let cause = transport_cause(e);
+    let kind = if e.is_connect() {
+        "connect"
+    } else {
+        "transport"
+    };
+    ActivityError::Failed {
+        message: format!("HTTP request failed ({kind}): {cause}"),
+        details: json!({"code": "http.transport", "cause": cause}),
+    }
+}
+
+/// The innermost causes of a transport error (connection refused, DNS failure, TLS...), joined;
+/// without the URL, which may carry values from the environment.
+fn transport_cause(e: &reqwest::Error) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        let text = s.to_string();
+        if !parts.iter().any(|p| p.contains(&text)) {
+            parts.push(text);
+        }
+        source = s.source();
+    }
+    if parts.is_empty() {
+        parts.push(if e.is_connect() {
+            "cannot connect".into()
+        } else {
+            "the request could not be sent".into()
+        });
+    }
+    parts.join(": ")
 }

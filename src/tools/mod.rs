@@ -7,6 +7,7 @@
 //!
 //! Deliberately not here: scheduling, approval, retries or writing results to state.
 
+mod check;
 mod http;
 mod shell;
 
@@ -21,6 +22,7 @@ use serde_json::{Map, Value, json};
 
 use crate::protocol::{Call, Tool};
 
+pub use check::{KINDS, check_tool};
 pub use http::HttpConfig;
 pub use shell::ShellConfig;
 
@@ -281,6 +283,42 @@ impl Registry {
             }),
         }
     }
+}
+
+/// The names of the `${VAR}` placeholders in `text`, in order.
+pub fn env_placeholders(text: &str) -> Vec<&str> {
+    let mut out = Vec::new();
+    let mut rest = text;
+    while let Some(open) = rest.find("${") {
+        let after = &rest[open + 2..];
+        let Some(close) = after.find('}') else {
+            break;
+        };
+        out.push(&after[..close]);
+        rest = &after[close + 1..];
+    }
+    out
+}
+
+/// Replaces every `${VAR}` in `text` by the environment variable's value; an unset variable
+/// is an error naming it (never a value).
+pub(crate) fn fill_env(text: &str) -> Result<String, String> {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(open) = rest.find("${") {
+        let after = &rest[open + 2..];
+        let Some(close) = after.find('}') else {
+            break;
+        };
+        let var = &after[..close];
+        let value = std::env::var(var)
+            .map_err(|_| format!("the environment variable `{var}` is not set"))?;
+        out.push_str(&rest[..open]);
+        out.push_str(&value);
+        rest = &after[close + 1..];
+    }
+    out.push_str(rest);
+    Ok(out)
 }
 
 /// Replaces `{name}` in a template with the param's value (strings as-is, others as JSON).

@@ -2,7 +2,6 @@
 //! from params. Disabled unless the operator enables it; the tool must ask for it too.
 
 use std::process::Stdio;
-use std::time::Duration;
 
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
@@ -49,6 +48,12 @@ impl ShellConfig {
                     reason: format!("`_shell`: {e}"),
                 })
             })?;
+        crate::duration::seconds("_shell.timeout_s", cfg.timeout_s).map_err(|e| {
+            ActivityError::Config {
+                tool: tool.name.clone(),
+                reason: e.to_string(),
+            }
+        })?;
         if cfg.command.is_empty() {
             return Err(ActivityError::Config {
                 tool: tool.name.clone(),
@@ -88,8 +93,13 @@ pub(super) fn run(cfg: ShellConfig, tool: String, params: Map<String, Value>) ->
             let status = child.wait().await;
             (o, e, status)
         };
+        let limit = crate::duration::seconds("_shell.timeout_s", cfg.timeout_s.max(0.001))
+            .map_err(|e| ActivityError::Config {
+                tool: tool.clone(),
+                reason: e.to_string(),
+            })?;
         let (stdout, stderr, status) =
-            tokio::time::timeout(Duration::from_secs_f64(cfg.timeout_s.max(0.001)), work)
+            tokio::time::timeout(limit, work)
                 .await
                 .map_err(|_| ActivityError::Timeout {
                     seconds: cfg.timeout_s,

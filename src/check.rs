@@ -1,0 +1,344 @@
+//! Static checks without running anything: a plan's calls (`dagloop validate`, `dagloop graph`),
+//! a goal's tools and model, and a scripted-model file.
+//!
+//! The rules are the run's own: dependency edges and cycles come from [`crate::graph::CallGraph`]
+//! (calls inserted in plan order, a call that would close a cycle is refused exactly as the
+//! scheduler refuses it), params are checked by [`crate::schema::ParamsValidator`], activities by
+//! [`crate::tools::check_tool`], scripted-model files by [`crate::llm::Script::parse`].
+//! Deliberately not here: resolving references against state (only literal params are checked;
+//! references are checked once resolved at run time) or printing.
+
+use std::path::Path as FsPath;
+
+use serde::Serialize;
+use serde_json::{Map, Value};
+
+use crate::goal::Goal;
+use crate::graph::CallGraph;
+use crate::llm::{ModelSpec, Script, TurnBody};
+use crate::protocol::{Call, CallId, Path, Solution, Tool};
+use crate::schema::ParamsValidator;
+
+/// One problem found by a check.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Finding {
+    /// Stable code (`plan.unknown_tool`, `plan.invalid_params`, `plan.cycle`,
+    /// `plan.dangling_reference`, `plan.bad_reference`, `tool.activity`, `model.script`,
+    /// `script.invalid_solution`, `script.unknown_tool`).
+    pub code: &'static str,
+    /// The call's number in the plan, from 1 (as `run` and events number calls).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub call: Option<usize>,
+    /// The tool concerned, for tool checks.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool: Option<String>,
+    /// The turn's number in a scripted-model file, from 1.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub turn: Option<usize>,
+    /// What is wrong.
+    pub message: String,
+}
+
+impl Finding {
+    fn call(code: &'static str, index: usize, message: impl ToString) -> Finding {
+        Finding {
+            code,
+            call: Some(index + 1),
+            tool: None,
+            turn: None,
+            message: message.to_string(),
+        }
+    }
+}
+
+fn write_paths(c: &Call) -> Vec<Path> {
+    match c.output_target() {
+        Ok(Some(e)) => e.refs.into_iter().map(|r| r.path).collect(),
+        _ => Vec::new(),
+    }
+}
+
+fn read_paths(c: &Call) -> Vec<Path> {
+    c.references()
+        .map(|refs| {
+            refs.into_iter()
+                .flat_map(|(_, e)| e.refs.into_iter().map(|r| r.path))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The plan's call graph as the scheduler would build it, calls numbered from 1 in plan order.
+/// Returns the graph and the calls it refused (index, error) because they would close a cycle.
+fn build_graph(calls: &[Call]) -> (CallGraph, Vec<(usize, crate::graph::GraphError)>) {
+    let mut g = CallGraph::new();
+    let mut refused = Vec::new();
+    for (i, c) in calls.iter().enumerate() {
+        let reads = read_paths(c);
+        let writes = write_paths(c);
+        let r: Vec<&Path> = reads.iter().collect();
+        let w: Vec<&Path> = writes.iter().collect();
+        if let Err(e) = g.insert(CallId(i as u64 + 1), &r, &w) {
+            refused.push((i, e));
+        }
+    }
+    (g, refused)
+}
+
+/// A plan's dependency edges by the graph's rules: `(writer index, reader index, path)`, indexes
+/// from 0 into `calls`. A call the graph refuses (it would close a cycle) is drawn with the
+/// edges it would have had, so the cycle shows.
+pub fn edges(calls: &[Call]) -> Vec<(usize, usize, String)> {
+    let (g, refused) = build_graph(calls);
+    let reads: Vec<Vec<Path>> = calls.iter().map(read_paths).collect();
+    let writes: Vec<Vec<Path>> = calls.iter().map(write_paths).collect();
+    let overlap = |w: usize, r: usize| {
+        reads[r]
+            .iter()
+            .find(|p| writes[w].iter().any(|q| q.overlaps(p)))
+            .map(ToString::to_string)
+    };
+    let mut out = Vec::new();
+    for r in 0..calls.len() {
+        for CallId(w) in g.producers(CallId(r as u64 + 1)) {
+            let w = w as usize - 1;
+            if let Some(p) = overlap(w, r) {
+                out.push((w, r, p));
+            }
+        }
+    }
+    for (i, _) in &refused {
+        for j in (0..calls.len()).filter(|j| j != i) {
+            if let Some(p) = overlap(j, *i) {
+                out.push((j, *i, p));
+            }
+            if let Some(p) = overlap(*i, j) {
+                out.push((*i, j, p));
+            }
+        }
+    }
+    out.sort();
+    out.dedup();
+    out
+}
+
+/// Checks a plan against tools and the data available before it runs (`initial`: kind → value).
+pub fn check_plan(
+    calls: &[Call],
+    tools: Option<&[Tool]>,
+    initial: &Map<String, Value>,
+) -> Vec<Finding> {
+    let mut out = Vec::new();
+    for (i, c) in calls.iter().enumerate() {
+        if let Err(e) = c.references() {
+            out.push(Finding::call("plan.bad_reference", i, e));
+        }
+        if let Err(e) = c.output_target() {
+            out.push(Finding::call("plan.bad_reference", i, e));
+        }
+        if let Some(tools) = tools {
+            match tools.iter().find(|t| t.name == c.tool) {
+                None => out.push(Finding::call(
+                    "plan.unknown_tool",
+                    i,
+                    format!("no tool named `{}`", c.tool),
+                )),
+                Some(t) => check_literal_params(c, t, i, &mut out),
+            }
+        }
+    }
+    let writes: Vec<Vec<Path>> = calls.iter().map(write_paths).collect();
+    for (i, c) in calls.iter().enumerate() {
+        for p in read_paths(c) {
+            let written = writes
+                .iter()
+                .enumerate()
+                .any(|(j, w)| j != i && w.iter().any(|q| q.overlaps(&p)));
+            let present = initial
+                .get(p.kind())
+                .is_some_and(|v| crate::state::apply::get(v, p.rest()).is_some());
+            if !written && !present {
+                out.push(Finding::call(
+                    "plan.dangling_reference",
+                    i,
+                    format!("nothing writes `{p}` and it is not in the initial data"),
+                ));
+            }
+        }
+    }
+    for (i, e) in build_graph(calls).1 {
+        out.push(Finding::call(
+            "plan.cycle",
+            i,
+            format!("{e} (the run refuses this call)"),
+        ));
+    }
+    out.sort_by(|a, b| (a.call, a.code).cmp(&(b.call, b.code)));
+    out
+}
+
+/// Literal params (not references) checked by the tool's own [`ParamsValidator`]; a param given
+/// as a reference is not required to be present yet.
+fn check_literal_params(c: &Call, t: &Tool, i: usize, out: &mut Vec<Finding>) {
+    let is_ref = |v: &Value| {
+        v.as_str()
+            .is_some_and(crate::protocol::looks_like_reference)
+    };
+    let deferred: Vec<&String> = c
+        .params
+        .iter()
+        .filter(|(_, v)| is_ref(v))
+        .map(|(k, _)| k)
+        .collect();
+    let mut tool = t.clone();
+    if let Some(Value::Array(req)) = tool.schema.get_mut("required") {
+        req.retain(|n| n.as_str().is_none_or(|n| !deferred.iter().any(|d| *d == n)));
+    }
+    let literal: Map<String, Value> = c
+        .params
+        .iter()
+        .filter(|(_, v)| !is_ref(v))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    match ParamsValidator::new(&tool) {
+        Ok(v) => {
+            for e in v.validate(&literal) {
+                out.push(Finding::call("plan.invalid_params", i, e));
+            }
+        }
+        Err(e) => out.push(Finding::call("plan.invalid_params", i, e)),
+    }
+}
+
+/// Checks what a goal needs before a run starts, by the run's own rules: every tool's activity
+/// ([`crate::tools::check_tool`]), the scripted-model file the goal names (exists, parses, its
+/// calls name the goal's tools), and the goal's plan.
+pub fn check_goal(goal: &Goal) -> Vec<Finding> {
+    let mut out = Vec::new();
+    for t in &goal.tools {
+        if let Err(e) = crate::tools::check_tool(t, &goal.base_dir) {
+            out.push(Finding {
+                code: "tool.activity",
+                call: None,
+                tool: Some(t.name.clone()),
+                turn: None,
+                message: e.to_string(),
+            });
+        }
+    }
+    if let Some(spec) = &goal.model {
+        match ModelSpec::parse(spec) {
+            Ok(ModelSpec::Scripted(p)) => {
+                let path = goal.resolve_path(&p.to_string_lossy());
+                out.extend(check_script_file(&path, Some(&goal.tools)));
+            }
+            Ok(_) => {}
+            Err(e) => out.push(model_finding(e.to_string())),
+        }
+    }
+    let mut initial = Map::new();
+    if let Some(i) = &goal.input {
+        initial.insert("input".into(), i.clone());
+    }
+    let state = goal
+        .state
+        .clone()
+        .unwrap_or_else(|| Value::Object(Map::new()));
+    initial.insert("state".into(), state);
+    out.extend(check_plan(&goal.plan, Some(&goal.tools), &initial));
+    out
+}
+
+fn model_finding(message: String) -> Finding {
+    Finding {
+        code: "model.script",
+        call: None,
+        tool: None,
+        turn: None,
+        message,
+    }
+}
+
+/// Loads and checks a scripted-model file (see [`check_script`]).
+pub fn check_script_file(path: &FsPath, tools: Option<&[Tool]>) -> Vec<Finding> {
+    match Script::load(path) {
+        Ok(s) => check_script(&s, tools),
+        Err(e) => vec![model_finding(e.to_string())],
+    }
+}
+
+/// Checks a parsed scripted-model file: each turn's solution parses as a Solution and, when
+/// `tools` is given, every call names one of them.
+pub fn check_script(script: &Script, tools: Option<&[Tool]>) -> Vec<Finding> {
+    let mut out = Vec::new();
+    for (i, turn) in script.turns.iter().enumerate() {
+        let TurnBody::Solution(v) = &turn.body else {
+            continue;
+        };
+        let finding = |code, message: String| Finding {
+            code,
+            call: None,
+            tool: None,
+            turn: Some(i + 1),
+            message,
+        };
+        match Solution::from_value(v.clone()) {
+            Err(e) => out.push(finding("script.invalid_solution", e.to_string())),
+            Ok(s) => {
+                let Some(tools) = tools else { continue };
+                for (j, c) in s.calls.iter().enumerate() {
+                    if !tools.iter().any(|t| t.name == c.tool) {
+                        let mut f = finding(
+                            "script.unknown_tool",
+                            format!("call {}: no tool named `{}` in the goal", j + 1, c.tool),
+                        );
+                        f.call = Some(j + 1);
+                        out.push(f);
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The dependency graph as Mermaid (calls numbered from 1).
+pub fn mermaid(calls: &[Call]) -> String {
+    let mut s = String::from("graph TD\n");
+    for (i, c) in calls.iter().enumerate() {
+        let n = i + 1;
+        s.push_str(&format!("    c{n}[\"#{n} {}\"]\n", escape(&c.tool)));
+    }
+    for (w, r, p) in edges(calls) {
+        s.push_str(&format!(
+            "    c{} -- \"{}\" --> c{}\n",
+            w + 1,
+            escape(&p),
+            r + 1
+        ));
+    }
+    s
+}
+
+/// The dependency graph as Graphviz dot (calls numbered from 1).
+pub fn dot(calls: &[Call]) -> String {
+    let mut s = String::from("digraph plan {\n");
+    for (i, c) in calls.iter().enumerate() {
+        let n = i + 1;
+        s.push_str(&format!("    c{n} [label=\"#{n} {}\"];\n", escape(&c.tool)));
+    }
+    for (w, r, p) in edges(calls) {
+        s.push_str(&format!(
+            "    c{} -> c{} [label=\"{}\"];\n",
+            w + 1,
+            r + 1,
+            escape(&p)
+        ));
+    }
+    s.push_str("}\n");
+    s
+}
+
+fn escape(s: &str) -> String {
+    s.replace('\\', "\\\\").replace('"', "'")
+}
