@@ -86,6 +86,9 @@ pub struct Goal {
     /// Run limits.
     #[serde(default)]
     pub limits: Limits,
+    /// MCP servers whose tools join `tools` (see `tools::mcp`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mcp_servers: Vec<crate::tools::mcp::McpServerConfig>,
     /// Approval policy (see `approval::Policy`); absent means run everything.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub approval: Option<Value>,

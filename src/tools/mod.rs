@@ -8,6 +8,7 @@
 //! Deliberately not here: scheduling, approval, retries or writing results to state.
 
 mod http;
+pub mod mcp;
 mod shell;
 
 use std::collections::BTreeMap;
