@@ -111,12 +111,33 @@ async fn exercise_everything(config: McpServerConfig) {
     assert!(sum.as_str().is_some_and(|s| s.contains("5.5")), "{sum}");
 
     let bad = call(&servers, "get-sum", json!({"a": "two"})).await;
-    assert!(bad.is_err(), "bad arguments must fail: {bad:?}");
+    let bad = bad.expect_err("bad arguments must fail");
+    assert_eq!(
+        detail_code(&bad).as_deref(),
+        Some("mcp.tool_error"),
+        "{bad}"
+    );
+    assert!(bad.to_string().contains("expected number"), "{bad}");
+
+    let structured = call(
+        &servers,
+        "get-structured-content",
+        json!({"location": "New York"}),
+    )
+    .await;
+    let structured = structured.unwrap_or_else(|e| panic!("{e}"));
+    assert!(structured["temperature"].is_number(), "{structured}");
 
     let unknown = servers
         .call("everything", "no-such-tool", serde_json::Map::new())
         .await;
-    assert!(unknown.is_err(), "an unknown tool must fail: {unknown:?}");
+    let unknown = unknown.expect_err("an unknown tool must fail");
+    assert_eq!(
+        detail_code(&unknown).as_deref(),
+        Some("mcp.tool_error"),
+        "{unknown}"
+    );
+    assert!(unknown.to_string().contains("not found"), "{unknown}");
 
     let long = call(
         &servers,
@@ -284,6 +305,7 @@ async fn a_server_printing_garbage_is_a_handshake_error() {
         .expect_err("garbage must fail");
     assert_eq!(e.code(), "mcp.handshake", "{e}");
     assert_eq!(e.server(), "noisy");
+    assert!(e.to_string().contains("stderr: oops"), "{e}");
 
     // Keeps running after the garbage: the startup limit ends the wait.
     let cmd = script(dir.path(), "echo '{not json'\nexec sleep 30");
@@ -370,5 +392,60 @@ async fn a_server_killed_mid_run_is_restarted_on_the_next_call() {
     assert_eq!(echo, Ok(json!("Echo: again")));
     let second_pid = std::fs::read_to_string(&pidfile).unwrap_or_default();
     assert_ne!(second_pid.trim(), first_pid, "a new process answered");
+    servers.shutdown().await;
+}
+
+#[tokio::test]
+async fn the_mcp_files_example_goal_starts_its_server_and_its_calls_work() {
+    let Some(npm) = npm() else { return };
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let root = dir.path().canonicalize().unwrap_or_else(|e| panic!("{e}"));
+    let npm_root = npm.parent().map(|p| p.to_path_buf()).unwrap_or_default();
+    // SAFETY: only this test reads these variables, and it sets them before starting anything.
+    unsafe {
+        std::env::set_var("DAGLOOP_MCP_NPM", &npm_root);
+        std::env::set_var("DAGLOOP_MCP_FILES_DIR", &root);
+    }
+    let goal = dagloop::goal::Goal::load("examples/mcp-files/goal.json".as_ref())
+        .unwrap_or_else(|e| panic!("{e}"));
+    let (tools, activities, servers) = dagloop::tools::mcp::start_for_goal(&goal, None)
+        .await
+        .unwrap_or_else(|e| panic!("{}: {e}", e.code()));
+    let write = tools.iter().find(|t| t.name == "write_file");
+    assert_eq!(
+        write.and_then(|t| t.approval),
+        Some(ToolApproval::Never),
+        "the goal's override wins over destructiveHint"
+    );
+    let mut registry = dagloop::tools::Registry::new();
+    for (name, activity) in activities {
+        registry.register(name, activity);
+    }
+    let run = |name: &str, params: Value| {
+        let tool = tools.iter().find(|t| t.name == name).cloned();
+        let tool = tool.unwrap_or_else(|| panic!("no tool {name}"));
+        let mut c = Call::new(name);
+        if let Value::Object(m) = params {
+            c.params = m;
+        }
+        registry.run(&tool, c, serde_json::Map::new())
+    };
+    let wrote = run(
+        "write_file",
+        json!({"path": "notes.txt", "content": "oat milk"}),
+    )
+    .await;
+    assert!(wrote.is_ok(), "{wrote:?}");
+    let note = run("read_text_file", json!({"path": "notes.txt"})).await;
+    // The example's output reads †state.note.content and †state.listing.content.
+    assert_eq!(note.map(|o| o.value), Ok(json!({"content": "oat milk"})));
+    let listing = run("list_directory", json!({"path": "."})).await;
+    let listing = listing.map(|o| o.value).unwrap_or_else(|e| panic!("{e}"));
+    assert!(
+        listing["content"]
+            .as_str()
+            .is_some_and(|s| s.contains("notes.txt")),
+        "{listing}"
+    );
     servers.shutdown().await;
 }
