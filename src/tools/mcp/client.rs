@@ -7,9 +7,10 @@ use std::time::Duration;
 
 use rmcp::ServiceExt;
 use rmcp::model::{
-    CallToolRequest, CallToolRequestParams, ClientRequest, ProgressNotificationParam, ServerResult,
+    CallToolRequest, CallToolRequestParams, CancelledNotification, CancelledNotificationParam,
+    ClientRequest, ProgressNotificationParam, RequestId, ServerResult,
 };
-use rmcp::service::{NotificationContext, PeerRequestOptions, RoleClient, RunningService};
+use rmcp::service::{NotificationContext, Peer, PeerRequestOptions, RoleClient, RunningService};
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
 use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess};
 use serde_json::{Map, Value, json};
@@ -72,6 +73,30 @@ impl rmcp::ClientHandler for Handler {
 }
 
 type Service = RunningService<RoleClient, Handler>;
+
+/// Tells the server to stop a request whose caller went away (the engine dropped the call's
+/// future: run cancelled, run timeout). Disarmed once the answer arrived.
+struct CancelOnDrop {
+    peer: Peer<RoleClient>,
+    id: Option<RequestId>,
+}
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        let Some(id) = self.id.take() else { return };
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let peer = self.peer.clone();
+        rt.spawn(async move {
+            let n = CancelledNotification::new(CancelledNotificationParam::new(
+                Some(id),
+                Some("the dagloop call was cancelled".into()),
+            ));
+            let _ = peer.send_notification(n.into()).await;
+        });
+    }
+}
 
 /// One configured server and its current connection (None after it died).
 struct Server {
@@ -182,10 +207,10 @@ impl Server {
     /// The live connection, (re)starting the server when it is not running.
     async fn live(&self) -> Result<Arc<Service>, McpError> {
         let mut guard = self.live.lock().await;
-        if let Some(s) = guard.as_ref() {
-            if !s.is_closed() {
-                return Ok(s.clone());
-            }
+        if let Some(s) = guard.as_ref()
+            && !s.is_closed()
+        {
+            return Ok(s.clone());
         }
         *guard = None;
         let s = Arc::new(connect(&self.config, self.handler.clone()).await?);
@@ -238,7 +263,12 @@ impl Server {
         if let Ok(mut c) = self.handler.calls.lock() {
             c.insert(key.clone(), tool.to_string());
         }
+        let mut guard = CancelOnDrop {
+            peer: handle.peer.clone(),
+            id: Some(handle.id.clone()),
+        };
         let answer = handle.await_response().await;
+        guard.id = None;
         if let Ok(mut c) = self.handler.calls.lock() {
             c.remove(&key);
         }

@@ -108,7 +108,7 @@ impl McpServerConfig {
         }
     }
 
-    fn from_env(&self) -> &[String] {
+    fn env_allowed(&self) -> &[String] {
         match self {
             McpServerConfig::Stdio(s) => &s.from_env,
             McpServerConfig::Http(h) => &h.from_env,
@@ -118,7 +118,7 @@ impl McpServerConfig {
     /// Replaces every `${VAR}` in `value` by the environment variable, refusing variables the
     /// config does not list in `from_env` and listed ones that are unset.
     pub fn expand(&self, value: &str) -> Result<String, McpError> {
-        expand_with(self.name(), value, self.from_env(), |k| {
+        expand_with(self.name(), value, self.env_allowed(), |k| {
             std::env::var(k).ok()
         })
     }
