@@ -162,20 +162,26 @@ async fn everything_over_stdio() {
 }
 
 #[tokio::test]
-async fn unknown_tools_come_back_as_errors() {
+async fn clashing_names_get_the_server_prefix() {
     let Some(npm) = npm() else { return };
-    // Two servers listing the same tools: every clashing name gets the server prefix, and a
-    // call to a tool the server does not list fails.
+    // Two servers listing the same tools, one of them also named by a goal tool: every clashing
+    // name gets the server prefix.
     let a = McpServerConfig::Stdio(everything(&npm));
     let mut b = everything(&npm);
     b.name = "other".into();
-    let servers = McpServers::start(&[a, McpServerConfig::Stdio(b)])
+    let reserved = ["get-sum".to_string()];
+    let servers = McpServers::start_with(&[a, McpServerConfig::Stdio(b)], &reserved, None)
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     let names: Vec<String> = servers.tools().into_iter().map(|(t, _)| t.name).collect();
     assert!(names.contains(&"everything__echo".to_string()), "{names:?}");
     assert!(names.contains(&"other__echo".to_string()));
     assert!(!names.contains(&"echo".to_string()));
+    assert!(
+        names.contains(&"everything__get-sum".to_string()),
+        "a goal tool's name is taken"
+    );
+    assert!(!names.contains(&"get-sum".to_string()));
     let ok = call(&servers, "other__echo", json!({"message": "x"})).await;
     assert_eq!(ok, Ok(json!("Echo: x")));
     servers.shutdown().await;
