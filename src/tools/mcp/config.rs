@@ -153,10 +153,28 @@ impl McpServerConfig {
             {
                 Err(bad(format!("`url` must be http(s), got `{}`", h.url)))
             }
+            McpServerConfig::Http(h) => match h
+                .headers
+                .keys()
+                .find(|k| RESERVED_HEADERS.iter().any(|r| k.eq_ignore_ascii_case(r)))
+            {
+                Some(k) => Err(bad(format!(
+                    "header `{k}` is set by the MCP transport itself"
+                ))),
+                None => Ok(()),
+            },
             _ => Ok(()),
         }
     }
 }
+
+/// Headers the streamable HTTP transport sets itself.
+const RESERVED_HEADERS: &[&str] = &[
+    "accept",
+    "mcp-session-id",
+    "mcp-protocol-version",
+    "last-event-id",
+];
 
 fn expand_with(
     server: &str,
@@ -209,6 +227,23 @@ mod tests {
             serde_json::json!({"name": "x", "command": "y", "colour": "red"}),
         );
         assert!(bad.is_err());
+    }
+
+    #[test]
+    fn transport_headers_and_bad_urls_are_refused() {
+        let h = |url: &str, header: &str| {
+            McpServerConfig::Http(HttpServer {
+                name: "web".into(),
+                url: url.into(),
+                headers: [(header.to_string(), "x".to_string())].into(),
+                ..HttpServer::default()
+            })
+        };
+        assert!(h("http://127.0.0.1:1/mcp", "Authorization").check().is_ok());
+        let e = h("http://127.0.0.1:1/mcp", "Mcp-Session-Id").check();
+        assert_eq!(e.map_err(|e| e.code()), Err("mcp.config"));
+        let e = h("ftp://x", "A").check();
+        assert_eq!(e.map_err(|e| e.code()), Err("mcp.config"));
     }
 
     #[test]

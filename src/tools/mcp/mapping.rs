@@ -80,3 +80,30 @@ pub(crate) fn error_of(server: &str, tool: &str, value: Value) -> ActivityError 
         details: json!({"code": "mcp.tool_error", "server": server, "tool": tool, "result": value}),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rmcp::model::{CallToolResult, ContentBlock};
+
+    #[test]
+    fn structured_content_wins_then_text_then_raw_content() {
+        let structured = CallToolResult::structured(json!({"t": 21}));
+        assert_eq!(result_value(&structured), json!({"t": 21}));
+        let texts = CallToolResult::success(vec![ContentBlock::text("a"), ContentBlock::text("b")]);
+        assert_eq!(result_value(&texts), json!("a\nb"));
+        let json_text = CallToolResult::success(vec![ContentBlock::text("{\"ok\": true}")]);
+        assert_eq!(result_value(&json_text), json!({"ok": true}));
+        let number_text = CallToolResult::success(vec![ContentBlock::text("42")]);
+        assert_eq!(
+            result_value(&number_text),
+            json!("42"),
+            "only objects and arrays are parsed"
+        );
+        let image = CallToolResult::success(vec![ContentBlock::image("AAAA", "image/png")]);
+        assert_eq!(result_value(&image)[0]["mimeType"], json!("image/png"));
+        let e = error_of("s", "t", json!("boom"));
+        assert_eq!(e.code(), "activity.failed");
+        assert_eq!(e.to_value()["details"]["code"], json!("mcp.tool_error"));
+    }
+}
