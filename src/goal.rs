@@ -180,6 +180,19 @@ impl Goal {
                 Tool::from_value(t.clone()).map_err(|e| invalid(format!("tools[{i}]: {e}")))?;
             }
         }
+        if let Some(servers) = value.get("mcp_servers").and_then(Value::as_array) {
+            let mut names = BTreeSet::new();
+            for (i, s) in servers.iter().enumerate() {
+                let c = crate::tools::mcp::McpServerConfig::from_value(s.clone())
+                    .map_err(|e| invalid(format!("mcp_servers[{i}]: {e}")))?;
+                if !names.insert(c.name().to_string()) {
+                    return Err(invalid(format!(
+                        "mcp_servers[{i}]: two MCP servers are named `{}`",
+                        c.name()
+                    )));
+                }
+            }
+        }
         let mut goal: Goal = serde_json::from_value(value).map_err(|e| invalid(e.to_string()))?;
         goal.base_dir = base_dir;
         goal.check(origin)?;

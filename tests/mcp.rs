@@ -455,3 +455,36 @@ async fn the_mcp_files_example_goal_starts_its_server_and_its_calls_work() {
     );
     servers.shutdown().await;
 }
+
+#[test]
+fn goal_files_with_bad_mcp_servers_are_invalid() {
+    let goal = |servers: Value| {
+        let text = json!({"goal": "g", "output_schema": {}, "mcp_servers": servers}).to_string();
+        dagloop::goal::Goal::from_json(&text, "g.json".as_ref(), PathBuf::new())
+    };
+    let ok =
+        goal(json!([{"name": "fs", "command": "srv"}, {"name": "web", "url": "http://h/mcp"}]));
+    assert_eq!(
+        ok.map(|g| g.mcp_servers.len()).map_err(|e| e.to_string()),
+        Ok(2)
+    );
+    for (servers, needle) in [
+        (
+            json!([{"name": "fs", "command": "srv", "argz": []}]),
+            "argz",
+        ),
+        (
+            json!([{"name": "fs", "url": "http://h", "command": "x"}]),
+            "command",
+        ),
+        (json!([{"name": "a b", "command": "srv"}]), "server name"),
+        (
+            json!([{"name": "fs", "command": "a"}, {"name": "fs", "command": "b"}]),
+            "two MCP",
+        ),
+    ] {
+        let e = goal(servers).expect_err("must be refused");
+        assert_eq!(e.code(), "goal.invalid");
+        assert!(e.to_string().contains(needle), "{e}");
+    }
+}

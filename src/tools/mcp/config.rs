@@ -74,6 +74,27 @@ pub struct HttpServer {
 }
 
 impl McpServerConfig {
+    /// Parses one server config with a precise message (an object with `url` is an HTTP server,
+    /// any other a stdio server) and [`check`](Self::check)s it.
+    pub fn from_value(v: serde_json::Value) -> Result<McpServerConfig, McpError> {
+        let server = v
+            .get("name")
+            .and_then(serde_json::Value::as_str)
+            .unwrap_or("?")
+            .to_string();
+        let parsed = if v.get("url").is_some() {
+            serde_json::from_value(v).map(McpServerConfig::Http)
+        } else {
+            serde_json::from_value(v).map(McpServerConfig::Stdio)
+        };
+        let config = parsed.map_err(|e| McpError::Config {
+            server,
+            reason: e.to_string(),
+        })?;
+        config.check()?;
+        Ok(config)
+    }
+
     /// The server's name.
     pub fn name(&self) -> &str {
         match self {
@@ -227,6 +248,12 @@ mod tests {
             serde_json::json!({"name": "x", "command": "y", "colour": "red"}),
         );
         assert!(bad.is_err());
+        let e = McpServerConfig::from_value(
+            serde_json::json!({"name": "x", "command": "y", "colour": "red"}),
+        )
+        .unwrap_err();
+        assert_eq!(e.code(), "mcp.config");
+        assert!(e.to_string().contains("colour"), "{e}");
     }
 
     #[test]
