@@ -132,6 +132,9 @@ pub struct Goal {
     /// `tools` (native tool calls). `dagloop run --mode` overrides it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mode: Option<crate::llm::Mode>,
+    /// MCP servers whose tools join `tools` (see `tools::mcp`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mcp_servers: Vec<crate::tools::mcp::McpServerConfig>,
     /// Approval policy (see `approval::Policy`); absent means run everything.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub approval: Option<Value>,
@@ -225,6 +228,19 @@ impl Goal {
         if let Some(tools) = value.get("tools").and_then(Value::as_array) {
             for (i, t) in tools.iter().enumerate() {
                 Tool::from_value(t.clone()).map_err(|e| invalid(format!("tools[{i}]: {e}")))?;
+            }
+        }
+        if let Some(servers) = value.get("mcp_servers").and_then(Value::as_array) {
+            let mut names = BTreeSet::new();
+            for (i, s) in servers.iter().enumerate() {
+                let c = crate::tools::mcp::McpServerConfig::from_value(s.clone())
+                    .map_err(|e| invalid(format!("mcp_servers[{i}]: {e}")))?;
+                if !names.insert(c.name().to_string()) {
+                    return Err(invalid(format!(
+                        "mcp_servers[{i}]: two MCP servers are named `{}`",
+                        c.name()
+                    )));
+                }
             }
         }
         let mut goal: Goal =

@@ -161,6 +161,8 @@ pub(super) async fn run(
     };
     let policy = policy_for(&goal, opts.approve.as_deref())?;
     let record_goal = serde_json::to_value(&goal).unwrap_or(Value::Null);
+    // MCP servers start before anything runs; a server that cannot start is an error now.
+    let mcp = start_mcp(&goal).await?;
     let base_dir = goal.base_dir.display().to_string();
     let cancel = CancellationToken::new();
     let interactive = std::io::stdin().is_terminal() && !display.detach;
@@ -205,6 +207,19 @@ pub(super) async fn run(
     if let Some(id) = &run_id {
         builder = builder.run_id(id.clone());
     }
+    let _servers = match mcp {
+        Some((tools, activities, servers)) => {
+            let mut acts: std::collections::BTreeMap<String, Arc<dyn crate::tools::Activity>> =
+                activities.into_iter().collect();
+            for t in tools {
+                if let Some(a) = acts.remove(&t.name) {
+                    builder = builder.tool(t, a);
+                }
+            }
+            Some(servers)
+        }
+        None => None,
+    };
     if let Some(s) = &store {
         builder = builder.journal(crash_hook(s.clone()));
     }
@@ -379,6 +394,41 @@ fn spawn_op_poller(
             tokio::time::sleep(std::time::Duration::from_millis(250)).await;
         }
     })
+}
+
+#[cfg(feature = "mcp")]
+type McpStart = (
+    Vec<crate::protocol::Tool>,
+    Vec<(String, Arc<dyn crate::tools::Activity>)>,
+    crate::tools::mcp::McpServers,
+);
+#[cfg(not(feature = "mcp"))]
+type McpStart = (
+    Vec<crate::protocol::Tool>,
+    Vec<(String, Arc<dyn crate::tools::Activity>)>,
+    (),
+);
+
+#[cfg(feature = "mcp")]
+async fn start_mcp(goal: &Goal) -> Result<Option<McpStart>, CliError> {
+    if goal.mcp_servers.is_empty() {
+        return Ok(None);
+    }
+    crate::tools::mcp::start_for_goal(goal, None)
+        .await
+        .map(Some)
+        .map_err(|e| CliError::new(e.code(), &e))
+}
+
+#[cfg(not(feature = "mcp"))]
+async fn start_mcp(goal: &Goal) -> Result<Option<McpStart>, CliError> {
+    if goal.mcp_servers.is_empty() {
+        return Ok(None);
+    }
+    Err(CliError::new(
+        "cli.feature_disabled",
+        "this goal names MCP servers; build dagloop with the `mcp` feature",
+    ))
 }
 
 /// For crash tests: with `DAGLOOP_CRASH_AFTER_ENTRIES=N`, the process kills itself (SIGKILL)

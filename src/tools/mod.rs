@@ -9,6 +9,7 @@
 
 mod check;
 mod http;
+pub mod mcp;
 mod shell;
 
 use std::collections::BTreeMap;

@@ -1,0 +1,500 @@
+//! Connections to MCP servers (rmcp client): start, list tools, call, restart, shut down.
+
+use std::collections::{BTreeMap, HashMap};
+use std::process::Stdio;
+use std::sync::{Arc, Mutex as StdMutex};
+use std::time::Duration;
+
+use rmcp::ServiceExt;
+use rmcp::model::{
+    CallToolRequest, CallToolRequestParams, CancelledNotification, CancelledNotificationParam,
+    ClientRequest, ProgressNotificationParam, RequestId, ServerResult,
+};
+use rmcp::service::{NotificationContext, Peer, PeerRequestOptions, RoleClient, RunningService};
+use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess};
+use serde_json::{Map, Value, json};
+use tokio::io::AsyncReadExt;
+
+use crate::goal::Goal;
+use crate::protocol::{Call, Tool};
+use crate::tools::{Activity, ActivityError, ActivityFuture};
+
+use super::mapping::{error_of, result_value, to_tool};
+use super::{McpError, McpServerConfig, final_names};
+
+/// One progress notification of a running MCP call.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProgressUpdate {
+    /// The server.
+    pub server: String,
+    /// The MCP tool name.
+    pub tool: String,
+    /// Progress so far.
+    pub progress: f64,
+    /// The total, when the server knows it.
+    pub total: Option<f64>,
+    /// The server's message.
+    pub message: Option<String>,
+}
+
+/// Receives progress notifications (the engine can turn them into events).
+pub type ProgressFn = Arc<dyn Fn(ProgressUpdate) + Send + Sync>;
+
+/// Routes progress notifications to the call that asked for them, by progress token.
+#[derive(Clone, Default)]
+struct Handler {
+    server: String,
+    sink: Option<ProgressFn>,
+    calls: Arc<StdMutex<HashMap<String, String>>>,
+}
+
+impl rmcp::ClientHandler for Handler {
+    fn on_progress(
+        &self,
+        params: ProgressNotificationParam,
+        _context: NotificationContext<RoleClient>,
+    ) -> impl Future<Output = ()> + Send + '_ {
+        if let Some(sink) = &self.sink {
+            let key = serde_json::to_string(&params.progress_token).unwrap_or_default();
+            let tool = self.calls.lock().ok().and_then(|c| c.get(&key).cloned());
+            if let Some(tool) = tool {
+                sink(ProgressUpdate {
+                    server: self.server.clone(),
+                    tool,
+                    progress: params.progress,
+                    total: params.total,
+                    message: params.message,
+                });
+            }
+        }
+        std::future::ready(())
+    }
+}
+
+type Service = RunningService<RoleClient, Handler>;
+
+/// Tells the server to stop a request whose caller went away (the engine dropped the call's
+/// future: run cancelled, run timeout). Disarmed once the answer arrived.
+struct CancelOnDrop {
+    peer: Peer<RoleClient>,
+    id: Option<RequestId>,
+}
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        let Some(id) = self.id.take() else { return };
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let peer = self.peer.clone();
+        rt.spawn(async move {
+            let n = CancelledNotification::new(CancelledNotificationParam::new(
+                Some(id),
+                Some("the dagloop call was cancelled".into()),
+            ));
+            let _ = peer.send_notification(n.into()).await;
+        });
+    }
+}
+
+/// One configured server and its current connection (None after it died).
+struct Server {
+    config: McpServerConfig,
+    handler: Handler,
+    live: tokio::sync::Mutex<Option<Arc<Service>>>,
+}
+
+fn secs(s: f64) -> Duration {
+    Duration::from_secs_f64(s)
+}
+
+/// Starts the server and performs the initialize handshake.
+async fn connect(config: &McpServerConfig, handler: Handler) -> Result<Service, McpError> {
+    config.check()?;
+    let server = config.name().to_string();
+    let limit = config.startup_timeout_s();
+    let timeout = |during: &str| McpError::Timeout {
+        server: server.clone(),
+        seconds: limit,
+        during: during.to_string(),
+    };
+    match config {
+        McpServerConfig::Stdio(s) => {
+            let command = config.expand(&s.command)?;
+            let mut cmd = tokio::process::Command::new(&command);
+            for a in &s.args {
+                cmd.arg(config.expand(a)?);
+            }
+            for (k, v) in &s.env {
+                cmd.env(k, config.expand(v)?);
+            }
+            let (transport, stderr) = TokioChildProcess::builder(cmd)
+                .stderr(Stdio::piped())
+                .spawn()
+                .map_err(|e| McpError::SpawnFailed {
+                    server: server.clone(),
+                    command: command.clone(),
+                    reason: e.to_string(),
+                })?;
+            // Keep the last 2 KiB of the server's stderr for error messages (and never let the
+            // pipe fill up and block the server).
+            let tail = Arc::new(StdMutex::new(Vec::<u8>::new()));
+            if let Some(mut err) = stderr {
+                let tail = tail.clone();
+                tokio::spawn(async move {
+                    let mut buf = [0u8; 1024];
+                    while let Ok(n) = err.read(&mut buf).await {
+                        if n == 0 {
+                            break;
+                        }
+                        if let Ok(mut t) = tail.lock() {
+                            t.extend_from_slice(&buf[..n]);
+                            let excess = t.len().saturating_sub(2048);
+                            t.drain(..excess);
+                        }
+                    }
+                });
+            }
+            match tokio::time::timeout(secs(limit), handler.serve(transport)).await {
+                Err(_) => Err(timeout("initialize handshake")),
+                Ok(Err(e)) => {
+                    // Give the stderr reader a moment to collect the process's last words.
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    let said = tail
+                        .lock()
+                        .map(|t| String::from_utf8_lossy(&t).trim().to_string())
+                        .unwrap_or_default();
+                    let reason = if said.is_empty() {
+                        e.to_string()
+                    } else {
+                        format!("{e}; stderr: {said}")
+                    };
+                    Err(McpError::Handshake { server, reason })
+                }
+                Ok(Ok(service)) => Ok(service),
+            }
+        }
+        McpServerConfig::Http(h) => {
+            let mut headers = HashMap::new();
+            for (k, v) in &h.headers {
+                let bad = |reason: String| McpError::Config {
+                    server: server.clone(),
+                    reason,
+                };
+                let name = reqwest::header::HeaderName::try_from(k.as_str())
+                    .map_err(|e| bad(format!("header `{k}`: {e}")))?;
+                let value = reqwest::header::HeaderValue::try_from(config.expand(v)?)
+                    .map_err(|e| bad(format!("header `{k}`: {e}")))?;
+                headers.insert(name, value);
+            }
+            let cfg = StreamableHttpClientTransportConfig::with_uri(h.url.clone())
+                .custom_headers(headers);
+            let transport = StreamableHttpClientTransport::from_config(cfg);
+            match tokio::time::timeout(secs(limit), handler.serve(transport)).await {
+                Err(_) => Err(timeout("initialize handshake")),
+                Ok(Err(e)) => Err(McpError::Handshake {
+                    server,
+                    reason: e.to_string(),
+                }),
+                Ok(Ok(service)) => Ok(service),
+            }
+        }
+    }
+}
+
+impl Server {
+    /// The live connection, (re)starting the server when it is not running.
+    async fn live(&self) -> Result<Arc<Service>, McpError> {
+        let mut guard = self.live.lock().await;
+        if let Some(s) = guard.as_ref()
+            && !s.is_closed()
+        {
+            return Ok(s.clone());
+        }
+        *guard = None;
+        let s = Arc::new(connect(&self.config, self.handler.clone()).await?);
+        *guard = Some(s.clone());
+        Ok(s)
+    }
+
+    /// Forgets a connection that failed (the next call restarts the server).
+    async fn forget(&self, dead: &Arc<Service>) {
+        let mut guard = self.live.lock().await;
+        if guard.as_ref().is_some_and(|s| Arc::ptr_eq(s, dead)) {
+            *guard = None;
+        }
+        dead.cancellation_token().cancel();
+    }
+
+    async fn call(&self, tool: &str, args: Map<String, Value>) -> Result<Value, ActivityError> {
+        let name = self.config.name().to_string();
+        let failed = |code: &str, message: String| ActivityError::Failed {
+            message,
+            details: json!({"code": code, "server": name, "tool": tool}),
+        };
+        let service = self
+            .live()
+            .await
+            .map_err(|e| failed(e.code(), format!("cannot (re)start: {e}")))?;
+        let mut params = CallToolRequestParams::new(tool.to_string());
+        params.arguments = Some(args);
+        let limit = self.config.call_timeout_s();
+        let mut options = PeerRequestOptions::default();
+        options.timeout = Some(secs(limit));
+        let sent = service
+            .peer()
+            .send_cancellable_request(
+                ClientRequest::CallToolRequest(CallToolRequest::new(params)),
+                options,
+            )
+            .await;
+        let handle = match sent {
+            Ok(h) => h,
+            Err(e) => {
+                self.forget(&service).await;
+                return Err(failed(
+                    "mcp.server_died",
+                    format!("MCP server `{name}` is not running ({e}); the next call restarts it"),
+                ));
+            }
+        };
+        let key = serde_json::to_string(&handle.progress_token).unwrap_or_default();
+        if let Ok(mut c) = self.handler.calls.lock() {
+            c.insert(key.clone(), tool.to_string());
+        }
+        let mut guard = CancelOnDrop {
+            peer: handle.peer.clone(),
+            id: Some(handle.id.clone()),
+        };
+        let answer = handle.await_response().await;
+        guard.id = None;
+        if let Ok(mut c) = self.handler.calls.lock() {
+            c.remove(&key);
+        }
+        use rmcp::service::ServiceError as E;
+        match answer {
+            Ok(ServerResult::CallToolResult(r)) => {
+                let value = result_value(&r);
+                if r.is_error == Some(true) {
+                    Err(error_of(&name, tool, value))
+                } else {
+                    Ok(value)
+                }
+            }
+            Ok(other) => Err(failed(
+                "mcp.unexpected_response",
+                format!("MCP server `{name}` answered tools/call with {other:?}"),
+            )),
+            Err(E::Timeout { .. }) => Err(ActivityError::Timeout { seconds: limit }),
+            Err(E::McpError(e)) => Err(ActivityError::Failed {
+                message: format!("MCP tool `{tool}` on `{name}` failed: {}", e.message),
+                details: json!({"code": "mcp.protocol_error", "server": name, "tool": tool,
+                    "error": serde_json::to_value(&e).unwrap_or(Value::Null)}),
+            }),
+            Err(e @ (E::TransportClosed | E::TransportSend(_))) => {
+                self.forget(&service).await;
+                Err(failed(
+                    "mcp.server_died",
+                    format!(
+                        "MCP server `{name}` stopped during the call ({e}); the next call restarts it"
+                    ),
+                ))
+            }
+            Err(e) => Err(failed(
+                "mcp.call_failed",
+                format!("MCP server `{name}`: {e}"),
+            )),
+        }
+    }
+
+    async fn shutdown(&self) {
+        if let Some(s) = self.live.lock().await.take() {
+            match Arc::try_unwrap(s) {
+                Ok(service) => {
+                    let _ = service.cancel().await;
+                }
+                Err(shared) => shared.cancellation_token().cancel(),
+            }
+        }
+    }
+}
+
+/// Calls one MCP tool.
+struct McpActivity {
+    server: Arc<Server>,
+    tool: String,
+}
+
+impl Activity for McpActivity {
+    fn run(&self, _tool: &Tool, call: Call) -> ActivityFuture {
+        let server = self.server.clone();
+        let tool = self.tool.clone();
+        Box::pin(async move { server.call(&tool, call.params).await.map(Into::into) })
+    }
+}
+
+/// Running MCP servers and the tools they offer. Dropping it stops the servers too.
+pub struct McpServers {
+    servers: Vec<Arc<Server>>,
+    tools: Vec<(Tool, Arc<dyn Activity>)>,
+}
+
+impl std::fmt::Debug for McpServers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("McpServers")
+            .field(
+                "servers",
+                &self
+                    .servers
+                    .iter()
+                    .map(|s| s.config.name())
+                    .collect::<Vec<_>>(),
+            )
+            .field(
+                "tools",
+                &self.tools.iter().map(|(t, _)| &t.name).collect::<Vec<_>>(),
+            )
+            .finish()
+    }
+}
+
+impl McpServers {
+    /// Starts every server, performs the handshake and lists its tools. Tool names are
+    /// prefixed only when two servers list the same name.
+    pub async fn start(configs: &[McpServerConfig]) -> Result<McpServers, McpError> {
+        McpServers::start_with(configs, &[], None).await
+    }
+
+    /// [`McpServers::start`], also prefixing MCP tools whose names are in `reserved` (the
+    /// goal's own tools) and sending progress notifications to `progress`.
+    pub async fn start_with(
+        configs: &[McpServerConfig],
+        reserved: &[String],
+        progress: Option<ProgressFn>,
+    ) -> Result<McpServers, McpError> {
+        let mut seen = BTreeMap::new();
+        for c in configs {
+            c.check()?;
+            if seen.insert(c.name().to_string(), ()).is_some() {
+                return Err(McpError::DuplicateServer {
+                    server: c.name().to_string(),
+                });
+            }
+        }
+        let servers: Vec<Arc<Server>> = configs
+            .iter()
+            .map(|c| {
+                Arc::new(Server {
+                    config: c.clone(),
+                    handler: Handler {
+                        server: c.name().to_string(),
+                        sink: progress.clone(),
+                        calls: Arc::default(),
+                    },
+                    live: tokio::sync::Mutex::new(None),
+                })
+            })
+            .collect();
+        let mut out = McpServers {
+            servers,
+            tools: Vec::new(),
+        };
+        // Start every server at once; report the first failure in config order.
+        let listed = futures::future::join_all(out.servers.iter().map(|s| async move {
+            let service = s.live().await?;
+            let limit = s.config.startup_timeout_s();
+            match tokio::time::timeout(secs(limit), service.peer().list_all_tools()).await {
+                Err(_) => Err(McpError::Timeout {
+                    server: s.config.name().to_string(),
+                    seconds: limit,
+                    during: "tools/list".into(),
+                }),
+                Ok(Err(e)) => Err(McpError::ListTools {
+                    server: s.config.name().to_string(),
+                    reason: e.to_string(),
+                }),
+                Ok(Ok(tools)) => Ok(tools),
+            }
+        }))
+        .await;
+        let mut all = Vec::new();
+        for (server, tools) in out.servers.iter().zip(listed) {
+            for t in tools? {
+                all.push((server.clone(), t));
+            }
+        }
+        let pairs: Vec<(String, String)> = all
+            .iter()
+            .map(|(s, t)| (s.config.name().to_string(), t.name.to_string()))
+            .collect();
+        let names = final_names(&pairs, reserved);
+        let mut taken: Vec<&String> = reserved.iter().collect();
+        for (name, (server, t)) in names.iter().zip(&all) {
+            if taken.contains(&name) {
+                return Err(McpError::ToolClash {
+                    server: server.config.name().to_string(),
+                    tool: name.clone(),
+                });
+            }
+            taken.push(name);
+            let activity: Arc<dyn Activity> = Arc::new(McpActivity {
+                server: server.clone(),
+                tool: t.name.to_string(),
+            });
+            out.tools.push((to_tool(name, &server.config, t), activity));
+        }
+        Ok(out)
+    }
+
+    /// Calls a tool of a server directly, by its MCP name (what every tool's activity does).
+    pub async fn call(
+        &self,
+        server: &str,
+        tool: &str,
+        args: Map<String, Value>,
+    ) -> Result<Value, ActivityError> {
+        match self.servers.iter().find(|s| s.config.name() == server) {
+            Some(s) => s.call(tool, args).await,
+            None => Err(ActivityError::Unknown {
+                tool: tool.to_string(),
+                activity: format!("mcp server `{server}`"),
+            }),
+        }
+    }
+
+    /// Every tool with the activity that calls it.
+    pub fn tools(&self) -> Vec<(Tool, Arc<dyn Activity>)> {
+        self.tools.clone()
+    }
+
+    /// Stops every server cleanly (stdio servers: their stdin is closed and the process is
+    /// killed if it does not exit). Dropping [`McpServers`] stops them too, without waiting.
+    pub async fn shutdown(self) {
+        let servers = self.servers.clone();
+        drop(self);
+        for s in servers {
+            s.shutdown().await;
+        }
+    }
+}
+
+/// What the builder calls for a goal with `mcp_servers`: starts the servers (prefixing MCP tool
+/// names that clash with the goal's tools) and returns the tools to add to the goal's tool list,
+/// the `(name, activity)` pairs for `Registry::register`, and the servers (keep them alive for
+/// the run; drop or [`McpServers::shutdown`] after it).
+#[allow(clippy::type_complexity)]
+pub async fn start_for_goal(
+    goal: &Goal,
+    progress: Option<ProgressFn>,
+) -> Result<(Vec<Tool>, Vec<(String, Arc<dyn Activity>)>, McpServers), McpError> {
+    let reserved: Vec<String> = goal.tools.iter().map(|t| t.name.clone()).collect();
+    let servers = McpServers::start_with(&goal.mcp_servers, &reserved, progress).await?;
+    let tools = servers.tools.iter().map(|(t, _)| t.clone()).collect();
+    let activities = servers
+        .tools
+        .iter()
+        .map(|(t, a)| (t.name.clone(), a.clone()))
+        .collect();
+    Ok((tools, activities, servers))
+}
