@@ -15,29 +15,45 @@ use axum::routing::post;
 use serde_json::{Value, json};
 
 type Counts = Arc<Mutex<BTreeMap<u64, u64>>>;
+type Keys = Arc<Mutex<BTreeMap<u64, Vec<String>>>>;
 
 /// A service that counts how many times each `n` was executed.
 async fn counting_service() -> (String, Counts) {
+    let (url, counts, _) = keyed_service().await;
+    (url, counts)
+}
+
+/// The counting service, also recording each request's `Idempotency-Key` by `n`.
+async fn keyed_service() -> (String, Counts, Keys) {
     let counts: Counts = Arc::default();
+    let keys: Keys = Arc::default();
     let app = axum::Router::new()
         .route(
             "/step",
             post(
-                |State(c): State<Counts>, Json(body): Json<Value>| async move {
+                |State((c, k)): State<(Counts, Keys)>,
+                 headers: axum::http::HeaderMap,
+                 Json(body): Json<Value>| async move {
                     tokio::time::sleep(Duration::from_millis(15)).await;
                     let n = body["n"].as_u64().unwrap_or(0);
+                    let key = headers
+                        .get("idempotency-key")
+                        .and_then(|v| v.to_str().ok())
+                        .unwrap_or("")
+                        .to_string();
+                    k.lock().expect("keys").entry(n).or_default().push(key);
                     *c.lock().expect("counts").entry(n).or_default() += 1;
                     Json(json!({"n": n, "v": n * 10}))
                 },
             ),
         )
-        .with_state(counts.clone());
+        .with_state((counts.clone(), keys.clone()));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");
     let url = format!("http://{}/step", listener.local_addr().expect("addr"));
     tokio::spawn(async move { axum::serve(listener, app).await });
-    (url, counts)
+    (url, counts, keys)
 }
 
 fn write_goal(dir: &Path, url: &str, approve: Option<&str>) -> PathBuf {
@@ -116,7 +132,7 @@ fn completed(store: &Path, run: &str) -> Vec<u64> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_run_killed_after_any_journal_entry_resumes_to_the_same_result() {
-    let (url, counts) = counting_service().await;
+    let (url, counts, keys) = keyed_service().await;
     let dir = tempfile::tempdir().expect("dir");
     let goal = write_goal(dir.path(), &url, None);
     let base_store = dir.path().join("base.db");
@@ -145,6 +161,7 @@ async fn a_run_killed_after_any_journal_entry_resumes_to_the_same_result() {
     let mut crashed = 0;
     for n in 1..entries {
         counts.lock().expect("counts").clear();
+        keys.lock().expect("keys").clear();
         let store = dir.path().join(format!("crash-{n}.db"));
         let out = dagloop(&store)
             .env("DAGLOOP_CRASH_AFTER_ENTRIES", n.to_string())

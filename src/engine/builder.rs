@@ -317,12 +317,15 @@ impl AgentBuilder {
         if asks && self.approver.is_none() && !self.external_review {
             return Err(AgentError::NoApprover);
         }
+        let run_id = self.run_id.take().unwrap_or_else(new_run_id);
         let executor = match self.executor.take() {
             Some(e) => e,
             None => {
                 let mut registry = self.registry.clone();
                 registry.set_delegate_runner(Arc::new(TooDeep));
-                Arc::new(RegistryExecutor::new(registry, self.hooks.clone()))
+                Arc::new(
+                    RegistryExecutor::new(registry, self.hooks.clone()).with_run_id(run_id.clone()),
+                )
             }
         };
         Ok(Agent {
@@ -336,7 +339,7 @@ impl AgentBuilder {
             tools,
             journal: self.journal,
             clock: self.clock.unwrap_or_else(system_clock),
-            run_id: self.run_id.unwrap_or_else(new_run_id),
+            run_id,
             cancel: self.cancel,
             event_capacity: self.event_capacity,
         })

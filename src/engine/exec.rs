@@ -33,17 +33,28 @@ pub struct Hooks {
 pub struct RegistryExecutor {
     registry: Registry,
     hooks: Hooks,
+    run_id: Option<String>,
 }
 
 impl RegistryExecutor {
     /// Runs calls through `registry`, calling `hooks` around each.
     pub fn new(registry: Registry, hooks: Hooks) -> Self {
-        RegistryExecutor { registry, hooks }
+        RegistryExecutor {
+            registry,
+            hooks,
+            run_id: None,
+        }
+    }
+
+    /// Calls of `"_idempotent": true` tools carry the key `RUN:CALL` (builder style).
+    pub fn with_run_id(mut self, run_id: impl Into<String>) -> Self {
+        self.run_id = Some(run_id.into());
+        self
     }
 }
 
 impl Executor for RegistryExecutor {
-    fn execute(&self, _id: CallId, tool: &Tool, call: Call) -> BoxFuture<'static, Outcome> {
+    fn execute(&self, id: CallId, tool: &Tool, call: Call) -> BoxFuture<'static, Outcome> {
         let hooks = self.hooks.clone();
         let tool = tool.clone();
         if let Some(before) = &hooks.before_tool
@@ -59,7 +70,14 @@ impl Executor for RegistryExecutor {
             }
             return async move { outcome }.boxed();
         }
-        let fut = self.registry.run(&tool, call.clone(), Map::new());
+        let key = self
+            .run_id
+            .as_ref()
+            .filter(|_| crate::scheduler::is_idempotent(&tool))
+            .map(|run| format!("{run}:{}", id.0));
+        let fut = self
+            .registry
+            .run_keyed(&tool, call.clone(), Map::new(), key.as_deref());
         async move {
             let outcome = match fut.await {
                 Ok(out) => {

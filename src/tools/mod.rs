@@ -248,6 +248,19 @@ impl Registry {
     /// Runs a call: a registered activity first, then the tool's `_activity` built-in.
     /// `scoped` is the parent context for delegates.
     pub fn run(&self, tool: &Tool, call: Call, scoped: Map<String, Value>) -> ActivityFuture {
+        self.run_keyed(tool, call, scoped, None)
+    }
+
+    /// Like [`Registry::run`], with an idempotency key: the same for every attempt at one call
+    /// (the engine uses run id + call id for tools declared `"_idempotent": true`); the `http`
+    /// activity sends it as the `Idempotency-Key` header.
+    pub fn run_keyed(
+        &self,
+        tool: &Tool,
+        call: Call,
+        scoped: Map<String, Value>,
+        key: Option<&str>,
+    ) -> ActivityFuture {
         if let Some(a) = self.by_name.get(&tool.name) {
             return a.run(tool, call);
         }
@@ -261,7 +274,12 @@ impl Registry {
         let err = |e: ActivityError| -> ActivityFuture { Box::pin(async move { Err(e) }) };
         match kind.as_str() {
             "http" => match HttpConfig::from_tool(tool) {
-                Ok(cfg) => self.http.run(cfg, tool.name.clone(), call.params),
+                Ok(mut cfg) => {
+                    if let Some(k) = key {
+                        cfg.headers.insert("Idempotency-Key".into(), k.to_string());
+                    }
+                    self.http.run(cfg, tool.name.clone(), call.params)
+                }
                 Err(e) => err(e),
             },
             "shell" if !self.shell_enabled => err(ActivityError::ShellDisabled {
