@@ -105,7 +105,7 @@ fn main() {
         println!("{}", json!({"workload": "fanout0_store", "n": n, "makespan_ms_store_off": (off * 1000.0).round() / 1000.0,
             "makespan_ms_store_on": (on * 1000.0).round() / 1000.0, "ratio": ((on / off) * 1000.0).round() / 1000.0}));
         // Rebuilding a big run.
-        let (_, id) = fan_out(4000, Some(store.clone())).await;
+        let (_, id) = fan_out(5000, Some(store.clone())).await;
         let _ = last;
         let t0 = Instant::now();
         let stored = store.load(&id).expect("load");

@@ -387,3 +387,34 @@ async fn openai_provider_reports_an_unreachable_server_as_a_model_error() {
     assert_eq!(r["error"]["code"], "run.model_error");
     assert_eq!(r["error"]["cause"]["code"], "llm.transport");
 }
+
+#[tokio::test]
+async fn a_scripted_model_file_may_carry_its_decisions_and_quiet_keeps_stderr_clean() {
+    let tools = ToolServer::start().await;
+    let ws = probe(&tools, "ping_then_answer.script.json", |_| {});
+    // Put the decisions into the workspace's copy of the scripted-model file.
+    let script_path = ws.goal.with_file_name("ping_then_answer.script.json");
+    let mut script: Value =
+        serde_json::from_str(&std::fs::read_to_string(&script_path).expect("script"))
+            .expect("json");
+    script["decisions"] = json!([{"tool": "ping", "decision": "reject", "reason": "scripted no"}]);
+    std::fs::write(&script_path, script.to_string()).expect("write");
+    let run = dagloop([
+        OsStr::new("run"),
+        ws.goal.as_os_str(),
+        OsStr::new("--approve"),
+        OsStr::new("ask"),
+        OsStr::new("--quiet"),
+    ])
+    .await;
+    assert_eq!(run.code, 0, "{}\n{}", run.stdout, run.stderr);
+    let r = run.json();
+    assert_eq!(call_statuses(&r), ["rejected"]);
+    assert_eq!(r["calls"][0]["decision"], "reject");
+    assert_eq!(tools.hits("/ping"), 0);
+    assert!(
+        !run.stderr.contains("[dagloop]"),
+        "--quiet prints no progress: {}",
+        run.stderr
+    );
+}

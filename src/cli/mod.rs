@@ -140,6 +140,9 @@ pub enum Command {
         /// Print only the result JSON.
         #[arg(long)]
         json: bool,
+        /// No progress lines on stderr (the result and errors still print).
+        #[arg(long, short)]
+        quiet: bool,
         /// Write every event as a JSON line to this file.
         #[arg(long)]
         events: Option<PathBuf>,
@@ -175,6 +178,9 @@ pub enum Command {
         /// Print only the result JSON.
         #[arg(long)]
         json: bool,
+        /// No progress lines on stderr (the result and errors still print).
+        #[arg(long, short)]
+        quiet: bool,
         /// Write every event (from the run's start) as a JSON line to this file.
         #[arg(long)]
         events: Option<PathBuf>,
@@ -325,6 +331,7 @@ pub async fn main(cli: Cli) -> i32 {
             model,
             approve,
             json,
+            quiet,
             events,
             allow_shell,
             detach,
@@ -340,6 +347,7 @@ pub async fn main(cli: Cli) -> i32 {
             };
             let display = run::Display {
                 json_only: json,
+                quiet,
                 events,
                 detach,
                 decisions,
@@ -355,6 +363,7 @@ pub async fn main(cli: Cli) -> i32 {
             model,
             approve,
             json,
+            quiet,
             events,
             allow_shell,
             detach,
@@ -364,6 +373,7 @@ pub async fn main(cli: Cli) -> i32 {
         } => {
             let display = run::Display {
                 json_only: json,
+                quiet,
                 events,
                 detach,
                 decisions,

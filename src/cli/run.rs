@@ -39,6 +39,8 @@ pub(super) fn mode_name(m: super::ModeArg) -> String {
 /// What the front-end does around the run (not recorded).
 pub(super) struct Display {
     pub json_only: bool,
+    /// No progress lines (the result and errors still print).
+    pub quiet: bool,
     pub events: Option<PathBuf>,
     pub detach: bool,
     /// Decisions given up front (`--decisions FILE`).
@@ -57,10 +59,22 @@ fn may_ask(policy: &Policy, goal: &Goal) -> bool {
             .any(|t| t.approval == Some(crate::protocol::ToolApproval::Always))
 }
 
+/// The scripted-model file a run uses, when it names one (`--model scripted:PATH`, else the
+/// goal's `model`), if that file carries a `decisions` list.
+fn scripted_decisions(goal: &Goal, model: Option<&str>) -> Option<PathBuf> {
+    let path = match model {
+        Some(m) => PathBuf::from(m.strip_prefix("scripted:")?),
+        None => goal.resolve_path(goal.model.as_deref()?.strip_prefix("scripted:")?),
+    };
+    let text = std::fs::read_to_string(&path).ok()?;
+    let v: Value = serde_json::from_str(&text).ok()?;
+    v.get("decisions").is_some().then_some(path)
+}
+
 /// `{"decisions": [{"tool": NAME} or {"call": ID}, plus a protocol Decision]}`.
 fn load_decisions(path: &FsPath) -> Result<crate::approval::ScriptedApprover, CliError> {
+    // A decisions file, or a scripted-model file carrying the same list beside its turns.
     #[derive(serde::Deserialize)]
-    #[serde(deny_unknown_fields)]
     struct File {
         decisions: Vec<Value>,
     }
@@ -172,10 +186,15 @@ pub(super) async fn run(
         .map(|t| (t.name.clone(), t.clone()))
         .collect();
     let asks = may_ask(&policy, &goal);
+    let decisions = match &display.decisions {
+        Some(p) => Some(p.clone()),
+        None if !interactive => scripted_decisions(&goal, opts.model.as_deref()),
+        None => None,
+    };
     let mut builder = AgentBuilder::new(goal)
         .policy(policy)
         .cancel_token(cancel.clone());
-    builder = if let Some(path) = &display.decisions {
+    builder = if let Some(path) = &decisions {
         builder.approver(Arc::new(load_decisions(path)?))
     } else if display.detach || interactive || !asks {
         builder.external_review()
@@ -277,9 +296,9 @@ pub(super) async fn run(
     let writer = events_out.map(|file| spawn_writer(&handle, file));
     let ops = store.clone().map(|s| spawn_op_poller(&handle, s));
     let screen = Arc::new(review::Screen::default());
-    let reviewer = (interactive && display.decisions.is_none() && asks)
+    let reviewer = (interactive && decisions.is_none() && asks)
         .then(|| tokio::spawn(review::serve(handle.clone(), tools, screen.clone())));
-    let progress = (!display.json_only).then(|| {
+    let progress = (!display.json_only && !display.quiet).then(|| {
         tokio::spawn(progress::show(
             handle.subscribe_from(0),
             std::io::stderr().is_terminal(),

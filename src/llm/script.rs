@@ -62,6 +62,10 @@ struct RawScript {
     _schema: Option<Value>,
     #[serde(default, rename = "description")]
     _description: Option<Value>,
+    /// Reviewer decisions for a self-contained scripted example (read by the command line, as
+    /// with `--decisions`).
+    #[serde(default, rename = "decisions")]
+    _decisions: Option<Value>,
 }
 
 #[derive(Deserialize)]

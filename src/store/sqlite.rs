@@ -55,7 +55,8 @@ const MIGRATIONS: &[&str] = &["
 enum Write {
     Create(RunRecord, u32),
     Claim(String, u32),
-    Append(String, Vec<JournalEntry>),
+    /// Entries already serialised by the caller: `(seq, at, input JSON, is a decision)`.
+    Append(String, Vec<(u64, u64, String, bool)>),
     Finish(String, Box<RunResult>),
     Prune(Millis),
     PushOp(String, String),
@@ -233,9 +234,7 @@ fn writer(mut c: Connection, rx: mpsc::Receiver<(Write, Reply)>, path: &Path) {
         }
         let full = batch.iter().any(|(w, _)| match w {
             Write::Finish(..) | Write::PushOp(..) => true,
-            Write::Append(_, entries) => entries
-                .iter()
-                .any(|e| matches!(e.input, RunInput::Decided { .. })),
+            Write::Append(_, entries) => entries.iter().any(|e| e.3),
             _ => false,
         });
         if full {
@@ -319,9 +318,8 @@ fn apply(tx: &rusqlite::Transaction<'_>, w: &Write) -> Result<Done, StoreError> 
                     "INSERT INTO journal (run_id, seq, at, input) VALUES (?1, ?2, ?3, ?4)",
                 )
                 .map_err(io)?;
-            for e in entries {
-                let input = serde_json::to_string(&e.input).map_err(io)?;
-                stmt.execute(params![id, e.seq as i64, e.at as i64, input])
+            for (seq, at, input, _) in entries {
+                stmt.execute(params![id, *seq as i64, *at as i64, input])
                     .map_err(io)?;
             }
             tx.execute(
@@ -397,8 +395,26 @@ fn apply(tx: &rusqlite::Transaction<'_>, w: &Write) -> Result<Done, StoreError> 
 impl JournalSink for SqliteStore {
     fn append<'a>(&'a self, run_id: &'a str, entries: &'a [JournalEntry]) -> JournalFuture<'a> {
         let (tx, rx) = oneshot::channel();
+        // Serialised here, on the caller's thread: no deep copy of the entries, and the writer
+        // thread only writes.
+        let rows: Result<Vec<_>, _> = entries
+            .iter()
+            .map(|e| {
+                serde_json::to_string(&e.input).map(|json| {
+                    let decision = matches!(e.input, RunInput::Decided { .. });
+                    (e.seq, e.at, json, decision)
+                })
+            })
+            .collect();
+        let rows = match rows {
+            Ok(r) => r,
+            Err(e) => {
+                let reason = e.to_string();
+                return Box::pin(async move { Err(JournalError { reason }) });
+            }
+        };
         self.send(
-            Write::Append(run_id.to_string(), entries.to_vec()),
+            Write::Append(run_id.to_string(), rows),
             Box::new(move |r| {
                 let _ = tx.send(r);
             }),
