@@ -123,3 +123,76 @@ async fn ctrl_c_at_the_prompt_cancels_the_run_and_exits() {
     assert!(out.contains("\"status\": \"cancelled\""), "{out}");
     assert_eq!(server.hits("/ping"), 0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn edit_opens_the_editor_checks_the_params_and_shows_the_change() {
+    let server = ToolServer::start().await;
+    let ws = probe(&server, |_| {});
+    let store = ws.goal.with_file_name("runs.db");
+    // An "editor" that changes n from 7 to 9 in the file it is given.
+    let editor = ws.goal.with_file_name("editor.sh");
+    std::fs::write(&editor, "#!/bin/sh\nsed -i 's/7/9/' \"$1\"\n").expect("editor");
+    std::process::Command::new("chmod")
+        .arg("+x")
+        .arg(&editor)
+        .status()
+        .expect("chmod");
+    let out = in_pty(move || {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_dagloop"));
+        cmd.arg("run")
+            .arg(&ws.goal)
+            .args(["--approve", "ask"])
+            .env("DAGLOOP_STORE", &store)
+            .env("EDITOR", &editor)
+            .env_remove("VISUAL");
+        let mut p = spawn_command(cmd, Some(20_000)).expect("spawn in a pty");
+        p.exp_string("[e]dit").expect("prompt");
+        p.send_line("e").expect("send");
+        p.exp_string("- n: 7").expect("the old value");
+        p.exp_string("+ n: 9").expect("the new value");
+        p.exp_string("send this edit? [y/n]").expect("confirm");
+        p.send_line("y").expect("send");
+        let rest = p.exp_eof().expect("exit");
+        drop(ws);
+        rest
+    })
+    .await;
+    assert!(out.contains("\"decision\": \"edit\""), "{out}");
+    let bodies: Vec<Value> = server
+        .requests()
+        .iter()
+        .map(|r| r["body"].clone())
+        .collect();
+    assert_eq!(bodies, vec![json!({"n": 9})], "the edited params ran");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn approve_all_answers_every_later_call_of_the_tool() {
+    let server = ToolServer::start().await;
+    let ws = probe(&server, |_| {});
+    let script = json!({"turns": [
+        {"solution": {"calls": [
+            {"_tool": "ping", "n": 1, "_outputPath": "†state.a"},
+            {"_tool": "ping", "n": 2, "_outputPath": "†state.b"}], "output": null}},
+        {"solution": {"calls": [], "output": {"answer": 42}}}
+    ]});
+    std::fs::write(
+        ws.goal.with_file_name("ping_then_answer.script.json"),
+        script.to_string(),
+    )
+    .expect("script");
+    let store = ws.goal.with_file_name("runs.db");
+    let out = in_pty(move || {
+        let mut p = dagloop(&ws, &store);
+        p.exp_string("[A]pprove all ping").expect("prompt");
+        p.send_line("A").expect("send");
+        p.exp_string("approved (every call of this tool)")
+            .expect("the second call answered");
+        let rest = p.exp_eof().expect("exit");
+        drop(ws);
+        rest
+    })
+    .await;
+    assert!(out.contains("\"status\": \"succeeded\""), "{out}");
+    assert_eq!(server.hits("/ping"), 2);
+}

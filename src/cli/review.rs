@@ -164,6 +164,15 @@ pub(super) async fn serve(handle: RunHandle, tools: BTreeMap<String, Tool>, scre
                     Some(()) => screen.prompt_open.store(false, Ordering::SeqCst),
                     None => current = Some(p),
                 }
+                // Calls already waiting their turn for a tool now approved for good.
+                let (now, later): (VecDeque<Pending>, VecDeque<Pending>) = std::mem::take(&mut queue)
+                    .into_iter()
+                    .partition(|q| approve_all.contains(&q.call.tool) && !q.interrupted);
+                queue = later;
+                for q in now {
+                    say(&format!("\r\x1b[2K  {} {} approved (every call of this tool)\n", q.id, q.call.tool));
+                    decide(&handle, &q, Decision::Approve).await;
+                }
             }
         }
     }
