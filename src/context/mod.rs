@@ -6,12 +6,10 @@
 
 pub mod sanitize;
 
-use std::collections::BTreeMap;
-
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 
-use crate::protocol::{CallId, Message, Role, Tool};
+use crate::protocol::{CallId, Message, Role, Tool, canonical};
 pub use sanitize::{SanitizeLimits, sanitize};
 
 /// What became of one call of the previous step, as the next Request shows it.
@@ -223,18 +221,6 @@ fn signature(calls: &[Value]) -> String {
     let mut sigs: Vec<String> = calls.iter().map(|c| canonical(c).to_string()).collect();
     sigs.sort();
     sigs.join("\n")
-}
-
-fn canonical(v: &Value) -> Value {
-    match v {
-        Value::Object(m) => {
-            let sorted: BTreeMap<&String, Value> =
-                m.iter().map(|(k, x)| (k, canonical(x))).collect();
-            Value::Object(sorted.into_iter().map(|(k, x)| (k.clone(), x)).collect())
-        }
-        Value::Array(a) => Value::Array(a.iter().map(canonical).collect()),
-        other => other.clone(),
-    }
 }
 
 #[cfg(test)]

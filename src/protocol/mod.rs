@@ -12,7 +12,7 @@ pub mod reference;
 pub use call::{Call, OutputMethod, Tool, ToolApproval, collect_refs, json_type};
 pub use event::{Decision, Event, EventKind, FailKind};
 pub use message::{Message, Role, Solution};
-pub use op::{Op, OpError, params_hash};
+pub use op::{Op, OpError, canonical, params_hash};
 pub use reference::{
     ASCII_MARKER, Combinator, Expression, MARKER, Path, Reference, ReferenceError, Segment,
     looks_like_reference, parse_expression,

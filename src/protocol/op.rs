@@ -139,7 +139,9 @@ pub fn params_hash(call: &Call) -> String {
     format!("{h:016x}")
 }
 
-fn canonical(v: &Value) -> Value {
+/// `v` with every object's keys sorted, so equal values print equally whatever order their keys
+/// were written in.
+pub fn canonical(v: &Value) -> Value {
     match v {
         Value::Object(m) => {
             let sorted: BTreeMap<&String, Value> =

@@ -105,8 +105,10 @@ struct Server {
     live: tokio::sync::Mutex<Option<Arc<Service>>>,
 }
 
+/// Seconds from a server's configuration (checked when the goal loads; a value that still cannot
+/// be a duration falls back to the five-minute default rather than panic).
 fn secs(s: f64) -> Duration {
-    Duration::from_secs_f64(s)
+    crate::duration::seconds("mcp_servers.timeout_s", s).unwrap_or(Duration::from_secs(300))
 }
 
 /// Starts the server and performs the initialize handshake.
