@@ -63,6 +63,20 @@ impl Scheduler {
         if approved || assess(&tool.tool, &self.policy) == Gate::Run {
             return self.launch(ix, call, tool, out);
         }
+        self.present(ix, call, tool, false, out);
+    }
+
+    /// Puts the call before a reviewer: the event (with the params hash decisions quote), the
+    /// Ask action, and the call kept as presented.
+    fn present(
+        &mut self,
+        ix: usize,
+        call: Call,
+        tool: ToolEntry,
+        interrupted: bool,
+        out: &mut Vec<Action>,
+    ) {
+        let id = self.entries[ix].id;
         emit(
             out,
             id,
@@ -70,7 +84,7 @@ impl Scheduler {
                 params_hash: params_hash(&call),
                 call: call.clone(),
                 path: Vec::new(),
-                interrupted: false,
+                interrupted,
             },
         );
         self.entries[ix].presented = Some(Box::new(call.clone()));
@@ -180,23 +194,7 @@ impl Scheduler {
         }
         self.entries[ix].decided = false;
         self.entries[ix].approved = false;
-        emit(
-            out,
-            id,
-            EventKind::ApprovalRequested {
-                params_hash: params_hash(&call),
-                call: call.clone(),
-                path: Vec::new(),
-                interrupted: true,
-            },
-        );
-        self.set_phase(ix, Phase::Asking);
-        out.push(Action::Ask {
-            id,
-            call,
-            tool: tool.tool,
-            timeout: self.policy.timeout,
-        });
+        self.present(ix, call, tool, true, out);
     }
 
     /// True once a decision (or the timeout default) was applied to the call.
