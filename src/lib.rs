@@ -35,8 +35,11 @@ pub mod llm;
 pub mod machine;
 pub mod plan;
 pub mod protocol;
+pub mod runs;
 pub mod scheduler;
 pub mod schema;
+#[cfg(feature = "server")]
+pub mod server;
 pub mod state;
 pub mod store;
 pub mod tools;

@@ -3,15 +3,14 @@
 //! binary, run from `tests/fixtures/e2e/hostile` so messages do not depend on where the
 //! repository lives.
 
-use std::process::Command;
+#[path = "common/bin.rs"]
+mod bin;
 
 use serde_json::Value;
 
-const BIN: &str = env!("CARGO_BIN_EXE_dagloop");
-
 /// Runs `dagloop ARGS` from the fixture folder: (exit code, stdout as JSON).
 fn dagloop(args: &[&str]) -> (i32, Value) {
-    let out = Command::new(BIN)
+    let out = bin::dagloop()
         .args(args)
         .current_dir(concat!(
             env!("CARGO_MANIFEST_DIR"),
@@ -108,11 +107,14 @@ fn the_activity_check_refuses_what_the_activity_refuses() {
     use dagloop::protocol::Tool;
     let tool = |v: Value| Tool::from_value(v).expect("tool");
     let dir = std::path::Path::new(".");
+    let e = dagloop::tools::check_tool(
+        &tool(serde_json::json!({"_tool": "a", "_activity": "htpp"})),
+        dir,
+    )
+    .expect_err("unknown kind");
+    assert_eq!(e.code(), "activity.unknown_kind");
+    assert!(e.to_string().contains("unknown `_activity` `htpp`"), "{e}");
     for (t, text) in [
-        (
-            serde_json::json!({"_tool": "a", "_activity": "htpp"}),
-            "unknown `_activity`",
-        ),
         (
             serde_json::json!({"_tool": "a", "_activity": "http", "_http": {"method": "GET"}}),
             "missing field `url`",
@@ -217,7 +219,7 @@ fn usage_errors_are_json_with_json() {
         assert_eq!(v["error"]["code"], "cli.usage", "{args:?}: {v:#}");
         assert!(!message(&v).is_empty(), "{v:#}");
     }
-    let out = Command::new(BIN).args(["run"]).output().expect("start");
+    let out = bin::dagloop().args(["run"]).output().expect("start");
     assert_eq!(out.status.code(), Some(2));
     assert!(
         out.stdout.is_empty(),

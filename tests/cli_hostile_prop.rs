@@ -3,12 +3,11 @@
 //! validate` and `dagloop run --model scripted:...` exit 0, 1 or 2, print JSON on stdout, and
 //! carry a stable `code` when they exit 2.
 
-use std::process::Command;
+#[path = "common/bin.rs"]
+mod bin;
 
 use proptest::prelude::*;
 use serde_json::{Value, json};
-
-const BIN: &str = env!("CARGO_BIN_EXE_dagloop");
 
 fn hostile_number() -> impl Strategy<Value = Value> {
     prop_oneof![
@@ -102,7 +101,7 @@ fn goal() -> impl Strategy<Value = Value> {
 }
 
 fn check(args: &[&str]) -> Result<(), TestCaseError> {
-    let out = Command::new(BIN)
+    let out = bin::dagloop()
         .args(args)
         .env_remove("HOME")
         .output()

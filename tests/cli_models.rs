@@ -2,6 +2,9 @@
 //! anything starts, unless a base URL points at a local server (which needs none); `--mode` and
 //! the goal's `mode` choose what `dagloop schema` prints.
 
+#[path = "common/bin.rs"]
+mod bin;
+
 use std::process::Command;
 
 use serde_json::Value;
@@ -9,7 +12,7 @@ use serde_json::Value;
 const TINY: &str = "tests/fixtures/real_model/tiny.goal.json";
 
 fn dagloop(args: &[&str]) -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_dagloop"));
+    let mut cmd = bin::dagloop();
     cmd.current_dir(env!("CARGO_MANIFEST_DIR"))
         .args(args)
         .env_remove("OPENAI_API_KEY")

@@ -2,10 +2,11 @@
 //! and stderr on a PTY): the prompt is visible and stays so, each answer does what it says, a
 //! reviewer timeout withdraws the prompt and the process exits, Ctrl-C cancels at once.
 
+#[path = "common/bin.rs"]
+mod bin;
+
 #[path = "fixtures/e2e/harness.rs"]
 mod harness;
-
-use std::process::Command;
 
 use harness::{ToolServer, Workspace};
 use rexpect::session::{PtySession, spawn_command};
@@ -21,7 +22,7 @@ fn probe(server: &ToolServer, patch: impl FnOnce(&mut Value)) -> Workspace {
 }
 
 fn dagloop(ws: &Workspace, store: &std::path::Path) -> PtySession {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_dagloop"));
+    let mut cmd = bin::dagloop();
     cmd.arg("run")
         .arg(&ws.goal)
         .args(["--approve", "ask"])
@@ -138,7 +139,7 @@ async fn edit_opens_the_editor_checks_the_params_and_shows_the_change() {
         .status()
         .expect("chmod");
     let out = in_pty(move || {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_dagloop"));
+        let mut cmd = bin::dagloop();
         cmd.arg("run")
             .arg(&ws.goal)
             .args(["--approve", "ask"])

@@ -328,5 +328,6 @@ fn a_tool_whose_activity_cannot_run_is_refused_before_anything_starts() {
     assert!(err.to_string().contains("`double`"), "{err}");
     let g = goal(json!({"tools": [{"_tool": "t", "_activity": "teleport", "type": "object"}]}));
     let err = AgentBuilder::new(g).model(model).build().err().unwrap();
-    assert_eq!(err.code(), "agent.missing_activity");
+    assert_eq!(err.code(), "activity.unknown_kind");
+    assert!(err.to_string().contains("`teleport`"), "{err}");
 }

@@ -13,6 +13,9 @@
 //! `DAGLOOP_SKIP_GRAMMAR=1` skips the tests (they print SKIPPED); without it, missing engines are
 //! a failure that names the script to run.
 
+#[path = "common/bin.rs"]
+mod bin;
+
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -124,7 +127,7 @@ fn check(engine: &str, cases: &[Value]) -> Value {
 
 /// `dagloop schema GOAL [--mode tools]`, parsed.
 fn dagloop_schema(goal: &Path, tools: bool) -> Value {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_dagloop"));
+    let mut cmd = bin::dagloop();
     cmd.arg("schema").arg(goal);
     if tools {
         cmd.args(["--mode", "tools"]);

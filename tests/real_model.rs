@@ -4,7 +4,11 @@
 //! Set up with `eval "$(scripts/setup-local-model.sh)"`, export `DAGLOOP_LLAMA_PYTHON` and
 //! `DAGLOOP_LLAMA_GGUF`, then `cargo test --features real-model --test real_model`.
 //! Each test starts its own server as a child process on a free port and kills it at the end.
+
 #![cfg(feature = "real-model")]
+
+#[path = "common/bin.rs"]
+mod bin;
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -320,7 +324,7 @@ struct RunOutcome {
 fn run_dagloop(server: &Server, goal: &str, mode: &str) -> RunOutcome {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
     let started = Instant::now();
-    let out = Command::new(env!("CARGO_BIN_EXE_dagloop"))
+    let out = bin::dagloop()
         .current_dir(&root)
         .args([
             "run",

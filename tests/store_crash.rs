@@ -3,6 +3,9 @@
 //! whose completion was recorded runs again; a run waiting for a reviewer is decided and resumed
 //! from another process; bad stores and bad decisions get stable codes.
 
+#[path = "common/bin.rs"]
+mod bin;
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -82,7 +85,7 @@ fn write_goal(dir: &Path, url: &str, approve: Option<&str>) -> PathBuf {
 }
 
 fn dagloop(store: &Path) -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_dagloop"));
+    let mut c = bin::dagloop();
     c.env("DAGLOOP_STORE", store)
         .env_remove("DAGLOOP_CRASH_AFTER_ENTRIES");
     c
@@ -361,7 +364,7 @@ fn bad_stores_are_refused_with_codes_and_left_untouched() {
     let good = dir.path().join("good.db");
     assert_eq!(code(&good, &["show", "run-nope"]), "store.unknown_run");
     // A store cut short mid-file is damaged, not silently empty.
-    let out = Command::new(env!("CARGO_BIN_EXE_dagloop"))
+    let out = bin::dagloop()
         .env("DAGLOOP_STORE", &good)
         .args(["runs", "--json"])
         .output()
@@ -433,7 +436,7 @@ async fn concurrent_runs_and_processes_share_one_store() {
     let goal = write_goal(dir.path(), &url, None);
     let children: Vec<_> = (0..6)
         .map(|_| {
-            std::process::Command::new(env!("CARGO_BIN_EXE_dagloop"))
+            bin::dagloop()
                 .env("DAGLOOP_STORE", &path)
                 .args(["run"])
                 .arg(&goal)

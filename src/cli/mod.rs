@@ -143,7 +143,8 @@ pub enum Command {
         /// No progress lines on stderr (the result and errors still print).
         #[arg(long, short)]
         quiet: bool,
-        /// Write every event as a JSON line to this file.
+        /// Write every event as a JSON line to this file (live `call_progress` events included,
+        /// `model_delta` left out).
         #[arg(long)]
         events: Option<PathBuf>,
         /// Allow tools that use the built-in shell activity.
@@ -181,7 +182,8 @@ pub enum Command {
         /// No progress lines on stderr (the result and errors still print).
         #[arg(long, short)]
         quiet: bool,
-        /// Write every event (from the run's start) as a JSON line to this file.
+        /// Write every event (from the run's start) as a JSON line to this file (live
+        /// `call_progress` events included, `model_delta` left out).
         #[arg(long)]
         events: Option<PathBuf>,
         /// Allow tools that use the built-in shell activity.
@@ -251,6 +253,16 @@ pub enum Command {
         /// Output format.
         #[arg(long, value_enum, default_value = "mermaid")]
         format: GraphFormat,
+    },
+    /// Serve the HTTP API and the reviewer page (runs are kept in the store and continued
+    /// after a restart). `DAGLOOP_TOKEN` sets the bearer token every API call must carry.
+    Serve {
+        /// Address to listen on (a non-loopback address needs DAGLOOP_TOKEN).
+        #[arg(long, default_value = "127.0.0.1:8080")]
+        addr: std::net::SocketAddr,
+        /// Accept goals whose tools use the shell activity.
+        #[arg(long)]
+        allow_shell: bool,
     },
     /// Serve a scripted-model file as an OpenAI-compatible streaming endpoint.
     MockLlm {
@@ -340,6 +352,7 @@ pub async fn main(cli: Cli) -> i32 {
             mode,
         } => {
             let opts = run::RunOptions {
+                server: false,
                 model,
                 approve: run::approve_name(approve),
                 allow_shell,
@@ -380,6 +393,7 @@ pub async fn main(cli: Cli) -> i32 {
                 reject_without_reviewer: on_no_reviewer == NoReviewer::Reject,
             };
             let over = run::RunOptions {
+                server: false,
                 model,
                 approve: run::approve_name(approve),
                 allow_shell,
@@ -415,6 +429,9 @@ pub async fn main(cli: Cli) -> i32 {
         Command::Validate { file, goal } => validate(&file, goal.as_deref()),
         Command::Graph { file, format } => graph(&file, format),
         Command::MockLlm { script, port } => mock_llm(&script, port).await,
+        Command::Serve { addr, allow_shell } => {
+            serve(addr, allow_shell, cli.store.as_deref(), cli.no_store).await
+        }
     };
     match outcome {
         Ok(code) => code,
@@ -636,6 +653,56 @@ async fn mock_llm(script: &FsPath, port: u16) -> Result<i32, CliError> {
         _ = tokio::signal::ctrl_c() => {}
     }
     Ok(0)
+}
+
+#[cfg(feature = "server")]
+async fn serve(
+    addr: std::net::SocketAddr,
+    allow_shell: bool,
+    store: Option<&FsPath>,
+    no_store: bool,
+) -> Result<i32, CliError> {
+    let store = match (
+        no_store,
+        store
+            .map(FsPath::to_path_buf)
+            .or_else(crate::store::default_path),
+    ) {
+        (false, Some(p)) => p,
+        _ => {
+            return Err(CliError::new(
+                "cli.no_store",
+                "the server keeps its runs in the store (drop --no-store, or give --store PATH)",
+            ));
+        }
+    };
+    let token = std::env::var("DAGLOOP_TOKEN")
+        .ok()
+        .filter(|t| !t.is_empty());
+    let base_dir = std::env::current_dir().unwrap_or_default();
+    crate::server::serve(crate::server::ServeOptions {
+        addr,
+        store,
+        token,
+        allow_shell,
+        base_dir,
+    })
+    .await
+    .map_err(|e| CliError::new(e.code(), e))?;
+    Ok(0)
+}
+
+#[cfg(not(feature = "server"))]
+async fn serve(
+    _addr: std::net::SocketAddr,
+    _allow_shell: bool,
+    _store: Option<&FsPath>,
+    _no_store: bool,
+) -> Result<i32, CliError> {
+    Err(CliError::new(
+        "cli.feature_disabled",
+        "serve needs the `server` feature",
+    ))
 }
 
 #[cfg(not(feature = "server"))]

@@ -1,8 +1,9 @@
 //! Live progress of a run on stderr: one updating line on a terminal (never over an open
 //! reviewer prompt), plain lines otherwise; a summary line at the end.
 //!
-//! Calls are shown by id and tool; failures with their code and message; decisions in words;
-//! done, failed, rejected, unresolved, refused and cancelled are counted apart.
+//! Calls are shown by id and tool (running ones with their last progress report); failures with
+//! their code and message; decisions in words; done, failed, rejected, unresolved, refused and
+//! cancelled are counted apart.
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -48,6 +49,8 @@ struct CallView {
     tool: String,
     phase: Phase,
     started: Option<u64>,
+    /// The last progress report: progress and total.
+    progress: Option<(f64, Option<f64>)>,
 }
 
 /// Each call's phase (keyed by call id, so any event order keeps the counts right).
@@ -64,6 +67,7 @@ impl Counts {
             tool: String::new(),
             phase,
             started: None,
+            progress: None,
         });
         if let Some(t) = tool {
             v.tool = t.to_string();
@@ -100,7 +104,11 @@ impl Counts {
                 let secs = c
                     .started
                     .map_or(0.0, |s| now.saturating_sub(s) as f64 / 1000.0);
-                format!("{id} {} {secs:.1}s", c.tool)
+                let done = c
+                    .progress
+                    .map(|(p, t)| format!(" {}", progress_words(p, t)))
+                    .unwrap_or_default();
+                format!("{id} {} {secs:.1}s{done}", c.tool)
             })
             .collect();
         let n_running = self
@@ -137,6 +145,21 @@ fn decision_words(d: &Decision, timed_out: bool) -> String {
         format!("{w}, by the policy after the reviewer's time ran out")
     } else {
         w
+    }
+}
+
+/// `3/5`, or `3` without a total (whole numbers without decimals).
+fn progress_words(progress: f64, total: Option<f64>) -> String {
+    let n = |x: f64| {
+        if x.fract() == 0.0 && x.abs() < 1e15 {
+            format!("{x:.0}")
+        } else {
+            format!("{x}")
+        }
+    };
+    match total {
+        Some(t) => format!("{}/{}", n(progress), n(t)),
+        None => n(progress),
     }
 }
 
@@ -184,6 +207,24 @@ pub(super) async fn show(mut events: Subscription, tty: bool, screen: Arc<Screen
                     v.started = Some(ev.at);
                 }
                 Some(format!("{name} {tool} started"))
+            }
+            EventKind::CallProgress {
+                progress,
+                total,
+                message,
+            } => {
+                if let Some(v) = id.and_then(|i| c.calls.get_mut(&i)) {
+                    v.progress = Some((*progress, *total));
+                }
+                Some(format!(
+                    "{name} {} progress {}{}",
+                    c.tool(id),
+                    progress_words(*progress, *total),
+                    message
+                        .as_deref()
+                        .map(|m| format!(": {m}"))
+                        .unwrap_or_default()
+                ))
             }
             EventKind::Finished { .. } => {
                 let took = id
@@ -290,5 +331,10 @@ mod tests {
         assert_eq!(c.counts(), "1 done, 1 failed, 1 rejected, 1 unresolved");
         assert_eq!(c.tool(Some(CallId(1))), "a");
         assert!(c.line(0).contains("running: c1 a"), "{}", c.line(0));
+        if let Some(v) = c.calls.get_mut(&CallId(1)) {
+            v.progress = Some((2.0, Some(5.0)));
+        }
+        assert!(c.line(0).contains("c1 a 0.0s 2/5"), "{}", c.line(0));
+        assert_eq!(progress_words(0.5, None), "0.5");
     }
 }

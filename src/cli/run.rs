@@ -10,23 +10,12 @@ use tokio_util::sync::CancellationToken;
 
 use super::{ApproveArg, CliError, pretty, progress, review};
 use crate::approval::{Mode, Policy};
-use crate::engine::{AgentBuilder, RunHandle};
+use crate::engine::RunHandle;
 use crate::goal::Goal;
-use crate::store::{RunRecord, RunStore};
+use crate::runs::Review;
+use crate::store::RunStore;
 
-/// How a run is started, as recorded in the store so `resume` can start it the same way.
-#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
-pub(super) struct RunOptions {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub model: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub approve: Option<String>,
-    #[serde(default)]
-    pub allow_shell: bool,
-    /// `structured` or `tools` (default: the goal's `mode`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub mode: Option<String>,
-}
+pub(super) use crate::runs::RunOptions;
 
 pub(super) fn mode_name(m: super::ModeArg) -> String {
     match m {
@@ -119,22 +108,7 @@ fn load_decisions(path: &FsPath) -> Result<crate::approval::ScriptedApprover, Cl
 
 /// The run's policy: the goal's, with the command line's `--approve` over it.
 pub(super) fn policy_for(goal: &Goal, approve: Option<&str>) -> Result<Policy, CliError> {
-    let mut policy: Policy = match &goal.approval {
-        Some(v) => serde_json::from_value(v.clone())
-            .map_err(|e| CliError::new("agent.invalid_policy", e))?,
-        None => Policy::auto(),
-    };
-    match approve {
-        Some("auto") => policy.mode = Mode::Auto,
-        Some("ask") => policy.mode = Mode::Ask,
-        Some("allowlist") if !matches!(policy.mode, Mode::Allowlist { .. }) => {
-            policy.mode = Mode::Allowlist {
-                allow: Default::default(),
-            }
-        }
-        _ => {}
-    }
-    Ok(policy)
+    crate::runs::policy_for(goal, approve).map_err(|e| CliError::new(e.code(), e))
 }
 
 pub(super) fn approve_name(a: Option<ApproveArg>) -> Option<String> {
@@ -174,10 +148,6 @@ pub(super) async fn run(
         }
     };
     let policy = policy_for(&goal, opts.approve.as_deref())?;
-    let record_goal = serde_json::to_value(&goal).unwrap_or(Value::Null);
-    // MCP servers start before anything runs; a server that cannot start is an error now.
-    let mcp = start_mcp(&goal).await?;
-    let base_dir = goal.base_dir.display().to_string();
     let cancel = CancellationToken::new();
     let interactive = std::io::stdin().is_terminal() && !display.detach;
     let tools: std::collections::BTreeMap<String, crate::protocol::Tool> = goal
@@ -191,15 +161,12 @@ pub(super) async fn run(
         None if !interactive => scripted_decisions(&goal, opts.model.as_deref()),
         None => None,
     };
-    let mut builder = AgentBuilder::new(goal)
-        .policy(policy)
-        .cancel_token(cancel.clone());
-    builder = if let Some(path) = &decisions {
-        builder.approver(Arc::new(load_decisions(path)?))
+    let review = if let Some(path) = &decisions {
+        Review::Approver(Arc::new(load_decisions(path)?))
     } else if display.detach || interactive || !asks {
-        builder.external_review()
+        Review::External
     } else if display.reject_without_reviewer {
-        builder.approver(Arc::new(
+        Review::Approver(Arc::new(
             crate::approval::ScriptedApprover::new().otherwise(crate::protocol::Decision::Reject {
                 reason:
                     "approval required but no reviewer is attached (no terminal, no --decisions)"
@@ -212,54 +179,22 @@ pub(super) async fn run(
             "the approval policy can ask a reviewer, but stdin is not a terminal: give --decisions FILE, --detach (decide later with `dagloop decide`), or --on-no-reviewer reject",
         ));
     };
-    builder.registry_mut().enable_shell(opts.allow_shell);
-    if let Some(m) = &opts.model {
-        builder = builder.model_spec(m.clone());
-    }
-    if let Some(m) = opts.mode.as_deref() {
-        builder = builder.mode(if m == "tools" {
-            crate::llm::Mode::ToolCalls
-        } else {
-            crate::llm::Mode::StructuredOutput
-        });
-    }
-    if let Some(id) = &run_id {
-        builder = builder.run_id(id.clone());
-    }
-    let _servers = match mcp {
-        Some((tools, activities, servers)) => {
-            let mut acts: std::collections::BTreeMap<String, Arc<dyn crate::tools::Activity>> =
-                activities.into_iter().collect();
-            for t in tools {
-                if let Some(a) = acts.remove(&t.name) {
-                    builder = builder.tool(t, a);
-                }
-            }
-            Some(servers)
-        }
-        None => None,
-    };
+    let resume = run_id.zip(journal);
+    let sink = store.as_ref().map(|s| crash_hook(s.clone()));
+    let prepared = crate::runs::prepare(
+        goal,
+        &opts,
+        resume,
+        review,
+        cancel.clone(),
+        store.clone(),
+        sink,
+        std::process::id(),
+    )
+    .await
+    .map_err(|e| CliError::new(e.code(), &e))?;
+    let id = prepared.run_id().to_string();
     if let Some(s) = &store {
-        builder = builder.journal(crash_hook(s.clone()));
-    }
-    let agent = builder.build().map_err(|e| CliError::new(e.code(), &e))?;
-    let id = agent.run_id().to_string();
-    if let Some(s) = &store {
-        let pid = std::process::id();
-        let stored = match &journal {
-            None => s.create(
-                &RunRecord {
-                    id: id.clone(),
-                    created_at: now_ms(),
-                    goal: record_goal,
-                    base_dir,
-                    options: serde_json::to_value(&opts).unwrap_or(Value::Null),
-                },
-                pid,
-            ),
-            Some(_) => s.claim(&id, pid),
-        };
-        stored.map_err(|e| CliError::new(e.code(), &e))?;
         if display.json_only {
             eprintln!("{}", json!({"run_id": id}));
         } else {
@@ -276,25 +211,27 @@ pub(super) async fn run(
         })?),
         None => None,
     };
-    let resumed = journal.is_some();
-    let handle = match journal {
-        Some(j) => agent.resume(j),
-        None => agent.start(),
-    };
-    if resumed && let Some(s) = &store {
-        // Decisions recorded while no process ran the run apply before anything else.
-        let queued = s.take_ops(&id).map_err(|e| CliError::new(e.code(), &e))?;
-        for op in queued {
-            if let Err(e) = handle.submit(op).await {
-                eprintln!(
-                    "dagloop: a recorded decision does not apply: {e} [{}]",
-                    e.code()
-                );
-            }
-        }
+    let launched = prepared
+        .start()
+        .await
+        .map_err(|e| CliError::new(e.code(), &e))?;
+    for e in &launched.refused {
+        eprintln!(
+            "dagloop: a recorded decision does not apply: {e} [{}]",
+            e.code()
+        );
     }
+    let _servers = launched.servers;
+    let handle = launched.handle;
     let writer = events_out.map(|file| spawn_writer(&handle, file));
-    let ops = store.clone().map(|s| spawn_op_poller(&handle, s));
+    let ops = store.clone().map(|s| {
+        crate::runs::spawn_op_poller(&handle, s, |e| {
+            eprintln!(
+                "dagloop: a recorded decision does not apply: {e} [{}]",
+                e.code()
+            )
+        })
+    });
     let screen = Arc::new(review::Screen::default());
     let reviewer = (interactive && decisions.is_none() && asks)
         .then(|| tokio::spawn(review::serve(handle.clone(), tools, screen.clone())));
@@ -353,9 +290,10 @@ pub(super) async fn run(
         eprintln!("dagloop: could not record the run's end: {e}");
     }
     for task in [writer, progress].into_iter().flatten() {
-        // Both end once they have seen `run_finished`; the wait is bounded all the same.
+        // Both end once they have seen `run_finished`; the wait is bounded all the same (generously:
+        // on a loaded machine a 2 s bound once cut an events file short).
         let mut task = task;
-        if tokio::time::timeout(std::time::Duration::from_secs(2), &mut task)
+        if tokio::time::timeout(std::time::Duration::from_secs(10), &mut task)
             .await
             .is_err()
         {
@@ -376,7 +314,8 @@ fn spawn_writer(handle: &RunHandle, file: std::fs::File) -> tokio::task::JoinHan
     tokio::spawn(async move {
         let mut out = std::io::BufWriter::new(file);
         while let Some(ev) = sub.recv().await {
-            if ev.kind.is_ephemeral() {
+            // Model deltas are too many to keep; call progress is kept (both are live only).
+            if matches!(ev.kind, crate::protocol::EventKind::ModelDelta { .. }) {
                 continue;
             }
             if let Ok(line) = serde_json::to_string(&*ev) {
@@ -385,69 +324,6 @@ fn spawn_writer(handle: &RunHandle, file: std::fs::File) -> tokio::task::JoinHan
         }
         let _ = out.flush();
     })
-}
-
-/// Applies decisions recorded with `dagloop decide` while this process runs the run.
-fn spawn_op_poller(
-    handle: &RunHandle,
-    store: Arc<crate::store::SqliteStore>,
-) -> tokio::task::JoinHandle<()> {
-    let handle = handle.clone();
-    tokio::spawn(async move {
-        loop {
-            let id = handle.run_id().to_string();
-            let s = store.clone();
-            let ops = tokio::task::spawn_blocking(move || s.take_ops(&id))
-                .await
-                .ok()
-                .and_then(Result::ok)
-                .unwrap_or_default();
-            for op in ops {
-                if let Err(e) = handle.submit(op).await {
-                    eprintln!(
-                        "dagloop: a recorded decision does not apply: {e} [{}]",
-                        e.code()
-                    );
-                }
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(250)).await;
-        }
-    })
-}
-
-#[cfg(feature = "mcp")]
-type McpStart = (
-    Vec<crate::protocol::Tool>,
-    Vec<(String, Arc<dyn crate::tools::Activity>)>,
-    crate::tools::mcp::McpServers,
-);
-#[cfg(not(feature = "mcp"))]
-type McpStart = (
-    Vec<crate::protocol::Tool>,
-    Vec<(String, Arc<dyn crate::tools::Activity>)>,
-    (),
-);
-
-#[cfg(feature = "mcp")]
-async fn start_mcp(goal: &Goal) -> Result<Option<McpStart>, CliError> {
-    if goal.mcp_servers.is_empty() {
-        return Ok(None);
-    }
-    crate::tools::mcp::start_for_goal(goal, None)
-        .await
-        .map(Some)
-        .map_err(|e| CliError::new(e.code(), &e))
-}
-
-#[cfg(not(feature = "mcp"))]
-async fn start_mcp(goal: &Goal) -> Result<Option<McpStart>, CliError> {
-    if goal.mcp_servers.is_empty() {
-        return Ok(None);
-    }
-    Err(CliError::new(
-        "cli.feature_disabled",
-        "this goal names MCP servers; build dagloop with the `mcp` feature",
-    ))
 }
 
 /// For crash tests: with `DAGLOOP_CRASH_AFTER_ENTRIES=N`, the process kills itself (SIGKILL)
@@ -495,7 +371,5 @@ impl crate::engine::JournalSink for CrashAfter {
 }
 
 pub(super) fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+    crate::runs::now_ms()
 }

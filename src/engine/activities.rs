@@ -13,12 +13,26 @@ use tokio::task::{AbortHandle, JoinSet};
 
 use crate::protocol::{Call, CallId, Tool};
 use crate::scheduler::Outcome;
+use crate::tools::ProgressSink;
 
 /// Runs activities. The engine calls `execute` inside a spawned task, so a panic anywhere in it
 /// is caught and reported as the call's failure.
 pub trait Executor: Send + Sync {
     /// Executes one call (params already resolved) of `tool`.
     fn execute(&self, id: CallId, tool: &Tool, call: Call) -> BoxFuture<'static, Outcome>;
+
+    /// Executes one call, handing the activity a sink for progress reports (the run driver turns
+    /// them into `call_progress` events). The default drops the sink and calls `execute`.
+    fn execute_reporting(
+        &self,
+        id: CallId,
+        tool: &Tool,
+        call: Call,
+        progress: ProgressSink,
+    ) -> BoxFuture<'static, Outcome> {
+        let _ = progress;
+        self.execute(id, tool, call)
+    }
 }
 
 pub(super) fn panic_message(payload: Box<dyn std::any::Any + Send>) -> String {
@@ -28,6 +42,15 @@ pub(super) fn panic_message(payload: Box<dyn std::any::Any + Send>) -> String {
         s.clone()
     } else {
         "(non-string panic payload)".to_string()
+    }
+}
+
+/// Closes a call's progress sink when dropped.
+struct CloseOnDrop(ProgressSink);
+
+impl Drop for CloseOnDrop {
+    fn drop(&mut self) {
+        self.0.close();
     }
 }
 
@@ -50,11 +73,30 @@ impl Activities {
         detached: bool,
         limit: Option<Duration>,
     ) {
+        let none = ProgressSink::none();
+        self.launch_reporting(executor, id, call, tool, detached, limit, none);
+    }
+
+    /// [`Activities::launch`], the activity reporting progress to `progress`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn launch_reporting(
+        &mut self,
+        executor: &Arc<dyn Executor>,
+        id: CallId,
+        call: Call,
+        tool: Arc<Tool>,
+        detached: bool,
+        limit: Option<Duration>,
+        progress: ProgressSink,
+    ) {
         let executor = executor.clone();
+        let closing = CloseOnDrop(progress.clone());
         let task = async move {
+            // The call's progress sink closes when the task ends, however it ends.
+            let _closing = closing;
             // `execute` itself may panic before returning a future.
             let work = match std::panic::catch_unwind(AssertUnwindSafe(|| {
-                executor.execute(id, &tool, call)
+                executor.execute_reporting(id, &tool, call, progress)
             })) {
                 Ok(w) => w,
                 Err(p) => return Outcome::panic(panic_message(p)),
@@ -127,5 +169,69 @@ impl Activities {
     pub async fn shutdown(&mut self) {
         self.running.shutdown().await;
         self.detached.shutdown().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tools::Progress;
+    use std::sync::Mutex;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// Reports once, then keeps its sink past the end of the call.
+    struct Leaky(Mutex<Option<ProgressSink>>);
+
+    impl Executor for Leaky {
+        fn execute(&self, _: CallId, _: &Tool, _: Call) -> BoxFuture<'static, Outcome> {
+            async { Outcome::ok(serde_json::Value::Null) }.boxed()
+        }
+
+        fn execute_reporting(
+            &self,
+            _: CallId,
+            _: &Tool,
+            _: Call,
+            progress: ProgressSink,
+        ) -> BoxFuture<'static, Outcome> {
+            progress.report(Progress::new(1.0, None));
+            if let Ok(mut kept) = self.0.lock() {
+                *kept = Some(progress);
+            }
+            async { Outcome::ok(serde_json::Value::Null) }.boxed()
+        }
+    }
+
+    #[tokio::test]
+    async fn a_calls_progress_sink_closes_when_its_activity_ends() {
+        let seen = Arc::new(AtomicUsize::new(0));
+        let s = seen.clone();
+        let sink = ProgressSink::new(move |_| {
+            s.fetch_add(1, Ordering::SeqCst);
+        });
+        let leaky = Arc::new(Leaky(Mutex::new(None)));
+        let executor: Arc<dyn Executor> = leaky.clone();
+        let mut a = Activities::default();
+        let tool = Arc::new(Tool::new("t"));
+        a.launch_reporting(
+            &executor,
+            CallId(1),
+            Call::new("t"),
+            tool,
+            false,
+            None,
+            sink,
+        );
+        assert_eq!(a.next().await.map(|(id, _)| id), Some(CallId(1)));
+        let kept = leaky.0.lock().ok().and_then(|k| k.clone());
+        assert!(kept.is_some());
+        if let Some(k) = kept {
+            k.report(Progress::new(2.0, None));
+        }
+        assert_eq!(
+            seen.load(Ordering::SeqCst),
+            1,
+            "the late report was dropped"
+        );
     }
 }

@@ -47,8 +47,7 @@ pub enum AgentError {
     /// The goal's `approval` field is not a valid policy.
     #[error("invalid approval policy: {0}")]
     Policy(String),
-    /// A tool names an activity that cannot run here (a Rust activity nobody registered, or an
-    /// unknown kind).
+    /// A tool names a Rust activity nobody registered.
     #[error("tool `{tool}` needs activity `{activity}`: {reason}")]
     MissingActivity {
         /// The tool.
@@ -58,7 +57,8 @@ pub enum AgentError {
         /// What is missing.
         reason: String,
     },
-    /// A built-in activity's configuration is wrong (`_http` without `url`, unknown keys...).
+    /// A tool's activity cannot run: an unknown kind (`activity.unknown_kind`) or a configuration
+    /// its kind refuses (`_http` without `url`, unknown keys...: `activity.config`).
     #[error(transparent)]
     Activity(crate::tools::ActivityError),
     /// A delegate tool's goal cannot be read.
@@ -353,26 +353,21 @@ fn resolve_spec(goal: &Goal, spec: &str) -> Result<ModelSpec, LlmError> {
     })
 }
 
-/// Every tool can run: a registered function, or a built-in activity whose configuration
-/// `tools::check_tool` accepts (the same check `dagloop validate` makes).
+/// Every tool can run: an activity registered under its name, or a kind the registry knows
+/// whose check accepts the tool's configuration (`Registry::check`: the same rule `dagloop
+/// validate` applies with the built-in kinds).
 fn check_activities(goal: &Goal, registry: &Registry) -> Result<(), AgentError> {
     for t in goal.tools.iter().filter(|t| !registry.has(&t.name)) {
-        let kind = t.activity.as_deref().unwrap_or("");
-        let reason = match kind {
-            "rust" => {
-                "no Rust function is registered under this name (register one with Registry::register_fn; the command line cannot run Rust activities)".to_string()
-            }
-            "http" | "shell" | "delegate" | "" => match crate::tools::check_tool(t, &goal.base_dir) {
-                Ok(()) => continue,
-                Err(e) => return Err(AgentError::Activity(e)),
-            },
-            _ => "unknown activity kind (expected http, shell, delegate, or a registered Rust function)".to_string(),
-        };
-        return Err(AgentError::MissingActivity {
-            tool: t.name.clone(),
-            activity: kind.to_string(),
-            reason,
-        });
+        if t.activity.as_deref() == Some("rust") {
+            return Err(AgentError::MissingActivity {
+                tool: t.name.clone(),
+                activity: "rust".into(),
+                reason: "no Rust function is registered under this name (register one with Registry::register_fn; the command line cannot run Rust activities)".into(),
+            });
+        }
+        registry
+            .check(t, &goal.base_dir)
+            .map_err(AgentError::Activity)?;
     }
     Ok(())
 }

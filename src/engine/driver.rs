@@ -27,8 +27,9 @@ use crate::llm::{Request, Settings};
 use crate::machine::{
     Action, FrameKey, JournalEntry, RunError, RunInput, RunMachine, RunResult, RunStatus, Usage,
 };
-use crate::protocol::{Event, EventKind, Op};
+use crate::protocol::{CallId, Event, EventKind, Op};
 use crate::scheduler::Outcome;
+use crate::tools::{Progress, ProgressSink};
 
 pub(super) struct Driver {
     pub machine: RunMachine,
@@ -225,6 +226,34 @@ impl Driver {
         self.turns.read(item, &mut delta)
     }
 
+    /// Where a launched call reports progress: each report is published at once as a live
+    /// `call_progress` event (never journaled, like `model_delta`), tagged like the call's events.
+    fn progress_sink(&self, call: CallId) -> ProgressSink {
+        let (step, depth, parent) = self.machine.call_origin(call).unwrap_or((0, 0, None));
+        let shared = self.shared.clone();
+        let clock = self.clock.clone();
+        ProgressSink::new(move |p: Progress| {
+            let Ok(mut log) = shared.log.lock() else {
+                return;
+            };
+            let event = Event {
+                run_id: shared.run_id.clone(),
+                seq: log.last_seq,
+                step,
+                at: clock(),
+                call: Some(call),
+                parent,
+                depth,
+                kind: EventKind::CallProgress {
+                    progress: p.progress,
+                    total: p.total,
+                    message: p.message,
+                },
+            };
+            shared.publish(&mut log, event);
+        })
+    }
+
     /// Nothing streams, runs or waits on a timer: only an op (a reviewer's decision, cancel)
     /// can move the run on.
     fn update_idle(&self) {
@@ -336,8 +365,16 @@ impl Driver {
                 timeout_ms,
             } => {
                 let limit = timeout_ms.map(Duration::from_millis);
-                self.activities
-                    .launch(&self.executor, id, call, tool, detached, limit);
+                let progress = self.progress_sink(id);
+                self.activities.launch_reporting(
+                    &self.executor,
+                    id,
+                    call,
+                    tool,
+                    detached,
+                    limit,
+                    progress,
+                );
             }
             Action::Abort { id } => self.activities.abort(id),
             Action::SetTimer { timer, at } => self.timers.set(timer, at.max(now)),

@@ -4,12 +4,12 @@ use std::sync::Arc;
 
 use futures::FutureExt;
 use futures::future::BoxFuture;
-use serde_json::{Map, Value};
+use serde_json::Value;
 
 use super::activities::Executor;
 use crate::protocol::{Call, CallId, Tool};
 use crate::scheduler::Outcome;
-use crate::tools::Registry;
+use crate::tools::{ActivityContext, ProgressSink, Registry};
 
 /// Called before a tool runs; an `Err` fails the call with that message instead of running it.
 pub type BeforeTool = Arc<dyn Fn(&Tool, &Call) -> Result<(), String> + Send + Sync>;
@@ -55,6 +55,16 @@ impl RegistryExecutor {
 
 impl Executor for RegistryExecutor {
     fn execute(&self, id: CallId, tool: &Tool, call: Call) -> BoxFuture<'static, Outcome> {
+        self.execute_reporting(id, tool, call, ProgressSink::none())
+    }
+
+    fn execute_reporting(
+        &self,
+        id: CallId,
+        tool: &Tool,
+        call: Call,
+        progress: ProgressSink,
+    ) -> BoxFuture<'static, Outcome> {
         let hooks = self.hooks.clone();
         let tool = tool.clone();
         if let Some(before) = &hooks.before_tool
@@ -75,9 +85,8 @@ impl Executor for RegistryExecutor {
             .as_ref()
             .filter(|_| crate::scheduler::is_idempotent(&tool))
             .map(|run| format!("{run}:{}", id.0));
-        let fut = self
-            .registry
-            .run_keyed(&tool, call.clone(), Map::new(), key.as_deref());
+        let cx = ActivityContext::new().with_key(key).with_progress(progress);
+        let fut = self.registry.run_with(&tool, call.clone(), cx);
         async move {
             let outcome = match fut.await {
                 Ok(out) => {

@@ -255,6 +255,13 @@ impl RunMachine {
         self.frames.get_mut(&frame).filter(|f| f.streaming)
     }
 
+    /// Where a call's events belong: its agent's current step, depth and parent call (the
+    /// delegate call that runs the agent). None when the call or its agent is gone.
+    pub fn call_origin(&self, call: CallId) -> Option<(u32, u32, Option<CallId>)> {
+        let f = self.frames.get(&self.owner(call)?)?;
+        Some((f.step, f.depth, f.key))
+    }
+
     fn owner(&self, call: CallId) -> Option<FrameKey> {
         let i = usize::try_from(call.0.checked_sub(1)?).ok()?;
         let frame = *self.owners.get(i)?;

@@ -138,3 +138,17 @@ fn check_params(validators: &ToolValidators, call: &Call) -> Result<(), String> 
         Err(e) => Err(e.to_string()),
     }
 }
+
+impl RunMachine {
+    /// The run's own state (`†state`) as it stands now, before the run has ended too (None
+    /// before the run started).
+    pub fn state_view(&self) -> Option<serde_json::Value> {
+        let f = self.frames.get(&None)?;
+        // During a step the state lives in the step's scheduler.
+        match (&f.sched, &f.state) {
+            (Some(s), _) => s.state().view("state"),
+            (None, Some(s)) => s.view("state"),
+            (None, None) => None,
+        }
+    }
+}

@@ -165,6 +165,19 @@ pub enum EventKind {
         /// The resolved params.
         params: Map<String, Value>,
     },
+    /// A running call reported progress (an MCP server's `notifications/progress`, or any
+    /// activity's progress sink). Live only, like `model_delta`:
+    /// never journaled, carries the sequence number of the event before it, and is not replayed.
+    CallProgress {
+        /// Progress so far.
+        progress: f64,
+        /// The total, when known.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        total: Option<f64>,
+        /// The activity's message.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        message: Option<String>,
+    },
     /// A call succeeded. The result is the full value (not sanitised).
     Finished {
         /// The result.
@@ -257,7 +270,10 @@ impl Decision {
 impl EventKind {
     /// True for events that are broadcast live but never journaled nor replayed.
     pub fn is_ephemeral(&self) -> bool {
-        matches!(self, EventKind::ModelDelta { .. })
+        matches!(
+            self,
+            EventKind::ModelDelta { .. } | EventKind::CallProgress { .. }
+        )
     }
 
     /// The `type` tag of this kind.
@@ -270,6 +286,7 @@ impl EventKind {
             EventKind::ApprovalRequested { .. } => "approval_requested",
             EventKind::Decision { .. } => "decision",
             EventKind::Started { .. } => "started",
+            EventKind::CallProgress { .. } => "call_progress",
             EventKind::Finished { .. } => "finished",
             EventKind::Failed { .. } => "failed",
             EventKind::Written { .. } => "written",
@@ -343,6 +360,16 @@ mod tests {
             EventKind::Started {
                 tool: "fetch".into(),
                 params: Map::new(),
+            },
+            EventKind::CallProgress {
+                progress: 2.0,
+                total: Some(5.0),
+                message: Some("step 2 of 5".into()),
+            },
+            EventKind::CallProgress {
+                progress: 0.5,
+                total: None,
+                message: None,
             },
             EventKind::Finished {
                 result: json!({"ok": true}),

@@ -70,10 +70,15 @@ impl Document {
         OutputValidator::with_subject(&self.schema()?, self.subject())
     }
 
-    /// Checks `doc` against the schema (compiling it first; keep a [`Document::validator`] to
-    /// check many documents).
+    /// Checks `doc` against the schema (compiled once per process, on first use).
     pub fn validate(self, doc: &Value) -> Result<Vec<Violation>, SchemaError> {
-        Ok(self.validator()?.validate(doc))
+        static COMPILED: [std::sync::OnceLock<Result<OutputValidator, SchemaError>>; 5] =
+            [const { std::sync::OnceLock::new() }; 5];
+        let slot = Document::ALL.iter().position(|d| *d == self).unwrap_or(0);
+        match COMPILED[slot].get_or_init(|| self.validator()) {
+            Ok(v) => Ok(v.validate(doc)),
+            Err(e) => Err(e.clone()),
+        }
     }
 
     fn subject(self) -> Subject {

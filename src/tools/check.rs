@@ -1,66 +1,68 @@
 //! The static check of a tool's activity: the same rules the run applies, before anything runs.
 //!
-//! [`check_tool`] refuses an unknown `_activity` kind and a configuration the activity would
-//! refuse at call time (`_http` without `url` or with unknown keys, `_shell` with unknown keys,
-//! timeouts out of range, a delegate goal file that is missing or invalid). It does not know which
-//! Rust functions a program registers: `"rust"` passes here and is the builder's concern.
+//! [`Registry::check`] finds the tool's kind (its `_activity`, or `delegate` when `_delegate` is
+//! given), refuses an unknown kind (`activity.unknown_kind`, listing the registered ones) and a
+//! config key of a kind the tool does not name (`_http` without `"_activity": "http"`), then lets
+//! the kind check its configuration ([`super::ActivityKind::check`]). [`check_tool`] does the same
+//! with the built-in kinds only: what `dagloop validate` knows. It does not know which Rust
+//! functions a program registers: `"rust"` passes here and is the builder's concern.
 
 use std::path::Path as FsPath;
+use std::sync::LazyLock;
 
-use super::{ActivityError, HttpConfig, ShellConfig};
+use super::{ActivityError, Registry};
 use crate::protocol::Tool;
 
-/// The activity kinds a tool may name in `_activity`.
-pub const KINDS: [&str; 4] = ["http", "shell", "delegate", "rust"];
+/// The built-in activity kinds (a registry may add more with `Registry::register_kind`).
+pub const KINDS: [&str; 4] = ["delegate", "http", "rust", "shell"];
 
-/// Checks a tool's activity kind and configuration. `base_dir` is the goal's folder (delegate goal
-/// paths are relative to it). `dagloop validate` and the engine's builder call this same function.
-pub fn check_tool(tool: &Tool, base_dir: &FsPath) -> Result<(), ActivityError> {
-    let config = |reason: String| ActivityError::Config {
-        tool: tool.name.clone(),
-        reason,
-    };
-    let kind = match tool.activity.as_deref() {
-        Some(k) => k,
-        None if tool.schema.contains_key("_delegate") => "delegate",
-        None => {
-            for key in ["_http", "_shell"] {
-                if tool.schema.contains_key(key) {
-                    return Err(config(format!(
-                        "`{key}` is given but `_activity` is not set (add `\"_activity\": \"{}\"`)",
-                        &key[1..]
-                    )));
-                }
-            }
-            return Ok(());
-        }
-    };
-    match kind {
-        "http" => HttpConfig::from_tool(tool).map(drop),
-        "shell" => ShellConfig::from_tool(tool).map(drop),
-        "delegate" => check_delegate(tool, base_dir),
-        "rust" => Ok(()),
-        other => Err(config(format!(
-            "unknown `_activity` `{other}` (expected one of {})",
-            KINDS.join(", ")
-        ))),
+/// The kind a tool's calls run under: its `_activity`, else `delegate` when it has `_delegate`;
+/// None for a latent tool.
+pub(super) fn kind_of(tool: &Tool) -> Option<&str> {
+    match tool.activity.as_deref() {
+        Some(k) => Some(k),
+        None if tool.schema.contains_key("_delegate") => Some("delegate"),
+        None => None,
     }
 }
 
-fn check_delegate(tool: &Tool, base_dir: &FsPath) -> Result<(), ActivityError> {
-    let config = |reason: String| ActivityError::Config {
-        tool: tool.name.clone(),
-        reason,
-    };
-    let target = tool
-        .schema
-        .get("_delegate")
-        .and_then(serde_json::Value::as_str)
-        .ok_or_else(|| config("`_delegate` must be a goal file path or \"anonymous\"".into()))?;
-    if target == "anonymous" {
-        return Ok(());
+impl Registry {
+    /// Checks a tool's activity kind and configuration by this registry's kinds. `base_dir` is the
+    /// goal's folder (delegate goal paths are relative to it). Tools registered by name pass.
+    pub fn check(&self, tool: &Tool, base_dir: &FsPath) -> Result<(), ActivityError> {
+        if self.has(&tool.name) {
+            return Ok(());
+        }
+        let Some(kind) = kind_of(tool) else {
+            // A latent tool carrying some kind's configuration: `_activity` was forgotten.
+            for name in self.kinds() {
+                let key = format!("_{name}");
+                if tool.schema.contains_key(&key) {
+                    return Err(ActivityError::Config {
+                        tool: tool.name.clone(),
+                        reason: format!(
+                            "`{key}` is given but `_activity` is not set (add `\"_activity\": \"{name}\"`)"
+                        ),
+                    });
+                }
+            }
+            return Ok(());
+        };
+        match self.kind(kind) {
+            Some(k) => k.check(tool, base_dir),
+            None => Err(ActivityError::UnknownKind {
+                tool: tool.name.clone(),
+                kind: kind.to_string(),
+                known: self.kinds().join(", "),
+            }),
+        }
     }
-    crate::goal::Goal::load(&base_dir.join(target))
-        .map(drop)
-        .map_err(|e| config(format!("`_delegate`: {e}")))
+}
+
+/// Checks a tool's activity kind and configuration against the built-in kinds. `base_dir` is the
+/// goal's folder. `dagloop validate` calls this; the builder calls [`Registry::check`] on its own
+/// registry (the same rule, plus the kinds a program registered).
+pub fn check_tool(tool: &Tool, base_dir: &FsPath) -> Result<(), ActivityError> {
+    static BUILT_IN: LazyLock<Registry> = LazyLock::new(Registry::new);
+    BUILT_IN.check(tool, base_dir)
 }

@@ -1,14 +1,19 @@
 //! Activities: the code that executes a call (protocol chapter 003).
 //!
-//! A [`Registry`] maps tools to activities: Rust closures registered by name (typed params and
-//! results), the built-in `http` and `shell` activities configured in the tool schema, and
-//! delegates (nested runs, supplied by the engine through [`DelegateRunner`]). A tool with no
-//! activity is latent: the model fills `_output` itself and nothing runs here.
+//! A [`Registry`] maps tools to activities: activities registered under a tool's name (typed Rust
+//! closures, MCP tools), else the [`ActivityKind`] registered under the tool's `_activity`: the
+//! built-in `http` and `shell` (configured in the tool schema), `delegate` (nested runs, supplied
+//! by the engine through [`DelegateRunner`]), `rust`, and any kind a program adds with
+//! [`Registry::register_kind`]. A tool with no activity is latent: the model fills `_output`
+//! itself and nothing runs here. Each call gets an [`ActivityContext`] (idempotency key, scoped
+//! parent data, a [`ProgressSink`]).
 //!
 //! Deliberately not here: scheduling, approval, retries or writing results to state.
 
 mod check;
+mod context;
 mod http;
+mod kind;
 pub mod mcp;
 mod shell;
 
@@ -24,7 +29,9 @@ use serde_json::{Map, Value, json};
 use crate::protocol::{Call, Tool};
 
 pub use check::{KINDS, check_tool};
+pub use context::{ActivityContext, Progress, ProgressSink};
 pub use http::HttpConfig;
+pub use kind::ActivityKind;
 pub use shell::ShellConfig;
 
 /// What an activity produced.
@@ -56,6 +63,16 @@ pub enum ActivityError {
         tool: String,
         /// The activity kind the tool asked for.
         activity: String,
+    },
+    /// The tool's `_activity` names a kind nobody registered.
+    #[error("tool `{tool}`: unknown `_activity` `{kind}` (known kinds: {known})")]
+    UnknownKind {
+        /// The tool.
+        tool: String,
+        /// The kind it names.
+        kind: String,
+        /// The registered kinds, comma-separated.
+        known: String,
     },
     /// The params do not fit the activity.
     #[error("bad params for `{tool}`: {reason}")]
@@ -100,6 +117,7 @@ impl ActivityError {
     pub fn code(&self) -> &'static str {
         match self {
             ActivityError::Unknown { .. } => "activity.unknown",
+            ActivityError::UnknownKind { .. } => "activity.unknown_kind",
             ActivityError::BadParams { .. } => "activity.bad_params",
             ActivityError::Config { .. } => "activity.config",
             ActivityError::ShellDisabled { .. } => "activity.shell_disabled",
@@ -127,6 +145,13 @@ pub type ActivityFuture = BoxFuture<'static, Result<ActivityOutput, ActivityErro
 pub trait Activity: Send + Sync {
     /// Runs one call. `params` are resolved (references replaced by values).
     fn run(&self, tool: &Tool, call: Call) -> ActivityFuture;
+
+    /// Runs one call with its context (idempotency key, progress sink). The default ignores the
+    /// context and calls [`Activity::run`]; activities that report progress override it.
+    fn run_with(&self, tool: &Tool, call: Call, cx: ActivityContext) -> ActivityFuture {
+        let _ = cx;
+        self.run(tool, call)
+    }
 }
 
 struct FnActivity<F>(F);
@@ -147,28 +172,62 @@ pub trait DelegateRunner: Send + Sync {
     fn run_delegate(&self, tool: &Tool, call: Call, scoped: Map<String, Value>) -> ActivityFuture;
 }
 
-/// Tools' activities by name, plus the built-ins.
-#[derive(Clone, Default)]
+/// Tools' activities by name, and activity kinds by `_activity` name.
+#[derive(Clone)]
 pub struct Registry {
     by_name: BTreeMap<String, Arc<dyn Activity>>,
-    shell_enabled: bool,
-    delegate: Option<Arc<dyn DelegateRunner>>,
-    http: http::Client,
+    kinds: BTreeMap<String, Arc<dyn ActivityKind>>,
+}
+
+impl Default for Registry {
+    fn default() -> Self {
+        let mut r = Registry {
+            by_name: BTreeMap::new(),
+            kinds: BTreeMap::new(),
+        };
+        r.register_kind("http", Arc::new(kind::HttpKind::default()))
+            .register_kind("shell", Arc::new(kind::ShellKind { enabled: false }))
+            .register_kind("delegate", Arc::new(kind::DelegateKind::default()))
+            .register_kind("rust", Arc::new(kind::RustKind));
+        r
+    }
 }
 
 impl std::fmt::Debug for Registry {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Registry")
             .field("tools", &self.by_name.keys().collect::<Vec<_>>())
-            .field("shell_enabled", &self.shell_enabled)
+            .field("kinds", &self.kinds())
             .finish()
     }
 }
 
 impl Registry {
-    /// An empty registry: http available, shell disabled.
+    /// A registry with the built-in kinds (`http`, `shell` disabled, `delegate` with no runner,
+    /// `rust`) and no named activities.
     pub fn new() -> Self {
         Registry::default()
+    }
+
+    /// Registers an activity kind: tools whose `_activity` is `name` are checked and run by it.
+    /// A later registration of the same name wins (a program may replace a built-in).
+    pub fn register_kind(
+        &mut self,
+        name: impl Into<String>,
+        kind: Arc<dyn ActivityKind>,
+    ) -> &mut Self {
+        self.kinds.insert(name.into(), kind);
+        self
+    }
+
+    /// The registered kind names, sorted.
+    pub fn kinds(&self) -> Vec<&str> {
+        self.kinds.keys().map(String::as_str).collect()
+    }
+
+    /// The kind registered under `name`.
+    pub fn kind(&self, name: &str) -> Option<&Arc<dyn ActivityKind>> {
+        self.kinds.get(name)
     }
 
     /// Registers an activity for a tool name. A later registration of the same name wins.
@@ -223,16 +282,19 @@ impl Registry {
         self.register(name, Arc::new(FnActivity(wrapped)))
     }
 
-    /// Allows the built-in shell activity (off by default).
+    /// Allows the built-in shell activity (off by default). Installs the built-in `shell` kind.
     pub fn enable_shell(&mut self, on: bool) -> &mut Self {
-        self.shell_enabled = on;
-        self
+        self.register_kind("shell", Arc::new(kind::ShellKind { enabled: on }))
     }
 
-    /// Installs the runner for delegate tools.
+    /// Installs the runner for delegate tools (the built-in `delegate` kind).
     pub fn set_delegate_runner(&mut self, runner: Arc<dyn DelegateRunner>) -> &mut Self {
-        self.delegate = Some(runner);
-        self
+        self.register_kind(
+            "delegate",
+            Arc::new(kind::DelegateKind {
+                runner: Some(runner),
+            }),
+        )
     }
 
     /// True when an activity is registered under this tool name.
@@ -242,13 +304,13 @@ impl Registry {
 
     /// True when calls to `tool` are executed (not latent).
     pub fn executes(&self, tool: &Tool) -> bool {
-        self.has(&tool.name) || tool.activity.is_some() || tool.schema.contains_key("_delegate")
+        self.has(&tool.name) || check::kind_of(tool).is_some()
     }
 
-    /// Runs a call: a registered activity first, then the tool's `_activity` built-in.
+    /// Runs a call: a registered activity first, then the tool's `_activity` kind.
     /// `scoped` is the parent context for delegates.
     pub fn run(&self, tool: &Tool, call: Call, scoped: Map<String, Value>) -> ActivityFuture {
-        self.run_keyed(tool, call, scoped, None)
+        self.run_with(tool, call, ActivityContext::new().with_scoped(scoped))
     }
 
     /// Like [`Registry::run`], with an idempotency key: the same for every attempt at one call
@@ -261,46 +323,34 @@ impl Registry {
         scoped: Map<String, Value>,
         key: Option<&str>,
     ) -> ActivityFuture {
+        let cx = ActivityContext::new()
+            .with_scoped(scoped)
+            .with_key(key.map(str::to_string));
+        self.run_with(tool, call, cx)
+    }
+
+    /// Runs a call with its context: the activity registered under the tool's name, else the
+    /// kind its `_activity` names (an unknown kind fails with `activity.unknown_kind`, a latent
+    /// tool with `activity.unknown`).
+    pub fn run_with(&self, tool: &Tool, call: Call, cx: ActivityContext) -> ActivityFuture {
         if let Some(a) = self.by_name.get(&tool.name) {
-            return a.run(tool, call);
+            return a.run_with(tool, call, cx);
         }
-        let kind = tool.activity.clone().unwrap_or_else(|| {
-            if tool.schema.contains_key("_delegate") {
-                "delegate".into()
-            } else {
-                "latent".into()
-            }
-        });
-        let err = |e: ActivityError| -> ActivityFuture { Box::pin(async move { Err(e) }) };
-        match kind.as_str() {
-            "http" => match HttpConfig::from_tool(tool) {
-                Ok(mut cfg) => {
-                    if let Some(k) = key {
-                        cfg.headers.insert("Idempotency-Key".into(), k.to_string());
-                    }
-                    self.http.run(cfg, tool.name.clone(), call.params)
-                }
-                Err(e) => err(e),
-            },
-            "shell" if !self.shell_enabled => err(ActivityError::ShellDisabled {
-                tool: tool.name.clone(),
-            }),
-            "shell" => match ShellConfig::from_tool(tool) {
-                Ok(cfg) => shell::run(cfg, tool.name.clone(), call.params),
-                Err(e) => err(e),
-            },
-            "delegate" => match &self.delegate {
-                Some(d) => d.run_delegate(tool, call, scoped),
-                None => err(ActivityError::Unknown {
+        let e = match check::kind_of(tool) {
+            Some(name) => match self.kinds.get(name) {
+                Some(k) => return k.run(tool, call, cx),
+                None => ActivityError::UnknownKind {
                     tool: tool.name.clone(),
-                    activity: kind,
-                }),
+                    kind: name.to_string(),
+                    known: self.kinds().join(", "),
+                },
             },
-            _ => err(ActivityError::Unknown {
+            None => ActivityError::Unknown {
                 tool: tool.name.clone(),
-                activity: kind,
-            }),
-        }
+                activity: "latent".into(),
+            },
+        };
+        Box::pin(async move { Err(e) })
     }
 }
 
@@ -449,6 +499,7 @@ mod tests {
         assert_eq!(e.code(), "activity.shell_disabled");
         tool.activity = Some("teleport".into());
         let e = r.run(&tool, Call::new("ls"), Map::new()).await.unwrap_err();
-        assert_eq!(e.code(), "activity.unknown");
+        assert_eq!(e.code(), "activity.unknown_kind");
+        assert!(e.to_string().contains("delegate, http, rust, shell"), "{e}");
     }
 }

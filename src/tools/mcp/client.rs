@@ -18,7 +18,9 @@ use tokio::io::AsyncReadExt;
 
 use crate::goal::Goal;
 use crate::protocol::{Call, Tool};
-use crate::tools::{Activity, ActivityError, ActivityFuture};
+use crate::tools::{
+    Activity, ActivityContext, ActivityError, ActivityFuture, Progress, ProgressSink,
+};
 
 use super::mapping::{error_of, result_value, to_tool};
 use super::{McpError, McpServerConfig, final_names};
@@ -38,15 +40,20 @@ pub struct ProgressUpdate {
     pub message: Option<String>,
 }
 
-/// Receives progress notifications (the engine can turn them into events).
+/// Receives every progress notification of a set of servers (besides the calling activity's own
+/// [`ProgressSink`], through which a run turns them into `call_progress` events).
 pub type ProgressFn = Arc<dyn Fn(ProgressUpdate) + Send + Sync>;
 
-/// Routes progress notifications to the call that asked for them, by progress token.
+/// A call in flight, by progress token: its MCP tool name and where its progress goes.
+type InFlight = HashMap<String, (String, ProgressSink)>;
+
+/// Routes progress notifications to the call that asked for them, by progress token. A
+/// notification that arrives after its call's answer finds no entry and is dropped.
 #[derive(Clone, Default)]
 struct Handler {
     server: String,
     sink: Option<ProgressFn>,
-    calls: Arc<StdMutex<HashMap<String, String>>>,
+    calls: Arc<StdMutex<InFlight>>,
 }
 
 impl rmcp::ClientHandler for Handler {
@@ -55,10 +62,15 @@ impl rmcp::ClientHandler for Handler {
         params: ProgressNotificationParam,
         _context: NotificationContext<RoleClient>,
     ) -> impl Future<Output = ()> + Send + '_ {
-        if let Some(sink) = &self.sink {
-            let key = serde_json::to_string(&params.progress_token).unwrap_or_default();
-            let tool = self.calls.lock().ok().and_then(|c| c.get(&key).cloned());
-            if let Some(tool) = tool {
+        let key = serde_json::to_string(&params.progress_token).unwrap_or_default();
+        let call = self.calls.lock().ok().and_then(|c| c.get(&key).cloned());
+        if let Some((tool, progress)) = call {
+            progress.report(Progress {
+                progress: params.progress,
+                total: params.total,
+                message: params.message.clone(),
+            });
+            if let Some(sink) = &self.sink {
                 sink(ProgressUpdate {
                     server: self.server.clone(),
                     tool,
@@ -229,7 +241,12 @@ impl Server {
         dead.cancellation_token().cancel();
     }
 
-    async fn call(&self, tool: &str, args: Map<String, Value>) -> Result<Value, ActivityError> {
+    async fn call(
+        &self,
+        tool: &str,
+        args: Map<String, Value>,
+        progress: ProgressSink,
+    ) -> Result<Value, ActivityError> {
         let name = self.config.name().to_string();
         let failed = |code: &str, message: String| ActivityError::Failed {
             message,
@@ -263,7 +280,7 @@ impl Server {
         };
         let key = serde_json::to_string(&handle.progress_token).unwrap_or_default();
         if let Ok(mut c) = self.handler.calls.lock() {
-            c.insert(key.clone(), tool.to_string());
+            c.insert(key.clone(), (tool.to_string(), progress));
         }
         let mut guard = CancelOnDrop {
             peer: handle.peer.clone(),
@@ -271,6 +288,9 @@ impl Server {
         };
         let answer = handle.await_response().await;
         guard.id = None;
+        // The SDK handles each notification on a task of its own: let one sent just before the
+        // answer reach the call's sink before the call stops listening (best effort).
+        tokio::task::yield_now().await;
         if let Ok(mut c) = self.handler.calls.lock() {
             c.remove(&key);
         }
@@ -329,10 +349,20 @@ struct McpActivity {
 }
 
 impl Activity for McpActivity {
-    fn run(&self, _tool: &Tool, call: Call) -> ActivityFuture {
+    fn run(&self, tool: &Tool, call: Call) -> ActivityFuture {
+        self.run_with(tool, call, ActivityContext::new())
+    }
+
+    /// Progress notifications of the call go to the context's progress sink.
+    fn run_with(&self, _tool: &Tool, call: Call, cx: ActivityContext) -> ActivityFuture {
         let server = self.server.clone();
         let tool = self.tool.clone();
-        Box::pin(async move { server.call(&tool, call.params).await.map(Into::into) })
+        Box::pin(async move {
+            server
+                .call(&tool, call.params, cx.progress)
+                .await
+                .map(Into::into)
+        })
     }
 }
 
@@ -457,7 +487,7 @@ impl McpServers {
         args: Map<String, Value>,
     ) -> Result<Value, ActivityError> {
         match self.servers.iter().find(|s| s.config.name() == server) {
-            Some(s) => s.call(tool, args).await,
+            Some(s) => s.call(tool, args, ProgressSink::none()).await,
             None => Err(ActivityError::Unknown {
                 tool: tool.to_string(),
                 activity: format!("mcp server `{server}`"),

@@ -15,7 +15,9 @@
 //! - results: `structuredContent` when present, else the text blocks joined with `\n` (parsed when
 //!   the joined text is a JSON object or array, else kept as a string), else the raw content array;
 //!   `isError: true` is [`ActivityError::Failed`](crate::tools::ActivityError::Failed) with the same value in `details.result`;
-//! - progress notifications go to an optional [`ProgressFn`]; a call that exceeds the server's
+//! - progress notifications (`notifications/progress`, matched to the call by its progress token)
+//!   go to the calling activity's [`ProgressSink`](crate::tools::ProgressSink) (a run publishes
+//!   them as `call_progress` events) and to an optional [`ProgressFn`] for all servers; a call that exceeds the server's
 //!   `timeout_s` is cancelled on the server (`notifications/cancelled`) and fails as
 //!   [`ActivityError::Timeout`](crate::tools::ActivityError::Timeout);
 //! - a server that dies mid-run fails the call in flight; the next call restarts it;

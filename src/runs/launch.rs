@@ -1,0 +1,222 @@
+//! Starting and continuing runs: the goal's MCP servers, the agent, its store records, and the
+//! decisions recorded while no process ran the run.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use serde_json::Value;
+use tokio_util::sync::CancellationToken;
+
+use super::{RunOptions, RunsError, policy_for};
+use crate::approval::Approver;
+use crate::engine::{Agent, AgentBuilder, JournalSink, RunHandle};
+use crate::goal::Goal;
+use crate::machine::JournalEntry;
+use crate::protocol::{OpError, Tool};
+use crate::store::{RunRecord, RunStore, SqliteStore};
+use crate::tools::Activity;
+
+/// Who answers the run's approval requests.
+pub enum Review {
+    /// Nobody in this process: decisions arrive as ops (a terminal prompt, the server's API,
+    /// `dagloop decide`).
+    External,
+    /// This approver (scripted decisions, a policy default).
+    Approver(Arc<dyn Approver>),
+}
+
+#[cfg(feature = "mcp")]
+type Servers = crate::tools::mcp::McpServers;
+#[cfg(not(feature = "mcp"))]
+type Servers = ();
+
+/// A run that is built and recorded, not yet started.
+pub struct Prepared {
+    agent: Agent,
+    journal: Option<Vec<JournalEntry>>,
+    store: Option<Arc<SqliteStore>>,
+    servers: Option<Servers>,
+}
+
+/// A run that is going.
+pub struct Launched {
+    /// Ops in, events out.
+    pub handle: RunHandle,
+    /// Decisions recorded while no process ran the run that no longer apply.
+    pub refused: Vec<OpError>,
+    /// The goal's MCP servers; they stop when this is dropped.
+    pub servers: Option<Servers>,
+}
+
+/// Builds the run (`resume`: its id and journal) and records it in the store. `sink` replaces
+/// the store as the journal's durable sink (the crash-test hook wraps the store).
+#[allow(clippy::too_many_arguments)]
+pub async fn prepare(
+    goal: Goal,
+    opts: &RunOptions,
+    resume: Option<(String, Vec<JournalEntry>)>,
+    review: Review,
+    cancel: CancellationToken,
+    store: Option<Arc<SqliteStore>>,
+    sink: Option<Arc<dyn JournalSink>>,
+    owner_pid: u32,
+) -> Result<Prepared, RunsError> {
+    let policy = policy_for(&goal, opts.approve.as_deref())?;
+    let record_goal = serde_json::to_value(&goal).unwrap_or(Value::Null);
+    let base_dir = goal.base_dir.display().to_string();
+    // MCP servers start before anything runs; a server that cannot start is an error now.
+    let mcp = start_mcp(&goal).await?;
+    let mut builder = AgentBuilder::new(goal).policy(policy).cancel_token(cancel);
+    builder = match review {
+        Review::External => builder.external_review(),
+        Review::Approver(a) => builder.approver(a),
+    };
+    builder.registry_mut().enable_shell(opts.allow_shell);
+    if let Some(m) = &opts.model {
+        builder = builder.model_spec(m.clone());
+    }
+    if let Some(m) = opts.mode.as_deref() {
+        builder = builder.mode(if m == "tools" {
+            crate::llm::Mode::ToolCalls
+        } else {
+            crate::llm::Mode::StructuredOutput
+        });
+    }
+    let (run_id, journal) = match resume {
+        Some((id, j)) => (Some(id), Some(j)),
+        None => (None, None),
+    };
+    if let Some(id) = &run_id {
+        builder = builder.run_id(id.clone());
+    }
+    let servers = match mcp {
+        Some((tools, activities, servers)) => {
+            let mut acts: BTreeMap<String, Arc<dyn Activity>> = activities.into_iter().collect();
+            for t in tools {
+                if let Some(a) = acts.remove(&t.name) {
+                    builder = builder.tool(t, a);
+                }
+            }
+            Some(servers)
+        }
+        None => None,
+    };
+    match (sink, &store) {
+        (Some(s), _) => builder = builder.journal(s),
+        (None, Some(s)) => builder = builder.journal(s.clone()),
+        (None, None) => {}
+    }
+    let agent = builder.build()?;
+    if let Some(s) = &store {
+        let id = agent.run_id().to_string();
+        match &journal {
+            None => s.create(
+                &RunRecord {
+                    id,
+                    created_at: now_ms(),
+                    goal: record_goal,
+                    base_dir,
+                    options: serde_json::to_value(opts).unwrap_or(Value::Null),
+                },
+                owner_pid,
+            )?,
+            Some(_) => s.claim(&id, owner_pid)?,
+        }
+    }
+    Ok(Prepared {
+        agent,
+        journal,
+        store,
+        servers,
+    })
+}
+
+impl Prepared {
+    /// The run's id.
+    pub fn run_id(&self) -> &str {
+        self.agent.run_id()
+    }
+
+    /// Starts (or continues) the run; decisions recorded while no process ran it apply first.
+    pub async fn start(self) -> Result<Launched, RunsError> {
+        let resumed = self.journal.is_some();
+        let handle = match self.journal {
+            Some(j) => self.agent.resume(j),
+            None => self.agent.start(),
+        };
+        let mut refused = Vec::new();
+        if resumed && let Some(s) = &self.store {
+            for op in s.take_ops(handle.run_id())? {
+                if let Err(e) = handle.submit(op).await {
+                    refused.push(e);
+                }
+            }
+        }
+        Ok(Launched {
+            handle,
+            refused,
+            servers: self.servers,
+        })
+    }
+}
+
+/// Applies decisions recorded in the store (`dagloop decide`) while this process runs the run;
+/// `refused` hears about those that no longer apply.
+pub fn spawn_op_poller(
+    handle: &RunHandle,
+    store: Arc<SqliteStore>,
+    refused: impl Fn(OpError) + Send + 'static,
+) -> tokio::task::JoinHandle<()> {
+    let handle = handle.clone();
+    tokio::spawn(async move {
+        loop {
+            let id = handle.run_id().to_string();
+            let s = store.clone();
+            let ops = tokio::task::spawn_blocking(move || s.take_ops(&id))
+                .await
+                .ok()
+                .and_then(Result::ok)
+                .unwrap_or_default();
+            for op in ops {
+                if let Err(e) = handle.submit(op).await {
+                    refused(e);
+                }
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+        }
+    })
+}
+
+type McpStart = (Vec<Tool>, Vec<(String, Arc<dyn Activity>)>, Servers);
+
+#[cfg(feature = "mcp")]
+async fn start_mcp(goal: &Goal) -> Result<Option<McpStart>, RunsError> {
+    if goal.mcp_servers.is_empty() {
+        return Ok(None);
+    }
+    crate::tools::mcp::start_for_goal(goal, None)
+        .await
+        .map(Some)
+        .map_err(|e| RunsError::Tools {
+            code: e.code(),
+            message: e.to_string(),
+        })
+}
+
+#[cfg(not(feature = "mcp"))]
+async fn start_mcp(goal: &Goal) -> Result<Option<McpStart>, RunsError> {
+    if goal.mcp_servers.is_empty() {
+        return Ok(None);
+    }
+    Err(RunsError::Tools {
+        code: "cli.feature_disabled",
+        message: "this goal names MCP servers; build dagloop with the `mcp` feature".into(),
+    })
+}
+
+/// Milliseconds since the Unix epoch.
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}

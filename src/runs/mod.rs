@@ -1,0 +1,93 @@
+//! Runs as every front-end sees them: start one from a goal and its options, continue a stored
+//! one, pick up decisions recorded elsewhere, and describe a run (its calls, timeline and
+//! critical path) from its journal.
+//!
+//! The command line (`run`, `resume`, `show`, `decide`) and the server call this module, so
+//! both apply one set of rules: the same policy from the same options, the same MCP start-up,
+//! the same store records, the same description of a run.
+//!
+//! Deliberately not here: printing, terminals, HTTP (the front-ends), and any decision about
+//! a run (the machine takes them; this module only replays its journal).
+
+mod launch;
+mod options;
+mod view;
+
+pub use launch::{Launched, Prepared, Review, now_ms, prepare, spawn_op_poller};
+pub use options::{RunOptions, policy_for};
+pub use view::{Rebuilt, describe, rebuild};
+
+/// Why a run could not be started, resumed or described.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RunsError {
+    /// The goal is invalid.
+    #[error(transparent)]
+    Goal(#[from] crate::goal::GoalError),
+    /// The agent could not be built from it.
+    #[error(transparent)]
+    Agent(#[from] crate::engine::AgentError),
+    /// The store refused.
+    #[error(transparent)]
+    Store(#[from] crate::store::StoreError),
+    /// The approval policy (the goal's `approval`, or the options') is invalid.
+    #[error("the approval policy is invalid: {reason}")]
+    Policy {
+        /// What is wrong.
+        reason: String,
+    },
+    /// A tool source (an MCP server) could not start.
+    #[error("{message}")]
+    Tools {
+        /// The tool source's own code.
+        code: &'static str,
+        /// What it said.
+        message: String,
+    },
+}
+
+impl RunsError {
+    /// A stable code.
+    pub fn code(&self) -> &'static str {
+        match self {
+            RunsError::Goal(e) => e.code(),
+            RunsError::Agent(e) => e.code(),
+            RunsError::Store(e) => e.code(),
+            RunsError::Policy { .. } => "agent.invalid_policy",
+            RunsError::Tools { code, .. } => code,
+        }
+    }
+}
+
+/// Why an op for a stored run was not recorded.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Refused {
+    /// The op does not apply to the run as its journal stands (rule 21).
+    #[error(transparent)]
+    Op(crate::protocol::OpError),
+    /// The run could not be read or rebuilt.
+    #[error(transparent)]
+    Runs(#[from] RunsError),
+}
+
+/// Records an op for a stored run that this process does not drive, after checking it against
+/// the run rebuilt from its journal; the process that drives the run (or the next `resume`)
+/// applies it. Returns whether some process drives the run now.
+pub fn record_op(
+    store: &crate::store::SqliteStore,
+    id: &str,
+    op: &crate::protocol::Op,
+) -> Result<bool, Refused> {
+    use crate::store::RunStore;
+    let stored = store.load(id).map_err(RunsError::from)?;
+    if let Some(r) = &stored.result {
+        return Err(Refused::Op(crate::protocol::OpError::RunFinished {
+            status: r.status.as_str().to_string(),
+        }));
+    }
+    let rb = rebuild(&stored.record, &stored.journal)?;
+    rb.machine.check_op(op).map_err(Refused::Op)?;
+    store.push_op(id, op).map_err(RunsError::from)?;
+    Ok(stored.owner_pid.is_some())
+}

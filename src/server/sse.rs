@@ -1,0 +1,91 @@
+//! A run's events as Server-Sent Events: each event's `id` is its sequence number, so a client
+//! that reconnects with `Last-Event-ID` continues without gap or duplicate (the run's
+//! subscription replays the journal for what it missed). The stream ends after `run_finished`.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+
+use axum::extract::{Path, Query, State};
+use axum::http::HeaderMap;
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use futures::stream::{self, BoxStream, StreamExt};
+
+use super::error::ApiError;
+use super::state::AppState;
+use crate::protocol::Event;
+
+#[derive(serde::Deserialize)]
+pub(super) struct After {
+    /// Resume after this sequence number (for clients that cannot send `Last-Event-ID`).
+    after: Option<u64>,
+}
+
+fn frame(e: &Event) -> Result<SseEvent, Infallible> {
+    Ok(SseEvent::default()
+        .id(e.seq.to_string())
+        .event(e.kind.name())
+        .data(serde_json::to_string(e).unwrap_or_default()))
+}
+
+/// The run's events from the start, or after `Last-Event-ID` (or `?after=`), then live ones.
+#[utoipa::path(get, path = "/runs/{id}/events", tag = "runs",
+    params(("id" = String, Path, description = "The run id"),
+           ("after" = Option<u64>, Query, description = "Start after this sequence number (the `Last-Event-ID` header does the same)"),
+           ("ticket" = Option<String>, Query, description = "A ticket from POST /tickets, for clients that cannot send headers")),
+    responses((status = 200, description = "text/event-stream: `id` = sequence number, `event` = event type, `data` = the event as JSON", content_type = "text/event-stream", body = String),
+              (status = 404, description = "No such run", body = ApiError)))]
+pub(super) async fn events(
+    State(st): State<Arc<AppState>>,
+    Path(id): Path<String>,
+    Query(q): Query<After>,
+    headers: HeaderMap,
+) -> Result<impl axum::response::IntoResponse, ApiError> {
+    let after = headers
+        .get("last-event-id")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .or(q.after)
+        .unwrap_or(0);
+    let stream: BoxStream<'static, Result<SseEvent, Infallible>> = match st.live(&id) {
+        Some(live) => {
+            let sub = live.handle.subscribe_from(after);
+            stream::unfold(sub, |mut sub| async move {
+                loop {
+                    let e = sub.recv().await?;
+                    if !e.kind.is_ephemeral() {
+                        return Some((frame(&e), sub));
+                    }
+                }
+            })
+            .boxed()
+        }
+        None => {
+            // Nobody drives it here: what its journal holds, then the end.
+            let store = st.store.clone();
+            let run = id.clone();
+            let events = tokio::task::spawn_blocking(move || -> Result<Vec<Event>, ApiError> {
+                use crate::store::RunStore;
+                let s = store.load(&run).map_err(|e| ApiError::from_store(&e))?;
+                let rb = crate::runs::rebuild(&s.record, &s.journal).map_err(|e| {
+                    ApiError::new(axum::http::StatusCode::INTERNAL_SERVER_ERROR, e.code(), e)
+                })?;
+                Ok(rb.events)
+            })
+            .await
+            .map_err(|e| {
+                ApiError::new(
+                    axum::http::StatusCode::INTERNAL_SERVER_ERROR,
+                    "server.internal",
+                    e,
+                )
+            })??;
+            let frames: Vec<_> = events
+                .iter()
+                .filter(|e| e.seq > after && !e.kind.is_ephemeral())
+                .map(frame)
+                .collect();
+            stream::iter(frames).boxed()
+        }
+    };
+    Ok(Sse::new(stream).keep_alive(KeepAlive::default()))
+}
