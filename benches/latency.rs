@@ -253,7 +253,8 @@ async fn stream_calls(
 /// client (no SSE framing, no decoding, no parsing). Returns, for each call in order, when the
 /// chunk holding its closing frame arrived, in ns since `base`.
 async fn raw_chunks(url: String, base: Instant) -> Vec<(usize, u64)> {
-    let resp = reqwest::Client::new()
+    let resp = dagloop::net::client()
+        .expect("an HTTP client")
         .post(format!("{url}/chat/completions"))
         .json(&json!({"model": "bench", "stream": true}))
         .send()

@@ -125,7 +125,7 @@ fn main() {
     let auto = goal(dir.path(), "auto");
     println!("server: dagloop serve on loopback, scripted model, SQLite store (WAL)");
     rt.block_on(async {
-        let c = reqwest::Client::new();
+        let c = dagloop::net::client().expect("an HTTP client");
         one_run(&c, &base, &auto).await; // warm-up
         for (clients, runs_each) in [(1usize, 100usize), (10, 30), (100, 5)] {
             let t = Instant::now();

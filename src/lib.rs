@@ -33,6 +33,7 @@ pub mod goal;
 pub mod graph;
 pub mod llm;
 pub mod machine;
+pub mod net;
 pub mod plan;
 pub mod protocol;
 pub mod runs;

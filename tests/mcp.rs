@@ -302,6 +302,36 @@ async fn a_missing_command_fails_before_anything_runs() {
     assert!(e.to_string().contains("`ghost`"), "{e}");
 }
 
+/// An `https://` server URL speaks TLS: the MCP client shares dagloop's rustls set-up, so the
+/// first bytes a listener on loopback receives are a TLS handshake record (0x16), and the
+/// server that answers them with garbage is a handshake error naming it.
+#[tokio::test]
+async fn an_https_server_url_speaks_tls() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    let first = tokio::spawn(async move {
+        let (mut sock, _) = listener.accept().await.expect("accept");
+        let mut buf = [0u8; 3];
+        sock.read_exact(&mut buf).await.expect("read");
+        let _ = sock.write_all(b"HTTP/1.1 200 OK\r\n\r\n").await;
+        buf
+    });
+    let config: McpServerConfig = serde_json::from_value(json!({
+        "name": "secure", "url": format!("https://127.0.0.1:{port}/mcp"), "startup_timeout_s": 10
+    }))
+    .expect("config");
+    let e = McpServers::start(&[config])
+        .await
+        .expect_err("garbage is no TLS server");
+    assert_eq!(e.server(), "secure");
+    let bytes = first.await.expect("listener");
+    assert_eq!(bytes[0], 0x16, "a TLS handshake record, got {bytes:?}");
+    assert_eq!(bytes[1], 0x03, "TLS major version 3, got {bytes:?}");
+}
+
 fn script(dir: &std::path::Path, body: &str) -> String {
     use std::os::unix::fs::PermissionsExt;
     let path = dir.join("server.sh");
@@ -491,7 +521,7 @@ fn goal_files_with_bad_mcp_servers_are_invalid() {
             "command",
         ),
         (json!([{"name": "a b", "command": "srv"}]), "server name"),
-        (json!([{"name": "web", "url": "https://h/mcp"}]), "no TLS"),
+        (json!([{"name": "web", "url": "ftp://h/mcp"}]), "http(s)"),
         (
             json!([{"name": "fs", "command": "a"}, {"name": "fs", "command": "b"}]),
             "two MCP",

@@ -97,7 +97,7 @@ async fn start_server(chat_format: Option<&str>) -> Server {
         log,
         _dir: dir,
     };
-    let client = reqwest::Client::new();
+    let client = dagloop::net::client().expect("an HTTP client");
     let deadline = Instant::now() + Duration::from_secs(180);
     loop {
         if let Ok(Some(status)) = server.child.try_wait() {

@@ -9,7 +9,7 @@ mod bin;
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -74,7 +74,13 @@ struct Server {
 
 impl Server {
     fn start(store: &Path, token: Option<&str>) -> Server {
+        Server::start_with(store, token, |_| {})
+    }
+
+    /// [`Server::start`], with `setup` changing the command first (working directory, env).
+    fn start_with(store: &Path, token: Option<&str>, setup: impl FnOnce(&mut Command)) -> Server {
         let mut c = bin::dagloop();
+        setup(&mut c);
         c.args(["serve", "--addr", "127.0.0.1:0", "--store"])
             .arg(store)
             .stdout(Stdio::piped())
@@ -125,7 +131,7 @@ impl Drop for Server {
 }
 
 fn client() -> reqwest::Client {
-    reqwest::Client::new()
+    dagloop::net::client().expect("an HTTP client")
 }
 
 async fn send(rb: reqwest::RequestBuilder) -> (u16, Value) {
@@ -567,6 +573,73 @@ async fn a_server_killed_mid_run_continues_the_run_after_a_restart() {
         BTreeMap::from([(1, 1), (2, 1)]),
         "no completed call ran twice"
     );
+}
+
+/// `dagloop serve` shares a goal's MCP servers between its runs: two runs of the mcp-files
+/// example start the filesystem server once (a wrapper script logs every start), both succeed,
+/// and the second one reads what it wrote through the same server.
+#[cfg(feature = "mcp")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_server_starts_each_mcp_server_once_for_all_its_runs() {
+    if std::env::var("DAGLOOP_SKIP_MCP").as_deref() == Ok("1") {
+        eprintln!("SKIPPED (DAGLOOP_SKIP_MCP=1)");
+        return;
+    }
+    let npm = std::env::var_os("DAGLOOP_MCP_NPM")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/dagloop/npm")))
+        .unwrap_or_default()
+        .join("node_modules/.bin/mcp-server-filesystem");
+    assert!(
+        npm.exists(),
+        "{} is missing: run scripts/setup-mcp.sh (or set DAGLOOP_SKIP_MCP=1)",
+        npm.display()
+    );
+    let dir = tempfile::tempdir().expect("tmp");
+    let files = dir.path().join("files");
+    std::fs::create_dir(&files).expect("files dir");
+    let starts = dir.path().join("starts.log");
+    let wrapper = dir.path().join("fs-server.sh");
+    std::fs::write(
+        &wrapper,
+        format!(
+            "#!/bin/sh\necho started >> '{}'\nexec '{}' \"$@\"\n",
+            starts.display(),
+            npm.display()
+        ),
+    )
+    .expect("wrapper");
+    let chmod = Command::new("chmod")
+        .arg("755")
+        .arg(&wrapper)
+        .status()
+        .expect("chmod");
+    assert!(chmod.success());
+    let example = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("examples/mcp-files");
+    let mut goal: Value = serde_json::from_str(
+        &std::fs::read_to_string(example.join("goal.json")).expect("example goal"),
+    )
+    .expect("JSON");
+    goal["mcp_servers"][0]["command"] = json!(wrapper.display().to_string());
+    goal["mcp_servers"][0]["args"] = json!([files.display().to_string()]);
+    goal["mcp_servers"][0]["from_env"] = json!([]);
+    let s = Server::start_with(&dir.path().join("runs.db"), None, |c| {
+        c.current_dir(&example);
+    });
+    for round in 0..2 {
+        let id = create(&s, &json!({"goal": goal})).await;
+        let done = until(&s, &id, |v| {
+            v["status"] != "running" && v["status"] != "waiting"
+        })
+        .await;
+        assert_eq!(done["status"], "succeeded", "round {round}: {done}");
+        assert_eq!(
+            done["output"]["content"], "Buy oat milk. Call the plumber.",
+            "{done}"
+        );
+    }
+    let log = std::fs::read_to_string(&starts).expect("the wrapper ran");
+    assert_eq!(log.lines().count(), 1, "one start for two runs: {log:?}");
 }
 
 /// `DAGLOOP_UPDATE_OPENAPI=1 cargo test --test server_api` rewrites schemas/openapi.json.

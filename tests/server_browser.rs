@@ -162,7 +162,7 @@ async fn start_driver(driver: &Path) -> (Killed, String) {
         .expect("spawn chromedriver");
     let child = Killed(child);
     let url = format!("http://127.0.0.1:{port}");
-    let http = reqwest::Client::new();
+    let http = dagloop::net::client().expect("an HTTP client");
     for _ in 0..600 {
         if let Ok(r) = http.get(format!("{url}/status")).send().await
             && r.status().is_success()
@@ -219,7 +219,8 @@ async fn save_screenshot(c: &Client, name: &str) -> PathBuf {
 }
 
 async fn api_get(base: &str, path: &str) -> Value {
-    let r = reqwest::Client::new()
+    let r = dagloop::net::client()
+        .expect("an HTTP client")
         .get(format!("{base}{path}"))
         .bearer_auth(TOKEN)
         .send()
@@ -258,7 +259,8 @@ async fn type_into(c: &Client, css: &str, text: &str) {
 /// Submits the goal and waits until its five calls await a decision; returns the run id and
 /// the `awaiting` list.
 async fn submit(base: &str, dir: &Path, url: &str) -> (String, Vec<Value>) {
-    let r = reqwest::Client::new()
+    let r = dagloop::net::client()
+        .expect("an HTTP client")
         .post(format!("{base}/runs"))
         .bearer_auth(TOKEN)
         .json(&goal(dir, url))
@@ -324,7 +326,8 @@ async fn open_run(c: &Client, base: &str, id: &str) {
 }
 
 async fn decide_by_api(base: &str, id: &str, call: u64) {
-    let r = reqwest::Client::new()
+    let r = dagloop::net::client()
+        .expect("an HTTP client")
         .post(format!("{base}/runs/{id}/approvals/{call}"))
         .bearer_auth(TOKEN)
         .json(&json!({"decision": "approve"}))

@@ -187,9 +187,12 @@ pub(super) async fn run(
         resume,
         review,
         cancel.clone(),
-        store.clone(),
-        sink,
-        std::process::id(),
+        crate::runs::Host {
+            store: store.clone(),
+            sink,
+            owner_pid: std::process::id(),
+            mcp: None,
+        },
     )
     .await
     .map_err(|e| CliError::new(e.code(), &e))?;

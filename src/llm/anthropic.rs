@@ -77,7 +77,9 @@ impl Anthropic {
             HeaderValue::from_static(ANTHROPIC_VERSION),
         );
         Ok(Anthropic {
-            client: reqwest::Client::new(),
+            client: crate::net::client().map_err(|e| LlmError::InvalidConfig {
+                reason: format!("the HTTP client could not be built: {e}"),
+            })?,
             redactor: key.redactor(),
             base_url,
             model: model.into(),

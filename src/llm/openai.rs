@@ -121,7 +121,9 @@ impl OpenAi {
         }
         let redactor = key.as_ref().map(ApiKey::redactor).unwrap_or_default();
         Ok(OpenAi {
-            client: reqwest::Client::new(),
+            client: crate::net::client().map_err(|e| LlmError::InvalidConfig {
+                reason: format!("the HTTP client could not be built: {e}"),
+            })?,
             base_url,
             model: model.into(),
             key,

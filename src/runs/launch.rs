@@ -29,6 +29,27 @@ pub enum Review {
 type Servers = crate::tools::mcp::McpServers;
 #[cfg(not(feature = "mcp"))]
 type Servers = ();
+/// The MCP servers a process shares between its runs.
+#[cfg(feature = "mcp")]
+pub type Pool = crate::tools::mcp::McpPool;
+/// The MCP servers a process shares between its runs (none without the `mcp` feature).
+#[cfg(not(feature = "mcp"))]
+pub type Pool = ();
+
+/// Where a run lives: the store that records it, the sink its journal goes to (default: the
+/// store), the process that owns it, and the MCP servers it may share with the process's other
+/// runs (`dagloop serve`; a one-run process starts the goal's servers for itself).
+#[derive(Default)]
+pub struct Host {
+    /// The run store.
+    pub store: Option<Arc<SqliteStore>>,
+    /// Replaces the store as the journal's durable sink (the crash-test hook wraps the store).
+    pub sink: Option<Arc<dyn JournalSink>>,
+    /// The owning process (recorded with the run).
+    pub owner_pid: u32,
+    /// Shared MCP servers.
+    pub mcp: Option<Pool>,
+}
 
 /// A run that is built and recorded, not yet started.
 pub struct Prepared {
@@ -48,24 +69,26 @@ pub struct Launched {
     pub servers: Option<Servers>,
 }
 
-/// Builds the run (`resume`: its id and journal) and records it in the store. `sink` replaces
-/// the store as the journal's durable sink (the crash-test hook wraps the store).
-#[allow(clippy::too_many_arguments)]
+/// Builds the run (`resume`: its id and journal) and records it in the host's store.
 pub async fn prepare(
     goal: Goal,
     opts: &RunOptions,
     resume: Option<(String, Vec<JournalEntry>)>,
     review: Review,
     cancel: CancellationToken,
-    store: Option<Arc<SqliteStore>>,
-    sink: Option<Arc<dyn JournalSink>>,
-    owner_pid: u32,
+    host: Host,
 ) -> Result<Prepared, RunsError> {
+    let Host {
+        store,
+        sink,
+        owner_pid,
+        mcp: pool,
+    } = host;
     let policy = policy_for(&goal, opts.approve.as_deref())?;
     let record_goal = serde_json::to_value(&goal).unwrap_or(Value::Null);
     let base_dir = goal.base_dir.display().to_string();
     // MCP servers start before anything runs; a server that cannot start is an error now.
-    let mcp = start_mcp(&goal).await?;
+    let mcp = start_mcp(&goal, pool.as_ref()).await?;
     let mut builder = AgentBuilder::new(goal).policy(policy).cancel_token(cancel);
     builder = match review {
         Review::External => builder.external_review(),
@@ -190,11 +213,11 @@ pub fn spawn_op_poller(
 type McpStart = (Vec<Tool>, Vec<(String, Arc<dyn Activity>)>, Servers);
 
 #[cfg(feature = "mcp")]
-async fn start_mcp(goal: &Goal) -> Result<Option<McpStart>, RunsError> {
+async fn start_mcp(goal: &Goal, pool: Option<&Pool>) -> Result<Option<McpStart>, RunsError> {
     if goal.mcp_servers.is_empty() {
         return Ok(None);
     }
-    crate::tools::mcp::start_for_goal(goal, None)
+    crate::tools::mcp::start_for_goal_in(goal, None, pool)
         .await
         .map(Some)
         .map_err(|e| RunsError::Tools {
@@ -204,7 +227,7 @@ async fn start_mcp(goal: &Goal) -> Result<Option<McpStart>, RunsError> {
 }
 
 #[cfg(not(feature = "mcp"))]
-async fn start_mcp(goal: &Goal) -> Result<Option<McpStart>, RunsError> {
+async fn start_mcp(goal: &Goal, _pool: Option<&Pool>) -> Result<Option<McpStart>, RunsError> {
     if goal.mcp_servers.is_empty() {
         return Ok(None);
     }

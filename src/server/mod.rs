@@ -107,14 +107,17 @@ pub async fn serve(opts: ServeOptions) -> Result<(), ServerError> {
     let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
         let _ = tcp.set_nodelay(true);
     });
-    axum::serve(listener, router(state))
+    let served = axum::serve(listener, router(state.clone()))
         .with_graceful_shutdown(async {
             let _ = tokio::signal::ctrl_c().await;
         })
         .await
         .map_err(|e| ServerError::Serve {
             reason: e.to_string(),
-        })
+        });
+    #[cfg(feature = "mcp")]
+    state.mcp.shutdown().await;
+    served
 }
 
 fn router(state: Arc<AppState>) -> Router {

@@ -35,6 +35,8 @@ pub(super) struct AppState {
     pub base_dir: PathBuf,
     live: Mutex<BTreeMap<String, Arc<LiveRun>>>,
     pub tickets: super::auth::Tickets,
+    /// MCP servers shared by the server's runs: started once per configuration.
+    pub mcp: crate::runs::Pool,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -54,6 +56,7 @@ impl AppState {
             base_dir: opts.base_dir.clone(),
             live: Mutex::new(BTreeMap::new()),
             tickets: Default::default(),
+            mcp: Default::default(),
         }))
     }
 
@@ -76,9 +79,12 @@ impl AppState {
             resume,
             Review::External,
             CancellationToken::new(),
-            Some(self.store.clone()),
-            None,
-            std::process::id(),
+            crate::runs::Host {
+                store: Some(self.store.clone()),
+                sink: None,
+                owner_pid: std::process::id(),
+                mcp: Some(self.mcp.clone()),
+            },
         )
         .await?;
         let id = prepared.run_id().to_string();

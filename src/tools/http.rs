@@ -78,10 +78,15 @@ impl HttpConfig {
     }
 }
 
-#[derive(Clone, Default)]
+#[derive(Clone)]
 pub(super) struct Client(reqwest::Client);
 
 impl Client {
+    /// A client with dagloop's TLS set-up (`crate::net`).
+    pub(super) fn new() -> Result<Client, String> {
+        crate::net::client().map(Client).map_err(|e| e.to_string())
+    }
+
     pub(super) fn run(
         &self,
         cfg: HttpConfig,

@@ -54,7 +54,7 @@ fn fail(e: ActivityError) -> ActivityFuture {
 /// `http`: one HTTP request per call (`_http`). The client is made on first use.
 #[derive(Default)]
 pub(super) struct HttpKind {
-    client: OnceLock<http::Client>,
+    client: OnceLock<Result<http::Client, String>>,
 }
 
 impl ActivityKind for HttpKind {
@@ -68,11 +68,13 @@ impl ActivityKind for HttpKind {
                 if let Some(k) = cx.idempotency_key {
                     cfg.headers.insert("Idempotency-Key".into(), k);
                 }
-                self.client.get_or_init(http::Client::default).run(
-                    cfg,
-                    tool.name.clone(),
-                    call.params,
-                )
+                match self.client.get_or_init(http::Client::new) {
+                    Ok(client) => client.run(cfg, tool.name.clone(), call.params),
+                    Err(e) => fail(ActivityError::Config {
+                        tool: tool.name.clone(),
+                        reason: format!("the HTTP client could not be built: {e}"),
+                    }),
+                }
             }
             Err(e) => fail(e),
         }

@@ -23,6 +23,7 @@ use crate::tools::{
 };
 
 use super::mapping::{error_of, result_value, to_tool};
+use super::pool::McpPool;
 use super::{McpError, McpServerConfig, final_names};
 
 /// One progress notification of a running MCP call.
@@ -111,7 +112,7 @@ impl Drop for CancelOnDrop {
 }
 
 /// One configured server and its current connection (None after it died).
-struct Server {
+pub(super) struct Server {
     config: McpServerConfig,
     handler: Handler,
     live: tokio::sync::Mutex<Option<Arc<Service>>>,
@@ -204,7 +205,11 @@ async fn connect(config: &McpServerConfig, handler: Handler) -> Result<Service, 
             }
             let cfg = StreamableHttpClientTransportConfig::with_uri(h.url.clone())
                 .custom_headers(headers);
-            let transport = StreamableHttpClientTransport::from_config(cfg);
+            let client = http_client().map_err(|e| McpError::Config {
+                server: server.clone(),
+                reason: format!("the HTTP client could not be built: {e}"),
+            })?;
+            let transport = StreamableHttpClientTransport::with_client(client, cfg);
             match tokio::time::timeout(secs(limit), handler.serve(transport)).await {
                 Err(_) => Err(timeout("initialize handshake")),
                 Ok(Err(e)) => Err(McpError::Handshake {
@@ -330,7 +335,7 @@ impl Server {
         }
     }
 
-    async fn shutdown(&self) {
+    pub(super) async fn shutdown(&self) {
         if let Some(s) = self.live.lock().await.take() {
             match Arc::try_unwrap(s) {
                 Ok(service) => {
@@ -370,6 +375,8 @@ impl Activity for McpActivity {
 pub struct McpServers {
     servers: Vec<Arc<Server>>,
     tools: Vec<(Tool, Arc<dyn Activity>)>,
+    /// The servers belong to an [`McpPool`], which stops them.
+    pooled: bool,
 }
 
 impl std::fmt::Debug for McpServers {
@@ -405,6 +412,18 @@ impl McpServers {
         reserved: &[String],
         progress: Option<ProgressFn>,
     ) -> Result<McpServers, McpError> {
+        McpServers::start_in(configs, reserved, progress, None).await
+    }
+
+    /// [`McpServers::start_with`], taking servers from `pool` (and leaving new ones there)
+    /// when one is given: a server whose configuration the pool already runs is not started
+    /// again, and it keeps running after these [`McpServers`] are dropped or shut down.
+    pub async fn start_in(
+        configs: &[McpServerConfig],
+        reserved: &[String],
+        progress: Option<ProgressFn>,
+        pool: Option<&McpPool>,
+    ) -> Result<McpServers, McpError> {
         let mut seen = BTreeMap::new();
         for c in configs {
             c.check()?;
@@ -414,23 +433,30 @@ impl McpServers {
                 });
             }
         }
+        let new_server = |c: &McpServerConfig, sink: Option<ProgressFn>| {
+            Arc::new(Server {
+                config: c.clone(),
+                handler: Handler {
+                    server: c.name().to_string(),
+                    sink,
+                    calls: Arc::default(),
+                },
+                live: tokio::sync::Mutex::new(None),
+            })
+        };
         let servers: Vec<Arc<Server>> = configs
             .iter()
-            .map(|c| {
-                Arc::new(Server {
-                    config: c.clone(),
-                    handler: Handler {
-                        server: c.name().to_string(),
-                        sink: progress.clone(),
-                        calls: Arc::default(),
-                    },
-                    live: tokio::sync::Mutex::new(None),
-                })
+            .map(|c| match pool {
+                // A shared server has no run-wide progress function: each call's progress
+                // still reaches that call's own sink.
+                Some(pool) => pool.get_or_insert(c, || new_server(c, None)),
+                None => new_server(c, progress.clone()),
             })
             .collect();
         let mut out = McpServers {
             servers,
             tools: Vec::new(),
+            pooled: pool.is_some(),
         };
         // Start every server at once; report the first failure in config order.
         let listed = futures::future::join_all(out.servers.iter().map(|s| async move {
@@ -502,8 +528,13 @@ impl McpServers {
 
     /// Stops every server cleanly (stdio servers: their stdin is closed and the process is
     /// killed if it does not exit). Dropping [`McpServers`] stops them too, without waiting.
+    /// Servers taken from an [`McpPool`] are left running: the pool stops them.
     pub async fn shutdown(self) {
-        let servers = self.servers.clone();
+        let servers = if self.pooled {
+            Vec::new()
+        } else {
+            self.servers.clone()
+        };
         drop(self);
         for s in servers {
             s.shutdown().await;
@@ -520,8 +551,18 @@ pub async fn start_for_goal(
     goal: &Goal,
     progress: Option<ProgressFn>,
 ) -> Result<(Vec<Tool>, Vec<(String, Arc<dyn Activity>)>, McpServers), McpError> {
+    start_for_goal_in(goal, progress, None).await
+}
+
+/// [`start_for_goal`] with the servers taken from (and left in) `pool` when one is given.
+#[allow(clippy::type_complexity)]
+pub async fn start_for_goal_in(
+    goal: &Goal,
+    progress: Option<ProgressFn>,
+    pool: Option<&McpPool>,
+) -> Result<(Vec<Tool>, Vec<(String, Arc<dyn Activity>)>, McpServers), McpError> {
     let reserved: Vec<String> = goal.tools.iter().map(|t| t.name.clone()).collect();
-    let servers = McpServers::start_with(&goal.mcp_servers, &reserved, progress).await?;
+    let servers = McpServers::start_in(&goal.mcp_servers, &reserved, progress, pool).await?;
     let tools = servers.tools.iter().map(|(t, _)| t.clone()).collect();
     let activities = servers
         .tools
@@ -529,4 +570,28 @@ pub async fn start_for_goal(
         .map(|(t, a)| (t.name.clone(), a.clone()))
         .collect();
     Ok((tools, activities, servers))
+}
+
+/// The HTTP client of a streamable-HTTP server: dagloop's TLS set-up (`crate::net`, shared with
+/// the model providers and the `http` activity), no idle connections kept (a reused connection
+/// whose last body was not read to the end stalls on delayed ACKs), and only same-origin 307/308
+/// redirects followed, which keep the method and body; any other redirect reaches the transport
+/// as it came, so a session id or custom header never travels to another host.
+fn http_client() -> Result<reqwest::Client, reqwest::Error> {
+    let policy = reqwest::redirect::Policy::custom(|attempt| {
+        let same_origin = attempt
+            .previous()
+            .first()
+            .is_some_and(|first| first.origin() == attempt.url().origin());
+        let keeps_body = matches!(attempt.status().as_u16(), 307 | 308);
+        if same_origin && keeps_body && attempt.previous().len() <= 10 {
+            attempt.follow()
+        } else {
+            attempt.stop()
+        }
+    });
+    crate::net::builder()
+        .pool_max_idle_per_host(0)
+        .redirect(policy)
+        .build()
 }

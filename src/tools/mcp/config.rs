@@ -174,11 +174,6 @@ impl McpServerConfig {
             {
                 Err(bad(format!("`url` must be http(s), got `{}`", h.url)))
             }
-            // rmcp's HTTP client (reqwest 0.13) is built without a TLS backend here: an
-            // `https://` endpoint could only fail later with a transport error.
-            McpServerConfig::Http(h) if h.url.starts_with("https://") => Err(bad(
-                "`https://` MCP endpoints are not supported yet (this build's MCP HTTP client has no TLS); use an `http://` URL (a loopback server or a TLS-terminating proxy)".into(),
-            )),
             McpServerConfig::Http(h) => match h
                 .headers
                 .keys()
@@ -276,12 +271,8 @@ mod tests {
         assert_eq!(e.map_err(|e| e.code()), Err("mcp.config"));
         let e = h("ftp://x", "A").check();
         assert_eq!(e.map_err(|e| e.code()), Err("mcp.config"));
-        let e = h("https://mcp.example.com/mcp", "A").check();
-        assert!(
-            e.as_ref()
-                .is_err_and(|e| e.code() == "mcp.config" && e.to_string().contains("no TLS")),
-            "{e:?}"
-        );
+        // The MCP client shares dagloop's TLS set-up (`crate::net`), so https is accepted.
+        assert!(h("https://mcp.example.com/mcp", "A").check().is_ok());
     }
 
     #[test]

@@ -21,6 +21,8 @@
 //!   `timeout_s` is cancelled on the server (`notifications/cancelled`) and fails as
 //!   [`ActivityError::Timeout`](crate::tools::ActivityError::Timeout);
 //! - a server that dies mid-run fails the call in flight; the next call restarts it;
+//! - one process running many runs (`dagloop serve`) shares servers through an [`McpPool`]: a
+//!   server is started once per configuration and kept for the runs after it;
 //! - approval defaults: `destructiveHint: true` gives `_approval: "always"` unless the config's
 //!   `approval` map says otherwise; [`is_read_only`] lets an allowlist admit tools by annotation.
 //!
@@ -32,6 +34,8 @@ mod client;
 mod config;
 #[cfg(feature = "mcp")]
 mod mapping;
+#[cfg(feature = "mcp")]
+mod pool;
 
 use std::collections::BTreeMap;
 
@@ -42,7 +46,9 @@ use crate::protocol::{Tool, ToolApproval};
 pub use config::{HttpServer, McpServerConfig, StdioServer};
 
 #[cfg(feature = "mcp")]
-pub use client::{McpServers, ProgressFn, ProgressUpdate, start_for_goal};
+pub use client::{McpServers, ProgressFn, ProgressUpdate, start_for_goal, start_for_goal_in};
+#[cfg(feature = "mcp")]
+pub use pool::McpPool;
 
 /// Joins a server name and a tool name when tool names clash: `files__read_file`.
 pub const SEPARATOR: &str = "__";
