@@ -1,60 +1,37 @@
 //! Scheduler benchmark (DESIGN.md section 5): prints one JSON line per workload.
 //!
+//! Every workload runs the way `dagloop run` does: an `Agent` on the scripted model (all calls
+//! streamed in one turn, then the output), the `work` tool as a registered Rust function with a
+//! params schema (validation on), one event subscriber, the in-memory journal, tokio's
+//! multi-thread runtime. Beside each figure, the same graph as plain tokio tasks awaiting their
+//! parents' join handles (`tokio_ideal_*`): what the machine does with no dagloop at all.
+//!
 //! Sleep workloads run activities that sleep precisely (on the blocking pool: a thread sleep to
-//! just before the deadline, then yielding until it) so the figure measures the scheduler and
-//! driver, not tokio's 1 ms timer wheel. Each sleep workload runs three times; the median run
-//! (by makespan) is printed. Memory per pending call is measured with a counting global
-//! allocator while calls sit in the scheduler (sans-IO, nothing running).
+//! just before the deadline, then short sleeps until it) so the figure measures the scheduler
+//! and driver, not tokio's 1 ms timer wheel. Each workload runs three times; the median run (by
+//! makespan) is printed. `core_only_us_per_call` is the sans-IO scheduler alone, and memory per
+//! pending call is measured with a counting global allocator while calls sit in the scheduler.
 //!
 //! Run with `cargo bench --bench scheduler`.
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicIsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use dagloop::approval::{Policy, ScriptedApprover};
-use dagloop::engine::bus::EventBus;
-use dagloop::engine::inner::{DriveOptions, Executor, drive};
+use std::path::PathBuf;
+
+#[path = "support/alloc.rs"]
+mod alloc;
+
+use dagloop::approval::Policy;
+use dagloop::llm::{Script, ScriptedModel};
 use dagloop::protocol::{Call, CallId, Tool};
 use dagloop::scheduler::{CallStatus, Input, Outcome, Scheduler, SchedulerOptions};
 use dagloop::state::State;
+use dagloop::{AgentBuilder, Goal, RunStatus};
 use futures::FutureExt;
-use futures::StreamExt;
 use futures::future::BoxFuture;
 use serde_json::{Value, json};
-use tokio_util::sync::CancellationToken;
 
-struct Counting;
-static LIVE: AtomicIsize = AtomicIsize::new(0);
-
-// SAFETY: forwards every request to the system allocator unchanged; only counts bytes.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
-        // SAFETY: same contract as the caller's.
-        let p = unsafe { System.alloc(l) };
-        if !p.is_null() {
-            LIVE.fetch_add(l.size() as isize, Ordering::Relaxed);
-        }
-        p
-    }
-    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
-        // SAFETY: same contract as the caller's.
-        unsafe { System.dealloc(p, l) };
-        LIVE.fetch_sub(l.size() as isize, Ordering::Relaxed);
-    }
-    unsafe fn realloc(&self, p: *mut u8, l: Layout, new: usize) -> *mut u8 {
-        // SAFETY: same contract as the caller's.
-        let q = unsafe { System.realloc(p, l, new) };
-        if !q.is_null() {
-            LIVE.fetch_add(new as isize - l.size() as isize, Ordering::Relaxed);
-        }
-        q
-    }
-}
-
-#[global_allocator]
-static ALLOC: Counting = Counting;
 
 fn precise_sleep(deadline: Instant) {
     loop {
@@ -69,31 +46,6 @@ fn precise_sleep(deadline: Instant) {
             left.saturating_sub(Duration::from_micros(80))
                 .max(Duration::from_micros(20)),
         );
-    }
-}
-
-/// Sleeps `ms` (a param), then returns 1; records how long each activity really took (ms).
-struct SleepExec {
-    actual: Arc<Mutex<Vec<(u64, f64)>>>,
-}
-
-impl Executor for SleepExec {
-    fn execute(&self, id: CallId, _tool: &Tool, call: Call) -> BoxFuture<'static, Outcome> {
-        let ms = call.params.get("ms").and_then(Value::as_u64).unwrap_or(0);
-        if ms == 0 {
-            return futures::future::ready(Outcome::ok(json!(1))).boxed();
-        }
-        let start = Instant::now();
-        let deadline = start + Duration::from_millis(ms);
-        let actual = self.actual.clone();
-        async move {
-            let _ = tokio::task::spawn_blocking(move || precise_sleep(deadline)).await;
-            if let Ok(mut a) = actual.lock() {
-                a.push((id.0, start.elapsed().as_secs_f64() * 1000.0));
-            }
-            Outcome::ok(json!(1))
-        }
-        .boxed()
     }
 }
 
@@ -114,14 +66,16 @@ struct Dag {
 }
 
 impl Dag {
-    fn call(&self, i: usize) -> Call {
+    fn call(&self, i: usize) -> Value {
         let deps: Vec<String> = self.parents[i]
             .iter()
             .map(|j| format!("†state.n{j}"))
             .collect();
-        c(
-            json!({"_tool": "work", "ms": self.dur[i], "deps": deps, "_outputPath": format!("†state.n{i}")}),
-        )
+        json!({"_tool": "work", "ms": self.dur[i], "i": i, "deps": deps, "_outputPath": format!("†state.n{i}")})
+    }
+
+    fn calls(&self) -> Vec<Value> {
+        (0..self.dur.len()).map(|i| self.call(i)).collect()
     }
 
     /// Longest path, with optional arrival times (ms) per node.
@@ -202,79 +156,124 @@ fn layered(seed: u64) -> Dag {
     Dag { dur, parents }
 }
 
-fn fanout_calls(n: usize, ms: u64) -> Vec<Call> {
+/// 1 → n → 1: the n middle calls read the root's output, the last reads all of theirs.
+fn fanout_calls(n: usize, ms: u64) -> Vec<Value> {
     let mut v = Vec::with_capacity(n + 2);
-    v.push(c(
-        json!({"_tool": "work", "ms": 0, "_outputPath": "†state.root"}),
-    ));
+    v.push(json!({"_tool": "work", "ms": 0, "i": 0, "_outputPath": "†state.root"}));
     for i in 0..n {
-        v.push(c(json!({"_tool": "work", "ms": ms, "in": "†state.root", "_outputPath": format!("†state.mid.k{i}")})));
+        v.push(json!({"_tool": "work", "ms": ms, "i": i + 1, "in": "†state.root", "_outputPath": format!("†state.mid.k{i}")}));
     }
-    v.push(c(json!({"_tool": "work", "ms": 0, "all": "†state.mid"})));
+    v.push(json!({"_tool": "work", "ms": 0, "i": n + 1, "all": "†state.mid"}));
     v
 }
 
-fn chain_calls(n: usize, ms: u64) -> Vec<Call> {
+/// n calls, each reading the previous one's output.
+fn chain_calls(n: usize, ms: u64) -> Vec<Value> {
     (0..n)
         .map(|i| {
-            let mut v = json!({"_tool": "work", "ms": ms, "_outputPath": format!("†state.c{i}")});
+            let mut v = json!({"_tool": "work", "ms": ms, "i": i, "_outputPath": format!("†state.c{i}")});
             if i > 0 {
                 v["in"] = json!(format!("†state.c{}", i - 1));
             }
-            c(v)
+            v
         })
         .collect()
 }
 
-/// Runs calls (arriving `gap_ms` apart when non-zero); returns makespan in ms and the actual
-/// arrival times in ms since the start.
-async fn run(calls: Vec<Call>, gap_ms: u64) -> Run {
+fn as_calls(v: Vec<Value>) -> Vec<Call> {
+    v.into_iter().map(c).collect()
+}
+
+/// The goal every run uses: one Rust tool (`work`: sleep `ms`, return 1) with a params schema,
+/// so parameter validation runs as it does for users; auto approval.
+fn goal() -> Goal {
+    let text = json!({
+        "goal": "bench",
+        "output_schema": {"type": "object"},
+        "tools": [{"_tool": "work", "_activity": "rust", "type": "object",
+            "properties": {"ms": {"type": "integer", "minimum": 0}, "i": {"type": "integer"}},
+            "required": ["ms", "i"]}],
+        "limits": {"max_steps": 5}
+    })
+    .to_string();
+    Goal::from_json(&text, "bench.json".as_ref(), PathBuf::new()).expect("goal")
+}
+
+#[derive(serde::Deserialize)]
+struct Work {
+    ms: u64,
+    i: usize,
+}
+
+/// The model's first turn as text: every call, each padded to the same width so that with
+/// `chunk_chars` = that width each streamed chunk closes exactly one call (the streamed
+/// workload's arrivals), then the output turn.
+fn script(calls: &[Value], gap_ms: u64) -> Script {
+    let texts: Vec<String> = calls.iter().map(Value::to_string).collect();
+    let width = texts.iter().map(String::len).max().unwrap_or(0) + 2;
+    let mut body = format!("{:<width$}", "{\"calls\": [");
+    for (k, t) in texts.iter().enumerate() {
+        let sep = if k + 1 < texts.len() { "," } else { "" };
+        body.push_str(&format!("{:<width$}", format!("{t}{sep}")));
+    }
+    body.push_str("], \"output\": null}");
+    let chunk = if gap_ms > 0 { width } else { 1 << 20 };
+    let turns = json!({"turns": [
+        {"text": body, "chunk_chars": chunk, "chunk_delay_ms": gap_ms},
+        {"solution": {"calls": [], "output": {}}}
+    ]});
+    Script::parse(&turns.to_string(), "bench").expect("script")
+}
+
+/// Runs calls the way `dagloop run` does: `Agent` on the scripted model (the calls stream in
+/// one turn; with `gap_ms` one call per chunk, `gap_ms` apart), the `work` activity registered
+/// as a Rust function, parameter validation on, one event subscriber, the in-memory journal,
+/// on the caller's multi-thread runtime. Returns the makespan (start to the run's result),
+/// each call's arrival (ms since start, from its `call_received` event; streamed runs only)
+/// and how long each activity really slept.
+async fn run(calls: Vec<Value>, gap_ms: u64) -> Run {
     let n = calls.len();
-    let sched = Scheduler::new(
-        State::new(),
-        vec![work_tool()],
-        Policy::auto(),
-        SchedulerOptions::default(),
-    );
-    let bus = EventBus::default();
-    let arrivals = Arc::new(Mutex::new(Vec::with_capacity(n)));
-    let t0 = Instant::now();
-    let tt0 = tokio::time::Instant::now();
-    let arr = arrivals.clone();
-    let stream = futures::stream::iter(calls.into_iter().enumerate())
-        .then(move |(k, call)| {
-            let arr = arr.clone();
-            async move {
-                if gap_ms > 0 {
-                    tokio::time::sleep_until(tt0 + Duration::from_millis(gap_ms * k as u64)).await;
-                    if let Ok(mut a) = arr.lock() {
-                        a.push(t0.elapsed().as_secs_f64() * 1000.0);
-                    }
+    let actual: Arc<Mutex<Vec<(usize, f64)>>> = Arc::new(Mutex::new(Vec::with_capacity(n)));
+    let mut builder = AgentBuilder::new(goal()).model(Arc::new(ScriptedModel::new(script(&calls, gap_ms))));
+    let act = actual.clone();
+    builder.registry_mut().register_fn("work", move |w: Work| {
+        let act = act.clone();
+        async move {
+            if w.ms > 0 {
+                let t = Instant::now();
+                let deadline = t + Duration::from_millis(w.ms);
+                let _ = tokio::task::spawn_blocking(move || precise_sleep(deadline)).await;
+                if let Ok(mut a) = act.lock() {
+                    a.push((w.i, t.elapsed().as_secs_f64() * 1000.0));
                 }
-                Ok(call)
             }
-        })
-        .boxed();
-    let actual = Arc::new(Mutex::new(Vec::new()));
-    let (_state, report) = drive(
-        sched,
-        stream,
-        Arc::new(SleepExec {
-            actual: actual.clone(),
-        }),
-        Arc::new(ScriptedApprover::new()),
-        &bus,
-        CancellationToken::new(),
-        DriveOptions::default(),
-    )
-    .await;
+            Ok::<_, String>(1)
+        }
+    });
+    let agent = builder.build().expect("agent");
+    let t0 = Instant::now();
+    let handle = agent.start();
+    let mut events = handle.subscribe_from(0);
+    let watcher = tokio::spawn(async move {
+        let mut arrivals = Vec::new();
+        while let Some(ev) = events.recv().await {
+            if gap_ms > 0 && ev.kind.name() == "call_received" {
+                arrivals.push(t0.elapsed().as_secs_f64() * 1000.0);
+            }
+        }
+        arrivals
+    });
+    let result = handle.wait().await;
     let makespan = t0.elapsed().as_secs_f64() * 1000.0;
-    assert_eq!(report.count(CallStatus::Done), n, "every call ran");
-    let arrivals = arrivals.lock().map(|a| a.clone()).unwrap_or_default();
+    assert_eq!(result.status, RunStatus::Succeeded, "{:?}", result.error);
+    let done = result.calls.iter().filter(|c| c.status == CallStatus::Done).count();
+    assert_eq!(done, n, "every call ran");
+    drop(handle);
+    let arrivals = watcher.await.unwrap_or_default();
     let mut durations = vec![0f64; n];
     if let Ok(a) = actual.lock() {
-        for &(id, ms) in a.iter() {
-            if let Some(d) = durations.get_mut(id as usize) {
+        for &(i, ms) in a.iter() {
+            if let Some(d) = durations.get_mut(i) {
                 *d = ms;
             }
         }
@@ -284,6 +283,32 @@ async fn run(calls: Vec<Call>, gap_ms: u64) -> Run {
         arrivals,
         durations,
     }
+}
+
+/// The same graph as plain tokio tasks, no dagloop: each task awaits its parents' (shared)
+/// join handles, then does the work. Milliseconds from the first spawn to the last task's end.
+async fn tokio_ideal(dag: &Dag) -> f64 {
+    type Handle = futures::future::Shared<BoxFuture<'static, Value>>;
+    let n = dag.dur.len();
+    let t0 = Instant::now();
+    let mut handles: Vec<Handle> = Vec::with_capacity(n);
+    for i in 0..n {
+        let deps: Vec<Handle> = dag.parents[i].iter().map(|&j| handles[j].clone()).collect();
+        let ms = dag.dur[i];
+        let task = tokio::spawn(async move {
+            for d in deps {
+                d.await;
+            }
+            if ms > 0 {
+                let deadline = Instant::now() + Duration::from_millis(ms);
+                let _ = tokio::task::spawn_blocking(move || precise_sleep(deadline)).await;
+            }
+            json!(1)
+        });
+        handles.push(task.map(|r| r.unwrap_or(Value::Null)).boxed().shared());
+    }
+    futures::future::join_all(handles).await;
+    t0.elapsed().as_secs_f64() * 1000.0
 }
 
 /// One measured run.
@@ -304,14 +329,14 @@ fn bytes_per_pending(calls: impl Iterator<Item = Call>, n: usize) -> f64 {
         SchedulerOptions::default(),
     );
     let mut out = Vec::new();
-    let before = LIVE.load(Ordering::Relaxed);
+    let before = alloc::live();
     for (i, call) in calls.enumerate() {
         let id = dagloop::protocol::CallId(i as u64);
         s.handle_into(Input::CallArrived { id, call: Ok(call) }, 0, &mut out);
         out.clear();
     }
     out.shrink_to_fit();
-    let after = LIVE.load(Ordering::Relaxed);
+    let after = alloc::live();
     let (waiting, _, _) = s.counts();
     assert!(waiting + 1 >= n, "calls are pending: {waiting}");
     drop(s);
@@ -434,8 +459,61 @@ fn env_n(default: usize) -> usize {
         .unwrap_or(default)
 }
 
+/// Microseconds per call of the tokio-ideal run of `dag` (median of three).
+async fn ideal_us_per_call(dag: &Dag) -> f64 {
+    let mut v = Vec::new();
+    for _ in 0..3 {
+        v.push(tokio_ideal(dag).await);
+    }
+    v.sort_by(f64::total_cmp);
+    v[1] * 1000.0 / dag.dur.len() as f64
+}
+
+/// The zero-latency lines: dagloop's µs per call beside the tokio-ideal figure of the same run.
+async fn zero_line(workload: &str, calls: Vec<Value>, dag: &Dag) {
+    let n = calls.len();
+    let bytes = bytes_per_pending(as_calls(calls.clone()).into_iter(), n);
+    let m = median(|| run(calls.clone(), 0)).await.makespan;
+    let ideal = ideal_us_per_call(dag).await;
+    let core = core_only(as_calls(calls));
+    let us = m * 1000.0 / n as f64;
+    let round = |x: f64| (x * 1000.0).round() / 1000.0;
+    line(
+        workload,
+        n,
+        m,
+        None,
+        Some(us),
+        Some(bytes),
+        json!({
+            "tokio_ideal_us_per_call": round(ideal),
+            "ratio_to_ideal": round(us / ideal),
+            "core_only_us_per_call": round(core),
+        }),
+    );
+}
+
+/// Sleep workloads: dagloop's ratio beside the tokio-ideal ratio of the same graph.
+async fn sleep_workload(workload: &str, dag: &Dag) {
+    let r = median(|| run(dag.calls(), 0)).await;
+    let mut ideal = Vec::new();
+    for _ in 0..3 {
+        ideal.push(tokio_ideal(dag).await);
+    }
+    ideal.sort_by(f64::total_cmp);
+    let round = |x: f64| (x * 1000.0).round() / 1000.0;
+    sleep_line(
+        workload,
+        dag,
+        &r,
+        None,
+        json!({"tokio_ideal_ratio": round(ideal[1] / dag.bound(None))}),
+    );
+}
+
 fn main() {
-    let rt = tokio::runtime::Builder::new_current_thread()
+    // As the CLI runs: tokio's multi-thread runtime, one worker per core.
+    let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .max_blocking_threads(512)
         .thread_keep_alive(Duration::from_secs(600))
@@ -449,55 +527,28 @@ fn main() {
     rt.block_on(async {
         // Warm the blocking pool so thread creation is not measured.
         run(fanout_calls(120, 5), 0).await;
+        tokio_ideal(&fanout_dag(120, 5)).await;
 
         if want("fanout") {
-            let dag = fanout_dag(100, 50);
-            let r = median(|| run((0..dag.dur.len()).map(|i| dag.call(i)).collect(), 0)).await;
-            sleep_line("fanout", &dag, &r, None, json!({}));
+            sleep_workload("fanout", &fanout_dag(100, 50)).await;
         }
         if want("chain") {
-            let dag = chain_dag(50, 10);
-            let r = median(|| run((0..dag.dur.len()).map(|i| dag.call(i)).collect(), 0)).await;
-            sleep_line("chain", &dag, &r, None, json!({}));
+            sleep_workload("chain", &chain_dag(50, 10)).await;
         }
         if want("layered") {
-            let dag = layered(7);
-            let r = median(|| run((0..dag.dur.len()).map(|i| dag.call(i)).collect(), 0)).await;
-            sleep_line("layered", &dag, &r, None, json!({}));
+            sleep_workload("layered", &layered(7)).await;
         }
         if want("fanout0") {
             let n = env_n(100_000);
-            let bytes = bytes_per_pending(fanout_calls(n, 0).into_iter(), n);
-            let m = median(|| run(fanout_calls(n, 0), 0)).await.makespan;
-            let core = core_only(fanout_calls(n, 0));
-            line(
-                "fanout0",
-                n,
-                m,
-                None,
-                Some(m * 1000.0 / (n + 2) as f64),
-                Some(bytes),
-                json!({"core_only_us_per_call": (core * 1000.0).round() / 1000.0}),
-            );
+            zero_line("fanout0", fanout_calls(n, 0), &fanout_dag(n, 0)).await;
         }
         if want("chain0") {
             let n = env_n(10_000);
-            let bytes = bytes_per_pending(chain_calls(n, 0).into_iter(), n);
-            let m = median(|| run(chain_calls(n, 0), 0)).await.makespan;
-            let core = core_only(chain_calls(n, 0));
-            line(
-                "chain0",
-                n,
-                m,
-                None,
-                Some(m * 1000.0 / n as f64),
-                Some(bytes),
-                json!({"core_only_us_per_call": (core * 1000.0).round() / 1000.0}),
-            );
+            zero_line("chain0", chain_calls(n, 0), &chain_dag(n, 0)).await;
         }
         if want("streamed") {
             let dag = layered(7);
-            let r = median(|| run((0..dag.dur.len()).map(|i| dag.call(i)).collect(), 5)).await;
+            let r = median(|| run(dag.calls(), 5)).await;
             let stream_ms = r.arrivals.last().copied().unwrap_or(0.0);
             let whole = stream_ms + dag.bound(None);
             let arrivals = r.arrivals.clone();

@@ -1,0 +1,60 @@
+//! A global allocator that counts live bytes (and their peak), shared by the benchmarks that
+//! report memory. Include with `#[path = "support/alloc.rs"] mod alloc;`; it installs itself.
+#![allow(dead_code)]
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicIsize, Ordering};
+
+pub struct Counting;
+/// Bytes allocated and not yet freed.
+pub static LIVE: AtomicIsize = AtomicIsize::new(0);
+/// The highest `LIVE` since the last [`reset_peak`].
+pub static PEAK: AtomicIsize = AtomicIsize::new(0);
+
+/// Live bytes now.
+pub fn live() -> isize {
+    LIVE.load(Ordering::Relaxed)
+}
+
+/// Starts a new peak measurement from the current live bytes.
+pub fn reset_peak() {
+    PEAK.store(live(), Ordering::Relaxed);
+}
+
+/// The peak since [`reset_peak`].
+pub fn peak() -> isize {
+    PEAK.load(Ordering::Relaxed)
+}
+
+fn grew(by: isize) {
+    let now = LIVE.fetch_add(by, Ordering::Relaxed) + by;
+    PEAK.fetch_max(now, Ordering::Relaxed);
+}
+
+// SAFETY: forwards every request to the system allocator unchanged; only counts bytes.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
+        // SAFETY: same contract as the caller's.
+        let p = unsafe { System.alloc(l) };
+        if !p.is_null() {
+            grew(l.size() as isize);
+        }
+        p
+    }
+    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
+        // SAFETY: same contract as the caller's.
+        unsafe { System.dealloc(p, l) };
+        LIVE.fetch_sub(l.size() as isize, Ordering::Relaxed);
+    }
+    unsafe fn realloc(&self, p: *mut u8, l: Layout, new: usize) -> *mut u8 {
+        // SAFETY: same contract as the caller's.
+        let q = unsafe { System.realloc(p, l, new) };
+        if !q.is_null() {
+            grew(new as isize - l.size() as isize);
+        }
+        q
+    }
+}
+
+#[global_allocator]
+static ALLOC: Counting = Counting;
