@@ -32,7 +32,6 @@ use futures::FutureExt;
 use futures::future::BoxFuture;
 use serde_json::{Value, json};
 
-
 fn precise_sleep(deadline: Instant) {
     loop {
         let now = Instant::now();
@@ -171,7 +170,8 @@ fn fanout_calls(n: usize, ms: u64) -> Vec<Value> {
 fn chain_calls(n: usize, ms: u64) -> Vec<Value> {
     (0..n)
         .map(|i| {
-            let mut v = json!({"_tool": "work", "ms": ms, "i": i, "_outputPath": format!("†state.c{i}")});
+            let mut v =
+                json!({"_tool": "work", "ms": ms, "i": i, "_outputPath": format!("†state.c{i}")});
             if i > 0 {
                 v["in"] = json!(format!("†state.c{}", i - 1));
             }
@@ -234,7 +234,8 @@ fn script(calls: &[Value], gap_ms: u64) -> Script {
 async fn run(calls: Vec<Value>, gap_ms: u64) -> Run {
     let n = calls.len();
     let actual: Arc<Mutex<Vec<(usize, f64)>>> = Arc::new(Mutex::new(Vec::with_capacity(n)));
-    let mut builder = AgentBuilder::new(goal()).model(Arc::new(ScriptedModel::new(script(&calls, gap_ms))));
+    let mut builder =
+        AgentBuilder::new(goal()).model(Arc::new(ScriptedModel::new(script(&calls, gap_ms))));
     let act = actual.clone();
     builder.registry_mut().register_fn("work", move |w: Work| {
         let act = act.clone();
@@ -266,7 +267,11 @@ async fn run(calls: Vec<Value>, gap_ms: u64) -> Run {
     let result = handle.wait().await;
     let makespan = t0.elapsed().as_secs_f64() * 1000.0;
     assert_eq!(result.status, RunStatus::Succeeded, "{:?}", result.error);
-    let done = result.calls.iter().filter(|c| c.status == CallStatus::Done).count();
+    let done = result
+        .calls
+        .iter()
+        .filter(|c| c.status == CallStatus::Done)
+        .count();
     assert_eq!(done, n, "every call ran");
     drop(handle);
     let arrivals = watcher.await.unwrap_or_default();

@@ -162,7 +162,7 @@ impl AgentBuilder {
     }
 
     /// How many live events a subscriber may fall behind before it is caught up from the
-    /// journal instead (default 65,536).
+    /// journal instead (default 1,024, [`super::bus::DEFAULT_CAPACITY`]).
     pub fn event_capacity(mut self, events: usize) -> Self {
         self.event_capacity = events.max(1);
         self

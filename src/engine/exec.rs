@@ -66,27 +66,30 @@ impl Executor for RegistryExecutor {
         progress: ProgressSink,
     ) -> BoxFuture<'static, Outcome> {
         let hooks = self.hooks.clone();
-        let tool = tool.clone();
         if let Some(before) = &hooks.before_tool
-            && let Err(message) = before(&tool, &call)
+            && let Err(message) = before(tool, &call)
         {
             let err = serde_json::json!({"code": "hook.before_tool", "message": message});
             if let Some(on_error) = &hooks.on_error {
-                on_error(&tool, &call, &err);
+                on_error(tool, &call, &err);
             }
             let outcome = Outcome::error(err);
             if let Some(after) = &hooks.after_tool {
-                after(&tool, &call, &outcome);
+                after(tool, &call, &outcome);
             }
             return async move { outcome }.boxed();
         }
         let key = self
             .run_id
             .as_ref()
-            .filter(|_| crate::scheduler::is_idempotent(&tool))
+            .filter(|_| crate::scheduler::is_idempotent(tool))
             .map(|run| format!("{run}:{}", id.0));
         let cx = ActivityContext::new().with_key(key).with_progress(progress);
-        let fut = self.registry.run_with(&tool, call.clone(), cx);
+        // The tool and call are kept for the hooks that see the outcome, only when there are any
+        // (a copy of both per call is otherwise wasted on the hot path).
+        let kept = (hooks.on_error.is_some() || hooks.after_tool.is_some())
+            .then(|| (tool.clone(), call.clone()));
+        let fut = self.registry.run_with(tool, call, cx);
         async move {
             let outcome = match fut.await {
                 Ok(out) => {
@@ -96,11 +99,13 @@ impl Executor for RegistryExecutor {
                 }
                 Err(e) => Outcome::error(e.to_value()),
             };
-            if let (Err(err), Some(on_error)) = (&outcome.result, &hooks.on_error) {
-                on_error(&tool, &call, err);
-            }
-            if let Some(after) = &hooks.after_tool {
-                after(&tool, &call, &outcome);
+            if let Some((tool, call)) = &kept {
+                if let (Err(err), Some(on_error)) = (&outcome.result, &hooks.on_error) {
+                    on_error(tool, call, err);
+                }
+                if let Some(after) = &hooks.after_tool {
+                    after(tool, call, &outcome);
+                }
             }
             outcome
         }
