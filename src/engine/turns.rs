@@ -39,6 +39,8 @@ struct Reader {
     skip: usize,
     /// The provider reported usage for this turn.
     usage_seen: bool,
+    /// Prompt-cache (read, write) tokens the provider reported, until they go with the usage.
+    cache: Option<(u64, u64)>,
     /// Characters sent and received, for an estimate when it did not.
     in_chars: usize,
     out_chars: usize,
@@ -71,6 +73,7 @@ impl Turns {
                 step,
                 skip,
                 usage_seen: false,
+                cache: None,
                 in_chars,
                 out_chars: 0,
             },
@@ -163,11 +166,15 @@ impl Turns {
                 }
                 if !reader.usage_seen {
                     // Honest accounting: the budget holds even when the server says nothing.
+                    let (cache_read_tokens, cache_write_tokens) =
+                        reader.cache.take().unwrap_or_default();
                     out.push(RunInput::Usage {
                         frame,
                         input_tokens: reader.in_chars.div_ceil(4) as u64,
                         output_tokens: reader.out_chars.div_ceil(4) as u64,
                         estimated: true,
+                        cache_read_tokens,
+                        cache_write_tokens,
                     });
                 }
                 out.push(RunInput::StreamClosed { frame, error: None });
@@ -194,16 +201,31 @@ impl Turns {
                     reason: e.to_string(),
                 }),
             },
+            Some(Ok(StreamEvent::CacheUsage {
+                read_tokens,
+                write_tokens,
+            })) => {
+                // Providers send it before `Usage`; it is journaled with it.
+                let (r, w) = reader.cache.unwrap_or_default();
+                reader.cache = Some((
+                    r.saturating_add(read_tokens),
+                    w.saturating_add(write_tokens),
+                ));
+            }
             Some(Ok(StreamEvent::Usage {
                 input_tokens,
                 output_tokens,
             })) => {
                 reader.usage_seen = true;
+                let (cache_read_tokens, cache_write_tokens) =
+                    reader.cache.take().unwrap_or_default();
                 out.push(RunInput::Usage {
                     frame,
                     input_tokens,
                     output_tokens,
                     estimated: false,
+                    cache_read_tokens,
+                    cache_write_tokens,
                 });
             }
             Some(Ok(StreamEvent::Retry {
@@ -215,6 +237,7 @@ impl Turns {
                 // A retried attempt starts over: what it parsed is discarded (none was content).
                 reader.parser = SolutionParser::new();
                 reader.saw_text = false;
+                reader.cache = None;
                 out.push(RunInput::Retry {
                     frame,
                     attempt,

@@ -170,11 +170,15 @@ impl RunMachine {
                 input_tokens,
                 output_tokens,
                 estimated,
+                cache_read_tokens,
+                cache_write_tokens,
             } => {
                 if let Some(f) = self.live(frame) {
                     f.turn.usage.add(Usage {
                         input_tokens,
                         output_tokens,
+                        cache_read_tokens,
+                        cache_write_tokens,
                         estimated,
                     });
                 }
