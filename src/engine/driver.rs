@@ -357,8 +357,9 @@ impl Driver {
                     tools: config.tools.clone(),
                     settings,
                 };
+                let stream = model.stream(&req);
                 self.turns
-                    .open(frame, step, skip_calls, in_chars, model.stream(&req));
+                    .open(frame, step, skip_calls, in_chars, config, stream);
             }
             Action::CloseStream { frame } => self.turns.close(frame),
             Action::Launch {

@@ -1,16 +1,25 @@
 //! Reading model turns: each agent's stream of normalised model events becomes machine inputs
 //! (calls the moment their array element closes, the output, usage, retries, problems, and the
 //! stream's end).
+//!
+//! Calls and outputs of an answer constrained by OpenAI strict mode (the provider says so with
+//! `StreamEvent::Strict`) lose here, before they are journaled, the `null`s strict mode made the
+//! model write for what it left out (`llm::drop_strict_nulls`, driven by the agent's composed
+//! schema). Deliberately not here: what the inputs mean (the machine decides).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use futures::StreamExt;
-use serde_json::json;
+use serde_json::{Value, json};
 
-use crate::llm::{LlmError, Model, StreamEvent, ToolCallOutcome, call_from_tool_call};
-use crate::machine::{FrameKey, RunError, RunInput};
+use crate::llm::{
+    FINAL_OUTPUT_TOOL, LlmError, Model, StreamEvent, ToolCallOutcome, call_from_tool_call,
+    drop_strict_nulls_in_call, drop_strict_nulls_in_output,
+};
+use crate::machine::{AgentConfig, FrameKey, RunError, RunInput};
 use crate::plan::{ParseEvent, SolutionParser};
+use crate::protocol::Call;
 
 /// One item of some agent's model stream (`None`: the stream ended).
 pub(super) type TurnItem = (FrameKey, Option<Result<StreamEvent, LlmError>>);
@@ -44,6 +53,58 @@ struct Reader {
     /// Characters sent and received, for an estimate when it did not.
     in_chars: usize,
     out_chars: usize,
+    /// The agent: its composed schema is what strict mode transformed.
+    config: Arc<AgentConfig>,
+    /// What the attempt said was sent strict: the Solution schema (structured mode), and the
+    /// functions (tool-call mode).
+    strict_solution: bool,
+    strict_functions: Vec<String>,
+}
+
+impl Reader {
+    /// A call the model wrote, strict mode's nulls dropped when its schema was sent strict.
+    fn call(&self, frame: FrameKey, mut call: Call, from_function: bool) -> RunInput {
+        let strict = if from_function {
+            self.strict_functions.contains(&call.tool)
+        } else {
+            self.strict_solution
+        };
+        if strict {
+            drop_strict_nulls_in_call(&self.config.composed, &mut call);
+        }
+        RunInput::Call { frame, call }
+    }
+
+    /// The output the model wrote, likewise.
+    fn output(&self, frame: FrameKey, mut output: Value, from_function: bool) -> RunInput {
+        let strict = if from_function {
+            self.strict_functions.iter().any(|f| f == FINAL_OUTPUT_TOOL)
+        } else {
+            self.strict_solution
+        };
+        if strict {
+            drop_strict_nulls_in_output(&self.config.composed, &mut output);
+        }
+        RunInput::Output { frame, output }
+    }
+
+    /// The inputs a piece of parsed Solution text gives.
+    fn parsed(&self, frame: FrameKey, events: Vec<ParseEvent>, out: &mut Vec<RunInput>) {
+        for ev in events {
+            match ev {
+                ParseEvent::Call { call: Ok(call), .. } => out.push(self.call(frame, call, false)),
+                ParseEvent::Call {
+                    call: Err(e), raw, ..
+                } => out.push(RunInput::Unreadable {
+                    frame,
+                    raw: raw.to_string(),
+                    reason: e.to_string(),
+                }),
+                ParseEvent::Output(output) => out.push(self.output(frame, output, false)),
+                _ => {}
+            }
+        }
+    }
 }
 
 /// Every open model stream of a run, read concurrently. Closing one drops it at once (which
@@ -62,6 +123,7 @@ impl Turns {
         step: u32,
         skip: usize,
         in_chars: usize,
+        config: Arc<AgentConfig>,
         stream: crate::llm::EventStream,
     ) {
         self.readers.insert(
@@ -76,6 +138,9 @@ impl Turns {
                 cache: None,
                 in_chars,
                 out_chars: 0,
+                config,
+                strict_solution: false,
+                strict_functions: Vec::new(),
             },
         );
     }
@@ -157,7 +222,7 @@ impl Turns {
             None | Some(Ok(StreamEvent::Finish { .. })) => {
                 if reader.saw_text {
                     match std::mem::take(&mut reader.parser).finish() {
-                        Ok(evs) => parsed(frame, evs, out),
+                        Ok(evs) => reader.parsed(frame, evs, out),
                         Err(e) => out.push(RunInput::Problem {
                             frame,
                             problem: format!("{e} [{}]", e.code()),
@@ -185,16 +250,23 @@ impl Turns {
                 reader.out_chars += t.chars().count();
                 delta(frame, t.chars().count() as u64);
                 let evs = reader.parser.feed(&t);
-                parsed(frame, evs, out);
+                reader.parsed(frame, evs, out);
+            }
+            Some(Ok(StreamEvent::Strict {
+                solution,
+                functions,
+            })) => {
+                reader.strict_solution = solution;
+                reader.strict_functions = functions;
             }
             Some(Ok(StreamEvent::ToolCallDone {
                 name, arguments, ..
             })) => match call_from_tool_call(&name, &arguments) {
                 Ok(ToolCallOutcome::Call(call)) => {
                     reader.out_chars += arguments.chars().count();
-                    out.push(RunInput::Call { frame, call })
+                    out.push(reader.call(frame, call, true))
                 }
-                Ok(ToolCallOutcome::Output(output)) => out.push(RunInput::Output { frame, output }),
+                Ok(ToolCallOutcome::Output(output)) => out.push(reader.output(frame, output, true)),
                 Err(e) => out.push(RunInput::Unreadable {
                     frame,
                     raw: arguments,
@@ -238,6 +310,8 @@ impl Turns {
                 reader.parser = SolutionParser::new();
                 reader.saw_text = false;
                 reader.cache = None;
+                reader.strict_solution = false;
+                reader.strict_functions.clear();
                 out.push(RunInput::Retry {
                     frame,
                     attempt,
@@ -256,23 +330,6 @@ impl Turns {
                 });
                 self.close(frame);
             }
-        }
-    }
-}
-
-fn parsed(frame: FrameKey, events: Vec<ParseEvent>, out: &mut Vec<RunInput>) {
-    for ev in events {
-        match ev {
-            ParseEvent::Call { call: Ok(call), .. } => out.push(RunInput::Call { frame, call }),
-            ParseEvent::Call {
-                call: Err(e), raw, ..
-            } => out.push(RunInput::Unreadable {
-                frame,
-                raw: raw.to_string(),
-                reason: e.to_string(),
-            }),
-            ParseEvent::Output(output) => out.push(RunInput::Output { frame, output }),
-            ParseEvent::Solution(_) => {}
         }
     }
 }

@@ -45,7 +45,8 @@ pub enum RunInput {
         /// The agent whose model it is.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         frame: FrameKey,
-        /// The call as written.
+        /// The call as written (when its schema was sent strict, without the `null`s strict
+        /// mode made the model write for params it left out: `llm::drop_strict_nulls`).
         call: Call,
     },
     /// The model streamed something that is not a valid call (it is refused; the model is told).
@@ -63,7 +64,8 @@ pub enum RunInput {
         /// The agent.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         frame: FrameKey,
-        /// The value as written (references not yet resolved).
+        /// The value as written (references not yet resolved; strict mode's `null`s dropped as
+        /// for calls).
         output: Value,
     },
     /// Something wrong with the response as a whole (malformed JSON, truncation).
