@@ -462,14 +462,7 @@ fn cached_goal_and_answers() -> (Value, Vec<Canned>) {
 #[tokio::test]
 async fn cache_reads_and_writes_are_summed_into_the_runs_usage() {
     let (doc, answers) = cached_goal_and_answers();
-    let server = serve(answers.clone()).await;
-    let goal = dagloop::Goal::from_json(&doc.to_string(), "t.json".as_ref(), ".".into()).unwrap();
-    let r = dagloop::AgentBuilder::new(goal)
-        .model(Arc::new(provider(&server)))
-        .build()
-        .unwrap()
-        .run()
-        .await;
+    let r = run_against(&doc, answers.clone()).await;
     assert!(r.succeeded(), "{r:?}");
     let expected = dagloop::machine::Usage {
         input_tokens: 18,
@@ -490,15 +483,20 @@ async fn cache_reads_and_writes_are_summed_into_the_runs_usage() {
     // cache write) are over a budget of 1,000.
     let mut tight = doc.clone();
     tight["limits"] = json!({"token_budget": 1000});
+    let r = run_against(&tight, answers).await;
+    assert_eq!(r.status, dagloop::RunStatus::TokenBudget, "{r:?}");
+}
+
+/// Runs the goal `doc` through the provider against a server giving these answers.
+async fn run_against(doc: &Value, answers: Vec<Canned>) -> dagloop::RunResult {
     let server = serve(answers).await;
-    let goal = dagloop::Goal::from_json(&tight.to_string(), "t.json".as_ref(), ".".into()).unwrap();
-    let r = dagloop::AgentBuilder::new(goal)
+    let goal = dagloop::Goal::from_json(&doc.to_string(), "t.json".as_ref(), ".".into()).unwrap();
+    dagloop::AgentBuilder::new(goal)
         .model(Arc::new(provider(&server)))
         .build()
         .unwrap()
         .run()
-        .await;
-    assert_eq!(r.status, dagloop::RunStatus::TokenBudget, "{r:?}");
+        .await
 }
 
 /// The same figures in the command line's JSON result (`dagloop run --model anthropic:...`).

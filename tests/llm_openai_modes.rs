@@ -155,19 +155,43 @@ async fn whole_tool_call_answers_become_the_same_events() {
     assert_eq!(err.map(|e| e.code()), Some("llm.http_status"));
 }
 
-/// Strict mode makes optional properties required and nullable, so the model writes `null`
-/// for what it leaves out. A strict run drops those nulls (driven by the goal's own schemas)
-/// before the tool's params are validated and used and before the output is validated; a run
-/// that was not sent strict leaves them, and they are the model's mistakes.
-#[tokio::test]
-async fn a_strict_run_drops_the_nulls_strict_mode_made_the_model_write() {
-    use std::sync::{Arc, Mutex};
+/// An agent greeting Ada with `model`: a `greet` tool with an optional `title` and an output
+/// with an optional `nickname`; the params each `greet` call ran with are kept.
+fn greet_agent(
+    model: std::sync::Arc<dyn Model>,
+) -> (
+    dagloop::AgentBuilder,
+    std::sync::Arc<std::sync::Mutex<Vec<Value>>>,
+) {
     let goal = json!({"goal": "Greet Ada.",
         "output_schema": {"type": "object", "required": ["name"], "additionalProperties": false,
             "properties": {"name": {"type": "string"}, "nickname": {"type": "string"}}},
         "tools": [{"_tool": "greet", "_activity": "rust", "type": "object",
             "properties": {"name": {"type": "string"}, "title": {"type": "string"}},
             "required": ["name"]}]});
+    let g = dagloop::Goal::from_json(&goal.to_string(), "t.json".as_ref(), ".".into()).unwrap();
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::<Value>::new()));
+    let mut b = dagloop::AgentBuilder::new(g)
+        .model(model)
+        .retry(dagloop::llm::RetryPolicy {
+            jitter: dagloop::llm::Jitter::None,
+            ..Default::default()
+        });
+    let s = seen.clone();
+    b.registry_mut().register_fn("greet", move |p: Value| {
+        s.lock().unwrap().push(p);
+        async move { Ok::<_, String>(json!("Hello, Ada")) }
+    });
+    (b, seen)
+}
+
+/// Strict mode makes optional properties required and nullable, so the model writes `null`
+/// for what it leaves out. A strict run drops those nulls (driven by the goal's own schemas)
+/// before the tool's params are validated and used and before the output is validated; a run
+/// that was not sent strict leaves them, and they are the model's mistakes.
+#[tokio::test]
+async fn a_strict_run_drops_the_nulls_strict_mode_made_the_model_write() {
+    use std::sync::Arc;
     let first = json!({"thoughts": null, "calls": [{"_tool": "greet", "name": "Ada",
         "title": null, "_outputPath": "†state.g", "_outputMethod": null}], "output": null});
     let second =
@@ -181,20 +205,7 @@ async fn a_strict_run_drops_the_nulls_strict_mode_made_the_model_write() {
         let model = OpenAi::new(server.openai_base(), None, "m")
             .unwrap()
             .with_strict(strict);
-        let g = dagloop::Goal::from_json(&goal.to_string(), "t.json".as_ref(), ".".into()).unwrap();
-        let seen = Arc::new(Mutex::new(Vec::<Value>::new()));
-        let mut b =
-            dagloop::AgentBuilder::new(g)
-                .model(Arc::new(model))
-                .retry(dagloop::llm::RetryPolicy {
-                    jitter: dagloop::llm::Jitter::None,
-                    ..Default::default()
-                });
-        let s = seen.clone();
-        b.registry_mut().register_fn("greet", move |p: Value| {
-            s.lock().unwrap().push(p);
-            async move { Ok::<_, String>(json!("Hello, Ada")) }
-        });
+        let (b, seen) = greet_agent(Arc::new(model));
         let r = b.build().unwrap().run().await;
         let body = &server.requests()[0].body;
         let sent_strict = body["response_format"]["json_schema"]["strict"].clone();
@@ -236,13 +247,7 @@ async fn a_strict_run_drops_the_nulls_strict_mode_made_the_model_write() {
 /// The same in tool-call mode: each function is strict on its own, and so is `final_output`.
 #[tokio::test]
 async fn a_strict_tool_call_run_drops_the_same_nulls() {
-    use std::sync::{Arc, Mutex};
-    let goal = json!({"goal": "Greet Ada.",
-        "output_schema": {"type": "object", "required": ["name"], "additionalProperties": false,
-            "properties": {"name": {"type": "string"}, "nickname": {"type": "string"}}},
-        "tools": [{"_tool": "greet", "_activity": "rust", "type": "object",
-            "properties": {"name": {"type": "string"}, "title": {"type": "string"}},
-            "required": ["name"]}]});
+    use std::sync::Arc;
     let answer = |name: &str, args: Value| {
         json!({"id": "c1", "object": "chat.completion",
             "choices": [{"index": 0, "finish_reason": "tool_calls", "message": {
@@ -270,17 +275,8 @@ async fn a_strict_tool_call_run_drops_the_same_nulls() {
         .unwrap()
         .with_strict(Strict::On)
         .with_tool_streaming(ToolStreaming::Whole);
-    let g = dagloop::Goal::from_json(&goal.to_string(), "t.json".as_ref(), ".".into()).unwrap();
-    let seen = Arc::new(Mutex::new(Vec::<Value>::new()));
-    let mut b = dagloop::AgentBuilder::new(g)
-        .model(Arc::new(model))
-        .mode(Mode::ToolCalls);
-    let s = seen.clone();
-    b.registry_mut().register_fn("greet", move |p: Value| {
-        s.lock().unwrap().push(p);
-        async move { Ok::<_, String>(json!("Hello, Ada")) }
-    });
-    let r = b.build().unwrap().run().await;
+    let (b, seen) = greet_agent(Arc::new(model));
+    let r = b.mode(Mode::ToolCalls).build().unwrap().run().await;
     let body = &server.requests()[0].body;
     assert!(
         body["tools"]

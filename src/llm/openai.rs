@@ -321,7 +321,7 @@ impl OpenAi {
             }
         }
         let strict =
-            (solution_strict || !strict_functions.is_empty()).then(|| StreamEvent::Strict {
+            (solution_strict || !strict_functions.is_empty()).then_some(StreamEvent::Strict {
                 solution: solution_strict,
                 functions: strict_functions,
             });

@@ -68,13 +68,19 @@ pub enum RunInput {
         /// for calls).
         output: Value,
     },
-    /// Something wrong with the response as a whole (malformed JSON, truncation).
+    /// The response as a whole was not a Solution (no JSON, not an object, malformed or
+    /// truncated JSON, fields a Solution does not have, nothing at all).
     Problem {
         /// The agent.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         frame: FrameKey,
-        /// What was wrong, in words meant for the model.
+        /// What was wrong and what was received, in words meant for the model
+        /// (`context::correction::Problem::message`).
         problem: String,
+        /// Its stable code (`plan.no_solution`, `plan.unknown_fields`...); absent in journals
+        /// of older versions, whose `problem` is shown as it is.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        code: Option<String>,
     },
     /// Tokens reported by the provider (or estimated when it reports none).
     Usage {
