@@ -129,7 +129,8 @@ pub struct Goal {
     #[serde(default)]
     pub limits: Limits,
     /// How the model returns its Solution: `structured` (constrained JSON text, the default) or
-    /// `tools` (native tool calls). `dagloop run --mode` overrides it.
+    /// `tools` (native tool calls). `dagloop run --mode` overrides it for the run's own agent;
+    /// a delegate goal's `mode` is its nested agent's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mode: Option<crate::llm::Mode>,
     /// MCP servers whose tools join `tools` (see `tools::mcp`).

@@ -270,7 +270,7 @@ async fn context_at_each_step_of_the_refund_flow() {
     let s5 = &steps[4];
     let last = texts(s5).pop().unwrap();
     assert!(
-        last.starts_with("Your previous response had a problem:"),
+        last.starts_with("Your previous response was not a valid Solution: it could not be read at byte 47 (in calls[0])"),
         "{last}"
     );
 

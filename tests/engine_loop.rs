@@ -180,7 +180,9 @@ async fn rule17_provider_errors_are_retried_and_malformed_solutions_shown_back()
     assert_eq!(r.status, RunStatus::Succeeded);
     assert_eq!(r.steps, 2, "the 429 was retried within step 1");
     assert!(
-        texts(&reqs[2]).contains("Your previous response had a problem"),
+        texts(&reqs[2]).contains(
+            "Your previous response was not a valid Solution: it could not be read at byte 12"
+        ),
         "{}",
         texts(&reqs[2])
     );

@@ -1,6 +1,8 @@
 //! The Anthropic messages provider against an in-process SSE server on 127.0.0.1.
 #![cfg(feature = "server")]
 
+#[path = "common/bin.rs"]
+mod bin;
 mod common;
 
 use common::*;
@@ -407,5 +409,129 @@ async fn the_static_prefix_is_cached_and_cache_usage_is_reported() {
         !events
             .iter()
             .any(|e| matches!(e, StreamEvent::CacheUsage { .. }))
+    );
+}
+
+/// One structured-mode answer: `solution` as the forced tool's input, with these token counts
+/// (prompt-cache reads and writes in `message_start`).
+fn cached_answer(solution: Value, input: u64, output: u64, read: u64, write: u64) -> Vec<String> {
+    let mut v = vec![
+        named(
+            "message_start",
+            json!({"type": "message_start", "message": {"id": "msg_1", "type": "message",
+                   "role": "assistant", "content": [], "model": "claude-test", "stop_reason": null,
+                   "usage": {"input_tokens": input, "output_tokens": 1,
+                             "cache_read_input_tokens": read, "cache_creation_input_tokens": write}}}),
+        ),
+        block_start(
+            0,
+            json!({"type": "tool_use", "id": "toolu_s", "name": SOLUTION_TOOL, "input": {}}),
+        ),
+        json_delta(0, &solution.to_string()),
+        block_stop(0),
+    ];
+    v.extend(message_end("tool_use", output));
+    v
+}
+
+/// A goal with one latent tool, answered in two steps: the first writes the prompt cache,
+/// the second reads it.
+fn cached_goal_and_answers() -> (Value, Vec<Canned>) {
+    let goal = json!({"goal": "Note it, then answer.", "output_schema": {"type": "object",
+        "required": ["ok"], "properties": {"ok": {"type": "boolean"}}},
+        "tools": [{"_tool": "note", "type": "object", "_output": {"type": "string"}}]});
+    let first = cached_answer(
+        json!({"calls": [{"_tool": "note", "_output": "n", "_outputPath": "†state.n"}], "output": null}),
+        7,
+        9,
+        0,
+        1200,
+    );
+    let second = cached_answer(
+        json!({"calls": [], "output": {"ok": true}}),
+        11,
+        4,
+        1200,
+        30,
+    );
+    (goal, vec![Canned::sse(&first), Canned::sse(&second)])
+}
+
+/// The prompt-cache reads and writes Anthropic reports are summed into the run's usage, next
+/// to input and output tokens, and count against the token budget.
+#[tokio::test]
+async fn cache_reads_and_writes_are_summed_into_the_runs_usage() {
+    let (doc, answers) = cached_goal_and_answers();
+    let r = run_against(&doc, answers.clone()).await;
+    assert!(r.succeeded(), "{r:?}");
+    let expected = dagloop::machine::Usage {
+        input_tokens: 18,
+        output_tokens: 13,
+        cache_read_tokens: 1200,
+        cache_write_tokens: 1230,
+        estimated: false,
+    };
+    assert_eq!(r.usage, expected);
+    assert_eq!(r.usage.total(), 18 + 13 + 1200 + 1230);
+    assert_eq!(
+        serde_json::to_value(r.usage).unwrap(),
+        json!({"input_tokens": 18, "output_tokens": 13,
+               "cache_read_tokens": 1200, "cache_write_tokens": 1230})
+    );
+
+    // The budget sees the cached prompt too: the first step's 1,216 tokens (16 without the
+    // cache write) are over a budget of 1,000.
+    let mut tight = doc.clone();
+    tight["limits"] = json!({"token_budget": 1000});
+    let r = run_against(&tight, answers).await;
+    assert_eq!(r.status, dagloop::RunStatus::TokenBudget, "{r:?}");
+}
+
+/// Runs the goal `doc` through the provider against a server giving these answers.
+async fn run_against(doc: &Value, answers: Vec<Canned>) -> dagloop::RunResult {
+    let server = serve(answers).await;
+    let goal = dagloop::Goal::from_json(&doc.to_string(), "t.json".as_ref(), ".".into()).unwrap();
+    dagloop::AgentBuilder::new(goal)
+        .model(Arc::new(provider(&server)))
+        .build()
+        .unwrap()
+        .run()
+        .await
+}
+
+/// The same figures in the command line's JSON result (`dagloop run --model anthropic:...`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_result_shows_cache_usage() {
+    let (doc, answers) = cached_goal_and_answers();
+    let server = serve(answers).await;
+    let dir = tempfile::tempdir().unwrap();
+    let goal = dir.path().join("goal.json");
+    std::fs::write(&goal, doc.to_string()).unwrap();
+    let out = bin::dagloop_tokio()
+        .args([
+            "run",
+            "--no-store",
+            "--json",
+            "--model",
+            "anthropic:claude-test",
+        ])
+        .arg(&goal)
+        .env("ANTHROPIC_API_KEY", KEY)
+        .env("ANTHROPIC_BASE_URL", server.base())
+        .output()
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let result: Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(
+        result["usage"],
+        json!({"input_tokens": 18, "output_tokens": 13,
+               "cache_read_tokens": 1200, "cache_write_tokens": 1230})
     );
 }

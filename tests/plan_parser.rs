@@ -80,7 +80,7 @@ fn calls_null() {
 }
 
 #[test]
-fn thoughts_meta_and_unknown_fields_are_kept() {
+fn thoughts_meta_and_unknown_fields_are_kept_and_reported() {
     let text = r#"{"thoughts": "think", "meta": {"v": 1}, "confidence": 0.9, "calls": [], "output": null, "z": [true]}"#;
     assert_json_snapshot!(log(text));
 }
@@ -220,6 +220,59 @@ fn text_without_an_object_has_no_solution() {
     assert_eq!(error_of(""), (0, "plan.no_solution", None));
     let prose = "I cannot help with {that}.";
     assert_eq!(error_of(prose), (prose.len(), "plan.no_solution", None));
+}
+
+#[test]
+fn a_json_value_that_is_not_an_object_is_named() {
+    for (text, found, at) in [
+        ("[1, 2]", "an array", 0),
+        ("```json\n[\"a\", {\"b\": 1}]\n```\n", "an array", 8),
+        ("  \"{\\\"calls\\\": []}\"", "a string", 2),
+        ("42", "a number", 0),
+        ("-1.5e3\n", "a number", 0),
+        ("null", "null", 0),
+        ("true", "a boolean", 0),
+        ("[1, 2", "an array", 0),
+    ] {
+        for chunk in [1, 3, 64] {
+            let run = run_chunks(text.as_bytes(), chunk);
+            let e = run.1.clone().unwrap_err();
+            assert_eq!(
+                (e.code(), e.offset, e.kind.to_string()),
+                (
+                    "plan.not_an_object",
+                    at,
+                    format!("the Solution must be a JSON object, found {found}")
+                ),
+                "{text:?}"
+            );
+        }
+    }
+    // An object inside an array is not the solution: refused as soon as it starts.
+    let text = r#"[{"_tool": "a"}, {"_tool": "b"}]"#;
+    let run = run_chunks(text.as_bytes(), 1);
+    assert!(events_of(&run).is_empty());
+    let e = run.1.unwrap_err();
+    assert_eq!((e.code(), e.offset), ("plan.not_an_object", 0));
+    // Prose that merely starts like JSON stays prose, and a solution after it is found.
+    for prose in [
+        "1. Look it up",
+        "true story",
+        "null hypothesis",
+        "\"Quoted\" words",
+        "[see below]",
+    ] {
+        assert_eq!(
+            error_of(prose),
+            (prose.len(), "plan.no_solution", None),
+            "{prose}"
+        );
+        let text = format!("{prose} {{\"calls\": [], \"output\": 1}}");
+        assert_eq!(run_chunks(text.as_bytes(), 2).1, Ok(()), "{text}");
+    }
+    // A complete array followed by a solution: the solution counts.
+    let text = r#"[1] {"calls": [], "output": 1}"#;
+    assert_eq!(run_chunks(text.as_bytes(), 1).1, Ok(()));
 }
 
 #[test]

@@ -588,3 +588,130 @@ async fn a_token_budget_holds_when_the_server_reports_no_usage() {
     );
     assert!(r.usage.output_tokens >= 100, "{:?}", r.usage);
 }
+
+/// Replays a script, noting the mode of every request; request number `hang_at` (from 0) never
+/// answers.
+struct ModeRecorder {
+    inner: ScriptedModel,
+    modes: Arc<Mutex<Vec<dagloop::llm::Mode>>>,
+    hang_at: Option<usize>,
+}
+impl Model for ModeRecorder {
+    fn stream(&self, req: &Request) -> EventStream {
+        let n = {
+            let mut m = self.modes.lock().expect("modes");
+            m.push(req.settings.mode);
+            m.len() - 1
+        };
+        if Some(n) == self.hang_at {
+            return futures::stream::pending().boxed();
+        }
+        self.inner.stream(req)
+    }
+    fn name(&self) -> String {
+        "mode-recorder".into()
+    }
+    fn resume_after(&self, attempts: usize) {
+        self.inner.resume_after(attempts);
+    }
+}
+
+/// A delegate goal's own `mode` is its nested agent's: the parent answers in structured mode,
+/// the helper (whose goal says `"mode": "tools"`) through native tool calls, and a run resumed
+/// while the helper's turn streamed asks that turn again in tools mode.
+#[tokio::test(start_paused = true)]
+async fn a_delegate_answers_in_its_own_mode_also_after_a_resume() {
+    use dagloop::llm::Mode;
+    let dir = tempfile::tempdir().expect("dir");
+    let helper = json!({"goal": "helper", "mode": "tools",
+        "output_schema": {"type": "object", "required": ["y"], "properties": {"y": {"type": "integer"}}}});
+    std::fs::write(dir.path().join("helper.goal.json"), helper.to_string()).expect("write");
+    let parent = json!({"goal": "parent", "output_schema": {"type": "object"},
+        "tools": [{"_tool": "askHelper", "_delegate": "helper.goal.json", "type": "object"}]});
+    let turns = json!([
+        sol(
+            json!([{"_tool": "askHelper", "x": 2, "_outputPath": "†state.h"}]),
+            Value::Null
+        ),
+        sol(json!([]), json!({"y": 4})),
+        sol(json!([]), json!({"done": "†state.h"})),
+    ]);
+    let script = || {
+        ScriptedModel::new(
+            Script::parse(&json!({ "turns": turns }).to_string(), "t").expect("script"),
+        )
+    };
+
+    // Straight through: the helper's request is in tools mode; its output came back through
+    // `final_output` (the scripted model answers in the mode it is asked in).
+    let modes = Arc::new(Mutex::new(Vec::new()));
+    let model = ModeRecorder {
+        inner: script(),
+        modes: modes.clone(),
+        hang_at: None,
+    };
+    let r = AgentBuilder::new(goal_in(dir.path(), parent.clone()))
+        .model(Arc::new(model))
+        .build()
+        .expect("build")
+        .run()
+        .await;
+    assert_eq!(r.status, RunStatus::Succeeded, "{r:?}");
+    assert_eq!(r.output, json!({"done": {"y": 4}}));
+    assert_eq!(
+        *modes.lock().expect("modes"),
+        vec![
+            Mode::StructuredOutput,
+            Mode::ToolCalls,
+            Mode::StructuredOutput
+        ]
+    );
+
+    // Stopped while the helper's turn streams, then resumed from the journal.
+    let modes = Arc::new(Mutex::new(Vec::new()));
+    let model = ModeRecorder {
+        inner: script(),
+        modes: modes.clone(),
+        hang_at: Some(1),
+    };
+    let h = AgentBuilder::new(goal_in(dir.path(), parent.clone()))
+        .model(Arc::new(model))
+        .build()
+        .expect("build")
+        .start();
+    // The parent's own turn has closed its stream; the helper's is open.
+    let parent_closed = |j: &[JournalEntry]| {
+        j.iter().any(|e| {
+            matches!(
+                e.input,
+                dagloop::machine::RunInput::StreamClosed { frame: None, .. }
+            )
+        })
+    };
+    while !parent_closed(&h.journal()) || modes.lock().expect("modes").len() < 2 {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let journal = h.journal();
+    let run_id = h.run_id().to_string();
+    drop(h);
+    let modes = Arc::new(Mutex::new(Vec::new()));
+    let model = ModeRecorder {
+        inner: script(),
+        modes: modes.clone(),
+        hang_at: None,
+    };
+    let r = AgentBuilder::new(goal_in(dir.path(), parent))
+        .model(Arc::new(model))
+        .run_id(run_id)
+        .build()
+        .expect("build")
+        .resume(journal)
+        .wait()
+        .await;
+    assert_eq!(r.status, RunStatus::Succeeded, "{r:?}");
+    assert_eq!(
+        *modes.lock().expect("modes"),
+        vec![Mode::ToolCalls, Mode::StructuredOutput],
+        "the helper's turn was asked again in its own mode"
+    );
+}

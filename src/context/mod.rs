@@ -4,6 +4,7 @@
 //! Pure functions over the goal, the state and the previous step's report: no IO, no clock.
 //! What a model provider does with these messages (how it renders them) is the provider's job.
 
+pub mod correction;
 pub mod sanitize;
 
 use serde::{Deserialize, Serialize};
@@ -49,7 +50,8 @@ pub struct ContextInput<'a> {
     pub plan: &'a [PlanEntry],
     /// Validation errors of the previous output, if it was invalid.
     pub output_errors: &'a [String],
-    /// Problems with the previous response itself (malformed JSON, refused calls).
+    /// What the model is told about its previous response itself (it was not a Solution:
+    /// [`correction::render`]), one message each, as written.
     pub model_errors: &'a [String],
     /// What is shown of results.
     pub limits: SanitizeLimits,
@@ -143,10 +145,7 @@ pub fn assemble(input: &ContextInput<'_>) -> Vec<Message> {
         }
     }
     for err in input.model_errors {
-        out.push(text(
-            Role::User,
-            format!("Your previous response had a problem: {err}"),
-        ));
+        out.push(text(Role::User, err.clone()));
     }
     if !input.output_errors.is_empty() {
         out.push(text(

@@ -257,13 +257,15 @@ impl AgentBuilder {
     }
 
     /// Model settings (mode, temperature, timeouts), for every agent of the run. Their mode
-    /// is used only when neither [`AgentBuilder::mode`] nor the goal's `mode` says otherwise.
+    /// is used only when neither [`AgentBuilder::mode`] nor the goal's `mode` says otherwise
+    /// (and a delegate goal's own `mode` wins for its nested agent).
     pub fn settings(mut self, settings: Settings) -> Self {
         self.settings = settings;
         self
     }
 
-    /// How the model returns its Solution, over the goal's `mode`.
+    /// How the model returns its Solution, over the goal's `mode` (the run's own agent and
+    /// delegates whose goals name no `mode`).
     pub fn mode(mut self, mode: crate::llm::Mode) -> Self {
         self.mode = Some(mode);
         self
@@ -461,6 +463,10 @@ fn load_config(
     }
     let mut cfg = AgentConfig::from_goal(goal, delegates)?;
     cfg.model = None;
+    if depth == 0 {
+        // The run's own mode is the run's settings (`--mode` over the goal's `mode`).
+        cfg.mode = None;
+    }
     if depth > 0
         && own_model
         && let Some(spec) = goal.model.as_deref()

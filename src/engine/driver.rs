@@ -346,15 +346,19 @@ impl Driver {
                 skip_calls,
             } => {
                 let model = self.models.get(config.model.as_deref());
-                let in_chars = serde_json::to_string(&messages).map_or(0, |t| t.chars().count());
+                let mut settings = self.settings.clone();
+                if let Some(mode) = config.mode {
+                    settings.mode = mode;
+                }
                 let req = Request {
                     messages,
                     schema: config.composed.clone(),
                     tools: config.tools.clone(),
-                    settings: self.settings.clone(),
+                    settings,
                 };
+                let stream = model.stream(&req);
                 self.turns
-                    .open(frame, step, skip_calls, in_chars, model.stream(&req));
+                    .open(frame, step, skip_calls, config, &req, stream);
             }
             Action::CloseStream { frame } => self.turns.close(frame),
             Action::Launch {

@@ -1,16 +1,26 @@
 //! Reading model turns: each agent's stream of normalised model events becomes machine inputs
 //! (calls the moment their array element closes, the output, usage, retries, problems, and the
 //! stream's end).
+//!
+//! Calls and outputs of an answer constrained by OpenAI strict mode (the provider says so with
+//! `StreamEvent::Strict`) lose here, before they are journaled, the `null`s strict mode made the
+//! model write for what it left out (`llm::drop_strict_nulls`, driven by the agent's composed
+//! schema). Deliberately not here: what the inputs mean (the machine decides).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use futures::StreamExt;
-use serde_json::json;
+use serde_json::{Value, json};
 
-use crate::llm::{LlmError, Model, StreamEvent, ToolCallOutcome, call_from_tool_call};
-use crate::machine::{FrameKey, RunError, RunInput};
-use crate::plan::{ParseEvent, SolutionParser};
+use crate::context::correction::{self, Received};
+use crate::llm::{
+    FINAL_OUTPUT_TOOL, FinishReason, LlmError, Model, StreamEvent, ToolCallOutcome,
+    call_from_tool_call, drop_strict_nulls_in_call, drop_strict_nulls_in_output,
+};
+use crate::machine::{AgentConfig, FrameKey, RunError, RunInput};
+use crate::plan::{ParseErrorKind, ParseEvent, SolutionParser};
+use crate::protocol::Call;
 
 /// One item of some agent's model stream (`None`: the stream ended).
 pub(super) type TurnItem = (FrameKey, Option<Result<StreamEvent, LlmError>>);
@@ -39,9 +49,126 @@ struct Reader {
     skip: usize,
     /// The provider reported usage for this turn.
     usage_seen: bool,
+    /// Prompt-cache (read, write) tokens the provider reported, until they go with the usage.
+    cache: Option<(u64, u64)>,
     /// Characters sent and received, for an estimate when it did not.
     in_chars: usize,
     out_chars: usize,
+    /// The agent: its composed schema is what strict mode transformed.
+    config: Arc<AgentConfig>,
+    /// What the attempt said was sent strict: the Solution schema (structured mode), and the
+    /// functions (tool-call mode).
+    strict_solution: bool,
+    strict_functions: Vec<String>,
+    /// The turn is asked in tool-call mode (text is commentary unless it holds a Solution).
+    tool_mode: bool,
+    /// The start of the text, for what the model is told when it was not a Solution.
+    received: Received,
+    /// Something came of the answer: a call (readable or not) or the output.
+    yielded: bool,
+    /// Top-level members a Solution does not have.
+    unknown: Vec<(String, Value)>,
+}
+
+impl Reader {
+    /// Forgets what a failed attempt sent (a retry starts over; none of it was content).
+    fn restart(&mut self) {
+        self.parser = SolutionParser::new();
+        self.saw_text = false;
+        self.cache = None;
+        self.strict_solution = false;
+        self.strict_functions.clear();
+        self.received = Received::default();
+        self.yielded = false;
+        self.unknown.clear();
+    }
+
+    /// The end of the answer: the last parsed pieces, then what was wrong with it as a whole,
+    /// if anything (the model is told, see `context::correction`).
+    fn finish_answer(&mut self, frame: FrameKey, at_token_limit: bool, out: &mut Vec<RunInput>) {
+        let error = if self.saw_text {
+            match std::mem::take(&mut self.parser).finish() {
+                Ok(evs) => {
+                    self.parsed(frame, evs, out);
+                    None
+                }
+                Err(e) => Some(e),
+            }
+        } else {
+            None
+        };
+        let blank = self.received.is_blank();
+        let problem = if self.tool_mode {
+            match error {
+                _ if self.yielded => None,
+                _ if blank => Some(correction::empty(true)),
+                Some(e) if e.kind != ParseErrorKind::NoSolution => {
+                    Some(correction::parse_error(&e, &self.received, at_token_limit))
+                }
+                _ => Some(correction::no_tool_call(&self.received)),
+            }
+        } else {
+            match error {
+                _ if blank && !self.yielded => Some(correction::empty(false)),
+                Some(e) => Some(correction::parse_error(&e, &self.received, at_token_limit)),
+                None => None,
+            }
+        };
+        let unknown = (!self.unknown.is_empty()).then(|| correction::unknown_fields(&self.unknown));
+        for p in problem.into_iter().chain(unknown) {
+            out.push(RunInput::Problem {
+                frame,
+                problem: p.message,
+                code: Some(p.code.to_string()),
+            });
+        }
+    }
+
+    /// A call the model wrote, strict mode's nulls dropped when its schema was sent strict.
+    fn call(&self, frame: FrameKey, mut call: Call, from_function: bool) -> RunInput {
+        let strict = if from_function {
+            self.strict_functions.contains(&call.tool)
+        } else {
+            self.strict_solution
+        };
+        if strict {
+            drop_strict_nulls_in_call(&self.config.composed, &mut call);
+        }
+        RunInput::Call { frame, call }
+    }
+
+    /// The output the model wrote, likewise.
+    fn output(&self, frame: FrameKey, mut output: Value, from_function: bool) -> RunInput {
+        let strict = if from_function {
+            self.strict_functions.iter().any(|f| f == FINAL_OUTPUT_TOOL)
+        } else {
+            self.strict_solution
+        };
+        if strict {
+            drop_strict_nulls_in_output(&self.config.composed, &mut output);
+        }
+        RunInput::Output { frame, output }
+    }
+
+    /// The inputs a piece of parsed Solution text gives.
+    fn parsed(&mut self, frame: FrameKey, events: Vec<ParseEvent>, out: &mut Vec<RunInput>) {
+        for ev in events {
+            self.yielded |= matches!(ev, ParseEvent::Call { .. } | ParseEvent::Output(_));
+            match ev {
+                ParseEvent::Call { call: Ok(call), .. } => out.push(self.call(frame, call, false)),
+                ParseEvent::Call {
+                    call: Err(e), raw, ..
+                } => out.push(RunInput::Unreadable {
+                    frame,
+                    raw: raw.to_string(),
+                    reason: e.to_string(),
+                }),
+                ParseEvent::Output(output) => out.push(self.output(frame, output, false)),
+                ParseEvent::UnknownField { key, value } => self.unknown.push((key, value)),
+                _ => {}
+            }
+        }
+    }
 }
 
 /// Every open model stream of a run, read concurrently. Closing one drops it at once (which
@@ -54,14 +181,19 @@ pub(super) struct Turns {
 }
 
 impl Turns {
+    /// Starts reading the answer to `req` (asked of `config`'s agent at `step`), dropping the
+    /// first `skip` calls.
     pub fn open(
         &mut self,
         frame: FrameKey,
         step: u32,
         skip: usize,
-        in_chars: usize,
+        config: Arc<AgentConfig>,
+        req: &crate::llm::Request,
         stream: crate::llm::EventStream,
     ) {
+        let in_chars = serde_json::to_string(&req.messages).map_or(0, |t| t.chars().count());
+        let tool_mode = req.settings.mode == crate::llm::Mode::ToolCalls;
         self.readers.insert(
             frame,
             Reader {
@@ -71,8 +203,16 @@ impl Turns {
                 step,
                 skip,
                 usage_seen: false,
+                cache: None,
                 in_chars,
                 out_chars: 0,
+                config,
+                strict_solution: false,
+                strict_functions: Vec::new(),
+                tool_mode,
+                received: Received::default(),
+                yielded: false,
+                unknown: Vec::new(),
             },
         );
     }
@@ -149,25 +289,27 @@ impl Turns {
         let Some(reader) = self.readers.get_mut(&frame) else {
             return;
         };
+        let at_token_limit = matches!(
+            item,
+            Some(Ok(StreamEvent::Finish {
+                reason: FinishReason::Length
+            }))
+        );
         match item {
             // A stream ends with `Finish` (a provider may keep the connection open after it).
             None | Some(Ok(StreamEvent::Finish { .. })) => {
-                if reader.saw_text {
-                    match std::mem::take(&mut reader.parser).finish() {
-                        Ok(evs) => parsed(frame, evs, out),
-                        Err(e) => out.push(RunInput::Problem {
-                            frame,
-                            problem: format!("{e} [{}]", e.code()),
-                        }),
-                    }
-                }
+                reader.finish_answer(frame, at_token_limit, out);
                 if !reader.usage_seen {
                     // Honest accounting: the budget holds even when the server says nothing.
+                    let (cache_read_tokens, cache_write_tokens) =
+                        reader.cache.take().unwrap_or_default();
                     out.push(RunInput::Usage {
                         frame,
                         input_tokens: reader.in_chars.div_ceil(4) as u64,
                         output_tokens: reader.out_chars.div_ceil(4) as u64,
                         estimated: true,
+                        cache_read_tokens,
+                        cache_write_tokens,
                     });
                 }
                 out.push(RunInput::StreamClosed { frame, error: None });
@@ -175,35 +317,63 @@ impl Turns {
             }
             Some(Ok(StreamEvent::TextDelta(t))) => {
                 reader.saw_text = true;
+                reader.received.push(&t);
                 reader.out_chars += t.chars().count();
                 delta(frame, t.chars().count() as u64);
                 let evs = reader.parser.feed(&t);
-                parsed(frame, evs, out);
+                reader.parsed(frame, evs, out);
+            }
+            Some(Ok(StreamEvent::Strict {
+                solution,
+                functions,
+            })) => {
+                reader.strict_solution = solution;
+                reader.strict_functions = functions;
             }
             Some(Ok(StreamEvent::ToolCallDone {
                 name, arguments, ..
-            })) => match call_from_tool_call(&name, &arguments) {
-                Ok(ToolCallOutcome::Call(call)) => {
-                    reader.out_chars += arguments.chars().count();
-                    out.push(RunInput::Call { frame, call })
+            })) => {
+                reader.yielded = true;
+                match call_from_tool_call(&name, &arguments) {
+                    Ok(ToolCallOutcome::Call(call)) => {
+                        reader.out_chars += arguments.chars().count();
+                        out.push(reader.call(frame, call, true))
+                    }
+                    Ok(ToolCallOutcome::Output(output)) => {
+                        out.push(reader.output(frame, output, true))
+                    }
+                    Err(e) => out.push(RunInput::Unreadable {
+                        frame,
+                        raw: arguments,
+                        reason: e.to_string(),
+                    }),
                 }
-                Ok(ToolCallOutcome::Output(output)) => out.push(RunInput::Output { frame, output }),
-                Err(e) => out.push(RunInput::Unreadable {
-                    frame,
-                    raw: arguments,
-                    reason: e.to_string(),
-                }),
-            },
+            }
+            Some(Ok(StreamEvent::CacheUsage {
+                read_tokens,
+                write_tokens,
+            })) => {
+                // Providers send it before `Usage`; it is journaled with it.
+                let (r, w) = reader.cache.unwrap_or_default();
+                reader.cache = Some((
+                    r.saturating_add(read_tokens),
+                    w.saturating_add(write_tokens),
+                ));
+            }
             Some(Ok(StreamEvent::Usage {
                 input_tokens,
                 output_tokens,
             })) => {
                 reader.usage_seen = true;
+                let (cache_read_tokens, cache_write_tokens) =
+                    reader.cache.take().unwrap_or_default();
                 out.push(RunInput::Usage {
                     frame,
                     input_tokens,
                     output_tokens,
                     estimated: false,
+                    cache_read_tokens,
+                    cache_write_tokens,
                 });
             }
             Some(Ok(StreamEvent::Retry {
@@ -213,8 +383,7 @@ impl Turns {
                 error,
             })) => {
                 // A retried attempt starts over: what it parsed is discarded (none was content).
-                reader.parser = SolutionParser::new();
-                reader.saw_text = false;
+                reader.restart();
                 out.push(RunInput::Retry {
                     frame,
                     attempt,
@@ -233,23 +402,6 @@ impl Turns {
                 });
                 self.close(frame);
             }
-        }
-    }
-}
-
-fn parsed(frame: FrameKey, events: Vec<ParseEvent>, out: &mut Vec<RunInput>) {
-    for ev in events {
-        match ev {
-            ParseEvent::Call { call: Ok(call), .. } => out.push(RunInput::Call { frame, call }),
-            ParseEvent::Call {
-                call: Err(e), raw, ..
-            } => out.push(RunInput::Unreadable {
-                frame,
-                raw: raw.to_string(),
-                reason: e.to_string(),
-            }),
-            ParseEvent::Output(output) => out.push(RunInput::Output { frame, output }),
-            ParseEvent::Solution(_) => {}
         }
     }
 }

@@ -35,7 +35,9 @@ pub use retry::{Jitter, RetryNotice, RetryPolicy, Retrying};
 pub use script::{Script, Turn, TurnBody};
 pub use scripted::ScriptedModel;
 pub use secret::ApiKey;
-pub use strict::strict_schema;
+pub use strict::{
+    drop_strict_nulls, drop_strict_nulls_in_call, drop_strict_nulls_in_output, strict_schema,
+};
 pub use wire::{
     FINAL_OUTPUT_TOOL, SOLUTION_TOOL, ToolCallOutcome, call_from_tool_call, function_definitions,
 };
@@ -251,6 +253,17 @@ pub enum StreamEvent {
         read_tokens: u64,
         /// Prompt tokens written to the cache.
         write_tokens: u64,
+    },
+    /// This attempt's answer is constrained by OpenAI strict mode's transform of the request's
+    /// schemas (`strict: true` was sent for them), so a `null` the original schema does not
+    /// allow on an optional property means "absent" there ([`drop_strict_nulls`] undoes it).
+    /// Sent by a provider before the first other event of such an attempt (a retried attempt
+    /// sends it again).
+    Strict {
+        /// The Solution schema was sent strict (structured-output mode).
+        solution: bool,
+        /// The functions sent strict (tool-call mode), [`FINAL_OUTPUT_TOOL`] included.
+        functions: Vec<String>,
     },
     /// The last event of a successful stream.
     Finish {

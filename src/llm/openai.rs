@@ -253,10 +253,11 @@ impl OpenAi {
 
     /// The JSON body sent for a request, with the current `response_format` dialect.
     pub fn request_body(&self, req: &Request) -> Value {
-        self.body_with(req, self.effective_response_format())
+        self.body_with(req, self.effective_response_format()).0
     }
 
-    fn body_with(&self, req: &Request, format: ResponseFormat) -> Value {
+    /// The body, and which of its schemas were sent strict (see [`StreamEvent::Strict`]).
+    fn body_with(&self, req: &Request, format: ResponseFormat) -> (Value, Option<StreamEvent>) {
         let s = &req.settings;
         let model = if s.model.is_empty() {
             &self.model
@@ -283,12 +284,15 @@ impl OpenAi {
         if let Some(m) = s.max_tokens {
             body["max_tokens"] = json!(m);
         }
+        let mut solution_strict = false;
+        let mut strict_functions = Vec::new();
         match s.mode {
             Mode::StructuredOutput if format == ResponseFormat::JsonObject => {
                 body["response_format"] = json!({"type": "json_object", "schema": req.schema});
             }
             Mode::StructuredOutput => {
                 let (schema, strict) = self.strict_variant(&req.schema, "solution");
+                solution_strict = strict;
                 body["response_format"] = json!({
                     "type": "json_schema",
                     "json_schema": {"name": "solution", "schema": schema, "strict": strict}
@@ -299,6 +303,9 @@ impl OpenAi {
                     .into_iter()
                     .map(|f| {
                         let (parameters, strict) = self.strict_variant(&f.parameters, &f.name);
+                        if strict {
+                            strict_functions.push(f.name.clone());
+                        }
                         let mut function =
                             json!({"name": f.name, "parameters": parameters, "strict": strict});
                         if let Some(d) = f.description {
@@ -315,14 +322,40 @@ impl OpenAi {
                 };
             }
         }
-        body
+        let strict =
+            (solution_strict || !strict_functions.is_empty()).then_some(StreamEvent::Strict {
+                solution: solution_strict,
+                functions: strict_functions,
+            });
+        (body, strict)
     }
+}
+
+/// Sends `strict` just before the first event of the attempt that is not an error (an attempt
+/// that fails at once, and may be retried or switch dialects, says nothing).
+fn announce(stream: EventStream, strict: Option<StreamEvent>) -> EventStream {
+    let Some(strict) = strict else {
+        return stream;
+    };
+    let mut pending = Some(strict);
+    stream
+        .flat_map(move |item| {
+            let first = match (&item, pending.take()) {
+                (Ok(_), Some(ev)) => Some(Ok(ev)),
+                (_, p) => {
+                    pending = p;
+                    None
+                }
+            };
+            futures::stream::iter(first.into_iter().chain(std::iter::once(item)))
+        })
+        .boxed()
 }
 
 impl OpenAi {
     /// One non-streaming tool-call request, turned into the events a stream would give.
     fn whole(&self, req: &Request) -> EventStream {
-        let mut body = self.body_with(req, self.effective_response_format());
+        let (mut body, strict) = self.body_with(req, self.effective_response_format());
         body["stream"] = json!(false);
         if let Value::Object(m) = &mut body {
             m.shift_remove("stream_options");
@@ -336,7 +369,7 @@ impl OpenAi {
             idle_timeout: req.settings.idle_timeout,
             redactor: self.redactor.clone(),
         };
-        futures::stream::once(async move {
+        let answer = futures::stream::once(async move {
             let items: Vec<Result<StreamEvent, LlmError>> = match post_json(call).await {
                 Ok(v) => whole_answer_events(&v).into_iter().map(Ok).collect(),
                 Err(e) => vec![Err(e)],
@@ -344,20 +377,25 @@ impl OpenAi {
             futures::stream::iter(items)
         })
         .flatten()
-        .boxed()
+        .boxed();
+        announce(answer, strict)
     }
 
     fn attempt(&self, req: &Request, format: ResponseFormat) -> EventStream {
+        let (body, strict) = self.body_with(req, format);
         let call = HttpCall {
             client: self.client.clone(),
             url: format!("{}/chat/completions", self.base_url),
             headers: self.headers.clone(),
-            body: self.body_with(req, format),
+            body,
             request_timeout: req.settings.request_timeout,
             idle_timeout: req.settings.idle_timeout,
             redactor: self.redactor.clone(),
         };
-        sse_stream(call, OpenAiDecoder::new(self.redactor.clone()))
+        announce(
+            sse_stream(call, OpenAiDecoder::new(self.redactor.clone())),
+            strict,
+        )
     }
 }
 

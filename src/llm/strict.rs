@@ -14,9 +14,14 @@
 //!
 //! The transform only narrows what a schema accepts (extra properties are refused) and widens
 //! optional properties to also accept `null`: a model in strict mode writes `null` for a
-//! property it would have left out.
+//! property it would have left out. [`drop_strict_nulls`] undoes that widening on what the
+//! model wrote, driven by the original schema: it is the one place where such nulls are
+//! dropped (the engine applies it to every call and output of a strict answer, before anything
+//! validates or uses them).
 
 use serde_json::{Map, Value, json};
+
+use crate::protocol::Call;
 
 /// Keywords kept as they are.
 const KEPT: [&str; 21] = [
@@ -234,6 +239,192 @@ impl Walk {
     }
 }
 
+/// How many `$ref`s and `anyOf`s are followed without moving into the value (a bound for
+/// schemas whose references loop).
+const MAX_HOPS: u32 = 32;
+
+/// Undoes strict mode's widening on `value`, written by a model constrained by the strict
+/// transform of `schema`: every `null` of an object property that `schema` neither requires
+/// nor allows to be null is removed (the model meant "absent"). Everything else is left as it
+/// is: a `null` the original schema requires or allows stays, and so does any value that is
+/// wrong for other reasons (validation reports it). `root` resolves local `$ref`s (`#/$defs/..`).
+///
+/// Under `anyOf`, the branch that applies is the one strict mode forced: for an object, the
+/// object schema whose properties are exactly the object's keys (strict objects list every
+/// property and allow no other), else the first whose properties include them all; for an
+/// array, the first array schema.
+pub fn drop_strict_nulls(schema: &Value, root: &Value, value: &mut Value) {
+    undo(schema, root, value, 0);
+}
+
+/// [`drop_strict_nulls`] for a call, against its tool's branch of the composed Solution schema
+/// (`calls.items.anyOf`, the branch whose `_tool` is the call's). Meta fields that are `null`
+/// were already read as absent by `Call::try_from`; this drops the params'.
+pub fn drop_strict_nulls_in_call(composed: &Value, call: &mut Call) {
+    let Some(branch) = composed
+        .pointer("/properties/calls/items/anyOf")
+        .and_then(Value::as_array)
+        .and_then(|bs| {
+            bs.iter().find(|b| {
+                b.pointer("/properties/_tool/const").and_then(Value::as_str)
+                    == Some(call.tool.as_str())
+            })
+        })
+    else {
+        return;
+    };
+    undo_members(branch, composed, &mut call.params, 0);
+}
+
+/// [`drop_strict_nulls`] for a Solution's `output`, against the user's output schema as the
+/// composed Solution schema holds it (`output.anyOf[0]`).
+pub fn drop_strict_nulls_in_output(composed: &Value, output: &mut Value) {
+    if let Some(schema) = composed.pointer("/properties/output/anyOf/0") {
+        undo(schema, composed, output, 0);
+    }
+}
+
+/// The schema a local `$ref` points at (None when it is not local or points at nothing).
+fn target<'a>(root: &'a Value, r: &str) -> Option<&'a Value> {
+    root.pointer(r.strip_prefix('#')?)
+}
+
+fn undo(schema: &Value, root: &Value, value: &mut Value, hops: u32) {
+    if hops > MAX_HOPS || value.is_null() {
+        return;
+    }
+    let Value::Object(s) = schema else { return };
+    if let Some(t) = s
+        .get("$ref")
+        .and_then(Value::as_str)
+        .and_then(|r| target(root, r))
+    {
+        undo(t, root, value, hops + 1);
+    }
+    if let Some(Value::Array(branches)) = s.get("anyOf")
+        && let Some(b) = forced_branch(branches, root, value)
+    {
+        undo(b, root, value, hops + 1);
+    }
+    match value {
+        Value::Object(m) => undo_members(schema, root, m, hops),
+        Value::Array(items) => {
+            if let Some(item) = s.get("items") {
+                for v in items {
+                    undo(item, root, v, 0);
+                }
+            }
+        }
+        _ => {}
+    }
+}
+
+/// The object's members against the object schema `schema` (its `properties` and `required`).
+fn undo_members(schema: &Value, root: &Value, m: &mut Map<String, Value>, hops: u32) {
+    let Some(Value::Object(props)) = schema.get("properties") else {
+        return;
+    };
+    let required = |k: &str| {
+        schema
+            .get("required")
+            .and_then(Value::as_array)
+            .is_some_and(|r| r.iter().any(|x| x.as_str() == Some(k)))
+    };
+    m.retain(|k, v| {
+        !(v.is_null()
+            && props
+                .get(k)
+                .is_some_and(|p| !required(k) && !allows_null(p, root, hops)))
+    });
+    for (k, v) in m.iter_mut() {
+        if let Some(p) = props.get(k) {
+            undo(p, root, v, 0);
+        }
+    }
+}
+
+/// The `anyOf` branch strict mode made the model follow for `value` (see [`drop_strict_nulls`]).
+fn forced_branch<'a>(branches: &'a [Value], root: &'a Value, value: &Value) -> Option<&'a Value> {
+    let resolved = |b: &'a Value| -> &'a Value {
+        let mut b = b;
+        for _ in 0..MAX_HOPS {
+            match b
+                .get("$ref")
+                .and_then(Value::as_str)
+                .and_then(|r| target(root, r))
+            {
+                Some(t) => b = t,
+                None => break,
+            }
+        }
+        b
+    };
+    match value {
+        Value::Object(m) => {
+            let names = |b: &Value| -> Option<Vec<String>> {
+                let props = b.get("properties")?.as_object()?;
+                Some(props.keys().cloned().collect())
+            };
+            let candidates: Vec<(&Value, Vec<String>)> = branches
+                .iter()
+                .map(resolved)
+                .filter_map(|b| names(b).map(|n| (b, n)))
+                .collect();
+            candidates
+                .iter()
+                .find(|(_, n)| n.len() == m.len() && m.keys().all(|k| n.contains(k)))
+                .or_else(|| {
+                    candidates
+                        .iter()
+                        .find(|(_, n)| m.keys().all(|k| n.contains(k)))
+                })
+                .map(|(b, _)| *b)
+        }
+        Value::Array(_) => branches
+            .iter()
+            .map(resolved)
+            .find(|b| b.get("items").is_some() || has_type(b, "array")),
+        _ => None,
+    }
+}
+
+fn has_type(schema: &Value, t: &str) -> bool {
+    match schema.get("type") {
+        Some(Value::String(s)) => s == t,
+        Some(Value::Array(ts)) => ts.iter().any(|x| x == t),
+        _ => false,
+    }
+}
+
+/// Whether the original schema lets a value be `null`: `true`, `{}`, a null type, const or
+/// enum member, a nullable `anyOf` branch or `$ref` target, or no type constraint at all.
+fn allows_null(schema: &Value, root: &Value, hops: u32) -> bool {
+    if hops > MAX_HOPS {
+        return true;
+    }
+    let m = match schema {
+        Value::Bool(b) => return *b,
+        Value::Object(m) => m,
+        _ => return true,
+    };
+    if let Some(r) = m.get("$ref").and_then(Value::as_str) {
+        return target(root, r).is_none_or(|t| allows_null(t, root, hops + 1));
+    }
+    if let Some(Value::Array(bs)) = m.get("anyOf") {
+        return bs.iter().any(|b| allows_null(b, root, hops + 1));
+    }
+    if let Some(c) = m.get("const") {
+        return c.is_null();
+    }
+    if let Some(Value::Array(e)) = m.get("enum") {
+        return e.contains(&Value::Null);
+    }
+    match m.get("type") {
+        Some(_) => has_type(schema, "null"),
+        None => !m.contains_key("properties") && !m.contains_key("items"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -389,5 +580,105 @@ mod tests {
         let free = crate::protocol::Tool::from_value(json!({"_tool": "t"})).unwrap();
         let composed = crate::schema::compose(&[free], &json!({"type": "string"})).unwrap();
         assert!(strict_schema(&composed).unwrap_err().contains("_output"));
+    }
+
+    fn undone(schema: Value, mut v: Value) -> Value {
+        drop_strict_nulls(&schema, &schema, &mut v);
+        v
+    }
+
+    #[test]
+    fn nulls_the_original_schema_forbids_on_optional_properties_are_dropped() {
+        let schema = json!({
+            "type": "object",
+            "required": ["id", "must"],
+            "properties": {
+                "id": {"type": "string"},
+                "must": {"type": "string"},
+                "opt": {"type": "string"},
+                "maybe": {"type": ["string", "null"]},
+                "either": {"anyOf": [{"type": "integer"}, {"type": "null"}]},
+                "free": {},
+                "nested": {"type": "object", "properties": {
+                    "a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a"]},
+                "list": {"type": "array", "items": {"type": "object",
+                    "properties": {"x": {"type": "integer"}}}}
+            }
+        });
+        let v = undone(
+            schema,
+            json!({"id": "1", "must": null, "opt": null, "maybe": null, "either": null,
+                   "free": null, "nested": {"a": null, "b": null},
+                   "list": [{"x": null}, {"x": 2}], "unknown": null}),
+        );
+        assert_eq!(
+            v,
+            json!({"id": "1", "must": null, "maybe": null, "either": null, "free": null,
+                   "nested": {"a": null}, "list": [{}, {"x": 2}], "unknown": null}),
+            "required, nullable and unknown nulls stay (validation judges them)"
+        );
+    }
+
+    #[test]
+    fn any_of_follows_the_branch_strict_mode_forced_and_refs_resolve() {
+        // A param that also accepts a reference string, and two object shapes.
+        let schema = json!({
+            "type": "object",
+            "properties": {
+                "p": {"anyOf": [
+                    {"type": "object", "properties": {"k": {"type": "string"}, "n": {"type": "string"}}},
+                    {"type": "object", "properties": {"k": {"type": "string"}, "m": {"type": ["string", "null"]}}},
+                    {"type": "string", "pattern": "^†"}
+                ]},
+                "r": {"$ref": "#/$defs/node"},
+                "tags": {"anyOf": [{"type": "array", "items": {"$ref": "#/$defs/node"}},
+                                   {"type": "string"}]}
+            },
+            "$defs": {"node": {"type": "object", "properties": {
+                "next": {"$ref": "#/$defs/node"}, "v": {"type": "integer"},
+                "loop": {"$ref": "#/$defs/loop"}}},
+                "loop": {"$ref": "#/$defs/loop"}}
+        });
+        let v = undone(
+            schema.clone(),
+            json!({"p": {"k": null, "m": null}, "r": {"next": {"v": null, "next": null}, "v": 1},
+                   "tags": [{"v": null, "loop": null}]}),
+        );
+        assert_eq!(
+            v,
+            json!({"p": {"m": null}, "r": {"next": {}, "v": 1}, "tags": [{"loop": null}]}),
+            "the second branch (keys k, m) applied; `next` (a $ref to an object) is not nullable"
+        );
+        // A reference string instead of the object: nothing to do.
+        assert_eq!(
+            undone(schema, json!({"p": "†state.x"})),
+            json!({"p": "†state.x"})
+        );
+    }
+
+    #[test]
+    fn a_strict_answer_to_a_composed_schema_comes_back_as_the_original_allows() {
+        let tool = crate::protocol::Tool::from_value(json!({
+            "_tool": "greet", "_activity": "rust", "type": "object",
+            "properties": {"name": {"type": "string"}, "title": {"type": "string"}},
+            "required": ["name"]
+        }))
+        .unwrap();
+        let output = json!({"type": "object", "required": ["name"], "additionalProperties": false,
+            "properties": {"name": {"type": "string"}, "nickname": {"type": "string"}}});
+        let composed = crate::schema::compose(&[tool], &output).unwrap();
+        assert!(strict_schema(&composed).is_ok(), "the goal is sent strict");
+        let mut call = Call::try_from(json!({"_tool": "greet", "name": "Ada", "title": null,
+            "_outputPath": null, "_outputMethod": null}))
+        .unwrap();
+        drop_strict_nulls_in_call(&composed, &mut call);
+        assert_eq!(call.to_value(), json!({"_tool": "greet", "name": "Ada"}));
+        let mut out = json!({"name": "Ada", "nickname": null});
+        drop_strict_nulls_in_output(&composed, &mut out);
+        assert_eq!(out, json!({"name": "Ada"}));
+        // A call of a tool the schema does not know is left alone.
+        let mut other = Call::try_from(json!({"_tool": "nope", "x": null})).unwrap();
+        drop_strict_nulls_in_call(&composed, &mut other);
+        assert_eq!(other.params.get("x"), Some(&Value::Null));
     }
 }

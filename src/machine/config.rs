@@ -42,6 +42,10 @@ pub struct AgentConfig {
     pub delegates: BTreeMap<String, Arc<AgentConfig>>,
     /// The model spec of this agent when it names its own (None: the run's model).
     pub model: Option<String>,
+    /// How this agent's model returns its Solution when its goal says so (a delegate goal's
+    /// `mode`); None: the run's mode. Kept here, with the rest of the agent, so that a turn
+    /// asked again after a restart uses the same mode.
+    pub mode: Option<crate::llm::Mode>,
 }
 
 /// [`Limits`] with their durations converted to milliseconds once, so nothing later can fail.
@@ -165,6 +169,7 @@ impl AgentConfig {
             latent_outputs,
             delegates,
             model: goal.model.clone(),
+            mode: goal.mode,
         })
     }
 

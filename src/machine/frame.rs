@@ -2,7 +2,9 @@
 //! scheduler, the model turn being read, and the outer-loop bookkeeping between steps.
 //!
 //! The machine moves frames through their steps; this file holds the per-agent data and the
-//! pure decisions made at the end of a step (rules 15, 16, 19).
+//! pure decisions made at the end of a step (rules 15, 16, 19), including what the model is
+//! told about an answer that was not a Solution and what a run that ends on a limit says
+//! about the last such answer.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -11,7 +13,9 @@ use serde_json::{Map, Value, json};
 
 use super::config::AgentConfig;
 use super::types::{CallSummary, FrameKey, RunError, RunResult, RunStatus, Usage};
-use crate::context::{self, ContextInput, PlanEntry, SanitizeLimits, Stop, TurnTracker};
+use crate::context::{
+    self, ContextInput, PlanEntry, SanitizeLimits, Stop, TurnTracker, correction,
+};
 use crate::protocol::{Call, CallId, Decision, Message, OutputMethod, Path};
 use crate::scheduler::{Scheduler, StepReport};
 use crate::state::{Resolved, State};
@@ -21,7 +25,8 @@ use crate::state::{Resolved, State};
 pub(super) struct Turn {
     pub output: Value,
     pub usage: Usage,
-    pub problems: Vec<String>,
+    /// What was wrong with the response as a whole: (code, words), as journaled.
+    pub problems: Vec<(Option<String>, String)>,
     pub fatal: Option<RunError>,
     pub attempt: u32,
     /// Calls (readable or not) streamed so far in this turn.
@@ -50,7 +55,11 @@ pub(super) struct Frame {
     pub turn: Turn,
     pub tracker: TurnTracker,
     pub output_errors: Vec<String>,
+    /// What the next Request tells the model about its previous response.
     pub problems: Vec<String>,
+    /// What was wrong with the last step's answer, if anything: the error of a run that ends
+    /// on a limit names it.
+    pub last_fault: Option<Fault>,
     pub retries_left: u32,
     pub plan: Vec<PlanEntry>,
     pub calls: Vec<CallSummary>,
@@ -58,6 +67,44 @@ pub(super) struct Frame {
     pub usage: Usage,
     /// Set when the agent must stop at the end of the current step (cancel, timeout).
     pub stopping: Option<RunStatus>,
+}
+
+/// What was wrong with one step's answer: a stable code and the problem in words.
+#[derive(Debug, Clone)]
+pub(super) struct Fault {
+    pub step: u32,
+    pub code: String,
+    /// "was not a valid Solution" or "had a call refused".
+    pub kind: &'static str,
+    /// The problem, as the model was told.
+    pub message: String,
+}
+
+impl Fault {
+    /// The first problem of the answer as a whole, else its first refused call (one that was
+    /// not a call, named no known tool, or could not be accepted for another reason).
+    fn of(step: u32, problems: &[(Option<String>, String)], report: &StepReport) -> Option<Fault> {
+        if let Some((code, message)) = problems.first() {
+            return Some(Fault {
+                step,
+                code: code.clone().unwrap_or_else(|| "plan.problem".into()),
+                kind: "was not a valid Solution",
+                message: message.clone(),
+            });
+        }
+        let refused = report
+            .calls
+            .iter()
+            .find(|c| c.status == crate::scheduler::CallStatus::Refused)?;
+        let error = refused.error.as_ref();
+        let text = |k: &str| error.and_then(|e| e.get(k)).and_then(Value::as_str);
+        Some(Fault {
+            step,
+            code: text("code").unwrap_or("scheduler.refused").to_string(),
+            kind: "had a call refused",
+            message: text("error").unwrap_or("the call was refused").to_string(),
+        })
+    }
 }
 
 /// What to do once a step has drained.
@@ -98,6 +145,7 @@ impl Frame {
             tracker: TurnTracker::default(),
             output_errors: Vec::new(),
             problems: Vec::new(),
+            last_fault: None,
             retries_left,
             plan: Vec::new(),
             calls: Vec::new(),
@@ -198,7 +246,12 @@ impl Frame {
         if let Some(err) = turn.fatal {
             return Next::Finish(RunStatus::ModelError, Some(Box::new(err)), Value::Null);
         }
-        self.problems = turn.problems;
+        self.last_fault = Fault::of(self.step, &turn.problems, report);
+        self.problems = turn
+            .problems
+            .iter()
+            .map(|(code, message)| correction::render(code.as_deref(), message))
+            .collect();
         let has_output = !turn.output.is_null();
         emit(EventKind::Solution {
             output_present: has_output,
@@ -277,9 +330,24 @@ impl Frame {
         output: Value,
     ) -> RunResult {
         let error = error.or_else(|| {
-            status
-                .code()
-                .map(|code| RunError::new(code, format!("the run ended: {}", status.as_str())))
+            let code = status.code()?;
+            let mut err = RunError::new(code, format!("the run ended: {}", status.as_str()));
+            let on_limit = matches!(
+                status,
+                RunStatus::MaxSteps
+                    | RunStatus::DoomLoop
+                    | RunStatus::EmptyTurns
+                    | RunStatus::TokenBudget
+                    | RunStatus::Timeout
+            );
+            if let (true, Some(f)) = (on_limit, &self.last_fault) {
+                err.message = format!(
+                    "{}; the model's last response (step {}) {}: {}",
+                    err.message, f.step, f.kind, f.message
+                );
+                err.cause = Some(json!({"code": f.code, "step": f.step, "message": f.message}));
+            }
+            Some(err)
         });
         let state = self
             .state

@@ -36,7 +36,7 @@ pub use types::{
 };
 
 use crate::approval::Policy;
-use crate::context::SanitizeLimits;
+use crate::context::{SanitizeLimits, correction};
 use crate::protocol::{CallId, Event, EventKind, Message, Millis};
 use crate::scheduler::{self, Scheduler, SchedulerOptions};
 use frame::{Frame, Next, delegate_outcome};
@@ -151,7 +151,7 @@ impl RunMachine {
                 if let Some(f) = self.live(frame) {
                     f.turn.calls += 1;
                     let id = self.alloc(frame);
-                    let call = Err(format!("{reason} (in {raw})"));
+                    let call = Err(format!("{reason}; received {}", correction::excerpt(&raw)));
                     work.push((frame, scheduler::Input::CallArrived { id, call }));
                 }
             }
@@ -160,9 +160,13 @@ impl RunMachine {
                     f.turn.output = output;
                 }
             }
-            RunInput::Problem { frame, problem } => {
+            RunInput::Problem {
+                frame,
+                problem,
+                code,
+            } => {
                 if let Some(f) = self.live(frame) {
-                    f.turn.problems.push(problem);
+                    f.turn.problems.push((code, problem));
                 }
             }
             RunInput::Usage {
@@ -170,11 +174,15 @@ impl RunMachine {
                 input_tokens,
                 output_tokens,
                 estimated,
+                cache_read_tokens,
+                cache_write_tokens,
             } => {
                 if let Some(f) = self.live(frame) {
                     f.turn.usage.add(Usage {
                         input_tokens,
                         output_tokens,
+                        cache_read_tokens,
+                        cache_write_tokens,
                         estimated,
                     });
                 }

@@ -196,6 +196,8 @@ fn rule16_token_budget() {
         input_tokens: 90,
         output_tokens: 20,
         estimated: false,
+        cache_read_tokens: 0,
+        cache_write_tokens: 0,
     };
     m.handle_into(usage, 1, &mut out);
     out.extend(turn(

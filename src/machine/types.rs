@@ -45,7 +45,8 @@ pub enum RunInput {
         /// The agent whose model it is.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         frame: FrameKey,
-        /// The call as written.
+        /// The call as written (when its schema was sent strict, without the `null`s strict
+        /// mode made the model write for params it left out: `llm::drop_strict_nulls`).
         call: Call,
     },
     /// The model streamed something that is not a valid call (it is refused; the model is told).
@@ -63,16 +64,23 @@ pub enum RunInput {
         /// The agent.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         frame: FrameKey,
-        /// The value as written (references not yet resolved).
+        /// The value as written (references not yet resolved; strict mode's `null`s dropped as
+        /// for calls).
         output: Value,
     },
-    /// Something wrong with the response as a whole (malformed JSON, truncation).
+    /// The response as a whole was not a Solution (no JSON, not an object, malformed or
+    /// truncated JSON, fields a Solution does not have, nothing at all).
     Problem {
         /// The agent.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         frame: FrameKey,
-        /// What was wrong, in words meant for the model.
+        /// What was wrong and what was received, in words meant for the model
+        /// (`context::correction::Problem::message`).
         problem: String,
+        /// Its stable code (`plan.no_solution`, `plan.unknown_fields`...); absent in journals
+        /// of older versions, whose `problem` is shown as it is.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        code: Option<String>,
     },
     /// Tokens reported by the provider (or estimated when it reports none).
     Usage {
@@ -87,6 +95,12 @@ pub enum RunInput {
         /// characters a token).
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         estimated: bool,
+        /// Prompt tokens read from the provider's prompt cache (not in `input_tokens`).
+        #[serde(default, skip_serializing_if = "is_zero")]
+        cache_read_tokens: u64,
+        /// Prompt tokens written to the provider's prompt cache (not in `input_tokens`).
+        #[serde(default, skip_serializing_if = "is_zero")]
+        cache_write_tokens: u64,
     },
     /// An attempt at the model failed and is retried.
     Retry {
@@ -329,28 +343,52 @@ impl RunError {
 }
 
 /// Tokens used over the run.
+///
+/// Prompt-cache tokens (Anthropic's `cache_read_input_tokens` and
+/// `cache_creation_input_tokens`) are reported apart from `input_tokens`, as the provider
+/// reports them, and left out of the JSON when zero.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Usage {
-    /// Prompt tokens.
+    /// Prompt tokens (prompt-cache reads and writes not included).
     pub input_tokens: u64,
     /// Completion tokens.
     pub output_tokens: u64,
+    /// Prompt tokens read from the provider's prompt cache.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub cache_read_tokens: u64,
+    /// Prompt tokens written to the provider's prompt cache.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub cache_write_tokens: u64,
     /// Some of the figures are estimates (a server that reported no usage).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub estimated: bool,
 }
 
 impl Usage {
-    /// Input plus output tokens.
+    /// Every token the model read or wrote: input, output, and prompt-cache reads and writes
+    /// (what `token_budget` is held against).
     pub fn total(&self) -> u64 {
-        self.input_tokens.saturating_add(self.output_tokens)
+        self.input_tokens
+            .saturating_add(self.output_tokens)
+            .saturating_add(self.cache_read_tokens)
+            .saturating_add(self.cache_write_tokens)
     }
 
     pub(super) fn add(&mut self, other: Usage) {
         self.input_tokens = self.input_tokens.saturating_add(other.input_tokens);
         self.output_tokens = self.output_tokens.saturating_add(other.output_tokens);
+        self.cache_read_tokens = self
+            .cache_read_tokens
+            .saturating_add(other.cache_read_tokens);
+        self.cache_write_tokens = self
+            .cache_write_tokens
+            .saturating_add(other.cache_write_tokens);
         self.estimated |= other.estimated;
     }
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// One call of the run, summarised.

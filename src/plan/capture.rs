@@ -142,6 +142,10 @@ impl SolutionParser {
             Some("meta") => self.parts.meta = Some(value),
             Some("thoughts") => self.parts.thoughts = Some(value),
             Some(other) => {
+                out.push(ParseEvent::UnknownField {
+                    key: other.to_string(),
+                    value: value.clone(),
+                });
                 self.parts.extra.insert(other.to_string(), value);
             }
             None => {}

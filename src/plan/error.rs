@@ -11,6 +11,13 @@ pub enum ParseErrorKind {
     /// The text ended before any JSON object started (prose only, or nothing at all).
     #[error("no JSON object found in the text")]
     NoSolution,
+    /// The text is a JSON value other than an object (an array, a string, a number...): at
+    /// its end, or, for an array, as soon as an object inside it starts.
+    #[error("the Solution must be a JSON object, found {found}")]
+    NotAnObject {
+        /// What the text is: `an array`, `a string`, `a number`, `a boolean` or `null`.
+        found: &'static str,
+    },
     /// A byte that the JSON grammar does not allow at this point.
     #[error("unexpected {} where {expected} was expected", show_byte(.found))]
     Unexpected {
@@ -83,6 +90,7 @@ impl ParseErrorKind {
     pub fn code(&self) -> &'static str {
         match self {
             ParseErrorKind::NoSolution => "plan.no_solution",
+            ParseErrorKind::NotAnObject { .. } => "plan.not_an_object",
             ParseErrorKind::Unexpected { .. } => "plan.unexpected",
             ParseErrorKind::Truncated { .. } => "plan.truncated",
             ParseErrorKind::ControlCharacter { .. } => "plan.control_character",

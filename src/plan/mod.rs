@@ -15,6 +15,7 @@
 
 mod capture;
 mod error;
+mod lead;
 mod scan;
 #[cfg(test)]
 mod tests;
@@ -25,6 +26,7 @@ use serde_json::Value;
 
 use crate::protocol::{Call, ProtocolError, Solution};
 use capture::{Capture, Parts, Target};
+use lead::Lead;
 use scan::{Scanner, Sig};
 
 /// Something the parser learned from the text.
@@ -42,6 +44,15 @@ pub enum ParseEvent {
     },
     /// The `output` value is complete (emitted for `null` too).
     Output(Value),
+    /// A top-level member whose key a Solution does not have (`calls`, `output`, `thoughts`,
+    /// `meta`) is complete. It is kept in the Solution's `extra` too; reporting it is the
+    /// caller's choice (the engine tells the model: the composed schema allows no such member).
+    UnknownField {
+        /// The key.
+        key: String,
+        /// Its value.
+        value: Value,
+    },
     /// The solution object is closed. Its `calls` are the elements that were valid calls.
     Solution(Solution),
 }
@@ -104,6 +115,8 @@ pub struct SolutionParser {
     in_calls: bool,
     next_index: usize,
     parts: Parts,
+    /// What the text before the solution is (prose, or a JSON value that is not an object).
+    lead: Lead,
 }
 
 impl Default for SolutionParser {
@@ -136,6 +149,7 @@ impl SolutionParser {
             in_calls: false,
             next_index: 0,
             parts: Parts::default(),
+            lead: Lead::Blank,
         }
     }
 
@@ -183,10 +197,17 @@ impl SolutionParser {
         match self.phase {
             Phase::Done => Ok(Vec::new()),
             Phase::Failed(e) => Err(e),
-            Phase::Prefix(_) => Err(ParseError {
-                offset: self.base,
-                kind: ParseErrorKind::NoSolution,
-                call_index: None,
+            Phase::Prefix(_) => Err(match self.lead.value() {
+                Some((found, at)) => ParseError {
+                    offset: at,
+                    kind: ParseErrorKind::NotAnObject { found },
+                    call_index: None,
+                },
+                None => ParseError {
+                    offset: self.base,
+                    kind: ParseErrorKind::NoSolution,
+                    call_index: None,
+                },
             }),
             Phase::Object => Err(ParseError {
                 offset: self.base,
@@ -239,8 +260,14 @@ impl SolutionParser {
             .min(self.limits.max_total_bytes.saturating_sub(self.base));
         while i < end {
             let b = chunk[i];
+            self.lead.push(b, self.base + i, self.limits.max_depth);
             match candidate {
                 Some(at) if b == b'"' || b == b'}' => {
+                    if let Some(array) = self.lead.open_array() {
+                        // `[{"...`: the object is an element of an array, not the solution.
+                        let kind = ParseErrorKind::NotAnObject { found: "an array" };
+                        return Err(self.error_at(array, kind));
+                    }
                     // Replay the brace, then scan this byte as part of the object.
                     self.scan.push(b'{').map_err(|k| self.error_at(at, k))?;
                     self.phase = Phase::Object;

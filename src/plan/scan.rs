@@ -183,6 +183,11 @@ impl Scanner {
         }
     }
 
+    /// True once the root value is complete.
+    pub(crate) fn is_done(&self) -> bool {
+        self.st == St::Done
+    }
+
     /// How many leading bytes of `bytes` are plain ASCII string content, which changes nothing
     /// in the scanner's state and can be taken in bulk. Zero unless inside a string.
     pub(crate) fn plain_run(&self, bytes: &[u8]) -> usize {

@@ -92,7 +92,8 @@ impl Scheduler {
         match call {
             Err(reason) => {
                 self.entries.push(Entry::new(id, None));
-                self.refuse(ix, SchedulerError::Unreadable { reason }, out);
+                let known = self.known_tools();
+                self.refuse(ix, SchedulerError::Unreadable { reason, known }, out);
             }
             Ok(call) => {
                 emit(out, id, EventKind::CallReceived { call: call.clone() });
@@ -145,10 +146,9 @@ impl Scheduler {
         SchedulerError,
     > {
         let Some(tool) = self.tools.get(&call.tool) else {
-            let known: Vec<&str> = self.tools.keys().map(String::as_str).collect();
             return Err(SchedulerError::UnknownTool {
                 tool: call.tool.clone(),
-                known: known.join(", "),
+                known: self.known_tools(),
             });
         };
         let refs = call.references()?;
@@ -159,6 +159,12 @@ impl Scheduler {
             });
         }
         Ok((tool.clone(), refs, target))
+    }
+
+    /// The tools' names, in order, comma separated.
+    fn known_tools(&self) -> String {
+        let known: Vec<&str> = self.tools.keys().map(String::as_str).collect();
+        known.join(", ")
     }
 
     pub(super) fn refuse(&mut self, ix: usize, err: SchedulerError, out: &mut Vec<Action>) {

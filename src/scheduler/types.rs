@@ -259,10 +259,14 @@ impl StepReport {
 #[non_exhaustive]
 pub enum SchedulerError {
     /// The parser could not read the call.
-    #[error("the call could not be read: {reason}")]
+    #[error(
+        "the call could not be read: {reason}; a call is an object {{\"_tool\": \"<tool name>\", <params>...}} naming one of the tools ({known})"
+    )]
     Unreadable {
-        /// The parser's explanation.
+        /// The parser's explanation (with what was received).
         reason: String,
+        /// The available tool names, comma separated.
+        known: String,
     },
     /// No tool has this name.
     #[error("unknown tool `{tool}` (available: {known})")]

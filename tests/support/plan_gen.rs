@@ -63,6 +63,7 @@ pub fn describe(e: &ParseEvent) -> Value {
             "raw": raw,
         }}),
         ParseEvent::Output(v) => json!({"output": v}),
+        ParseEvent::UnknownField { key, value } => json!({"unknown_field": {key: value}}),
         ParseEvent::Solution(s) => json!({"solution": s}),
         other => json!({"other": format!("{other:?}")}),
     }
