@@ -715,3 +715,75 @@ async fn a_delegate_answers_in_its_own_mode_also_after_a_resume() {
         "the helper's turn was asked again in its own mode"
     );
 }
+
+/// Catch-ups continue one replay: a subscriber that joins while the run waits for a reviewer is
+/// served from a replay of the journal so far; one that joins after the run went on is served
+/// from the same replay fed only the newer entries. Both see exactly what a live subscriber saw.
+#[tokio::test(start_paused = true)]
+async fn late_subscribers_are_caught_up_from_one_growing_replay() {
+    let dir = tempfile::tempdir().expect("dir");
+    let g = goal_in(
+        dir.path(),
+        json!({"goal": "g", "output_schema": {"type": "object"},
+        "tools": [{"_tool": "t", "_activity": "rust", "type": "object"}],
+        "approval": {"policy": "ask"}}),
+    );
+    let calls: Vec<Value> = (0..3).map(|i| json!({"_tool": "t", "i": i})).collect();
+    let turns = json!([
+        sol(json!(calls), Value::Null),
+        sol(json!([]), json!({"ok": 1}))
+    ]);
+    let mut b = AgentBuilder::new(g)
+        .model(model(turns))
+        .external_review()
+        .event_capacity(2);
+    b.registry_mut()
+        .register_fn("t", |p: Value| async move { Ok::<_, String>(p) });
+    let h = b.build().expect("build").start();
+    // Wait (live) until all three calls await a decision.
+    let mut live = h.subscribe_from(0);
+    let mut asked = Vec::new();
+    while asked.len() < 3 {
+        let e = live.recv().await.expect("an event");
+        if let (EventKind::ApprovalRequested { params_hash, .. }, Some(c)) = (&e.kind, e.call) {
+            asked.push((c, params_hash.clone()));
+        }
+    }
+    // Joins now: a replay of the journal so far.
+    let mut early = h.subscribe_from(0);
+    let mut first = Vec::new();
+    while first.len() < 4 {
+        let e = early.recv().await.expect("a caught-up event");
+        if !e.kind.is_ephemeral() {
+            first.push(e);
+        }
+    }
+    for (call, hash) in asked {
+        let op = Op::Decide {
+            call,
+            decision: Decision::Approve,
+            presented: Some(hash),
+        };
+        h.submit(op).await.expect("approve");
+    }
+    assert_eq!(h.wait().await.status, RunStatus::Succeeded);
+    // Joins after the run went on: the same replay, fed the entries since.
+    let late = all_events(&h).await;
+    let mut rest = Vec::new();
+    let drained = tokio::time::timeout(std::time::Duration::from_secs(60), async {
+        while let Some(e) = early.recv().await {
+            if !e.kind.is_ephemeral() {
+                rest.push(e);
+            }
+        }
+    })
+    .await;
+    assert!(drained.is_ok(), "the early subscriber's stream never ended");
+    first.extend(rest);
+    assert!(late.len() > 12, "{}", late.len());
+    assert_eq!(first, late, "the early subscriber saw every event once");
+    let seqs: Vec<u64> = late.iter().map(|e| e.seq).collect();
+    let expected: Vec<u64> = (1..=late.len() as u64).collect();
+    assert_eq!(seqs, expected, "no gap, no duplicate");
+    assert_eq!(late.last().map(|e| e.kind.name()), Some("run_finished"));
+}

@@ -567,6 +567,7 @@ impl Agent {
             ops: ops_tx,
             done,
             idle,
+            catch_up: Mutex::new(None),
         });
         let mut aux = JoinSet::new();
         if let Some(approver) = self.approver {

@@ -15,7 +15,7 @@ use tokio::task::AbortHandle;
 
 use crate::approval::Policy;
 use crate::context::SanitizeLimits;
-use crate::machine::{AgentConfig, JournalEntry, RunResult, replay};
+use crate::machine::{AgentConfig, JournalEntry, Replayer, RunResult};
 use crate::protocol::{Event, Op, OpError};
 
 /// An op on its way to the driver, with where to send the verdict.
@@ -37,6 +37,15 @@ pub(super) struct Shared {
     /// True while the run can only move on when somebody submits an op (nothing streams, runs
     /// or waits on a timer).
     pub idle: watch::Sender<bool>,
+    /// The journal replayed for subscribers that fell behind the ring (made on the first such
+    /// catch-up, then fed only the entries appended since).
+    pub catch_up: Mutex<Option<CatchUp>>,
+}
+
+/// The replayed events lagging subscribers are served from.
+pub(super) struct CatchUp {
+    replayer: Replayer,
+    events: Vec<Arc<Event>>,
 }
 
 /// The journal so far and the last event published from it.
@@ -74,28 +83,44 @@ impl Shared {
     /// Every event after `after` up to the last published one (replayed from the journal), a
     /// live receiver for what comes next, and the sequence number where the two meet.
     fn cut(&self, after: u64) -> (Vec<Arc<Event>>, broadcast::Receiver<Arc<Event>>, u64) {
-        let (journal, cut, rx) = match self.log.lock() {
-            Ok(log) => (log.journal.clone(), log.last_seq, self.tx.subscribe()),
-            Err(p) => {
-                let log = p.into_inner();
-                (log.journal.clone(), log.last_seq, self.tx.subscribe())
-            }
+        // One catch-up at a time; the driver is only held up while the new entries are copied.
+        let mut catch_up = match self.catch_up.lock() {
+            Ok(c) => c,
+            Err(p) => p.into_inner(),
         };
-        let backlog = if after >= cut {
-            Vec::new()
-        } else {
-            replay(
+        let fed = catch_up.as_ref().map_or(0, |c| c.replayer.fed());
+        let (fresh, cut, rx) = {
+            let log = match self.log.lock() {
+                Ok(l) => l,
+                Err(p) => p.into_inner(),
+            };
+            let fresh = log
+                .journal
+                .get(fed..)
+                .map(<[_]>::to_vec)
+                .unwrap_or_default();
+            (fresh, log.last_seq, self.tx.subscribe())
+        };
+        if after >= cut {
+            return (Vec::new(), rx, cut);
+        }
+        let c = catch_up.get_or_insert_with(|| CatchUp {
+            replayer: Replayer::new(
                 &self.run_id,
                 self.root.clone(),
                 self.policy.clone(),
                 self.sanitize,
-                &journal,
-            )
-            .into_iter()
-            .filter(|e| e.seq > after && e.seq <= cut)
-            .map(Arc::new)
-            .collect()
-        };
+            ),
+            events: Vec::new(),
+        });
+        c.replayer.feed(&fresh);
+        c.events.extend(c.replayer.events.drain(..).map(Arc::new));
+        let start = c.events.partition_point(|e| e.seq <= after);
+        let backlog = c.events[start..]
+            .iter()
+            .take_while(|e| e.seq <= cut)
+            .cloned()
+            .collect();
         (backlog, rx, cut)
     }
 

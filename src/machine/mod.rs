@@ -779,15 +779,50 @@ pub fn replay(
     sanitize: SanitizeLimits,
     journal: &[JournalEntry],
 ) -> Vec<Event> {
-    let mut m = RunMachine::new(run_id, root, policy, sanitize);
-    let mut out = Vec::new();
-    let mut events = Vec::new();
-    for e in journal {
-        m.handle_into(e.input.clone(), e.at, &mut out);
-        events.extend(out.drain(..).filter_map(|a| match a {
-            Action::Emit(ev) => Some(ev),
-            _ => None,
-        }));
+    let mut r = Replayer::new(run_id, root, policy, sanitize);
+    r.feed(journal);
+    r.events
+}
+
+/// A journal replayed as it grows: each [`Replayer::feed`] consumes only the entries after
+/// those it has seen, so following a long run costs one replay in all, not one per catch-up.
+pub struct Replayer {
+    machine: RunMachine,
+    fed: usize,
+    /// Every event the replayed entries produced, in order.
+    pub events: Vec<Event>,
+}
+
+impl Replayer {
+    /// A fresh machine for the run.
+    pub fn new(
+        run_id: &str,
+        root: Arc<AgentConfig>,
+        policy: Policy,
+        sanitize: SanitizeLimits,
+    ) -> Self {
+        Replayer {
+            machine: RunMachine::new(run_id, root, policy, sanitize),
+            fed: 0,
+            events: Vec::new(),
+        }
     }
-    events
+
+    /// How many journal entries have been replayed.
+    pub fn fed(&self) -> usize {
+        self.fed
+    }
+
+    /// Replays `entries`, the journal's entries from position [`Replayer::fed`] on.
+    pub fn feed(&mut self, entries: &[JournalEntry]) {
+        let mut out = Vec::new();
+        for e in entries {
+            self.machine.handle_into(e.input.clone(), e.at, &mut out);
+            self.events.extend(out.drain(..).filter_map(|a| match a {
+                Action::Emit(ev) => Some(ev),
+                _ => None,
+            }));
+        }
+        self.fed += entries.len();
+    }
 }
