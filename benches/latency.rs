@@ -18,10 +18,15 @@
 //! scheduler), the floor (the same stream read as raw body chunks by a bare reqwest client from
 //! a second server, no SSE framing or decoding) and the parser alone, offline.
 //!
-//! It does not measure the scheduler or the activity start, and it is not a timed test: nothing
-//! fails when the target (≤ 200 µs median) is missed.
+//! A second stdout line, `sse_to_activity`, measures the whole engine on the same stream: an
+//! `Agent` (the run driver `dagloop run` uses: journal, machine, scheduler, parameter
+//! validation, one event subscriber) on the same `OpenAi` provider, from the server's stamp to
+//! the first instruction of the call's activity (a registered Rust function).
+//!
+//! It is not a timed test: nothing fails when the target (≤ 200 µs median) is missed.
 
 use std::convert::Infallible;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -37,6 +42,7 @@ use dagloop::engine::bus::EventBus;
 use dagloop::llm::{Model, OpenAi, Request, Settings, StreamEvent};
 use dagloop::plan::{ParseEvent, SolutionParser};
 use dagloop::protocol::{Call, EventKind};
+use dagloop::{AgentBuilder, Goal};
 use futures::StreamExt;
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
@@ -76,7 +82,7 @@ fn solution_pieces(calls: usize) -> Vec<Piece> {
             "id": i,
             "query": format!("customer {i} last order"),
             "limit": 5,
-            "_outputPath": format!("$.records.r{i}"),
+            "_outputPath": format!("$ref:state.records.r{i}"),
         })
         .to_string();
         let body = &call[..call.len() - 1];
@@ -249,6 +255,48 @@ async fn stream_calls(
     stamps
 }
 
+#[derive(serde::Deserialize)]
+struct Record {
+    id: usize,
+}
+
+/// The whole engine on the stream at `url`: an `Agent` whose `fetchRecord` activity stamps its
+/// first instruction. Returns (call id param, ns since `base`) for every call.
+async fn engine_to_activity(url: String, base: Instant, calls: usize) -> Vec<(usize, u64)> {
+    let goal = json!({
+        "goal": "bench",
+        "output_schema": {"type": "object"},
+        "tools": [{"_tool": "fetchRecord", "_activity": "rust", "type": "object",
+            "properties": {"id": {"type": "integer"}, "query": {"type": "string"},
+                "limit": {"type": "integer"}},
+            "required": ["id"]}],
+        "limits": {"max_steps": 3}
+    });
+    let goal =
+        Goal::from_json(&goal.to_string(), "bench.json".as_ref(), PathBuf::new()).expect("goal");
+    let started = Arc::new(std::sync::Mutex::new(Vec::with_capacity(calls)));
+    let s = started.clone();
+    let model = OpenAi::new(url, None, "bench").expect("provider");
+    let mut b = AgentBuilder::new(goal).model(Arc::new(model));
+    b.registry_mut()
+        .register_fn("fetchRecord", move |r: Record| {
+            let at = base.elapsed().as_nanos() as u64;
+            if let Ok(mut v) = s.lock() {
+                v.push((r.id, at));
+            }
+            async move { Ok::<_, String>(1) }
+        });
+    let run = b.build().expect("agent").start();
+    let mut events = run.subscribe_from(0);
+    let watcher = tokio::spawn(async move { while events.recv().await.is_some() {} });
+    let result = run.wait().await;
+    assert!(result.succeeded(), "{:?}", result.error);
+    drop(run);
+    let _ = watcher.await;
+    let v = started.lock().map(|v| v.clone()).unwrap_or_default();
+    v
+}
+
 /// The floor under the provider: the same stream read as raw body chunks with a bare reqwest
 /// client (no SSE framing, no decoding, no parsing). Returns, for each call in order, when the
 /// chunk holding its closing frame arrived, in ns since `base`.
@@ -341,12 +389,13 @@ fn main() {
     let base = Instant::now();
     let (url, written) = server(base, calls);
     let (raw_url, raw_written) = server(base, calls);
+    let (engine_url, engine_written) = server(base, calls);
 
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .expect("client runtime");
-    let (handed, received, raw) = rt.block_on(async move {
+    let (handed, received, raw, engine) = rt.block_on(async move {
         let model: Arc<dyn Model> = Arc::new(OpenAi::new(url, None, "bench").expect("provider"));
         let req = Request {
             messages: Vec::new(),
@@ -374,7 +423,10 @@ fn main() {
         let raw = tokio::spawn(raw_chunks(raw_url, base))
             .await
             .expect("raw task");
-        (handed, received, raw)
+        let engine = tokio::spawn(engine_to_activity(engine_url, base, calls))
+            .await
+            .expect("engine task");
+        (handed, received, raw, engine)
     });
 
     assert_eq!(handed.len(), calls, "every call was handed over");
@@ -383,6 +435,12 @@ fn main() {
     let w = |i: usize| written[i].load(Ordering::Acquire);
     let sent = spans(w, handed.iter().map(|s| (s.index, s.sent)));
     println!("{}", line("sse_call_latency", sent));
+    assert_eq!(engine.len(), calls, "every call's activity started");
+    let to_activity = spans(
+        |i| engine_written[i].load(Ordering::Acquire),
+        engine.into_iter(),
+    );
+    println!("{}", line("sse_to_activity", to_activity));
     // Where the time goes, on stderr: the provider (HTTP, SSE framing, chunk decoding); the
     // bus and the parser; the send; the channel's receiving side; the bare-reqwest floor; the
     // parser alone, offline.
