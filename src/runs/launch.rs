@@ -14,7 +14,7 @@ use crate::goal::Goal;
 use crate::machine::JournalEntry;
 use crate::protocol::{OpError, Tool};
 use crate::store::{RunRecord, RunStore, SqliteStore};
-use crate::tools::Activity;
+use crate::tools::{Activity, Registry};
 
 /// Who answers the run's approval requests.
 pub enum Review {
@@ -61,12 +61,37 @@ pub async fn prepare(
     sink: Option<Arc<dyn JournalSink>>,
     owner_pid: u32,
 ) -> Result<Prepared, RunsError> {
+    let registry = Registry::new();
+    prepare_with(
+        registry, goal, opts, resume, review, cancel, store, sink, owner_pid,
+    )
+    .await
+}
+
+/// [`prepare`] with the activities of `registry` (Rust functions a program registered, extra
+/// activity kinds) available to the goal's tools: what a program embedding dagloop, and the
+/// store benchmark, use to run a goal exactly the way the command line does.
+#[allow(clippy::too_many_arguments)]
+pub async fn prepare_with(
+    registry: Registry,
+    goal: Goal,
+    opts: &RunOptions,
+    resume: Option<(String, Vec<JournalEntry>)>,
+    review: Review,
+    cancel: CancellationToken,
+    store: Option<Arc<SqliteStore>>,
+    sink: Option<Arc<dyn JournalSink>>,
+    owner_pid: u32,
+) -> Result<Prepared, RunsError> {
     let policy = policy_for(&goal, opts.approve.as_deref())?;
     let record_goal = serde_json::to_value(&goal).unwrap_or(Value::Null);
     let base_dir = goal.base_dir.display().to_string();
     // MCP servers start before anything runs; a server that cannot start is an error now.
     let mcp = start_mcp(&goal).await?;
-    let mut builder = AgentBuilder::new(goal).policy(policy).cancel_token(cancel);
+    let mut builder = AgentBuilder::new(goal)
+        .registry(registry)
+        .policy(policy)
+        .cancel_token(cancel);
     builder = match review {
         Review::External => builder.external_review(),
         Review::Approver(a) => builder.approver(a),
