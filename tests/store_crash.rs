@@ -111,14 +111,14 @@ fn only_run(store: &Path) -> String {
 
 /// The `n` of every call whose outcome the journal recorded.
 fn completed(store: &Path, run: &str) -> Vec<u64> {
-    let db = rusqlite::Connection::open(store).expect("open");
-    let mut stmt = db
-        .prepare("SELECT input FROM journal WHERE run_id = ?1 ORDER BY seq")
-        .expect("query");
-    let inputs: Vec<Value> = stmt
-        .query_map([run], |r| r.get::<_, String>(0))
-        .expect("rows")
-        .map(|r| serde_json::from_str(&r.expect("row")).expect("json"))
+    use dagloop::store::{RunStore, SqliteStore};
+    let stored = SqliteStore::open(store)
+        .and_then(|s| s.load(run))
+        .expect("load");
+    let inputs: Vec<Value> = stored
+        .journal
+        .iter()
+        .map(|e| serde_json::to_value(&e.input).expect("json"))
         .collect();
     let ns: Vec<u64> = inputs
         .iter()
