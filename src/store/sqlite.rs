@@ -134,7 +134,8 @@ enum Write {
     Claim(String, u32),
     /// Entries already serialised by the caller.
     Append(String, Rows),
-    Finish(String, Box<RunResult>),
+    /// The run, its status and its result, serialised by the caller.
+    Finish(String, &'static str, String),
     Prune(Millis),
     PushOp(String, String),
     TakeOps(String),
@@ -246,6 +247,10 @@ fn migrate(c: &mut Connection, path: &Path) -> Result<(), StoreError> {
 impl SqliteStore {
     /// Opens (creating it and its folder if needed) the store at `path`.
     pub fn open(path: &Path) -> Result<SqliteStore, StoreError> {
+        SqliteStore::open_with(path, CHECKPOINTS)
+    }
+
+    fn open_with(path: &Path, checkpoints: Checkpoints) -> Result<SqliteStore, StoreError> {
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::create_dir_all(dir).map_err(|e| StoreError::Open {
                 path: path.display().to_string(),
@@ -264,7 +269,7 @@ impl SqliteStore {
         let p = path.to_path_buf();
         std::thread::Builder::new()
             .name("dagloop-store".into())
-            .spawn(move || writer(c, rx, &p))
+            .spawn(move || writer(c, rx, &p, checkpoints))
             .map_err(io)?;
         Ok(SqliteStore {
             path: path.to_path_buf(),
@@ -323,8 +328,50 @@ impl SqliteStore {
     }
 }
 
-fn writer(mut c: Connection, rx: mpsc::Receiver<(Write, Reply)>, path: &Path) {
-    while let Ok(first) = rx.recv() {
+/// When the writer checkpoints the WAL into the database file.
+#[derive(Debug, Clone, Copy)]
+struct Checkpoints {
+    /// The WAL holds this many pages or more: checkpoint once nobody waits for the writer.
+    at: i32,
+    /// Past this many pages, checkpoint even if requests keep coming (the WAL must not grow
+    /// forever).
+    max: i32,
+}
+
+/// SQLite's own threshold (which it would otherwise apply inside whichever commit crossed it).
+const CHECKPOINTS: Checkpoints = Checkpoints {
+    at: 1000,
+    max: 8000,
+};
+
+thread_local! {
+    /// Pages in the WAL after the last commit of this thread's connection (the writer's).
+    static WAL_PAGES: std::cell::Cell<i32> = const { std::cell::Cell::new(0) };
+}
+
+fn note_wal_pages(_: &rusqlite::hooks::Wal, pages: std::ffi::c_int) -> rusqlite::Result<()> {
+    WAL_PAGES.with(|p| p.set(pages));
+    Ok(())
+}
+
+fn writer(
+    mut c: Connection,
+    rx: mpsc::Receiver<(Write, Reply)>,
+    path: &Path,
+    checkpoints: Checkpoints,
+) {
+    // Checkpoints happen after the commit is answered, not inside it (this hook replaces
+    // SQLite's automatic checkpoint): a run waiting for its journal never waits for one.
+    c.wal_hook(Some(note_wal_pages));
+    let mut carried: Option<(Write, Reply)> = None;
+    loop {
+        let first = match carried.take() {
+            Some(w) => w,
+            None => match rx.recv() {
+                Ok(w) => w,
+                Err(_) => break,
+            },
+        };
         let mut batch = vec![first];
         while let Ok(more) = rx.try_recv() {
             batch.push(more);
@@ -337,13 +384,19 @@ fn writer(mut c: Connection, rx: mpsc::Receiver<(Write, Reply)>, path: &Path) {
             Write::Append(_, rows) => rows.decision,
             _ => false,
         });
-        if full {
-            let _ = c.pragma_update(None, "synchronous", "FULL");
-        }
-        let results = commit(&mut c, &batch, path);
-        if full {
-            let _ = c.pragma_update(None, "synchronous", "NORMAL");
-        }
+        let results = if full {
+            // Never commit a decision or a run's end with less than FULL.
+            match c.pragma_update(None, "synchronous", "FULL") {
+                Ok(()) => {
+                    let r = commit(&mut c, &batch, path);
+                    let _ = c.pragma_update(None, "synchronous", "NORMAL");
+                    r
+                }
+                Err(e) => Err(io(e)),
+            }
+        } else {
+            commit(&mut c, &batch, path)
+        };
         match results {
             Ok(done) => {
                 for ((_, reply), d) in batch.into_iter().zip(done) {
@@ -355,6 +408,21 @@ fn writer(mut c: Connection, rx: mpsc::Receiver<(Write, Reply)>, path: &Path) {
                     reply(Err(e.clone()));
                 }
             }
+        }
+        let pages = WAL_PAGES.with(|p| p.get());
+        if pages >= checkpoints.at {
+            if pages < checkpoints.max {
+                match rx.try_recv() {
+                    Ok(w) => {
+                        carried = Some(w);
+                        continue;
+                    }
+                    Err(mpsc::TryRecvError::Empty) | Err(mpsc::TryRecvError::Disconnected) => {}
+                }
+            }
+            // PASSIVE: copies what no reader still needs; never waits for other processes.
+            let _ = c.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()));
+            WAL_PAGES.with(|p| p.set(0));
         }
     }
 }
@@ -430,11 +498,10 @@ fn apply(tx: &rusqlite::Transaction<'_>, w: &Write) -> Result<Done, StoreError> 
             .map_err(io)?;
             Ok(Done::Unit)
         }
-        Write::Finish(id, result) => {
-            let text = serde_json::to_string(&**result).map_err(io)?;
+        Write::Finish(id, status, text) => {
             tx.execute(
                 "UPDATE runs SET result = ?2, status = ?3, updated_at = ?4, owner_pid = NULL WHERE id = ?1",
-                params![id, text, result.status.as_str(), now],
+                params![id, text, status, now],
             )
             .map_err(io)?;
             Ok(Done::Unit)
@@ -540,7 +607,9 @@ impl RunStore for SqliteStore {
     }
 
     fn finish(&self, id: &str, result: &RunResult) -> Result<(), StoreError> {
-        self.call(Write::Finish(id.into(), Box::new(result.clone())))
+        // Serialised here: no deep copy of the result for the writer.
+        let text = serde_json::to_string(result).map_err(io)?;
+        self.call(Write::Finish(id.into(), result.status.as_str(), text))
             .map(|_| ())
     }
 
@@ -715,6 +784,40 @@ mod tests {
             .expect("rows");
         assert_eq!(rows, vec![(1, 3, 5), (4, 2, 6), (6, 1, 5), (7, 3, 6)]);
         assert_eq!(store.list().expect("list")[0].entries, 9);
+    }
+
+    #[tokio::test]
+    async fn the_writer_checkpoints_the_wal_into_the_database_file() {
+        let dir = tempfile::tempdir().expect("dir");
+        let path = dir.path().join("s.db");
+        let small = Checkpoints { at: 8, max: 32 };
+        let store = SqliteStore::open_with(&path, small).expect("open");
+        let before = std::fs::metadata(&path).expect("size").len();
+        let big = "x".repeat(1000);
+        for b in 0..60u64 {
+            let entries: Vec<_> = (1..=10)
+                .map(|i| JournalEntry {
+                    seq: b * 10 + i,
+                    at: b,
+                    input: RunInput::Cancel {
+                        reason: big.clone(),
+                    },
+                })
+                .collect();
+            store.append("r", &entries).await.expect("append");
+        }
+        // Answered after any checkpoint the writer owed.
+        store.prune(0).expect("prune");
+        let after = std::fs::metadata(&path).expect("size").len();
+        // About 600 KB went through the WAL; without checkpoints the file would not have grown.
+        assert!(after >= before + 256 * 1024, "{before} -> {after}");
+        let c = Connection::open(&path).expect("sql");
+        let n: i64 = c
+            .query_row("SELECT sum(n) FROM journal WHERE run_id = 'r'", [], |r| {
+                r.get(0)
+            })
+            .expect("count");
+        assert_eq!(n, 600, "no entry lost");
     }
 
     #[test]
