@@ -5,7 +5,9 @@
 //! IMMEDIATE` transaction, then answers each: nothing is acknowledged before it is committed.
 //! Commits that carry a decision or a run's end are made with `synchronous=FULL`; journal-only
 //! commits with `NORMAL` (durable across a process crash; WAL). A busy timeout keeps two
-//! processes sharing one file from ever reporting `database is locked`.
+//! processes sharing one file from ever reporting `database is locked`. The WAL is copied into
+//! the database file by a checkpoint thread with its own connection (PASSIVE, beside the
+//! writer), never inside a commit somebody waits for.
 //!
 //! The journal is stored a batch to a row (schema version 2): consecutive entries consumed at
 //! the same time share one row holding their inputs as JSON lines, serialised once by the caller
@@ -154,7 +156,9 @@ type Reply = Box<dyn FnOnce(Result<Done, StoreError>) + Send>;
 /// A run store in one SQLite file. See the module docs.
 pub struct SqliteStore {
     path: PathBuf,
-    tx: Mutex<mpsc::Sender<(Write, Reply)>>,
+    /// The writer's queue (None once closed).
+    tx: Mutex<Option<mpsc::Sender<(Write, Reply)>>>,
+    writer: Mutex<Option<std::thread::JoinHandle<()>>>,
 }
 
 impl std::fmt::Debug for SqliteStore {
@@ -247,10 +251,10 @@ fn migrate(c: &mut Connection, path: &Path) -> Result<(), StoreError> {
 impl SqliteStore {
     /// Opens (creating it and its folder if needed) the store at `path`.
     pub fn open(path: &Path) -> Result<SqliteStore, StoreError> {
-        SqliteStore::open_with(path, CHECKPOINTS)
+        SqliteStore::open_with(path, CHECKPOINT_PAGES)
     }
 
-    fn open_with(path: &Path, checkpoints: Checkpoints) -> Result<SqliteStore, StoreError> {
+    fn open_with(path: &Path, checkpoint_at: i32) -> Result<SqliteStore, StoreError> {
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::create_dir_all(dir).map_err(|e| StoreError::Open {
                 path: path.display().to_string(),
@@ -265,15 +269,31 @@ impl SqliteStore {
         c.pragma_update(None, "journal_mode", "WAL")
             .map_err(|e| classify(path, e))?;
         c.pragma_update(None, "synchronous", "NORMAL").map_err(io)?;
+        // Checkpoints run on a connection and a thread of their own, beside the writer: a
+        // PASSIVE checkpoint lets the writer go on committing meanwhile.
+        let cc = connect(path, OpenFlags::SQLITE_OPEN_READ_WRITE)?;
+        let (ctx, crx) = mpsc::sync_channel::<()>(1);
+        let checkpointer = std::thread::Builder::new()
+            .name("dagloop-store-checkpoint".into())
+            .spawn(move || {
+                while crx.recv().is_ok() {
+                    let _ = cc.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()));
+                }
+            })
+            .map_err(io)?;
         let (tx, rx) = mpsc::channel::<(Write, Reply)>();
         let p = path.to_path_buf();
-        std::thread::Builder::new()
+        let writer = std::thread::Builder::new()
             .name("dagloop-store".into())
-            .spawn(move || writer(c, rx, &p, checkpoints))
+            .spawn(move || {
+                writer(c, rx, &p, checkpoint_at, ctx);
+                let _ = checkpointer.join();
+            })
             .map_err(io)?;
         Ok(SqliteStore {
             path: path.to_path_buf(),
-            tx: Mutex::new(tx),
+            tx: Mutex::new(Some(tx)),
+            writer: Mutex::new(Some(writer)),
         })
     }
 
@@ -305,9 +325,28 @@ impl SqliteStore {
         &self.path
     }
 
+    /// Stops the writer once it has answered everything queued, and waits for it and for any
+    /// checkpoint under way. Later requests fail with `store.io`.
+    pub fn close(&self) {
+        if let Ok(mut tx) = self.tx.lock() {
+            tx.take();
+        }
+        let handle = self.writer.lock().ok().and_then(|mut w| w.take());
+        if let Some(h) = handle {
+            let _ = h.join();
+        }
+    }
+
     fn send(&self, w: Write, reply: Reply) {
-        if let Ok(tx) = self.tx.lock() {
-            let _ = tx.send((w, reply));
+        let sent = match self.tx.lock() {
+            Ok(tx) => match tx.as_ref() {
+                Some(tx) => tx.send((w, reply)).map_err(|e| e.0.1),
+                None => Err(reply),
+            },
+            Err(_) => Err(reply),
+        };
+        if let Err(reply) = sent {
+            reply(Err(io("the store is closed")));
         }
     }
 
@@ -328,21 +367,10 @@ impl SqliteStore {
     }
 }
 
-/// When the writer checkpoints the WAL into the database file.
-#[derive(Debug, Clone, Copy)]
-struct Checkpoints {
-    /// The WAL holds this many pages or more: checkpoint once nobody waits for the writer.
-    at: i32,
-    /// Past this many pages, checkpoint even if requests keep coming (the WAL must not grow
-    /// forever).
-    max: i32,
-}
-
-/// SQLite's own threshold (which it would otherwise apply inside whichever commit crossed it).
-const CHECKPOINTS: Checkpoints = Checkpoints {
-    at: 1000,
-    max: 8000,
-};
+/// The WAL holds this many pages or more after a commit: the checkpoint thread is asked to copy
+/// it into the database file (SQLite's own threshold, which it would otherwise apply inside
+/// whichever commit crossed it, on the writer's thread).
+const CHECKPOINT_PAGES: i32 = 1000;
 
 thread_local! {
     /// Pages in the WAL after the last commit of this thread's connection (the writer's).
@@ -358,20 +386,13 @@ fn writer(
     mut c: Connection,
     rx: mpsc::Receiver<(Write, Reply)>,
     path: &Path,
-    checkpoints: Checkpoints,
+    checkpoint_at: i32,
+    checkpoint: mpsc::SyncSender<()>,
 ) {
-    // Checkpoints happen after the commit is answered, not inside it (this hook replaces
-    // SQLite's automatic checkpoint): a run waiting for its journal never waits for one.
+    // Checkpoints happen beside the writer, not inside its commits (this hook replaces SQLite's
+    // automatic checkpoint): a run waiting for its journal never waits for one.
     c.wal_hook(Some(note_wal_pages));
-    let mut carried: Option<(Write, Reply)> = None;
-    loop {
-        let first = match carried.take() {
-            Some(w) => w,
-            None => match rx.recv() {
-                Ok(w) => w,
-                Err(_) => break,
-            },
-        };
+    while let Ok(first) = rx.recv() {
         let mut batch = vec![first];
         while let Ok(more) = rx.try_recv() {
             batch.push(more);
@@ -409,20 +430,9 @@ fn writer(
                 }
             }
         }
-        let pages = WAL_PAGES.with(|p| p.get());
-        if pages >= checkpoints.at {
-            if pages < checkpoints.max {
-                match rx.try_recv() {
-                    Ok(w) => {
-                        carried = Some(w);
-                        continue;
-                    }
-                    Err(mpsc::TryRecvError::Empty) | Err(mpsc::TryRecvError::Disconnected) => {}
-                }
-            }
-            // PASSIVE: copies what no reader still needs; never waits for other processes.
-            let _ = c.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()));
-            WAL_PAGES.with(|p| p.set(0));
+        if WAL_PAGES.with(|p| p.get()) >= checkpoint_at {
+            // At most one request waits; the checkpoint thread takes it when it is free.
+            let _ = checkpoint.try_send(());
         }
     }
 }
@@ -790,8 +800,13 @@ mod tests {
     async fn the_writer_checkpoints_the_wal_into_the_database_file() {
         let dir = tempfile::tempdir().expect("dir");
         let path = dir.path().join("s.db");
-        let small = Checkpoints { at: 8, max: 32 };
-        let store = SqliteStore::open_with(&path, small).expect("open");
+        let store = SqliteStore::open_with(&path, 8).expect("open");
+        // Open beside the store, this connection keeps SQLite from checkpointing when the
+        // store's connections close: only the store's own checkpoints can grow the file.
+        let c = Connection::open(&path).expect("sql");
+        let _: i64 = c
+            .query_row("SELECT count(*) FROM runs", [], |r| r.get(0))
+            .expect("read");
         let before = std::fs::metadata(&path).expect("size").len();
         let big = "x".repeat(1000);
         for b in 0..60u64 {
@@ -806,12 +821,16 @@ mod tests {
                 .collect();
             store.append("r", &entries).await.expect("append");
         }
-        // Answered after any checkpoint the writer owed.
-        store.prune(0).expect("prune");
+        // Waits for the writer and any checkpoint under way.
+        store.close();
         let after = std::fs::metadata(&path).expect("size").len();
         // About 600 KB went through the WAL; without checkpoints the file would not have grown.
         assert!(after >= before + 256 * 1024, "{before} -> {after}");
-        let c = Connection::open(&path).expect("sql");
+        assert_eq!(
+            store.prune(0).map_err(|e| e.code()),
+            Err("store.io"),
+            "a closed store refuses"
+        );
         let n: i64 = c
             .query_row("SELECT sum(n) FROM journal WHERE run_id = 'r'", [], |r| {
                 r.get(0)
