@@ -62,6 +62,10 @@ pub(super) struct Driver {
 /// At most this many inputs wait while a commit is in flight; past it, the driver waits.
 const MAX_QUEUED: usize = 1024;
 
+/// A commit carries at most this many inputs, so that the machine handles one batch while the
+/// next is committed rather than waiting for one big commit.
+const BATCH: usize = 256;
+
 enum Next {
     Cancel,
     Committed(Vec<JournalEntry>, Result<(), JournalError>),
@@ -376,7 +380,12 @@ impl Driver {
         if self.commit.is_some() || self.queue.is_empty() || self.result.is_some() {
             return;
         }
-        let inputs = std::mem::take(&mut self.queue);
+        let inputs = if self.sink.is_some() && self.queue.len() > BATCH {
+            let rest = self.queue.split_off(BATCH);
+            std::mem::replace(&mut self.queue, rest)
+        } else {
+            std::mem::take(&mut self.queue)
+        };
         let entries = self.entries(inputs);
         match &self.sink {
             Some(sink) => {
