@@ -588,3 +588,63 @@ async fn a_token_budget_holds_when_the_server_reports_no_usage() {
     );
     assert!(r.usage.output_tokens >= 100, "{:?}", r.usage);
 }
+
+/// A run resumed from a journal in which a call waits for a decision: an in-process reviewer
+/// (and any subscriber that came before the driver rebuilt the run) sees that call's approval
+/// request and the run goes on. Before, a reviewer that subscribed before the rebuild caught
+/// up from an empty journal and the rebuilt events were never published: the run waited
+/// forever. The paused clock turns such a wait into a timeout at once.
+#[tokio::test(start_paused = true)]
+async fn a_resumed_run_presents_calls_that_were_waiting_to_an_in_process_reviewer() {
+    let dir = tempfile::tempdir().expect("dir");
+    let doc = json!({"goal": "g", "output_schema": {"type": "object"},
+        "tools": [{"_tool": "t", "_activity": "rust", "type": "object"}],
+        "approval": {"policy": "ask"}});
+    let turns = json!([
+        sol(json!([{"_tool": "t", "k": 1}]), Value::Null),
+        sol(json!([]), json!({"ok": true})),
+    ]);
+    let ran = Arc::new(AtomicUsize::new(0));
+    let mut b = AgentBuilder::new(goal_in(dir.path(), doc.clone()))
+        .model(model(turns.clone()))
+        .external_review();
+    b.registry_mut().register_fn("t", counting(&ran));
+    let first = b.build().expect("build").start();
+    assert_eq!(first.wait_or_idle().await, None, "waits for a decision");
+    let run_id = first.run_id().to_string();
+    let journal = first.journal();
+    drop(first);
+    let mut b = AgentBuilder::new(goal_in(dir.path(), doc))
+        .model(model(turns))
+        .run_id(run_id)
+        .approver(Arc::new(
+            ScriptedApprover::new().otherwise(Decision::Approve),
+        ));
+    b.registry_mut().register_fn("t", counting(&ran));
+    let h = b.build().expect("build").resume(journal);
+    // Subscribed before the driver ran at all (current-thread runtime).
+    let mut early = h.subscribe_from(0);
+    let r = tokio::time::timeout(Duration::from_secs(3600), h.wait())
+        .await
+        .expect("the resumed run was decided and finished");
+    assert!(r.succeeded(), "{r:?}");
+    assert_eq!(ran.load(Ordering::SeqCst), 1);
+    let mut seen = Vec::new();
+    while let Some(e) = early.recv().await {
+        if !e.kind.is_ephemeral() {
+            seen.push(e);
+        }
+    }
+    assert_eq!(seen.first().map(|e| e.seq), Some(1), "from the run's start");
+    assert!(
+        seen.windows(2).all(|w| w[1].seq == w[0].seq + 1),
+        "no gap, no duplicate"
+    );
+    assert_eq!(
+        seen.iter()
+            .filter(|e| matches!(e.kind, EventKind::ApprovalRequested { .. }))
+            .count(),
+        1,
+        "the waiting call was presented once, before the restart"
+    );
+}

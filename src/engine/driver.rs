@@ -167,8 +167,9 @@ impl Driver {
         result
     }
 
-    /// Replays a stored journal through the machine without performing anything, keeping what
-    /// is still pending: timers, and how many requests each model already answered.
+    /// Replays a stored journal through the machine without performing anything (its events are
+    /// published), keeping what is still pending: timers, and how many requests each model
+    /// already answered.
     fn rebuild(&mut self, entries: Vec<JournalEntry>) {
         self.machine.keep_launched(true);
         let mut actions = Vec::new();
@@ -197,7 +198,11 @@ impl Driver {
             log.journal.push(e);
             for a in actions.drain(..) {
                 match a {
-                    Action::Emit(ev) => log.last_seq = ev.seq,
+                    // Published, not only counted: a subscriber that came before the rebuild
+                    // (an in-process reviewer, the events file) caught up from an empty
+                    // journal and would otherwise never see the run's past, such as a call
+                    // that was waiting for a decision when the process stopped.
+                    Action::Emit(ev) => self.shared.publish(&mut log, ev),
                     Action::SetTimer { timer, at } => {
                         timers.insert(timer, at);
                     }
