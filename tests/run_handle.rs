@@ -648,3 +648,82 @@ async fn a_resumed_run_presents_calls_that_were_waiting_to_an_in_process_reviewe
         "the waiting call was presented once, before the restart"
     );
 }
+
+/// A call cut off by a restart (approved and started, no outcome in the journal) is presented
+/// to the reviewer again, flagged `interrupted`, and runs once more only after a new decision;
+/// replaying the resumed run's journal through a fresh machine gives exactly the events the
+/// run published, the interrupted presentation included (late subscribers, `dagloop show` and
+/// `dagloop decide` all replay).
+#[tokio::test(start_paused = true)]
+async fn a_call_cut_off_by_a_restart_is_presented_again_and_replays_the_same() {
+    let dir = tempfile::tempdir().expect("dir");
+    let doc = json!({"goal": "g", "output_schema": {"type": "object"},
+        "tools": [{"_tool": "t", "_activity": "rust", "type": "object"}],
+        "approval": {"policy": "ask"}});
+    let turns = json!([
+        sol(json!([{"_tool": "t", "k": 1}]), Value::Null),
+        sol(json!([]), json!({"ok": true})),
+    ]);
+    let approve = || Arc::new(ScriptedApprover::new().otherwise(Decision::Approve));
+    let mut b = AgentBuilder::new(goal_in(dir.path(), doc.clone()))
+        .model(model(turns.clone()))
+        .approver(approve());
+    // The first process never sees the call end.
+    b.registry_mut().register_fn("t", |_p: Value| async move {
+        futures::future::pending::<Result<Value, String>>().await
+    });
+    let first = b.build().expect("build").start();
+    let mut sub = first.subscribe_from(0);
+    while let Some(e) = sub.recv().await {
+        if matches!(e.kind, EventKind::Started { .. }) {
+            break;
+        }
+    }
+    let run_id = first.run_id().to_string();
+    let journal = first.journal();
+    drop(first);
+    let ran = Arc::new(AtomicUsize::new(0));
+    let g = goal_in(dir.path(), doc);
+    let mut b = AgentBuilder::new(g.clone())
+        .model(model(turns))
+        .run_id(run_id.clone())
+        .approver(approve());
+    b.registry_mut().register_fn("t", counting(&ran));
+    let h = b.build().expect("build").resume(journal);
+    let mut live = h.subscribe_from(0);
+    let r = tokio::time::timeout(Duration::from_secs(3600), h.wait())
+        .await
+        .expect("finished");
+    assert!(r.succeeded(), "{r:?}");
+    assert_eq!(ran.load(Ordering::SeqCst), 1);
+    let mut seen = Vec::new();
+    while let Some(e) = live.recv().await {
+        if !e.kind.is_ephemeral() {
+            seen.push(serde_json::to_value(&*e).expect("json"));
+        }
+    }
+    let asked: Vec<bool> = seen
+        .iter()
+        .filter(|e| e["type"] == "approval_requested")
+        .map(|e| e["interrupted"] == json!(true))
+        .collect();
+    assert_eq!(
+        asked,
+        vec![false, true],
+        "asked, then asked again as interrupted"
+    );
+    let replayed: Vec<Value> = dagloop::machine::replay(
+        &run_id,
+        dagloop::engine::config_for(&g).expect("config"),
+        dagloop::runs::policy_for(&g, None).expect("policy"),
+        dagloop::context::SanitizeLimits::default(),
+        &h.journal(),
+    )
+    .iter()
+    .map(|e| serde_json::to_value(e).expect("json"))
+    .collect();
+    assert_eq!(
+        replayed, seen,
+        "the journal replays to the events the run published"
+    );
+}
