@@ -1,7 +1,7 @@
 //! The run store's cost on the path users run (`cargo bench --bench store`), JSON lines:
 //! - journal entries per second, one commit per entry and batched;
 //! - makespan of a 1,000-call zero-latency fan-out with the store on versus off, run the way
-//!   `dagloop run` runs it (`runs::prepare_with`, the op poller, and with the store the run's end
+//!   `dagloop run` runs it (`runs::prepare`, the op poller, and with the store the run's end
 //!   recorded with `synchronous=FULL` before the result counts), alternating off and on; each
 //!   store-on figure is printed beside the store-off figure of the same rounds;
 //! - time to rebuild a run with 10,000+ journal entries (load from SQLite, replay).
@@ -62,7 +62,7 @@ async fn fan_out(dir: &Path, n: usize, store: Option<Arc<SqliteStore>>) -> Timin
         "t",
         |p: Value| async move { Ok::<_, String>(p["i"].clone()) },
     );
-    let prepared = dagloop::runs::prepare_with(
+    let prepared = dagloop::runs::prepare(
         registry,
         goal(dir, n),
         &RunOptions::default(),

@@ -589,14 +589,8 @@ async fn a_token_budget_holds_when_the_server_reports_no_usage() {
     assert!(r.usage.output_tokens >= 100, "{:?}", r.usage);
 }
 
-/// A run resumed from a journal in which a call waits for a decision: an in-process reviewer
-/// (and any subscriber that came before the driver rebuilt the run) sees that call's approval
-/// request and the run goes on. Before, a reviewer that subscribed before the rebuild caught
-/// up from an empty journal and the rebuilt events were never published: the run waited
-/// forever. The paused clock turns such a wait into a timeout at once.
-#[tokio::test(start_paused = true)]
-async fn a_resumed_run_presents_calls_that_were_waiting_to_an_in_process_reviewer() {
-    let dir = tempfile::tempdir().expect("dir");
+/// A goal whose one tool `t` asks a reviewer, and a model that calls it once, then answers.
+fn one_call_asking() -> (Value, Value) {
     let doc = json!({"goal": "g", "output_schema": {"type": "object"},
         "tools": [{"_tool": "t", "_activity": "rust", "type": "object"}],
         "approval": {"policy": "ask"}});
@@ -604,17 +598,22 @@ async fn a_resumed_run_presents_calls_that_were_waiting_to_an_in_process_reviewe
         sol(json!([{"_tool": "t", "k": 1}]), Value::Null),
         sol(json!([]), json!({"ok": true})),
     ]);
+    (doc, turns)
+}
+
+/// Resumes `journal` as run `run_id` of `goal` with a reviewer that approves everything and a
+/// tool `t` that counts its runs; waits for the end (under the paused clock a run left waiting
+/// fails at once) and returns the handle and every event (live-only ones left out) seen by a
+/// subscriber that came before the driver ran at all (current-thread runtime). The tool ran
+/// exactly once in the resumed process.
+async fn resume_approving(
+    goal: Goal,
+    turns: Value,
+    run_id: String,
+    journal: Vec<JournalEntry>,
+) -> (RunHandle, Vec<Arc<Event>>) {
     let ran = Arc::new(AtomicUsize::new(0));
-    let mut b = AgentBuilder::new(goal_in(dir.path(), doc.clone()))
-        .model(model(turns.clone()))
-        .external_review();
-    b.registry_mut().register_fn("t", counting(&ran));
-    let first = b.build().expect("build").start();
-    assert_eq!(first.wait_or_idle().await, None, "waits for a decision");
-    let run_id = first.run_id().to_string();
-    let journal = first.journal();
-    drop(first);
-    let mut b = AgentBuilder::new(goal_in(dir.path(), doc))
+    let mut b = AgentBuilder::new(goal)
         .model(model(turns))
         .run_id(run_id)
         .approver(Arc::new(
@@ -622,7 +621,6 @@ async fn a_resumed_run_presents_calls_that_were_waiting_to_an_in_process_reviewe
         ));
     b.registry_mut().register_fn("t", counting(&ran));
     let h = b.build().expect("build").resume(journal);
-    // Subscribed before the driver ran at all (current-thread runtime).
     let mut early = h.subscribe_from(0);
     let r = tokio::time::timeout(Duration::from_secs(3600), h.wait())
         .await
@@ -635,6 +633,29 @@ async fn a_resumed_run_presents_calls_that_were_waiting_to_an_in_process_reviewe
             seen.push(e);
         }
     }
+    (h, seen)
+}
+
+/// A run resumed from a journal in which a call waits for a decision: an in-process reviewer
+/// (and any subscriber that came before the driver rebuilt the run) sees that call's approval
+/// request and the run goes on. Before, a reviewer that subscribed before the rebuild caught
+/// up from an empty journal and the rebuilt events were never published: the run waited
+/// forever. The paused clock turns such a wait into a timeout at once.
+#[tokio::test(start_paused = true)]
+async fn a_resumed_run_presents_calls_that_were_waiting_to_an_in_process_reviewer() {
+    let dir = tempfile::tempdir().expect("dir");
+    let (doc, turns) = one_call_asking();
+    let ran = Arc::new(AtomicUsize::new(0));
+    let mut b = AgentBuilder::new(goal_in(dir.path(), doc.clone()))
+        .model(model(turns.clone()))
+        .external_review();
+    b.registry_mut().register_fn("t", counting(&ran));
+    let first = b.build().expect("build").start();
+    assert_eq!(first.wait_or_idle().await, None, "waits for a decision");
+    let run_id = first.run_id().to_string();
+    let journal = first.journal();
+    drop(first);
+    let (_, seen) = resume_approving(goal_in(dir.path(), doc), turns, run_id, journal).await;
     assert_eq!(seen.first().map(|e| e.seq), Some(1), "from the run's start");
     assert!(
         seen.windows(2).all(|w| w[1].seq == w[0].seq + 1),
@@ -657,13 +678,7 @@ async fn a_resumed_run_presents_calls_that_were_waiting_to_an_in_process_reviewe
 #[tokio::test(start_paused = true)]
 async fn a_call_cut_off_by_a_restart_is_presented_again_and_replays_the_same() {
     let dir = tempfile::tempdir().expect("dir");
-    let doc = json!({"goal": "g", "output_schema": {"type": "object"},
-        "tools": [{"_tool": "t", "_activity": "rust", "type": "object"}],
-        "approval": {"policy": "ask"}});
-    let turns = json!([
-        sol(json!([{"_tool": "t", "k": 1}]), Value::Null),
-        sol(json!([]), json!({"ok": true})),
-    ]);
+    let (doc, turns) = one_call_asking();
     let approve = || Arc::new(ScriptedApprover::new().otherwise(Decision::Approve));
     let mut b = AgentBuilder::new(goal_in(dir.path(), doc.clone()))
         .model(model(turns.clone()))
@@ -682,26 +697,12 @@ async fn a_call_cut_off_by_a_restart_is_presented_again_and_replays_the_same() {
     let run_id = first.run_id().to_string();
     let journal = first.journal();
     drop(first);
-    let ran = Arc::new(AtomicUsize::new(0));
     let g = goal_in(dir.path(), doc);
-    let mut b = AgentBuilder::new(g.clone())
-        .model(model(turns))
-        .run_id(run_id.clone())
-        .approver(approve());
-    b.registry_mut().register_fn("t", counting(&ran));
-    let h = b.build().expect("build").resume(journal);
-    let mut live = h.subscribe_from(0);
-    let r = tokio::time::timeout(Duration::from_secs(3600), h.wait())
-        .await
-        .expect("finished");
-    assert!(r.succeeded(), "{r:?}");
-    assert_eq!(ran.load(Ordering::SeqCst), 1);
-    let mut seen = Vec::new();
-    while let Some(e) = live.recv().await {
-        if !e.kind.is_ephemeral() {
-            seen.push(serde_json::to_value(&*e).expect("json"));
-        }
-    }
+    let (h, seen) = resume_approving(g.clone(), turns, run_id.clone(), journal).await;
+    let seen: Vec<Value> = seen
+        .iter()
+        .map(|e| serde_json::to_value(&**e).expect("json"))
+        .collect();
     let asked: Vec<bool> = seen
         .iter()
         .filter(|e| e["type"] == "approval_requested")

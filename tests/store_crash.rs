@@ -94,6 +94,74 @@ fn dagloop(store: &Path) -> Command {
     c
 }
 
+/// `dagloop run GOAL --json ARGS` with `store`, which must succeed.
+fn run_ok(store: &Path, goal: &Path, args: &[&str]) -> std::process::Output {
+    let out = dagloop(store)
+        .args(["run"])
+        .arg(goal)
+        .arg("--json")
+        .args(args)
+        .output()
+        .expect("run");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+/// `n` processes made by `command`, started together; their outputs once all have ended.
+fn at_once(n: usize, command: impl Fn() -> Command) -> Vec<std::process::Output> {
+    let children: Vec<_> = (0..n)
+        .map(|_| {
+            command()
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .expect("spawn")
+        })
+        .collect();
+    children
+        .into_iter()
+        .map(|c| c.wait_with_output().expect("wait"))
+        .collect()
+}
+
+/// Approves with `dagloop decide` whatever the stored run awaits, then `dagloop resume
+/// --detach`, until the run no longer waits; its result.
+fn approve_until_done(store: &Path, run: &str) -> Value {
+    for _ in 0..10 {
+        let shown = json_of(
+            &dagloop(store)
+                .args(["show", run, "--json"])
+                .output()
+                .expect("show"),
+        );
+        for a in shown["awaiting"].as_array().cloned().unwrap_or_default() {
+            let out = dagloop(store)
+                .args(["decide", run, &a["call_id"].to_string(), "approve"])
+                .output()
+                .expect("decide");
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stdout)
+            );
+        }
+        let v = json_of(
+            &dagloop(store)
+                .args(["resume", run, "--json", "--detach"])
+                .output()
+                .expect("resume"),
+        );
+        if v["status"] != "waiting" {
+            return v;
+        }
+    }
+    panic!("run {run} never finished");
+}
+
 fn json_of(out: &std::process::Output) -> Value {
     serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
         panic!(
@@ -134,18 +202,7 @@ async fn a_run_killed_after_any_journal_entry_resumes_to_the_same_result() {
     let dir = tempfile::tempdir().expect("dir");
     let goal = write_goal(dir.path(), &url, None, true);
     let base_store = dir.path().join("base.db");
-    let out = dagloop(&base_store)
-        .args(["run"])
-        .arg(&goal)
-        .arg("--json")
-        .output()
-        .expect("run");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let base = json_of(&out);
+    let base = json_of(&run_ok(&base_store, &goal, &[]));
     assert_eq!(base["output"], json!({"total": {"n": 4, "v": 40}}));
     let id = base["run_id"].as_str().expect("run id").to_string();
     let shown = json_of(
@@ -178,40 +235,54 @@ async fn a_run_killed_after_any_journal_entry_resumes_to_the_same_result() {
             .args(["resume", &run, "--json"])
             .output()
             .expect("resume");
-        assert!(
-            out.status.success(),
-            "resume after {n}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let resumed = json_of(&out);
-        assert_eq!(
-            resumed["output"], base["output"],
-            "after a crash at entry {n}"
-        );
-        assert_eq!(
-            resumed["state"], base["state"],
-            "after a crash at entry {n}"
-        );
-        let counts = counts.lock().expect("counts").clone();
-        for k in &done_before {
-            assert_eq!(
-                counts.get(k),
-                Some(&1),
-                "call n={k} completed before the crash at {n} and ran again: {counts:?}"
-            );
-        }
-        for k in 1..=4 {
-            assert!(
-                counts.contains_key(&k),
-                "n={k} never ran (crash at {n}): {counts:?}"
-            );
-        }
+        resumed_like(&out, &base, &counts, &done_before, &[1, 2, 3, 4], n);
     }
     assert!(
         crashed * 2 >= entries - 1,
         "most entry counts crashed the run: {crashed}/{}",
         entries - 1
     );
+}
+
+/// A run resumed after a crash at entry `n` ended like the uninterrupted `base`: same output
+/// and state; no call whose completion was recorded before the crash (`done_before`, by the
+/// `n` it ran with) ran again; every call of `ran` ran.
+fn resumed_like(
+    out: &std::process::Output,
+    base: &Value,
+    counts: &Counts,
+    done_before: &[u64],
+    ran: &[u64],
+    n: u64,
+) {
+    assert!(
+        out.status.success(),
+        "resume after {n}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let resumed = json_of(out);
+    assert_eq!(
+        resumed["output"], base["output"],
+        "after a crash at entry {n}"
+    );
+    assert_eq!(
+        resumed["state"], base["state"],
+        "after a crash at entry {n}"
+    );
+    let counts = counts.lock().expect("counts").clone();
+    for k in done_before {
+        assert_eq!(
+            counts.get(k),
+            Some(&1),
+            "call n={k} completed before the crash at {n} and ran again: {counts:?}"
+        );
+    }
+    for k in ran {
+        assert!(
+            counts.contains_key(k),
+            "n={k} never ran (crash at {n}): {counts:?}"
+        );
+    }
 }
 
 /// The run id a `--json` run printed on stderr as soon as the run existed.
@@ -342,34 +413,7 @@ async fn a_run_waiting_for_approval_killed_after_any_journal_entry_resumes_to_th
             .arg(&events)
             .output()
             .expect("resume");
-        assert!(
-            out.status.success(),
-            "resume after {n}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let resumed = json_of(&out);
-        assert_eq!(
-            resumed["output"], base["output"],
-            "after a crash at entry {n}"
-        );
-        assert_eq!(
-            resumed["state"], base["state"],
-            "after a crash at entry {n}"
-        );
-        let counts = counts.lock().expect("counts").clone();
-        for k in &done_before {
-            assert_eq!(
-                counts.get(k),
-                Some(&1),
-                "call n={k} completed before the crash at {n} and ran again: {counts:?}"
-            );
-        }
-        for k in [1, 2, 30, 4] {
-            assert!(
-                counts.contains_key(&k),
-                "n={k} never ran (crash at {n}): {counts:?}"
-            );
-        }
+        resumed_like(&out, &base, &counts, &done_before, &[1, 2, 30, 4], n);
         let events: Vec<Value> = std::fs::read_to_string(&events)
             .expect("events")
             .lines()
@@ -410,18 +454,7 @@ async fn a_waiting_run_is_decided_from_another_process_then_resumed() {
     let dir = tempfile::tempdir().expect("dir");
     let goal = write_goal(dir.path(), &url, Some("ask"), true);
     let store = dir.path().join("runs.db");
-    let out = dagloop(&store)
-        .args(["run"])
-        .arg(&goal)
-        .args(["--json", "--detach"])
-        .output()
-        .expect("run");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let waiting = json_of(&out);
+    let waiting = json_of(&run_ok(&store, &goal, &["--detach"]));
     assert_eq!(waiting["status"], "waiting", "{waiting}");
     let run = waiting["run_id"].as_str().expect("id").to_string();
     let listed = json_of(
@@ -440,37 +473,7 @@ async fn a_waiting_run_is_decided_from_another_process_then_resumed() {
         .expect("decide");
     assert_eq!(bad.status.code(), Some(1));
     assert_eq!(json_of(&bad)["error"]["code"], "op.unknown_call");
-    let mut rounds = 0;
-    let result = loop {
-        rounds += 1;
-        assert!(rounds < 10, "the run never finished");
-        let shown = json_of(
-            &dagloop(&store)
-                .args(["show", &run, "--json"])
-                .output()
-                .expect("show"),
-        );
-        for a in shown["awaiting"].as_array().cloned().unwrap_or_default() {
-            let call = a["call_id"].to_string();
-            let out = dagloop(&store)
-                .args(["decide", &run, &call, "approve"])
-                .output()
-                .expect("decide");
-            assert!(
-                out.status.success(),
-                "{}",
-                String::from_utf8_lossy(&out.stdout)
-            );
-        }
-        let out = dagloop(&store)
-            .args(["resume", &run, "--json", "--detach"])
-            .output()
-            .expect("resume");
-        let v = json_of(&out);
-        if v["status"] != "waiting" {
-            break v;
-        }
-    };
+    let result = approve_until_done(&store, &run);
     assert_eq!(result["status"], "succeeded", "{result}");
     assert_eq!(result["output"], json!({"total": {"n": 4, "v": 40}}));
     let again = dagloop(&store)
@@ -619,21 +622,15 @@ async fn concurrent_runs_and_processes_share_one_store() {
     // Several processes at once on the same file.
     let (url, _counts) = counting_service().await;
     let goal = write_goal(dir.path(), &url, None, true);
-    let children: Vec<_> = (0..6)
-        .map(|_| {
-            bin::dagloop()
-                .env("DAGLOOP_STORE", &path)
-                .args(["run"])
-                .arg(&goal)
-                .arg("--json")
-                .stdout(std::process::Stdio::piped())
-                .stderr(std::process::Stdio::piped())
-                .spawn()
-                .expect("spawn")
-        })
-        .collect();
-    for c in children {
-        let out = c.wait_with_output().expect("wait");
+    let outs = at_once(6, || {
+        let mut c = bin::dagloop();
+        c.env("DAGLOOP_STORE", &path)
+            .args(["run"])
+            .arg(&goal)
+            .arg("--json");
+        c
+    });
+    for out in outs {
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(out.status.success(), "{stderr}");
         assert!(!stderr.contains("locked"), "{stderr}");
@@ -712,23 +709,8 @@ async fn two_runs(dir: &Path, url: &str) -> (dagloop::store::StoredRun, dagloop:
     use dagloop::store::{RunStore, SqliteStore};
     let store = dir.join("made.db");
     let goal = write_goal(dir, url, None, false);
-    let done = dagloop(&store)
-        .args(["run"])
-        .arg(&goal)
-        .arg("--json")
-        .output()
-        .expect("run");
-    assert!(
-        done.status.success(),
-        "{}",
-        String::from_utf8_lossy(&done.stderr)
-    );
-    let waiting = dagloop(&store)
-        .args(["run"])
-        .arg(&goal)
-        .args(["--approve", "ask", "--detach", "--json"])
-        .output()
-        .expect("run");
+    let done = run_ok(&store, &goal, &[]);
+    let waiting = run_ok(&store, &goal, &["--approve", "ask", "--detach"]);
     assert_eq!(json_of(&waiting)["status"], "waiting");
     let s = SqliteStore::open(&store).expect("store");
     let done = s.load(&run_id_of(&done)).expect("load");
@@ -806,37 +788,7 @@ async fn a_store_at_version_1_is_upgraded_in_place_and_its_runs_list_show_and_re
         );
     }
     let run = &waiting.record.id;
-    let mut rounds = 0;
-    let result = loop {
-        rounds += 1;
-        assert!(rounds < 10, "the upgraded run never finished");
-        let shown = json_of(
-            &dagloop(&old)
-                .args(["show", run, "--json"])
-                .output()
-                .expect("show"),
-        );
-        for a in shown["awaiting"].as_array().cloned().unwrap_or_default() {
-            let out = dagloop(&old)
-                .args(["decide", run, &a["call_id"].to_string(), "approve"])
-                .output()
-                .expect("decide");
-            assert!(
-                out.status.success(),
-                "{}",
-                String::from_utf8_lossy(&out.stdout)
-            );
-        }
-        let v = json_of(
-            &dagloop(&old)
-                .args(["resume", run, "--json", "--detach"])
-                .output()
-                .expect("resume"),
-        );
-        if v["status"] != "waiting" {
-            break v;
-        }
-    };
+    let result = approve_until_done(&old, run);
     assert_eq!(result["status"], "succeeded", "{result}");
     assert_eq!(result["output"], json!({"total": {"n": 4, "v": 40}}));
     let counts = counts.lock().expect("counts").clone();
@@ -901,18 +853,12 @@ async fn processes_opening_a_version_1_store_at_once_all_succeed() {
     for round in 0..4 {
         let old = dir.path().join(format!("old-{round}.db"));
         v1_store(&old, &[&done, &waiting]);
-        let children: Vec<_> = (0..3)
-            .map(|_| {
-                dagloop(&old)
-                    .args(["runs", "--json"])
-                    .stdout(std::process::Stdio::piped())
-                    .stderr(std::process::Stdio::piped())
-                    .spawn()
-                    .expect("spawn")
-            })
-            .collect();
-        for c in children {
-            let out = c.wait_with_output().expect("wait");
+        let outs = at_once(3, || {
+            let mut c = dagloop(&old);
+            c.args(["runs", "--json"]);
+            c
+        });
+        for out in outs {
             assert!(
                 out.status.success(),
                 "{}",

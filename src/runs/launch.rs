@@ -48,31 +48,13 @@ pub struct Launched {
     pub servers: Option<Servers>,
 }
 
-/// Builds the run (`resume`: its id and journal) and records it in the store. `sink` replaces
-/// the store as the journal's durable sink (the crash-test hook wraps the store).
+/// Builds the run (`resume`: its id and journal) and records it in the store. `registry` holds
+/// the activities a program registered for the goal's tools (Rust functions, extra activity
+/// kinds; the command line and the server pass an empty one, the store benchmark its own), so
+/// that a program runs a goal exactly the way the command line does. `sink` replaces the store
+/// as the journal's durable sink (the crash-test hook wraps the store).
 #[allow(clippy::too_many_arguments)]
 pub async fn prepare(
-    goal: Goal,
-    opts: &RunOptions,
-    resume: Option<(String, Vec<JournalEntry>)>,
-    review: Review,
-    cancel: CancellationToken,
-    store: Option<Arc<SqliteStore>>,
-    sink: Option<Arc<dyn JournalSink>>,
-    owner_pid: u32,
-) -> Result<Prepared, RunsError> {
-    let registry = Registry::new();
-    prepare_with(
-        registry, goal, opts, resume, review, cancel, store, sink, owner_pid,
-    )
-    .await
-}
-
-/// [`prepare`] with the activities of `registry` (Rust functions a program registered, extra
-/// activity kinds) available to the goal's tools: what a program embedding dagloop, and the
-/// store benchmark, use to run a goal exactly the way the command line does.
-#[allow(clippy::too_many_arguments)]
-pub async fn prepare_with(
     registry: Registry,
     goal: Goal,
     opts: &RunOptions,

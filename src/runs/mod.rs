@@ -13,7 +13,7 @@ mod launch;
 mod options;
 mod view;
 
-pub use launch::{Launched, Prepared, Review, now_ms, prepare, prepare_with, spawn_op_poller};
+pub use launch::{Launched, Prepared, Review, now_ms, prepare, spawn_op_poller};
 pub use options::{RunOptions, policy_for};
 pub use view::{Rebuilt, describe, rebuild};
 

@@ -759,10 +759,9 @@ mod tests {
         JournalEntry { seq, at, input }
     }
 
-    #[tokio::test]
-    async fn a_batch_is_one_row_per_run_of_equal_times_and_loads_back_exactly() {
-        let dir = tempfile::tempdir().expect("dir");
-        let path = dir.path().join("s.db");
+    /// A store in `dir` holding a run `r`.
+    fn with_run(dir: &Path) -> (PathBuf, SqliteStore) {
+        let path = dir.join("s.db");
         let store = SqliteStore::open(&path).expect("open");
         let rec = RunRecord {
             id: "r".into(),
@@ -772,6 +771,13 @@ mod tests {
             options: json!({}),
         };
         store.create(&rec, 1).expect("create");
+        (path, store)
+    }
+
+    #[tokio::test]
+    async fn a_batch_is_one_row_per_run_of_equal_times_and_loads_back_exactly() {
+        let dir = tempfile::tempdir().expect("dir");
+        let (path, store) = with_run(dir.path());
         // Times 5,5,5,6,6,5 then a second batch at 6: rows [1-3], [4-5], [6], [7-9].
         let first: Vec<_> = [5, 5, 5, 6, 6, 5]
             .iter()
@@ -842,16 +848,7 @@ mod tests {
     #[test]
     fn a_row_whose_count_disagrees_with_its_lines_is_damage_not_a_shorter_journal() {
         let dir = tempfile::tempdir().expect("dir");
-        let path = dir.path().join("s.db");
-        let store = SqliteStore::open(&path).expect("open");
-        let rec = RunRecord {
-            id: "r".into(),
-            created_at: 1,
-            goal: json!({}),
-            base_dir: ".".into(),
-            options: json!({}),
-        };
-        store.create(&rec, 1).expect("create");
+        let (path, store) = with_run(dir.path());
         let c = Connection::open(&path).expect("sql");
         c.execute(
             "INSERT INTO journal (run_id, seq, n, at, inputs) VALUES ('r', 1, 2, 0, '{\"input\":\"start\"}')",
