@@ -392,6 +392,8 @@ fn writer(
     // Checkpoints happen beside the writer, not inside its commits (this hook replaces SQLite's
     // automatic checkpoint): a run waiting for its journal never waits for one.
     c.wal_hook(Some(note_wal_pages));
+    // The WAL's size when a checkpoint was last asked for.
+    let mut asked_at = 0;
     while let Ok(first) = rx.recv() {
         let mut batch = vec![first];
         while let Ok(more) = rx.try_recv() {
@@ -430,7 +432,15 @@ fn writer(
                 }
             }
         }
-        if WAL_PAGES.with(|p| p.get()) >= checkpoint_at {
+        // Once per `checkpoint_at` pages the WAL grew by, not after every commit: a WAL that
+        // cannot start over yet (frames were added while the last checkpoint ran) stays above
+        // the threshold, and checkpointing after each commit would only add fsyncs.
+        let pages = WAL_PAGES.with(|p| p.get());
+        if pages < asked_at {
+            asked_at = 0; // the WAL started over
+        }
+        if pages - asked_at >= checkpoint_at {
+            asked_at = pages;
             // At most one request waits; the checkpoint thread takes it when it is free.
             let _ = checkpoint.try_send(());
         }
