@@ -293,8 +293,7 @@ async fn engine_to_activity(url: String, base: Instant, calls: usize) -> Vec<(us
     assert!(result.succeeded(), "{:?}", result.error);
     drop(run);
     let _ = watcher.await;
-    let v = started.lock().map(|v| v.clone()).unwrap_or_default();
-    v
+    started.lock().map(|v| v.clone()).unwrap_or_default()
 }
 
 /// The floor under the provider: the same stream read as raw body chunks with a bare reqwest

@@ -787,3 +787,143 @@ async fn late_subscribers_are_caught_up_from_one_growing_replay() {
     assert_eq!(seqs, expected, "no gap, no duplicate");
     assert_eq!(late.last().map(|e| e.kind.name()), Some("run_finished"));
 }
+
+/// A goal whose one tool `t` asks a reviewer, and a model that calls it once, then answers.
+fn one_call_asking() -> (Value, Value) {
+    let doc = json!({"goal": "g", "output_schema": {"type": "object"},
+        "tools": [{"_tool": "t", "_activity": "rust", "type": "object"}],
+        "approval": {"policy": "ask"}});
+    let turns = json!([
+        sol(json!([{"_tool": "t", "k": 1}]), Value::Null),
+        sol(json!([]), json!({"ok": true})),
+    ]);
+    (doc, turns)
+}
+
+/// Resumes `journal` as run `run_id` of `goal` with a reviewer that approves everything and a
+/// tool `t` that counts its runs; waits for the end (under the paused clock a run left waiting
+/// fails at once) and returns the handle and every event (live-only ones left out) seen by a
+/// subscriber that came before the driver ran at all (current-thread runtime). The tool ran
+/// exactly once in the resumed process.
+async fn resume_approving(
+    goal: Goal,
+    turns: Value,
+    run_id: String,
+    journal: Vec<JournalEntry>,
+) -> (RunHandle, Vec<Arc<Event>>) {
+    let ran = Arc::new(AtomicUsize::new(0));
+    let mut b = AgentBuilder::new(goal)
+        .model(model(turns))
+        .run_id(run_id)
+        .approver(Arc::new(
+            ScriptedApprover::new().otherwise(Decision::Approve),
+        ));
+    b.registry_mut().register_fn("t", counting(&ran));
+    let h = b.build().expect("build").resume(journal);
+    let mut early = h.subscribe_from(0);
+    let r = tokio::time::timeout(Duration::from_secs(3600), h.wait())
+        .await
+        .expect("the resumed run was decided and finished");
+    assert!(r.succeeded(), "{r:?}");
+    assert_eq!(ran.load(Ordering::SeqCst), 1);
+    let mut seen = Vec::new();
+    while let Some(e) = early.recv().await {
+        if !e.kind.is_ephemeral() {
+            seen.push(e);
+        }
+    }
+    (h, seen)
+}
+
+/// A run resumed from a journal in which a call waits for a decision: an in-process reviewer
+/// (and any subscriber that came before the driver rebuilt the run) sees that call's approval
+/// request and the run goes on. Before, a reviewer that subscribed before the rebuild caught
+/// up from an empty journal and the rebuilt events were never published: the run waited
+/// forever. The paused clock turns such a wait into a timeout at once.
+#[tokio::test(start_paused = true)]
+async fn a_resumed_run_presents_calls_that_were_waiting_to_an_in_process_reviewer() {
+    let dir = tempfile::tempdir().expect("dir");
+    let (doc, turns) = one_call_asking();
+    let ran = Arc::new(AtomicUsize::new(0));
+    let mut b = AgentBuilder::new(goal_in(dir.path(), doc.clone()))
+        .model(model(turns.clone()))
+        .external_review();
+    b.registry_mut().register_fn("t", counting(&ran));
+    let first = b.build().expect("build").start();
+    assert_eq!(first.wait_or_idle().await, None, "waits for a decision");
+    let run_id = first.run_id().to_string();
+    let journal = first.journal();
+    drop(first);
+    let (_, seen) = resume_approving(goal_in(dir.path(), doc), turns, run_id, journal).await;
+    assert_eq!(seen.first().map(|e| e.seq), Some(1), "from the run's start");
+    assert!(
+        seen.windows(2).all(|w| w[1].seq == w[0].seq + 1),
+        "no gap, no duplicate"
+    );
+    assert_eq!(
+        seen.iter()
+            .filter(|e| matches!(e.kind, EventKind::ApprovalRequested { .. }))
+            .count(),
+        1,
+        "the waiting call was presented once, before the restart"
+    );
+}
+
+/// A call cut off by a restart (approved and started, no outcome in the journal) is presented
+/// to the reviewer again, flagged `interrupted`, and runs once more only after a new decision;
+/// replaying the resumed run's journal through a fresh machine gives exactly the events the
+/// run published, the interrupted presentation included (late subscribers, `dagloop show` and
+/// `dagloop decide` all replay).
+#[tokio::test(start_paused = true)]
+async fn a_call_cut_off_by_a_restart_is_presented_again_and_replays_the_same() {
+    let dir = tempfile::tempdir().expect("dir");
+    let (doc, turns) = one_call_asking();
+    let approve = || Arc::new(ScriptedApprover::new().otherwise(Decision::Approve));
+    let mut b = AgentBuilder::new(goal_in(dir.path(), doc.clone()))
+        .model(model(turns.clone()))
+        .approver(approve());
+    // The first process never sees the call end.
+    b.registry_mut().register_fn("t", |_p: Value| async move {
+        futures::future::pending::<Result<Value, String>>().await
+    });
+    let first = b.build().expect("build").start();
+    let mut sub = first.subscribe_from(0);
+    while let Some(e) = sub.recv().await {
+        if matches!(e.kind, EventKind::Started { .. }) {
+            break;
+        }
+    }
+    let run_id = first.run_id().to_string();
+    let journal = first.journal();
+    drop(first);
+    let g = goal_in(dir.path(), doc);
+    let (h, seen) = resume_approving(g.clone(), turns, run_id.clone(), journal).await;
+    let seen: Vec<Value> = seen
+        .iter()
+        .map(|e| serde_json::to_value(&**e).expect("json"))
+        .collect();
+    let asked: Vec<bool> = seen
+        .iter()
+        .filter(|e| e["type"] == "approval_requested")
+        .map(|e| e["interrupted"] == json!(true))
+        .collect();
+    assert_eq!(
+        asked,
+        vec![false, true],
+        "asked, then asked again as interrupted"
+    );
+    let replayed: Vec<Value> = dagloop::machine::replay(
+        &run_id,
+        dagloop::engine::config_for(&g).expect("config"),
+        dagloop::runs::policy_for(&g, None).expect("policy"),
+        dagloop::context::SanitizeLimits::default(),
+        &h.journal(),
+    )
+    .iter()
+    .map(|e| serde_json::to_value(e).expect("json"))
+    .collect();
+    assert_eq!(
+        replayed, seen,
+        "the journal replays to the events the run published"
+    );
+}

@@ -59,10 +59,13 @@ async fn keyed_service() -> (String, Counts, Keys) {
     (url, counts, keys)
 }
 
-fn write_goal(dir: &Path, url: &str, approve: Option<&str>) -> PathBuf {
-    let step = json!({"_tool": "step", "_activity": "http", "_idempotent": true,
+fn write_goal(dir: &Path, url: &str, approve: Option<&str>, idempotent: bool) -> PathBuf {
+    let mut step = json!({"_tool": "step", "_activity": "http",
         "_http": {"method": "POST", "url": url},
         "type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]});
+    if idempotent {
+        step["_idempotent"] = json!(true);
+    }
     let mut goal = json!({"goal": "crash test", "model": "scripted:s.json",
         "output_schema": {"type": "object", "required": ["total"]}, "tools": [step]});
     if let Some(p) = approve {
@@ -91,6 +94,74 @@ fn dagloop(store: &Path) -> Command {
     c
 }
 
+/// `dagloop run GOAL --json ARGS` with `store`, which must succeed.
+fn run_ok(store: &Path, goal: &Path, args: &[&str]) -> std::process::Output {
+    let out = dagloop(store)
+        .args(["run"])
+        .arg(goal)
+        .arg("--json")
+        .args(args)
+        .output()
+        .expect("run");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+/// `n` processes made by `command`, started together; their outputs once all have ended.
+fn at_once(n: usize, command: impl Fn() -> Command) -> Vec<std::process::Output> {
+    let children: Vec<_> = (0..n)
+        .map(|_| {
+            command()
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .expect("spawn")
+        })
+        .collect();
+    children
+        .into_iter()
+        .map(|c| c.wait_with_output().expect("wait"))
+        .collect()
+}
+
+/// Approves with `dagloop decide` whatever the stored run awaits, then `dagloop resume
+/// --detach`, until the run no longer waits; its result.
+fn approve_until_done(store: &Path, run: &str) -> Value {
+    for _ in 0..10 {
+        let shown = json_of(
+            &dagloop(store)
+                .args(["show", run, "--json"])
+                .output()
+                .expect("show"),
+        );
+        for a in shown["awaiting"].as_array().cloned().unwrap_or_default() {
+            let out = dagloop(store)
+                .args(["decide", run, &a["call_id"].to_string(), "approve"])
+                .output()
+                .expect("decide");
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stdout)
+            );
+        }
+        let v = json_of(
+            &dagloop(store)
+                .args(["resume", run, "--json", "--detach"])
+                .output()
+                .expect("resume"),
+        );
+        if v["status"] != "waiting" {
+            return v;
+        }
+    }
+    panic!("run {run} never finished");
+}
+
 fn json_of(out: &std::process::Output) -> Value {
     serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
         panic!(
@@ -109,27 +180,19 @@ fn only_run(store: &Path) -> String {
     json_of(&out)[0]["id"].as_str().expect("a run").to_string()
 }
 
-/// The `n` of every call whose outcome the journal recorded.
+/// The `n` of every call whose outcome the journal recorded (as the service answered it, so
+/// an edited call counts under the `n` it ran with).
 fn completed(store: &Path, run: &str) -> Vec<u64> {
-    let db = rusqlite::Connection::open(store).expect("open");
-    let mut stmt = db
-        .prepare("SELECT input FROM journal WHERE run_id = ?1 ORDER BY seq")
-        .expect("query");
-    let inputs: Vec<Value> = stmt
-        .query_map([run], |r| r.get::<_, String>(0))
-        .expect("rows")
-        .map(|r| serde_json::from_str(&r.expect("row")).expect("json"))
-        .collect();
-    let ns: Vec<u64> = inputs
+    use dagloop::store::{RunStore, SqliteStore};
+    let stored = SqliteStore::open(store)
+        .and_then(|s| s.load(run))
+        .expect("load");
+    stored
+        .journal
         .iter()
-        .filter(|i| i["input"] == "call")
-        .map(|i| i["call"]["n"].as_u64().unwrap_or(0))
-        .collect();
-    inputs
-        .iter()
+        .map(|e| serde_json::to_value(&e.input).expect("json"))
         .filter(|i| i["input"] == "outcome")
-        .filter_map(|i| i["call"].as_u64())
-        .filter_map(|id| ns.get(id as usize - 1).copied())
+        .filter_map(|i| i["outcome"]["result"]["Ok"]["n"].as_u64())
         .collect()
 }
 
@@ -137,20 +200,9 @@ fn completed(store: &Path, run: &str) -> Vec<u64> {
 async fn a_run_killed_after_any_journal_entry_resumes_to_the_same_result() {
     let (url, counts, keys) = keyed_service().await;
     let dir = tempfile::tempdir().expect("dir");
-    let goal = write_goal(dir.path(), &url, None);
+    let goal = write_goal(dir.path(), &url, None, true);
     let base_store = dir.path().join("base.db");
-    let out = dagloop(&base_store)
-        .args(["run"])
-        .arg(&goal)
-        .arg("--json")
-        .output()
-        .expect("run");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let base = json_of(&out);
+    let base = json_of(&run_ok(&base_store, &goal, &[]));
     assert_eq!(base["output"], json!({"total": {"n": 4, "v": 40}}));
     let id = base["run_id"].as_str().expect("run id").to_string();
     let shown = json_of(
@@ -183,34 +235,7 @@ async fn a_run_killed_after_any_journal_entry_resumes_to_the_same_result() {
             .args(["resume", &run, "--json"])
             .output()
             .expect("resume");
-        assert!(
-            out.status.success(),
-            "resume after {n}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let resumed = json_of(&out);
-        assert_eq!(
-            resumed["output"], base["output"],
-            "after a crash at entry {n}"
-        );
-        assert_eq!(
-            resumed["state"], base["state"],
-            "after a crash at entry {n}"
-        );
-        let counts = counts.lock().expect("counts").clone();
-        for k in &done_before {
-            assert_eq!(
-                counts.get(k),
-                Some(&1),
-                "call n={k} completed before the crash at {n} and ran again: {counts:?}"
-            );
-        }
-        for k in 1..=4 {
-            assert!(
-                counts.contains_key(&k),
-                "n={k} never ran (crash at {n}): {counts:?}"
-            );
-        }
+        resumed_like(&out, &base, &counts, &done_before, &[1, 2, 3, 4], n);
     }
     assert!(
         crashed * 2 >= entries - 1,
@@ -219,24 +244,217 @@ async fn a_run_killed_after_any_journal_entry_resumes_to_the_same_result() {
     );
 }
 
+/// A run resumed after a crash at entry `n` ended like the uninterrupted `base`: same output
+/// and state; no call whose completion was recorded before the crash (`done_before`, by the
+/// `n` it ran with) ran again; every call of `ran` ran.
+fn resumed_like(
+    out: &std::process::Output,
+    base: &Value,
+    counts: &Counts,
+    done_before: &[u64],
+    ran: &[u64],
+    n: u64,
+) {
+    assert!(
+        out.status.success(),
+        "resume after {n}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let resumed = json_of(out);
+    assert_eq!(
+        resumed["output"], base["output"],
+        "after a crash at entry {n}"
+    );
+    assert_eq!(
+        resumed["state"], base["state"],
+        "after a crash at entry {n}"
+    );
+    let counts = counts.lock().expect("counts").clone();
+    for k in done_before {
+        assert_eq!(
+            counts.get(k),
+            Some(&1),
+            "call n={k} completed before the crash at {n} and ran again: {counts:?}"
+        );
+    }
+    for k in ran {
+        assert!(
+            counts.contains_key(k),
+            "n={k} never ran (crash at {n}): {counts:?}"
+        );
+    }
+}
+
+/// The run id a `--json` run printed on stderr as soon as the run existed.
+fn run_id_of(out: &std::process::Output) -> String {
+    String::from_utf8_lossy(&out.stderr)
+        .lines()
+        .find_map(|l| {
+            serde_json::from_str::<Value>(l).ok()?["run_id"]
+                .as_str()
+                .map(String::from)
+        })
+        .unwrap_or_else(|| panic!("no run id: {}", String::from_utf8_lossy(&out.stderr)))
+}
+
+/// Where a crash left a run that asks a reviewer, as its journal shows it.
+#[derive(Debug, Default)]
+struct Left {
+    /// Calls received, not yet decided.
+    waiting: Vec<u64>,
+    /// Calls started (approved) whose outcome was not recorded.
+    interrupted: Vec<u64>,
+    /// A model turn had streamed something and had not closed.
+    mid_stream: bool,
+}
+
+fn left_by_crash(store: &Path, run: &str) -> Left {
+    use dagloop::store::{RunStore, SqliteStore};
+    let s = SqliteStore::open(store).expect("store");
+    let stored = s.load(run).expect("load");
+    let rb = dagloop::runs::rebuild(&stored.record, &stored.journal).expect("rebuild");
+    let shown = dagloop::runs::describe(run, &rb, stored.journal.len(), None, false);
+    let ids = |key: &str, status: &str| -> Vec<u64> {
+        shown[key]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|c| status.is_empty() || c["status"] == status)
+            .filter_map(|c| c["id"].as_u64().or(c["call_id"].as_u64()))
+            .collect()
+    };
+    let kinds: Vec<&str> = stored.journal.iter().map(|e| e.input.name()).collect();
+    let last_closed = kinds.iter().rposition(|k| *k == "stream_closed");
+    let streamed = |k: &&str| matches!(*k, "call" | "output" | "usage" | "unreadable");
+    let mid_stream = match last_closed {
+        Some(i) => kinds[i + 1..].iter().any(streamed),
+        None => kinds.iter().any(streamed),
+    };
+    Left {
+        waiting: ids("awaiting", ""),
+        interrupted: ids("calls", "interrupted"),
+        mid_stream,
+    }
+}
+
+/// The same sweep for a run whose calls all ask a reviewer (decisions given up front with
+/// `--decisions`, on the run and again on resume) and whose tool is not idempotent: kills land
+/// while calls wait for a decision, mid-call and mid-stream. The resumed run ends like an
+/// uninterrupted one, no call whose completion was recorded runs twice, and every call that
+/// was cut off mid-call is presented to the reviewer again, flagged `interrupted`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_waiting_run_is_decided_from_another_process_then_resumed() {
+async fn a_run_waiting_for_approval_killed_after_any_journal_entry_resumes_to_the_same_result() {
     let (url, counts) = counting_service().await;
     let dir = tempfile::tempdir().expect("dir");
-    let goal = write_goal(dir.path(), &url, Some("ask"));
-    let store = dir.path().join("runs.db");
-    let out = dagloop(&store)
-        .args(["run"])
-        .arg(&goal)
-        .args(["--json", "--detach"])
-        .output()
-        .expect("run");
+    let goal = write_goal(dir.path(), &url, None, false);
+    let decisions = dir.path().join("decisions.json");
+    // Every step is approved, except that call 3 runs with other params.
+    std::fs::write(
+        &decisions,
+        json!({"decisions": [
+            {"tool": "step", "decision": "approve"},
+            {"call": 3, "decision": "edit", "params": {"n": 30}}
+        ]})
+        .to_string(),
+    )
+    .expect("decisions");
+    let run = |store: &Path, crash: Option<u64>| {
+        let mut c = dagloop(store);
+        if let Some(n) = crash {
+            c.env("DAGLOOP_CRASH_AFTER_ENTRIES", n.to_string());
+        }
+        c.args(["run"])
+            .arg(&goal)
+            .args(["--approve", "ask", "--json", "--decisions"])
+            .arg(&decisions)
+            .output()
+            .expect("run")
+    };
+    let base_store = dir.path().join("base.db");
+    let out = run(&base_store, None);
     assert!(
         out.status.success(),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let waiting = json_of(&out);
+    let base = json_of(&out);
+    assert_eq!(base["output"], json!({"total": {"n": 4, "v": 40}}));
+    assert_eq!(
+        base["state"]["c"],
+        json!({"n": 30, "v": 300}),
+        "the edit held"
+    );
+    let entries = {
+        use dagloop::store::{RunStore, SqliteStore};
+        let s = SqliteStore::open(&base_store).expect("store");
+        s.load(&run_id_of(&out)).expect("load").journal.len() as u64
+    };
+    assert!(entries >= 15, "{entries}");
+    let (mut waiting, mut interrupted, mut mid_stream, mut crashed) = (0, 0, 0, 0);
+    for n in 1..entries {
+        counts.lock().expect("counts").clear();
+        let store = dir.path().join(format!("ask-{n}.db"));
+        let out = run(&store, Some(n));
+        if out.status.success() {
+            continue; // a batch went past n in one commit: nothing to crash at n
+        }
+        crashed += 1;
+        let id = run_id_of(&out);
+        let left = left_by_crash(&store, &id);
+        waiting += usize::from(!left.waiting.is_empty());
+        interrupted += usize::from(!left.interrupted.is_empty());
+        mid_stream += usize::from(left.mid_stream);
+        let done_before = completed(&store, &id);
+        let events = dir.path().join(format!("ask-{n}.events"));
+        let out = dagloop(&store)
+            .args(["resume", &id, "--json", "--decisions"])
+            .arg(&decisions)
+            .arg("--events")
+            .arg(&events)
+            .output()
+            .expect("resume");
+        resumed_like(&out, &base, &counts, &done_before, &[1, 2, 30, 4], n);
+        let events: Vec<Value> = std::fs::read_to_string(&events)
+            .expect("events")
+            .lines()
+            .map(|l| serde_json::from_str(l).expect("event"))
+            .collect();
+        for call in &left.interrupted {
+            assert!(
+                events.iter().any(|e| e["type"] == "approval_requested"
+                    && e["call_id"] == json!(call)
+                    && e["interrupted"] == json!(true)),
+                "call {call} was cut off by the crash at {n} and was not presented again as interrupted"
+            );
+        }
+        assert!(
+            !events.iter().any(|e| e["interrupted"] == json!(true)
+                && !left
+                    .interrupted
+                    .contains(&e["call_id"].as_u64().unwrap_or(0))),
+            "only calls cut off mid-call are flagged interrupted (crash at {n})"
+        );
+    }
+    assert!(
+        crashed * 2 >= entries - 1,
+        "most entry counts crashed the run: {crashed}/{}",
+        entries - 1
+    );
+    assert!(
+        waiting > 0,
+        "no crash landed while a call waited for a decision"
+    );
+    assert!(interrupted > 0, "no crash landed mid-call");
+    assert!(mid_stream > 0, "no crash landed mid-stream");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_run_is_decided_from_another_process_then_resumed() {
+    let (url, counts) = counting_service().await;
+    let dir = tempfile::tempdir().expect("dir");
+    let goal = write_goal(dir.path(), &url, Some("ask"), true);
+    let store = dir.path().join("runs.db");
+    let waiting = json_of(&run_ok(&store, &goal, &["--detach"]));
     assert_eq!(waiting["status"], "waiting", "{waiting}");
     let run = waiting["run_id"].as_str().expect("id").to_string();
     let listed = json_of(
@@ -255,37 +473,7 @@ async fn a_waiting_run_is_decided_from_another_process_then_resumed() {
         .expect("decide");
     assert_eq!(bad.status.code(), Some(1));
     assert_eq!(json_of(&bad)["error"]["code"], "op.unknown_call");
-    let mut rounds = 0;
-    let result = loop {
-        rounds += 1;
-        assert!(rounds < 10, "the run never finished");
-        let shown = json_of(
-            &dagloop(&store)
-                .args(["show", &run, "--json"])
-                .output()
-                .expect("show"),
-        );
-        for a in shown["awaiting"].as_array().cloned().unwrap_or_default() {
-            let call = a["call_id"].to_string();
-            let out = dagloop(&store)
-                .args(["decide", &run, &call, "approve"])
-                .output()
-                .expect("decide");
-            assert!(
-                out.status.success(),
-                "{}",
-                String::from_utf8_lossy(&out.stdout)
-            );
-        }
-        let out = dagloop(&store)
-            .args(["resume", &run, "--json", "--detach"])
-            .output()
-            .expect("resume");
-        let v = json_of(&out);
-        if v["status"] != "waiting" {
-            break v;
-        }
-    };
+    let result = approve_until_done(&store, &run);
     assert_eq!(result["status"], "succeeded", "{result}");
     assert_eq!(result["output"], json!({"total": {"n": 4, "v": 40}}));
     let again = dagloop(&store)
@@ -433,22 +621,16 @@ async fn concurrent_runs_and_processes_share_one_store() {
     }
     // Several processes at once on the same file.
     let (url, _counts) = counting_service().await;
-    let goal = write_goal(dir.path(), &url, None);
-    let children: Vec<_> = (0..6)
-        .map(|_| {
-            bin::dagloop()
-                .env("DAGLOOP_STORE", &path)
-                .args(["run"])
-                .arg(&goal)
-                .arg("--json")
-                .stdout(std::process::Stdio::piped())
-                .stderr(std::process::Stdio::piped())
-                .spawn()
-                .expect("spawn")
-        })
-        .collect();
-    for c in children {
-        let out = c.wait_with_output().expect("wait");
+    let goal = write_goal(dir.path(), &url, None, true);
+    let outs = at_once(6, || {
+        let mut c = bin::dagloop();
+        c.env("DAGLOOP_STORE", &path)
+            .args(["run"])
+            .arg(&goal)
+            .arg("--json");
+        c
+    });
+    for out in outs {
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(out.status.success(), "{stderr}");
         assert!(!stderr.contains("locked"), "{stderr}");
@@ -467,4 +649,234 @@ async fn concurrent_runs_and_processes_share_one_store() {
             .flatten()
             .all(|r| r["status"] == "succeeded")
     );
+}
+
+/// Writes `run` into a store at schema version 1 the way dagloop 1 did: a `runs` row and a
+/// journal row per entry.
+fn write_v1_run(db: &rusqlite::Connection, run: &dagloop::store::StoredRun) {
+    let record = serde_json::to_string(&run.record).expect("record");
+    let result = run
+        .result
+        .as_ref()
+        .map(|r| serde_json::to_string(r).expect("result"));
+    let status = run.result.as_ref().map_or("running", |r| r.status.as_str());
+    db.execute(
+        "INSERT INTO runs (id, created_at, updated_at, record, result, status, entries, owner_pid)
+         VALUES (?1, ?2, ?2, ?3, ?4, ?5, ?6, NULL)",
+        rusqlite::params![
+            run.record.id,
+            run.record.created_at as i64,
+            record,
+            result,
+            status,
+            run.journal.len() as i64
+        ],
+    )
+    .expect("run row");
+    for e in &run.journal {
+        db.execute(
+            "INSERT INTO journal (run_id, seq, at, input) VALUES (?1, ?2, ?3, ?4)",
+            rusqlite::params![
+                run.record.id,
+                e.seq as i64,
+                e.at as i64,
+                serde_json::to_string(&e.input).expect("input")
+            ],
+        )
+        .expect("journal row");
+    }
+}
+
+fn user_version(store: &Path) -> i64 {
+    rusqlite::Connection::open(store)
+        .expect("open")
+        .query_row("PRAGMA user_version", [], |r| r.get(0))
+        .expect("version")
+}
+
+/// A store at schema version 1 holding `runs`, built with version 1's own migration.
+fn v1_store(path: &Path, runs: &[&dagloop::store::StoredRun]) {
+    dagloop::store::SqliteStore::create_at_version(path, 1).expect("v1");
+    let db = rusqlite::Connection::open(path).expect("open");
+    for r in runs {
+        write_v1_run(&db, r);
+    }
+    assert_eq!(user_version(path), 1);
+}
+
+/// Two runs made by this build, read back: one finished, one waiting for decisions.
+async fn two_runs(dir: &Path, url: &str) -> (dagloop::store::StoredRun, dagloop::store::StoredRun) {
+    use dagloop::store::{RunStore, SqliteStore};
+    let store = dir.join("made.db");
+    let goal = write_goal(dir, url, None, false);
+    let done = run_ok(&store, &goal, &[]);
+    let waiting = run_ok(&store, &goal, &["--approve", "ask", "--detach"]);
+    assert_eq!(json_of(&waiting)["status"], "waiting");
+    let s = SqliteStore::open(&store).expect("store");
+    let done = s.load(&run_id_of(&done)).expect("load");
+    let waiting = s.load(&run_id_of(&waiting)).expect("load");
+    assert!(done.result.is_some() && waiting.result.is_none());
+    (done, waiting)
+}
+
+/// A store written at schema version 1 is upgraded in place the first time this build opens
+/// it: its runs are listed and shown as before, and a run that was waiting is decided and
+/// resumed to its end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_at_version_1_is_upgraded_in_place_and_its_runs_list_show_and_resume() {
+    let (url, counts) = counting_service().await;
+    let dir = tempfile::tempdir().expect("dir");
+    let (done, waiting) = two_runs(dir.path(), &url).await;
+    counts.lock().expect("counts").clear();
+    let old = dir.path().join("old.db");
+    v1_store(&old, &[&done, &waiting]);
+    let listed = json_of(
+        &dagloop(&old)
+            .args(["runs", "--json"])
+            .output()
+            .expect("runs"),
+    );
+    assert_eq!(
+        user_version(&old),
+        dagloop::store::SCHEMA_VERSION,
+        "upgraded in place"
+    );
+    let status = |id: &str| {
+        listed
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|r| r["id"] == id)
+            .map(|r| r["status"].clone())
+    };
+    assert_eq!(
+        status(&done.record.id),
+        Some(json!("succeeded")),
+        "{listed}"
+    );
+    assert_eq!(
+        status(&waiting.record.id),
+        Some(json!("waiting")),
+        "{listed}"
+    );
+    for run in [&done, &waiting] {
+        let shown = json_of(
+            &dagloop(&old)
+                .args(["show", &run.record.id, "--json"])
+                .output()
+                .expect("show"),
+        );
+        assert_eq!(
+            shown["journal_entries"].as_u64(),
+            Some(run.journal.len() as u64),
+            "{shown}"
+        );
+    }
+    let finished = json_of(
+        &dagloop(&old)
+            .args(["show", &done.record.id, "--json"])
+            .output()
+            .expect("show"),
+    );
+    assert_eq!(finished["output"], json!({"total": {"n": 4, "v": 40}}));
+    {
+        use dagloop::store::{RunStore, SqliteStore};
+        let s = SqliteStore::open(&old).expect("store");
+        assert_eq!(
+            s.load(&waiting.record.id).expect("load").journal,
+            waiting.journal
+        );
+    }
+    let run = &waiting.record.id;
+    let result = approve_until_done(&old, run);
+    assert_eq!(result["status"], "succeeded", "{result}");
+    assert_eq!(result["output"], json!({"total": {"n": 4, "v": 40}}));
+    let counts = counts.lock().expect("counts").clone();
+    assert_eq!(counts, BTreeMap::from([(1, 1), (2, 1), (3, 1), (4, 1)]));
+}
+
+/// A store written by a newer dagloop is refused with `store.too_new` by every command, and
+/// its file is left exactly as it was.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_from_a_newer_version_is_refused_and_left_byte_for_byte_unchanged() {
+    let (url, _counts) = counting_service().await;
+    let dir = tempfile::tempdir().expect("dir");
+    let (done, _) = two_runs(dir.path(), &url).await;
+    let future = dir.path().join("made.db");
+    {
+        let db = rusqlite::Connection::open(&future).expect("open");
+        db.pragma_update(None, "user_version", dagloop::store::SCHEMA_VERSION + 1)
+            .expect("version");
+        db.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))
+            .expect("checkpoint");
+    }
+    let wal = dir.path().join("made.db-wal");
+    let bytes = std::fs::read(&future).expect("read");
+    let goal = dir.path().join("goal.json");
+    let id = done.record.id.as_str();
+    for args in [
+        vec!["runs", "--json"],
+        vec!["show", id, "--json"],
+        vec!["resume", id, "--json"],
+        vec!["decide", id, "1", "approve"],
+        vec!["runs", "prune", "--older-than", "0s"],
+        vec!["run", goal.to_str().expect("path"), "--json"],
+    ] {
+        let out = dagloop(&future).args(&args).output().expect("dagloop");
+        assert_eq!(
+            out.status.code(),
+            Some(2),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        assert_eq!(json_of(&out)["error"]["code"], "store.too_new", "{args:?}");
+        assert!(
+            std::fs::read(&future).expect("read") == bytes,
+            "{args:?} changed the file"
+        );
+        assert_eq!(
+            std::fs::metadata(&wal).map(|m| m.len()).unwrap_or(0),
+            0,
+            "{args:?} wrote to the WAL"
+        );
+    }
+}
+
+/// Processes that open a version-1 store at the same moment all succeed: one migrates, the
+/// others wait for it and find the store current; nothing is migrated twice or lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn processes_opening_a_version_1_store_at_once_all_succeed() {
+    let (url, _counts) = counting_service().await;
+    let dir = tempfile::tempdir().expect("dir");
+    let (done, waiting) = two_runs(dir.path(), &url).await;
+    let entries = (done.journal.len() + waiting.journal.len()) as i64;
+    for round in 0..4 {
+        let old = dir.path().join(format!("old-{round}.db"));
+        v1_store(&old, &[&done, &waiting]);
+        let outs = at_once(3, || {
+            let mut c = dagloop(&old);
+            c.args(["runs", "--json"]);
+            c
+        });
+        for out in outs {
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stdout)
+            );
+            assert_eq!(json_of(&out).as_array().map(Vec::len), Some(2));
+        }
+        assert_eq!(user_version(&old), dagloop::store::SCHEMA_VERSION);
+        let db = rusqlite::Connection::open(&old).expect("open");
+        let (rows, total): (i64, i64) = db
+            .query_row("SELECT count(*), sum(n) FROM journal", [], |r| {
+                Ok((r.get(0)?, r.get(1)?))
+            })
+            .expect("count");
+        assert_eq!(
+            (rows, total),
+            (entries, entries),
+            "one row per old entry, each once"
+        );
+    }
 }

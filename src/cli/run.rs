@@ -182,6 +182,7 @@ pub(super) async fn run(
     let resume = run_id.zip(journal);
     let sink = store.as_ref().map(|s| crash_hook(s.clone()));
     let prepared = crate::runs::prepare(
+        crate::tools::Registry::new(),
         goal,
         &opts,
         resume,

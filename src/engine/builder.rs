@@ -589,6 +589,8 @@ impl Agent {
             timers: Timers::default(),
             result: None,
             journal_seq: 0,
+            queue: Vec::new(),
+            commit: None,
         };
         let task = tokio::spawn(driver.run(journal));
         RunHandle {

@@ -1,11 +1,15 @@
 //! The one async driver of a run: it performs the [`RunMachine`]'s actions and feeds it what
 //! happens, journaling every input first.
 //!
-//! One loop selects over the external cancel token, submitted ops, the agents' model streams,
-//! running activities and the earliest timer. Each occurrence becomes machine inputs; the
-//! inputs are appended to the durable journal sink (awaited), then to the in-memory journal,
-//! handled, and their events published, in that order. Ops are checked against the machine
-//! first and journaled only when they apply.
+//! One loop selects over the external cancel token, the batch being committed, submitted ops,
+//! the agents' model streams, running activities and the earliest timer. Each occurrence becomes
+//! machine inputs; the inputs are appended to the durable journal sink, and only once the sink
+//! has committed them are they appended to the in-memory journal, handled, and their events
+//! published, in that order. One batch is committed at a time: what happens meanwhile (with a
+//! sink, also model output already received) waits in a bounded queue and forms the next batch,
+//! whose commit starts before the machine handles the batch just committed. Ops are checked
+//! against the machine once every committed batch is handled, and journaled only when they
+//! apply.
 //!
 //! Deliberately not here: any decision about the run (the machine's), or how events are shown
 //! (subscribers').
@@ -13,6 +17,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::FutureExt;
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
@@ -20,7 +25,7 @@ use tokio_util::sync::CancellationToken;
 use super::activities::{Activities, Executor};
 use super::bus::Clock;
 use super::handle::{OpRequest, Shared};
-use super::journal::{JournalSink, append_caught};
+use super::journal::{Commit, JournalError, JournalSink, append_caught};
 use super::timers::Timers;
 use super::turns::{Models, TurnItem, Turns};
 use crate::llm::{Request, Settings};
@@ -48,10 +53,22 @@ pub(super) struct Driver {
     pub timers: Timers,
     pub result: Option<RunResult>,
     pub journal_seq: u64,
+    /// Inputs waiting for the commit in flight to end; they form the next batch.
+    pub queue: Vec<RunInput>,
+    /// The batch being committed.
+    pub commit: Option<Commit>,
 }
+
+/// At most this many inputs wait while a commit is in flight; past it, the driver waits.
+const MAX_QUEUED: usize = 1024;
+
+/// A commit carries at most this many inputs, so that the machine handles one batch while the
+/// next is committed rather than waiting for one big commit.
+const BATCH: usize = 256;
 
 enum Next {
     Cancel,
+    Committed(Vec<JournalEntry>, Result<(), JournalError>),
     Op(OpRequest),
     Turn(TurnItem),
     Done(crate::protocol::CallId, Outcome),
@@ -76,48 +93,59 @@ impl Driver {
         while self.result.is_none() {
             self.update_idle();
             let now = (self.clock)();
+            // While a commit is in flight, what happens next waits in the queue (bounded).
+            let read = self.queue.len() < MAX_QUEUED;
             let next = tokio::select! {
                 biased;
                 _ = self.cancel.cancelled(), if !cancel_seen => Next::Cancel,
+                (entries, r) = committed(&mut self.commit), if self.commit.is_some() => {
+                    Next::Committed(entries, r)
+                }
                 Some(op) = self.ops.recv() => Next::Op(op),
-                Some(item) = self.turns.next(), if !self.turns.is_empty() => Next::Turn(item),
-                Some((id, o)) = self.activities.next(), if !self.activities.is_empty() => {
+                Some(item) = self.turns.next(), if read && !self.turns.is_empty() => Next::Turn(item),
+                Some((id, o)) = self.activities.next(), if read && !self.activities.is_empty() => {
                     Next::Done(id, o)
                 }
-                _ = self.timers.wait(now), if !self.timers.is_empty() => Next::Timer,
+                _ = self.timers.wait(now), if read && !self.timers.is_empty() => Next::Timer,
                 else => Next::Idle,
             };
-            let mut inputs = match next {
+            match next {
                 Next::Cancel => {
                     cancel_seen = true;
-                    vec![RunInput::Cancel {
+                    self.queue.push(RunInput::Cancel {
                         reason: "cancelled by the caller".into(),
-                    }]
+                    });
                 }
-                Next::Op(req) => {
-                    self.op(req).await;
-                    continue;
+                Next::Committed(entries, r) => {
+                    self.commit = None;
+                    self.committed(entries, r);
                 }
-                Next::Turn(item) => self.read(item),
-                Next::Done(call, outcome) => vec![RunInput::Outcome { call, outcome }],
+                Next::Op(req) => self.op(req).await,
+                Next::Turn(item) => {
+                    let inputs = self.read(item);
+                    self.queue.extend(inputs);
+                    self.read_ready();
+                }
+                Next::Done(call, outcome) => {
+                    self.queue.push(RunInput::Outcome { call, outcome });
+                    self.read_ready();
+                }
                 Next::Timer => {
                     let now = (self.clock)();
-                    self.timers
-                        .fired(now)
-                        .into_iter()
-                        .map(|timer| RunInput::TimerFired { timer })
-                        .collect()
+                    let fired = self.timers.fired(now);
+                    self.queue.extend(
+                        fired
+                            .into_iter()
+                            .map(|timer| RunInput::TimerFired { timer }),
+                    );
                 }
                 Next::Idle => break,
-            };
-            // Completions that are already in join this batch (one journal append for all).
-            while inputs.len() < 256
-                && let Some((call, outcome)) = self.activities.try_next()
-            {
-                inputs.push(RunInput::Outcome { call, outcome });
             }
-            self.feed(inputs).await;
+            self.pump();
         }
+        // A batch committed after the run's end is kept in memory too, so the in-memory journal
+        // and the store's agree (the machine ignores inputs after its end).
+        self.settle().await;
         self.turns = Turns::default();
         self.activities.shutdown().await;
         self.aux.shutdown().await;
@@ -139,8 +167,9 @@ impl Driver {
         result
     }
 
-    /// Replays a stored journal through the machine without performing anything, keeping what
-    /// is still pending: timers, and how many requests each model already answered.
+    /// Replays a stored journal through the machine without performing anything (its events are
+    /// published), keeping what is still pending: timers, and how many requests each model
+    /// already answered.
     fn rebuild(&mut self, entries: Vec<JournalEntry>) {
         self.machine.keep_launched(true);
         let mut actions = Vec::new();
@@ -169,7 +198,11 @@ impl Driver {
             log.journal.push(e);
             for a in actions.drain(..) {
                 match a {
-                    Action::Emit(ev) => log.last_seq = ev.seq,
+                    // Published, not only counted: a subscriber that came before the rebuild
+                    // (an in-process reviewer, the events file) caught up from an empty
+                    // journal and would otherwise never see the run's past, such as a call
+                    // that was waiting for a decision when the process stopped.
+                    Action::Emit(ev) => self.shared.publish(&mut log, ev),
                     Action::SetTimer { timer, at } => {
                         timers.insert(timer, at);
                     }
@@ -254,19 +287,23 @@ impl Driver {
         })
     }
 
-    /// Nothing streams, runs or waits on a timer: only an op (a reviewer's decision, cancel)
-    /// can move the run on.
+    /// Nothing streams, runs, waits on a timer or is being committed: only an op (a reviewer's
+    /// decision, cancel) can move the run on.
     fn update_idle(&self) {
         let idle = self.result.is_none()
             && self.turns.is_empty()
             && self.activities.is_empty()
-            && self.timers.is_empty();
+            && self.timers.is_empty()
+            && self.commit.is_none()
+            && self.queue.is_empty();
         self.shared
             .idle
             .send_if_modified(|v| std::mem::replace(v, idle) != idle);
     }
 
     async fn op(&mut self, req: OpRequest) {
+        // The op is checked against the run as journaled so far.
+        self.settle().await;
         if let Err(e) = self.machine.check_op(&req.op) {
             let _ = req.reply.send(Err(e));
             return;
@@ -287,14 +324,30 @@ impl Driver {
         let _ = req.reply.send(verdict);
     }
 
-    /// Journals `inputs`, hands them to the machine and performs what it says. False when the
-    /// journal failed (the run is then over).
-    async fn feed(&mut self, inputs: Vec<RunInput>) -> bool {
-        if inputs.is_empty() || self.result.is_some() {
-            return self.result.is_none();
+    /// What has already happened joins the queue: completions that are in and, with a sink
+    /// (every batch costs a commit), model output already received.
+    fn read_ready(&mut self) {
+        while self.queue.len() < MAX_QUEUED
+            && let Some((call, outcome)) = self.activities.try_next()
+        {
+            self.queue.push(RunInput::Outcome { call, outcome });
         }
+        if self.sink.is_none() {
+            return;
+        }
+        while self.queue.len() < MAX_QUEUED
+            && !self.turns.is_empty()
+            && let Some(Some(item)) = self.turns.next().now_or_never()
+        {
+            let inputs = self.read(item);
+            self.queue.extend(inputs);
+        }
+    }
+
+    /// Numbers `inputs` as the journal's next entries.
+    fn entries(&mut self, inputs: Vec<RunInput>) -> Vec<JournalEntry> {
         let at = (self.clock)();
-        let entries: Vec<JournalEntry> = inputs
+        inputs
             .into_iter()
             .map(|input| {
                 self.journal_seq += 1;
@@ -304,17 +357,81 @@ impl Driver {
                     input,
                 }
             })
-            .collect();
+            .collect()
+    }
+
+    /// Journals `inputs` (after the batch in flight, if any), hands them to the machine and
+    /// performs what it says, awaiting the commit. False when the journal failed (the run is
+    /// then over).
+    async fn feed(&mut self, inputs: Vec<RunInput>) -> bool {
+        self.settle().await;
+        if inputs.is_empty() || self.result.is_some() {
+            return self.result.is_none();
+        }
+        let entries = self.entries(inputs);
         if let Some(sink) = &self.sink
             && let Err(e) = append_caught(sink.as_ref(), &self.shared.run_id, &entries).await
         {
             self.result = Some(journal_failed(e));
             return false;
         }
+        self.apply(entries);
+        true
+    }
+
+    /// Starts committing what waits in the queue, unless a commit is in flight (without a sink
+    /// the queue is handed to the machine at once).
+    fn pump(&mut self) {
+        if self.commit.is_some() || self.queue.is_empty() || self.result.is_some() {
+            return;
+        }
+        let inputs = if self.sink.is_some() && self.queue.len() > BATCH {
+            let rest = self.queue.split_off(BATCH);
+            std::mem::replace(&mut self.queue, rest)
+        } else {
+            std::mem::take(&mut self.queue)
+        };
+        let entries = self.entries(inputs);
+        match &self.sink {
+            Some(sink) => {
+                let run_id = self.shared.run_id.clone();
+                self.commit = Some(Commit::start(sink.clone(), run_id, entries));
+            }
+            None => self.apply(entries),
+        }
+    }
+
+    /// Waits for the batch in flight, if any, and hands it to the machine.
+    async fn settle(&mut self) {
+        if let Some(mut c) = self.commit.take() {
+            let (entries, r) = c.done().await;
+            self.committed(entries, r);
+        }
+    }
+
+    /// A batch is committed: the next one starts committing while the machine handles this one.
+    fn committed(&mut self, entries: Vec<JournalEntry>, r: Result<(), JournalError>) {
+        match r {
+            Ok(()) => {
+                self.pump();
+                self.apply(entries);
+            }
+            Err(e) => {
+                if self.result.is_none() {
+                    self.result = Some(journal_failed(e));
+                }
+                self.queue.clear();
+            }
+        }
+    }
+
+    /// Hands journaled `entries` to the machine, publishing its events and performing the rest.
+    fn apply(&mut self, entries: Vec<JournalEntry>) {
         let mut actions = Vec::new();
         let mut rest = Vec::new();
         for entry in entries {
             let input = entry.input.clone();
+            let at = entry.at;
             {
                 let mut log = match self.shared.log.lock() {
                     Ok(l) => l,
@@ -333,7 +450,6 @@ impl Driver {
                 self.perform(a, at);
             }
         }
-        true
     }
 
     fn perform(&mut self, action: Action, now: u64) {
@@ -389,7 +505,15 @@ impl Driver {
     }
 }
 
-fn journal_failed(e: super::journal::JournalError) -> RunResult {
+/// The batch in flight, once committed (pending without one).
+async fn committed(commit: &mut Option<Commit>) -> (Vec<JournalEntry>, Result<(), JournalError>) {
+    match commit {
+        Some(c) => c.done().await,
+        None => std::future::pending().await,
+    }
+}
+
+fn journal_failed(e: JournalError) -> RunResult {
     let mut err = RunError::new("run.journal", e.to_string());
     err.cause = Some(serde_json::json!({"code": e.code(), "message": e.reason}));
     RunResult {

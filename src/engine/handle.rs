@@ -305,7 +305,7 @@ impl RunHandle {
     /// The calls awaiting a decision now, with the fingerprint a decision may quote.
     pub fn awaiting(&self) -> Vec<(crate::protocol::CallId, crate::protocol::Call, String)> {
         let journal = self.journal();
-        let mut m = crate::machine::RunMachine::new(
+        let mut m = crate::machine::RunMachine::replaying(
             self.shared.run_id.clone(),
             self.shared.root.clone(),
             self.shared.policy.clone(),

@@ -5,11 +5,17 @@
 //! hands the entries to the machine: a failing sink fails the run with `run.journal` rather
 //! than letting it go on unrecorded, and a panicking one is caught and treated the same.
 //!
+//! While one batch is being committed ([`Commit`]), the driver goes on reading
+//! what happens next into the following batch, and hands the committed batch to the machine as
+//! soon as the sink answers: a run with a store waits for one commit at a time, never for one
+//! commit per occurrence, and no entry is acted on before it is committed.
+//!
 //! Deliberately not here: what a durable sink does with the entries (the store's business).
 
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
+use std::sync::Arc;
 
 use futures::FutureExt;
 
@@ -59,5 +65,35 @@ pub(super) async fn append_caught(
         Err(_) => Err(JournalError {
             reason: "the journal sink panicked".into(),
         }),
+    }
+}
+
+type Committing =
+    Pin<Box<dyn Future<Output = (Vec<JournalEntry>, Result<(), JournalError>)> + Send>>;
+
+/// A batch of entries being committed: handed to the sink at once (a store serialises them on
+/// the caller's thread and queues them for its writer), then awaited by the driver.
+pub(super) struct Commit(Committing);
+
+impl Commit {
+    /// Hands `entries` of run `run_id` to `sink` now.
+    pub fn start(sink: Arc<dyn JournalSink>, run_id: String, entries: Vec<JournalEntry>) -> Commit {
+        let mut fut: Committing = Box::pin(async move {
+            let r = append_caught(sink.as_ref(), &run_id, &entries).await;
+            (entries, r)
+        });
+        // One poll now, so the sink has the batch before the driver turns to other work; the
+        // driver polls it again, with its own waker, until it is done.
+        let mut cx = std::task::Context::from_waker(futures::task::noop_waker_ref());
+        if let std::task::Poll::Ready(out) = fut.as_mut().poll(&mut cx) {
+            fut = Box::pin(std::future::ready(out));
+        }
+        Commit(fut)
+    }
+
+    /// The entries once the sink answered, with its answer. Cancel-safe; not to be awaited
+    /// again once it answered.
+    pub async fn done(&mut self) -> (Vec<JournalEntry>, Result<(), JournalError>) {
+        self.0.as_mut().await
     }
 }

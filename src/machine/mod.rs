@@ -85,10 +85,25 @@ impl RunMachine {
         }
     }
 
-    /// Keeps a copy of each running call so that a rebuilt run can interrupt it (set before
-    /// replaying a journal to resume; events are the same either way).
+    /// Keeps a copy of each running call so that a rebuilt run can interrupt it. Needed by
+    /// every machine that replays a journal (see [`RunMachine::replaying`]): a journal with a
+    /// `resumed` entry re-presents (or re-launches) the calls that were running, and without
+    /// the copies a replay would silently skip that. A run that never stops needs none.
     pub fn keep_launched(&mut self, on: bool) {
         self.keep_launched = on;
+    }
+
+    /// A machine to replay a run's journal through: [`RunMachine::new`] keeping running calls,
+    /// so that it takes exactly the steps the run took, across restarts too.
+    pub fn replaying(
+        run_id: impl Into<String>,
+        root: Arc<AgentConfig>,
+        policy: Policy,
+        sanitize: SanitizeLimits,
+    ) -> Self {
+        let mut m = RunMachine::new(run_id, root, policy, sanitize);
+        m.keep_launched(true);
+        m
     }
 
     /// The run id stamped on events.
@@ -802,7 +817,7 @@ impl Replayer {
         sanitize: SanitizeLimits,
     ) -> Self {
         Replayer {
-            machine: RunMachine::new(run_id, root, policy, sanitize),
+            machine: RunMachine::replaying(run_id, root, policy, sanitize),
             fed: 0,
             events: Vec::new(),
         }

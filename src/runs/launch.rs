@@ -14,7 +14,7 @@ use crate::goal::Goal;
 use crate::machine::JournalEntry;
 use crate::protocol::{OpError, Tool};
 use crate::store::{RunRecord, RunStore, SqliteStore};
-use crate::tools::Activity;
+use crate::tools::{Activity, Registry};
 
 /// Who answers the run's approval requests.
 pub enum Review {
@@ -70,7 +70,11 @@ pub struct Launched {
 }
 
 /// Builds the run (`resume`: its id and journal) and records it in the host's store.
+/// `registry` holds the activities a program registered for the goal's tools (Rust functions,
+/// extra activity kinds; the command line and the server pass an empty one, the store benchmark
+/// its own), so that a program runs a goal exactly the way the command line does.
 pub async fn prepare(
+    registry: Registry,
     goal: Goal,
     opts: &RunOptions,
     resume: Option<(String, Vec<JournalEntry>)>,
@@ -89,7 +93,10 @@ pub async fn prepare(
     let base_dir = goal.base_dir.display().to_string();
     // MCP servers start before anything runs; a server that cannot start is an error now.
     let mcp = start_mcp(&goal, pool.as_ref()).await?;
-    let mut builder = AgentBuilder::new(goal).policy(policy).cancel_token(cancel);
+    let mut builder = AgentBuilder::new(goal)
+        .registry(registry)
+        .policy(policy)
+        .cancel_token(cancel);
     builder = match review {
         Review::External => builder.external_review(),
         Review::Approver(a) => builder.approver(a),

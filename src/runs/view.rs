@@ -45,7 +45,8 @@ pub fn rebuild(record: &RunRecord, journal: &[JournalEntry]) -> Result<Rebuilt, 
         SanitizeLimits::default(),
         journal,
     );
-    let mut machine = RunMachine::new(record.id.clone(), config, policy, SanitizeLimits::default());
+    let mut machine =
+        RunMachine::replaying(record.id.clone(), config, policy, SanitizeLimits::default());
     for e in journal {
         machine.handle(e.input.clone(), e.at);
     }

@@ -74,6 +74,7 @@ impl AppState {
         let record_goal = serde_json::to_value(&goal).unwrap_or(Value::Null);
         let base_dir = goal.base_dir.display().to_string();
         let prepared = crate::runs::prepare(
+            crate::tools::Registry::new(),
             goal,
             &opts,
             resume,

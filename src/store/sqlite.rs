@@ -5,7 +5,17 @@
 //! IMMEDIATE` transaction, then answers each: nothing is acknowledged before it is committed.
 //! Commits that carry a decision or a run's end are made with `synchronous=FULL`; journal-only
 //! commits with `NORMAL` (durable across a process crash; WAL). A busy timeout keeps two
-//! processes sharing one file from ever reporting `database is locked`.
+//! processes sharing one file from ever reporting `database is locked`. The WAL is copied into
+//! the database file by a checkpoint thread with its own connection (PASSIVE, beside the
+//! writer), never inside a commit somebody waits for.
+//!
+//! The journal is stored a batch to a row (schema version 2): consecutive entries consumed at
+//! the same time share one row holding their inputs as JSON lines, serialised once by the caller
+//! into one buffer. A row per entry (version 1) cost the writer about three times as much.
+//! Older stores are upgraded in place by the migrations below (each version's DDL stays in the
+//! code); version 1's journal rows become one-entry batches.
+//!
+//! Deliberately not here: what the entries mean (the machine replays them).
 
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
@@ -21,12 +31,15 @@ use crate::machine::{JournalEntry, RunInput, RunResult};
 use crate::protocol::{Millis, Op};
 
 /// The schema version this build writes; older stores are upgraded in place.
-pub const SCHEMA_VERSION: i64 = 1;
+pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
 
 const BUSY: Duration = Duration::from_secs(30);
 
-/// Migrations, in order: `MIGRATIONS[i]` takes a store from version `i` to `i + 1`.
-const MIGRATIONS: &[&str] = &["
+/// Migrations, in order: `MIGRATIONS[i]` takes a store from version `i` to `i + 1`. Never edit
+/// one that has shipped: stores written by it exist; add the next instead.
+const MIGRATIONS: &[&str] = &[
+    // 1: runs, a journal row per entry, queued ops.
+    "
     CREATE TABLE runs (
         id TEXT PRIMARY KEY,
         created_at INTEGER NOT NULL,
@@ -50,14 +63,81 @@ const MIGRATIONS: &[&str] = &["
         op TEXT NOT NULL
     );
     CREATE INDEX runs_updated ON runs(updated_at);
-"];
+",
+    // 2: a journal row per batch of entries consumed together (`n` entries from `seq`, one
+    // input per line); indexes for `dagloop runs` (newest first) and for a run's queued ops,
+    // which the process running it polls.
+    "
+    CREATE TABLE journal2 (
+        run_id TEXT NOT NULL,
+        seq INTEGER NOT NULL,
+        n INTEGER NOT NULL,
+        at INTEGER NOT NULL,
+        inputs TEXT NOT NULL,
+        PRIMARY KEY (run_id, seq)
+    ) WITHOUT ROWID;
+    INSERT INTO journal2 (run_id, seq, n, at, inputs) SELECT run_id, seq, 1, at, input FROM journal;
+    DROP TABLE journal;
+    ALTER TABLE journal2 RENAME TO journal;
+    CREATE INDEX runs_created ON runs(created_at, id);
+    CREATE INDEX ops_run ON ops(run_id, id);
+",
+];
+
+/// Journal entries as the writer stores them: a batch to a row (see the module docs).
+struct Rows {
+    /// `(first seq, how many, at, byte range in text)`.
+    rows: Vec<(u64, u64, u64, std::ops::Range<usize>)>,
+    /// Every row's inputs, one JSON text per line, rows one after the other.
+    text: String,
+    /// Some entry is a decision (committed with `synchronous=FULL`).
+    decision: bool,
+}
+
+impl Rows {
+    /// Serialises `entries` once: consecutive entries with the same `at` share a row.
+    fn of(entries: &[JournalEntry]) -> Result<Rows, serde_json::Error> {
+        let mut buf: Vec<u8> = Vec::with_capacity(entries.len() * 128);
+        let mut rows: Vec<(u64, u64, u64, std::ops::Range<usize>)> = Vec::new();
+        let mut decision = false;
+        for e in entries {
+            decision |= matches!(e.input, RunInput::Decided { .. });
+            match rows.last_mut() {
+                Some((seq, n, at, range)) if *at == e.at && *seq + *n == e.seq => {
+                    buf.push(b'\n');
+                    serde_json::to_writer(&mut buf, &e.input)?;
+                    *n += 1;
+                    range.end = buf.len();
+                }
+                _ => {
+                    let start = buf.len();
+                    serde_json::to_writer(&mut buf, &e.input)?;
+                    rows.push((e.seq, 1, e.at, start..buf.len()));
+                }
+            }
+        }
+        // serde_json writes UTF-8 only.
+        let text =
+            String::from_utf8(buf).map_err(<serde_json::Error as serde::ser::Error>::custom)?;
+        Ok(Rows {
+            rows,
+            text,
+            decision,
+        })
+    }
+
+    fn len(&self) -> u64 {
+        self.rows.iter().map(|r| r.1).sum()
+    }
+}
 
 enum Write {
     Create(RunRecord, u32),
     Claim(String, u32),
-    /// Entries already serialised by the caller: `(seq, at, input JSON, is a decision)`.
-    Append(String, Vec<(u64, u64, String, bool)>),
-    Finish(String, Box<RunResult>),
+    /// Entries already serialised by the caller.
+    Append(String, Rows),
+    /// The run, its status and its result, serialised by the caller.
+    Finish(String, &'static str, String),
     Prune(Millis),
     PushOp(String, String),
     TakeOps(String),
@@ -76,7 +156,9 @@ type Reply = Box<dyn FnOnce(Result<Done, StoreError>) + Send>;
 /// A run store in one SQLite file. See the module docs.
 pub struct SqliteStore {
     path: PathBuf,
-    tx: Mutex<mpsc::Sender<(Write, Reply)>>,
+    /// The writer's queue (None once closed).
+    tx: Mutex<Option<mpsc::Sender<(Write, Reply)>>>,
+    writer: Mutex<Option<std::thread::JoinHandle<()>>>,
 }
 
 impl std::fmt::Debug for SqliteStore {
@@ -169,6 +251,10 @@ fn migrate(c: &mut Connection, path: &Path) -> Result<(), StoreError> {
 impl SqliteStore {
     /// Opens (creating it and its folder if needed) the store at `path`.
     pub fn open(path: &Path) -> Result<SqliteStore, StoreError> {
+        SqliteStore::open_with(path, CHECKPOINT_PAGES)
+    }
+
+    fn open_with(path: &Path, checkpoint_at: i32) -> Result<SqliteStore, StoreError> {
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::create_dir_all(dir).map_err(|e| StoreError::Open {
                 path: path.display().to_string(),
@@ -183,16 +269,55 @@ impl SqliteStore {
         c.pragma_update(None, "journal_mode", "WAL")
             .map_err(|e| classify(path, e))?;
         c.pragma_update(None, "synchronous", "NORMAL").map_err(io)?;
+        // Checkpoints run on a connection and a thread of their own, beside the writer: a
+        // PASSIVE checkpoint lets the writer go on committing meanwhile.
+        let cc = connect(path, OpenFlags::SQLITE_OPEN_READ_WRITE)?;
+        let (ctx, crx) = mpsc::sync_channel::<()>(1);
+        let checkpointer = std::thread::Builder::new()
+            .name("dagloop-store-checkpoint".into())
+            .spawn(move || {
+                while crx.recv().is_ok() {
+                    let _ = cc.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()));
+                }
+            })
+            .map_err(io)?;
         let (tx, rx) = mpsc::channel::<(Write, Reply)>();
         let p = path.to_path_buf();
-        std::thread::Builder::new()
+        let writer = std::thread::Builder::new()
             .name("dagloop-store".into())
-            .spawn(move || writer(c, rx, &p))
+            .spawn(move || {
+                writer(c, rx, &p, checkpoint_at, ctx);
+                let _ = checkpointer.join();
+            })
             .map_err(io)?;
         Ok(SqliteStore {
             path: path.to_path_buf(),
-            tx: Mutex::new(tx),
+            tx: Mutex::new(Some(tx)),
+            writer: Mutex::new(Some(writer)),
         })
+    }
+
+    /// Creates a store at `path` at schema `version` (the first `version` migrations only), as a
+    /// dagloop of that version would have left it, for tests of upgrades. Stores are otherwise
+    /// only ever opened with [`SqliteStore::open`], which upgrades them.
+    #[doc(hidden)]
+    pub fn create_at_version(path: &Path, version: i64) -> Result<(), StoreError> {
+        let known = usize::try_from(version)
+            .ok()
+            .filter(|v| (1..=MIGRATIONS.len()).contains(v))
+            .ok_or_else(|| io(format!("no schema version {version}")))?;
+        let mut c = connect(
+            path,
+            OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_CREATE,
+        )?;
+        let tx = c.transaction().map_err(io)?;
+        for sql in &MIGRATIONS[..known] {
+            tx.execute_batch(sql).map_err(io)?;
+        }
+        tx.pragma_update(None, "user_version", version)
+            .map_err(io)?;
+        tx.commit().map_err(io)?;
+        c.pragma_update(None, "journal_mode", "WAL").map_err(io)
     }
 
     /// The file.
@@ -200,9 +325,28 @@ impl SqliteStore {
         &self.path
     }
 
+    /// Stops the writer once it has answered everything queued, and waits for it and for any
+    /// checkpoint under way. Later requests fail with `store.io`.
+    pub fn close(&self) {
+        if let Ok(mut tx) = self.tx.lock() {
+            tx.take();
+        }
+        let handle = self.writer.lock().ok().and_then(|mut w| w.take());
+        if let Some(h) = handle {
+            let _ = h.join();
+        }
+    }
+
     fn send(&self, w: Write, reply: Reply) {
-        if let Ok(tx) = self.tx.lock() {
-            let _ = tx.send((w, reply));
+        let sent = match self.tx.lock() {
+            Ok(tx) => match tx.as_ref() {
+                Some(tx) => tx.send((w, reply)).map_err(|e| e.0.1),
+                None => Err(reply),
+            },
+            Err(_) => Err(reply),
+        };
+        if let Err(reply) = sent {
+            reply(Err(io("the store is closed")));
         }
     }
 
@@ -223,7 +367,33 @@ impl SqliteStore {
     }
 }
 
-fn writer(mut c: Connection, rx: mpsc::Receiver<(Write, Reply)>, path: &Path) {
+/// The WAL holds this many pages or more after a commit: the checkpoint thread is asked to copy
+/// it into the database file (SQLite's own threshold, which it would otherwise apply inside
+/// whichever commit crossed it, on the writer's thread).
+const CHECKPOINT_PAGES: i32 = 1000;
+
+thread_local! {
+    /// Pages in the WAL after the last commit of this thread's connection (the writer's).
+    static WAL_PAGES: std::cell::Cell<i32> = const { std::cell::Cell::new(0) };
+}
+
+fn note_wal_pages(_: &rusqlite::hooks::Wal, pages: std::ffi::c_int) -> rusqlite::Result<()> {
+    WAL_PAGES.with(|p| p.set(pages));
+    Ok(())
+}
+
+fn writer(
+    mut c: Connection,
+    rx: mpsc::Receiver<(Write, Reply)>,
+    path: &Path,
+    checkpoint_at: i32,
+    checkpoint: mpsc::SyncSender<()>,
+) {
+    // Checkpoints happen beside the writer, not inside its commits (this hook replaces SQLite's
+    // automatic checkpoint): a run waiting for its journal never waits for one.
+    c.wal_hook(Some(note_wal_pages));
+    // The WAL's size when a checkpoint was last asked for.
+    let mut asked_at = 0;
     while let Ok(first) = rx.recv() {
         let mut batch = vec![first];
         while let Ok(more) = rx.try_recv() {
@@ -234,16 +404,22 @@ fn writer(mut c: Connection, rx: mpsc::Receiver<(Write, Reply)>, path: &Path) {
         }
         let full = batch.iter().any(|(w, _)| match w {
             Write::Finish(..) | Write::PushOp(..) => true,
-            Write::Append(_, entries) => entries.iter().any(|e| e.3),
+            Write::Append(_, rows) => rows.decision,
             _ => false,
         });
-        if full {
-            let _ = c.pragma_update(None, "synchronous", "FULL");
-        }
-        let results = commit(&mut c, &batch, path);
-        if full {
-            let _ = c.pragma_update(None, "synchronous", "NORMAL");
-        }
+        let results = if full {
+            // Never commit a decision or a run's end with less than FULL.
+            match c.pragma_update(None, "synchronous", "FULL") {
+                Ok(()) => {
+                    let r = commit(&mut c, &batch, path);
+                    let _ = c.pragma_update(None, "synchronous", "NORMAL");
+                    r
+                }
+                Err(e) => Err(io(e)),
+            }
+        } else {
+            commit(&mut c, &batch, path)
+        };
         match results {
             Ok(done) => {
                 for ((_, reply), d) in batch.into_iter().zip(done) {
@@ -255,6 +431,18 @@ fn writer(mut c: Connection, rx: mpsc::Receiver<(Write, Reply)>, path: &Path) {
                     reply(Err(e.clone()));
                 }
             }
+        }
+        // Once per `checkpoint_at` pages the WAL grew by, not after every commit: a WAL that
+        // cannot start over yet (frames were added while the last checkpoint ran) stays above
+        // the threshold, and checkpointing after each commit would only add fsyncs.
+        let pages = WAL_PAGES.with(|p| p.get());
+        if pages < asked_at {
+            asked_at = 0; // the WAL started over
+        }
+        if pages - asked_at >= checkpoint_at {
+            asked_at = pages;
+            // At most one request waits; the checkpoint thread takes it when it is free.
+            let _ = checkpoint.try_send(());
         }
     }
 }
@@ -312,28 +500,28 @@ fn apply(tx: &rusqlite::Transaction<'_>, w: &Write) -> Result<Done, StoreError> 
             }
             Ok(Done::Unit)
         }
-        Write::Append(id, entries) => {
+        Write::Append(id, rows) => {
             let mut stmt = tx
                 .prepare_cached(
-                    "INSERT INTO journal (run_id, seq, at, input) VALUES (?1, ?2, ?3, ?4)",
+                    "INSERT INTO journal (run_id, seq, n, at, inputs) VALUES (?1, ?2, ?3, ?4, ?5)",
                 )
                 .map_err(io)?;
-            for (seq, at, input, _) in entries {
-                stmt.execute(params![id, *seq as i64, *at as i64, input])
+            for (seq, n, at, range) in &rows.rows {
+                let text = rows.text.get(range.clone()).unwrap_or_default();
+                stmt.execute(params![id, *seq as i64, *n as i64, *at as i64, text])
                     .map_err(io)?;
             }
-            tx.execute(
+            tx.prepare_cached(
                 "UPDATE runs SET entries = entries + ?2, updated_at = ?3 WHERE id = ?1",
-                params![id, entries.len() as i64, now],
             )
+            .and_then(|mut s| s.execute(params![id, rows.len() as i64, now]))
             .map_err(io)?;
             Ok(Done::Unit)
         }
-        Write::Finish(id, result) => {
-            let text = serde_json::to_string(&**result).map_err(io)?;
+        Write::Finish(id, status, text) => {
             tx.execute(
                 "UPDATE runs SET result = ?2, status = ?3, updated_at = ?4, owner_pid = NULL WHERE id = ?1",
-                params![id, text, result.status.as_str(), now],
+                params![id, text, status, now],
             )
             .map_err(io)?;
             Ok(Done::Unit)
@@ -395,18 +583,9 @@ fn apply(tx: &rusqlite::Transaction<'_>, w: &Write) -> Result<Done, StoreError> 
 impl JournalSink for SqliteStore {
     fn append<'a>(&'a self, run_id: &'a str, entries: &'a [JournalEntry]) -> JournalFuture<'a> {
         let (tx, rx) = oneshot::channel();
-        // Serialised here, on the caller's thread: no deep copy of the entries, and the writer
-        // thread only writes.
-        let rows: Result<Vec<_>, _> = entries
-            .iter()
-            .map(|e| {
-                serde_json::to_string(&e.input).map(|json| {
-                    let decision = matches!(e.input, RunInput::Decided { .. });
-                    (e.seq, e.at, json, decision)
-                })
-            })
-            .collect();
-        let rows = match rows {
+        // Serialised here, on the caller's thread, into one buffer: no deep copy of the entries,
+        // and the writer thread only writes.
+        let rows = match Rows::of(entries) {
             Ok(r) => r,
             Err(e) => {
                 let reason = e.to_string();
@@ -448,7 +627,9 @@ impl RunStore for SqliteStore {
     }
 
     fn finish(&self, id: &str, result: &RunResult) -> Result<(), StoreError> {
-        self.call(Write::Finish(id.into(), Box::new(result.clone())))
+        // Serialised here: no deep copy of the result for the writer.
+        let text = serde_json::to_string(result).map_err(io)?;
+        self.call(Write::Finish(id.into(), result.status.as_str(), text))
             .map(|_| ())
     }
 
@@ -503,27 +684,34 @@ impl RunStore for SqliteStore {
             .transpose()
             .map_err(io)?;
         let mut stmt = c
-            .prepare("SELECT seq, at, input FROM journal WHERE run_id = ?1 ORDER BY seq")
+            .prepare("SELECT seq, n, at, inputs FROM journal WHERE run_id = ?1 ORDER BY seq")
             .map_err(io)?;
-        let journal = stmt
-            .query_map(params![id], |r| {
-                Ok((
-                    r.get::<_, i64>(0)?,
-                    r.get::<_, i64>(1)?,
-                    r.get::<_, String>(2)?,
-                ))
-            })
-            .map_err(io)?
-            .map(|row| {
-                let (seq, at, input) = row.map_err(io)?;
-                let input: RunInput = serde_json::from_str(&input).map_err(io)?;
-                Ok(JournalEntry {
-                    seq: seq as u64,
+        let mut rows = stmt.query(params![id]).map_err(io)?;
+        let mut journal = Vec::new();
+        while let Some(r) = rows.next().map_err(io)? {
+            let seq = r.get::<_, i64>(0).map_err(io)?;
+            let n = r.get::<_, i64>(1).map_err(io)?;
+            let at = r.get::<_, i64>(2).map_err(io)?;
+            let text = r.get_ref(3).map_err(io)?.as_str().map_err(io)?;
+            let before = journal.len();
+            for (i, line) in text.split('\n').enumerate() {
+                let input: RunInput = serde_json::from_str(line).map_err(io)?;
+                journal.push(JournalEntry {
+                    seq: (seq + i as i64) as u64,
                     at: at as u64,
                     input,
-                })
-            })
-            .collect::<Result<Vec<_>, StoreError>>()?;
+                });
+            }
+            if (journal.len() - before) as i64 != n {
+                return Err(StoreError::Corrupt {
+                    path: self.path.display().to_string(),
+                    reason: format!(
+                        "the journal row of {id} at {seq} holds a wrong number of entries"
+                    ),
+                });
+            }
+        }
+        drop(rows);
         Ok(StoredRun {
             record,
             journal,
@@ -554,5 +742,130 @@ impl RunStore for SqliteStore {
                 .collect(),
             _ => Ok(Vec::new()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::{CallId, Decision};
+    use crate::scheduler::Outcome;
+    use serde_json::json;
+
+    fn entry(seq: u64, at: u64) -> JournalEntry {
+        let input = match seq % 3 {
+            0 => RunInput::Outcome {
+                call: CallId(seq),
+                outcome: Outcome::ok(json!({"text": "two\nlines", "n": seq})),
+            },
+            1 => RunInput::Decided {
+                call: CallId(seq),
+                decision: Decision::Reject {
+                    reason: "no\n".into(),
+                },
+            },
+            _ => RunInput::Start,
+        };
+        JournalEntry { seq, at, input }
+    }
+
+    /// A store in `dir` holding a run `r`.
+    fn with_run(dir: &Path) -> (PathBuf, SqliteStore) {
+        let path = dir.join("s.db");
+        let store = SqliteStore::open(&path).expect("open");
+        let rec = RunRecord {
+            id: "r".into(),
+            created_at: 1,
+            goal: json!({}),
+            base_dir: ".".into(),
+            options: json!({}),
+        };
+        store.create(&rec, 1).expect("create");
+        (path, store)
+    }
+
+    #[tokio::test]
+    async fn a_batch_is_one_row_per_run_of_equal_times_and_loads_back_exactly() {
+        let dir = tempfile::tempdir().expect("dir");
+        let (path, store) = with_run(dir.path());
+        // Times 5,5,5,6,6,5 then a second batch at 6: rows [1-3], [4-5], [6], [7-9].
+        let first: Vec<_> = [5, 5, 5, 6, 6, 5]
+            .iter()
+            .enumerate()
+            .map(|(i, at)| entry(i as u64 + 1, *at))
+            .collect();
+        let second: Vec<_> = (7..=9).map(|s| entry(s, 6)).collect();
+        store.append("r", &first).await.expect("append");
+        store.append("r", &second).await.expect("append");
+        let loaded = store.load("r").expect("load");
+        let all: Vec<_> = first.into_iter().chain(second).collect();
+        assert_eq!(loaded.journal, all);
+        let c = Connection::open(&path).expect("sql");
+        let rows: Vec<(i64, i64, i64)> = c
+            .prepare("SELECT seq, n, at FROM journal WHERE run_id = 'r' ORDER BY seq")
+            .expect("prepare")
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+            .expect("rows")
+            .collect::<Result<_, _>>()
+            .expect("rows");
+        assert_eq!(rows, vec![(1, 3, 5), (4, 2, 6), (6, 1, 5), (7, 3, 6)]);
+        assert_eq!(store.list().expect("list")[0].entries, 9);
+    }
+
+    #[tokio::test]
+    async fn the_writer_checkpoints_the_wal_into_the_database_file() {
+        let dir = tempfile::tempdir().expect("dir");
+        let path = dir.path().join("s.db");
+        let store = SqliteStore::open_with(&path, 8).expect("open");
+        // Open beside the store, this connection keeps SQLite from checkpointing when the
+        // store's connections close: only the store's own checkpoints can grow the file.
+        let c = Connection::open(&path).expect("sql");
+        let _: i64 = c
+            .query_row("SELECT count(*) FROM runs", [], |r| r.get(0))
+            .expect("read");
+        let before = std::fs::metadata(&path).expect("size").len();
+        let big = "x".repeat(1000);
+        for b in 0..60u64 {
+            let entries: Vec<_> = (1..=10)
+                .map(|i| JournalEntry {
+                    seq: b * 10 + i,
+                    at: b,
+                    input: RunInput::Cancel {
+                        reason: big.clone(),
+                    },
+                })
+                .collect();
+            store.append("r", &entries).await.expect("append");
+        }
+        // Waits for the writer and any checkpoint under way.
+        store.close();
+        let after = std::fs::metadata(&path).expect("size").len();
+        // About 600 KB went through the WAL; without checkpoints the file would not have grown.
+        assert!(after >= before + 256 * 1024, "{before} -> {after}");
+        assert_eq!(
+            store.prune(0).map_err(|e| e.code()),
+            Err("store.io"),
+            "a closed store refuses"
+        );
+        let n: i64 = c
+            .query_row("SELECT sum(n) FROM journal WHERE run_id = 'r'", [], |r| {
+                r.get(0)
+            })
+            .expect("count");
+        assert_eq!(n, 600, "no entry lost");
+    }
+
+    #[test]
+    fn a_row_whose_count_disagrees_with_its_lines_is_damage_not_a_shorter_journal() {
+        let dir = tempfile::tempdir().expect("dir");
+        let (path, store) = with_run(dir.path());
+        let c = Connection::open(&path).expect("sql");
+        c.execute(
+            "INSERT INTO journal (run_id, seq, n, at, inputs) VALUES ('r', 1, 2, 0, '{\"input\":\"start\"}')",
+            [],
+        )
+        .expect("insert");
+        let e = store.load("r").expect_err("refused");
+        assert_eq!(e.code(), "store.corrupt", "{e}");
     }
 }
