@@ -43,6 +43,8 @@ pub mod schema;
 pub mod server;
 pub mod state;
 pub mod store;
+#[cfg(feature = "temporal")]
+pub mod temporal;
 pub mod tools;
 
 pub use approval::{Approver, Policy, ScriptedApprover};

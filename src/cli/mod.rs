@@ -10,6 +10,7 @@ mod review;
 mod run;
 mod runs;
 mod schema_cmd;
+mod temporal_cmd;
 
 use std::path::{Path as FsPath, PathBuf};
 use std::sync::Arc;
@@ -115,6 +116,42 @@ pub enum NoReviewer {
     Reject,
 }
 
+/// Which engine drives a run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum EngineArg {
+    /// This process (the default).
+    Embedded,
+    /// A Temporal workflow, run by `dagloop worker` processes (build feature `temporal`).
+    Temporal,
+}
+
+/// Where Temporal runs live (used with `--engine temporal` and by `dagloop worker`).
+#[derive(Debug, Clone, clap::Args)]
+pub struct TemporalArgs {
+    /// The engine: `embedded` (this process) or `temporal`.
+    #[arg(long, value_enum, default_value = "embedded")]
+    pub engine: EngineArg,
+    /// The Temporal server, HOST:PORT (default: `TEMPORAL_ADDRESS`, else 127.0.0.1:7233).
+    #[arg(long, value_name = "HOST:PORT")]
+    pub temporal: Option<String>,
+    /// The Temporal namespace.
+    #[arg(long, default_value = "default")]
+    pub namespace: String,
+    /// The task queue workflows and activities go to.
+    #[arg(long, default_value = "dagloop")]
+    pub task_queue: String,
+}
+
+impl TemporalArgs {
+    /// The server address: the option, else `TEMPORAL_ADDRESS`, else 127.0.0.1:7233.
+    pub fn address(&self) -> String {
+        self.temporal
+            .clone()
+            .or_else(|| std::env::var("TEMPORAL_ADDRESS").ok().filter(|a| !a.is_empty()))
+            .unwrap_or_else(|| "127.0.0.1:7233".into())
+    }
+}
+
 /// Graph output formats.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum GraphFormat {
@@ -165,6 +202,9 @@ pub enum Command {
         /// How the model returns its Solution (default: the goal's `mode`, else structured).
         #[arg(long, value_enum)]
         mode: Option<ModeArg>,
+        /// Where the run is driven.
+        #[command(flatten)]
+        temporal: TemporalArgs,
     },
     /// Continue a stored run where it stopped (same options, output and exit codes as `run`).
     Resume {
@@ -227,6 +267,9 @@ pub enum Command {
         /// Print JSON.
         #[arg(long)]
         json: bool,
+        /// Where the run is driven (`--engine temporal`: ask its workflow).
+        #[command(flatten)]
+        temporal: TemporalArgs,
     },
     /// Record a decision about a call of a stored run (checked against the run first).
     Decide {
@@ -237,6 +280,16 @@ pub enum Command {
         /// The decision.
         #[command(subcommand)]
         decision: DecideArg,
+        /// Where the run is driven (`--engine temporal`: an update to its workflow).
+        #[command(flatten)]
+        temporal: TemporalArgs,
+    },
+    /// Run workflows and activities of runs started with `--engine temporal` (until Ctrl-C or
+    /// SIGTERM; build feature `temporal`).
+    Worker {
+        /// Where to poll.
+        #[command(flatten)]
+        temporal: TemporalArgs,
     },
     /// Check a goal file, or a plan (a Solution or an array of calls), without running anything.
     Validate {
@@ -350,6 +403,7 @@ pub async fn main(cli: Cli) -> i32 {
             decisions,
             on_no_reviewer,
             mode,
+            temporal,
         } => {
             let opts = run::RunOptions {
                 server: false,
@@ -366,9 +420,13 @@ pub async fn main(cli: Cli) -> i32 {
                 decisions,
                 reject_without_reviewer: on_no_reviewer == NoReviewer::Reject,
             };
-            match store() {
-                Ok(s) => run::run(run::Start::New(goal), opts, display, s).await,
-                Err(e) => Err(e),
+            if temporal.engine == EngineArg::Temporal {
+                temporal_cmd::run(&goal, opts, &display, &temporal).await
+            } else {
+                match store() {
+                    Ok(s) => run::run(run::Start::New(goal), opts, display, s).await,
+                    Err(e) => Err(e),
+                }
             }
         }
         Command::Resume {
@@ -406,13 +464,38 @@ pub async fn main(cli: Cli) -> i32 {
             (Ok(s), Some(RunsAction::Prune { older_than })) => runs::prune(&s, &older_than),
             (Err(e), _) => Err(e),
         },
-        Command::Show { run: id, json } => {
+        Command::Show {
+            run: id,
+            json,
+            temporal,
+        } if temporal.engine == EngineArg::Temporal => {
+            temporal_cmd::show(&id, json, &temporal).await
+        }
+        Command::Show { run: id, json, .. } => {
             required(store()).and_then(|s| runs::show(&s, &id, json))
         }
         Command::Decide {
             run: id,
             call,
             decision,
+            temporal,
+        } if temporal.engine == EngineArg::Temporal => match decision_of(decision) {
+            Ok(d) => {
+                let op = crate::protocol::Op::Decide {
+                    call: crate::protocol::CallId(call),
+                    decision: d,
+                    presented: None,
+                };
+                temporal_cmd::decide(&id, op, &temporal).await
+            }
+            Err(e) => Err(e),
+        },
+        Command::Worker { temporal } => temporal_cmd::worker(&temporal).await,
+        Command::Decide {
+            run: id,
+            call,
+            decision,
+            ..
         } => match (required(store()), decision_of(decision)) {
             (Ok(s), Ok(d)) => runs::decide(
                 &s,

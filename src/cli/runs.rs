@@ -161,8 +161,18 @@ pub(super) fn show(store: &SqliteStore, run: &str, json_out: bool) -> Result<i32
         stored.result.as_ref(),
         stored.owner_pid.is_some(),
     );
+    print_description(&out, stored.journal.len(), stored.result.as_ref(), json_out)
+}
+
+/// Prints a run's description (`runs::describe`): JSON, or the timeline for people.
+pub(super) fn print_description(
+    out: &Value,
+    entries: usize,
+    result: Option<&crate::machine::RunResult>,
+    json_out: bool,
+) -> Result<i32, CliError> {
     if json_out {
-        println!("{}", pretty(&out));
+        println!("{}", pretty(out));
         return Ok(0);
     }
     println!(
@@ -170,7 +180,7 @@ pub(super) fn show(store: &SqliteStore, run: &str, json_out: bool) -> Result<i32
         out["id"].as_str().unwrap_or(""),
         out["status"].as_str().unwrap_or(""),
         out["duration_ms"],
-        stored.journal.len()
+        entries
     );
     println!("\ncalls (ms from the run's start):");
     for c in out["calls"].as_array().into_iter().flatten() {
@@ -203,7 +213,7 @@ pub(super) fn show(store: &SqliteStore, run: &str, json_out: bool) -> Result<i32
             s["what"].as_str().unwrap_or("")
         );
     }
-    if let Some(r) = &stored.result {
+    if let Some(r) = result {
         println!("\nstate: {}", r.state);
         println!("output: {}", r.output);
     }

@@ -54,6 +54,35 @@ impl Drop for CloseOnDrop {
     }
 }
 
+/// One call's activity under its time limit, its progress sink closed when it ends however it
+/// ends; a panic in `execute` itself (before it returns a future) is the call's failure. A panic
+/// inside the future is caught by whoever spawns it.
+pub(super) fn run_call(
+    executor: Arc<dyn Executor>,
+    id: CallId,
+    call: Call,
+    tool: Arc<Tool>,
+    limit: Option<Duration>,
+    progress: ProgressSink,
+) -> impl Future<Output = Outcome> + Send + 'static {
+    let closing = CloseOnDrop(progress.clone());
+    async move {
+        let _closing = closing;
+        let work = match std::panic::catch_unwind(AssertUnwindSafe(|| {
+            executor.execute_reporting(id, &tool, call, progress)
+        })) {
+            Ok(w) => w,
+            Err(p) => return Outcome::panic(panic_message(p)),
+        };
+        match limit {
+            Some(d) => tokio::time::timeout(d, work)
+                .await
+                .unwrap_or_else(|_| Outcome::timeout(d)),
+            None => work.await,
+        }
+    }
+}
+
 /// The activities of one run (or one step, for the step driver).
 #[derive(Default)]
 pub(super) struct Activities {
@@ -89,25 +118,7 @@ impl Activities {
         limit: Option<Duration>,
         progress: ProgressSink,
     ) {
-        let executor = executor.clone();
-        let closing = CloseOnDrop(progress.clone());
-        let task = async move {
-            // The call's progress sink closes when the task ends, however it ends.
-            let _closing = closing;
-            // `execute` itself may panic before returning a future.
-            let work = match std::panic::catch_unwind(AssertUnwindSafe(|| {
-                executor.execute_reporting(id, &tool, call, progress)
-            })) {
-                Ok(w) => w,
-                Err(p) => return Outcome::panic(panic_message(p)),
-            };
-            match limit {
-                Some(d) => tokio::time::timeout(d, work)
-                    .await
-                    .unwrap_or_else(|_| Outcome::timeout(d)),
-                None => work.await,
-            }
-        };
+        let task = run_call(executor.clone(), id, call, tool, limit, progress);
         if detached {
             while self.detached.try_join_next().is_some() {}
             self.detached.spawn(task.map(|_| ()));

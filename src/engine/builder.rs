@@ -507,17 +507,17 @@ impl DelegateRunner for TooDeep {
 /// Everything one run needs. Build it with [`AgentBuilder`]; run it with [`Agent::run`], or
 /// [`Agent::start`] it to address it while it runs.
 pub struct Agent {
-    config: Arc<AgentConfig>,
-    policy: Policy,
-    sanitize: SanitizeLimits,
-    models: Models,
-    settings: Settings,
-    executor: Arc<dyn Executor>,
+    pub(super) config: Arc<AgentConfig>,
+    pub(super) policy: Policy,
+    pub(super) sanitize: SanitizeLimits,
+    pub(super) models: Models,
+    pub(super) settings: Settings,
+    pub(super) executor: Arc<dyn Executor>,
     approver: Option<Arc<dyn Approver>>,
     tools: BTreeMap<String, Arc<Tool>>,
     journal: Option<Arc<dyn JournalSink>>,
     clock: Clock,
-    run_id: String,
+    pub(super) run_id: String,
     cancel: CancellationToken,
     event_capacity: usize,
 }

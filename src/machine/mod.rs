@@ -266,6 +266,14 @@ impl RunMachine {
             },
             RunInput::Cancel { .. } => self.stop(None, RunStatus::Cancelled, now, &mut work, out),
             RunInput::Resumed => self.resume(&mut work, out),
+            RunInput::Interrupted { call } => {
+                // A delegate's call is its nested agent, never an activity that can be lost.
+                if let Some(frame) = self.owner(call)
+                    && !self.frames.contains_key(&Some(call))
+                {
+                    work.push((frame, scheduler::Input::Interrupted { id: call }));
+                }
+            }
         }
         self.run_work(work, now, out);
     }

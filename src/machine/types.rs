@@ -154,6 +154,14 @@ pub enum RunInput {
     /// streaming are asked again (the calls they had already streamed are not taken twice),
     /// and calls that had started are interrupted (re-run when idempotent, else re-presented).
     Resumed,
+    /// One started call's activity was lost (the worker running it stopped) without an
+    /// outcome: like a call interrupted by a restart, it is re-run when its tool is idempotent
+    /// and presented to a reviewer again otherwise. Used by engines whose activities can
+    /// outlive the process that drives the run (Temporal workers).
+    Interrupted {
+        /// The call.
+        call: CallId,
+    },
 }
 
 impl RunInput {
@@ -173,6 +181,7 @@ impl RunInput {
             RunInput::TimerFired { .. } => "timer_fired",
             RunInput::Cancel { .. } => "cancel",
             RunInput::Resumed => "resumed",
+            RunInput::Interrupted { .. } => "interrupted",
         }
     }
 }

@@ -25,10 +25,12 @@ pub enum Review {
     Approver(Arc<dyn Approver>),
 }
 
+/// The MCP servers one run started for itself; they stop when dropped.
 #[cfg(feature = "mcp")]
-type Servers = crate::tools::mcp::McpServers;
+pub type Servers = crate::tools::mcp::McpServers;
+/// The MCP servers one run started for itself (none without the `mcp` feature).
 #[cfg(not(feature = "mcp"))]
-type Servers = ();
+pub type Servers = ();
 /// The MCP servers a process shares between its runs.
 #[cfg(feature = "mcp")]
 pub type Pool = crate::tools::mcp::McpPool;
@@ -88,30 +90,14 @@ pub async fn prepare(
         owner_pid,
         mcp: pool,
     } = host;
-    let policy = policy_for(&goal, opts.approve.as_deref())?;
     let record_goal = serde_json::to_value(&goal).unwrap_or(Value::Null);
     let base_dir = goal.base_dir.display().to_string();
-    // MCP servers start before anything runs; a server that cannot start is an error now.
-    let mcp = start_mcp(&goal, pool.as_ref()).await?;
-    let mut builder = AgentBuilder::new(goal)
-        .registry(registry)
-        .policy(policy)
-        .cancel_token(cancel);
+    let (builder, servers) = builder_for(registry, goal, opts, pool.as_ref()).await?;
+    let mut builder = builder.cancel_token(cancel);
     builder = match review {
         Review::External => builder.external_review(),
         Review::Approver(a) => builder.approver(a),
     };
-    builder.registry_mut().enable_shell(opts.allow_shell);
-    if let Some(m) = &opts.model {
-        builder = builder.model_spec(m.clone());
-    }
-    if let Some(m) = opts.mode.as_deref() {
-        builder = builder.mode(if m == "tools" {
-            crate::llm::Mode::ToolCalls
-        } else {
-            crate::llm::Mode::StructuredOutput
-        });
-    }
     let (run_id, journal) = match resume {
         Some((id, j)) => (Some(id), Some(j)),
         None => (None, None),
@@ -119,18 +105,6 @@ pub async fn prepare(
     if let Some(id) = &run_id {
         builder = builder.run_id(id.clone());
     }
-    let servers = match mcp {
-        Some((tools, activities, servers)) => {
-            let mut acts: BTreeMap<String, Arc<dyn Activity>> = activities.into_iter().collect();
-            for t in tools {
-                if let Some(a) = acts.remove(&t.name) {
-                    builder = builder.tool(t, a);
-                }
-            }
-            Some(servers)
-        }
-        None => None,
-    };
     match (sink, &store) {
         (Some(s), _) => builder = builder.journal(s),
         (None, Some(s)) => builder = builder.journal(s.clone()),
@@ -159,6 +133,45 @@ pub async fn prepare(
         store,
         servers,
     })
+}
+
+/// The builder of a run of `goal` under `opts`: its policy, model and mode, the shell switch,
+/// and the tools of the goal's MCP servers (started now, from `pool` when given; a server that
+/// cannot start is an error now). Every engine builds its agents here, so the same options mean
+/// the same run whichever engine drives it.
+pub async fn builder_for(
+    registry: Registry,
+    goal: Goal,
+    opts: &RunOptions,
+    pool: Option<&Pool>,
+) -> Result<(AgentBuilder, Option<Servers>), RunsError> {
+    let policy = policy_for(&goal, opts.approve.as_deref())?;
+    let mcp = start_mcp(&goal, pool).await?;
+    let mut builder = AgentBuilder::new(goal).registry(registry).policy(policy);
+    builder.registry_mut().enable_shell(opts.allow_shell);
+    if let Some(m) = &opts.model {
+        builder = builder.model_spec(m.clone());
+    }
+    if let Some(m) = opts.mode.as_deref() {
+        builder = builder.mode(if m == "tools" {
+            crate::llm::Mode::ToolCalls
+        } else {
+            crate::llm::Mode::StructuredOutput
+        });
+    }
+    let servers = match mcp {
+        Some((tools, activities, servers)) => {
+            let mut acts: BTreeMap<String, Arc<dyn Activity>> = activities.into_iter().collect();
+            for t in tools {
+                if let Some(a) = acts.remove(&t.name) {
+                    builder = builder.tool(t, a);
+                }
+            }
+            Some(servers)
+        }
+        None => None,
+    };
+    Ok((builder, servers))
 }
 
 impl Prepared {

@@ -13,7 +13,9 @@ mod launch;
 mod options;
 mod view;
 
-pub use launch::{Host, Launched, Pool, Prepared, Review, now_ms, prepare, spawn_op_poller};
+pub use launch::{
+    Host, Launched, Pool, Prepared, Review, Servers, builder_for, now_ms, prepare, spawn_op_poller,
+};
 pub use options::{RunOptions, policy_for};
 pub use view::{Rebuilt, describe, rebuild};
 

@@ -1,0 +1,198 @@
+//! `--engine temporal` and `dagloop worker`: runs as Temporal workflows (`crate::temporal`).
+//! Without the `temporal` feature every entry point says how to get it.
+
+use std::path::Path as FsPath;
+
+use super::run::{Display, RunOptions};
+use super::{CliError, TemporalArgs};
+
+#[cfg(feature = "temporal")]
+mod on {
+    use serde_json::{Value, json};
+
+    use super::super::run::{Display, RunOptions};
+    use super::super::{CliError, pretty, runs};
+    use super::{FsPath, TemporalArgs};
+    use crate::goal::Goal;
+    use crate::protocol::Op;
+    use crate::temporal::{Connection, RunSpec, TemporalError, WorkerOptions};
+
+    fn err(e: TemporalError) -> CliError {
+        CliError::new(e.code().to_string(), e)
+    }
+
+    async fn connect(t: &TemporalArgs) -> Result<Connection, CliError> {
+        Connection::connect(&t.address(), &t.namespace)
+            .await
+            .map_err(err)
+    }
+
+    /// Starts the run as a workflow and follows it to its result (the same JSON and exit
+    /// codes as the embedded engine); with `--detach`, returns once it started.
+    pub async fn run(
+        path: &FsPath,
+        opts: RunOptions,
+        display: &Display,
+        t: &TemporalArgs,
+    ) -> Result<i32, CliError> {
+        if display.events.is_some() || display.decisions.is_some() {
+            return Err(CliError::new(
+                "cli.unsupported",
+                "--events and --decisions need the embedded engine; decide Temporal runs with `dagloop decide --engine temporal`",
+            ));
+        }
+        let goal = Goal::load(path).map_err(|e| CliError::new(e.code(), &e))?;
+        // The same checks as the embedded engine's, before anything is started.
+        crate::engine::config_for(&goal).map_err(|e| CliError::new(e.code(), &e))?;
+        crate::runs::policy_for(&goal, opts.approve.as_deref())
+            .map_err(|e| CliError::new(e.code(), &e))?;
+        let id = crate::engine::bus::new_run_id();
+        let spec = RunSpec::new(id.clone(), &goal, opts);
+        let conn = connect(t).await?;
+        conn.start(spec, &t.task_queue).await.map_err(err)?;
+        if display.json_only || display.quiet {
+            eprintln!("{}", json!({"run_id": id}));
+        } else {
+            eprintln!(
+                "dagloop: run {id} (Temporal {}, task queue {})",
+                conn.address(),
+                t.task_queue
+            );
+        }
+        if display.detach {
+            println!("{}", pretty(&json!({"status": "started", "run_id": id})));
+            return Ok(0);
+        }
+        let result = tokio::select! {
+            r = conn.result(&id) => r.map_err(err)?,
+            _ = tokio::signal::ctrl_c() => {
+                conn.cancel(&id, "interrupted (Ctrl-C)").await.map_err(err)?;
+                conn.result(&id).await.map_err(err)?
+            }
+        };
+        let mut value = serde_json::to_value(&result).unwrap_or(Value::Null);
+        value["run_id"] = json!(id);
+        println!("{}", pretty(&value));
+        Ok(if result.succeeded() { 0 } else { 1 })
+    }
+
+    /// Sends a decision as an update; the workflow refuses one that does not apply.
+    pub async fn decide(run: &str, op: Op, t: &TemporalArgs) -> Result<i32, CliError> {
+        let conn = connect(t).await?;
+        conn.decide(run, op).await.map_err(err)?;
+        println!(
+            "{}",
+            pretty(&json!({"status": "recorded", "run_id": run, "next": "the run applies it now"}))
+        );
+        Ok(0)
+    }
+
+    /// Describes a run from the journal its workflow holds, with the embedded engine's code.
+    pub async fn show(run: &str, json_out: bool, t: &TemporalArgs) -> Result<i32, CliError> {
+        let conn = connect(t).await?;
+        let snap = conn.snapshot(run).await.map_err(err)?;
+        let rb = crate::runs::rebuild(&snap.spec.record(), &snap.journal)
+            .map_err(|e| CliError::new(e.code(), &e))?;
+        let out = crate::runs::describe(
+            run,
+            &rb,
+            snap.journal.len(),
+            snap.result.as_ref(),
+            snap.result.is_none(),
+        );
+        runs::print_description(&out, snap.journal.len(), snap.result.as_ref(), json_out)
+    }
+
+    /// Runs a worker until Ctrl-C or SIGTERM.
+    pub async fn worker(t: &TemporalArgs) -> Result<i32, CliError> {
+        let opts = WorkerOptions {
+            address: t.address(),
+            namespace: t.namespace.clone(),
+            task_queue: t.task_queue.clone(),
+        };
+        eprintln!(
+            "dagloop: worker on Temporal {} (namespace {}, task queue {})",
+            opts.address, opts.namespace, opts.task_queue
+        );
+        let stop = async {
+            #[cfg(unix)]
+            {
+                let mut term =
+                    tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+                tokio::select! {
+                    _ = tokio::signal::ctrl_c() => {}
+                    _ = async { match term.as_mut() { Some(t) => { t.recv().await; } None => std::future::pending().await } } => {}
+                }
+            }
+            #[cfg(not(unix))]
+            {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        };
+        crate::temporal::run_worker(&opts, crate::tools::Registry::new(), stop)
+            .await
+            .map_err(err)?;
+        Ok(0)
+    }
+}
+
+#[cfg(not(feature = "temporal"))]
+fn disabled() -> CliError {
+    CliError::new(
+        "cli.feature_disabled",
+        "this dagloop was built without Temporal; build it with `--features temporal`",
+    )
+}
+
+/// `run --engine temporal`.
+pub(super) async fn run(
+    path: &FsPath,
+    opts: RunOptions,
+    display: &Display,
+    t: &TemporalArgs,
+) -> Result<i32, CliError> {
+    #[cfg(feature = "temporal")]
+    return on::run(path, opts, display, t).await;
+    #[cfg(not(feature = "temporal"))]
+    {
+        let _ = (path, opts, display, t);
+        Err(disabled())
+    }
+}
+
+/// `decide --engine temporal`.
+pub(super) async fn decide(
+    run: &str,
+    op: crate::protocol::Op,
+    t: &TemporalArgs,
+) -> Result<i32, CliError> {
+    #[cfg(feature = "temporal")]
+    return on::decide(run, op, t).await;
+    #[cfg(not(feature = "temporal"))]
+    {
+        let _ = (run, op, t);
+        Err(disabled())
+    }
+}
+
+/// `show --engine temporal`.
+pub(super) async fn show(run: &str, json_out: bool, t: &TemporalArgs) -> Result<i32, CliError> {
+    #[cfg(feature = "temporal")]
+    return on::show(run, json_out, t).await;
+    #[cfg(not(feature = "temporal"))]
+    {
+        let _ = (run, json_out, t);
+        Err(disabled())
+    }
+}
+
+/// `worker`.
+pub(super) async fn worker(t: &TemporalArgs) -> Result<i32, CliError> {
+    #[cfg(feature = "temporal")]
+    return on::worker(t).await;
+    #[cfg(not(feature = "temporal"))]
+    {
+        let _ = t;
+        Err(disabled())
+    }
+}

@@ -1,0 +1,200 @@
+//! The run's activities on a worker: one model turn (its inputs signalled to the workflow as the
+//! stream goes) and one call. Both build the run's agent from its spec with the same code as
+//! the embedded engine (`runs::builder_for`), then run the engine's own turn reader or activity.
+// The SDK's macros generate items (activity and handler definitions) that carry no docs.
+#![allow(missing_docs)]
+
+use std::sync::Arc;
+
+use futures::StreamExt;
+use serde::{Deserialize, Serialize};
+use temporalio_client::WorkflowSignalOptions;
+use temporalio_macros::activities;
+use temporalio_sdk::activities::{ActivityContext, ActivityError};
+
+use super::RunSpec;
+use super::workflow::{HEARTBEAT_EVERY, RunWorkflow, TurnItem};
+use crate::engine::{Parts, config_at};
+use crate::machine::{FrameKey, RunInput};
+use crate::protocol::{Call, CallId, Message, Tool};
+use crate::runs::{Pool, RunsError, Servers, builder_for};
+use crate::scheduler::Outcome;
+use crate::tools::Registry;
+
+/// A model turn to ask.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TurnTask {
+    /// The run.
+    pub spec: RunSpec,
+    /// The agent.
+    pub frame: FrameKey,
+    /// Its step.
+    pub step: u32,
+    /// The delegate tool names from the run's agent to this one.
+    pub path: Vec<String>,
+    /// The context.
+    pub messages: Vec<Message>,
+    /// Requests the run already made of this model.
+    pub asked_before: usize,
+    /// Calls at the start of the answer already taken.
+    pub skip_calls: usize,
+}
+
+/// How a model turn ended: how many inputs it signalled, and the input that closes it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TurnDone {
+    /// Inputs signalled (numbered from 0).
+    pub sent: usize,
+    /// The closing input (`stream_closed`).
+    pub closed: RunInput,
+}
+
+/// A call to run.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct CallTask {
+    /// The run.
+    pub spec: RunSpec,
+    /// The call's id.
+    pub id: CallId,
+    /// The call, references resolved.
+    pub call: Call,
+    /// Its tool.
+    pub tool: Tool,
+    /// Its time limit.
+    pub timeout_ms: Option<u64>,
+}
+
+/// The activities a worker runs: built-in activity kinds, plus the Rust activities of
+/// `registry`, and MCP servers shared between the runs the worker serves.
+pub struct DagloopActivities {
+    registry: Registry,
+    pool: Option<Pool>,
+}
+
+impl DagloopActivities {
+    /// Activities over `registry` (a program's Rust activities; empty for `dagloop worker`).
+    pub fn new(registry: Registry, pool: Option<Pool>) -> Self {
+        DagloopActivities { registry, pool }
+    }
+}
+
+/// The run's agent, taken apart, with the MCP servers it started (kept while it is used).
+pub(super) async fn parts(
+    spec: &RunSpec,
+    registry: &Registry,
+    pool: Option<&Pool>,
+) -> Result<(Parts, Option<Servers>), RunsError> {
+    let goal = spec.goal()?;
+    let (builder, servers) = builder_for(registry.clone(), goal, &spec.options, pool).await?;
+    let agent = builder
+        .external_review()
+        .run_id(spec.run_id.clone())
+        .build()?;
+    Ok((agent.into_parts(), servers))
+}
+
+fn fail(e: impl std::fmt::Display) -> ActivityError {
+    ActivityError::application(temporalio_sdk::ApplicationFailure::new(e.to_string()))
+}
+
+#[activities]
+impl DagloopActivities {
+    /// Asks the model one turn, signalling each input to the workflow as it is read.
+    #[activity]
+    pub async fn model_turn(
+        self: Arc<Self>,
+        ctx: ActivityContext,
+        task: TurnTask,
+    ) -> Result<TurnDone, ActivityError> {
+        let (parts, _servers) = parts(&task.spec, &self.registry, self.pool.as_ref())
+            .await
+            .map_err(fail)?;
+        let config = config_at(parts.config(), &task.path)
+            .ok_or_else(|| fail(format!("no agent at {:?}", task.path)))?;
+        let handle = ctx
+            .workflow_handle::<RunWorkflow>()
+            .ok_or_else(|| fail("a model turn runs only inside a run's workflow"))?;
+        let mut stream = parts.turn(
+            task.frame,
+            task.step,
+            config,
+            task.messages,
+            task.asked_before,
+            task.skip_calls,
+        );
+        let mut beat = tokio::time::interval(HEARTBEAT_EVERY);
+        let mut sent = 0usize;
+        let mut closed = None;
+        loop {
+            let next = tokio::select! {
+                biased;
+                _ = ctx.cancelled() => return Err(ActivityError::cancelled()),
+                n = stream.next() => n,
+                _ = beat.tick() => {
+                    let _ = ctx.record_heartbeat(sent).await;
+                    continue;
+                }
+            };
+            let Some(input) = next else { break };
+            if matches!(input, RunInput::StreamClosed { .. }) {
+                closed = Some(input);
+                continue;
+            }
+            let item = TurnItem {
+                frame: task.frame,
+                step: task.step,
+                index: sent,
+                input,
+            };
+            handle
+                .signal(
+                    RunWorkflow::turn_input,
+                    item,
+                    WorkflowSignalOptions::default(),
+                )
+                .await
+                .map_err(fail)?;
+            sent += 1;
+        }
+        let closed = closed.unwrap_or(RunInput::StreamClosed {
+            frame: task.frame,
+            error: None,
+        });
+        Ok(TurnDone { sent, closed })
+    }
+
+    /// Runs one call, saying it is alive while it runs.
+    #[activity]
+    pub async fn tool_call(
+        self: Arc<Self>,
+        ctx: ActivityContext,
+        task: CallTask,
+    ) -> Result<Outcome, ActivityError> {
+        let (parts, servers) = parts(&task.spec, &self.registry, self.pool.as_ref())
+            .await
+            .map_err(fail)?;
+        let parts = Arc::new(parts);
+        let p = parts.clone();
+        let tool = Arc::new(task.tool);
+        let mut work = tokio::spawn(async move {
+            let _servers = servers;
+            p.execute(task.id, task.call, tool, task.timeout_ms).await
+        });
+        let mut beat = tokio::time::interval(HEARTBEAT_EVERY);
+        loop {
+            tokio::select! {
+                biased;
+                _ = ctx.cancelled() => {
+                    work.abort();
+                    return Err(ActivityError::cancelled());
+                }
+                r = &mut work => {
+                    return r.map_err(fail);
+                }
+                _ = beat.tick() => {
+                    let _ = ctx.record_heartbeat(()).await;
+                }
+            }
+        }
+    }
+}

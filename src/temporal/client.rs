@@ -1,0 +1,218 @@
+//! Talking to Temporal: start a run and wait for its result, decide, cancel, read its journal
+//! and history; and run a worker.
+
+use std::sync::Arc;
+
+use temporalio_client::{
+    Client, ClientOptions, ConnectionOptions, WorkflowCancelOptions, WorkflowExecuteUpdateOptions,
+    WorkflowFetchHistoryOptions, WorkflowGetResultOptions, WorkflowQueryOptions,
+    WorkflowStartOptions,
+};
+use temporalio_sdk::{Runtime, Worker};
+
+use super::activities::DagloopActivities;
+use super::workflow::{RunWorkflow, Snapshot};
+use super::{RunSpec, TemporalError};
+use crate::machine::RunResult;
+use crate::protocol::Op;
+use crate::runs::Pool;
+use crate::tools::Registry;
+
+/// A connection to a Temporal server, bound to a namespace.
+#[derive(Clone)]
+pub struct Connection {
+    client: Client,
+    address: String,
+}
+
+fn request(what: &'static str) -> impl Fn(String) -> TemporalError {
+    move |reason| TemporalError::Request { what, reason }
+}
+
+impl Connection {
+    /// Connects to `address` (`HOST:PORT`, or a URL) in `namespace`.
+    pub async fn connect(address: &str, namespace: &str) -> Result<Self, TemporalError> {
+        let connect = |reason: String| TemporalError::Connect {
+            address: address.to_string(),
+            reason,
+        };
+        let url = if address.contains("://") {
+            address.to_string()
+        } else {
+            format!("http://{address}")
+        };
+        let url = temporalio_client::Url::parse(&url).map_err(|e| connect(e.to_string()))?;
+        let opts = ConnectionOptions::new(url)
+            .identity(format!("dagloop@{}", std::process::id()))
+            .connect_timeout(std::time::Duration::from_secs(10))
+            .build();
+        let conn = temporalio_client::Connection::connect(opts)
+            .await
+            .map_err(|e| connect(e.to_string()))?;
+        let client = Client::new(conn, ClientOptions::new(namespace.to_string()).build())
+            .map_err(|e| connect(e.to_string()))?;
+        Ok(Connection {
+            client,
+            address: address.to_string(),
+        })
+    }
+
+    /// The address it was made to.
+    pub fn address(&self) -> &str {
+        &self.address
+    }
+
+    /// Starts a run as a workflow (its id is the run's) on `task_queue`.
+    pub async fn start(&self, spec: RunSpec, task_queue: &str) -> Result<(), TemporalError> {
+        let id = spec.run_id.clone();
+        self.client
+            .start_workflow(
+                RunWorkflow::run,
+                spec,
+                WorkflowStartOptions::new(task_queue.to_string(), id).build(),
+            )
+            .await
+            .map_err(|e| request("start the run")(e.to_string()))?;
+        Ok(())
+    }
+
+    /// Waits for a run's result.
+    pub async fn result(&self, run: &str) -> Result<RunResult, TemporalError> {
+        self.client
+            .get_workflow_handle::<RunWorkflow>(run)
+            .get_result(WorkflowGetResultOptions::default())
+            .await
+            .map_err(|e| {
+                let reason = e.to_string();
+                if reason.contains("not found") {
+                    TemporalError::UnknownRun {
+                        run: run.to_string(),
+                    }
+                } else {
+                    TemporalError::NoResult {
+                        run: run.to_string(),
+                        reason,
+                    }
+                }
+            })
+    }
+
+    /// Submits a decision; refused with the op's own code when it does not apply (rule 21).
+    pub async fn decide(&self, run: &str, op: Op) -> Result<(), TemporalError> {
+        use temporalio_client::errors::WorkflowUpdateError;
+        let r = self
+            .client
+            .get_workflow_handle::<RunWorkflow>(run)
+            .execute_update(
+                RunWorkflow::decide,
+                op,
+                WorkflowExecuteUpdateOptions::default(),
+            )
+            .await;
+        match r {
+            Ok(_) => Ok(()),
+            Err(WorkflowUpdateError::Failed(f)) => Err(refused(&f.message)),
+            Err(WorkflowUpdateError::NotFound(_)) => Err(TemporalError::UnknownRun {
+                run: run.to_string(),
+            }),
+            Err(e) => Err(request("record the decision")(e.to_string())),
+        }
+    }
+
+    /// Cancels a run (the machine stops it: nothing more launches, running calls are aborted).
+    pub async fn cancel(&self, run: &str, reason: &str) -> Result<(), TemporalError> {
+        self.client
+            .get_workflow_handle::<RunWorkflow>(run)
+            .cancel(WorkflowCancelOptions::builder().reason(reason.to_string()).build())
+            .await
+            .map_err(|e| request("cancel the run")(e.to_string()))
+    }
+
+    /// The run's spec, journal and result, as the workflow holds them.
+    pub async fn snapshot(&self, run: &str) -> Result<Snapshot, TemporalError> {
+        self.client
+            .get_workflow_handle::<RunWorkflow>(run)
+            .query(RunWorkflow::snapshot, (), WorkflowQueryOptions::default())
+            .await
+            .map_err(|e| {
+                let reason = e.to_string();
+                if reason.contains("not found") {
+                    TemporalError::UnknownRun {
+                        run: run.to_string(),
+                    }
+                } else {
+                    request("query the run")(reason)
+                }
+            })
+    }
+
+    /// The run's workflow history, as JSON (what the replay tester reads).
+    pub async fn history_json(&self, run: &str) -> Result<Vec<u8>, TemporalError> {
+        self.client
+            .get_workflow_handle::<RunWorkflow>(run)
+            .fetch_history(WorkflowFetchHistoryOptions::default())
+            .to_json()
+            .await
+            .map_err(|e| request("fetch the history")(e.to_string()))
+    }
+}
+
+/// An op refused by the workflow's validator, whose message starts with the op's code.
+fn refused(message: &str) -> TemporalError {
+    match message.split_once(": ") {
+        Some((code, rest)) if code.starts_with("op.") => TemporalError::Refused {
+            code: code.to_string(),
+            message: rest.to_string(),
+        },
+        _ => TemporalError::Refused {
+            code: "op.refused".into(),
+            message: message.to_string(),
+        },
+    }
+}
+
+/// Where a worker polls.
+#[derive(Debug, Clone)]
+pub struct WorkerOptions {
+    /// The server (`HOST:PORT`).
+    pub address: String,
+    /// The namespace.
+    pub namespace: String,
+    /// The task queue.
+    pub task_queue: String,
+}
+
+/// Runs a worker for runs' workflows and activities (with `registry`'s Rust activities) until
+/// `stop` resolves, then shuts it down, letting running activities finish.
+pub async fn run_worker(
+    opts: &WorkerOptions,
+    registry: Registry,
+    stop: impl std::future::Future<Output = ()>,
+) -> Result<(), TemporalError> {
+    let worker_err = |reason: String| TemporalError::Worker { reason };
+    let conn = Connection::connect(&opts.address, &opts.namespace).await?;
+    let runtime = Runtime::from_current_tokio(Default::default()).map_err(|e| worker_err(e.to_string()))?;
+    let activities = DagloopActivities::new(registry, Some(Pool::default()));
+    let options = temporalio_sdk::WorkerOptions::new(opts.task_queue.clone())
+        .register_activities(activities)
+        .register_workflow::<RunWorkflow>()
+        .map_err(|e| worker_err(e.to_string()))?
+        .build();
+    let mut worker =
+        Worker::new(&runtime, conn.client, options).map_err(|e| worker_err(e.to_string()))?;
+    let shutdown = worker.shutdown_handle();
+    let shutdown = Arc::new(shutdown);
+    let s = shutdown.clone();
+    let run = worker.run();
+    futures::pin_mut!(run);
+    let stopper = async move {
+        stop.await;
+        s();
+        std::future::pending::<()>().await
+    };
+    futures::pin_mut!(stopper);
+    match futures::future::select(run, stopper).await {
+        futures::future::Either::Left((r, _)) => r.map_err(|e| worker_err(e.to_string())),
+        futures::future::Either::Right(_) => Ok(()),
+    }
+}
