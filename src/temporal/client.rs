@@ -112,10 +112,17 @@ impl Connection {
         match r {
             Ok(_) => Ok(()),
             Err(WorkflowUpdateError::Failed(f)) => Err(refused(&f.message)),
-            Err(WorkflowUpdateError::NotFound(_)) => Err(TemporalError::UnknownRun {
-                run: run.to_string(),
-            }),
-            Err(e) => Err(request("record the decision")(e.to_string())),
+            // A finished workflow takes no updates: say why, as the embedded engine does.
+            Err(e) => match self.snapshot(run).await {
+                Ok(Snapshot {
+                    result: Some(r), ..
+                }) => Err(TemporalError::Refused {
+                    code: "op.run_finished".into(),
+                    message: format!("the run has finished ({})", r.status.as_str()),
+                }),
+                Err(TemporalError::UnknownRun { run }) => Err(TemporalError::UnknownRun { run }),
+                _ => Err(request("record the decision")(e.to_string())),
+            },
         }
     }
 
@@ -215,4 +222,25 @@ pub async fn run_worker(
         futures::future::Either::Left((r, _)) => r.map_err(|e| worker_err(e.to_string())),
         futures::future::Either::Right(_) => Ok(()),
     }
+}
+
+/// Replays a run's recorded history (from [`Connection::history_json`]) through this build's
+/// workflow code; an error means the code no longer makes the decisions the history recorded.
+pub async fn replay(history_json: &[u8]) -> Result<(), TemporalError> {
+    use temporalio_sdk::workflow_replayer::{WorkflowReplayer, WorkflowReplayerOptions};
+    let fail = |reason: String| TemporalError::Request {
+        what: "replay the history",
+        reason,
+    };
+    let history = temporalio_client::WorkflowHistory::from_json(history_json)
+        .map_err(|e| fail(e.to_string()))?;
+    let options = WorkflowReplayerOptions::new()
+        .register_workflow::<RunWorkflow>()
+        .map_err(|e| fail(e.to_string()))?
+        .build();
+    let replayer = WorkflowReplayer::new(options).map_err(|e| fail(e.to_string()))?;
+    replayer
+        .replay_workflow(history)
+        .await
+        .map_err(|e| fail(e.to_string()))
 }

@@ -29,7 +29,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 pub use activities::DagloopActivities;
-pub use client::{Connection, WorkerOptions, run_worker};
+pub use client::{Connection, WorkerOptions, replay, run_worker};
 pub use workflow::{RunWorkflow, Snapshot, TurnItem};
 
 use crate::goal::Goal;

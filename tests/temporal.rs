@@ -1,0 +1,392 @@
+//! Runs on Temporal (feature `temporal`), against Temporal's own development server started on a
+//! free loopback port (`DAGLOOP_TEMPORAL`, from `scripts/setup-temporal.sh`; without it each test
+//! prints SKIPPED). Workers are `dagloop worker` processes, or in-process workers for the
+//! examples whose tools are Rust functions.
+#![cfg(feature = "temporal")]
+
+#[path = "common/bin.rs"]
+mod bin;
+#[path = "common/temporal.rs"]
+mod temporal;
+#[path = "../examples/research/tools.rs"]
+mod research_tools;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::Json;
+use axum::extract::State;
+use axum::routing::post;
+use dagloop::goal::Goal;
+use dagloop::runs::RunOptions;
+use dagloop::temporal::{Connection, RunSpec, WorkerOptions};
+use serde_json::{Value, json};
+use temporal::{DevServer, WorkerProcess};
+
+fn examples() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("examples")
+}
+
+fn server() -> Option<DevServer> {
+    let s = DevServer::start();
+    if s.is_none() {
+        println!("SKIPPED: DAGLOOP_TEMPORAL is not set (scripts/setup-temporal.sh prints it)");
+    }
+    s
+}
+
+fn json_of(out: &std::process::Output) -> Value {
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "not JSON ({e}): {}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })
+}
+
+/// A run's result without what differs between runs of the same goal.
+fn comparable(mut v: Value) -> Value {
+    if let Some(o) = v.as_object_mut() {
+        o.remove("run_id");
+    }
+    v
+}
+
+/// Requests per step `n`, and the idempotency keys they carried. Step 1 takes `slow_ms`.
+type Seen = Arc<Mutex<BTreeMap<u64, Vec<String>>>>;
+
+async fn counting_service(slow_ms: u64) -> (String, Seen) {
+    let seen: Seen = Arc::default();
+    let app = axum::Router::new()
+        .route(
+            "/step",
+            post(
+                move |State(s): State<Seen>, headers: axum::http::HeaderMap, Json(body): Json<Value>| async move {
+                    let n = body["n"].as_u64().unwrap_or(0);
+                    let key = headers
+                        .get("idempotency-key")
+                        .and_then(|v| v.to_str().ok())
+                        .unwrap_or("")
+                        .to_string();
+                    s.lock().expect("seen").entry(n).or_default().push(key);
+                    let wait = if n == 1 { slow_ms } else { 10 };
+                    tokio::time::sleep(Duration::from_millis(wait)).await;
+                    Json(json!({"n": n, "v": n * 10}))
+                },
+            ),
+        )
+        .with_state(seen.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let url = format!("http://{}/step", listener.local_addr().expect("addr"));
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (url, seen)
+}
+
+/// A goal of four http calls (1 → 2, 3; then 4 after 2 and 3) on the counting service.
+fn step_goal(dir: &Path, url: &str, approve: Option<&str>, calls: Value) -> PathBuf {
+    let step = json!({"_tool": "step", "_activity": "http", "_idempotent": true,
+        "_http": {"method": "POST", "url": url},
+        "type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]});
+    let mut goal = json!({"goal": "temporal test", "model": "scripted:s.json",
+        "output_schema": {"type": "object", "required": ["total"]}, "tools": [step]});
+    if let Some(p) = approve {
+        goal["approval"] = json!({"policy": p});
+    }
+    let last = calls
+        .as_array()
+        .and_then(|c| c.last())
+        .and_then(|c| c["_outputPath"].as_str())
+        .unwrap_or("†state.a")
+        .to_string();
+    let script = json!({"turns": [
+        {"solution": {"calls": calls, "output": null}, "chunk_chars": 24, "chunk_delay_ms": 2},
+        {"solution": {"calls": [], "output": {"total": last}}, "chunk_chars": 24, "chunk_delay_ms": 2}
+    ]});
+    std::fs::write(dir.join("s.json"), script.to_string()).expect("script");
+    let path = dir.join("goal.json");
+    std::fs::write(&path, goal.to_string()).expect("goal");
+    path
+}
+
+fn four_calls() -> Value {
+    json!([
+        {"_tool": "step", "n": 1, "_outputPath": "†state.a"},
+        {"_tool": "step", "n": 2, "after": "†state.a", "_outputPath": "†state.b"},
+        {"_tool": "step", "n": 3, "_outputPath": "†state.c"},
+        {"_tool": "step", "n": 4, "after": "†state.b && †state.c", "_outputPath": "†state.d"}
+    ])
+}
+
+fn run_temporal(s: &DevServer, queue: &str, goal: &Path, extra: &[&str]) -> std::process::Output {
+    bin::dagloop()
+        .args(["--no-store", "run"])
+        .arg(goal)
+        .args(["--json", "--engine", "temporal", "--temporal", &s.address])
+        .args(["--task-queue", queue])
+        .args(extra)
+        .output()
+        .expect("dagloop run")
+}
+
+fn run_embedded(goal: &Path) -> Value {
+    let out = bin::dagloop()
+        .args(["--no-store", "run"])
+        .arg(goal)
+        .arg("--json")
+        .output()
+        .expect("dagloop run");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    json_of(&out)
+}
+
+fn run_id(out: &std::process::Output) -> String {
+    json_of(out)["run_id"]
+        .as_str()
+        .expect("a run id")
+        .to_string()
+}
+
+/// The workflow's history replays through this build's code; a history whose first activity
+/// is of another type than the code schedules does not (so the check can fail).
+async fn replays(conn: &Connection, run: &str) {
+    let history = conn.history_json(run).await.expect("history");
+    dagloop::temporal::replay(&history)
+        .await
+        .unwrap_or_else(|e| panic!("the recorded history of {run} does not replay: {e}"));
+    let mut v: Value = serde_json::from_slice(&history).expect("history JSON");
+    assert!(rename_first_activity(&mut v), "no activity in the history of {run}");
+    let tampered = serde_json::to_vec(&v).expect("json");
+    assert!(
+        dagloop::temporal::replay(&tampered).await.is_err(),
+        "a history the code disagrees with replayed"
+    );
+}
+
+/// Renames the activity type of the first activity scheduled in a history (JSON).
+fn rename_first_activity(v: &mut Value) -> bool {
+    match v {
+        Value::Object(o) => {
+            for key in ["activityType", "activity_type"] {
+                if let Some(Value::Object(t)) = o.get_mut(key)
+                    && t.contains_key("name")
+                {
+                    t.insert("name".into(), json!("somethingElse"));
+                    return true;
+                }
+            }
+            o.values_mut().any(rename_first_activity)
+        }
+        Value::Array(a) => a.iter_mut().any(rename_first_activity),
+        _ => false,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn examples_run_through_workers_to_the_embedded_results_and_replay() {
+    let Some(s) = server() else { return };
+    let conn = s.connect().await;
+    // The delegate example (a nested agent with its own model), through `dagloop worker`.
+    let _w = WorkerProcess::start(bin::dagloop(), &s, "examples");
+    let goal = examples().join("delegate/goal.json");
+    let out = run_temporal(&s, "examples", &goal, &[]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let on_temporal = json_of(&out);
+    assert_eq!(comparable(on_temporal.clone()), comparable(run_embedded(&goal)));
+    let id = run_id(&out);
+    let show = bin::dagloop()
+        .args(["show", &id, "--json", "--engine", "temporal", "--temporal", &s.address])
+        .output()
+        .expect("show");
+    let shown = json_of(&show);
+    assert_eq!(shown["status"], "succeeded", "{shown}");
+    assert_eq!(shown["calls"].as_array().map(Vec::len), Some(2), "{shown}");
+    replays(&conn, &id).await;
+
+    // The research example's tools are Rust functions: a program runs its own worker.
+    let mut registry = dagloop::tools::Registry::new();
+    research_tools::register(&mut registry);
+    let opts = WorkerOptions {
+        address: s.address.clone(),
+        namespace: "default".into(),
+        task_queue: "research".into(),
+    };
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    // The worker's future is not `Send`: it gets a thread and a runtime of its own.
+    let worker = std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("runtime");
+        rt.block_on(dagloop::temporal::run_worker(&opts, registry, async {
+            let _ = stop_rx.await;
+        }))
+    });
+    let path = examples().join("research/goal.json");
+    let goal = Goal::load(&path).expect("research goal");
+    let spec = RunSpec::new("research-1", &goal, RunOptions::default());
+    conn.start(spec, "research").await.expect("start");
+    let got = conn.result("research-1").await.expect("result");
+    let mut agent = dagloop::engine::AgentBuilder::new(Goal::load(&path).expect("goal"));
+    research_tools::register(agent.registry_mut());
+    let embedded = agent.build().expect("agent").run().await;
+    assert!(got.succeeded(), "{got:?}");
+    assert_eq!(got.output, embedded.output);
+    // The three searches append to `results` as they finish: which finishes first is a race
+    // on either engine (the state's rule is last write wins), so that list is compared as a
+    // set; everything else is compared as it is.
+    let sorted = |mut v: Value| {
+        if let Some(r) = v["results"].as_array_mut() {
+            r.sort_by_key(|x| x.to_string());
+        }
+        v
+    };
+    assert_eq!(sorted(got.state.clone()), sorted(embedded.state.clone()));
+    assert_eq!(got.calls, embedded.calls);
+    replays(&conn, "research-1").await;
+    let _ = stop_tx.send(());
+    let _ = tokio::task::spawn_blocking(move || worker.join()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_killed_mid_run_is_replaced_and_no_completed_call_runs_twice() {
+    let Some(s) = server() else { return };
+    let conn = s.connect().await;
+    let dir = tempfile::tempdir().expect("dir");
+    let (url, seen) = counting_service(3_000).await;
+    let goal = step_goal(dir.path(), &url, None, four_calls());
+    let mut first = WorkerProcess::start(bin::dagloop(), &s, "crash");
+    let out = run_temporal(&s, "crash", &goal, &["--detach"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let id = run_id(&out);
+    // Call 1 is on the service (it takes 3 s) and call 3 is done: the worker dies now.
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let s1 = seen.lock().expect("seen").clone();
+        if s1.contains_key(&1) && s1.contains_key(&3) {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "the calls never came");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    first.kill();
+    let _second = WorkerProcess::start(bin::dagloop(), &s, "crash");
+    let result = tokio::time::timeout(Duration::from_secs(120), conn.result(&id))
+        .await
+        .expect("the run ended")
+        .expect("result");
+    assert!(result.succeeded(), "{result:?}");
+    assert_eq!(result.output, json!({"total": {"n": 4, "v": 40}}));
+    let seen = seen.lock().expect("seen").clone();
+    // Completed calls ran once; call 1, lost with its worker, ran again with the same key.
+    for n in [2, 3, 4] {
+        assert_eq!(seen[&n].len(), 1, "call {n} ran {:?}", seen[&n]);
+    }
+    let keys = &seen[&1];
+    assert_eq!(keys.len(), 2, "{keys:?}");
+    assert!(keys.iter().all(|k| k == &format!("{id}:1")), "{keys:?}");
+    // The journal says so too: call 1 was interrupted once, then done.
+    let snap = conn.snapshot(&id).await.expect("snapshot");
+    let interrupted = snap
+        .journal
+        .iter()
+        .filter(|e| matches!(e.input, dagloop::machine::RunInput::Interrupted { .. }))
+        .count();
+    assert_eq!(interrupted, 1);
+    replays(&conn, &id).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_workers_share_a_batch_of_twenty_runs() {
+    let Some(s) = server() else { return };
+    let conn = s.connect().await;
+    let dir = tempfile::tempdir().expect("dir");
+    let (url, seen) = counting_service(10).await;
+    let goal_path = step_goal(dir.path(), &url, None, four_calls());
+    let goal = Goal::load(&goal_path).expect("goal");
+    let a = WorkerProcess::start(bin::dagloop(), &s, "batch");
+    let b = WorkerProcess::start(bin::dagloop(), &s, "batch");
+    let ids: Vec<String> = (0..20).map(|i| format!("batch-{i}")).collect();
+    for id in &ids {
+        let spec = RunSpec::new(id.clone(), &goal, RunOptions::default());
+        conn.start(spec, "batch").await.expect("start");
+    }
+    let mut identities = std::collections::BTreeSet::new();
+    for id in &ids {
+        let r = tokio::time::timeout(Duration::from_secs(120), conn.result(id))
+            .await
+            .expect("ended")
+            .expect("result");
+        assert!(r.succeeded(), "{id}: {r:?}");
+        assert_eq!(r.output, json!({"total": {"n": 4, "v": 40}}));
+        let history = String::from_utf8(conn.history_json(id).await.expect("history"))
+            .expect("utf-8");
+        for pid in [a.pid(), b.pid()] {
+            if history.contains(&format!("dagloop@{pid}")) {
+                identities.insert(pid);
+            }
+        }
+    }
+    assert_eq!(identities.len(), 2, "both workers took part");
+    let seen = seen.lock().expect("seen");
+    assert!(seen.values().all(|k| k.len() == 20), "every call of every run ran once");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_approval_is_decided_by_update_after_the_worker_restarted() {
+    let Some(s) = server() else { return };
+    let conn = s.connect().await;
+    let dir = tempfile::tempdir().expect("dir");
+    let (url, seen) = counting_service(10).await;
+    let calls = json!([{"_tool": "step", "n": 1, "_outputPath": "†state.a"}]);
+    let goal = step_goal(dir.path(), &url, Some("ask"), calls);
+    let mut first = WorkerProcess::start(bin::dagloop(), &s, "review");
+    let out = run_temporal(&s, "review", &goal, &["--detach"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let id = run_id(&out);
+    let show = || {
+        json_of(
+            &bin::dagloop()
+                .args(["show", &id, "--json", "--engine", "temporal", "--temporal", &s.address])
+                .output()
+                .expect("show"),
+        )
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while show()["calls"][0]["status"] != "awaiting_approval" {
+        assert!(std::time::Instant::now() < deadline, "never awaited: {}", show());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    first.kill();
+    let _second = WorkerProcess::start(bin::dagloop(), &s, "review");
+    let decide = |call: &str| {
+        bin::dagloop()
+            .args(["decide", &id, call, "--engine", "temporal", "--temporal", &s.address])
+            .arg("approve")
+            .output()
+            .expect("decide")
+    };
+    // Rule 21: a decision that does not apply is refused, with the op's code.
+    let refused = decide("7");
+    assert_eq!(refused.status.code(), Some(1));
+    assert_eq!(json_of(&refused)["error"]["code"], "op.unknown_call");
+    let ok = decide("1");
+    assert!(ok.status.success(), "{}", String::from_utf8_lossy(&ok.stdout));
+    let r = tokio::time::timeout(Duration::from_secs(120), conn.result(&id))
+        .await
+        .expect("ended")
+        .expect("result");
+    assert!(r.succeeded(), "{r:?}");
+    assert_eq!(r.calls[0].decision.as_deref(), Some("approve"));
+    assert_eq!(seen.lock().expect("seen")[&1].len(), 1);
+    // Decided again once the run is over: refused.
+    let late = decide("1");
+    assert_eq!(late.status.code(), Some(1));
+    replays(&conn, &id).await;
+}
