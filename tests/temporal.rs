@@ -6,10 +6,12 @@
 
 #[path = "common/bin.rs"]
 mod bin;
-#[path = "common/temporal.rs"]
-mod temporal;
+#[path = "../examples/refund/tools.rs"]
+mod refund_tools;
 #[path = "../examples/research/tools.rs"]
 mod research_tools;
+#[path = "common/temporal.rs"]
+mod temporal;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -64,7 +66,9 @@ async fn counting_service(slow_ms: u64) -> (String, Seen) {
         .route(
             "/step",
             post(
-                move |State(s): State<Seen>, headers: axum::http::HeaderMap, Json(body): Json<Value>| async move {
+                move |State(s): State<Seen>,
+                      headers: axum::http::HeaderMap,
+                      Json(body): Json<Value>| async move {
                     let n = body["n"].as_u64().unwrap_or(0);
                     let key = headers
                         .get("idempotency-key")
@@ -140,7 +144,11 @@ fn run_embedded(goal: &Path) -> Value {
         .arg("--json")
         .output()
         .expect("dagloop run");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     json_of(&out)
 }
 
@@ -159,7 +167,10 @@ async fn replays(conn: &Connection, run: &str) {
         .await
         .unwrap_or_else(|e| panic!("the recorded history of {run} does not replay: {e}"));
     let mut v: Value = serde_json::from_slice(&history).expect("history JSON");
-    assert!(rename_first_activity(&mut v), "no activity in the history of {run}");
+    assert!(
+        rename_first_activity(&mut v),
+        "no activity in the history of {run}"
+    );
     let tampered = serde_json::to_vec(&v).expect("json");
     assert!(
         dagloop::temporal::replay(&tampered).await.is_err(),
@@ -194,12 +205,27 @@ async fn examples_run_through_workers_to_the_embedded_results_and_replay() {
     let _w = WorkerProcess::start(bin::dagloop(), &s, "examples");
     let goal = examples().join("delegate/goal.json");
     let out = run_temporal(&s, "examples", &goal, &[]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let on_temporal = json_of(&out);
-    assert_eq!(comparable(on_temporal.clone()), comparable(run_embedded(&goal)));
+    assert_eq!(
+        comparable(on_temporal.clone()),
+        comparable(run_embedded(&goal))
+    );
     let id = run_id(&out);
     let show = bin::dagloop()
-        .args(["show", &id, "--json", "--engine", "temporal", "--temporal", &s.address])
+        .args([
+            "show",
+            &id,
+            "--json",
+            "--engine",
+            "temporal",
+            "--temporal",
+            &s.address,
+        ])
         .output()
         .expect("show");
     let shown = json_of(&show);
@@ -207,9 +233,11 @@ async fn examples_run_through_workers_to_the_embedded_results_and_replay() {
     assert_eq!(shown["calls"].as_array().map(Vec::len), Some(2), "{shown}");
     replays(&conn, &id).await;
 
-    // The research example's tools are Rust functions: a program runs its own worker.
+    // The research and refund examples' tools are Rust functions: a program runs its own
+    // worker, with them registered.
     let mut registry = dagloop::tools::Registry::new();
     research_tools::register(&mut registry);
+    refund_tools::register(&mut registry);
     let opts = WorkerOptions {
         address: s.address.clone(),
         namespace: "default".into(),
@@ -249,8 +277,85 @@ async fn examples_run_through_workers_to_the_embedded_results_and_replay() {
     assert_eq!(sorted(got.state.clone()), sorted(embedded.state.clone()));
     assert_eq!(got.calls, embedded.calls);
     replays(&conn, "research-1").await;
+    let path = examples().join("refund/goal.json");
+    let goal = Goal::load(&path).expect("refund goal");
+    conn.start(
+        RunSpec::new("refund-1", &goal, RunOptions::default()),
+        "research",
+    )
+    .await
+    .expect("start");
+    let got = conn.result("refund-1").await.expect("result");
+    let mut agent = dagloop::engine::AgentBuilder::new(Goal::load(&path).expect("goal"));
+    refund_tools::register(agent.registry_mut());
+    let embedded = agent.build().expect("agent").run().await;
+    assert!(got.succeeded(), "{got:?}");
+    assert_eq!(
+        (&got.output, &got.state, &got.calls, got.steps),
+        (
+            &embedded.output,
+            &embedded.state,
+            &embedded.calls,
+            embedded.steps
+        )
+    );
     let _ = stop_tx.send(());
     let _ = tokio::task::spawn_blocking(move || worker.join()).await;
+
+    // The mcp-files example: its MCP server started by the worker (shared between the runs it
+    // serves), each engine on a fresh directory.
+    let Ok(npm) = std::env::var("DAGLOOP_MCP_NPM") else {
+        println!(
+            "SKIPPED the mcp-files example: DAGLOOP_MCP_NPM is not set (scripts/setup-mcp.sh)"
+        );
+        return;
+    };
+    let (on_temporal_dir, embedded_dir) = (
+        tempfile::tempdir().expect("dir"),
+        tempfile::tempdir().expect("dir"),
+    );
+    let mut worker = bin::dagloop();
+    worker
+        .env("DAGLOOP_MCP_NPM", &npm)
+        .env("DAGLOOP_MCP_FILES_DIR", on_temporal_dir.path());
+    let _files = WorkerProcess::start(worker, &s, "files");
+    let goal = examples().join("mcp-files/goal.json");
+    let out = bin::dagloop()
+        .env("DAGLOOP_MCP_NPM", &npm)
+        .env("DAGLOOP_MCP_FILES_DIR", on_temporal_dir.path())
+        .args(["--no-store", "run"])
+        .arg(&goal)
+        .args([
+            "--json",
+            "--engine",
+            "temporal",
+            "--temporal",
+            &s.address,
+            "--task-queue",
+            "files",
+        ])
+        .output()
+        .expect("run");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let embedded = bin::dagloop()
+        .env("DAGLOOP_MCP_NPM", &npm)
+        .env("DAGLOOP_MCP_FILES_DIR", embedded_dir.path())
+        .args(["--no-store", "run"])
+        .arg(&goal)
+        .arg("--json")
+        .output()
+        .expect("run");
+    // The directory's path is in the listing the server returns; it is the only difference.
+    let text = |o: &std::process::Output, dir: &Path| {
+        String::from_utf8_lossy(&o.stdout).replace(&dir.display().to_string(), "DIR")
+    };
+    let a: Value = serde_json::from_str(&text(&out, on_temporal_dir.path())).expect("json");
+    let b: Value = serde_json::from_str(&text(&embedded, embedded_dir.path())).expect("json");
+    assert_eq!(comparable(a), comparable(b));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -262,7 +367,11 @@ async fn a_worker_killed_mid_run_is_replaced_and_no_completed_call_runs_twice() 
     let goal = step_goal(dir.path(), &url, None, four_calls());
     let mut first = WorkerProcess::start(bin::dagloop(), &s, "crash");
     let out = run_temporal(&s, "crash", &goal, &["--detach"]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let id = run_id(&out);
     // Call 1 is on the service (it takes 3 s) and call 3 is done: the worker dies now.
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
@@ -325,8 +434,8 @@ async fn two_workers_share_a_batch_of_twenty_runs() {
             .expect("result");
         assert!(r.succeeded(), "{id}: {r:?}");
         assert_eq!(r.output, json!({"total": {"n": 4, "v": 40}}));
-        let history = String::from_utf8(conn.history_json(id).await.expect("history"))
-            .expect("utf-8");
+        let history =
+            String::from_utf8(conn.history_json(id).await.expect("history")).expect("utf-8");
         for pid in [a.pid(), b.pid()] {
             if history.contains(&format!("dagloop@{pid}")) {
                 identities.insert(pid);
@@ -335,7 +444,10 @@ async fn two_workers_share_a_batch_of_twenty_runs() {
     }
     assert_eq!(identities.len(), 2, "both workers took part");
     let seen = seen.lock().expect("seen");
-    assert!(seen.values().all(|k| k.len() == 20), "every call of every run ran once");
+    assert!(
+        seen.values().all(|k| k.len() == 20),
+        "every call of every run ran once"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -348,26 +460,50 @@ async fn an_approval_is_decided_by_update_after_the_worker_restarted() {
     let goal = step_goal(dir.path(), &url, Some("ask"), calls);
     let mut first = WorkerProcess::start(bin::dagloop(), &s, "review");
     let out = run_temporal(&s, "review", &goal, &["--detach"]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let id = run_id(&out);
     let show = || {
         json_of(
             &bin::dagloop()
-                .args(["show", &id, "--json", "--engine", "temporal", "--temporal", &s.address])
+                .args([
+                    "show",
+                    &id,
+                    "--json",
+                    "--engine",
+                    "temporal",
+                    "--temporal",
+                    &s.address,
+                ])
                 .output()
                 .expect("show"),
         )
     };
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
     while show()["calls"][0]["status"] != "awaiting_approval" {
-        assert!(std::time::Instant::now() < deadline, "never awaited: {}", show());
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never awaited: {}",
+            show()
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     first.kill();
     let _second = WorkerProcess::start(bin::dagloop(), &s, "review");
     let decide = |call: &str| {
         bin::dagloop()
-            .args(["decide", &id, call, "--engine", "temporal", "--temporal", &s.address])
+            .args([
+                "decide",
+                &id,
+                call,
+                "--engine",
+                "temporal",
+                "--temporal",
+                &s.address,
+            ])
             .arg("approve")
             .output()
             .expect("decide")
@@ -377,7 +513,11 @@ async fn an_approval_is_decided_by_update_after_the_worker_restarted() {
     assert_eq!(refused.status.code(), Some(1));
     assert_eq!(json_of(&refused)["error"]["code"], "op.unknown_call");
     let ok = decide("1");
-    assert!(ok.status.success(), "{}", String::from_utf8_lossy(&ok.stdout));
+    assert!(
+        ok.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ok.stdout)
+    );
     let r = tokio::time::timeout(Duration::from_secs(120), conn.result(&id))
         .await
         .expect("ended")

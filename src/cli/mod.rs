@@ -147,7 +147,11 @@ impl TemporalArgs {
     pub fn address(&self) -> String {
         self.temporal
             .clone()
-            .or_else(|| std::env::var("TEMPORAL_ADDRESS").ok().filter(|a| !a.is_empty()))
+            .or_else(|| {
+                std::env::var("TEMPORAL_ADDRESS")
+                    .ok()
+                    .filter(|a| !a.is_empty())
+            })
             .unwrap_or_else(|| "127.0.0.1:7233".into())
     }
 }

@@ -42,6 +42,9 @@ mod on {
             ));
         }
         let goal = Goal::load(path).map_err(|e| CliError::new(e.code(), &e))?;
+        let goal = crate::runs::with_mcp_tools(goal)
+            .await
+            .map_err(|e| CliError::new(e.code(), &e))?;
         // The same checks as the embedded engine's, before anything is started.
         crate::engine::config_for(&goal).map_err(|e| CliError::new(e.code(), &e))?;
         crate::runs::policy_for(&goal, opts.approve.as_deref())

@@ -230,6 +230,24 @@ pub fn spawn_op_poller(
     })
 }
 
+/// `goal` with its MCP servers' tools listed among its own (the servers are started to list
+/// them, then stopped): for an engine whose run is built where the servers cannot be started
+/// (a Temporal workflow), so that its calls to those tools are known. The engine that runs the
+/// calls starts the servers again and puts the same tools back with their activities.
+pub async fn with_mcp_tools(mut goal: Goal) -> Result<Goal, RunsError> {
+    if let Some((tools, activities, servers)) = start_mcp(&goal, None).await? {
+        drop(servers);
+        // The tools `builder_for` gives the run: those the servers can run.
+        let runnable: std::collections::BTreeSet<String> =
+            activities.into_iter().map(|(name, _)| name).collect();
+        for t in tools.into_iter().filter(|t| runnable.contains(&t.name)) {
+            goal.tools.retain(|g| g.name != t.name);
+            goal.tools.push(t);
+        }
+    }
+    Ok(goal)
+}
+
 type McpStart = (Vec<Tool>, Vec<(String, Arc<dyn Activity>)>, Servers);
 
 #[cfg(feature = "mcp")]

@@ -15,6 +15,7 @@ mod view;
 
 pub use launch::{
     Host, Launched, Pool, Prepared, Review, Servers, builder_for, now_ms, prepare, spawn_op_poller,
+    with_mcp_tools,
 };
 pub use options::{RunOptions, policy_for};
 pub use view::{Rebuilt, describe, rebuild};

@@ -84,7 +84,12 @@ pub(super) async fn parts(
     registry: &Registry,
     pool: Option<&Pool>,
 ) -> Result<(Parts, Option<Servers>), RunsError> {
-    let goal = spec.goal()?;
+    let mut goal = spec.goal()?;
+    // The MCP tools the spec lists (`runs::with_mcp_tools`) come back from the servers, with
+    // their activities.
+    if !goal.mcp_servers.is_empty() {
+        goal.tools.retain(|t| t.activity.as_deref() != Some("mcp"));
+    }
     let (builder, servers) = builder_for(registry.clone(), goal, &spec.options, pool).await?;
     let agent = builder
         .external_review()

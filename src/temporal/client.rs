@@ -130,7 +130,11 @@ impl Connection {
     pub async fn cancel(&self, run: &str, reason: &str) -> Result<(), TemporalError> {
         self.client
             .get_workflow_handle::<RunWorkflow>(run)
-            .cancel(WorkflowCancelOptions::builder().reason(reason.to_string()).build())
+            .cancel(
+                WorkflowCancelOptions::builder()
+                    .reason(reason.to_string())
+                    .build(),
+            )
             .await
             .map_err(|e| request("cancel the run")(e.to_string()))
     }
@@ -198,7 +202,8 @@ pub async fn run_worker(
 ) -> Result<(), TemporalError> {
     let worker_err = |reason: String| TemporalError::Worker { reason };
     let conn = Connection::connect(&opts.address, &opts.namespace).await?;
-    let runtime = Runtime::from_current_tokio(Default::default()).map_err(|e| worker_err(e.to_string()))?;
+    let runtime =
+        Runtime::from_current_tokio(Default::default()).map_err(|e| worker_err(e.to_string()))?;
     let activities = DagloopActivities::new(registry, Some(Pool::default()));
     let options = temporalio_sdk::WorkerOptions::new(opts.task_queue.clone())
         .register_activities(activities)

@@ -11,11 +11,11 @@ use futures::future::LocalBoxFuture;
 use futures::{FutureExt, select_biased};
 use serde::{Deserialize, Serialize};
 use temporalio_macros::{workflow, workflow_methods};
-use temporalio_workflow::RetryPolicy;
 use temporalio_sdk::{
-    ActivityExecutionError, ActivityOptions, SyncWorkflowContext,
-    WorkflowCancellationToken, WorkflowContext, WorkflowContextView, WorkflowResult,
+    ActivityExecutionError, ActivityOptions, SyncWorkflowContext, WorkflowCancellationToken,
+    WorkflowContext, WorkflowContextView, WorkflowResult,
 };
+use temporalio_workflow::RetryPolicy;
 
 use super::RunSpec;
 use super::activities::{CallTask, DagloopActivities, TurnDone, TurnTask};
@@ -425,7 +425,9 @@ impl Performer {
     ) {
         let (spec, path) = ctx.state(|s| {
             let root = s.machine.as_ref().map(|m| m.root().clone());
-            let path = root.and_then(|r| config_path(&r, config)).unwrap_or_default();
+            let path = root
+                .and_then(|r| config_path(&r, config))
+                .unwrap_or_default();
             (s.spec.clone(), path)
         });
         let model = config.model.clone();
@@ -477,7 +479,7 @@ impl Performer {
                 Done::Turn {
                     frame,
                     step,
-                    result: r.map_err(|e| e.to_string()),
+                    result: r.map_err(|e| describe(&e)),
                 }
             }
             .boxed_local(),
@@ -595,6 +597,18 @@ fn machine_for(spec: &RunSpec) -> Result<RunMachine, crate::runs::RunsError> {
     );
     m.keep_launched(true);
     Ok(m)
+}
+
+/// An activity's failure with its causes (the worker's own message is one of them).
+fn describe(e: &ActivityExecutionError) -> String {
+    let mut text = e.to_string();
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text
 }
 
 fn now_ms(ctx: &WorkflowContext<RunWorkflow>) -> u64 {

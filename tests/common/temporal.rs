@@ -75,7 +75,13 @@ impl WorkerProcess {
     /// Starts `dagloop worker` (the binary at `bin`) on `queue`.
     pub fn start(mut command: Command, server: &DevServer, queue: &str) -> WorkerProcess {
         let child = command
-            .args(["worker", "--temporal", &server.address, "--task-queue", queue])
+            .args([
+                "worker",
+                "--temporal",
+                &server.address,
+                "--task-queue",
+                queue,
+            ])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
