@@ -530,3 +530,180 @@ async fn an_approval_is_decided_by_update_after_the_worker_restarted() {
     assert_eq!(late.status.code(), Some(1));
     replays(&conn, &id).await;
 }
+
+/// A history's events in order, as (event id, kind, attributes, seconds into the day), the kind
+/// being the name of the attributes' variant in lower camel case
+/// (`activityTaskScheduledEventAttributes`). The history JSON is the SDK's serde form;
+/// protobuf's JSON form is read too.
+fn history_events(v: &Value) -> Vec<(String, String, Value, f64)> {
+    let text = |v: &Value| match v {
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    };
+    let lower_first = |k: &str| {
+        let mut c = k.chars();
+        c.next()
+            .map(|f| f.to_lowercase().chain(c).collect::<String>())
+            .unwrap_or_default()
+    };
+    let Some(events) = v["events"].as_array() else {
+        return Vec::new();
+    };
+    events
+        .iter()
+        .filter_map(|e| {
+            let id = text(if e["event_id"].is_null() {
+                &e["eventId"]
+            } else {
+                &e["event_id"]
+            });
+            // "2026-11-24T13:44:06.062637631Z": the time of day is enough within one test.
+            let time = text(if e["event_time"].is_null() {
+                &e["eventTime"]
+            } else {
+                &e["event_time"]
+            });
+            let clock = time.split('T').nth(1)?.trim_end_matches('Z');
+            let mut hms = clock.split(':').map(|x| x.parse::<f64>().ok());
+            let at = hms.next()?? * 3600.0 + hms.next()?? * 60.0 + hms.next()??;
+            let holder = e.get("attributes").unwrap_or(e).as_object()?;
+            let (k, attrs) = holder
+                .iter()
+                .find(|(k, _)| k.ends_with("EventAttributes"))?;
+            Some((id, lower_first(k), attrs.clone(), at))
+        })
+        .collect()
+}
+
+/// A field of a history event's attributes, under its snake_case or camelCase name.
+fn field<'a>(attrs: &'a Value, snake: &str, camel: &str) -> &'a Value {
+    if attrs[snake].is_null() {
+        &attrs[camel]
+    } else {
+        &attrs[snake]
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_starts_on_temporal_while_the_model_still_streams() {
+    // Rule 9 on Temporal: the model activity signals each call as it closes, so the call's
+    // activity is scheduled before the model's turn ends (read off the recorded history).
+    let Some(s) = server() else { return };
+    let conn = s.connect().await;
+    let dir = tempfile::tempdir().expect("dir");
+    let (url, _seen) = counting_service(10).await;
+    let calls = json!([
+        {"_tool": "step", "n": 1, "_outputPath": "†state.a"},
+        {"_tool": "step", "n": 3, "note": "a long tail the model is still writing when call 1 has closed", "_outputPath": "†state.c"},
+        {"_tool": "step", "n": 2, "after": "†state.a && †state.c", "_outputPath": "†state.b"}
+    ]);
+    let goal = step_goal(dir.path(), &url, None, calls.clone());
+    // About 2 s of streaming after call 1 closes: 4 characters every 40 ms.
+    let script = json!({"turns": [
+        {"solution": {"calls": calls, "output": null}, "chunk_chars": 4, "chunk_delay_ms": 40},
+        {"solution": {"calls": [], "output": {"total": "†state.b"}}}
+    ]});
+    std::fs::write(dir.path().join("s.json"), script.to_string()).expect("script");
+    let _worker = WorkerProcess::start(bin::dagloop(), &s, "stream");
+    let out = run_temporal(&s, "stream", &goal, &[]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(json_of(&out)["output"], json!({"total": {"n": 2, "v": 20}}));
+    let id = run_id(&out);
+    let history: Value =
+        serde_json::from_slice(&conn.history_json(&id).await.expect("history")).expect("json");
+    let events = history_events(&history);
+    let mut names = BTreeMap::new();
+    let mut first_tool = None;
+    let mut first_turn_done = None;
+    for (i, (eid, kind, attrs, _)) in events.iter().enumerate() {
+        if kind == "activityTaskScheduledEventAttributes" {
+            let name = field(attrs, "activity_type", "activityType")["name"]
+                .as_str()
+                .unwrap_or("")
+                .to_string();
+            if name.contains("tool_call") && first_tool.is_none() {
+                first_tool = Some(i);
+            }
+            names.insert(eid.clone(), name);
+        }
+        if kind == "activityTaskCompletedEventAttributes" {
+            let sched = match field(attrs, "scheduled_event_id", "scheduledEventId") {
+                Value::String(s) => s.clone(),
+                other => other.to_string(),
+            };
+            if names.get(&sched).is_some_and(|n| n.contains("model_turn"))
+                && first_turn_done.is_none()
+            {
+                first_turn_done = Some(i);
+            }
+        }
+    }
+    let (Some(tool), Some(turn)) = (first_tool, first_turn_done) else {
+        panic!("no tool call or no finished model turn in the history: {names:?}")
+    };
+    assert!(
+        tool < turn,
+        "the first call was scheduled (event {tool}) only after the model's turn ended (event {turn})"
+    );
+    // Well before: the model had about 2 s of stream left after call 1 closed.
+    let ahead = events[turn].3 - events[tool].3;
+    assert!(
+        ahead > 1.0,
+        "call 1 was scheduled only {ahead:.3} s before the model's turn ended"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ctrl_c_cancels_the_workflow_and_the_run_ends_cancelled() {
+    let Some(s) = server() else { return };
+    let conn = s.connect().await;
+    let dir = tempfile::tempdir().expect("dir");
+    let (url, seen) = counting_service(60_000).await;
+    let goal = step_goal(dir.path(), &url, None, four_calls());
+    let _worker = WorkerProcess::start(bin::dagloop(), &s, "cancel");
+    let child = bin::dagloop()
+        .args(["--no-store", "run"])
+        .arg(&goal)
+        .args(["--json", "--engine", "temporal", "--temporal", &s.address])
+        .args(["--task-queue", "cancel"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("dagloop run");
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while !seen.lock().expect("seen").contains_key(&1) {
+        assert!(std::time::Instant::now() < deadline, "call 1 never came");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let started = std::time::Instant::now();
+    let sent = std::process::Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .expect("kill -INT");
+    assert!(sent.success());
+    let out = tokio::task::spawn_blocking(move || child.wait_with_output())
+        .await
+        .expect("join")
+        .expect("wait");
+    // The run did not wait for call 1's minute on the service.
+    assert!(started.elapsed() < Duration::from_secs(30));
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v = json_of(&out);
+    assert_eq!(v["status"], "cancelled", "{v}");
+    assert_eq!(v["error"]["code"], "run.cancelled", "{v}");
+    // The workflow itself ended, with the same result.
+    let id = v["run_id"].as_str().expect("run id").to_string();
+    let r = conn.result(&id).await.expect("result");
+    assert_eq!(r.status.as_str(), "cancelled");
+    // Call 4 (after 2 and 3, which wait on call 1) never ran.
+    assert!(!seen.lock().expect("seen").contains_key(&4));
+}

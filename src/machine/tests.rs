@@ -442,3 +442,36 @@ fn the_same_journal_gives_the_same_events() {
             .any(|e| e.kind.name() == "request_started" && e.step == 2)
     );
 }
+
+#[test]
+fn an_interrupted_call_reruns_when_idempotent_and_is_presented_again_otherwise() {
+    // What a lost activity becomes (Temporal: the worker running it died).
+    let tools = json!({"tools": [
+        {"_tool": "again", "_activity": "rust", "_idempotent": true, "type": "object"},
+        {"_tool": "once", "_activity": "rust", "type": "object"}]});
+    let mut m = machine(tools, Policy::auto());
+    // A machine whose launched calls can be lost keeps them (the workflow's does).
+    m.keep_launched(true);
+    m.handle(RunInput::Start, 0);
+    let a = turn(
+        &mut m,
+        &[json!({"_tool": "again"}), json!({"_tool": "once"})],
+        Value::Null,
+        1,
+    );
+    let launched = |a: &[Action], n: u64| {
+        a.iter()
+            .filter(|x| matches!(x, Action::Launch { id, .. } if *id == CallId(n)))
+            .count()
+    };
+    assert_eq!((launched(&a, 1), launched(&a, 2)), (1, 1));
+    let a = m.handle(RunInput::Interrupted { call: CallId(1) }, 2);
+    assert_eq!(launched(&a, 1), 1, "the idempotent call runs again: {a:?}");
+    let a = m.handle(RunInput::Interrupted { call: CallId(2) }, 3);
+    assert_eq!(launched(&a, 2), 0, "{a:?}");
+    assert!(
+        a.iter().any(|x| matches!(x, Action::Emit(e)
+            if matches!(&e.kind, crate::protocol::EventKind::ApprovalRequested { interrupted: true, .. }))),
+        "the other goes back to a reviewer, flagged, whatever the policy: {a:?}"
+    );
+}
