@@ -102,4 +102,36 @@ fn main() {
         "{}",
         json!({"workload": "merge_1000_paths", "writes": N, "view_ms": (view_ms * 100.0).round() / 100.0, "point_read_ns": merged_ns.round()})
     );
+
+    // 5. The state shown to the model at every step of a 200-step run, each step making 50
+    //    writes to the same 10 paths (so the state stays small while the log grows): `view`
+    //    (kept up to date) beside replaying the kind's log (`get` of its root, what `view` did
+    //    before), at the first and the last 20 steps.
+    let mut s = State::new();
+    let (mut view_us, mut replay_us) = (Vec::new(), Vec::new());
+    for step in 0..200usize {
+        for j in 0..50usize {
+            s.write(
+                key(j % 10),
+                json!({"step": step, "j": j}),
+                OutputMethod::Set,
+                None,
+                (step * 50 + j) as u64,
+            );
+        }
+        let t = Instant::now();
+        let v = black_box(s.view("state"));
+        view_us.push(t.elapsed().as_secs_f64() * 1e6);
+        let t = Instant::now();
+        let r = black_box(s.get(&Path::root("state")));
+        replay_us.push(t.elapsed().as_secs_f64() * 1e6);
+        assert_eq!(v, r);
+    }
+    let mean = |v: &[f64]| (v.iter().sum::<f64>() / v.len() as f64 * 10.0).round() / 10.0;
+    println!(
+        "{}",
+        json!({"workload": "view_per_step", "steps": 200, "writes_per_step": 50,
+            "view_us_first_20": mean(&view_us[..20]), "view_us_last_20": mean(&view_us[180..]),
+            "replay_us_first_20": mean(&replay_us[..20]), "replay_us_last_20": mean(&replay_us[180..])})
+    );
 }

@@ -70,4 +70,27 @@ proptest! {
             prop_assert_eq!(state.get(r), replay(&writes, r), "reading {}", r);
         }
     }
+
+    #[test]
+    fn views_kept_up_to_date_equal_replay(
+        writes in prop::collection::vec((path(), method(), value(), any::<bool>()), 0..32),
+    ) {
+        // `view` keeps each kind's merged value and applies only newer writes: viewed after
+        // any write, and cloned midway, it equals a replay of the log so far.
+        let mut state = State::new();
+        let mut so_far = Vec::new();
+        for (i, (p, m, v, look)) in writes.iter().enumerate() {
+            state.write(p.clone(), v.clone(), *m, None, i as u64);
+            so_far.push((p.clone(), *m, v.clone()));
+            if *look {
+                for kind in ["state", "input"] {
+                    let root = Path::root(kind);
+                    prop_assert_eq!(state.view(kind), replay(&so_far, &root), "after write {}", i);
+                }
+                let copy = state.clone();
+                prop_assert_eq!(copy.view("state"), replay(&so_far, &Path::root("state")));
+            }
+        }
+        prop_assert_eq!(state.view("state"), state.get(&Path::root("state")));
+    }
 }

@@ -231,6 +231,28 @@ async fn examples_run_through_workers_to_the_embedded_results_and_replay() {
     let shown = json_of(&show);
     assert_eq!(shown["status"], "succeeded", "{shown}");
     assert_eq!(shown["calls"].as_array().map(Vec::len), Some(2), "{shown}");
+    // Temporal's own CLI asks the same query (README: `--type describe`).
+    let cli = std::env::var("DAGLOOP_TEMPORAL").expect("DAGLOOP_TEMPORAL");
+    let asked = std::process::Command::new(cli)
+        .args([
+            "workflow",
+            "query",
+            "--address",
+            &s.address,
+            "--workflow-id",
+            &id,
+        ])
+        .args(["--type", "describe", "--output", "json"])
+        .output()
+        .expect("temporal workflow query");
+    let text = String::from_utf8_lossy(&asked.stdout);
+    assert!(
+        asked.status.success()
+            && text.contains("\"journal_entries\"")
+            && text.contains("succeeded"),
+        "{text}{}",
+        String::from_utf8_lossy(&asked.stderr)
+    );
     replays(&conn, &id).await;
 
     // The research and refund examples' tools are Rust functions: a program runs its own

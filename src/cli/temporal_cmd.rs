@@ -90,20 +90,25 @@ mod on {
         Ok(0)
     }
 
-    /// Describes a run from the journal its workflow holds, with the embedded engine's code.
+    /// Describes a run as its workflow describes it (a query running the embedded engine's
+    /// code over the journal it holds): only the description crosses the network.
     pub async fn show(run: &str, json_out: bool, t: &TemporalArgs) -> Result<i32, CliError> {
         let conn = connect(t).await?;
-        let snap = conn.snapshot(run).await.map_err(err)?;
-        let rb = crate::runs::rebuild(&snap.spec.record(), &snap.journal)
-            .map_err(|e| CliError::new(e.code(), &e))?;
-        let out = crate::runs::describe(
-            run,
-            &rb,
-            snap.journal.len(),
-            snap.result.as_ref(),
-            snap.result.is_none(),
-        );
-        runs::print_description(&out, snap.journal.len(), snap.result.as_ref(), json_out)
+        let d = conn.describe(run).await.map_err(err)?;
+        if let Some(e) = &d.error {
+            return Err(CliError::new(
+                e["code"].as_str().unwrap_or("runs.rebuild").to_string(),
+                e["message"]
+                    .as_str()
+                    .unwrap_or("the run could not be described"),
+            ));
+        }
+        runs::print_description(
+            &d.description,
+            d.journal_entries,
+            d.result.as_ref(),
+            json_out,
+        )
     }
 
     /// Runs a worker until Ctrl-C or SIGTERM.

@@ -11,7 +11,7 @@ use temporalio_client::{
 use temporalio_sdk::{Runtime, Worker};
 
 use super::activities::DagloopActivities;
-use super::workflow::{RunWorkflow, Snapshot};
+use super::workflow::{Described, RunWorkflow, Snapshot};
 use super::{RunSpec, TemporalError};
 use crate::machine::RunResult;
 use crate::protocol::Op;
@@ -145,16 +145,16 @@ impl Connection {
             .get_workflow_handle::<RunWorkflow>(run)
             .query(RunWorkflow::snapshot, (), WorkflowQueryOptions::default())
             .await
-            .map_err(|e| {
-                let reason = e.to_string();
-                if reason.contains("not found") {
-                    TemporalError::UnknownRun {
-                        run: run.to_string(),
-                    }
-                } else {
-                    request("query the run")(reason)
-                }
-            })
+            .map_err(|e| query_failed(run, e.to_string()))
+    }
+
+    /// The run described inside its workflow, as `dagloop show` prints it.
+    pub async fn describe(&self, run: &str) -> Result<Described, TemporalError> {
+        self.client
+            .get_workflow_handle::<RunWorkflow>(run)
+            .query(RunWorkflow::describe, (), WorkflowQueryOptions::default())
+            .await
+            .map_err(|e| query_failed(run, e.to_string()))
     }
 
     /// The run's workflow history, as JSON (what the replay tester reads).
@@ -248,4 +248,15 @@ pub async fn replay(history_json: &[u8]) -> Result<(), TemporalError> {
         .replay_workflow(history)
         .await
         .map_err(|e| fail(e.to_string()))
+}
+
+/// A query that failed: the run is unknown, or Temporal could not be asked.
+fn query_failed(run: &str, reason: String) -> TemporalError {
+    if reason.contains("not found") {
+        TemporalError::UnknownRun {
+            run: run.to_string(),
+        }
+    } else {
+        request("query the run")(reason)
+    }
 }

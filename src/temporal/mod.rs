@@ -23,6 +23,7 @@
 
 mod activities;
 mod client;
+mod perform;
 mod workflow;
 
 use serde::{Deserialize, Serialize};
@@ -30,7 +31,7 @@ use serde_json::Value;
 
 pub use activities::DagloopActivities;
 pub use client::{Connection, WorkerOptions, replay, run_worker};
-pub use workflow::{RunWorkflow, Snapshot, TurnItem};
+pub use workflow::{Described, RunWorkflow, Snapshot, TurnItem};
 
 use crate::goal::Goal;
 use crate::runs::RunOptions;

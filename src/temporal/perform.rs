@@ -1,0 +1,386 @@
+//! The workflow's main loop bookkeeping: performing the machine's actions with Temporal's
+//! primitives (model turns and calls as activities, timers as workflow timers), and what the
+//! loop waits for. Deterministic like the rest of the workflow: ordered maps, futures polled in
+//! the order they were started.
+//!
+//! Deliberately not here: deciding anything (the machine's) and the workflow's handlers
+//! (`workflow.rs`).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use futures::FutureExt;
+use futures::future::LocalBoxFuture;
+use temporalio_sdk::{
+    ActivityExecutionError, ActivityOptions, WorkflowCancellationToken, WorkflowContext,
+};
+use temporalio_workflow::RetryPolicy;
+
+use super::activities::{CallTask, DagloopActivities, TurnDone, TurnTask};
+use super::workflow::{HEARTBEAT_TIMEOUT, RunWorkflow, TurnMark};
+use crate::engine::config_path;
+use crate::machine::{Action, AgentConfig, FrameKey, RunError, RunInput, Timer};
+use crate::protocol::CallId;
+use crate::scheduler::Outcome;
+
+/// Attempts at a model turn whose worker was lost (each asks the same turn again).
+pub(super) const TURN_ATTEMPTS: u32 = 5;
+/// The longest a model turn may take when the goal sets no run time limit.
+pub(super) const TURN_LIMIT: Duration = Duration::from_secs(3600);
+/// Added to a call's own time limit (which the activity enforces) before Temporal gives up.
+pub(super) const CALL_GRACE: Duration = Duration::from_secs(60);
+/// The longest a call may take when the goal sets no per-call limit.
+pub(super) const CALL_LIMIT: Duration = Duration::from_secs(24 * 3600);
+
+/// Something the main loop waited for.
+pub(super) enum Done {
+    Turn {
+        frame: FrameKey,
+        step: u32,
+        result: Result<TurnDone, String>,
+    },
+    Call {
+        id: CallId,
+        result: Result<Outcome, Lost>,
+    },
+    Timer {
+        timer: Timer,
+        generation: u64,
+    },
+    Nothing,
+}
+
+pub(super) enum Lost {
+    Cancelled,
+    Failed,
+}
+
+/// What the main loop waits for, polled in the order it was started. Polled with the
+/// workflow's own waker: a combinator with wakers of its own (`FuturesUnordered`) wakes from
+/// outside the SDK, which the SDK rightly takes for nondeterminism.
+#[derive(Default)]
+pub(super) struct Pending(Vec<LocalBoxFuture<'static, Done>>);
+
+impl Pending {
+    pub(super) fn push(&mut self, f: LocalBoxFuture<'static, Done>) {
+        self.0.push(f);
+    }
+
+    pub(super) fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// The first (in start order) of those that are ready.
+    pub(super) fn next(&mut self) -> impl std::future::Future<Output = Done> + '_ {
+        futures::future::poll_fn(move |cx| {
+            for i in 0..self.0.len() {
+                if let std::task::Poll::Ready(d) = self.0[i].as_mut().poll(cx) {
+                    drop(self.0.remove(i));
+                    return std::task::Poll::Ready(d);
+                }
+            }
+            std::task::Poll::Pending
+        })
+    }
+}
+
+/// The main loop's bookkeeping: what runs, and what each model was asked so far.
+#[derive(Default)]
+pub(super) struct Performer {
+    pub(super) pending: Pending,
+    /// Requests made of each model (by its spec; None: the run's), retries included: a script
+    /// answers the next of its turns.
+    pub(super) asked: BTreeMap<Option<String>, usize>,
+    pub(super) frame_model: BTreeMap<FrameKey, Option<String>>,
+    pub(super) turn_tokens: BTreeMap<FrameKey, WorkflowCancellationToken>,
+    pub(super) call_tokens: BTreeMap<CallId, WorkflowCancellationToken>,
+    pub(super) aborted: BTreeSet<CallId>,
+    pub(super) timers: BTreeMap<Timer, u64>,
+    pub(super) generation: u64,
+    /// Turns whose activity ended before all its signals were taken: (frame, step, sent,
+    /// closing input).
+    pub(super) closes: Vec<(FrameKey, u32, usize, RunInput)>,
+}
+
+impl Performer {
+    pub(super) fn perform(&mut self, ctx: &WorkflowContext<RunWorkflow>, action: Action, now: u64) {
+        match action {
+            Action::Request {
+                frame,
+                step,
+                messages,
+                config,
+                skip_calls,
+            } => self.request(ctx, frame, step, messages, &config, skip_calls),
+            Action::CloseStream { frame } => {
+                ctx.state_mut(|s| {
+                    if let Some(m) = s.turns.get_mut(&frame) {
+                        m.open = false;
+                    }
+                });
+                if let Some(t) = self.turn_tokens.remove(&frame) {
+                    t.cancel();
+                }
+                self.closes.retain(|c| c.0 != frame);
+            }
+            Action::Launch {
+                id,
+                call,
+                tool,
+                detached,
+                timeout_ms,
+            } => {
+                let spec = ctx.state(|s| s.spec.clone());
+                let limit = timeout_ms.map_or(CALL_LIMIT, |ms| {
+                    Duration::from_millis(ms).saturating_add(CALL_GRACE)
+                });
+                let token = ctx.cancellation_token().child_token();
+                let opts = ActivityOptions::with_start_to_close_timeout(limit)
+                    .heartbeat_timeout(HEARTBEAT_TIMEOUT)
+                    // The machine decides what a lost call becomes (rule: never silently run
+                    // twice), so Temporal never retries a call on its own.
+                    .retry_policy(RetryPolicy::builder().maximum_attempts(1).build())
+                    .cancellation_token(token.clone())
+                    .activity_id(format!("call-{}", id.0))
+                    .build();
+                let task = CallTask {
+                    spec,
+                    id,
+                    call,
+                    tool: (*tool).clone(),
+                    timeout_ms,
+                };
+                let c = ctx.clone();
+                if !detached {
+                    self.call_tokens.insert(id, token);
+                }
+                self.pending.push(
+                    async move {
+                        let r = c
+                            .execute_activity(DagloopActivities::tool_call, task, opts)
+                            .await;
+                        if detached {
+                            return Done::Nothing;
+                        }
+                        let result = r.map_err(|e| match e {
+                            ActivityExecutionError::Cancelled(_) => Lost::Cancelled,
+                            other if other.as_cancelled().is_some() => Lost::Cancelled,
+                            _ => Lost::Failed,
+                        });
+                        Done::Call { id, result }
+                    }
+                    .boxed_local(),
+                );
+            }
+            Action::Abort { id } => {
+                self.aborted.insert(id);
+                if let Some(t) = self.call_tokens.remove(&id) {
+                    t.cancel();
+                }
+            }
+            Action::SetTimer { timer, at } => {
+                self.generation += 1;
+                let generation = self.generation;
+                self.timers.insert(timer, generation);
+                let wait = Duration::from_millis(at.saturating_sub(now).max(1));
+                let c = ctx.clone();
+                self.pending.push(
+                    async move {
+                        let _ = c.timer(wait).await;
+                        Done::Timer { timer, generation }
+                    }
+                    .boxed_local(),
+                );
+            }
+            Action::ClearTimer { timer } => {
+                self.timers.remove(&timer);
+            }
+            Action::Emit(_) | Action::Finished(_) => {}
+        }
+    }
+
+    pub(super) fn request(
+        &mut self,
+        ctx: &WorkflowContext<RunWorkflow>,
+        frame: FrameKey,
+        step: u32,
+        messages: Vec<crate::protocol::Message>,
+        config: &std::sync::Arc<AgentConfig>,
+        skip_calls: usize,
+    ) {
+        let (spec, path) = ctx.state(|s| {
+            let root = s.machine.as_ref().map(|m| m.root().clone());
+            let path = root
+                .and_then(|r| config_path(&r, config))
+                .unwrap_or_default();
+            (s.spec.clone(), path)
+        });
+        let model = config.model.clone();
+        let asked = self.asked.entry(model.clone()).or_default();
+        let asked_before = *asked;
+        *asked += 1;
+        self.frame_model.insert(frame, model);
+        ctx.state_mut(|s| {
+            s.turns.insert(
+                frame,
+                TurnMark {
+                    step,
+                    received: 0,
+                    open: true,
+                },
+            );
+        });
+        let limit = config
+            .limits
+            .timeout_ms
+            .map_or(TURN_LIMIT, Duration::from_millis);
+        let token = ctx.cancellation_token().child_token();
+        self.turn_tokens.insert(frame, token.clone());
+        let opts = ActivityOptions::with_start_to_close_timeout(limit)
+            .heartbeat_timeout(HEARTBEAT_TIMEOUT)
+            .retry_policy(
+                RetryPolicy::builder()
+                    .maximum_attempts(TURN_ATTEMPTS)
+                    .initial_interval(Duration::from_millis(200))
+                    .build(),
+            )
+            .cancellation_token(token)
+            .build();
+        let task = TurnTask {
+            spec,
+            frame,
+            step,
+            path,
+            messages,
+            asked_before,
+            skip_calls,
+        };
+        let c = ctx.clone();
+        self.pending.push(
+            async move {
+                let r = c
+                    .execute_activity(DagloopActivities::model_turn, task, opts)
+                    .await;
+                Done::Turn {
+                    frame,
+                    step,
+                    result: r.map_err(|e| describe(&e)),
+                }
+            }
+            .boxed_local(),
+        );
+    }
+
+    /// What a finished activity or timer means for the machine.
+    pub(super) fn done(
+        &mut self,
+        ctx: &WorkflowContext<RunWorkflow>,
+        d: Done,
+        inputs: &mut Vec<RunInput>,
+    ) {
+        match d {
+            Done::Nothing => {}
+            Done::Timer { timer, generation } => {
+                if self.timers.get(&timer) == Some(&generation) {
+                    self.timers.remove(&timer);
+                    inputs.push(RunInput::TimerFired { timer });
+                }
+            }
+            Done::Call { id, result } => {
+                self.call_tokens.remove(&id);
+                if self.aborted.remove(&id) {
+                    return;
+                }
+                match result {
+                    Ok(outcome) => inputs.push(RunInput::Outcome { call: id, outcome }),
+                    // Nobody asked for it to stop: the run was cancelled, which the machine
+                    // hears about by itself.
+                    Err(Lost::Cancelled) => {}
+                    Err(Lost::Failed) => inputs.push(RunInput::Interrupted { call: id }),
+                }
+            }
+            Done::Turn {
+                frame,
+                step,
+                result,
+            } => {
+                let open = ctx.state(|s| {
+                    s.turns
+                        .get(&frame)
+                        .is_some_and(|m| m.open && m.step == step)
+                });
+                if !open {
+                    return;
+                }
+                self.turn_tokens.remove(&frame);
+                let (sent, closing) = match result {
+                    Ok(TurnDone { sent, closed }) => (sent, closed),
+                    Err(reason) => {
+                        let mut err =
+                            RunError::new("run.model_error", format!("the model failed: {reason}"));
+                        err.cause = Some(serde_json::json!({
+                            "code": "temporal.model_activity",
+                            "message": reason,
+                        }));
+                        let received = ctx.state(|s| s.turns.get(&frame).map_or(0, |m| m.received));
+                        (
+                            received,
+                            RunInput::StreamClosed {
+                                frame,
+                                error: Some(err),
+                            },
+                        )
+                    }
+                };
+                self.closes.push((frame, step, sent, closing));
+            }
+        }
+    }
+
+    /// Turn ends whose signals have all been taken, in the order the turns ended.
+    pub(super) fn ready_closes(&mut self, ctx: &WorkflowContext<RunWorkflow>) -> Vec<RunInput> {
+        let mut ready = Vec::new();
+        let mut keep = Vec::new();
+        for (frame, step, sent, input) in std::mem::take(&mut self.closes) {
+            let got = ctx.state(|s| {
+                s.turns
+                    .get(&frame)
+                    .filter(|m| m.step == step)
+                    .map(|m| m.received)
+            });
+            match got {
+                Some(n) if n >= sent => {
+                    ctx.state_mut(|s| {
+                        if let Some(m) = s.turns.get_mut(&frame) {
+                            m.open = false;
+                        }
+                    });
+                    ready.push(input);
+                }
+                Some(_) => keep.push((frame, step, sent, input)),
+                None => {}
+            }
+        }
+        self.closes = keep;
+        ready
+    }
+
+    /// A retry inside a turn asked the model once more.
+    pub(super) fn count_retry(&mut self, frame: FrameKey) {
+        if let Some(model) = self.frame_model.get(&frame) {
+            *self.asked.entry(model.clone()).or_default() += 1;
+        }
+    }
+}
+
+/// An activity's failure with its causes (the worker's own message is one of them).
+pub(super) fn describe(e: &ActivityExecutionError) -> String {
+    let mut text = e.to_string();
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text
+}
