@@ -3,13 +3,24 @@
 #![allow(dead_code)]
 
 use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicIsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicIsize, Ordering};
 
 pub struct Counting;
 /// Bytes allocated and not yet freed.
 pub static LIVE: AtomicIsize = AtomicIsize::new(0);
 /// The highest `LIVE` since the last [`reset_peak`].
 pub static PEAK: AtomicIsize = AtomicIsize::new(0);
+
+/// Whether allocations are counted (on unless [`counting`] turned it off). The counters are
+/// shared atomics every thread updates on every allocation: a benchmark that times work turns
+/// counting off while it times, or it times the counter's cache-line traffic too.
+static ON: AtomicBool = AtomicBool::new(true);
+
+/// Turns counting on or off. Only differences between two readings taken while it is on mean
+/// anything, and only for memory allocated while it was on.
+pub fn counting(on: bool) {
+    ON.store(on, Ordering::Relaxed);
+}
 
 /// Live bytes now.
 pub fn live() -> isize {
@@ -27,6 +38,9 @@ pub fn peak() -> isize {
 }
 
 fn grew(by: isize) {
+    if !ON.load(Ordering::Relaxed) {
+        return;
+    }
     let now = LIVE.fetch_add(by, Ordering::Relaxed) + by;
     PEAK.fetch_max(now, Ordering::Relaxed);
 }
@@ -44,7 +58,9 @@ unsafe impl GlobalAlloc for Counting {
     unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
         // SAFETY: same contract as the caller's.
         unsafe { System.dealloc(p, l) };
-        LIVE.fetch_sub(l.size() as isize, Ordering::Relaxed);
+        if ON.load(Ordering::Relaxed) {
+            LIVE.fetch_sub(l.size() as isize, Ordering::Relaxed);
+        }
     }
     unsafe fn realloc(&self, p: *mut u8, l: Layout, new: usize) -> *mut u8 {
         // SAFETY: same contract as the caller's.
