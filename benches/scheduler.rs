@@ -262,7 +262,7 @@ async fn run(calls: Vec<Value>, gap_ms: u64) -> Run {
                 arrivals.push(t0.elapsed().as_secs_f64() * 1000.0);
             }
         }
-        arrivals
+        (arrivals, events.lags())
     });
     let result = handle.wait().await;
     let makespan = t0.elapsed().as_secs_f64() * 1000.0;
@@ -274,7 +274,7 @@ async fn run(calls: Vec<Value>, gap_ms: u64) -> Run {
         .count();
     assert_eq!(done, n, "every call ran");
     drop(handle);
-    let arrivals = watcher.await.unwrap_or_default();
+    let (arrivals, replayed) = watcher.await.unwrap_or_default();
     let mut durations = vec![0f64; n];
     if let Ok(a) = actual.lock() {
         for &(i, ms) in a.iter() {
@@ -287,6 +287,7 @@ async fn run(calls: Vec<Value>, gap_ms: u64) -> Run {
         makespan,
         arrivals,
         durations,
+        replayed,
     }
 }
 
@@ -323,6 +324,8 @@ struct Run {
     arrivals: Vec<f64>,
     /// How long each activity really slept (ms), by call id (= node index).
     durations: Vec<f64>,
+    /// Events the subscriber fell behind the ring by, and was served from a replay instead.
+    replayed: u64,
 }
 
 /// Bytes the scheduler keeps per waiting call: the root never finishes, so the others wait.
@@ -482,7 +485,8 @@ async fn zero_line(workload: &str, calls: Vec<Value>, dag: &Dag) {
     alloc::counting(true);
     let bytes = bytes_per_pending(as_calls(calls.clone()).into_iter(), n);
     alloc::counting(false);
-    let m = median(|| run(calls.clone(), 0)).await.makespan;
+    let r = median(|| run(calls.clone(), 0)).await;
+    let m = r.makespan;
     let ideal = ideal_us_per_call(dag).await;
     let core = core_only(as_calls(calls));
     let us = m * 1000.0 / n as f64;
@@ -498,6 +502,7 @@ async fn zero_line(workload: &str, calls: Vec<Value>, dag: &Dag) {
             "tokio_ideal_us_per_call": round(ideal),
             "ratio_to_ideal": round(us / ideal),
             "core_only_us_per_call": round(core),
+            "subscriber_replayed_events": r.replayed,
         }),
     );
 }
