@@ -9,24 +9,13 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 
-use dagloop::engine::AgentBuilder;
 use dagloop::goal::Goal;
 use serde_json::json;
 
 #[path = "support/alloc.rs"]
 mod alloc;
-#[path = "../examples/research/tools.rs"]
-mod tools;
-
-/// One research run to its end; its latency in ms.
-async fn one(goal: Arc<Goal>) -> f64 {
-    let t = Instant::now();
-    let mut agent = AgentBuilder::new((*goal).clone());
-    tools::register(agent.registry_mut());
-    let result = agent.build().expect("agent").run().await;
-    assert!(result.succeeded(), "{:?}", result.error);
-    t.elapsed().as_secs_f64() * 1000.0
-}
+#[path = "support/research.rs"]
+mod research;
 
 fn pct(sorted: &[f64], p: f64) -> f64 {
     let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
@@ -47,16 +36,18 @@ fn main() {
     let round = |x: f64| (x * 1000.0).round() / 1000.0;
     rt.block_on(async {
         // Warm-up, then the baseline: one run alone.
-        one(goal.clone()).await;
+        research::run_once(goal.clone()).await;
         let mut alone = Vec::new();
         for _ in 0..5 {
-            alone.push(one(goal.clone()).await);
+            alone.push(research::run_once(goal.clone()).await);
         }
         alone.sort_by(f64::total_cmp);
         let base = alloc::live();
         alloc::reset_peak();
         let t0 = Instant::now();
-        let tasks: Vec<_> = (0..n).map(|_| tokio::spawn(one(goal.clone()))).collect();
+        let tasks: Vec<_> = (0..n)
+            .map(|_| tokio::spawn(research::run_once(goal.clone())))
+            .collect();
         let mut lat = Vec::with_capacity(n);
         for t in tasks {
             lat.push(t.await.expect("run task"));

@@ -262,7 +262,7 @@ async fn run(calls: Vec<Value>, gap_ms: u64) -> Run {
                 arrivals.push(t0.elapsed().as_secs_f64() * 1000.0);
             }
         }
-        (arrivals, events.lags())
+        (arrivals, events.lagged())
     });
     let result = handle.wait().await;
     let makespan = t0.elapsed().as_secs_f64() * 1000.0;

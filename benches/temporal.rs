@@ -11,25 +11,15 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 
-use dagloop::engine::AgentBuilder;
 use dagloop::goal::Goal;
 use dagloop::runs::RunOptions;
 use dagloop::temporal::{Connection, RunSpec, WorkerOptions};
 use serde_json::json;
 
+#[path = "support/research.rs"]
+mod research;
 #[path = "../tests/common/temporal.rs"]
 mod temporal;
-#[path = "../examples/research/tools.rs"]
-mod tools;
-
-async fn embedded(goal: Arc<Goal>) -> f64 {
-    let t = Instant::now();
-    let mut agent = AgentBuilder::new((*goal).clone());
-    tools::register(agent.registry_mut());
-    let r = agent.build().expect("agent").run().await;
-    assert!(r.succeeded(), "{:?}", r.error);
-    t.elapsed().as_secs_f64() * 1000.0
-}
 
 async fn on_temporal(conn: Connection, goal: Arc<Goal>, id: String, queue: &str) -> f64 {
     let t = Instant::now();
@@ -66,7 +56,7 @@ fn worker(
             .build()
             .expect("runtime");
         let mut registry = dagloop::tools::Registry::new();
-        tools::register(&mut registry);
+        research::tools::register(&mut registry);
         let _ = rt.block_on(dagloop::temporal::run_worker(&opts, registry, async {
             let _ = rx.await;
         }));
@@ -102,12 +92,12 @@ fn main() {
     rt.block_on(async {
         let conn = server.connect().await;
         // Warm-up (both engines), then one run at a time.
-        embedded(goal.clone()).await;
+        research::run_once(goal.clone()).await;
         on_temporal(conn.clone(), goal.clone(), "warm".into(), "bench").await;
         let mut e = Vec::new();
         let mut t = Vec::new();
         for i in 0..7 {
-            e.push(embedded(goal.clone()).await);
+            e.push(research::run_once(goal.clone()).await);
             t.push(on_temporal(conn.clone(), goal.clone(), format!("one-{i}"), "bench").await);
         }
         let (e, t) = (median(e), median(t));
@@ -125,7 +115,7 @@ fn main() {
         }
         let temporal_rps = n as f64 / t0.elapsed().as_secs_f64();
         let t0 = Instant::now();
-        let runs: Vec<_> = (0..n).map(|_| tokio::spawn(embedded(goal.clone()))).collect();
+        let runs: Vec<_> = (0..n).map(|_| tokio::spawn(research::run_once(goal.clone()))).collect();
         for r in runs {
             r.await.expect("run");
         }

@@ -550,6 +550,25 @@ async fn an_approval_is_decided_by_update_after_the_worker_restarted() {
     // Decided again once the run is over: refused.
     let late = decide("1");
     assert_eq!(late.status.code(), Some(1));
+    // `show` of a run Temporal does not know: its code, and exit 2 as for an unknown stored run.
+    let unknown = bin::dagloop()
+        .args([
+            "show",
+            "run-nobody-started",
+            "--json",
+            "--engine",
+            "temporal",
+        ])
+        .args(["--temporal", &s.address])
+        .output()
+        .expect("show");
+    assert_eq!(unknown.status.code(), Some(2));
+    assert_eq!(
+        json_of(&unknown)["error"]["code"],
+        "temporal.unknown_run",
+        "{}",
+        String::from_utf8_lossy(&unknown.stderr)
+    );
     replays(&conn, &id).await;
 }
 

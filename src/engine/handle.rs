@@ -164,12 +164,6 @@ fn is_end(e: &Event) -> bool {
 }
 
 impl Subscription {
-    /// How many events this subscriber fell behind the ring by, in all (each time it did, it
-    /// was caught up from a replay of the journal).
-    pub fn lags(&self) -> u64 {
-        self.lags
-    }
-
     /// The next event, or None once the run is over and everything was delivered.
     pub async fn recv(&mut self) -> Option<Arc<Event>> {
         let e = self.next().await?;
