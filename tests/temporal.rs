@@ -443,6 +443,8 @@ async fn two_workers_share_a_batch_of_twenty_runs() {
     let goal = Goal::load(&goal_path).expect("goal");
     let a = WorkerProcess::start(bin::dagloop(), &s, "batch");
     let b = WorkerProcess::start(bin::dagloop(), &s, "batch");
+    // Both must be polling before the batch starts, or the first up may take all of it.
+    s.wait_for_pollers("batch", &[&a, &b]);
     let ids: Vec<String> = (0..20).map(|i| format!("batch-{i}")).collect();
     for id in &ids {
         let spec = RunSpec::new(id.clone(), &goal, RunOptions::default());

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 /// A running development server.
 pub struct DevServer {
     child: Child,
+    cli: String,
     /// `127.0.0.1:PORT`.
     pub address: String,
 }
@@ -45,6 +46,7 @@ impl DevServer {
             .expect("temporal server start-dev");
         let server = DevServer {
             child,
+            cli,
             address: format!("127.0.0.1:{port}"),
         };
         let deadline = Instant::now() + Duration::from_secs(60);
@@ -53,6 +55,40 @@ impl DevServer {
             std::thread::sleep(Duration::from_millis(100));
         }
         Some(server)
+    }
+
+    /// Waits until every worker in `workers` polls `queue` for both workflow and activity tasks
+    /// (read off `temporal task-queue describe`), so that work started next can reach any of them.
+    pub fn wait_for_pollers(&self, queue: &str, workers: &[&WorkerProcess]) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let out = Command::new(&self.cli)
+                .args(["task-queue", "describe", "--task-queue", queue])
+                .args(["--address", &self.address, "-o", "json"])
+                .output()
+                .expect("temporal task-queue describe");
+            let described: serde_json::Value =
+                serde_json::from_slice(&out.stdout).unwrap_or_default();
+            let polling = |identity: &str, kind: &str| {
+                described["pollers"].as_array().is_some_and(|pollers| {
+                    pollers
+                        .iter()
+                        .any(|p| p["identity"] == identity && p["taskQueueType"] == kind)
+                })
+            };
+            let ready = workers.iter().all(|w| {
+                let identity = format!("dagloop@{}", w.pid());
+                polling(&identity, "workflow") && polling(&identity, "activity")
+            });
+            if ready {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the workers never polled {queue}"
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
     }
 
     /// A connection to it.
