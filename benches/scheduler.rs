@@ -562,6 +562,14 @@ fn main() {
             let n = env_n(10_000);
             zero_line("chain0", chain_calls(n, 0), &chain_dag(n, 0)).await;
         }
+        // Only when asked for (`cargo bench --bench scheduler -- core`): the sans-IO scheduler
+        // alone, for profiling it under callgrind without the rest of the run.
+        if only.as_deref() == Some("core") {
+            let n = env_n(100_000);
+            let f = core_only(as_calls(fanout_calls(n, 0)));
+            let c = core_only(as_calls(chain_calls(env_n(10_000), 0)));
+            println!("{}", json!({"workload": "core", "fanout0_us_per_call": f, "chain0_us_per_hop": c}));
+        }
         if want("streamed") {
             let dag = layered(7);
             let r = median(|| run(dag.calls(), 5)).await;

@@ -2,6 +2,12 @@
 
 use clap::Parser;
 
+/// mimalloc rather than glibc's malloc: a run allocates many small short-lived objects (calls,
+/// events, JSON values) from several threads, where glibc's allocator cost about 40% of the
+/// scheduler benchmark's CPU (`cargo bench --bench scheduler`).
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> anyhow::Result<()> {
     let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
     let cli = match dagloop::cli::Cli::try_parse_from(&args) {

@@ -1,8 +1,12 @@
-//! A global allocator that counts live bytes (and their peak), shared by the benchmarks that
+//! A global allocator that counts live bytes (over the one the binary uses) (and their peak), shared by the benchmarks that
 //! report memory. Include with `#[path = "support/alloc.rs"] mod alloc;`; it installs itself.
 #![allow(dead_code)]
 
-use std::alloc::{GlobalAlloc, Layout, System};
+use std::alloc::{GlobalAlloc, Layout};
+
+/// The allocator the `dagloop` binary installs (src/main.rs), so that benchmarks time the same
+/// allocator users run.
+use mimalloc::MiMalloc as Inner;
 use std::sync::atomic::{AtomicBool, AtomicIsize, Ordering};
 
 pub struct Counting;
@@ -45,11 +49,11 @@ fn grew(by: isize) {
     PEAK.fetch_max(now, Ordering::Relaxed);
 }
 
-// SAFETY: forwards every request to the system allocator unchanged; only counts bytes.
+// SAFETY: forwards every request to the binary's allocator unchanged; only counts bytes.
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, l: Layout) -> *mut u8 {
         // SAFETY: same contract as the caller's.
-        let p = unsafe { System.alloc(l) };
+        let p = unsafe { Inner.alloc(l) };
         if !p.is_null() {
             grew(l.size() as isize);
         }
@@ -57,14 +61,14 @@ unsafe impl GlobalAlloc for Counting {
     }
     unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
         // SAFETY: same contract as the caller's.
-        unsafe { System.dealloc(p, l) };
+        unsafe { Inner.dealloc(p, l) };
         if ON.load(Ordering::Relaxed) {
             LIVE.fetch_sub(l.size() as isize, Ordering::Relaxed);
         }
     }
     unsafe fn realloc(&self, p: *mut u8, l: Layout, new: usize) -> *mut u8 {
         // SAFETY: same contract as the caller's.
-        let q = unsafe { System.realloc(p, l, new) };
+        let q = unsafe { Inner.realloc(p, l, new) };
         if !q.is_null() {
             grew(new as isize - l.size() as isize);
         }
