@@ -6,11 +6,12 @@
 
 pub mod correction;
 pub mod sanitize;
+mod signature;
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 
-use crate::protocol::{CallId, Message, Role, Tool, canonical};
+use crate::protocol::{Call, CallId, Message, Role, Tool};
 pub use sanitize::{SanitizeLimits, sanitize};
 
 /// What became of one call of the previous step, as the next Request shows it.
@@ -170,7 +171,7 @@ fn text(role: Role, text: String) -> Message {
 /// Tracks the outer loop's stop conditions that depend on history (rule 16).
 #[derive(Debug, Clone, Default)]
 pub struct TurnTracker {
-    last_signature: Option<String>,
+    last_signature: Option<Vec<u128>>,
     repeats: u32,
     empty: u32,
 }
@@ -189,7 +190,7 @@ impl TurnTracker {
     /// Records one step's calls (as written) and whether it had an output; says whether to stop.
     pub fn record(
         &mut self,
-        calls: &[Value],
+        calls: &[&Call],
         has_output: bool,
         doom_after: u32,
         empty_after: u32,
@@ -204,8 +205,8 @@ impl TurnTracker {
         if calls.is_empty() {
             return None;
         }
-        let sig = signature(calls);
-        if self.last_signature.as_deref() == Some(sig.as_str()) {
+        let sig = signature::of_step(calls);
+        if self.last_signature.as_ref() == Some(&sig) {
             self.repeats += 1;
         } else {
             self.last_signature = Some(sig);
@@ -215,13 +216,6 @@ impl TurnTracker {
     }
 }
 
-/// A step's signature: its calls, canonicalised (sorted keys) and sorted.
-fn signature(calls: &[Value]) -> String {
-    let mut sigs: Vec<String> = calls.iter().map(|c| canonical(c).to_string()).collect();
-    sigs.sort();
-    sigs.join("\n")
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -229,9 +223,13 @@ mod tests {
     #[test]
     fn doom_loop_needs_consecutive_identical_steps() {
         let mut t = TurnTracker::default();
-        let a = [json!({"_tool": "x", "q": 1})];
-        let a_reordered = [json!({"q": 1, "_tool": "x"})];
-        let b = [json!({"_tool": "x", "q": 2})];
+        let call = |v: Value| Call::try_from(v).expect("call");
+        let (a, a_reordered, b) = (
+            call(json!({"_tool": "x", "q": 1})),
+            call(json!({"q": 1, "_tool": "x"})),
+            call(json!({"_tool": "x", "q": 2})),
+        );
+        let (a, a_reordered, b) = ([&a], [&a_reordered], [&b]);
         assert_eq!(t.record(&a, false, 3, 2), None);
         assert_eq!(t.record(&b, false, 3, 2), None);
         assert_eq!(t.record(&a, false, 3, 2), None);
@@ -243,7 +241,8 @@ mod tests {
     fn empty_turns_must_be_consecutive() {
         let mut t = TurnTracker::default();
         assert_eq!(t.record(&[], false, 3, 2), None);
-        assert_eq!(t.record(&[json!({"_tool": "x"})], false, 3, 2), None);
+        let x = Call::try_from(json!({"_tool": "x"})).expect("call");
+        assert_eq!(t.record(&[&x], false, 3, 2), None);
         assert_eq!(t.record(&[], false, 3, 2), None);
         assert_eq!(t.record(&[], false, 3, 2), Some(Stop::EmptyTurns));
     }

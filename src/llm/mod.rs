@@ -61,6 +61,12 @@ pub type EventStream = BoxStream<'static, Result<StreamEvent, LlmError>>;
 pub trait Model: Send + Sync {
     /// Starts one attempt at the request. Errors arrive as stream items.
     fn stream(&self, req: &Request) -> EventStream;
+    /// Like [`Model::stream`], for a request the caller already shares: a model that keeps the
+    /// request past this call (to retry it) holds this `Arc` instead of copying the request,
+    /// whose plan can hold every call of a large step.
+    fn stream_shared(&self, req: Arc<Request>) -> EventStream {
+        self.stream(&req)
+    }
     /// A display name for logs and events (`openai:gpt-4o-mini`); never contains a secret.
     fn name(&self) -> String;
     /// A resumed run already made `attempts` requests of this model in an earlier process. A
@@ -75,6 +81,9 @@ impl<M: Model + ?Sized> Model for Arc<M> {
     fn stream(&self, req: &Request) -> EventStream {
         (**self).stream(req)
     }
+    fn stream_shared(&self, req: Arc<Request>) -> EventStream {
+        (**self).stream_shared(req)
+    }
     fn name(&self) -> String {
         (**self).name()
     }
@@ -86,6 +95,9 @@ impl<M: Model + ?Sized> Model for Arc<M> {
 impl<M: Model + ?Sized> Model for Box<M> {
     fn stream(&self, req: &Request) -> EventStream {
         (**self).stream(req)
+    }
+    fn stream_shared(&self, req: Arc<Request>) -> EventStream {
+        (**self).stream_shared(req)
     }
     fn name(&self) -> String {
         (**self).name()

@@ -186,9 +186,13 @@ struct State<M: ?Sized> {
 
 impl<M: Model + ?Sized + 'static> Model for Retrying<M> {
     fn stream(&self, req: &Request) -> EventStream {
+        self.stream_shared(Arc::new(req.clone()))
+    }
+
+    fn stream_shared(&self, req: Arc<Request>) -> EventStream {
         let state = State {
             inner: self.inner.clone(),
-            req: Arc::new(req.clone()),
+            req,
             policy: self.policy.clone(),
             attempts: self.attempts.clone(),
             notify: self.notify.clone(),
@@ -211,7 +215,7 @@ impl<M: Model + ?Sized + 'static> Model for Retrying<M> {
                     None => {
                         s.attempt += 1;
                         s.attempts.fetch_add(1, Ordering::SeqCst);
-                        s.current.insert(s.inner.stream(&s.req))
+                        s.current.insert(s.inner.stream_shared(s.req.clone()))
                     }
                 };
                 match stream.next().await {

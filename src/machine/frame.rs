@@ -287,10 +287,10 @@ impl Frame {
         {
             return Next::Finish(RunStatus::TokenBudget, None, Value::Null);
         }
-        let written: Vec<Value> = report
+        let written: Vec<&Call> = report
             .calls
             .iter()
-            .filter_map(|c| c.call.as_ref().map(Call::to_value))
+            .filter_map(|c| c.call.as_ref())
             .collect();
         let limits = &self.cfg.limits;
         match self

@@ -121,15 +121,21 @@ impl SolutionParser {
         };
         let value: Value = self.decode(&c)?;
         if wanted == Target::Call {
-            let call = Call::try_from(value.clone());
-            if let Ok(call) = &call {
-                self.parts.calls.push(call.clone());
-            }
-            out.push(ParseEvent::Call {
-                index,
-                call,
-                raw: value,
-            });
+            let (call, raw) = if self.keep_calls {
+                let call = Call::try_from(value.clone());
+                if let Ok(call) = &call {
+                    self.parts.calls.push(call.clone());
+                }
+                (call, value)
+            } else {
+                // Streaming: the value moves into the call, and only a call that is not valid
+                // has its raw value, decoded again from the same bytes.
+                match Call::try_from(value) {
+                    Ok(call) => (Ok(call), Value::Null),
+                    Err(e) => (Err(e), self.decode(&c)?),
+                }
+            };
+            out.push(ParseEvent::Call { index, call, raw });
             self.next_index += 1;
             return Ok(());
         }

@@ -115,6 +115,8 @@ pub struct SolutionParser {
     in_calls: bool,
     next_index: usize,
     parts: Parts,
+    /// Whether the final [`ParseEvent::Solution`] repeats every call (see [`Self::streaming`]).
+    keep_calls: bool,
     /// What the text before the solution is (prose, or a JSON value that is not an object).
     lead: Lead,
 }
@@ -149,8 +151,18 @@ impl SolutionParser {
             in_calls: false,
             next_index: 0,
             parts: Parts::default(),
+            keep_calls: true,
             lead: Lead::Blank,
         }
+    }
+
+    /// For a caller that takes each call from its [`ParseEvent::Call`] as it streams (the
+    /// engine): a valid call's `raw` is `null` (the call holds all of it; an invalid one keeps
+    /// its raw value) and the final [`ParseEvent::Solution`] has empty `calls`, so no call is
+    /// copied or held twice. Everything else is the same.
+    pub fn streaming(mut self) -> Self {
+        self.keep_calls = false;
+        self
     }
 
     /// Feeds the next piece of text. See [`feed_bytes`](Self::feed_bytes).

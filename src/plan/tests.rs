@@ -438,3 +438,44 @@ fn a_repeated_top_level_field_is_refused_at_its_second_key() {
         "malformed solution at byte 30: the field `output` appears twice in the solution"
     );
 }
+
+#[test]
+fn streaming_mode_moves_valid_calls_and_keeps_raw_only_for_invalid_ones() {
+    let text = r#"{"calls": [{"_tool": "a", "x": 1}, {"x": 2}, {"_tool": "b"}], "output": null}"#;
+    let run = |mut p: SolutionParser| {
+        let mut events = p.feed(text);
+        events.extend(p.finish().expect("complete"));
+        events
+    };
+    let full = run(SolutionParser::new());
+    let streamed = run(SolutionParser::new().streaming());
+    assert_eq!(full.len(), streamed.len());
+    for (f, s) in full.iter().zip(&streamed) {
+        match (f, s) {
+            (
+                ParseEvent::Call { index, call, raw },
+                ParseEvent::Call {
+                    index: i2,
+                    call: c2,
+                    raw: r2,
+                },
+            ) => {
+                assert_eq!((index, call), (i2, c2));
+                // Only the invalid element (no `_tool`) keeps its raw value.
+                let expected = if call.is_ok() {
+                    Value::Null
+                } else {
+                    raw.clone()
+                };
+                assert_eq!(r2, &expected);
+                assert_eq!(call.is_err(), *index == 1);
+            }
+            (ParseEvent::Solution(a), ParseEvent::Solution(b)) => {
+                assert_eq!(a.calls.len(), 2);
+                assert!(b.calls.is_empty());
+                assert_eq!(a.output, b.output);
+            }
+            (a, b) => assert_eq!(a, b),
+        }
+    }
+}

@@ -1,10 +1,8 @@
 //! The path index behind [`super::State`]: which writes touch which paths, so a read never
 //! rescans the whole log.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::ops::Bound;
+use std::collections::{BTreeMap, BTreeSet};
 
-use crate::fxhash::FxBuildHasher;
 use crate::protocol::{OutputMethod, Path, Segment};
 
 #[derive(Debug, Clone, Default)]
@@ -19,6 +17,8 @@ struct Node {
     through_key: Option<u64>,
     /// Newest write below this path whose next segment is an index.
     through_index: Option<u64>,
+    /// The nodes one segment further down, by that segment.
+    children: BTreeMap<Segment, usize>,
 }
 
 /// What a read of one path must replay.
@@ -30,15 +30,22 @@ pub(super) struct ReadPlan {
     pub widen_to: Option<usize>,
 }
 
-/// Nodes live in a vector; exact lookups go through a hash map (one probe, no long chains of
-/// key comparisons), and an ordered map of the same paths serves extension range scans. The hash
-/// map is never iterated, so its order cannot leak into any decision.
-#[derive(Debug, Clone, Default)]
+/// A trie of the written paths: nodes live in a vector (the first is the empty path), each with
+/// its children by segment, so a write or a read walks one segment per level (no hashing or
+/// copying of whole paths) and the writes below a path are that node's subtree.
+#[derive(Debug, Clone)]
 pub(super) struct Index {
     nodes: Vec<Node>,
-    by_path: HashMap<Path, usize, FxBuildHasher>,
-    ordered: BTreeMap<Path, usize>,
     kinds: BTreeSet<String>,
+}
+
+impl Default for Index {
+    fn default() -> Self {
+        Index {
+            nodes: vec![Node::default()],
+            kinds: BTreeSet::new(),
+        }
+    }
 }
 
 fn newer(s: Option<u64>, than: Option<u64>) -> bool {
@@ -46,23 +53,15 @@ fn newer(s: Option<u64>, than: Option<u64>) -> bool {
 }
 
 impl Index {
-    fn node_mut(&mut self, segs: &[Segment]) -> &mut Node {
-        let i = match self.by_path.get(segs) {
-            Some(&i) => i,
-            None => {
-                let i = self.nodes.len();
-                let p = Path::from_segments(segs.to_vec());
-                self.nodes.push(Node::default());
-                self.by_path.insert(p.clone(), i);
-                self.ordered.insert(p, i);
-                i
-            }
-        };
-        &mut self.nodes[i]
-    }
-
-    fn node(&self, segs: &[Segment]) -> Option<&Node> {
-        self.by_path.get(segs).map(|&i| &self.nodes[i])
+    /// The child of node `at` by `seg`, created when missing.
+    fn child_mut(&mut self, at: usize, seg: &Segment) -> usize {
+        if let Some(&i) = self.nodes[at].children.get(seg) {
+            return i;
+        }
+        let i = self.nodes.len();
+        self.nodes.push(Node::default());
+        self.nodes[at].children.insert(seg.clone(), i);
+        i
     }
 
     pub fn insert(&mut self, path: &Path, seq: u64, method: OutputMethod) {
@@ -70,14 +69,16 @@ impl Index {
             self.kinds.insert(path.kind().to_string());
         }
         let segs = path.segments();
-        for n in 1..segs.len() {
-            let node = self.node_mut(&segs[..n]);
-            match segs[n] {
-                Segment::Key(_) => node.through_key = Some(seq),
-                Segment::Index(_) => node.through_index = Some(seq),
+        let mut at = 0;
+        for (n, seg) in segs.iter().enumerate() {
+            at = self.child_mut(at, seg);
+            match segs.get(n + 1) {
+                Some(Segment::Key(_)) => self.nodes[at].through_key = Some(seq),
+                Some(Segment::Index(_)) => self.nodes[at].through_index = Some(seq),
+                None => {}
             }
         }
-        let node = self.node_mut(segs);
+        let node = &mut self.nodes[at];
         node.seqs.push(seq);
         match method {
             OutputMethod::Set => node.last_set = Some(seq),
@@ -92,9 +93,13 @@ impl Index {
 
     pub fn plan(&self, path: &Path) -> ReadPlan {
         let segs = path.segments();
-        // One lookup per prefix (the path itself last).
-        let prefixes: Vec<Option<&Node>> =
-            (1..=segs.len()).map(|n| self.node(&segs[..n])).collect();
+        // The node of each prefix (the path itself last), as far as the trie goes.
+        let mut prefixes: Vec<Option<&Node>> = Vec::with_capacity(segs.len());
+        let mut at = Some(0);
+        for seg in segs {
+            at = at.and_then(|i| self.nodes[i].children.get(seg).copied());
+            prefixes.push(at.map(|i| &self.nodes[i]));
+        }
         let stop = prefixes
             .iter()
             .flatten()
@@ -126,12 +131,12 @@ impl Index {
         if let Some(Some(node)) = prefixes.last()
             && newer(node.through_key.max(node.through_index), stop)
         {
-            let range = self
-                .ordered
-                .range::<[Segment], _>((Bound::Excluded(segs), Bound::Unbounded))
-                .take_while(|(k, _)| k.segments().starts_with(segs));
-            for (_, &child) in range {
-                take(&self.nodes[child], &mut seqs);
+            // Every write below the path: the node's subtree.
+            let mut below: Vec<usize> = node.children.values().copied().collect();
+            while let Some(child) = below.pop() {
+                let n = &self.nodes[child];
+                take(n, &mut seqs);
+                below.extend(n.children.values().copied());
             }
         }
         seqs.sort_unstable();
