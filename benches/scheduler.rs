@@ -568,7 +568,10 @@ fn main() {
             let n = env_n(100_000);
             let f = core_only(as_calls(fanout_calls(n, 0)));
             let c = core_only(as_calls(chain_calls(env_n(10_000), 0)));
-            println!("{}", json!({"workload": "core", "fanout0_us_per_call": f, "chain0_us_per_hop": c}));
+            println!(
+                "{}",
+                json!({"workload": "core", "fanout0_us_per_call": f, "chain0_us_per_hop": c})
+            );
         }
         if want("streamed") {
             let dag = layered(7);

@@ -171,27 +171,6 @@ impl Reader {
     }
 }
 
-/// How many characters `value` takes as JSON, counted as it serialises (the messages of a large
-/// step's Request run to megabytes; nothing is kept).
-fn json_chars(value: &impl serde::Serialize) -> usize {
-    struct Chars(usize);
-    impl std::io::Write for Chars {
-        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-            // Every byte that does not continue a UTF-8 sequence starts a character.
-            self.0 += buf.iter().filter(|&&b| b & 0xc0 != 0x80).count();
-            Ok(buf.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-    let mut n = Chars(0);
-    match serde_json::to_writer(&mut n, value) {
-        Ok(()) => n.0,
-        Err(_) => 0,
-    }
-}
-
 /// Every open model stream of a run, read concurrently. Closing one drops it at once (which
 /// closes its connection).
 #[derive(Default)]
@@ -213,7 +192,7 @@ impl Turns {
         req: &crate::llm::Request,
         stream: crate::llm::EventStream,
     ) {
-        let in_chars = json_chars(&req.messages);
+        let in_chars = crate::llm::wire::json_chars(&req.messages);
         let tool_mode = req.settings.mode == crate::llm::Mode::ToolCalls;
         self.readers.insert(
             frame,

@@ -23,7 +23,7 @@ mod script;
 mod scripted;
 mod secret;
 mod strict;
-mod wire;
+pub(crate) mod wire;
 
 pub use anthropic::Anthropic;
 pub use error::LlmError;

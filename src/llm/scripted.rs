@@ -13,7 +13,7 @@ use std::time::Duration;
 use futures::StreamExt;
 
 use super::script::{Rendered, estimate_tokens};
-use super::wire::role_and_text;
+use super::wire::text_chars;
 use super::{EventStream, FinishReason, LlmError, Mode, Model, Request, Script, StreamEvent};
 
 /// A model that answers each request with the next turn of a script.
@@ -55,11 +55,7 @@ impl Model for ScriptedModel {
             return futures::stream::once(async move { Err(LlmError::ScriptExhausted { turns }) })
                 .boxed();
         };
-        let input_chars: usize = req
-            .messages
-            .iter()
-            .map(|m| role_and_text(m).1.chars().count())
-            .sum();
+        let input_chars: usize = req.messages.iter().map(text_chars).sum();
         let delay = turn.chunk_delay;
         let mut items: Vec<(Duration, Result<StreamEvent, LlmError>)> = Vec::new();
         let mut output_chars = 0;

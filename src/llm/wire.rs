@@ -30,6 +30,35 @@ pub(crate) fn role_and_text(m: &Message) -> (Role, String) {
     }
 }
 
+/// How many characters `value` takes as JSON, counted as it serialises (the messages of a large
+/// step's Request run to megabytes; nothing is kept).
+pub(crate) fn json_chars(value: &impl serde::Serialize) -> usize {
+    struct Chars(usize);
+    impl std::io::Write for Chars {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            // Every byte that does not continue a UTF-8 sequence starts a character.
+            self.0 += buf.iter().filter(|&&b| b & 0xc0 != 0x80).count();
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut n = Chars(0);
+    match serde_json::to_writer(&mut n, value) {
+        Ok(()) => n.0,
+        Err(_) => 0,
+    }
+}
+
+/// How many characters [`role_and_text`] gives for `m`, without building the text.
+pub(crate) fn text_chars(m: &Message) -> usize {
+    match m {
+        Message::Text { text, .. } => text.chars().count(),
+        other => json_chars(other),
+    }
+}
+
 /// The OpenAI / Anthropic role name.
 pub(crate) fn role_name(r: Role) -> &'static str {
     match r {
@@ -360,6 +389,26 @@ mod tests {
                 _ => None,
             })
             .collect()
+    }
+
+    #[test]
+    fn characters_are_counted_as_the_text_would_have_them() {
+        let messages = [
+            Message::Text {
+                role: Role::User,
+                text: "héllo → wörld".into(),
+                extra: serde_json::Map::new(),
+            },
+            Message::Plan {
+                plan: vec![serde_json::json!({"_tool": "t", "q": "ünïcode ✓", "n": 1.5})],
+                extra: serde_json::Map::new(),
+            },
+        ];
+        for m in &messages {
+            assert_eq!(text_chars(m), role_and_text(m).1.chars().count(), "{m:?}");
+        }
+        let whole = serde_json::to_string(&messages).expect("json");
+        assert_eq!(json_chars(&messages), whole.chars().count());
     }
 
     #[test]

@@ -1,7 +1,9 @@
 //! The path index behind [`super::State`]: which writes touch which paths, so a read never
 //! rescans the whole log.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeSet, HashMap};
+
+use crate::fxhash::FxBuildHasher;
 
 use crate::protocol::{OutputMethod, Path, Segment};
 
@@ -17,8 +19,10 @@ struct Node {
     through_key: Option<u64>,
     /// Newest write below this path whose next segment is an index.
     through_index: Option<u64>,
-    /// The nodes one segment further down, by that segment.
-    children: BTreeMap<Segment, usize>,
+    /// The nodes one segment further down, by that segment. A hash map: a lookup hashes one
+    /// segment instead of comparing it with ~log2(n) siblings; nothing depends on its iteration
+    /// order (a read collects the subtree's writes and sorts them).
+    children: HashMap<Segment, usize, FxBuildHasher>,
 }
 
 /// What a read of one path must replay.
