@@ -4,7 +4,6 @@
 use std::collections::{BTreeSet, HashMap};
 
 use crate::fxhash::FxBuildHasher;
-
 use crate::protocol::{OutputMethod, Path, Segment};
 
 #[derive(Debug, Clone, Default)]
@@ -36,7 +35,8 @@ pub(super) struct ReadPlan {
 
 /// A trie of the written paths: nodes live in a vector (the first is the empty path), each with
 /// its children by segment, so a write or a read walks one segment per level (no hashing or
-/// copying of whole paths) and the writes below a path are that node's subtree.
+/// copying of whole paths; the call graph's `graph::index` is the same shape, with per-call
+/// registrations instead of write numbers) and the writes below a path are that node's subtree.
 #[derive(Debug, Clone)]
 pub(super) struct Index {
     nodes: Vec<Node>,
