@@ -340,7 +340,14 @@ fn bytes_per_pending(calls: impl Iterator<Item = Call>, n: usize) -> f64 {
     let before = alloc::live();
     for (i, call) in calls.enumerate() {
         let id = dagloop::protocol::CallId(i as u64);
-        s.handle_into(Input::CallArrived { id, call: Ok(call) }, 0, &mut out);
+        s.handle_into(
+            Input::CallArrived {
+                id,
+                call: Ok(call.into()),
+            },
+            0,
+            &mut out,
+        );
         out.clear();
     }
     out.shrink_to_fit();
@@ -391,7 +398,14 @@ fn core_only(calls: Vec<Call>) -> f64 {
     let t0 = Instant::now();
     for (i, call) in calls.into_iter().enumerate() {
         let id = dagloop::protocol::CallId(i as u64);
-        s.handle_into(Input::CallArrived { id, call: Ok(call) }, 0, &mut out);
+        s.handle_into(
+            Input::CallArrived {
+                id,
+                call: Ok(call.into()),
+            },
+            0,
+            &mut out,
+        );
         collect(&mut out, &mut ready);
     }
     s.handle_into(Input::StreamClosed, 0, &mut out);

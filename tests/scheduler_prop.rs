@@ -116,7 +116,7 @@ fn simulate(d: &Dag) -> Sim {
         let input = match ev {
             Ev::Arrive(i) => Input::CallArrived {
                 id: CallId(i as u64),
-                call: Ok(call_for(d, i)),
+                call: Ok(call_for(d, i).into()),
             },
             Ev::Close => Input::StreamClosed,
             Ev::Finish(id, o) => Input::Finished { id, outcome: o },

@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 
 use crate::protocol::{Call, CallId, Message, Role, Tool};
-pub use sanitize::{SanitizeLimits, sanitize};
+pub use sanitize::{SanitizeLimits, sanitize, sanitize_owned};
 
 /// What became of one call of the previous step, as the next Request shows it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -45,10 +45,11 @@ pub struct ContextInput<'a> {
     pub extra: &'a [Message],
     /// The run's input, if any, with its schema.
     pub input: Option<(&'a Value, Option<&'a Value>)>,
-    /// The merged current state and its schema.
-    pub state: Option<(&'a Value, Option<&'a Value>)>,
-    /// The previous step's calls and what became of them.
-    pub plan: &'a [PlanEntry],
+    /// The merged current state and its schema (the state is sanitised in place).
+    pub state: Option<(Value, Option<&'a Value>)>,
+    /// The previous step's calls and what became of them (moved into the plan message, not
+    /// copied).
+    pub plan: Vec<PlanEntry>,
     /// Validation errors of the previous output, if it was invalid.
     pub output_errors: &'a [String],
     /// What the model is told about its previous response itself (it was not a Solution:
@@ -94,7 +95,7 @@ pub fn system_prompt(tools: &[Tool]) -> String {
 }
 
 /// Builds the messages of one Request.
-pub fn assemble(input: &ContextInput<'_>) -> Vec<Message> {
+pub fn assemble(input: ContextInput<'_>) -> Vec<Message> {
     let mut out = vec![
         text(Role::System, system_prompt(input.tools)),
         text(Role::User, input.goal.to_string()),
@@ -109,21 +110,35 @@ pub fn assemble(input: &ContextInput<'_>) -> Vec<Message> {
     }
     if let Some((data, schema)) = input.state {
         out.push(Message::State {
-            data: sanitize(data, &input.limits),
+            data: sanitize_owned(data, &input.limits),
             schema: schema.cloned(),
             extra: Map::new(),
         });
     }
     if !input.plan.is_empty() {
+        // The error messages first: they copy the (few) calls that did not succeed, and the
+        // plan message then takes every call as it is.
+        let mut errors = Vec::new();
+        for e in input.plan.iter().filter(|e| e.status != "done") {
+            let mut error = e.error.clone().unwrap_or_else(|| json!(e.status));
+            if !e.missing.is_empty() {
+                error = json!({"message": "unresolved: nothing wrote these references", "missing": e.missing});
+            }
+            errors.push(Message::Error {
+                call: e.call.clone(),
+                error: sanitize(&error, &input.limits),
+                extra: Map::new(),
+            });
+        }
         let plan = input
             .plan
-            .iter()
+            .into_iter()
             .map(|e| {
-                let mut call = e.call.clone();
+                let mut call = e.call;
                 if let Value::Object(m) = &mut call {
-                    m.insert("_status".into(), json!(e.status));
-                    if let Some(r) = &e.result {
-                        m.insert("_result".into(), sanitize(r, &input.limits));
+                    m.insert("_status".into(), Value::String(e.status));
+                    if let Some(r) = e.result {
+                        m.insert("_result".into(), sanitize_owned(r, &input.limits));
                     }
                 }
                 call
@@ -133,17 +148,7 @@ pub fn assemble(input: &ContextInput<'_>) -> Vec<Message> {
             plan,
             extra: Map::new(),
         });
-        for e in input.plan.iter().filter(|e| e.status != "done") {
-            let mut error = e.error.clone().unwrap_or_else(|| json!(e.status));
-            if !e.missing.is_empty() {
-                error = json!({"message": "unresolved: nothing wrote these references", "missing": e.missing});
-            }
-            out.push(Message::Error {
-                call: e.call.clone(),
-                error: sanitize(&error, &input.limits),
-                extra: Map::new(),
-            });
-        }
+        out.extend(errors);
     }
     for err in input.model_errors {
         out.push(text(Role::User, err.clone()));

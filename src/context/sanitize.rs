@@ -1,7 +1,7 @@
 //! Rule 18: what the model sees of a tool result. Long base64/hex blobs are stripped and the size
 //! is capped with a visible marker; the full result stays in state.
 
-use serde_json::{Map, Value};
+use serde_json::Value;
 
 /// Limits applied when showing a value to the model.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -29,69 +29,104 @@ impl Default for SanitizeLimits {
 
 /// Returns the value as the model should see it.
 pub fn sanitize(v: &Value, limits: &SanitizeLimits) -> Value {
-    let cleaned = walk(v, limits);
-    let text = cleaned.to_string();
-    if text.len() <= limits.max_total_bytes {
-        return cleaned;
+    sanitize_owned(v.clone(), limits)
+}
+
+/// [`sanitize`], cleaning `v` in place instead of copying it (the state shown each step can
+/// hold every result of the run).
+pub fn sanitize_owned(mut v: Value, limits: &SanitizeLimits) -> Value {
+    clean(&mut v, limits);
+    cap(v, limits.max_total_bytes)
+}
+
+/// `v` if it serialises to at most `max` bytes, else its first `max` bytes (cut back to a
+/// character boundary) as a string with a marker. Serialises once, keeping only the head.
+fn cap(v: Value, max: usize) -> Value {
+    struct Head {
+        bytes: Vec<u8>,
+        keep: usize,
+        total: usize,
     }
-    let mut cut = limits.max_total_bytes;
-    while !text.is_char_boundary(cut) {
+    impl std::io::Write for Head {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            let room = self.keep.saturating_sub(self.bytes.len());
+            self.bytes.extend_from_slice(&buf[..room.min(buf.len())]);
+            self.total += buf.len();
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut head = Head {
+        bytes: Vec::new(),
+        keep: max.saturating_add(1),
+        total: 0,
+    };
+    if serde_json::to_writer(&mut head, &v).is_err() || head.total <= max {
+        return v;
+    }
+    // `bytes[max]` exists (the text is longer than `max`): step back to a character's start.
+    let mut cut = max;
+    while cut > 0 && head.bytes.get(cut).is_some_and(|b| b & 0xc0 == 0x80) {
         cut -= 1;
     }
+    let text = String::from_utf8_lossy(&head.bytes[..cut]);
     Value::String(format!(
-        "{}…[truncated: {} more bytes; the full result is in state]",
-        &text[..cut],
-        text.len() - cut
+        "{text}…[truncated: {} more bytes; the full result is in state]",
+        head.total - cut
     ))
 }
 
-fn walk(v: &Value, limits: &SanitizeLimits) -> Value {
+fn clean(v: &mut Value, limits: &SanitizeLimits) {
     match v {
-        Value::String(s) => Value::String(clean_string(s, limits)),
-        Value::Array(items) => {
-            let mut out: Vec<Value> = items
-                .iter()
-                .take(limits.max_array_items)
-                .map(|x| walk(x, limits))
-                .collect();
-            if items.len() > limits.max_array_items {
-                out.push(Value::String(format!(
-                    "…[{} more items truncated]",
-                    items.len() - limits.max_array_items
-                )));
+        Value::String(s) => {
+            if let Some(c) = cleaned_string(s, limits) {
+                *s = c;
             }
-            Value::Array(out)
+        }
+        Value::Array(items) => {
+            let extra = items.len().saturating_sub(limits.max_array_items);
+            items.truncate(limits.max_array_items);
+            for x in items.iter_mut() {
+                clean(x, limits);
+            }
+            if extra > 0 {
+                items.push(Value::String(format!("…[{extra} more items truncated]")));
+            }
         }
         Value::Object(m) => {
-            let mut out = Map::new();
-            for (k, x) in m {
-                out.insert(k.clone(), walk(x, limits));
+            for x in m.values_mut() {
+                clean(x, limits);
             }
-            Value::Object(out)
         }
-        other => other.clone(),
+        _ => {}
     }
 }
 
-fn clean_string(s: &str, limits: &SanitizeLimits) -> String {
+/// The string as shown, or None when it is shown as it is.
+fn cleaned_string(s: &str, limits: &SanitizeLimits) -> Option<String> {
+    if s.len() < limits.blob_min_chars && s.len() <= limits.max_string_chars {
+        return None;
+    }
     let n = s.chars().count();
     if n >= limits.blob_min_chars {
         if s.bytes().all(|b| b.is_ascii_hexdigit()) {
-            return format!("[hex data stripped: {n} chars]");
+            return Some(format!("[hex data stripped: {n} chars]"));
         }
         let payload = s.rsplit_once("base64,").map_or(s, |(_, p)| p);
         if payload.len() >= limits.blob_min_chars && payload.bytes().all(is_base64_byte) {
-            return format!("[base64 data stripped: {n} chars]");
+            return Some(format!("[base64 data stripped: {n} chars]"));
         }
     }
     if n > limits.max_string_chars {
         let kept: String = s.chars().take(limits.max_string_chars).collect();
-        return format!(
+        return Some(format!(
             "{kept}…[truncated: {} more chars]",
             n - limits.max_string_chars
-        );
+        ));
     }
-    s.to_string()
+    None
 }
 
 fn is_base64_byte(b: u8) -> bool {
@@ -131,6 +166,11 @@ mod tests {
             max_array_items: 2,
             max_total_bytes: 40,
         };
+        let walk = |v: &Value, l: &SanitizeLimits| {
+            let mut v = v.clone();
+            clean(&mut v, l);
+            v
+        };
         assert_eq!(
             walk(&json!("abcdefgh"), &l),
             json!("abcde…[truncated: 3 more chars]")
@@ -141,9 +181,14 @@ mod tests {
         );
         let big = json!({"k": ["aaaa", "bbbb"], "m": ["cccc", "dddd"], "z": "eeee"});
         let out = sanitize(&big, &l);
-        let s = out.as_str().unwrap();
-        assert!(s.ends_with("; the full result is in state]"), "{s}");
-        assert!(s.starts_with("{\"k\":[\"aaaa\""), "{s}");
+        let text = big.to_string();
+        let want = format!(
+            "{}…[truncated: {} more bytes; the full result is in state]",
+            &text[..40],
+            text.len() - 40
+        );
+        assert_eq!(out, json!(want));
+        assert_eq!(sanitize_owned(big, &l), out);
     }
 
     #[test]
@@ -153,6 +198,10 @@ mod tests {
             ..SanitizeLimits::default()
         };
         let out = sanitize(&json!("ééééééé"), &l);
-        assert!(out.as_str().unwrap().starts_with("\"ééé"));
+        // `"ééé` is 7 bytes; the 4th `é` would straddle the cut. 16 bytes in all.
+        assert_eq!(
+            out,
+            json!("\"ééé…[truncated: 9 more bytes; the full result is in state]")
+        );
     }
 }

@@ -558,7 +558,7 @@ impl Agent {
         let (done, _) = watch::channel(None);
         let (idle, _) = watch::channel(false);
         let shared = Arc::new(Shared {
-            run_id: self.run_id.clone(),
+            run_id: Arc::from(self.run_id.as_str()),
             root: self.config.clone(),
             policy: self.policy.clone(),
             sanitize: self.sanitize,

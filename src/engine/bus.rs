@@ -46,7 +46,7 @@ struct Inner {
 
 /// Sequence numbers, timestamps and delivery for one run's events.
 pub struct EventBus {
-    run_id: String,
+    run_id: Arc<str>,
     inner: Mutex<Inner>,
     tx: broadcast::Sender<Event>,
     clock: Clock,
@@ -72,7 +72,7 @@ impl EventBus {
     pub fn new(capacity: usize) -> Self {
         let (tx, _) = broadcast::channel(capacity.max(1));
         EventBus {
-            run_id: String::new(),
+            run_id: Arc::from(""),
             inner: Mutex::new(Inner { seq: 0, sink: None }),
             tx,
             clock: system_clock(),
@@ -81,7 +81,7 @@ impl EventBus {
 
     /// Stamps every event with this run id (builder style).
     pub fn with_run_id(mut self, run_id: impl Into<String>) -> Self {
-        self.run_id = run_id.into();
+        self.run_id = Arc::from(run_id.into());
         self
     }
 

@@ -26,7 +26,7 @@ pub(super) struct OpRequest {
 
 /// What the driver shares with handles and subscribers.
 pub(super) struct Shared {
-    pub run_id: String,
+    pub run_id: Arc<str>,
     pub root: Arc<AgentConfig>,
     pub policy: Policy,
     pub sanitize: SanitizeLimits,

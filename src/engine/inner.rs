@@ -148,7 +148,7 @@ where
                 Some(call) => {
                     let id = CallId(next_id);
                     next_id += 1;
-                    Input::CallArrived { id, call }
+                    Input::CallArrived { id, call: call.map(Arc::new) }
                 }
                 None => {
                     stream_done = true;

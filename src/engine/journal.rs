@@ -77,7 +77,11 @@ pub(super) struct Commit(Committing);
 
 impl Commit {
     /// Hands `entries` of run `run_id` to `sink` now.
-    pub fn start(sink: Arc<dyn JournalSink>, run_id: String, entries: Vec<JournalEntry>) -> Commit {
+    pub fn start(
+        sink: Arc<dyn JournalSink>,
+        run_id: Arc<str>,
+        entries: Vec<JournalEntry>,
+    ) -> Commit {
         let mut fut: Committing = Box::pin(async move {
             let r = append_caught(sink.as_ref(), &run_id, &entries).await;
             (entries, r)

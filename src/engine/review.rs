@@ -42,7 +42,7 @@ pub(super) async fn serve(
                     id,
                     call: call.clone(),
                     tool,
-                    run_id: shared.run_id.clone(),
+                    run_id: shared.run_id.to_string(),
                     path: path.clone(),
                     params_hash: params_hash.clone(),
                 };

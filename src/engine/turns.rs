@@ -134,7 +134,10 @@ impl Reader {
         if strict {
             drop_strict_nulls_in_call(&self.config.composed, &mut call);
         }
-        RunInput::Call { frame, call }
+        RunInput::Call {
+            frame,
+            call: Arc::new(call),
+        }
     }
 
     /// The output the model wrote, likewise.

@@ -50,7 +50,8 @@ pub(super) struct Frame {
     pub state: Option<State>,
     pub sched: Option<Scheduler>,
     pub streaming: bool,
-    /// The context of the current turn (asked again as is after a restart).
+    /// The context of the current turn (asked again as is after a restart; kept only by a
+    /// machine that may be resumed: `RunMachine::keep_launched`).
     pub messages: Vec<Message>,
     pub turn: Turn,
     pub tracker: TurnTracker,
@@ -177,20 +178,20 @@ impl Frame {
         state
     }
 
-    /// The messages of the next Request.
-    pub fn messages(&self, state: &State, sanitize: SanitizeLimits) -> Vec<Message> {
+    /// The messages of the next Request (the plan moves into them).
+    pub fn messages(&mut self, state: &State, sanitize: SanitizeLimits) -> Vec<Message> {
         let cfg = &self.cfg;
         let state_view = state.view("state").unwrap_or(Value::Null);
         let input_schema = cfg.input.as_ref().and_then(|(_, s)| s.as_ref());
         let mut extra = cfg.context.clone();
         extra.extend(self.extra.iter().cloned());
-        context::assemble(&ContextInput {
+        context::assemble(ContextInput {
             goal: &cfg.goal,
             tools: &cfg.tools,
             extra: &extra,
             input: self.input.as_ref().map(|v| (v, input_schema)),
-            state: Some((&state_view, cfg.state.1.as_ref())),
-            plan: &self.plan,
+            state: Some((state_view, cfg.state.1.as_ref())),
+            plan: std::mem::take(&mut self.plan),
             output_errors: &self.output_errors,
             model_errors: &self.problems,
             limits: sanitize,
@@ -204,7 +205,7 @@ impl Frame {
             .calls
             .iter()
             .map(|c| {
-                let call = c.revised.as_ref().or(c.call.as_ref());
+                let call = c.revised.as_ref().or(c.call.as_deref());
                 self.calls.push(CallSummary {
                     id: c.id,
                     step,
@@ -216,10 +217,7 @@ impl Frame {
                 PlanEntry {
                     id: c.id,
                     call: call.map(Call::to_value).unwrap_or(Value::Null),
-                    status: serde_json::to_value(c.status)
-                        .ok()
-                        .and_then(|v| v.as_str().map(str::to_string))
-                        .unwrap_or_default(),
+                    status: c.status.as_str().to_string(),
                     result: call
                         .filter(|x| x.output_path.is_none())
                         .and(c.result.clone()),
@@ -290,7 +288,7 @@ impl Frame {
         let written: Vec<&Call> = report
             .calls
             .iter()
-            .filter_map(|c| c.call.as_ref())
+            .filter_map(|c| c.call.as_deref())
             .collect();
         let limits = &self.cfg.limits;
         match self

@@ -47,7 +47,7 @@ pub const MAX_DEPTH: u32 = 4;
 /// A whole run: its agents (frames), ids and event numbering. See the module docs.
 #[derive(Debug)]
 pub struct RunMachine {
-    run_id: String,
+    run_id: Arc<str>,
     policy: Policy,
     sanitize: SanitizeLimits,
     root: Arc<AgentConfig>,
@@ -66,7 +66,7 @@ type Work = (FrameKey, scheduler::Input);
 impl RunMachine {
     /// A machine for a run of `root` under `policy`; events are stamped with `run_id`.
     pub fn new(
-        run_id: impl Into<String>,
+        run_id: impl Into<Arc<str>>,
         root: Arc<AgentConfig>,
         policy: Policy,
         sanitize: SanitizeLimits,
@@ -85,7 +85,8 @@ impl RunMachine {
         }
     }
 
-    /// Keeps a copy of each running call so that a rebuilt run can interrupt it. Needed by
+    /// Keeps a copy of each running call so that a rebuilt run can interrupt it, and of each
+    /// turn's context so that a turn streaming at the stop is asked again as it was. Needed by
     /// every machine that replays a journal (see [`RunMachine::replaying`]): a journal with a
     /// `resumed` entry re-presents (or re-launches) the calls that were running, and without
     /// the copies a replay would silently skip that. A run that never stops needs none.
@@ -96,7 +97,7 @@ impl RunMachine {
     /// A machine to replay a run's journal through: [`RunMachine::new`] keeping running calls,
     /// so that it takes exactly the steps the run took, across restarts too.
     pub fn replaying(
-        run_id: impl Into<String>,
+        run_id: impl Into<Arc<str>>,
         root: Arc<AgentConfig>,
         policy: Policy,
         sanitize: SanitizeLimits,
@@ -373,7 +374,13 @@ impl RunMachine {
         self.open_scheduler(key, 0);
         for call in plan {
             let id = self.alloc(key);
-            work.push((key, scheduler::Input::CallArrived { id, call: Ok(call) }));
+            work.push((
+                key,
+                scheduler::Input::CallArrived {
+                    id,
+                    call: Ok(Arc::new(call)),
+                },
+            ));
         }
         work.push((key, scheduler::Input::StreamClosed));
     }
@@ -437,6 +444,7 @@ impl RunMachine {
         out: &mut Vec<Action>,
     ) {
         let sanitize = self.sanitize;
+        let keep = self.keep_launched;
         let Some(f) = self.frames.get_mut(&key) else {
             return;
         };
@@ -444,12 +452,18 @@ impl RunMachine {
         if step > f.cfg.limits.max_steps {
             return self.finish(key, RunStatus::MaxSteps, None, Value::Null, now, work, out);
         }
-        let messages = match &f.state {
+        let state = f.state.take();
+        let messages = match &state {
             Some(state) => f.messages(state, sanitize),
             None => Vec::new(),
         };
+        f.state = state;
         let config = f.cfg.clone();
-        f.messages.clone_from(&messages);
+        // Kept only by a machine that may be resumed (it asks the turn again as it was); a
+        // fresh run's never is, and the context holds the whole plan and state.
+        if keep {
+            f.messages.clone_from(&messages);
+        }
         self.open_scheduler(key, step);
         if let Some(f) = self.frames.get_mut(&key) {
             f.streaming = true;

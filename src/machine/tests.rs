@@ -35,7 +35,7 @@ fn turn(m: &mut RunMachine, calls: &[Value], output: Value, now: Millis) -> Vec<
         m.handle_into(
             RunInput::Call {
                 frame: None,
-                call: call(c.clone()),
+                call: call(c.clone()).into(),
             },
             now,
             &mut out,
@@ -242,7 +242,7 @@ fn rule16_cancel_aborts_running_calls() {
     m.handle_into(
         RunInput::Call {
             frame: None,
-            call: call(json!({"_tool": "act"})),
+            call: call(json!({"_tool": "act"})).into(),
         },
         1,
         &mut out,
@@ -302,7 +302,7 @@ fn ops_are_refused_with_typed_reasons_rule21() {
     m.handle_into(
         RunInput::Call {
             frame: None,
-            call: call(json!({"_tool": "act", "x": 1})),
+            call: call(json!({"_tool": "act", "x": 1})).into(),
         },
         1,
         &mut out,
@@ -347,7 +347,7 @@ fn ops_are_refused_with_typed_reasons_rule21() {
         Some("op.edit_changes_tool")
     );
     let unknown = Decision::Replace {
-        call: call(json!({"_tool": "nope"})),
+        call: call(json!({"_tool": "nope"})).into(),
     };
     assert_eq!(
         code(&m, decide(1, unknown, None)),
@@ -368,7 +368,7 @@ fn ops_are_refused_with_typed_reasons_rule21() {
     m.handle(
         RunInput::Call {
             frame: None,
-            call: call(json!({"_tool": "act", "v": "†state.later"})),
+            call: call(json!({"_tool": "act", "v": "†state.later"})).into(),
         },
         3,
     );
@@ -392,11 +392,11 @@ fn the_same_journal_gives_the_same_events() {
         RunInput::Start,
         RunInput::Call {
             frame: None,
-            call: call(json!({"_tool": "note", "_output": "x", "_outputPath": "†state.a"})),
+            call: call(json!({"_tool": "note", "_output": "x", "_outputPath": "†state.a"})).into(),
         },
         RunInput::Call {
             frame: None,
-            call: call(json!({"_tool": "act", "v": "†state.a"})),
+            call: call(json!({"_tool": "act", "v": "†state.a"})).into(),
         },
         RunInput::StreamClosed {
             frame: None,

@@ -46,8 +46,9 @@ pub enum RunInput {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         frame: FrameKey,
         /// The call as written (when its schema was sent strict, without the `null`s strict
-        /// mode made the model write for params it left out: `llm::drop_strict_nulls`).
-        call: Call,
+        /// mode made the model write for params it left out: `llm::drop_strict_nulls`). Shared
+        /// with the scheduler and the `call_received` event, never copied.
+        call: Arc<Call>,
     },
     /// The model streamed something that is not a valid call (it is refused; the model is told).
     Unreadable {

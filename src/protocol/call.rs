@@ -140,8 +140,12 @@ impl Call {
     /// Every expression found in the params, at any depth, with a JSON pointer to where it sits.
     pub fn references(&self) -> Result<Vec<(String, Expression)>, ReferenceError> {
         let mut out = Vec::new();
+        let mut pointer = String::new();
         for (k, v) in &self.params {
-            collect_refs(v, &format!("/{}", escape_pointer(k)), &mut out)?;
+            pointer.push('/');
+            push_escaped(&mut pointer, k);
+            walk_refs(v, &mut pointer, &mut out)?;
+            pointer.clear();
         }
         Ok(out)
     }
@@ -152,8 +156,18 @@ impl Call {
     }
 }
 
-fn escape_pointer(k: &str) -> String {
-    k.replace('~', "~0").replace('/', "~1")
+/// Appends `k` as one JSON-pointer token (`~` as `~0`, `/` as `~1`).
+fn push_escaped(pointer: &mut String, k: &str) {
+    if !k.contains(['~', '/']) {
+        return pointer.push_str(k);
+    }
+    for c in k.chars() {
+        match c {
+            '~' => pointer.push_str("~0"),
+            '/' => pointer.push_str("~1"),
+            c => pointer.push(c),
+        }
+    }
 }
 
 /// Collects every reference expression inside `v` (whole string values only, rule 1).
@@ -162,20 +176,39 @@ pub fn collect_refs(
     pointer: &str,
     out: &mut Vec<(String, Expression)>,
 ) -> Result<(), ReferenceError> {
+    let mut pointer = pointer.to_string();
+    walk_refs(v, &mut pointer, out)
+}
+
+/// [`collect_refs`] with one pointer buffer, extended and cut back on the way down (a pointer
+/// is copied only for a reference found).
+fn walk_refs(
+    v: &Value,
+    pointer: &mut String,
+    out: &mut Vec<(String, Expression)>,
+) -> Result<(), ReferenceError> {
     match v {
         Value::String(s) => {
             if let Some(e) = parse_expression(s)? {
-                out.push((pointer.to_string(), e));
+                out.push((pointer.clone(), e));
             }
         }
         Value::Array(a) => {
+            let len = pointer.len();
             for (i, x) in a.iter().enumerate() {
-                collect_refs(x, &format!("{pointer}/{i}"), out)?;
+                use std::fmt::Write as _;
+                let _ = write!(pointer, "/{i}");
+                walk_refs(x, pointer, out)?;
+                pointer.truncate(len);
             }
         }
         Value::Object(m) => {
+            let len = pointer.len();
             for (k, x) in m {
-                collect_refs(x, &format!("{pointer}/{}", escape_pointer(k)), out)?;
+                pointer.push('/');
+                push_escaped(pointer, k);
+                walk_refs(x, pointer, out)?;
+                pointer.truncate(len);
             }
         }
         _ => {}

@@ -12,6 +12,8 @@
 //! sanitising results (events carry full values; the context builder sanitises what the model
 //! sees).
 
+use std::sync::Arc;
+
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
@@ -20,9 +22,10 @@ use super::{Call, CallId, Millis, OutputMethod};
 /// One stamped event of a run.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Event {
-    /// The run the event belongs to (empty when the bus was given no run id).
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub run_id: String,
+    /// The run the event belongs to (empty when the bus was given no run id). Shared by every
+    /// event of the run.
+    #[serde(default, skip_serializing_if = "str::is_empty")]
+    pub run_id: Arc<str>,
     /// Per-run sequence number, strictly increasing from 1 without gaps.
     pub seq: u64,
     /// The step (Request number) the event belongs to.
@@ -114,8 +117,8 @@ pub enum EventKind {
     // ----- the inner loop (scheduler) -----
     /// A call arrived from the model's stream (as written).
     CallReceived {
-        /// The call as the model wrote it.
-        call: Call,
+        /// The call as the model wrote it (shared with the run's journal, not a copy).
+        call: Arc<Call>,
     },
     /// A call was refused before it could run: invalid, unknown tool, or it would close a cycle.
     CallRefused {
@@ -312,7 +315,9 @@ mod tests {
     fn all_kinds() -> Vec<EventKind> {
         let call = Call::new("fetch").param("q", "†state.x").output("†state.y");
         vec![
-            EventKind::CallReceived { call: call.clone() },
+            EventKind::CallReceived {
+                call: Arc::new(call.clone()),
+            },
             EventKind::CallRefused {
                 reason: "cycle".into(),
                 cycle: vec![CallId(2), CallId(1)],
@@ -427,7 +432,7 @@ mod tests {
     #[test]
     fn wire_shape_is_flat_and_snake_case() {
         let ev = Event {
-            run_id: String::new(),
+            run_id: Arc::from(""),
             seq: 7,
             step: 1,
             at: 5,

@@ -3,6 +3,8 @@
 //! The gate lives in `gate.rs`, how calls end in `complete.rs`. Every transition keeps the graph,
 //! the phase counters and the recheck queue consistent.
 
+use std::sync::Arc;
+
 use super::{Entry, Phase, Scheduler, ToolEntry};
 use crate::graph::GraphError;
 use crate::protocol::{Call, CallId, EventKind, FailKind, Millis, Path};
@@ -36,10 +38,10 @@ pub(super) fn path_strings(paths: &[Path]) -> Vec<String> {
 }
 
 impl Entry {
-    pub(super) fn new(id: CallId, written: Option<Call>) -> Self {
+    pub(super) fn new(id: CallId, written: Option<Arc<Call>>) -> Self {
         Entry {
             id,
-            written: written.map(Box::new),
+            written,
             revised: None,
             tool: None,
             target: None,
@@ -80,7 +82,7 @@ impl Scheduler {
     pub(super) fn arrive(
         &mut self,
         id: CallId,
-        call: Result<Call, String>,
+        call: Result<Arc<Call>, String>,
         _now: Millis,
         out: &mut Vec<Action>,
     ) {

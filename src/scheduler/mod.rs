@@ -83,7 +83,7 @@ enum Phase {
 #[derive(Debug)]
 struct Entry {
     id: CallId,
-    written: Option<Box<Call>>,
+    written: Option<Arc<Call>>,
     revised: Option<Box<Call>>,
     tool: Option<ToolEntry>,
     target: Option<Expression>,
@@ -260,10 +260,7 @@ impl Scheduler {
             Phase::Waiting => "blocked".into(),
             Phase::Asking => "awaiting approval".into(),
             Phase::Running => "running".into(),
-            Phase::Done(s) => serde_json::to_value(s)
-                .ok()
-                .and_then(|v| v.as_str().map(String::from))
-                .unwrap_or_default(),
+            Phase::Done(s) => s.as_str().to_string(),
         })
     }
 
@@ -317,7 +314,7 @@ impl Scheduler {
             .into_iter()
             .map(|mut e| {
                 let parts = (
-                    e.written.take().map(|c| *c),
+                    e.written.take(),
                     e.revised.take().map(|c| *c),
                     e.value.take(),
                 );
@@ -328,12 +325,12 @@ impl Scheduler {
     }
 }
 
-type Parts = (Option<Call>, Option<Call>, Option<Value>);
+type Parts = (Option<Arc<Call>>, Option<Call>, Option<Value>);
 
 impl Entry {
     fn clone_parts(&self) -> Parts {
         (
-            self.written.as_deref().cloned(),
+            self.written.clone(),
             self.revised.as_deref().cloned(),
             self.value.clone(),
         )

@@ -36,6 +36,9 @@ fn locate(i: usize, e: &Expression, p: &Path) -> RefAt {
 }
 
 fn unescape(token: &str) -> String {
+    if !token.contains('~') {
+        return token.to_string();
+    }
     token.replace("~1", "/").replace("~0", "~")
 }
 

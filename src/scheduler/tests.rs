@@ -30,7 +30,7 @@ fn sched() -> Scheduler {
 fn arrival(s: &Scheduler, c: Call) -> Input {
     Input::CallArrived {
         id: CallId(100 + s.len() as u64),
-        call: Ok(c),
+        call: Ok(c.into()),
     }
 }
 

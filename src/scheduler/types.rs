@@ -20,8 +20,9 @@ pub enum Input {
     CallArrived {
         /// The id the call gets.
         id: CallId,
-        /// The call, or why it could not be read.
-        call: Result<Call, String>,
+        /// The call (shared with the journal and the `call_received` event), or why it could
+        /// not be read.
+        call: Result<Arc<Call>, String>,
     },
     /// The model's stream ended: no more calls this step.
     StreamClosed,
@@ -211,13 +212,31 @@ pub enum CallStatus {
     Detached,
 }
 
+impl CallStatus {
+    /// The status as serialised (`done`, `failed`, ...).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CallStatus::Pending => "pending",
+            CallStatus::Running => "running",
+            CallStatus::Done => "done",
+            CallStatus::Failed => "failed",
+            CallStatus::Rejected => "rejected",
+            CallStatus::Unresolved => "unresolved",
+            CallStatus::Cancelled => "cancelled",
+            CallStatus::Refused => "refused",
+            CallStatus::Detached => "detached",
+        }
+    }
+}
+
 /// What became of one call of the step.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CallReport {
     /// The call's id.
     pub id: CallId,
-    /// The call as the model wrote it (None when the parser could not read it).
-    pub call: Option<Call>,
+    /// The call as the model wrote it (None when the parser could not read it); shared with
+    /// the journal and the `call_received` event.
+    pub call: Option<Arc<Call>>,
     /// The call a reviewer's edit or replacement put in its place.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub revised: Option<Call>,
