@@ -720,7 +720,7 @@ async fn a_delegate_answers_in_its_own_mode_also_after_a_resume() {
 /// served from a replay of the journal so far; one that joins after the run went on is served
 /// from the same replay fed only the newer entries. Both see exactly what a live subscriber saw.
 #[tokio::test(start_paused = true)]
-async fn late_subscribers_are_caught_up_from_one_growing_replay() {
+async fn late_subscribers_are_caught_up_from_one_replay_then_the_kept_history() {
     let dir = tempfile::tempdir().expect("dir");
     let g = goal_in(
         dir.path(),
@@ -767,7 +767,7 @@ async fn late_subscribers_are_caught_up_from_one_growing_replay() {
         h.submit(op).await.expect("approve");
     }
     assert_eq!(h.wait().await.status, RunStatus::Succeeded);
-    // Joins after the run went on: the same replay, fed the entries since.
+    // Joins after the run went on: the replay made for `early`, then the events kept since.
     let late = all_events(&h).await;
     let mut rest = Vec::new();
     let drained = tokio::time::timeout(std::time::Duration::from_secs(60), async {

@@ -567,7 +567,7 @@ impl Agent {
             ops: ops_tx,
             done,
             idle,
-            catch_up: Mutex::new(None),
+            catch_up: Mutex::new(false),
         });
         let mut aux = JoinSet::new();
         if let Some(approver) = self.approver {

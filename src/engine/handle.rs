@@ -1,8 +1,10 @@
 //! A running run, as programs address it: [`RunHandle`] takes ops in and gives events out.
 //!
 //! Events are broadcast live; a subscriber that starts late, or falls behind the broadcast
-//! ring, is caught up by replaying the run's journal through a fresh machine, so it sees every
-//! event exactly once and in order ([`Subscription`]). The last handle dropped stops the run and
+//! ring, is caught up from the run's event history, so it sees every event exactly once and in
+//! order ([`Subscription`]). The history is made by the first catch-up: the journal so far is
+//! replayed through a fresh machine once, and from then on published events are kept as they
+//! are published (shared, not copied). The last handle dropped stops the run and
 //! every task it owns.
 //!
 //! Deliberately not here: deciding anything about the run (the machine does) or performing its
@@ -15,7 +17,7 @@ use tokio::task::AbortHandle;
 
 use crate::approval::Policy;
 use crate::context::SanitizeLimits;
-use crate::machine::{AgentConfig, JournalEntry, Replayer, RunResult};
+use crate::machine::{AgentConfig, JournalEntry, RunResult};
 use crate::protocol::{Event, Op, OpError};
 
 /// An op on its way to the driver, with where to send the verdict.
@@ -37,32 +39,41 @@ pub(super) struct Shared {
     /// True while the run can only move on when somebody submits an op (nothing streams, runs
     /// or waits on a timer).
     pub idle: watch::Sender<bool>,
-    /// The journal replayed for subscribers that fell behind the ring (made on the first such
-    /// catch-up, then fed only the entries appended since).
-    pub catch_up: Mutex<Option<CatchUp>>,
+    /// Taken by a subscriber catching up; true once [`Log::history`] holds every event of the
+    /// run (the replayed ones before the first catch-up included).
+    pub catch_up: Mutex<bool>,
 }
 
-/// The replayed events lagging subscribers are served from.
-pub(super) struct CatchUp {
-    replayer: Replayer,
-    events: Vec<Arc<Event>>,
-}
-
-/// The journal so far and the last event published from it.
+/// The journal so far, the last event published from it and, once a subscriber has fallen
+/// behind the ring, every event since.
 #[derive(Default)]
 pub(super) struct Log {
     pub journal: Vec<JournalEntry>,
     pub last_seq: u64,
+    /// Every journaled event, kept from the first catch-up on (None before): what subscribers
+    /// that fall behind the ring are served from. The events before it are made once, by
+    /// replaying the journal; later ones are the published events themselves, shared (their
+    /// calls are the journal's), so a lagging subscriber costs no second machine.
+    pub history: Option<Vec<Arc<Event>>>,
 }
 
 impl Shared {
     /// Publishes events under the log lock (so a new subscriber's cut is consistent).
     pub fn publish(&self, log: &mut Log, event: Event) {
-        if !event.kind.is_ephemeral() {
+        let ephemeral = event.kind.is_ephemeral();
+        if !ephemeral {
             log.last_seq = event.seq;
         }
-        if self.tx.receiver_count() > 0 {
-            let _ = self.tx.send(Arc::new(event));
+        let listening = self.tx.receiver_count() > 0;
+        if !listening && (ephemeral || log.history.is_none()) {
+            return;
+        }
+        let event = Arc::new(event);
+        if let (false, Some(h)) = (ephemeral, &mut log.history) {
+            h.push(event.clone());
+        }
+        if listening {
+            let _ = self.tx.send(event);
         }
     }
 
@@ -80,47 +91,47 @@ impl Shared {
         }
     }
 
-    /// Every event after `after` up to the last published one (replayed from the journal), a
-    /// live receiver for what comes next, and the sequence number where the two meet.
+    /// Every event after `after` up to the last published one, a live receiver for what comes
+    /// next, and the sequence number where the two meet. The first catch-up of the run replays
+    /// the journal so far (outside the log lock: the driver goes on meanwhile, its events
+    /// recorded); every later one copies from the history.
     fn cut(&self, after: u64) -> (Vec<Arc<Event>>, broadcast::Receiver<Arc<Event>>, u64) {
-        // One catch-up at a time; the driver is only held up while the new entries are copied.
-        let mut catch_up = match self.catch_up.lock() {
+        // One catch-up at a time, so the first completes the history before anyone reads it.
+        let mut complete = match self.catch_up.lock() {
             Ok(c) => c,
             Err(p) => p.into_inner(),
         };
-        let fed = catch_up.as_ref().map_or(0, |c| c.replayer.fed());
-        let (fresh, cut, rx) = {
-            let log = match self.log.lock() {
-                Ok(l) => l,
-                Err(p) => p.into_inner(),
-            };
-            let fresh = log
-                .journal
-                .get(fed..)
-                .map(<[_]>::to_vec)
-                .unwrap_or_default();
-            (fresh, log.last_seq, self.tx.subscribe())
+        let lock = || match self.log.lock() {
+            Ok(l) => l,
+            Err(p) => p.into_inner(),
         };
-        if after >= cut {
-            return (Vec::new(), rx, cut);
-        }
-        let c = catch_up.get_or_insert_with(|| CatchUp {
-            replayer: Replayer::new(
-                &self.run_id,
-                self.root.clone(),
-                self.policy.clone(),
-                self.sanitize,
-            ),
-            events: Vec::new(),
-        });
-        c.replayer.feed(&fresh);
-        c.events.extend(c.replayer.events.drain(..).map(Arc::new));
-        let start = c.events.partition_point(|e| e.seq <= after);
-        let backlog = c.events[start..]
-            .iter()
-            .take_while(|e| e.seq <= cut)
-            .cloned()
-            .collect();
+        let (journal, cut, rx) = {
+            let mut log = lock();
+            let (cut, rx) = (log.last_seq, self.tx.subscribe());
+            if after >= cut {
+                return (Vec::new(), rx, cut);
+            }
+            if *complete {
+                let history = log.history.as_deref().unwrap_or_default();
+                return (between(history, after, cut), rx, cut);
+            }
+            log.history = Some(Vec::new());
+            (log.journal.clone(), cut, rx)
+        };
+        let replayed = crate::machine::replay(
+            &self.run_id,
+            self.root.clone(),
+            self.policy.clone(),
+            self.sanitize,
+            &journal,
+        );
+        drop(journal);
+        let mut history: Vec<Arc<Event>> = replayed.into_iter().map(Arc::new).collect();
+        let mut log = lock();
+        history.extend(log.history.take().unwrap_or_default());
+        let backlog = between(&history, after, cut);
+        log.history = Some(history);
+        *complete = true;
         (backlog, rx, cut)
     }
 
@@ -144,6 +155,16 @@ impl Shared {
         }
         verdict.await.unwrap_or_else(|_| Err(gone()))
     }
+}
+
+/// The events of `history` (in sequence order) numbered after `after`, up to `cut`.
+fn between(history: &[Arc<Event>], after: u64, cut: u64) -> Vec<Arc<Event>> {
+    let start = history.partition_point(|e| e.seq <= after);
+    history[start..]
+        .iter()
+        .take_while(|e| e.seq <= cut)
+        .cloned()
+        .collect()
 }
 
 /// Every event of a run after a given sequence number, then live ones, without gap or

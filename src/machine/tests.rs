@@ -347,7 +347,7 @@ fn ops_are_refused_with_typed_reasons_rule21() {
         Some("op.edit_changes_tool")
     );
     let unknown = Decision::Replace {
-        call: call(json!({"_tool": "nope"})).into(),
+        call: call(json!({"_tool": "nope"})),
     };
     assert_eq!(
         code(&m, decide(1, unknown, None)),

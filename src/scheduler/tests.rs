@@ -45,6 +45,24 @@ fn launches(actions: &[Action]) -> Vec<CallId> {
 }
 
 #[test]
+fn status_names_are_their_serialised_form() {
+    let all = [
+        CallStatus::Pending,
+        CallStatus::Running,
+        CallStatus::Done,
+        CallStatus::Failed,
+        CallStatus::Rejected,
+        CallStatus::Unresolved,
+        CallStatus::Cancelled,
+        CallStatus::Refused,
+        CallStatus::Detached,
+    ];
+    for s in all {
+        assert_eq!(serde_json::to_value(s).expect("status"), json!(s.as_str()));
+    }
+}
+
+#[test]
 fn ids_are_the_callers_and_launch_is_immediate() {
     let mut s = sched();
     let a = s.handle(arrival(&s, call(json!({"_tool": "t"}))), 1);
