@@ -589,15 +589,20 @@ async fn a_token_budget_holds_when_the_server_reports_no_usage() {
     assert!(r.usage.output_tokens >= 100, "{:?}", r.usage);
 }
 
-/// Replays a script, noting the mode of every request; request number `hang_at` (from 0) never
-/// answers.
+/// Replays a script, noting the mode and the messages of every request; request number
+/// `hang_at` (from 0) never answers.
 struct ModeRecorder {
     inner: ScriptedModel,
     modes: Arc<Mutex<Vec<dagloop::llm::Mode>>>,
+    messages: Arc<Mutex<Vec<Vec<dagloop::protocol::Message>>>>,
     hang_at: Option<usize>,
 }
 impl Model for ModeRecorder {
     fn stream(&self, req: &Request) -> EventStream {
+        self.messages
+            .lock()
+            .expect("messages")
+            .push(req.messages.clone());
         let n = {
             let mut m = self.modes.lock().expect("modes");
             m.push(req.settings.mode);
@@ -648,6 +653,7 @@ async fn a_delegate_answers_in_its_own_mode_also_after_a_resume() {
     let model = ModeRecorder {
         inner: script(),
         modes: modes.clone(),
+        messages: Default::default(),
         hang_at: None,
     };
     let r = AgentBuilder::new(goal_in(dir.path(), parent.clone()))
@@ -672,6 +678,7 @@ async fn a_delegate_answers_in_its_own_mode_also_after_a_resume() {
     let model = ModeRecorder {
         inner: script(),
         modes: modes.clone(),
+        messages: Default::default(),
         hang_at: Some(1),
     };
     let h = AgentBuilder::new(goal_in(dir.path(), parent.clone()))
@@ -698,6 +705,7 @@ async fn a_delegate_answers_in_its_own_mode_also_after_a_resume() {
     let model = ModeRecorder {
         inner: script(),
         modes: modes.clone(),
+        messages: Default::default(),
         hang_at: None,
     };
     let r = AgentBuilder::new(goal_in(dir.path(), parent))
@@ -716,9 +724,115 @@ async fn a_delegate_answers_in_its_own_mode_also_after_a_resume() {
     );
 }
 
-/// Catch-ups continue one replay: a subscriber that joins while the run waits for a reviewer is
+/// A call is held once: the journal's input and the `call_received` event a subscriber gets are
+/// the same allocation, not copies (large params cost their size once per run).
+#[tokio::test(start_paused = true)]
+async fn a_call_is_shared_by_the_journal_and_its_event() {
+    let dir = tempfile::tempdir().expect("dir");
+    let doc = json!({"goal": "g", "output_schema": {"type": "object"},
+        "tools": [{"_tool": "t", "_activity": "rust", "type": "object"}]});
+    let turns = json!([
+        sol(
+            json!([{"_tool": "t", "big": "x".repeat(1000)}]),
+            Value::Null
+        ),
+        sol(json!([]), json!({"ok": true})),
+    ]);
+    let mut b = AgentBuilder::new(goal_in(dir.path(), doc)).model(model(turns));
+    b.registry_mut()
+        .register_fn("t", |_: Value| async move { Ok::<_, String>(1) });
+    let h = b.build().expect("build").start();
+    let mut events = h.subscribe_from(0);
+    let mut received = None;
+    while let Some(e) = events.recv().await {
+        if let EventKind::CallReceived { call } = &e.kind {
+            received = Some(call.clone());
+        }
+    }
+    assert_eq!(h.wait().await.status, RunStatus::Succeeded);
+    let received = received.expect("a call_received event");
+    let journaled = h
+        .journal()
+        .into_iter()
+        .find_map(|e| match e.input {
+            dagloop::machine::RunInput::Call { call, .. } => Some(call),
+            _ => None,
+        })
+        .expect("a journaled call");
+    assert!(Arc::ptr_eq(&received, &journaled), "one call, not copies");
+}
+
+/// A turn that was streaming when the run stopped is asked again with exactly the context it was
+/// first asked with (the plan and state of the step before): the rebuilt machine keeps each
+/// turn's context, which a fresh run's machine does not.
+#[tokio::test(start_paused = true)]
+async fn a_resumed_run_asks_the_interrupted_turn_with_the_same_context() {
+    let dir = tempfile::tempdir().expect("dir");
+    let doc = json!({"goal": "g", "output_schema": {"type": "object"},
+        "tools": [{"_tool": "t", "_activity": "rust", "type": "object"}]});
+    let turns = json!([
+        sol(
+            json!([{"_tool": "t", "x": 1, "_outputPath": "†state.a"}]),
+            Value::Null
+        ),
+        sol(json!([]), json!({"ok": "†state.a"})),
+    ]);
+    let recorder = |hang_at| {
+        let model = ModeRecorder {
+            inner: ScriptedModel::new(
+                Script::parse(&json!({ "turns": turns }).to_string(), "test").expect("script"),
+            ),
+            modes: Default::default(),
+            messages: Default::default(),
+            hang_at,
+        };
+        let messages = model.messages.clone();
+        (model, messages)
+    };
+    let build = |model: ModeRecorder| {
+        let mut b = AgentBuilder::new(goal_in(dir.path(), doc.clone())).model(Arc::new(model));
+        b.registry_mut().register_fn(
+            "t",
+            |p: Value| async move { Ok::<_, String>(p["x"].clone()) },
+        );
+        b
+    };
+    // The second request (step 2: the plan and state of step 1) never answers.
+    let (model, first) = recorder(Some(1));
+    let h = build(model).build().expect("build").start();
+    while first.lock().expect("messages").len() < 2 {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let (journal, run_id) = (h.journal(), h.run_id().to_string());
+    drop(h);
+    let asked = first.lock().expect("messages")[1].clone();
+    let plan = asked
+        .iter()
+        .find_map(|m| match m {
+            dagloop::protocol::Message::Plan { plan, .. } => Some(plan.clone()),
+            _ => None,
+        })
+        .expect("step 2 shows the plan of step 1");
+    assert_eq!(plan[0]["_status"], json!("done"), "{plan:?}");
+
+    let (model, again) = recorder(None);
+    let r = build(model)
+        .run_id(run_id)
+        .build()
+        .expect("build")
+        .resume(journal)
+        .wait()
+        .await;
+    assert_eq!(r.status, RunStatus::Succeeded, "{r:?}");
+    assert_eq!(r.output, json!({"ok": 1}));
+    let again = again.lock().expect("messages").clone();
+    assert_eq!(again.len(), 1, "only the interrupted turn is asked again");
+    assert_eq!(again[0], asked, "asked again with the same context");
+}
+
+/// Catch-ups share one replay: a subscriber that joins while the run waits for a reviewer is
 /// served from a replay of the journal so far; one that joins after the run went on is served
-/// from the same replay fed only the newer entries. Both see exactly what a live subscriber saw.
+/// from that replay and the events kept since. Both see exactly what a live subscriber saw.
 #[tokio::test(start_paused = true)]
 async fn late_subscribers_are_caught_up_from_one_replay_then_the_kept_history() {
     let dir = tempfile::tempdir().expect("dir");
