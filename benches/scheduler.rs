@@ -273,8 +273,9 @@ async fn run(calls: Vec<Value>, gap_ms: u64) -> Run {
         .filter(|c| c.status == CallStatus::Done)
         .count();
     assert_eq!(done, n, "every call ran");
-    drop(handle);
     let (arrivals, replayed) = watcher.await.unwrap_or_default();
+    let journal_replays = handle.event_replays();
+    drop(handle);
     let mut durations = vec![0f64; n];
     if let Ok(a) = actual.lock() {
         for &(i, ms) in a.iter() {
@@ -288,6 +289,7 @@ async fn run(calls: Vec<Value>, gap_ms: u64) -> Run {
         arrivals,
         durations,
         replayed,
+        journal_replays,
     }
 }
 
@@ -324,8 +326,10 @@ struct Run {
     arrivals: Vec<f64>,
     /// How long each activity really slept (ms), by call id (= node index).
     durations: Vec<f64>,
-    /// Events the subscriber fell behind the ring by, and was served from a replay instead.
+    /// Events the subscriber fell behind the ring by, and was served from the kept history.
     replayed: u64,
+    /// Times the run's journal was replayed to make events for the subscriber.
+    journal_replays: u32,
 }
 
 /// Bytes the scheduler keeps per waiting call: the root never finishes, so the others wait.
@@ -516,7 +520,8 @@ async fn zero_line(workload: &str, calls: Vec<Value>, dag: &Dag) {
             "tokio_ideal_us_per_call": round(ideal),
             "ratio_to_ideal": round(us / ideal),
             "core_only_us_per_call": round(core),
-            "subscriber_replayed_events": r.replayed,
+            "subscriber_caught_up_events": r.replayed,
+            "journal_replays": r.journal_replays,
         }),
     );
 }

@@ -244,7 +244,7 @@ async fn a_replacement_goes_through_the_replacing_tools_own_gate() {
     let approver = Arc::new(
         ScriptedApprover::new()
             .then(Decision::Replace {
-                call: dagloop::Call::new("send").param("to", "ceo"),
+                call: Box::new(dagloop::Call::new("send").param("to", "ceo")),
             })
             .then(Decision::Reject {
                 reason: "not that either".into(),
@@ -490,9 +490,86 @@ async fn a_subscriber_that_falls_behind_is_caught_up_from_the_journal() {
         }
     }
     assert!(slow.lagged() > 0, "the ring of 4 was overrun");
+    assert_eq!(
+        h.event_replays(),
+        0,
+        "served from the events kept once the ring filled, not from a replay"
+    );
     let full = all_events(&h).await;
     assert!(full.len() > 60, "{}", full.len());
     assert_eq!(got, full, "caught up without gap or duplicate");
+    for (a, b) in got.iter().zip(&full) {
+        assert!(Arc::ptr_eq(a, b), "the kept events themselves: {a:?}");
+    }
+    assert_eq!(h.event_replays(), 0, "a later subscriber reads them too");
+}
+
+/// A subscriber that joins after events went out to nobody is served from one replay of the
+/// journal; a second late subscriber reuses it.
+#[tokio::test(start_paused = true)]
+async fn a_subscriber_that_joins_late_is_served_from_one_replay() {
+    let dir = tempfile::tempdir().expect("dir");
+    let g = goal_in(
+        dir.path(),
+        json!({"goal": "g", "output_schema": {"type": "object"},
+        "tools": [{"_tool": "t", "_activity": "rust", "type": "object"}]}),
+    );
+    let calls: Vec<Value> = (0..5).map(|i| json!({"_tool": "t", "i": i})).collect();
+    let turns = json!([
+        sol(json!(calls), Value::Null),
+        sol(json!([]), json!({"ok": 1}))
+    ]);
+    let mut b = AgentBuilder::new(g).model(model(turns));
+    b.registry_mut()
+        .register_fn("t", |p: Value| async move { Ok::<_, String>(p) });
+    let h = b.build().expect("build").start();
+    assert_eq!(h.wait().await.status, RunStatus::Succeeded);
+    let first = all_events(&h).await;
+    let second = all_events(&h).await;
+    assert!(first.len() > 20, "{}", first.len());
+    assert_eq!(first, second);
+    assert_eq!(h.event_replays(), 1, "one replay serves both");
+}
+
+/// A call's result is one allocation shared by the journal's outcome and the `finished` event
+/// (and, inside the machine, the state's write): keeping events costs no copy of results.
+#[tokio::test(start_paused = true)]
+async fn a_result_is_shared_by_the_journal_and_its_event() {
+    let dir = tempfile::tempdir().expect("dir");
+    let doc = json!({"goal": "g", "output_schema": {"type": "object"},
+        "tools": [{"_tool": "t", "_activity": "rust", "type": "object"}]});
+    let turns = json!([
+        sol(
+            json!([{"_tool": "t", "_outputPath": "†state.big"}]),
+            Value::Null
+        ),
+        sol(json!([]), json!({"ok": true})),
+    ]);
+    let mut b = AgentBuilder::new(goal_in(dir.path(), doc)).model(model(turns));
+    b.registry_mut().register_fn("t", |_: Value| async move {
+        Ok::<_, String>(json!({"blob": "x".repeat(100_000)}))
+    });
+    let h = b.build().expect("build").start();
+    let mut events = h.subscribe_from(0);
+    let mut finished = None;
+    while let Some(e) = events.recv().await {
+        if let EventKind::Finished { result } = &e.kind {
+            finished = Some(result.clone());
+        }
+    }
+    let r = h.wait().await;
+    assert_eq!(r.status, RunStatus::Succeeded);
+    assert_eq!(r.state["big"]["blob"].as_str().map(str::len), Some(100_000));
+    let finished = finished.expect("a finished event");
+    let journaled = h
+        .journal()
+        .into_iter()
+        .find_map(|e| match e.input {
+            dagloop::machine::RunInput::Outcome { outcome, .. } => outcome.result.ok(),
+            _ => None,
+        })
+        .expect("a journaled outcome");
+    assert!(Arc::ptr_eq(&finished, &journaled), "one result, not copies");
 }
 
 /// Cancelling the run cancels the nested agent too: its running activity is stopped and the

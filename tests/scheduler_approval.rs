@@ -124,7 +124,9 @@ async fn edit_that_adds_a_dependency_waits_then_runs_without_asking_again() {
 #[tokio::test(start_paused = true)]
 async fn replace_runs_a_different_call_in_the_same_place() {
     let approver = Arc::new(ScriptedApprover::new().then(Decision::Replace {
-        call: call(json!({"_tool": "safe", "mode": "dry-run", "_outputPath": "†state.out"})),
+        call: Box::new(call(
+            json!({"_tool": "safe", "mode": "dry-run", "_outputPath": "†state.out"}),
+        )),
     }));
     let mut step = Step::new(vec![tool("risky"), tool("safe")]).at(0, json!({"_tool": "risky"}));
     step.policy = Policy::ask();
@@ -149,7 +151,7 @@ async fn replace_runs_a_different_call_in_the_same_place() {
 #[tokio::test(start_paused = true)]
 async fn a_replacement_by_an_allowed_tool_runs_without_asking_again() {
     let approver = Arc::new(ScriptedApprover::new().then(Decision::Replace {
-        call: call(json!({"_tool": "safe", "mode": "dry-run"})),
+        call: Box::new(call(json!({"_tool": "safe", "mode": "dry-run"}))),
     }));
     let mut step = Step::new(vec![tool("risky"), tool("safe")]).at(0, json!({"_tool": "risky"}));
     step.policy = Policy::allowlist(["safe"]);
@@ -180,7 +182,7 @@ async fn reject_tells_the_model_why_and_not_to_retry() {
     assert!(o.runs.is_empty());
     let rep = o.report.get(CallId(0)).expect("c0");
     assert_eq!(rep.status, CallStatus::Rejected);
-    let err = rep.error.clone().expect("error");
+    let err = rep.error.as_deref().cloned().expect("error");
     assert_eq!(
         (err["code"].clone(), err["retry"].clone()),
         (json!("approval.rejected"), json!(false))

@@ -390,7 +390,9 @@ async fn calls_without_output_path_report_results_and_write_nothing() {
     let o = run(step, exec).await;
     assert!(o.state.is_empty());
     assert_eq!(
-        o.report.get(CallId(0)).and_then(|c| c.result.clone()),
+        o.report
+            .get(CallId(0))
+            .and_then(|c| c.result.as_deref().cloned()),
         Some(json!("pong"))
     );
 }

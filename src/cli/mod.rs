@@ -576,8 +576,10 @@ fn decision_of(d: DecideArg) -> Result<crate::protocol::Decision, CliError> {
             }
         },
         DecideArg::Replace { call } => Decision::Replace {
-            call: Call::try_from(json("call", &call)?)
-                .map_err(|e| CliError::new("cli.bad_decision", format!("--call: {e}")))?,
+            call: Box::new(
+                Call::try_from(json("call", &call)?)
+                    .map_err(|e| CliError::new("cli.bad_decision", format!("--call: {e}")))?,
+            ),
         },
     })
 }

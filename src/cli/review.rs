@@ -130,7 +130,7 @@ pub(super) async fn serve(handle: RunHandle, tools: BTreeMap<String, Tool>, scre
                 let Some(ev) = ev else { break };
                 match (&ev.kind, ev.call) {
                     (EventKind::ApprovalRequested { call, params_hash, interrupted, .. }, Some(id)) => {
-                        let p = Pending { id, call: call.clone(), hash: params_hash.clone(), interrupted: *interrupted };
+                        let p = Pending { id, call: Call::clone(call), hash: params_hash.clone(), interrupted: *interrupted };
                         if approve_all.contains(&call.tool) && !interrupted {
                             say(&format!("\r\x1b[2K  {id} {} approved (every call of this tool)\n", call.tool));
                             decide(&handle, &p, Decision::Approve).await;

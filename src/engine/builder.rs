@@ -564,10 +564,12 @@ impl Agent {
             sanitize: self.sanitize,
             log: Mutex::new(Log::default()),
             tx,
+            capacity: self.event_capacity,
             ops: ops_tx,
             done,
             idle,
             catch_up: Mutex::new(false),
+            replays: Default::default(),
         });
         let mut aux = JoinSet::new();
         if let Some(approver) = self.approver {
@@ -591,6 +593,7 @@ impl Agent {
             journal_seq: 0,
             queue: Vec::new(),
             commit: None,
+            scratch: Default::default(),
         };
         let task = tokio::spawn(driver.run(journal));
         RunHandle {

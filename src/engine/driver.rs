@@ -57,7 +57,13 @@ pub(super) struct Driver {
     pub queue: Vec<RunInput>,
     /// The batch being committed.
     pub commit: Option<Commit>,
+    /// Scratch buffers for the machine's actions, kept between batches (see [`Driver::apply`]).
+    pub scratch: (Vec<Action>, Vec<Action>),
 }
+
+/// Scratch buffers keep at most this many actions' room between batches: a burst (the root of
+/// a large fan-out finishing) does not keep its memory for the rest of the run.
+const SCRATCH_KEPT: usize = 4096;
 
 /// At most this many inputs wait while a commit is in flight; past it, the driver waits.
 const MAX_QUEUED: usize = 1024;
@@ -427,8 +433,7 @@ impl Driver {
 
     /// Hands journaled `entries` to the machine, publishing its events and performing the rest.
     fn apply(&mut self, entries: Vec<JournalEntry>) {
-        let mut actions = Vec::new();
-        let mut rest = Vec::new();
+        let (mut actions, mut rest) = std::mem::take(&mut self.scratch);
         for entry in entries {
             let input = entry.input.clone();
             let at = entry.at;
@@ -450,6 +455,9 @@ impl Driver {
                 self.perform(a, at);
             }
         }
+        actions.shrink_to(SCRATCH_KEPT);
+        rest.shrink_to(SCRATCH_KEPT);
+        self.scratch = (actions, rest);
     }
 
     fn perform(&mut self, action: Action, now: u64) {
@@ -489,7 +497,7 @@ impl Driver {
                 self.activities.launch_reporting(
                     &self.executor,
                     id,
-                    call,
+                    *call,
                     tool,
                     detached,
                     limit,

@@ -2,14 +2,18 @@
 //!
 //! Events are broadcast live; a subscriber that starts late, or falls behind the broadcast
 //! ring, is caught up from the run's event history, so it sees every event exactly once and in
-//! order ([`Subscription`]). The history is made by the first catch-up: the journal so far is
-//! replayed through a fresh machine once, and from then on published events are kept as they
-//! are published (shared, not copied). The last handle dropped stops the run and
+//! order ([`Subscription`]). The history starts when the ring is about to drop an event some
+//! subscriber has not read: the events still in the ring (a shadow of it is kept while anyone
+//! listens) and every later one are kept as published (shared, not copied). A subscriber that
+//! asks for events from before the history (it joined late) is served from one replay of the
+//! journal through a fresh machine, made once. The last handle dropped stops the run and
 //! every task it owns.
 //!
 //! Deliberately not here: deciding anything about the run (the machine does) or performing its
 //! actions (the driver does).
 
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::{broadcast, mpsc, oneshot, watch};
@@ -34,27 +38,39 @@ pub(super) struct Shared {
     pub sanitize: SanitizeLimits,
     pub log: Mutex<Log>,
     pub tx: broadcast::Sender<Arc<Event>>,
+    /// The ring's size (events a subscriber may fall behind before it lags).
+    pub capacity: usize,
     pub ops: mpsc::UnboundedSender<OpRequest>,
     pub done: watch::Sender<Option<Arc<RunResult>>>,
     /// True while the run can only move on when somebody submits an op (nothing streams, runs
     /// or waits on a timer).
     pub idle: watch::Sender<bool>,
     /// Taken by a subscriber catching up; true once [`Log::history`] holds every event of the
-    /// run (the replayed ones before the first catch-up included).
+    /// run from the first on (the replayed ones before the history started included).
     pub catch_up: Mutex<bool>,
+    /// How many times the journal was replayed to make events for a subscriber.
+    pub replays: AtomicU32,
 }
 
-/// The journal so far, the last event published from it and, once a subscriber has fallen
+/// The journal so far, the last event published from it and, once a subscriber could fall
 /// behind the ring, every event since.
 #[derive(Default)]
 pub(super) struct Log {
     pub journal: Vec<JournalEntry>,
     pub last_seq: u64,
-    /// Every journaled event, kept from the first catch-up on (None before): what subscribers
-    /// that fall behind the ring are served from. The events before it are made once, by
-    /// replaying the journal; later ones are the published events themselves, shared (their
-    /// calls are the journal's), so a lagging subscriber costs no second machine.
+    /// Journaled events in sequence order without gaps, kept from the moment the ring was about
+    /// to drop one that a subscriber had not read, or from the first catch-up (None before):
+    /// what subscribers that fall behind are served from. Kept events are the published ones,
+    /// shared (their calls are the journal's), so a lagging subscriber costs no second machine.
+    /// Events from before the history started are made once, by replaying the journal, for a
+    /// subscriber that asks for them.
     pub history: Option<Vec<Arc<Event>>>,
+    /// While nothing is kept and somebody listens: the journaled events the ring may still
+    /// hold (the last `capacity`), so that the history can start with them.
+    pub recent: VecDeque<Arc<Event>>,
+    /// Sends left before the ring may be full of events its slowest subscriber has not read
+    /// (0: ask the ring).
+    pub room: usize,
 }
 
 impl Shared {
@@ -65,15 +81,47 @@ impl Shared {
             log.last_seq = event.seq;
         }
         let listening = self.tx.receiver_count() > 0;
-        if !listening && (ephemeral || log.history.is_none()) {
+        if !listening && log.history.is_none() {
+            // Nobody reads this event: what the ring held is no run of events without gaps.
+            log.recent.clear();
+            log.room = 0;
+            return;
+        }
+        if listening && log.history.is_none() {
+            self.make_room(log);
+        }
+        if ephemeral && !listening {
             return;
         }
         let event = Arc::new(event);
-        if let (false, Some(h)) = (ephemeral, &mut log.history) {
-            h.push(event.clone());
+        if !ephemeral {
+            match &mut log.history {
+                Some(h) => h.push(event.clone()),
+                None => {
+                    if log.recent.len() >= self.capacity {
+                        log.recent.pop_front();
+                    }
+                    log.recent.push_back(event.clone());
+                }
+            }
         }
         if listening {
             let _ = self.tx.send(event);
+        }
+    }
+
+    /// Before a send while nothing is kept: when the ring is full of events its slowest
+    /// subscriber has not read, the send would drop one, so the history starts with the events
+    /// the ring holds. The ring is asked only once the sends since it was last asked could
+    /// have filled it (asking walks the ring).
+    fn make_room(&self, log: &mut Log) {
+        if log.room == 0 {
+            log.room = self.capacity.saturating_sub(self.tx.len());
+        }
+        if log.room == 0 {
+            log.history = Some(log.recent.drain(..).collect());
+        } else {
+            log.room -= 1;
         }
     }
 
@@ -111,13 +159,17 @@ impl Shared {
             if after >= cut {
                 return (Vec::new(), rx, cut);
             }
-            if *complete {
-                let history = log.history.as_deref().unwrap_or_default();
-                return (between(history, after, cut), rx, cut);
+            if let Some(h) = &log.history
+                && (*complete || h.first().is_some_and(|e| e.seq <= after + 1))
+            {
+                return (between(h, after, cut), rx, cut);
             }
-            log.history = Some(Vec::new());
+            if log.history.is_none() {
+                log.history = Some(Vec::new());
+            }
             (log.journal.clone(), cut, rx)
         };
+        self.replays.fetch_add(1, Ordering::Relaxed);
         let replayed = crate::machine::replay(
             &self.run_id,
             self.root.clone(),
@@ -126,9 +178,17 @@ impl Shared {
             &journal,
         );
         drop(journal);
-        let mut history: Vec<Arc<Event>> = replayed.into_iter().map(Arc::new).collect();
         let mut log = lock();
-        history.extend(log.history.take().unwrap_or_default());
+        let kept = log.history.take().unwrap_or_default();
+        // The replay ends where the kept events begin (or overlaps them): kept ones are the
+        // published events themselves, so they win.
+        let first_kept = kept.first().map_or(u64::MAX, |e| e.seq);
+        let mut history: Vec<Arc<Event>> = replayed
+            .into_iter()
+            .filter(|e| e.seq < first_kept)
+            .map(Arc::new)
+            .collect();
+        history.extend(kept);
         let backlog = between(&history, after, cut);
         log.history = Some(history);
         *complete = true;
@@ -287,6 +347,14 @@ impl RunHandle {
     /// Every event after sequence number `seq` (0: from the start), then live events.
     pub fn subscribe_from(&self, seq: u64) -> Subscription {
         self.shared.subscribe_from(seq)
+    }
+
+    /// How many times the run's journal was replayed to make events for a subscriber: at most
+    /// once per run, and only for a subscriber that asked for events from before the run began
+    /// keeping them (one that joined late). A subscriber that falls behind the ring is served
+    /// from the kept events instead.
+    pub fn event_replays(&self) -> u32 {
+        self.shared.replays.load(Ordering::Relaxed)
     }
 
     /// The journal so far (every input the run consumed, in order).

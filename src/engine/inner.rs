@@ -66,7 +66,7 @@ impl Driver<'_> {
                 } => self.activities.launch(
                     &self.executor,
                     id,
-                    call,
+                    *call,
                     tool,
                     detached,
                     self.opts.call_timeout,
@@ -76,7 +76,7 @@ impl Driver<'_> {
                     call,
                     tool,
                     timeout,
-                } => self.ask(ApprovalRequest::new(id, call, tool), timeout),
+                } => self.ask(ApprovalRequest::new(id, *call, tool), timeout),
                 Action::Abort { id } => self.activities.abort(id),
                 Action::Drained => {}
             }

@@ -15,7 +15,7 @@ use futures::{FutureExt, StreamExt};
 use super::activities::panic_message;
 use super::handle::Shared;
 use crate::approval::{ApprovalRequest, Approver};
-use crate::protocol::{CallId, Decision, EventKind, Op, Tool};
+use crate::protocol::{Call, CallId, Decision, EventKind, Op, Tool};
 
 /// Answers the run's approval requests with `approver` until the run ends.
 pub(super) async fn serve(
@@ -40,7 +40,7 @@ pub(super) async fn serve(
                     .unwrap_or_else(|| Arc::new(Tool::new(call.tool.clone())));
                 let req = ApprovalRequest {
                     id,
-                    call: call.clone(),
+                    call: Call::clone(call),
                     tool,
                     run_id: shared.run_id.to_string(),
                     path: path.clone(),

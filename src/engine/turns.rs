@@ -401,7 +401,7 @@ impl Turns {
                 err.cause = Some(json!({"code": e.code(), "message": e.to_string()}));
                 out.push(RunInput::StreamClosed {
                     frame,
-                    error: Some(err),
+                    error: Some(Box::new(err)),
                 });
                 self.close(frame);
             }

@@ -212,7 +212,7 @@ impl Frame {
                     tool: call.map(|x| x.tool.clone()).unwrap_or_default(),
                     status: c.status,
                     decision: self.decisions.get(&c.id).map(|d| d.name().to_string()),
-                    error: c.error.clone(),
+                    error: c.error.as_deref().cloned(),
                 });
                 PlanEntry {
                     id: c.id,
@@ -220,8 +220,8 @@ impl Frame {
                     status: c.status.as_str().to_string(),
                     result: call
                         .filter(|x| x.output_path.is_none())
-                        .and(c.result.clone()),
-                    error: c.error.clone(),
+                        .and(c.result.as_deref().cloned()),
+                    error: c.error.as_deref().cloned(),
                     missing: c.missing.clone(),
                 }
             })

@@ -58,7 +58,14 @@ pub struct RunMachine {
     started: bool,
     finished: Option<RunStatus>,
     keep_launched: bool,
+    /// Scratch buffers (the work queue, a scheduler's actions), kept between inputs so that an
+    /// input allocates nothing for them; see [`RunMachine::handle_into`].
+    scratch: (Vec<Work>, Vec<scheduler::Action>),
 }
+
+/// Scratch buffers keep at most this much room between inputs: a burst (the root of a large
+/// fan-out finishing) does not keep its memory.
+const SCRATCH_KEPT: usize = 1024;
 
 /// One scheduler input addressed to a frame (the machine's internal work queue).
 type Work = (FrameKey, scheduler::Input);
@@ -82,6 +89,7 @@ impl RunMachine {
             started: false,
             finished: None,
             keep_launched: false,
+            scratch: Default::default(),
         }
     }
 
@@ -153,7 +161,7 @@ impl RunMachine {
         if self.finished.is_some() {
             return;
         }
-        let mut work: Vec<Work> = Vec::new();
+        let (mut work, buf) = std::mem::take(&mut self.scratch);
         match input {
             RunInput::Start => self.start(now, &mut work, out),
             RunInput::Call { frame, call } => {
@@ -236,8 +244,8 @@ impl RunMachine {
                     && f.streaming
                 {
                     f.streaming = false;
-                    if error.is_some() {
-                        f.turn.fatal = error;
+                    if let Some(e) = error {
+                        f.turn.fatal = Some(*e);
                     }
                     work.push((frame, scheduler::Input::StreamClosed));
                 }
@@ -276,7 +284,7 @@ impl RunMachine {
                 }
             }
         }
-        self.run_work(work, now, out);
+        self.run_work(&mut work, buf, now, out);
     }
 
     fn streaming(&self, frame: FrameKey) -> bool {
@@ -539,8 +547,29 @@ impl RunMachine {
         }
     }
 
-    fn run_work(&mut self, mut work: Vec<Work>, now: Millis, out: &mut Vec<Action>) {
-        let mut buf = Vec::new();
+    /// Handles the work queue in order, then keeps the (emptied) buffers for the next input.
+    fn run_work(
+        &mut self,
+        work: &mut Vec<Work>,
+        mut buf: Vec<scheduler::Action>,
+        now: Millis,
+        out: &mut Vec<Action>,
+    ) {
+        self.run_queue(work, &mut buf, now, out);
+        work.clear();
+        buf.clear();
+        work.shrink_to(SCRATCH_KEPT);
+        buf.shrink_to(SCRATCH_KEPT);
+        self.scratch = (std::mem::take(work), buf);
+    }
+
+    fn run_queue(
+        &mut self,
+        work: &mut Vec<Work>,
+        buf: &mut Vec<scheduler::Action>,
+        now: Millis,
+        out: &mut Vec<Action>,
+    ) {
         // Processed in order: each input's consequences are appended and handled after it.
         let mut i = 0;
         while i < work.len() {
@@ -552,7 +581,7 @@ impl RunMachine {
             let Some(sched) = f.sched.as_mut() else {
                 continue;
             };
-            sched.handle_into(input, now, &mut buf);
+            sched.handle_into(input, now, buf);
             let mut drained = false;
             for action in buf.drain(..) {
                 match action {
@@ -589,7 +618,7 @@ impl RunMachine {
                         call,
                         tool,
                         detached,
-                    } => self.launch(key, id, call, tool, detached, now, &mut work, out),
+                    } => self.launch(key, id, call, tool, detached, now, work, out),
                     scheduler::Action::Abort { id } => {
                         if self.frames.contains_key(&Some(id)) {
                             self.abandon(Some(id), now, out);
@@ -601,7 +630,7 @@ impl RunMachine {
                 }
             }
             if drained {
-                self.end_step(key, now, &mut work, out);
+                self.end_step(key, now, work, out);
             }
             if self.finished.is_some() {
                 return;
@@ -614,7 +643,7 @@ impl RunMachine {
         &mut self,
         key: FrameKey,
         id: CallId,
-        call: crate::protocol::Call,
+        call: Box<crate::protocol::Call>,
         tool: Arc<crate::protocol::Tool>,
         detached: bool,
         now: Millis,

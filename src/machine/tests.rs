@@ -282,7 +282,7 @@ fn rule17_a_model_failure_ends_the_run_with_its_cause() {
     let a = m.handle(
         RunInput::StreamClosed {
             frame: None,
-            error: Some(err),
+            error: Some(Box::new(err)),
         },
         2,
     );
@@ -347,7 +347,7 @@ fn ops_are_refused_with_typed_reasons_rule21() {
         Some("op.edit_changes_tool")
     );
     let unknown = Decision::Replace {
-        call: call(json!({"_tool": "nope"})),
+        call: Box::new(call(json!({"_tool": "nope"}))),
     };
     assert_eq!(
         code(&m, decide(1, unknown, None)),

@@ -125,7 +125,7 @@ pub enum RunInput {
         frame: FrameKey,
         /// A model failure that ends the run (after retries).
         #[serde(default, skip_serializing_if = "Option::is_none")]
-        error: Option<RunError>,
+        error: Option<Box<RunError>>,
     },
     /// An activity ended.
     Outcome {
@@ -227,8 +227,8 @@ pub enum Action {
     Launch {
         /// The call.
         id: CallId,
-        /// The call with its references resolved.
-        call: Call,
+        /// The call with its references resolved (boxed, to keep every action small).
+        call: Box<Call>,
         /// Its tool.
         tool: Arc<Tool>,
         /// Fire-and-forget: nobody waits for its outcome.

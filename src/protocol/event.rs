@@ -99,8 +99,9 @@ pub enum Decision {
     },
     /// Run a different call in this one's place (same call id).
     Replace {
-        /// The call to run instead.
-        call: Call,
+        /// The call to run instead (boxed: it keeps every decision, and every event and input
+        /// that carries one, small).
+        call: Box<Call>,
     },
     /// Do not run the call; the model is told why and not to retry it.
     Reject {
@@ -138,8 +139,8 @@ pub enum EventKind {
     Unblocked,
     /// A call was presented for approval, with its params resolved.
     ApprovalRequested {
-        /// The call with references replaced by values.
-        call: Call,
+        /// The call with references replaced by values (boxed, to keep every event small).
+        call: Box<Call>,
         /// The call's path through nested agents: the delegate calls above it, outermost first,
         /// then the call itself.
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -181,15 +182,16 @@ pub enum EventKind {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         message: Option<String>,
     },
-    /// A call succeeded. The result is the full value (not sanitised).
+    /// A call succeeded. The result is the full value (not sanitised), shared with the state's
+    /// write and the journal: a kept event costs no copy of it.
     Finished {
         /// The result.
-        result: Value,
+        result: Arc<Value>,
     },
     /// A call failed; the error is its observation for the model.
     Failed {
-        /// The error object.
-        error: Value,
+        /// The error object (shared like a `finished` result).
+        error: Arc<Value>,
         /// How it failed.
         kind: FailKind,
     },
@@ -331,7 +333,7 @@ mod tests {
             },
             EventKind::Unblocked,
             EventKind::ApprovalRequested {
-                call: call.clone(),
+                call: Box::new(call.clone()),
                 path: vec![CallId(1), CallId(4)],
                 params_hash: "00ff".into(),
                 interrupted: true,
@@ -353,7 +355,9 @@ mod tests {
                 timed_out: false,
             },
             EventKind::Decision {
-                decision: Decision::Replace { call: call.clone() },
+                decision: Decision::Replace {
+                    call: Box::new(call.clone()),
+                },
                 timed_out: false,
             },
             EventKind::Decision {
@@ -377,10 +381,10 @@ mod tests {
                 message: None,
             },
             EventKind::Finished {
-                result: json!({"ok": true}),
+                result: json!({"ok": true}).into(),
             },
             EventKind::Failed {
-                error: json!({"error": "boom"}),
+                error: json!({"error": "boom"}).into(),
                 kind: FailKind::Panic,
             },
             EventKind::Written {
@@ -440,7 +444,7 @@ mod tests {
             parent: None,
             depth: 0,
             kind: EventKind::Failed {
-                error: json!({"error": "late"}),
+                error: json!({"error": "late"}).into(),
                 kind: FailKind::Timeout,
             },
         };

@@ -244,7 +244,7 @@ fn call_event(
                 _ => "cancelled",
             });
             if let EventKind::Failed { error, .. } = kind {
-                c["error"] = error.clone();
+                c["error"] = Value::clone(error);
             }
             if let Some(s) = c["started_ms"].as_u64() {
                 return Some(Span {

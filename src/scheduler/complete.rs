@@ -1,6 +1,8 @@
 //! How calls end: completion and failure (rules 3, 10-12), unresolved references (rule 8),
 //! stream close and cancellation.
 
+use std::sync::Arc;
+
 use serde_json::Value;
 
 use super::core::{emit, path_strings, read_paths, write_paths};
@@ -20,7 +22,7 @@ impl Scheduler {
                 missing: missing.clone(),
             },
         );
-        e.value = Some(SchedulerError::Unresolved { missing }.to_value());
+        e.value = Some(Arc::new(SchedulerError::Unresolved { missing }.to_value()));
         e.waiting_on = Vec::new();
         self.set_phase(ix, Phase::Done(CallStatus::Unresolved));
         self.release(ix);
@@ -73,7 +75,7 @@ impl Scheduler {
         &mut self,
         ix: usize,
         paths: Vec<Path>,
-        value: &Value,
+        value: &Arc<Value>,
         now: Millis,
         out: &mut Vec<Action>,
     ) {
@@ -97,7 +99,7 @@ impl Scheduler {
     pub(super) fn succeed(
         &mut self,
         ix: usize,
-        value: Value,
+        value: Arc<Value>,
         branch: Option<usize>,
         now: Millis,
         out: &mut Vec<Action>,
@@ -125,7 +127,7 @@ impl Scheduler {
     pub(super) fn fail(
         &mut self,
         ix: usize,
-        error: Value,
+        error: Arc<Value>,
         kind: FailKind,
         branch: Option<usize>,
         now: Millis,

@@ -183,7 +183,7 @@ impl Scheduler {
                 cycle,
             },
         );
-        self.entries[ix].value = Some(err.to_value());
+        self.entries[ix].value = Some(Arc::new(err.to_value()));
         self.set_phase(ix, Phase::Done(CallStatus::Refused));
     }
 
@@ -275,7 +275,7 @@ impl Scheduler {
         match resolved {
             Err(e) => self.fail(
                 ix,
-                SchedulerError::State(e).to_value(),
+                SchedulerError::State(e).to_value().into(),
                 FailKind::Error,
                 None,
                 now,

@@ -28,14 +28,14 @@ impl Scheduler {
         let (Some(tool), Some(cur)) = (e.tool.clone(), e.current()) else {
             return;
         };
-        let call = Call {
+        let call = Box::new(Call {
             tool: cur.tool.clone(),
             params,
             output_path: cur.output_path.clone(),
             output_method: cur.output_method,
             instance: cur.instance.clone(),
             scopes: cur.scopes.clone(),
-        };
+        });
         let approved = e.approved;
         if let Some(validate) = &self.opts.validate
             && let Err(reason) = validate(&tool.tool, &call)
@@ -55,10 +55,10 @@ impl Scheduler {
                     tool: call.tool.clone(),
                     reason,
                 };
-                return self.fail(ix, err.to_value(), FailKind::Error, None, now, out);
+                return self.fail(ix, err.to_value().into(), FailKind::Error, None, now, out);
             }
             let value = call.params.get("_output").cloned().unwrap_or(Value::Null);
-            return self.succeed(ix, value, None, now, out);
+            return self.succeed(ix, value.into(), None, now, out);
         }
         if approved || assess(&tool.tool, &self.policy) == Gate::Run {
             return self.launch(ix, call, tool, out);
@@ -71,7 +71,7 @@ impl Scheduler {
     fn present(
         &mut self,
         ix: usize,
-        call: Call,
+        call: Box<Call>,
         tool: ToolEntry,
         interrupted: bool,
         out: &mut Vec<Action>,
@@ -87,7 +87,7 @@ impl Scheduler {
                 interrupted,
             },
         );
-        self.entries[ix].presented = Some(Box::new(call.clone()));
+        self.entries[ix].presented = Some(call.clone());
         self.set_phase(ix, Phase::Asking);
         out.push(Action::Ask {
             id,
@@ -97,7 +97,13 @@ impl Scheduler {
         });
     }
 
-    pub(super) fn launch(&mut self, ix: usize, call: Call, tool: ToolEntry, out: &mut Vec<Action>) {
+    pub(super) fn launch(
+        &mut self,
+        ix: usize,
+        call: Box<Call>,
+        tool: ToolEntry,
+        out: &mut Vec<Action>,
+    ) {
         let id = self.entries[ix].id;
         emit(
             out,
@@ -115,7 +121,7 @@ impl Scheduler {
             self.set_phase(ix, Phase::Running);
             // Kept to re-present (or re-launch) the call if the run stops while it runs.
             if self.opts.keep_launched {
-                self.entries[ix].presented = Some(Box::new(call.clone()));
+                self.entries[ix].presented = Some(call.clone());
             }
         }
         out.push(Action::Launch {
@@ -151,15 +157,15 @@ impl Scheduler {
         match decision {
             Decision::Approve => {
                 if let (Some(call), Some(tool)) = (presented, self.entries[ix].tool.clone()) {
-                    self.launch(ix, *call, tool, out);
+                    self.launch(ix, call, tool, out);
                 }
             }
             Decision::Reject { reason } => {
                 let err = SchedulerError::Rejected { reason }.to_value();
-                self.fail(ix, err, FailKind::Rejected, None, now, out);
+                self.fail(ix, err.into(), FailKind::Rejected, None, now, out);
             }
             Decision::Edit { params } => match self.edited(ix, params) {
-                Ok(call) => self.rewrite(ix, call, true, out),
+                Ok(call) => self.rewrite(ix, Box::new(call), true, out),
                 Err(reason) => {
                     self.refuse(ix, SchedulerError::BadEdit { reason }, out);
                     self.release(ix);
@@ -184,7 +190,7 @@ impl Scheduler {
             return;
         }
         let (Some(call), Some(tool)) = (
-            self.entries[ix].presented.as_deref().cloned(),
+            self.entries[ix].presented.clone(),
             self.entries[ix].tool.clone(),
         ) else {
             return;
@@ -239,10 +245,16 @@ impl Scheduler {
     /// Rule 13: an edited or replacing call takes the original's place (same id), its references
     /// resolved afresh; it waits again if it needs something not yet available. It is presented
     /// again only when `approved` is false (a replacement by another tool whose own policy asks).
-    pub(super) fn rewrite(&mut self, ix: usize, call: Call, approved: bool, out: &mut Vec<Action>) {
+    pub(super) fn rewrite(
+        &mut self,
+        ix: usize,
+        call: Box<Call>,
+        approved: bool,
+        out: &mut Vec<Action>,
+    ) {
         self.release(ix);
         let e = &mut self.entries[ix];
-        e.revised = Some(Box::new(call));
+        e.revised = Some(call);
         e.refs = Vec::new();
         e.approved = approved;
         e.announced = false;

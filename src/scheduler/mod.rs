@@ -102,8 +102,9 @@ struct Entry {
     presented: Option<Box<Call>>,
     /// The references in the current call's params, parsed once.
     refs: resolve::Refs,
-    /// The result (status done) or the error object (any other finished status).
-    value: Option<Value>,
+    /// The result (status done) or the error object (any other finished status), shared with
+    /// the state and the call's events.
+    value: Option<Arc<Value>>,
 }
 
 impl Entry {
@@ -325,7 +326,7 @@ impl Scheduler {
     }
 }
 
-type Parts = (Option<Arc<Call>>, Option<Call>, Option<Value>);
+type Parts = (Option<Arc<Call>>, Option<Call>, Option<Arc<Value>>);
 
 impl Entry {
     fn clone_parts(&self) -> Parts {

@@ -239,3 +239,51 @@ fn the_same_inputs_give_the_same_actions() {
     assert_eq!(a, b);
     assert_eq!(a.last(), Some(&Action::Drained));
 }
+
+/// A result is kept once: the `finished` event, the state's writes (both paths of an `&&`
+/// target) and the step report hold the outcome's own allocation.
+#[test]
+fn a_result_is_one_allocation_shared_by_its_event_state_and_report() {
+    let mut s = sched();
+    let mut out = Vec::new();
+    s.handle_into(
+        arrival(
+            &s,
+            call(json!({"_tool": "t", "_outputPath": "†state.a && †state.b"})),
+        ),
+        0,
+        &mut out,
+    );
+    s.handle_into(Input::StreamClosed, 0, &mut out);
+    let outcome = Outcome::ok(json!({"blob": "x".repeat(10_000)}));
+    let Ok(result) = outcome.result.clone() else {
+        panic!("ok outcome");
+    };
+    out.clear();
+    s.handle_into(
+        Input::Finished {
+            id: CallId(100),
+            outcome,
+        },
+        1,
+        &mut out,
+    );
+    let event = out
+        .iter()
+        .find_map(|a| match a {
+            Action::Event {
+                kind: EventKind::Finished { result },
+                ..
+            } => Some(result.clone()),
+            _ => None,
+        })
+        .expect("a finished event");
+    assert!(Arc::ptr_eq(&event, &result), "the event shares the outcome");
+    let (state, report) = s.finish();
+    assert_eq!(state.log().len(), 2);
+    for w in state.log() {
+        assert!(Arc::ptr_eq(&w.value, &result), "{} shares it", w.path);
+    }
+    let reported = report.calls[0].result.clone().expect("a result");
+    assert!(Arc::ptr_eq(&reported, &result), "the report shares it");
+}

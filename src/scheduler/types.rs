@@ -64,8 +64,8 @@ pub enum Action {
     Ask {
         /// The call.
         id: CallId,
-        /// The call with its references resolved.
-        call: Call,
+        /// The call with its references resolved (boxed, to keep every action small).
+        call: Box<Call>,
         /// Its tool.
         tool: Arc<Tool>,
         /// The policy's reviewer timeout.
@@ -75,8 +75,8 @@ pub enum Action {
     Launch {
         /// The call.
         id: CallId,
-        /// The call with its references resolved.
-        call: Call,
+        /// The call with its references resolved (boxed, to keep every action small).
+        call: Box<Call>,
         /// Its tool.
         tool: Arc<Tool>,
         /// Fire-and-forget (rule 11): the loop does not wait for it and ignores its outcome.
@@ -117,10 +117,13 @@ pub enum OutcomeKind {
 }
 
 /// What an activity produced.
+///
+/// The value is shared, not copied, by everything that keeps it: the journal's input, the
+/// state's writes, the `finished` (or `failed`) event and the step's report.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Outcome {
     /// The result, or an error object.
-    pub result: Result<Value, Value>,
+    pub result: Result<Arc<Value>, Arc<Value>>,
     /// For a `†a || †b` output path: the alternative the activity chose (rule 10).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub branch: Option<usize>,
@@ -132,7 +135,7 @@ impl Outcome {
     /// A success.
     pub fn ok(value: Value) -> Self {
         Outcome {
-            result: Ok(value),
+            result: Ok(Arc::new(value)),
             branch: None,
             kind: OutcomeKind::Ok,
         }
@@ -141,7 +144,7 @@ impl Outcome {
     /// An error returned by the activity.
     pub fn error(error: Value) -> Self {
         Outcome {
-            result: Err(error),
+            result: Err(Arc::new(error)),
             branch: None,
             kind: OutcomeKind::Error,
         }
@@ -150,10 +153,10 @@ impl Outcome {
     /// The call ran past `limit`.
     pub fn timeout(limit: Duration) -> Self {
         Outcome {
-            result: Err(json!({
+            result: Err(Arc::new(json!({
                 "error": format!("the call did not finish within {} ms", limit.as_millis()),
                 "code": "scheduler.timeout",
-            })),
+            }))),
             branch: None,
             kind: OutcomeKind::Timeout,
         }
@@ -162,10 +165,10 @@ impl Outcome {
     /// The activity panicked with `message`.
     pub fn panic(message: impl Into<String>) -> Self {
         Outcome {
-            result: Err(json!({
+            result: Err(Arc::new(json!({
                 "error": format!("the activity panicked: {}", message.into()),
                 "code": "scheduler.panic",
-            })),
+            }))),
             branch: None,
             kind: OutcomeKind::Panic,
         }
@@ -174,7 +177,9 @@ impl Outcome {
     /// The activity was cancelled.
     pub fn cancelled() -> Self {
         Outcome {
-            result: Err(json!({"error": "the call was cancelled", "code": "scheduler.cancelled"})),
+            result: Err(Arc::new(
+                json!({"error": "the call was cancelled", "code": "scheduler.cancelled"}),
+            )),
             branch: None,
             kind: OutcomeKind::Cancelled,
         }
@@ -242,12 +247,12 @@ pub struct CallReport {
     pub revised: Option<Call>,
     /// Where it ended up.
     pub status: CallStatus,
-    /// The result, for a call that is done.
+    /// The result, for a call that is done (shared with the state and the `finished` event).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub result: Option<Value>,
+    pub result: Option<Arc<Value>>,
     /// The error object, for a call that failed, was rejected, refused or unresolved.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub error: Option<Value>,
+    pub error: Option<Arc<Value>>,
     /// For an unresolved call: the paths that nothing wrote.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub missing: Vec<String>,

@@ -15,7 +15,7 @@ mod index;
 pub use eval::{Eval, Resolved};
 
 use std::collections::BTreeMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -30,8 +30,8 @@ pub struct Write {
     pub seq: u64,
     /// Where the value was written.
     pub path: Path,
-    /// The written value.
-    pub value: Value,
+    /// The written value (shared with the call's result and its events).
+    pub value: Arc<Value>,
     /// How it combines with earlier writes.
     pub method: OutputMethod,
     /// The call that made it (None for the goal's initial data).
@@ -104,7 +104,7 @@ impl State {
     pub fn write(
         &mut self,
         path: Path,
-        value: Value,
+        value: impl Into<Arc<Value>>,
         method: OutputMethod,
         call: Option<CallId>,
         at: Millis,
@@ -114,7 +114,7 @@ impl State {
         self.log.push(Write {
             seq,
             path,
-            value,
+            value: value.into(),
             method,
             call,
             at,

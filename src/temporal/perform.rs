@@ -327,7 +327,7 @@ impl Performer {
                             received,
                             RunInput::StreamClosed {
                                 frame,
-                                error: Some(err),
+                                error: Some(Box::new(err)),
                             },
                         )
                     }
