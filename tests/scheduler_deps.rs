@@ -435,8 +435,8 @@ async fn the_validator_refuses_bad_params_after_resolution() {
         None,
         0,
     );
-    step.sched.validate = Some(std::sync::Arc::new(|_tool, call| {
-        if call.params["n"].is_number() {
+    step.sched.validate = Some(std::sync::Arc::new(|_tool, params| {
+        if params["n"].is_number() {
             Ok(())
         } else {
             Err("/n must be a number".into())

@@ -218,17 +218,22 @@ impl Turn {
 /// Splits text into pieces of at most `n` characters (at least 1), never inside a character.
 pub(crate) fn chunk_chars(text: &str, n: usize) -> Vec<String> {
     let n = n.max(1);
+    if text.is_empty() {
+        return Vec::new();
+    }
+    // A text of at most `n` bytes has at most `n` characters: one piece, nothing to count.
+    if text.len() <= n {
+        return vec![text.to_string()];
+    }
     let mut out = Vec::new();
-    let mut cur = String::new();
-    for (i, c) in text.chars().enumerate() {
-        if i > 0 && i % n == 0 {
-            out.push(std::mem::take(&mut cur));
+    let mut start = 0;
+    for (count, (at, _)) in text.char_indices().enumerate() {
+        if count > 0 && count % n == 0 {
+            out.extend(text.get(start..at).map(str::to_string));
+            start = at;
         }
-        cur.push(c);
     }
-    if !cur.is_empty() {
-        out.push(cur);
-    }
+    out.extend(text.get(start..).map(str::to_string));
     out
 }
 
@@ -246,6 +251,9 @@ mod tests {
         assert_eq!(chunk_chars("a†bc€d", 2), vec!["a†", "bc", "€d"]);
         assert_eq!(chunk_chars("", 3), Vec::<String>::new());
         assert_eq!(chunk_chars("abc", 0), vec!["a", "b", "c"]);
+        assert_eq!(chunk_chars("abc", 3), vec!["abc"]);
+        assert_eq!(chunk_chars("a†b", 3), vec!["a†b"], "5 bytes, 3 characters");
+        assert_eq!(chunk_chars("a†b€", 3), vec!["a†b", "€"]);
     }
 
     #[test]

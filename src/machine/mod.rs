@@ -402,8 +402,8 @@ impl RunMachine {
         f.step = step;
         let state = f.state.take().unwrap_or_default();
         let params_cfg = f.cfg.clone();
-        let validate: scheduler::Validator = Arc::new(move |tool, call| {
-            match params_cfg.params.validate(&tool.name, &call.params) {
+        let validate: scheduler::Validator = Arc::new(move |tool, params| {
+            match params_cfg.params.validate_value(&tool.name, params) {
                 Ok(v) if v.is_empty() => Ok(()),
                 Ok(v) => Err(v
                     .iter()
@@ -414,12 +414,11 @@ impl RunMachine {
             }
         });
         let latent_cfg = f.cfg.clone();
-        let validate_latent: scheduler::Validator = Arc::new(move |tool, call| {
+        let validate_latent: scheduler::Validator = Arc::new(move |tool, params| {
             let Some(v) = latent_cfg.latent_outputs.get(&tool.name) else {
                 return Ok(());
             };
-            let output = call.params.get("_output").cloned().unwrap_or(Value::Null);
-            let violations = v.validate(&output);
+            let violations = v.validate(params.get("_output").unwrap_or(&Value::Null));
             if violations.is_empty() {
                 Ok(())
             } else {

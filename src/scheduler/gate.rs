@@ -28,6 +28,18 @@ impl Scheduler {
         let (Some(tool), Some(cur)) = (e.tool.clone(), e.current()) else {
             return;
         };
+        // The params are checked as one JSON object, moved in and out of it (no copy).
+        let params = Value::Object(params);
+        let checked = self.opts.validate.as_ref().map(|v| v(&tool.tool, &params));
+        let latent = tool.tool.is_latent();
+        let latent_checked = match &self.opts.validate_latent {
+            Some(check) if latent => Some(check(&tool.tool, &params)),
+            _ => None,
+        };
+        let params = match params {
+            Value::Object(m) => m,
+            _ => Map::new(),
+        };
         let call = Box::new(Call {
             tool: cur.tool.clone(),
             params,
@@ -37,9 +49,7 @@ impl Scheduler {
             scopes: cur.scopes.clone(),
         });
         let approved = e.approved;
-        if let Some(validate) = &self.opts.validate
-            && let Err(reason) = validate(&tool.tool, &call)
-        {
+        if let Some(Err(reason)) = checked {
             let err = SchedulerError::InvalidParams {
                 tool: call.tool.clone(),
                 reason,
@@ -47,10 +57,8 @@ impl Scheduler {
             self.refuse(ix, err, out);
             return self.release(ix);
         }
-        if tool.tool.is_latent() {
-            if let Some(check) = &self.opts.validate_latent
-                && let Err(reason) = check(&tool.tool, &call)
-            {
+        if latent {
+            if let Some(Err(reason)) = latent_checked {
                 let err = SchedulerError::InvalidLatentOutput {
                     tool: call.tool.clone(),
                     reason,

@@ -35,9 +35,11 @@ use crate::graph::CallGraph;
 use crate::protocol::{Call, CallId, Expression, Millis, Tool};
 use crate::state::State;
 
-/// Checks a call's resolved params against its tool before it is presented or launched
-/// (typically JSON Schema validation); an `Err` refuses the call with that reason.
-pub type Validator = Arc<dyn Fn(&Tool, &Call) -> Result<(), String> + Send + Sync>;
+/// Checks a call's resolved params (the params object, meta keys such as `_output` included)
+/// against its tool before it is presented or launched (typically JSON Schema validation); an
+/// `Err` refuses the call with that reason. The params are handed over as one JSON object, so a
+/// validator checks them in place, with no copy.
+pub type Validator = Arc<dyn Fn(&Tool, &Value) -> Result<(), String> + Send + Sync>;
 
 /// How a scheduler is set up for one step.
 #[derive(Clone, Default)]

@@ -186,4 +186,44 @@ mod tests {
         };
         assert_eq!(e.code(), "schema.invalid_tool_meta");
     }
+
+    /// A params object is checked in place when it holds no meta keys, and without them when it
+    /// does: both ways give exactly what checking a copy without meta keys gives.
+    #[test]
+    fn params_are_checked_in_place_or_without_their_meta_keys() {
+        let tool =
+            crate::protocol::Tool::from_value(serde_json::json!({"_tool": "t", "type": "object",
+            "properties": {"n": {"type": "integer"}}, "required": ["n"],
+            "additionalProperties": false}))
+            .expect("tool");
+        let v = ParamsValidator::new(&tool).expect("compiles");
+        let cases = [
+            serde_json::json!({"n": 1}),
+            serde_json::json!({"n": "x"}),
+            serde_json::json!({"n": 1, "_output": {"a": 1}}),
+            serde_json::json!({"m": 1, "_output": 2}),
+        ];
+        for case in cases {
+            let serde_json::Value::Object(map) = &case else {
+                panic!("an object");
+            };
+            let copied: Vec<String> = v.validate(map).iter().map(ToString::to_string).collect();
+            let in_place: Vec<String> = v
+                .validate_value(&case)
+                .iter()
+                .map(ToString::to_string)
+                .collect();
+            assert_eq!(in_place, copied, "{case}");
+        }
+        assert!(
+            v.validate_value(&serde_json::json!({"n": 1, "_output": 2}))
+                .is_empty()
+        );
+        assert_eq!(v.validate_value(&serde_json::json!({"n": "x"})).len(), 1);
+        assert_eq!(
+            v.validate_value(&serde_json::json!([1])).len(),
+            1,
+            "not an object"
+        );
+    }
 }

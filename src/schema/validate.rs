@@ -174,13 +174,27 @@ impl ParamsValidator {
     /// Every way `params` (already resolved: no references left) breaks the tool's schema.
     /// Keys starting with `_` are ignored.
     pub fn validate(&self, params: &Map<String, Value>) -> Vec<Violation> {
-        let instance: Map<String, Value> = params
-            .iter()
-            .filter(|(k, _)| !is_meta_key(k))
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect();
-        violations(&self.validator, &Value::Object(instance))
+        violations(&self.validator, &Value::Object(without_meta(params)))
     }
+
+    /// [`ParamsValidator::validate`] of a params object as it stands: checked in place, with no
+    /// copy, unless it holds meta keys (then they are left out of a copy). Anything but an
+    /// object is checked as it is (and fails an object schema).
+    pub fn validate_value(&self, params: &Value) -> Vec<Violation> {
+        match params {
+            Value::Object(m) if m.keys().any(|k| is_meta_key(k)) => self.validate(m),
+            _ => violations(&self.validator, params),
+        }
+    }
+}
+
+/// A copy of `params` without its meta keys.
+fn without_meta(params: &Map<String, Value>) -> Map<String, Value> {
+    params
+        .iter()
+        .filter(|(k, _)| !is_meta_key(k))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect()
 }
 
 /// The params schema checked by [`ParamsValidator`]: meta keys and meta properties removed.
@@ -259,6 +273,20 @@ impl ToolValidators {
     ) -> Result<Vec<Violation>, SchemaError> {
         self.get(tool)
             .map(|v| v.validate(params))
+            .ok_or_else(|| SchemaError::ToolNotFound {
+                tool: tool.to_string(),
+            })
+    }
+
+    /// Checks a params object against the tool called `tool`, in place when it holds no meta
+    /// keys ([`ParamsValidator::validate_value`]).
+    pub fn validate_value(
+        &self,
+        tool: &str,
+        params: &Value,
+    ) -> Result<Vec<Violation>, SchemaError> {
+        self.get(tool)
+            .map(|v| v.validate_value(params))
             .ok_or_else(|| SchemaError::ToolNotFound {
                 tool: tool.to_string(),
             })

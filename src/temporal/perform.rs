@@ -146,7 +146,7 @@ impl Performer {
                 let task = CallTask {
                     spec,
                     id,
-                    call,
+                    call: *call,
                     tool: (*tool).clone(),
                     timeout_ms,
                 };
