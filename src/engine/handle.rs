@@ -283,9 +283,9 @@ impl Subscription {
                     return Some(e);
                 }
                 Err(broadcast::error::RecvError::Lagged(n)) => {
-                    // Fell behind the ring: catch up from the journal.
+                    // Fell behind the ring: catch up from the kept events.
                     self.lags += n;
-                    tracing::debug!(run = %self.shared.run_id, missed = n, "subscriber lagged; replaying");
+                    tracing::debug!(run = %self.shared.run_id, missed = n, "subscriber lagged; catching up");
                     let (backlog, rx, cut) = self.shared.cut(self.last);
                     self.backlog = backlog.into_iter();
                     self.rx = rx;
@@ -296,7 +296,8 @@ impl Subscription {
         }
     }
 
-    /// How many live events this subscriber missed and caught up on from the journal.
+    /// How many live events this subscriber missed in the ring and caught up on from the run's
+    /// kept events (or, for events from before the run kept any, a replay of its journal).
     pub fn lagged(&self) -> u64 {
         self.lags
     }

@@ -93,13 +93,13 @@ impl Parts {
         if let Some(mode) = config.mode {
             settings.mode = mode;
         }
-        let req = Request {
+        let req = Arc::new(Request {
             messages,
             schema: config.composed.clone(),
             tools: config.tools.clone(),
             settings,
-        };
-        let stream = model.stream(&req);
+        });
+        let stream = model.stream_shared(req.clone());
         let mut turns = Turns::default();
         turns.open(frame, step, skip_calls, config, &req, stream);
         futures::stream::unfold(

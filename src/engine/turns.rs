@@ -51,8 +51,9 @@ struct Reader {
     usage_seen: bool,
     /// Prompt-cache (read, write) tokens the provider reported, until they go with the usage.
     cache: Option<(u64, u64)>,
-    /// Characters sent and received, for an estimate when it did not.
-    in_chars: usize,
+    /// What was sent, measured only for an estimate when the provider reports no usage (a
+    /// large step's Request runs to megabytes), and the characters received.
+    request: Arc<crate::llm::Request>,
     out_chars: usize,
     /// The agent: its composed schema is what strict mode transformed.
     config: Arc<AgentConfig>,
@@ -192,10 +193,9 @@ impl Turns {
         step: u32,
         skip: usize,
         config: Arc<AgentConfig>,
-        req: &crate::llm::Request,
+        req: &Arc<crate::llm::Request>,
         stream: crate::llm::EventStream,
     ) {
-        let in_chars = crate::llm::wire::json_chars(&req.messages);
         let tool_mode = req.settings.mode == crate::llm::Mode::ToolCalls;
         self.readers.insert(
             frame,
@@ -207,7 +207,7 @@ impl Turns {
                 skip,
                 usage_seen: false,
                 cache: None,
-                in_chars,
+                request: req.clone(),
                 out_chars: 0,
                 config,
                 strict_solution: false,
@@ -308,7 +308,8 @@ impl Turns {
                         reader.cache.take().unwrap_or_default();
                     out.push(RunInput::Usage {
                         frame,
-                        input_tokens: reader.in_chars.div_ceil(4) as u64,
+                        input_tokens: crate::llm::wire::json_chars(&reader.request.messages)
+                            .div_ceil(4) as u64,
                         output_tokens: reader.out_chars.div_ceil(4) as u64,
                         estimated: true,
                         cache_read_tokens,
