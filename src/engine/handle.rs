@@ -115,6 +115,8 @@ impl Shared {
     /// the ring holds. The ring is asked only once the sends since it was last asked could
     /// have filled it (asking walks the ring).
     fn make_room(&self, log: &mut Log) {
+        // tokio rounds the ring up to a power of two: counting against the size asked for
+        // starts the history early, never late.
         if log.room == 0 {
             log.room = self.capacity.saturating_sub(self.tx.len());
         }
@@ -166,6 +168,7 @@ impl Shared {
             }
             if log.history.is_none() {
                 log.history = Some(Vec::new());
+                log.recent.clear();
             }
             (log.journal.clone(), cut, rx)
         };
