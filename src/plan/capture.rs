@@ -8,7 +8,7 @@ use std::collections::BTreeSet;
 use serde_json::{Map, Value};
 
 use super::{ParseError, ParseErrorKind, ParseEvent, Phase, SolutionParser};
-use crate::protocol::{Call, Solution};
+use crate::protocol::{Call, Solution, SplitCall};
 
 /// What a capture holds: a top-level key, a top-level member's value, or an element of `calls`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -119,6 +119,22 @@ impl SolutionParser {
         let Some(c) = self.take(chunk, end) else {
             return Ok(());
         };
+        // Streaming: a call object is read straight into a call; only a call that is not one
+        // (not an object, bad JSON, bad meta fields) takes the path through a value, which
+        // gives the error and the raw value the model is shown.
+        if wanted == Target::Call
+            && !self.keep_calls
+            && let Ok(split) = serde_json::from_slice::<SplitCall>(&c.buf)
+            && let Ok(call) = split.into_call()
+        {
+            out.push(ParseEvent::Call {
+                index,
+                call: Ok(call),
+                raw: Value::Null,
+            });
+            self.next_index += 1;
+            return Ok(());
+        }
         let value: Value = self.decode(&c)?;
         if wanted == Target::Call {
             let (call, raw) = if self.keep_calls {

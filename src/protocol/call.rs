@@ -226,7 +226,79 @@ impl TryFrom<Value> for Call {
                 found: json_type(&v),
             });
         };
-        let tool = match m.shift_remove("_tool") {
+        SplitCall {
+            tool: m.shift_remove("_tool"),
+            output_path: m.shift_remove("_outputPath"),
+            output_method: m.shift_remove("_outputMethod"),
+            instance: m.shift_remove("_instance"),
+            scopes: m.shift_remove("_scopes"),
+            params: m,
+        }
+        .into_call()
+    }
+}
+
+/// A call object as read: its meta fields apart, every other field a param (in order, a
+/// repeated key's last value winning, as in a map). Deserialised straight from JSON text, it
+/// saves building the object as a map and taking the meta fields back out of it; either way
+/// [`SplitCall::into_call`] checks the meta fields, so both give the same call or error.
+#[derive(Debug, Default)]
+pub(crate) struct SplitCall {
+    tool: Option<Value>,
+    output_path: Option<Value>,
+    output_method: Option<Value>,
+    instance: Option<Value>,
+    scopes: Option<Value>,
+    params: Map<String, Value>,
+}
+
+impl<'de> Deserialize<'de> for SplitCall {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Fields;
+        impl<'de> serde::de::Visitor<'de> for Fields {
+            type Value = SplitCall;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a call object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<SplitCall, A::Error> {
+                let mut c = SplitCall::default();
+                while let Some(key) = map.next_key::<String>()? {
+                    let slot = match key.as_str() {
+                        "_tool" => &mut c.tool,
+                        "_outputPath" => &mut c.output_path,
+                        "_outputMethod" => &mut c.output_method,
+                        "_instance" => &mut c.instance,
+                        "_scopes" => &mut c.scopes,
+                        _ => {
+                            let v = map.next_value()?;
+                            c.params.insert(key, v);
+                            continue;
+                        }
+                    };
+                    *slot = Some(map.next_value()?);
+                }
+                Ok(c)
+            }
+        }
+        d.deserialize_map(Fields)
+    }
+}
+
+impl SplitCall {
+    /// The call, once its meta fields check out.
+    pub(crate) fn into_call(self) -> Result<Call, ProtocolError> {
+        let SplitCall {
+            tool,
+            output_path,
+            output_method,
+            instance,
+            scopes,
+            params: m,
+        } = self;
+        let tool = match tool {
             Some(Value::String(s)) if !s.trim().is_empty() => s,
             Some(Value::String(_)) => {
                 return Err(ProtocolError::InvalidField {
@@ -249,7 +321,7 @@ impl TryFrom<Value> for Call {
                 });
             }
         };
-        let output_path = match m.shift_remove("_outputPath") {
+        let output_path = match output_path {
             None | Some(Value::Null) => None,
             Some(Value::String(s)) => Some(s),
             Some(other) => {
@@ -260,7 +332,7 @@ impl TryFrom<Value> for Call {
                 });
             }
         };
-        let output_method = match m.shift_remove("_outputMethod") {
+        let output_method = match output_method {
             None | Some(Value::Null) => None,
             Some(Value::String(s)) => match OutputMethod::parse(&s) {
                 Some(m) => Some(m),
@@ -274,12 +346,12 @@ impl TryFrom<Value> for Call {
                 });
             }
         };
-        let instance = match m.shift_remove("_instance") {
+        let instance = match instance {
             None | Some(Value::Null) => None,
             Some(Value::String(s)) => Some(s),
             Some(other) => Some(other.to_string()),
         };
-        let scopes = match m.shift_remove("_scopes") {
+        let scopes = match scopes {
             None | Some(Value::Null) => None,
             Some(v) => match serde_json::from_value::<Vec<String>>(v) {
                 Ok(s) => Some(s),

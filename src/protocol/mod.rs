@@ -9,6 +9,7 @@ mod message;
 mod op;
 pub mod reference;
 
+pub(crate) use call::SplitCall;
 pub use call::{Call, OutputMethod, Tool, ToolApproval, collect_refs, json_type};
 pub use event::{Decision, Event, EventKind, FailKind};
 pub use message::{Message, Role, Solution};
