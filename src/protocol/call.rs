@@ -150,9 +150,31 @@ impl Call {
         Ok(out)
     }
 
-    /// The call as a JSON object (what the model wrote).
+    /// The call as a JSON object (what the model wrote): what serialising it gives, built by
+    /// cloning its parts (every call of a step goes into the next Request's plan this way).
     pub fn to_value(&self) -> Value {
-        serde_json::to_value(self).unwrap_or(Value::Null)
+        let mut m = Map::new();
+        m.insert("_tool".into(), Value::String(self.tool.clone()));
+        for (k, v) in &self.params {
+            m.insert(k.clone(), v.clone());
+        }
+        if let Some(p) = &self.output_path {
+            m.insert("_outputPath".into(), Value::String(p.clone()));
+        }
+        if let Some(method) = self.output_method {
+            m.insert(
+                "_outputMethod".into(),
+                Value::String(method.as_str().into()),
+            );
+        }
+        if let Some(i) = &self.instance {
+            m.insert("_instance".into(), Value::String(i.clone()));
+        }
+        if let Some(s) = &self.scopes {
+            let scopes = s.iter().cloned().map(Value::String).collect();
+            m.insert("_scopes".into(), Value::Array(scopes));
+        }
+        Value::Object(m)
     }
 }
 
@@ -460,5 +482,38 @@ impl Tool {
             what: "tool",
             reason: e.to_string(),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    /// `to_value` builds what serialising the call gives, key order included.
+    #[test]
+    fn to_value_is_the_serialised_call() {
+        let mut odd = Call::new("t")
+            .param("_tool", "shadow")
+            .param("b", json!([1, {"c": null}]));
+        odd.output_path = Some("†state.x".into());
+        odd.output_method = Some(OutputMethod::Concat);
+        odd.instance = Some("i1".into());
+        odd.scopes = Some(vec!["state".into(), "input.a".into()]);
+        let calls = [
+            Call::new("a"),
+            Call::try_from(
+                json!({"_tool": "b", "z": 1, "a": {"y": [2]}, "_outputPath": "†state.q",
+                "_outputMethod": "merge"}),
+            )
+            .expect("call"),
+            odd,
+        ];
+        for call in calls {
+            let built = call.to_value();
+            let serialised = serde_json::to_value(&call).expect("serialises");
+            assert_eq!(built, serialised);
+            assert_eq!(built.to_string(), serialised.to_string(), "same key order");
+        }
     }
 }

@@ -127,15 +127,43 @@ impl std::borrow::Borrow<[Segment]> for Path {
 
 impl fmt::Display for Path {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.text())
+    }
+}
+
+impl Path {
+    /// The path as written (`state.a.b[0]["odd key"]`): what `Display` prints, built in one
+    /// buffer (events name a path for every write, so this is on the hot path).
+    pub fn text(&self) -> String {
+        let mut out = String::with_capacity(
+            self.segments
+                .iter()
+                .map(|s| match s {
+                    Segment::Key(k) => k.len() + 1,
+                    Segment::Index(_) => 8,
+                })
+                .sum(),
+        );
         for (i, s) in self.segments.iter().enumerate() {
             match s {
-                Segment::Key(k) if i == 0 => write!(f, "{k}")?,
-                Segment::Key(k) if is_plain_key(k) => write!(f, ".{k}")?,
-                Segment::Key(k) => write!(f, "[{}]", serde_json::Value::String(k.clone()))?,
-                Segment::Index(n) => write!(f, "[{n}]")?,
+                Segment::Key(k) if i == 0 => out.push_str(k),
+                Segment::Key(k) if is_plain_key(k) => {
+                    out.push('.');
+                    out.push_str(k);
+                }
+                Segment::Key(k) => {
+                    out.push('[');
+                    out.push_str(&serde_json::Value::String(k.clone()).to_string());
+                    out.push(']');
+                }
+                Segment::Index(n) => {
+                    out.push('[');
+                    out.push_str(&n.to_string());
+                    out.push(']');
+                }
             }
         }
-        Ok(())
+        out
     }
 }
 

@@ -82,7 +82,7 @@ impl Scheduler {
         let id = self.entries[ix].id;
         let method = self.method(ix);
         for p in paths {
-            let path = p.to_string();
+            let path = p.text();
             let write_seq = self.state.write(p, value.clone(), method, Some(id), now);
             emit(
                 out,

@@ -31,7 +31,7 @@ pub(super) fn write_paths(e: &Entry) -> impl Iterator<Item = &Path> {
 }
 
 pub(super) fn path_strings(paths: &[Path]) -> Vec<String> {
-    let mut v: Vec<String> = paths.iter().map(Path::to_string).collect();
+    let mut v: Vec<String> = paths.iter().map(Path::text).collect();
     v.sort();
     v.dedup();
     v
