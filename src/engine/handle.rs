@@ -121,7 +121,7 @@ impl Shared {
             log.room = self.capacity.saturating_sub(self.tx.len());
         }
         if log.room == 0 {
-            log.history = Some(log.recent.drain(..).collect());
+            log.history = Some(Vec::from(std::mem::take(&mut log.recent)));
         } else {
             log.room -= 1;
         }
@@ -168,7 +168,7 @@ impl Shared {
             }
             if log.history.is_none() {
                 log.history = Some(Vec::new());
-                log.recent.clear();
+                log.recent = VecDeque::new();
             }
             (log.journal.clone(), cut, rx)
         };
