@@ -628,6 +628,51 @@ async fn a_reviewer_edits_and_approves_calls_in_the_browser_and_sees_the_run_com
     c.close().await.expect("close the browser");
 }
 
+/// A reviewer typing a replacement keeps the focus and the text while another call above it is
+/// decided elsewhere and its card goes: the cards still awaiting keep their places.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_card_being_typed_in_keeps_its_focus_when_a_card_above_it_goes() {
+    let Some((chromium, driver)) = browser_binaries() else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let url = echo_service().await;
+    let (_server, base) = start_server(&dir.path().join("runs.db"));
+    let (id, awaiting) = submit(&base, dir.path(), &url).await;
+    let (above, typing) = (call_with_n(&awaiting, 4), call_with_n(&awaiting, 5));
+    let (_driver, driver_url) = start_driver(&driver).await;
+    let profile = tempfile::tempdir().expect("profile dir");
+    let c = browser(&chromium, &driver_url, profile.path()).await;
+    open_run(&c, &base, &id).await;
+
+    click(
+        &c,
+        &format!(".approval[data-call-id=\"{typing}\"] button.replace"),
+    )
+    .await;
+    let editor = format!(".approval[data-call-id=\"{typing}\"] textarea.call-editor");
+    type_into(&c, &editor, r#"{"_tool": "step", "n": 50"#).await;
+    decide_by_api(&base, &id, above).await;
+    until(
+        &c,
+        "the decided card gone",
+        &format!("return document.querySelector('.approval[data-call-id=\"{above}\"]') === null"),
+    )
+    .await;
+    let kept = c
+        .execute(
+            &format!(
+                "var t = document.querySelector('{editor}'); \
+                 return [document.activeElement === t, t.value]"
+            ),
+            vec![],
+        )
+        .await
+        .expect("the editor");
+    assert_eq!(kept, json!([true, r#"{"_tool": "step", "n": 50"#]));
+    c.close().await.expect("close the browser");
+}
+
 /// The server is killed (SIGKILL) while the page follows a run, and started again on the same
 /// address: the page's stream breaks, its ticket is gone with the old process, so the page gets a
 /// new ticket and a new stream by itself; decisions made elsewhere then reach it live, and it

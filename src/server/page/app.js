@@ -414,17 +414,19 @@ function renderApprovals(run) {
   const box = $("#approvals");
   const awaiting = run.awaiting || [];
   $("#approvals-section").hidden = awaiting.length === 0;
-  const keep = new Set();
+  const keyOf = (a) => a.call_id + ":" + a.params_hash;
+  const keep = new Set(awaiting.map(keyOf));
+  // Decided calls go first, so that the cards still awaiting keep their places: moving a card
+  // takes the focus out of a reason or an editor the reviewer is typing in.
+  for (const card of Array.from(box.children)) {
+    if (!keep.has(card.dataset.key)) card.remove();
+  }
   awaiting.forEach((a, i) => {
-    const key = a.call_id + ":" + a.params_hash;
-    keep.add(key);
+    const key = keyOf(a);
     let card = box.querySelector(`.approval[data-key="${CSS.escape(key)}"]`);
     if (!card) card = approvalCard(run.id, a, key);
     if (box.children[i] !== card) box.insertBefore(card, box.children[i] || null);
   });
-  for (const card of Array.from(box.children)) {
-    if (!keep.has(card.dataset.key)) card.remove();
-  }
 }
 
 function approvalCard(runId, a, key) {
