@@ -337,29 +337,63 @@ async fn decide_by_api(base: &str, id: &str, call: u64) {
     assert_eq!(r.status().as_u16(), 200, "{:?}", r.text().await);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_reviewer_edits_and_approves_calls_in_the_browser_and_sees_the_run_complete() {
-    let Some((chromium, driver)) = browser_binaries() else {
-        return;
-    };
+/// A server with a submitted run whose five calls await a decision, opened in a fresh browser.
+/// The guards keep the server, the driver and their folders alive as long as the page.
+struct OpenRun {
+    c: Client,
+    base: String,
+    id: String,
+    awaiting: Vec<Value>,
+    _driver: Killed,
+    _profile: tempfile::TempDir,
+    _server: Killed,
+    _dir: tempfile::TempDir,
+}
+
+/// [`OpenRun`], or None when the browser binaries are missing (the test then says SKIPPED).
+async fn open_submitted_run() -> Option<OpenRun> {
+    let (chromium, driver) = browser_binaries()?;
     let dir = tempfile::tempdir().expect("tempdir");
     let url = echo_service().await;
-    let (_server, base) = start_server(&dir.path().join("runs.db"));
-
-    // A program submits the goal.
+    let (server, base) = start_server(&dir.path().join("runs.db"));
     let (id, awaiting) = submit(&base, dir.path(), &url).await;
-    let (edited, approved, taken, rejected, replaced) = (
-        call_with_n(&awaiting, 1),
-        call_with_n(&awaiting, 2),
-        call_with_n(&awaiting, 3),
-        call_with_n(&awaiting, 4),
-        call_with_n(&awaiting, 5),
-    );
-
-    let (_driver, driver_url) = start_driver(&driver).await;
+    let (driver, driver_url) = start_driver(&driver).await;
     let profile = tempfile::tempdir().expect("profile dir");
     let c = browser(&chromium, &driver_url, profile.path()).await;
     open_run(&c, &base, &id).await;
+    Some(OpenRun {
+        c,
+        base,
+        id,
+        awaiting,
+        _driver: driver,
+        _profile: profile,
+        _server: server,
+        _dir: dir,
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reviewer_edits_and_approves_calls_in_the_browser_and_sees_the_run_complete() {
+    // A program submits the goal; the reviewer opens the run.
+    let Some(run) = open_submitted_run().await else {
+        return;
+    };
+    let OpenRun {
+        c,
+        base,
+        id,
+        awaiting,
+        ..
+    } = &run;
+    let (c, base, id) = (c, base.as_str(), id.as_str());
+    let (edited, approved, taken, rejected, replaced) = (
+        call_with_n(awaiting, 1),
+        call_with_n(awaiting, 2),
+        call_with_n(awaiting, 3),
+        call_with_n(awaiting, 4),
+        call_with_n(awaiting, 5),
+    );
 
     // Every call awaiting approval, with its resolved params; the calls drawn as awaiting.
     let shown = c
@@ -392,14 +426,14 @@ async fn a_reviewer_edits_and_approves_calls_in_the_browser_and_sees_the_run_com
     .expect("hold the stream");
     // Let refreshes already under way land before the other reviewer decides.
     tokio::time::sleep(Duration::from_millis(500)).await;
-    decide_by_api(&base, &id, taken).await;
+    decide_by_api(base, id, taken).await;
     click(
-        &c,
+        c,
         &format!(".approval[data-call-id=\"{taken}\"] button.approve"),
     )
     .await;
     let notice = until(
-        &c,
+        c,
         "the conflict notice",
         "var n = document.querySelector('#notice'); \
          return !n.hidden && n.textContent.includes('Another reviewer decided first') && n.textContent",
@@ -407,7 +441,7 @@ async fn a_reviewer_edits_and_approves_calls_in_the_browser_and_sees_the_run_com
     .await;
     println!("server_browser: notice: {notice}");
     until(
-        &c,
+        c,
         "the decided call gone from the approvals",
         &format!("return document.querySelector('.approval[data-call-id=\"{taken}\"]') === null"),
     )
@@ -418,7 +452,7 @@ async fn a_reviewer_edits_and_approves_calls_in_the_browser_and_sees_the_run_com
 
     // An edit that breaks the tool's schema is refused inline and not sent.
     click(
-        &c,
+        c,
         &format!(".approval[data-call-id=\"{edited}\"] button.edit"),
     )
     .await;
@@ -433,14 +467,14 @@ async fn a_reviewer_edits_and_approves_calls_in_the_browser_and_sees_the_run_com
     let prefilled: Value =
         serde_json::from_str(prefilled.as_str().expect("text")).expect("editor JSON");
     assert_eq!(prefilled, json!({"n": 1, "note": "first"}));
-    type_into(&c, &editor, r#"{"note": 5, "extra": true}"#).await;
+    type_into(c, &editor, r#"{"note": 5, "extra": true}"#).await;
     click(
-        &c,
+        c,
         &format!(".approval[data-call-id=\"{edited}\"] button.send-edit"),
     )
     .await;
     let errors = until(
-        &c,
+        c,
         "the schema errors",
         &format!(
             "var l = document.querySelectorAll('.approval[data-call-id=\"{edited}\"] ul.errors li'); \
@@ -459,8 +493,8 @@ async fn a_reviewer_edits_and_approves_calls_in_the_browser_and_sees_the_run_com
             "{expected:?} in {errors:?}"
         );
     }
-    save_screenshot(&c, "reviewer-page-editing.png").await;
-    let now = api_get(&base, &format!("/runs/{id}")).await;
+    save_screenshot(c, "reviewer-page-editing.png").await;
+    let now = api_get(base, &format!("/runs/{id}")).await;
     let still = now["calls"]
         .as_array()
         .expect("calls")
@@ -474,45 +508,45 @@ async fn a_reviewer_edits_and_approves_calls_in_the_browser_and_sees_the_run_com
 
     // A rejection with a reason, a replacement, a valid edit, and an approval.
     click(
-        &c,
+        c,
         &format!(".approval[data-call-id=\"{rejected}\"] button.reject"),
     )
     .await;
     type_into(
-        &c,
+        c,
         &format!(".approval[data-call-id=\"{rejected}\"] input.reject-reason"),
         "not needed today",
     )
     .await;
     click(
-        &c,
+        c,
         &format!(".approval[data-call-id=\"{rejected}\"] button.send-reject"),
     )
     .await;
     click(
-        &c,
+        c,
         &format!(".approval[data-call-id=\"{replaced}\"] button.replace"),
     )
     .await;
     type_into(
-        &c,
+        c,
         &format!(".approval[data-call-id=\"{replaced}\"] textarea.call-editor"),
         r#"{"_tool": "step", "n": 50, "note": "replaced", "_outputPath": "†state.e"}"#,
     )
     .await;
     click(
-        &c,
+        c,
         &format!(".approval[data-call-id=\"{replaced}\"] button.send-replace"),
     )
     .await;
-    type_into(&c, &editor, r#"{"n": 41, "note": "edited in the browser"}"#).await;
+    type_into(c, &editor, r#"{"n": 41, "note": "edited in the browser"}"#).await;
     click(
-        &c,
+        c,
         &format!(".approval[data-call-id=\"{edited}\"] button.send-edit"),
     )
     .await;
     click(
-        &c,
+        c,
         &format!(".approval[data-call-id=\"{approved}\"] button.approve"),
     )
     .await;
@@ -520,13 +554,13 @@ async fn a_reviewer_edits_and_approves_calls_in_the_browser_and_sees_the_run_com
     // The run completes: its output carries the edited value, every call is done, the timeline
     // shows the reviewer's waits and the critical path.
     until(
-        &c,
+        c,
         "the run succeeded",
         "return document.querySelector('#run-status').dataset.status === 'succeeded'",
     )
     .await;
     let output = until(
-        &c,
+        c,
         "the output",
         "var t = document.querySelector('#output').textContent; return t.includes('{') && t",
     )
@@ -576,7 +610,7 @@ async fn a_reviewer_edits_and_approves_calls_in_the_browser_and_sees_the_run_com
         counts[4].as_u64().unwrap_or(0) >= 1,
         "a critical path: {counts}"
     );
-    let api = api_get(&base, &format!("/runs/{id}")).await;
+    let api = api_get(base, &format!("/runs/{id}")).await;
     assert_eq!(api["output"], output, "the page shows what the API says");
     println!(
         "server_browser: spans {}\nserver_browser: critical path {}",
@@ -618,43 +652,36 @@ async fn a_reviewer_edits_and_approves_calls_in_the_browser_and_sees_the_run_com
         .unwrap_or_default();
     assert!(reason.contains("not needed today"), "{reason}");
 
-    let shot = save_screenshot(&c, "reviewer-page.png").await;
+    let shot = save_screenshot(c, "reviewer-page.png").await;
     assert!(std::fs::metadata(&shot).expect("screenshot").len() > 1000);
     let errors = c
         .execute("return window.__errors", vec![])
         .await
         .expect("errors");
     assert_eq!(errors, json!([]), "JavaScript errors on the page");
-    c.close().await.expect("close the browser");
+    c.clone().close().await.expect("close the browser");
 }
 
 /// A reviewer typing a replacement keeps the focus and the text while another call above it is
 /// decided elsewhere and its card goes: the cards still awaiting keep their places.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_card_being_typed_in_keeps_its_focus_when_a_card_above_it_goes() {
-    let Some((chromium, driver)) = browser_binaries() else {
+    let Some(run) = open_submitted_run().await else {
         return;
     };
-    let dir = tempfile::tempdir().expect("tempdir");
-    let url = echo_service().await;
-    let (_server, base) = start_server(&dir.path().join("runs.db"));
-    let (id, awaiting) = submit(&base, dir.path(), &url).await;
-    let (above, typing) = (call_with_n(&awaiting, 4), call_with_n(&awaiting, 5));
-    let (_driver, driver_url) = start_driver(&driver).await;
-    let profile = tempfile::tempdir().expect("profile dir");
-    let c = browser(&chromium, &driver_url, profile.path()).await;
-    open_run(&c, &base, &id).await;
+    let (c, base, id) = (&run.c, run.base.as_str(), run.id.as_str());
+    let (above, typing) = (call_with_n(&run.awaiting, 4), call_with_n(&run.awaiting, 5));
 
     click(
-        &c,
+        c,
         &format!(".approval[data-call-id=\"{typing}\"] button.replace"),
     )
     .await;
     let editor = format!(".approval[data-call-id=\"{typing}\"] textarea.call-editor");
-    type_into(&c, &editor, r#"{"_tool": "step", "n": 50"#).await;
-    decide_by_api(&base, &id, above).await;
+    type_into(c, &editor, r#"{"_tool": "step", "n": 50"#).await;
+    decide_by_api(base, id, above).await;
     until(
-        &c,
+        c,
         "the decided card gone",
         &format!("return document.querySelector('.approval[data-call-id=\"{above}\"]') === null"),
     )
@@ -670,7 +697,7 @@ async fn a_card_being_typed_in_keeps_its_focus_when_a_card_above_it_goes() {
         .await
         .expect("the editor");
     assert_eq!(kept, json!([true, r#"{"_tool": "step", "n": 50"#]));
-    c.close().await.expect("close the browser");
+    c.clone().close().await.expect("close the browser");
 }
 
 /// The server is killed (SIGKILL) while the page follows a run, and started again on the same
@@ -745,6 +772,6 @@ async fn the_page_reconnects_by_itself_when_the_server_restarts() {
         .await
         .expect("errors");
     assert_eq!(errors, json!([]), "JavaScript errors on the page");
-    c.close().await.expect("close the browser");
+    c.clone().close().await.expect("close the browser");
     drop(server);
 }
