@@ -472,23 +472,27 @@ async fn a_subscriber_that_falls_behind_is_caught_up_from_the_journal() {
     }
 }
 
-async fn falls_behind_a_ring_of(capacity: usize) {
-    let dir = tempfile::tempdir().expect("dir");
+/// A run whose model makes `n` calls of the echoing tool `t` in one step, then answers.
+fn echo_calls(dir: &std::path::Path, n: usize) -> AgentBuilder {
     let g = goal_in(
-        dir.path(),
+        dir,
         json!({"goal": "g", "output_schema": {"type": "object"},
         "tools": [{"_tool": "t", "_activity": "rust", "type": "object"}]}),
     );
-    let calls: Vec<Value> = (0..20).map(|i| json!({"_tool": "t", "i": i})).collect();
+    let calls: Vec<Value> = (0..n).map(|i| json!({"_tool": "t", "i": i})).collect();
     let turns = json!([
         sol(json!(calls), Value::Null),
         sol(json!([]), json!({"ok": 1}))
     ]);
-    let mut b = AgentBuilder::new(g)
-        .model(model(turns))
-        .event_capacity(capacity);
+    let mut b = AgentBuilder::new(g).model(model(turns));
     b.registry_mut()
         .register_fn("t", |p: Value| async move { Ok::<_, String>(p) });
+    b
+}
+
+async fn falls_behind_a_ring_of(capacity: usize) {
+    let dir = tempfile::tempdir().expect("dir");
+    let b = echo_calls(dir.path(), 20).event_capacity(capacity);
     let h = b.build().expect("build").start();
     let mut slow = h.subscribe_from(0);
     assert_eq!(h.wait().await.status, RunStatus::Succeeded);
@@ -518,20 +522,7 @@ async fn falls_behind_a_ring_of(capacity: usize) {
 #[tokio::test(start_paused = true)]
 async fn a_subscriber_that_joins_late_is_served_from_one_replay() {
     let dir = tempfile::tempdir().expect("dir");
-    let g = goal_in(
-        dir.path(),
-        json!({"goal": "g", "output_schema": {"type": "object"},
-        "tools": [{"_tool": "t", "_activity": "rust", "type": "object"}]}),
-    );
-    let calls: Vec<Value> = (0..5).map(|i| json!({"_tool": "t", "i": i})).collect();
-    let turns = json!([
-        sol(json!(calls), Value::Null),
-        sol(json!([]), json!({"ok": 1}))
-    ]);
-    let mut b = AgentBuilder::new(g).model(model(turns));
-    b.registry_mut()
-        .register_fn("t", |p: Value| async move { Ok::<_, String>(p) });
-    let h = b.build().expect("build").start();
+    let h = echo_calls(dir.path(), 5).build().expect("build").start();
     assert_eq!(h.wait().await.status, RunStatus::Succeeded);
     let first = all_events(&h).await;
     let second = all_events(&h).await;
@@ -635,10 +626,16 @@ async fn a_delegate_is_cancelled_with_its_parent() {
     );
 }
 
-/// Streams a Solution and never reports usage (like some local servers).
-struct Silent;
+/// Streams a Solution and never reports usage (like some local servers); notes the characters
+/// of every request's messages as JSON.
+#[derive(Default)]
+struct Silent(Mutex<Vec<usize>>);
 impl Model for Silent {
-    fn stream(&self, _req: &Request) -> EventStream {
+    fn stream(&self, req: &Request) -> EventStream {
+        let sent = serde_json::to_string(&req.messages).map_or(0, |t| t.chars().count());
+        if let Ok(mut s) = self.0.lock() {
+            s.push(sent);
+        }
         let text =
             json!({"calls": [{"_tool": "t", "pad": "x".repeat(400)}], "output": null}).to_string();
         futures::stream::iter(vec![
@@ -663,7 +660,8 @@ async fn a_token_budget_holds_when_the_server_reports_no_usage() {
         "tools": [{"_tool": "t", "_activity": "rust", "type": "object"}],
         "limits": {"token_budget": 300}}),
     );
-    let mut b = AgentBuilder::new(g).model(Arc::new(Silent));
+    let silent = Arc::new(Silent::default());
+    let mut b = AgentBuilder::new(g).model(silent.clone());
     b.registry_mut()
         .register_fn("t", |_p: Value| async move { Ok::<_, String>(json!(1)) });
     let r = b.build().expect("build").run().await;
@@ -673,6 +671,11 @@ async fn a_token_budget_holds_when_the_server_reports_no_usage() {
         "the result says the figures are estimates"
     );
     assert!(r.usage.output_tokens >= 100, "{:?}", r.usage);
+    // What was sent is estimated too: a token per 4 characters of each request's messages.
+    let sent = silent.0.lock().expect("requests").clone();
+    assert!(!sent.is_empty());
+    let expected: u64 = sent.iter().map(|n| n.div_ceil(4) as u64).sum();
+    assert_eq!(r.usage.input_tokens, expected, "{sent:?}");
 }
 
 /// Replays a script, noting the mode and the messages of every request; request number
@@ -1126,4 +1129,69 @@ async fn a_call_cut_off_by_a_restart_is_presented_again_and_replays_the_same() {
         replayed, seen,
         "the journal replays to the events the run published"
     );
+}
+
+/// The goal's own schemas check a call's resolved params in a real run: a wrong type and a field
+/// the tool does not have are refused, naming them; a latent call's `_output` (a meta key, left
+/// out of the params check) is checked against the tool's `_output` schema, and a bad one fails
+/// the call and writes nothing.
+#[tokio::test(start_paused = true)]
+async fn a_run_checks_params_and_latent_outputs_against_the_goals_schemas() {
+    let dir = tempfile::tempdir().expect("dir");
+    let g = goal_in(
+        dir.path(),
+        json!({"goal": "g", "output_schema": {"type": "object"},
+        "tools": [
+            {"_tool": "t", "_activity": "rust", "type": "object",
+             "properties": {"n": {"type": "integer"}}, "required": ["n"],
+             "additionalProperties": false},
+            {"_tool": "note", "_output": {"type": "string"}, "type": "object",
+             "properties": {}, "additionalProperties": false}
+        ]}),
+    );
+    let turns = json!([
+        sol(
+            json!([
+                {"_tool": "t", "n": 1, "_outputPath": "†state.a"},
+                {"_tool": "t", "n": "x"},
+                {"_tool": "t", "n": 2, "extra": true},
+                {"_tool": "note", "_output": "kept", "_outputPath": "†state.b"},
+                {"_tool": "note", "_output": 7, "_outputPath": "†state.c"}
+            ]),
+            Value::Null
+        ),
+        sol(json!([]), json!({"ok": 1}))
+    ]);
+    let mut b = AgentBuilder::new(g).model(model(turns));
+    b.registry_mut().register_fn(
+        "t",
+        |p: Value| async move { Ok::<_, String>(p["n"].clone()) },
+    );
+    let r = b.build().expect("build").run().await;
+    assert_eq!(r.status, RunStatus::Succeeded, "{r:?}");
+    let statuses: Vec<&str> = r.calls.iter().map(|c| c.status.as_str()).collect();
+    assert_eq!(
+        statuses,
+        ["done", "refused", "refused", "done", "failed"],
+        "{r:?}"
+    );
+    let error = |i: usize| {
+        r.calls[i]
+            .error
+            .as_ref()
+            .map(Value::to_string)
+            .unwrap_or_default()
+    };
+    assert!(
+        error(1).contains("scheduler.invalid_params") && error(1).contains("/n"),
+        "{}",
+        error(1)
+    );
+    assert!(error(2).contains("extra"), "{}", error(2));
+    assert!(
+        error(4).contains("scheduler.invalid_latent_output"),
+        "{}",
+        error(4)
+    );
+    assert_eq!(r.state, json!({"a": 1, "b": "kept"}));
 }

@@ -32,8 +32,9 @@ impl Scheduler {
         let params = Value::Object(params);
         let checked = self.opts.validate.as_ref().map(|v| v(&tool.tool, &params));
         let latent = tool.tool.is_latent();
-        let latent_checked = match &self.opts.validate_latent {
-            Some(check) if latent => Some(check(&tool.tool, &params)),
+        // The latent `_output` check runs only for params that passed (as before the move).
+        let latent_checked = match (&self.opts.validate_latent, &checked) {
+            (Some(check), None | Some(Ok(()))) if latent => Some(check(&tool.tool, &params)),
             _ => None,
         };
         let params = match params {
