@@ -25,11 +25,13 @@ pub mod check;
 /// The `dagloop` binary's front-end. Not part of the library API: it may change at any time.
 #[doc(hidden)]
 pub mod cli;
+pub mod config;
 pub mod context;
 pub mod duration;
 pub mod engine;
 mod fxhash;
 pub mod goal;
+pub mod grants;
 pub mod graph;
 pub mod llm;
 pub mod machine;

@@ -40,6 +40,39 @@ pub struct Cli {
     /// Keep no record of runs (they cannot be resumed, shown or decided later).
     #[arg(long, global = true, conflicts_with = "store")]
     pub no_store: bool,
+    /// The operator's configuration (TOML, or JSON by its `.json` name;
+    /// schemas/config.schema.json): what runs may touch, MCP servers, agents, principals.
+    /// Without it the command line grants everything but the shell (`--allow-shell`), and
+    /// `serve`/`worker` grant only http and delegate tools, public addresses and files under
+    /// the working directory.
+    #[arg(long, global = true)]
+    pub config: Option<PathBuf>,
+}
+
+/// The operator's configuration, when `--config` names one.
+fn load_config(path: Option<&FsPath>) -> Result<Option<crate::config::Config>, CliError> {
+    path.map(|p| crate::config::Config::load(p).map_err(|e| CliError::new(e.code(), e)))
+        .transpose()
+}
+
+/// What this command's runs may touch: the configuration's grants, else the command line's
+/// default (everything but the shell) or, for a server or worker (`closed`), the closed default;
+/// `--allow-shell` adds the shell either way.
+fn grants_for(
+    config: Option<&crate::config::Config>,
+    allow_shell: bool,
+    closed: bool,
+) -> Result<Arc<crate::grants::Grants>, CliError> {
+    let cwd = std::env::current_dir().unwrap_or_default();
+    let mut grants = match config {
+        Some(c) => c.grants(&cwd).map_err(|e| CliError::new(e.code(), e))?,
+        None if closed => crate::grants::Grants::closed(&cwd),
+        None => crate::grants::Grants::cli(allow_shell),
+    };
+    if allow_shell && let Some(k) = grants.kinds.as_mut() {
+        k.insert("shell".into());
+    }
+    Ok(Arc::new(grants))
 }
 
 /// What to do with stored runs.
@@ -302,6 +335,9 @@ pub enum Command {
         /// The goal whose tools and data a plan is checked against.
         #[arg(long)]
         goal: Option<PathBuf>,
+        /// Check the goal as a run with the shell activity allowed would be.
+        #[arg(long)]
+        allow_shell: bool,
     },
     /// Print a plan's dependency graph.
     Graph {
@@ -394,6 +430,14 @@ pub fn usage_error(err: &clap::Error, args: &[std::ffi::OsString]) -> i32 {
 /// succeed, 2 bad input).
 pub async fn main(cli: Cli) -> i32 {
     let store = || open_store(cli.store.as_deref(), cli.no_store);
+    let config = match load_config(cli.config.as_deref()) {
+        Ok(c) => c,
+        Err(e) => {
+            println!("{}", pretty(&e.to_json()));
+            return 2;
+        }
+    };
+    let config = config.as_ref();
     let outcome = match cli.command {
         Command::Run {
             goal,
@@ -427,9 +471,9 @@ pub async fn main(cli: Cli) -> i32 {
             if temporal.engine == EngineArg::Temporal {
                 temporal_cmd::run(&goal, opts, &display, &temporal).await
             } else {
-                match store() {
-                    Ok(s) => run::run(run::Start::New(goal), opts, display, s).await,
-                    Err(e) => Err(e),
+                match (store(), grants_for(config, allow_shell, false)) {
+                    (Ok(s), Ok(g)) => run::run(run::Start::New(goal), opts, g, display, s).await,
+                    (Err(e), _) | (_, Err(e)) => Err(e),
                 }
             }
         }
@@ -461,7 +505,7 @@ pub async fn main(cli: Cli) -> i32 {
                 allow_shell,
                 mode: mode.map(run::mode_name),
             };
-            resume(&id, store(), over, display).await
+            resume(&id, store(), over, config, display).await
         }
         Command::Runs { action, json } => match (required(store()), action) {
             (Ok(s), None) => runs::list(&s, json),
@@ -494,7 +538,10 @@ pub async fn main(cli: Cli) -> i32 {
             }
             Err(e) => Err(e),
         },
-        Command::Worker { temporal } => temporal_cmd::worker(&temporal).await,
+        Command::Worker { temporal } => match grants_for(config, false, true) {
+            Ok(g) => temporal_cmd::worker(&temporal, g).await,
+            Err(e) => Err(e),
+        },
         Command::Decide {
             run: id,
             call,
@@ -513,12 +560,19 @@ pub async fn main(cli: Cli) -> i32 {
             (Err(e), _) | (_, Err(e)) => Err(e),
         },
         Command::Schema { goal, mode } => schema_cmd::schema(&goal, mode),
-        Command::Validate { file, goal } => validate(&file, goal.as_deref()),
+        Command::Validate {
+            file,
+            goal,
+            allow_shell,
+        } => {
+            grants_for(config, allow_shell, false).and_then(|g| validate(&file, goal.as_deref(), g))
+        }
         Command::Graph { file, format } => graph(&file, format),
         Command::MockLlm { script, port } => mock_llm(&script, port).await,
-        Command::Serve { addr, allow_shell } => {
-            serve(addr, allow_shell, cli.store.as_deref(), cli.no_store).await
-        }
+        Command::Serve { addr, allow_shell } => match grants_for(config, allow_shell, true) {
+            Ok(g) => serve(addr, g, config, cli.store.as_deref(), cli.no_store).await,
+            Err(e) => Err(e),
+        },
     };
     match outcome {
         Ok(code) => code,
@@ -588,6 +642,7 @@ async fn resume(
     id: &str,
     store: Result<Option<Store>, CliError>,
     over: run::RunOptions,
+    config: Option<&crate::config::Config>,
     display: run::Display,
 ) -> Result<i32, CliError> {
     use crate::store::RunStore;
@@ -621,7 +676,15 @@ async fn resume(
         opts.mode = over.mode;
     }
     opts.allow_shell |= over.allow_shell;
-    run::run(run::Start::Resume(Box::new(stored)), opts, display, Some(s)).await
+    let grants = grants_for(config, opts.allow_shell, false)?;
+    run::run(
+        run::Start::Resume(Box::new(stored)),
+        opts,
+        grants,
+        display,
+        Some(s),
+    )
+    .await
 }
 
 fn pretty(v: &Value) -> String {
@@ -662,7 +725,11 @@ fn load_plan(file: &FsPath) -> Result<(Vec<Call>, Option<Goal>), CliError> {
     Ok((calls, None))
 }
 
-fn validate(file: &FsPath, goal: Option<&FsPath>) -> Result<i32, CliError> {
+fn validate(
+    file: &FsPath,
+    goal: Option<&FsPath>,
+    grants: Arc<crate::grants::Grants>,
+) -> Result<i32, CliError> {
     let other_goal = goal
         .map(|p| Goal::load(p).map_err(|e| CliError::new(e.code(), &e)))
         .transpose()?;
@@ -672,7 +739,24 @@ fn validate(file: &FsPath, goal: Option<&FsPath>) -> Result<i32, CliError> {
     }
     let (calls, own_goal) = load_plan(file)?;
     let (kind, findings) = match (own_goal, other_goal) {
-        (Some(g), _) => ("goal", check::check_goal(&g)),
+        (Some(g), _) => {
+            // The grants first, as `run` checks them: nothing the goal names outside them is
+            // opened.
+            if let Err(e) = crate::runs::define(g.clone(), run::RunOptions::default(), grants) {
+                let finding = check::Finding {
+                    code: e.code(),
+                    call: None,
+                    tool: None,
+                    turn: None,
+                    message: e.to_string(),
+                };
+                return Ok(report(
+                    json!({"kind": "goal", "calls": calls.len()}),
+                    vec![finding],
+                ));
+            }
+            ("goal", check::check_goal(&g))
+        }
         (None, Some(g)) => {
             let mut initial = serde_json::Map::new();
             if let Some(i) = &g.input {
@@ -747,7 +831,8 @@ async fn mock_llm(script: &FsPath, port: u16) -> Result<i32, CliError> {
 #[cfg(feature = "server")]
 async fn serve(
     addr: std::net::SocketAddr,
-    allow_shell: bool,
+    grants: Arc<crate::grants::Grants>,
+    config: Option<&crate::config::Config>,
     store: Option<&FsPath>,
     no_store: bool,
 ) -> Result<i32, CliError> {
@@ -769,11 +854,20 @@ async fn serve(
         .ok()
         .filter(|t| !t.is_empty());
     let base_dir = std::env::current_dir().unwrap_or_default();
+    let agents = config
+        .map(|c| {
+            c.agents
+                .keys()
+                .filter_map(|name| Some((name.clone(), c.agent_goal(name)?)))
+                .collect()
+        })
+        .unwrap_or_default();
     crate::server::serve(crate::server::ServeOptions {
         addr,
         store,
         token,
-        allow_shell,
+        grants,
+        agents,
         base_dir,
     })
     .await
@@ -784,7 +878,8 @@ async fn serve(
 #[cfg(not(feature = "server"))]
 async fn serve(
     _addr: std::net::SocketAddr,
-    _allow_shell: bool,
+    _grants: Arc<crate::grants::Grants>,
+    _config: Option<&crate::config::Config>,
     _store: Option<&FsPath>,
     _no_store: bool,
 ) -> Result<i32, CliError> {

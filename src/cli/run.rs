@@ -106,11 +106,6 @@ fn load_decisions(path: &FsPath) -> Result<crate::approval::ScriptedApprover, Cl
     Ok(a)
 }
 
-/// The run's policy: the goal's, with the command line's `--approve` over it.
-pub(super) fn policy_for(goal: &Goal, approve: Option<&str>) -> Result<Policy, CliError> {
-    crate::runs::policy_for(goal, approve).map_err(|e| CliError::new(e.code(), e))
-}
-
 pub(super) fn approve_name(a: Option<ApproveArg>) -> Option<String> {
     a.map(|a| {
         match a {
@@ -131,6 +126,7 @@ pub(super) enum Start {
 pub(super) async fn run(
     start: Start,
     opts: RunOptions,
+    grants: Arc<crate::grants::Grants>,
     display: Display,
     store: Option<Arc<crate::store::SqliteStore>>,
 ) -> Result<i32, CliError> {
@@ -147,7 +143,10 @@ pub(super) async fn run(
             (goal, Some(stored.record.id.clone()), Some(stored.journal))
         }
     };
-    let policy = policy_for(&goal, opts.approve.as_deref())?;
+    let def =
+        crate::runs::define(goal, opts.clone(), grants).map_err(|e| CliError::new(e.code(), &e))?;
+    let goal = def.effective_goal();
+    let policy = def.policy();
     let cancel = CancellationToken::new();
     let interactive = std::io::stdin().is_terminal() && !display.detach;
     let tools: std::collections::BTreeMap<String, crate::protocol::Tool> = goal
@@ -155,10 +154,10 @@ pub(super) async fn run(
         .iter()
         .map(|t| (t.name.clone(), t.clone()))
         .collect();
-    let asks = may_ask(&policy, &goal);
+    let asks = may_ask(policy, goal);
     let decisions = match &display.decisions {
         Some(p) => Some(p.clone()),
-        None if !interactive => scripted_decisions(&goal, opts.model.as_deref()),
+        None if !interactive => scripted_decisions(goal, opts.model.as_deref()),
         None => None,
     };
     let review = if let Some(path) = &decisions {
@@ -183,8 +182,7 @@ pub(super) async fn run(
     let sink = store.as_ref().map(|s| crash_hook(s.clone()));
     let prepared = crate::runs::prepare(
         crate::tools::Registry::new(),
-        goal,
-        &opts,
+        &def,
         resume,
         review,
         cancel.clone(),

@@ -112,7 +112,10 @@ mod on {
     }
 
     /// Runs a worker until Ctrl-C or SIGTERM.
-    pub async fn worker(t: &TemporalArgs) -> Result<i32, CliError> {
+    pub async fn worker(
+        t: &TemporalArgs,
+        grants: std::sync::Arc<crate::grants::Grants>,
+    ) -> Result<i32, CliError> {
         let opts = WorkerOptions {
             address: t.address(),
             namespace: t.namespace.clone(),
@@ -137,7 +140,7 @@ mod on {
                 let _ = tokio::signal::ctrl_c().await;
             }
         };
-        crate::temporal::run_worker(&opts, crate::tools::Registry::new(), stop)
+        crate::temporal::run_worker_with(&opts, crate::tools::Registry::new(), grants, stop)
             .await
             .map_err(err)?;
         Ok(0)
@@ -194,13 +197,16 @@ pub(super) async fn show(run: &str, json_out: bool, t: &TemporalArgs) -> Result<
     }
 }
 
-/// `worker`.
-pub(super) async fn worker(t: &TemporalArgs) -> Result<i32, CliError> {
+/// `worker`: its runs touch only what `grants` allow.
+pub(super) async fn worker(
+    t: &TemporalArgs,
+    grants: std::sync::Arc<crate::grants::Grants>,
+) -> Result<i32, CliError> {
     #[cfg(feature = "temporal")]
-    return on::worker(t).await;
+    return on::worker(t, grants).await;
     #[cfg(not(feature = "temporal"))]
     {
-        let _ = t;
+        let _ = (t, grants);
         Err(disabled())
     }
 }

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
-use super::{RunOptions, RunsError, policy_for};
+use super::{RunDef, RunsError};
 use crate::approval::Approver;
 use crate::engine::{Agent, AgentBuilder, JournalSink, RunHandle};
 use crate::goal::Goal;
@@ -77,8 +77,7 @@ pub struct Launched {
 /// its own), so that a program runs a goal exactly the way the command line does.
 pub async fn prepare(
     registry: Registry,
-    goal: Goal,
-    opts: &RunOptions,
+    def: &RunDef,
     resume: Option<(String, Vec<JournalEntry>)>,
     review: Review,
     cancel: CancellationToken,
@@ -90,9 +89,10 @@ pub async fn prepare(
         owner_pid,
         mcp: pool,
     } = host;
-    let record_goal = serde_json::to_value(&goal).unwrap_or(Value::Null);
-    let base_dir = goal.base_dir.display().to_string();
-    let (builder, servers) = builder_for(registry, goal, opts, pool.as_ref()).await?;
+    let opts = def.options();
+    let record_goal = serde_json::to_value(def.goal()).unwrap_or(Value::Null);
+    let base_dir = def.goal().base_dir.display().to_string();
+    let (builder, servers) = builder_for(registry, def, pool.as_ref()).await?;
     let mut builder = builder.cancel_token(cancel);
     builder = match review {
         Review::External => builder.external_review(),
@@ -135,20 +135,28 @@ pub async fn prepare(
     })
 }
 
-/// The builder of a run of `goal` under `opts`: its policy, model and mode, the shell switch,
-/// and the tools of the goal's MCP servers (started now, from `pool` when given; a server that
-/// cannot start is an error now). Every engine builds its agents here, so the same options mean
-/// the same run whichever engine drives it.
+/// The builder of a defined run: its policy, model and mode, what its grants allow the
+/// activities (the shell, HTTP egress), and the tools of the goal's MCP servers (started now,
+/// from `pool` when given; a server that cannot start is an error now). Every engine builds its
+/// agents here, so the same definition means the same run whichever engine drives it.
 pub async fn builder_for(
     registry: Registry,
-    goal: Goal,
-    opts: &RunOptions,
+    def: &RunDef,
     pool: Option<&Pool>,
 ) -> Result<(AgentBuilder, Option<Servers>), RunsError> {
-    let policy = policy_for(&goal, opts.approve.as_deref())?;
+    let opts = def.options();
+    let goal = def.effective_goal().clone();
     let mcp = start_mcp(&goal, pool).await?;
-    let mut builder = AgentBuilder::new(goal).registry(registry).policy(policy);
-    builder.registry_mut().enable_shell(opts.allow_shell);
+    let mut builder = AgentBuilder::new(goal)
+        .registry(registry)
+        .policy(def.policy().clone());
+    let grants = def.grants();
+    builder.registry_mut().enable_shell(grants.allows_shell());
+    if !grants.egress.is_open() {
+        builder
+            .registry_mut()
+            .set_egress(Arc::new(grants.egress.clone()));
+    }
     if let Some(m) = &opts.model {
         builder = builder.model_spec(m.clone());
     }

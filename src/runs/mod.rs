@@ -9,10 +9,12 @@
 //! Deliberately not here: printing, terminals, HTTP (the front-ends), and any decision about
 //! a run (the machine takes them; this module only replays its journal).
 
+mod def;
 mod launch;
 mod options;
 mod view;
 
+pub use def::{RunDef, define};
 pub use launch::{
     Host, Launched, Pool, Prepared, Review, Servers, builder_for, now_ms, prepare, spawn_op_poller,
     with_mcp_tools,
@@ -39,6 +41,9 @@ pub enum RunsError {
         /// What is wrong.
         reason: String,
     },
+    /// The goal asks for something the process does not grant.
+    #[error(transparent)]
+    Grant(#[from] crate::grants::GrantError),
     /// A tool source (an MCP server) could not start.
     #[error("{message}")]
     Tools {
@@ -57,6 +62,7 @@ impl RunsError {
             RunsError::Agent(e) => e.code(),
             RunsError::Store(e) => e.code(),
             RunsError::Policy { .. } => "agent.invalid_policy",
+            RunsError::Grant(e) => e.code(),
             RunsError::Tools { code, .. } => code,
         }
     }

@@ -41,8 +41,10 @@ pub struct ServeOptions {
     pub store: PathBuf,
     /// The bearer token every API call must carry (`DAGLOOP_TOKEN`); required off loopback.
     pub token: Option<String>,
-    /// The operator allows goals with `shell` tools.
-    pub allow_shell: bool,
+    /// What submitted goals may touch (`crate::grants`).
+    pub grants: Arc<crate::grants::Grants>,
+    /// Goal files the operator publishes by name (`{"agent": NAME, "input": ...}`).
+    pub agents: std::collections::BTreeMap<String, PathBuf>,
     /// Where relative paths in submitted goals (scripted-model files) resolve.
     pub base_dir: PathBuf,
 }

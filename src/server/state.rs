@@ -31,7 +31,10 @@ impl Drop for LiveRun {
 pub(super) struct AppState {
     pub store: Arc<SqliteStore>,
     pub token: Option<String>,
-    pub allow_shell: bool,
+    /// What submitted goals may touch (the operator's config, else the closed default).
+    pub grants: Arc<crate::grants::Grants>,
+    /// Goal files the operator publishes by name.
+    pub agents: BTreeMap<String, PathBuf>,
     pub base_dir: PathBuf,
     live: Mutex<BTreeMap<String, Arc<LiveRun>>>,
     pub tickets: super::auth::Tickets,
@@ -52,7 +55,8 @@ impl AppState {
         Ok(Arc::new(AppState {
             store,
             token: opts.token.clone(),
-            allow_shell: opts.allow_shell,
+            grants: opts.grants.clone(),
+            agents: opts.agents.clone(),
             base_dir: opts.base_dir.clone(),
             live: Mutex::new(BTreeMap::new()),
             tickets: Default::default(),
@@ -71,12 +75,22 @@ impl AppState {
         opts: RunOptions,
         resume: Option<(String, Vec<crate::machine::JournalEntry>)>,
     ) -> Result<String, crate::runs::RunsError> {
-        let record_goal = serde_json::to_value(&goal).unwrap_or(Value::Null);
-        let base_dir = goal.base_dir.display().to_string();
+        let def = crate::runs::define(goal, opts, self.grants.clone())?;
+        self.launch_defined(&def, resume).await
+    }
+
+    /// Starts (or continues) a defined run and keeps it going until it ends.
+    pub async fn launch_defined(
+        self: &Arc<Self>,
+        def: &crate::runs::RunDef,
+        resume: Option<(String, Vec<crate::machine::JournalEntry>)>,
+    ) -> Result<String, crate::runs::RunsError> {
+        let record_goal = serde_json::to_value(def.goal()).unwrap_or(Value::Null);
+        let base_dir = def.goal().base_dir.display().to_string();
+        let opts = def.options();
         let prepared = crate::runs::prepare(
             crate::tools::Registry::new(),
-            goal,
-            &opts,
+            def,
             resume,
             Review::External,
             CancellationToken::new(),
@@ -107,7 +121,7 @@ impl AppState {
                 created_at: crate::runs::now_ms(),
                 goal: record_goal,
                 base_dir,
-                options: serde_json::to_value(&opts).unwrap_or(Value::Null),
+                options: serde_json::to_value(opts).unwrap_or(Value::Null),
             },
             _servers: Mutex::new(
                 launched

@@ -219,6 +219,13 @@ async fn connect(config: &McpServerConfig, handler: Handler) -> Result<Service, 
                 Ok(Ok(service)) => Ok(service),
             }
         }
+        McpServerConfig::Named(n) => Err(McpError::Config {
+            server,
+            reason: format!(
+                "refers to the operator's MCP server `{}`, which this process does not configure",
+                n.name
+            ),
+        }),
     }
 }
 
