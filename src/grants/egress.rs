@@ -147,9 +147,13 @@ fn non_public_v6(ip: Ipv6Addr) -> Option<&'static str> {
     if ip.is_unspecified() {
         return Some("unspecified");
     }
-    // IPv4-mapped (::ffff:a.b.c.d) and IPv4-compatible (::a.b.c.d).
-    if s[..5] == [0; 5] && (s[5] == 0xffff || s[5] == 0) {
-        return non_public_v4(embedded_v4(s[6], s[7])).or(Some("IPv4-compatible"));
+    // IPv4-mapped (::ffff:a.b.c.d): the IPv4 address it carries.
+    if s[..5] == [0; 5] && s[5] == 0xffff {
+        return non_public_v4(embedded_v4(s[6], s[7]));
+    }
+    // IPv4-compatible (::a.b.c.d): deprecated, and never a public destination.
+    if s[..6] == [0; 6] {
+        return Some("IPv4-compatible");
     }
     // NAT64 (64:ff9b::/96) carries an IPv4 address in its last 32 bits.
     if s[0] == 0x64 && s[1] == 0xff9b && s[2..6] == [0; 4] {
