@@ -20,6 +20,11 @@
 #[cfg(doctest)]
 pub struct ReadmeDoctests;
 
+/// The library guide's examples (docs/library.md), compiled as doctests too.
+#[doc = include_str!("../docs/library.md")]
+#[cfg(doctest)]
+pub struct LibraryDoctests;
+
 pub mod approval;
 pub mod check;
 /// The `dagloop` binary's front-end. Not part of the library API: it may change at any time.

@@ -468,3 +468,24 @@ mod egress_spellings {
         }
     }
 }
+
+#[test]
+fn the_published_config_fixtures_load_as_the_typed_config() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/schemas/config");
+    for entry in std::fs::read_dir(&dir).expect("fixtures") {
+        let path = entry.expect("entry").path();
+        let name = path
+            .file_name()
+            .expect("name")
+            .to_string_lossy()
+            .into_owned();
+        let loaded = dagloop::config::Config::load(&path);
+        if name.starts_with("valid-") {
+            let c = loaded.unwrap_or_else(|e| panic!("{name}: {e}"));
+            c.grants(&dir).unwrap_or_else(|e| panic!("{name}: {e}"));
+        } else {
+            let e = loaded.expect_err(&name);
+            assert_eq!(e.code(), "config.invalid", "{name}: {e}");
+        }
+    }
+}

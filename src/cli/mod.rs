@@ -272,6 +272,10 @@ pub enum Command {
         /// Decisions given up front (see `run --decisions`).
         #[arg(long)]
         decisions: Option<PathBuf>,
+        /// Continue even though the run's definition (a delegate goal) changed since it began;
+        /// the new definition is recorded.
+        #[arg(long)]
+        accept_changes: bool,
         /// Without a terminal: `fail` or `reject` (see `run --on-no-reviewer`).
         #[arg(long, value_enum, default_value = "fail")]
         on_no_reviewer: NoReviewer,
@@ -459,6 +463,7 @@ pub async fn main(cli: Cli) -> i32 {
                 approve: run::approve_name(approve),
                 allow_shell,
                 mode: mode.map(run::mode_name),
+                ..Default::default()
             };
             let display = run::Display {
                 json_only: json,
@@ -487,6 +492,7 @@ pub async fn main(cli: Cli) -> i32 {
             allow_shell,
             detach,
             decisions,
+            accept_changes,
             on_no_reviewer,
             mode,
         } => {
@@ -504,8 +510,9 @@ pub async fn main(cli: Cli) -> i32 {
                 approve: run::approve_name(approve),
                 allow_shell,
                 mode: mode.map(run::mode_name),
+                ..Default::default()
             };
-            resume(&id, store(), over, config, display).await
+            resume(&id, store(), over, accept_changes, config, display).await
         }
         Command::Runs { action, json } => match (required(store()), action) {
             (Ok(s), None) => runs::list(&s, json),
@@ -642,6 +649,7 @@ async fn resume(
     id: &str,
     store: Result<Option<Store>, CliError>,
     over: run::RunOptions,
+    accept_changes: bool,
     config: Option<&crate::config::Config>,
     display: run::Display,
 ) -> Result<i32, CliError> {
@@ -676,6 +684,9 @@ async fn resume(
         opts.mode = over.mode;
     }
     opts.allow_shell |= over.allow_shell;
+    if accept_changes {
+        opts.definition.clear();
+    }
     let grants = grants_for(config, opts.allow_shell, false)?;
     run::run(
         run::Start::Resume(Box::new(stored)),

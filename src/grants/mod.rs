@@ -328,11 +328,18 @@ impl Grants {
 
     /// Checks everything `goal` asks for (with `model`, the run's model spec when it is not the
     /// goal's own), its delegate goals included (each read only once its path is granted).
-    pub fn check_goal(&self, goal: &Goal, model: Option<&str>) -> Result<(), GrantError> {
+    /// Returns the delegate goals read, by the pointer of the tool that names them.
+    pub fn check_goal(
+        &self,
+        goal: &Goal,
+        model: Option<&str>,
+    ) -> Result<Vec<(String, Goal)>, GrantError> {
         if let Some(spec) = model {
             self.check_model("/model", spec, &std::env::current_dir().unwrap_or_default())?;
         }
-        self.check_one(goal, "", 0)
+        let mut delegates = Vec::new();
+        self.check_one(goal, "", 0, &mut delegates)?;
+        Ok(delegates)
     }
 
     fn check_model(&self, pointer: &str, spec: &str, base: &Path) -> Result<(), GrantError> {
@@ -342,7 +349,13 @@ impl Grants {
         Ok(())
     }
 
-    fn check_one(&self, goal: &Goal, at: &str, depth: u32) -> Result<(), GrantError> {
+    fn check_one(
+        &self,
+        goal: &Goal,
+        at: &str,
+        depth: u32,
+        delegates: &mut Vec<(String, Goal)>,
+    ) -> Result<(), GrantError> {
         if let Some(spec) = &goal.model {
             self.check_model(&format!("{at}/model"), spec, &goal.base_dir)?;
         }
@@ -400,7 +413,8 @@ impl Grants {
                     pointer: ptr.clone(),
                     reason: e.to_string(),
                 })?;
-                self.check_one(&child, &ptr, depth + 1)?;
+                self.check_one(&child, &ptr, depth + 1, delegates)?;
+                delegates.push((ptr, child));
             }
         }
         Ok(())
@@ -512,7 +526,7 @@ mod tests {
         #[cfg(unix)]
         std::os::unix::fs::symlink(dir.path().join("secret.json"), root.join("link.json"))
             .expect("symlink");
-        let roots = FileRoots::under(&[root.clone()], dir.path()).expect("roots");
+        let roots = FileRoots::under(std::slice::from_ref(&root), dir.path()).expect("roots");
         assert!(roots.resolve("sub/s.json", &root).is_some());
         assert!(roots.resolve("sub/missing.json", &root).is_some());
         for bad in [

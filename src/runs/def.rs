@@ -6,6 +6,7 @@
 //! Deliberately not here: building the agent or starting anything (`launch`), and the grant
 //! rules themselves (`crate::grants`).
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use super::{RunOptions, RunsError, policy_for};
@@ -27,9 +28,29 @@ pub struct RunDef {
 /// goal (and its delegate goals) asks is checked against the grants before anything is
 /// spawned, opened or connected, the approval policy is read, and the operator's MCP servers
 /// the goal names are put in place of its references.
-pub fn define(goal: Goal, options: RunOptions, grants: Arc<Grants>) -> Result<RunDef, RunsError> {
-    grants.check_goal(&goal, options.model.as_deref())?;
+pub fn define(
+    goal: Goal,
+    mut options: RunOptions,
+    grants: Arc<Grants>,
+) -> Result<RunDef, RunsError> {
+    let delegates = grants.check_goal(&goal, options.model.as_deref())?;
     let policy = policy_for(&goal, options.approve.as_deref())?;
+    let recorded = std::mem::take(&mut options.definition);
+    options.definition = fingerprint(&goal, &delegates);
+    if !recorded.is_empty() {
+        let changed: Vec<String> = options
+            .definition
+            .keys()
+            .chain(recorded.keys())
+            .filter(|k| options.definition.get(*k) != recorded.get(*k))
+            .cloned()
+            .collect::<std::collections::BTreeSet<_>>()
+            .into_iter()
+            .collect();
+        if !changed.is_empty() {
+            return Err(RunsError::DefinitionChanged { changed });
+        }
+    }
     let mut effective = goal.clone();
     grants.resolve_mcp(&mut effective)?;
     Ok(RunDef {
@@ -39,6 +60,24 @@ pub fn define(goal: Goal, options: RunOptions, grants: Arc<Grants>) -> Result<Ru
         grants,
         policy,
     })
+}
+
+/// The digest of each part a run is defined from.
+fn fingerprint(goal: &Goal, delegates: &[(String, Goal)]) -> BTreeMap<String, String> {
+    let digest = |g: &Goal| {
+        let text = serde_json::to_vec(g).unwrap_or_default();
+        let d = ring::digest::digest(&ring::digest::SHA256, &text);
+        d.as_ref()
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect::<String>()
+    };
+    let mut parts = BTreeMap::new();
+    parts.insert("goal".to_string(), digest(goal));
+    for (pointer, g) in delegates {
+        parts.insert(format!("delegate {pointer}"), digest(g));
+    }
+    parts
 }
 
 impl RunDef {

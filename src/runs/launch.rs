@@ -124,7 +124,11 @@ pub async fn prepare(
                 },
                 owner_pid,
             )?,
-            Some(_) => s.claim(&id, owner_pid)?,
+            Some(_) => {
+                s.claim(&id, owner_pid)?;
+                // The definition the run goes on under (new digests after accepted changes).
+                s.set_options(&id, &serde_json::to_value(opts).unwrap_or(Value::Null))?;
+            }
         }
     }
     Ok(Prepared {

@@ -41,6 +41,15 @@ pub enum RunsError {
         /// What is wrong.
         reason: String,
     },
+    /// The run's definition (its goal, a delegate goal) is not what it was when the run began.
+    #[error(
+        "the run's definition changed since it began: {} (resume with --accept-changes to continue under the new definition)",
+        changed.join(", ")
+    )]
+    DefinitionChanged {
+        /// The parts that changed (`goal`, `delegate /tools/0/_delegate`...).
+        changed: Vec<String>,
+    },
     /// The goal asks for something the process does not grant.
     #[error(transparent)]
     Grant(#[from] crate::grants::GrantError),
@@ -63,6 +72,7 @@ impl RunsError {
             RunsError::Store(e) => e.code(),
             RunsError::Policy { .. } => "agent.invalid_policy",
             RunsError::Grant(e) => e.code(),
+            RunsError::DefinitionChanged { .. } => "run.definition_changed",
             RunsError::Tools { code, .. } => code,
         }
     }
