@@ -25,27 +25,33 @@ fn json_of(out: &std::process::Output) -> Value {
         .unwrap_or_else(|_| panic!("not JSON: {}", String::from_utf8_lossy(&out.stdout)))
 }
 
-#[test]
-fn a_changed_delegate_goal_stops_resume_until_the_change_is_accepted() {
-    let dir = tempfile::tempdir().expect("tmp");
-    copy_example(dir.path());
-    let store = dir.path().join("runs.db");
+/// The delegate example started with every call asked and detached: its id, and a decisions
+/// file that approves the call it waits on.
+fn waiting_run(dir: &Path, store: &Path) -> (String, std::path::PathBuf) {
     let out = bin::dagloop()
-        .current_dir(dir.path())
+        .current_dir(dir)
         .arg("--store")
-        .arg(&store)
+        .arg(store)
         .args(["run", "goal.json", "--approve", "ask", "--detach", "--json"])
         .output()
         .expect("run");
     let v = json_of(&out);
     assert_eq!(v["status"], "waiting", "{v}");
-    let id = v["run_id"].as_str().expect("run id").to_string();
-    let approve = dir.path().join("approve.json");
+    let approve = dir.join("approve.json");
     std::fs::write(
         &approve,
         r#"{"decisions": [{"tool": "translateReply", "decision": "approve"}]}"#,
     )
     .expect("decisions");
+    (v["run_id"].as_str().expect("run id").to_string(), approve)
+}
+
+#[test]
+fn a_changed_delegate_goal_stops_resume_until_the_change_is_accepted() {
+    let dir = tempfile::tempdir().expect("tmp");
+    copy_example(dir.path());
+    let store = dir.path().join("runs.db");
+    let (id, approve) = waiting_run(dir.path(), &store);
 
     // The delegate's goal is edited while the run waits.
     let translator = dir.path().join("translator.goal.json");
@@ -92,20 +98,7 @@ fn an_unchanged_definition_resumes_without_asking() {
     let dir = tempfile::tempdir().expect("tmp");
     copy_example(dir.path());
     let store = dir.path().join("runs.db");
-    let out = bin::dagloop()
-        .current_dir(dir.path())
-        .arg("--store")
-        .arg(&store)
-        .args(["run", "goal.json", "--approve", "ask", "--detach", "--json"])
-        .output()
-        .expect("run");
-    let id = json_of(&out)["run_id"].as_str().expect("id").to_string();
-    let approve = dir.path().join("approve.json");
-    std::fs::write(
-        &approve,
-        r#"{"decisions": [{"tool": "translateReply", "decision": "approve"}]}"#,
-    )
-    .expect("decisions");
+    let (id, approve) = waiting_run(dir.path(), &store);
     let out = bin::dagloop()
         .current_dir(dir.path())
         .arg("--store")
