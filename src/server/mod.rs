@@ -141,9 +141,10 @@ pub async fn serve(opts: ServeOptions) -> Result<(), ServerError> {
     });
     signals.abort();
     state.stop_runs();
-    // Let the stopped runs' tasks go (their calls in flight are dropped) before the MCP
-    // servers they used are stopped.
-    tokio::task::yield_now().await;
+    // The tasks that held the runs' handles end at once when next scheduled; give them that
+    // moment, so the runs' drivers are stopped (their calls in flight dropped, nothing more
+    // journaled) before the MCP servers those calls use are stopped.
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     #[cfg(feature = "mcp")]
     state.mcp.shutdown().await;
     served
