@@ -282,7 +282,8 @@ fn sigterm_flushes_the_events_file_and_leaves_the_run_resumable() {
             .args(["show", &id, "--json", "--store"])
             .arg(&store),
     ));
-    assert!(shown["result"].is_null(), "{shown:#}");
+    assert_eq!(shown["status"], "stopped", "{shown:#}");
+    assert!(shown["output"].is_null(), "{shown:#}");
     let resumed = output(
         bin::dagloop()
             .args(["resume", &id, "--json", "--store"])
@@ -294,13 +295,65 @@ fn sigterm_flushes_the_events_file_and_leaves_the_run_resumable() {
 }
 
 #[test]
-fn sigterm_stops_serve_cleanly() {
+fn sigterm_kills_the_process_group_of_a_shell_call_in_flight() {
     let dir = tempdir();
+    let started = dir.path().join("STARTED");
+    let marker = dir.path().join("MARKER");
+    let script = format!(
+        "touch '{}'; (sleep 2; touch '{}') & wait",
+        started.display(),
+        marker.display()
+    );
+    write(
+        dir.path(),
+        "s.json",
+        &json!({"turns": [
+            {"solution": {"calls": [{"_tool": "bg", "_outputPath": "†state.bg"}], "output": null}},
+            {"solution": {"calls": [], "output": {"done": true}}}
+        ]}),
+    );
+    let goal = write(
+        dir.path(),
+        "goal.json",
+        &json!({"goal": "start background work", "model": "scripted:s.json",
+            "output_schema": {"type": "object"},
+            "tools": [{"_tool": "bg", "_activity": "shell", "type": "object", "properties": {},
+                "_shell": {"command": ["sh", "-c", script], "timeout_s": 30}}]}),
+    );
     let mut child = bin::dagloop()
-        .args(["serve", "--addr", "127.0.0.1:0", "--store"])
+        .arg("run")
+        .arg(&goal)
+        .args(["--json", "--allow-shell", "--approve", "auto", "--store"])
         .arg(dir.path().join("runs.db"))
         .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap_or_else(|e| panic!("spawn: {e}"));
+    let start = Instant::now();
+    while !started.exists() {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "the shell call never started"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    sigterm(child.id());
+    let status = child.wait().unwrap_or_else(|e| panic!("wait: {e}"));
+    assert_eq!(status.code(), Some(143));
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(
+        !marker.exists(),
+        "the shell tool's grandchild ran on after dagloop stopped"
+    );
+}
+
+/// Starts `dagloop serve` on a free port with `store`; the child and its `listening` line.
+fn serve(store: &Path) -> (std::process::Child, Value) {
+    let mut child = bin::dagloop()
+        .args(["serve", "--addr", "127.0.0.1:0", "--store"])
+        .arg(store)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
         .spawn()
         .unwrap_or_else(|e| panic!("spawn: {e}"));
     let stdout = child.stdout.take().unwrap_or_else(|| panic!("stdout"));
@@ -309,21 +362,83 @@ fn sigterm_stops_serve_cleanly() {
         .unwrap_or_else(|e| panic!("{e}"));
     let listening: Value = serde_json::from_str(&first).unwrap_or_else(|e| panic!("{e}: {first}"));
     assert_eq!(listening["status"], "listening");
-    let addr = listening["url"]
+    (child, listening)
+}
+
+/// `POST /runs` with a JSON body over a plain TCP connection; the response body.
+fn post_run(url: &str, body: &Value) -> Value {
+    use std::io::{Read, Write};
+    let addr = url.trim_start_matches("http://").trim_end_matches('/');
+    let mut c = std::net::TcpStream::connect(addr).unwrap_or_else(|e| panic!("{addr}: {e}"));
+    let text = body.to_string();
+    let req = format!(
+        "POST /runs HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{text}",
+        text.len()
+    );
+    c.write_all(req.as_bytes())
+        .unwrap_or_else(|e| panic!("{e}"));
+    let mut resp = String::new();
+    c.read_to_string(&mut resp)
+        .unwrap_or_else(|e| panic!("{e}"));
+    let (head, body) = resp
+        .split_once("\r\n\r\n")
+        .unwrap_or_else(|| panic!("{resp}"));
+    assert!(head.starts_with("HTTP/1.1 201"), "{resp}");
+    serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {body}"))
+}
+
+#[test]
+fn sigterm_stops_serve_and_its_runs_are_continued_at_the_next_start() {
+    let dir = tempdir();
+    let store = dir.path().join("runs.db");
+    let goal = slow_goal(dir.path());
+    let mut doc: Value = serde_json::from_str(&std::fs::read_to_string(&goal).unwrap_or_default())
+        .unwrap_or_else(|e| panic!("{e}"));
+    doc["model"] = json!(format!(
+        "scripted:{}",
+        dir.path().join("slow.script.json").display()
+    ));
+    let (mut child, listening) = serve(&store);
+    let url = listening["url"].as_str().unwrap_or_default().to_string();
+    let id = post_run(&url, &doc)["id"]
         .as_str()
         .unwrap_or_default()
-        .trim_start_matches("http://")
-        .trim_end_matches('/')
         .to_string();
+    std::thread::sleep(Duration::from_millis(800));
     sigterm(child.id());
     let start = Instant::now();
     let status = child.wait().unwrap_or_else(|e| panic!("wait: {e}"));
     assert!(start.elapsed() < Duration::from_secs(10), "slow to stop");
     assert_eq!(status.code(), Some(0), "a clean stop");
+    let addr = url.trim_start_matches("http://").trim_end_matches('/');
     assert!(
-        std::net::TcpStream::connect(&addr).is_err(),
+        std::net::TcpStream::connect(addr).is_err(),
         "the listener is closed"
     );
+    let shown = json_of(&output(
+        bin::dagloop()
+            .args(["show", &id, "--json", "--store"])
+            .arg(&store),
+    ));
+    assert_eq!(shown["status"], "stopped", "{shown:#}");
+    // The next server on the store continues the run to its end.
+    let (mut again, listening) = serve(&store);
+    assert_eq!(listening["resumed"], json!([id]), "{listening:#}");
+    let start = Instant::now();
+    let finished = loop {
+        let shown = json_of(&output(
+            bin::dagloop()
+                .args(["show", &id, "--json", "--store"])
+                .arg(&store),
+        ));
+        if shown["status"] != "running" || start.elapsed() > Duration::from_secs(30) {
+            break shown;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    sigterm(again.id());
+    let _ = again.wait();
+    assert_eq!(finished["status"], "succeeded", "{finished:#}");
 }
 
 // --- 5: relative paths -----------------------------------------------------------------------
