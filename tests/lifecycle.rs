@@ -347,9 +347,11 @@ fn sigterm_kills_the_process_group_of_a_shell_call_in_flight() {
     );
 }
 
-/// Starts `dagloop serve` on a free port with `store`; the child and its `listening` line.
-fn serve(store: &Path) -> (std::process::Child, Value) {
+/// Starts `dagloop serve` in `dir` (where submitted goals' files are) on a free port with
+/// `store`; the child and its `listening` line.
+fn serve(dir: &Path, store: &Path) -> (std::process::Child, Value) {
     let mut child = bin::dagloop()
+        .current_dir(dir)
         .args(["serve", "--addr", "127.0.0.1:0", "--store"])
         .arg(store)
         .stdout(Stdio::piped())
@@ -392,13 +394,9 @@ fn sigterm_stops_serve_and_its_runs_are_continued_at_the_next_start() {
     let dir = tempdir();
     let store = dir.path().join("runs.db");
     let goal = slow_goal(dir.path());
-    let mut doc: Value = serde_json::from_str(&std::fs::read_to_string(&goal).unwrap_or_default())
+    let doc: Value = serde_json::from_str(&std::fs::read_to_string(&goal).unwrap_or_default())
         .unwrap_or_else(|e| panic!("{e}"));
-    doc["model"] = json!(format!(
-        "scripted:{}",
-        dir.path().join("slow.script.json").display()
-    ));
-    let (mut child, listening) = serve(&store);
+    let (mut child, listening) = serve(dir.path(), &store);
     let url = listening["url"].as_str().unwrap_or_default().to_string();
     let id = post_run(&url, &doc)["id"]
         .as_str()
@@ -422,7 +420,7 @@ fn sigterm_stops_serve_and_its_runs_are_continued_at_the_next_start() {
     ));
     assert_eq!(shown["status"], "stopped", "{shown:#}");
     // The next server on the store continues the run to its end.
-    let (mut again, listening) = serve(&store);
+    let (mut again, listening) = serve(dir.path(), &store);
     assert_eq!(listening["resumed"], json!([id]), "{listening:#}");
     let start = Instant::now();
     let finished = loop {

@@ -439,8 +439,12 @@ pub async fn main(cli: Cli) -> i32 {
     let config = match load_config(cli.config.as_deref()) {
         Ok(c) => c,
         Err(e) => {
-            println!("{}", pretty(&e.to_json()));
-            return 2;
+            outln!("{}", pretty(&e.to_json()));
+            return if out::stdout_closed() {
+                out::BROKEN_PIPE_EXIT
+            } else {
+                2
+            };
         }
     };
     let config = config.as_ref();
