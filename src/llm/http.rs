@@ -462,6 +462,21 @@ mod tests {
     use super::*;
 
     #[test]
+    fn line_lengths_count_across_chunks_and_both_line_ends() {
+        assert_eq!(line_lengths(0, b"data: x\n\n"), (7, 0));
+        assert_eq!(line_lengths(0, b"data: x"), (7, 7));
+        // The open line goes on in the next chunk.
+        assert_eq!(line_lengths(7, b"yz\ndata"), (9, 4));
+        assert_eq!(line_lengths(3, b"ab\r\n"), (5, 0));
+        assert_eq!(line_lengths(3, b"abcdef"), (9, 9));
+        // A long line inside one chunk counts, even when the chunk ends a line.
+        let mut chunk = vec![b'x'; 100];
+        chunk.push(b'\n');
+        assert_eq!(line_lengths(0, &chunk), (100, 0));
+        assert_eq!(line_lengths(5, b""), (5, 5));
+    }
+
+    #[test]
     fn retry_after_seconds_and_dates() {
         let now = UNIX_EPOCH + Duration::from_secs(784_111_777); // Sun, 06 Nov 1994 08:49:37 GMT
         assert_eq!(parse_retry_after("7", now), Some(Duration::from_secs(7)));

@@ -145,10 +145,16 @@ pub async fn serve(opts: ServeOptions) -> Result<(), ServerError> {
     // moment, so the runs' drivers are stopped (their calls in flight dropped, nothing more
     // journaled) before the MCP servers those calls use are stopped.
     tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    // Each server gets the MCP stdio shutdown (stdin closed, then SIGTERM, then SIGKILL), within
+    // a bound: whatever is left is killed with the process's other groups on the way out.
     #[cfg(feature = "mcp")]
-    state.mcp.shutdown().await;
+    let _ = tokio::time::timeout(MCP_SHUTDOWN, state.mcp.shutdown()).await;
     served
 }
+
+/// How long the shared MCP servers have to stop cleanly once the server stops.
+#[cfg(feature = "mcp")]
+const MCP_SHUTDOWN: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// How long open requests have to finish once the server is told to stop.
 const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
