@@ -125,14 +125,11 @@ pub(super) enum Start {
 
 pub(super) async fn run(
     start: Start,
-    mut opts: RunOptions,
+    opts: RunOptions,
     grants: Arc<crate::grants::Grants>,
     display: Display,
     store: Option<Arc<crate::store::SqliteStore>>,
 ) -> Result<i32, CliError> {
-    // A `scripted:` path given on the command line is relative to this directory: recorded
-    // absolute, so that `resume` works from anywhere.
-    opts.model = opts.model.as_deref().map(crate::runs::absolute_model);
     // Listening from here on: a SIGTERM while the run is being set up stops it once it starts.
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
     let (goal, run_id, journal) = match start {

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
-use super::{RunDef, RunsError};
+use super::{RunDef, RunOptions, RunsError};
 use crate::approval::Approver;
 use crate::engine::{Agent, AgentBuilder, JournalSink, RunHandle};
 use crate::goal::Goal;
@@ -121,7 +121,13 @@ pub async fn prepare(
                     created_at: now_ms(),
                     goal: record_goal,
                     base_dir,
-                    options: serde_json::to_value(opts).unwrap_or(Value::Null),
+                    options: serde_json::to_value(RunOptions {
+                        // Relative to this directory now: recorded absolute, so that `resume`
+                        // finds the file from anywhere.
+                        model: opts.model.as_deref().map(absolute_model),
+                        ..opts.clone()
+                    })
+                    .unwrap_or(Value::Null),
                 },
                 owner_pid,
             )?,
