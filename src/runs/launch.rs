@@ -121,20 +121,14 @@ pub async fn prepare(
                     created_at: now_ms(),
                     goal: record_goal,
                     base_dir,
-                    options: serde_json::to_value(RunOptions {
-                        // Relative to this directory now: recorded absolute, so that `resume`
-                        // finds the file from anywhere.
-                        model: opts.model.as_deref().map(absolute_model),
-                        ..opts.clone()
-                    })
-                    .unwrap_or(Value::Null),
+                    options: recorded(opts),
                 },
                 owner_pid,
             )?,
             Some(_) => {
                 s.claim(&id, owner_pid)?;
                 // The definition the run goes on under (new digests after accepted changes).
-                s.set_options(&id, &serde_json::to_value(opts).unwrap_or(Value::Null))?;
+                s.set_options(&id, &recorded(opts))?;
             }
         }
     }
@@ -144,6 +138,16 @@ pub async fn prepare(
         store,
         servers,
     })
+}
+
+/// The options as recorded with the run: a `scripted:` model path, relative to this directory
+/// now, made absolute so that `resume` finds the file from anywhere.
+fn recorded(opts: &RunOptions) -> Value {
+    serde_json::to_value(RunOptions {
+        model: opts.model.as_deref().map(absolute_model),
+        ..opts.clone()
+    })
+    .unwrap_or(Value::Null)
 }
 
 /// The builder of a defined run: its policy, model and mode, what its grants allow the
