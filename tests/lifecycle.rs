@@ -640,6 +640,55 @@ fn an_mcp_server_that_never_completes_the_handshake_is_gone_after_dagloop_exits(
 }
 
 #[test]
+fn sigterm_during_an_mcp_handshake_stops_at_once_and_the_server_is_gone() {
+    let dir = tempdir();
+    let pidfile = dir.path().join("mute.pids");
+    write(
+        dir.path(),
+        "s.json",
+        &json!({"turns": [{"solution": {"calls": [], "output": {}}}]}),
+    );
+    let mut server = mute_server(&pidfile);
+    server["startup_timeout_s"] = json!(60);
+    let goal = write(
+        dir.path(),
+        "goal.json",
+        &json!({"goal": "use a mute server", "model": "scripted:s.json",
+            "output_schema": {"type": "object"}, "mcp_servers": [server]}),
+    );
+    let mut child = bin::dagloop()
+        .arg("run")
+        .arg(&goal)
+        .args(["--json", "--store"])
+        .arg(dir.path().join("runs.db"))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap_or_else(|e| panic!("spawn: {e}"));
+    let start = Instant::now();
+    while pids_in(&pidfile).len() < 2 {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "the server never started"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    sigterm(child.id());
+    let start = Instant::now();
+    let out = child
+        .wait_with_output()
+        .unwrap_or_else(|e| panic!("wait: {e}"));
+    assert!(start.elapsed() < Duration::from_secs(10), "slow to stop");
+    assert_eq!(out.status.code(), Some(143));
+    assert_eq!(json_of(&out)["status"], "stopped");
+    let left = wait_gone(&pids_in(&pidfile), Duration::from_secs(2));
+    assert!(
+        left.is_empty(),
+        "still running after dagloop exited: {left:?}"
+    );
+}
+
+#[test]
 fn an_mcp_server_that_hangs_in_a_call_is_gone_after_dagloop_exits() {
     let Some(python) = python() else { return };
     let dir = tempdir();

@@ -182,7 +182,18 @@ pub(super) async fn run(
     };
     let resume = run_id.zip(journal);
     let sink = store.as_ref().map(|s| crash_hook(s.clone()));
-    let prepared = crate::runs::prepare(
+    // SIGTERM (what service managers send) stops the process and leaves the run resumable;
+    // Ctrl-C cancels the run.
+    let sigterm = async {
+        match term.as_mut() {
+            Some(s) => {
+                s.recv().await;
+            }
+            None => std::future::pending::<()>().await,
+        }
+    };
+    tokio::pin!(sigterm);
+    let preparing = crate::runs::prepare(
         crate::tools::Registry::new(),
         &def,
         resume,
@@ -194,9 +205,21 @@ pub(super) async fn run(
             owner_pid: std::process::id(),
             mcp: None,
         },
-    )
-    .await
-    .map_err(|e| CliError::new(e.code(), &e))?;
+    );
+    // Setting up can take long (MCP servers starting): SIGTERM stops it too (the servers
+    // started so far are killed). A run already recorded is left as it is, resumable.
+    let prepared = tokio::select! {
+        biased;
+        p = preparing => p.map_err(|e| CliError::new(e.code(), &e))?,
+        () = &mut sigterm => {
+            errln!("dagloop: stopped by SIGTERM while the run was being set up");
+            outln!(
+                "{}",
+                pretty(&json!({"status": "stopped", "reason": "SIGTERM"}))
+            );
+            return Ok(STOPPED_EXIT);
+        }
+    };
     let id = prepared.run_id().to_string();
     if let Some(s) = &store {
         if display.json_only {
@@ -248,16 +271,6 @@ pub(super) async fn run(
             screen.clone(),
         ))
     });
-    // SIGTERM (what service managers send) stops the process and leaves the run resumable;
-    // Ctrl-C cancels the run.
-    let sigterm = async {
-        match term.as_mut() {
-            Some(s) => {
-                s.recv().await;
-            }
-            None => std::future::pending::<()>().await,
-        }
-    };
     let ctrl_c = {
         let cancel = cancel.clone();
         tokio::spawn(async move {
@@ -281,7 +294,7 @@ pub(super) async fn run(
     };
     let result = tokio::select! {
         r = ended => Some(r),
-        () = sigterm => None,
+        () = &mut sigterm => None,
     };
     ctrl_c.abort();
     let helpers = [reviewer, ops];
