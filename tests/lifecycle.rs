@@ -656,7 +656,7 @@ fn sigterm_during_an_mcp_handshake_stops_at_once_and_the_server_is_gone() {
         &json!({"goal": "use a mute server", "model": "scripted:s.json",
             "output_schema": {"type": "object"}, "mcp_servers": [server]}),
     );
-    let mut child = bin::dagloop()
+    let child = bin::dagloop()
         .arg("run")
         .arg(&goal)
         .args(["--json", "--store"])
