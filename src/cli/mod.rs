@@ -5,6 +5,8 @@
 //! (always JSON with a stable `code` on failure), shows progress, and turns Ctrl-C into
 //! cancellation. It takes no decisions about runs.
 
+#[macro_use]
+mod out;
 mod progress;
 mod review;
 mod run;
@@ -426,19 +428,23 @@ pub fn usage_error(err: &clap::Error, args: &[std::ffi::OsString]) -> i32 {
         .to_string();
     let mut e = CliError::new("cli.usage", message);
     e.details = json!({"usage": text.trim()});
-    println!("{}", pretty(&e.to_json()));
+    outln!("{}", pretty(&e.to_json()));
     2
 }
 
 /// Runs a parsed command; returns the process exit code (0 success, 1 the run or check did not
-/// succeed, 2 bad input).
+/// succeed, 2 bad input, 141 stdout was closed before everything was printed).
 pub async fn main(cli: Cli) -> i32 {
     let store = || open_store(cli.store.as_deref(), cli.no_store);
     let config = match load_config(cli.config.as_deref()) {
         Ok(c) => c,
         Err(e) => {
-            println!("{}", pretty(&e.to_json()));
-            return 2;
+            outln!("{}", pretty(&e.to_json()));
+            return if out::stdout_closed() {
+                out::BROKEN_PIPE_EXIT
+            } else {
+                2
+            };
         }
     };
     let config = config.as_ref();
@@ -581,12 +587,17 @@ pub async fn main(cli: Cli) -> i32 {
             Err(e) => Err(e),
         },
     };
-    match outcome {
+    let code = match outcome {
         Ok(code) => code,
         Err(e) => {
-            println!("{}", pretty(&e.to_json()));
+            outln!("{}", pretty(&e.to_json()));
             if e.code.starts_with("op.") { 1 } else { 2 }
         }
+    };
+    if out::stdout_closed() {
+        out::BROKEN_PIPE_EXIT
+    } else {
+        code
     }
 }
 
@@ -659,7 +670,7 @@ async fn resume(
     if let Some(r) = &stored.result {
         let mut v = serde_json::to_value(r).unwrap_or(Value::Null);
         v["run_id"] = json!(id);
-        println!("{}", pretty(&v));
+        outln!("{}", pretty(&v));
         return Ok(if r.succeeded() { 0 } else { 1 });
     }
     if let Some(pid) = stored.owner_pid
@@ -800,7 +811,7 @@ fn report(mut head: Value, findings: Vec<check::Finding>) -> i32 {
     let ok = findings.is_empty();
     head["status"] = json!(if ok { "valid" } else { "invalid" });
     head["findings"] = json!(findings);
-    println!("{}", pretty(&head));
+    outln!("{}", pretty(&head));
     if ok { 0 } else { 1 }
 }
 
@@ -810,7 +821,7 @@ fn graph(file: &FsPath, format: GraphFormat) -> Result<i32, CliError> {
         GraphFormat::Mermaid => check::mermaid(&calls),
         GraphFormat::Dot => check::dot(&calls),
     };
-    print!("{text}");
+    out!("{text}");
     Ok(0)
 }
 
@@ -828,7 +839,7 @@ async fn mock_llm(script: &FsPath, port: u16) -> Result<i32, CliError> {
     let server = crate::llm::serve_mock(script, listener)
         .await
         .map_err(|e| CliError::new("cli.bind", e))?;
-    println!(
+    outln!(
         "{}",
         json!({"status": "listening", "base_url": server.base_url()})
     );

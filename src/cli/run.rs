@@ -130,6 +130,8 @@ pub(super) async fn run(
     display: Display,
     store: Option<Arc<crate::store::SqliteStore>>,
 ) -> Result<i32, CliError> {
+    // Listening from here on: a SIGTERM while the run is being set up stops it once it starts.
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
     let (goal, run_id, journal) = match start {
         Start::New(path) => {
             let goal = Goal::load(&path).map_err(|e| CliError::new(e.code(), &e))?;
@@ -180,7 +182,18 @@ pub(super) async fn run(
     };
     let resume = run_id.zip(journal);
     let sink = store.as_ref().map(|s| crash_hook(s.clone()));
-    let prepared = crate::runs::prepare(
+    // SIGTERM (what service managers send) stops the process and leaves the run resumable;
+    // Ctrl-C cancels the run.
+    let sigterm = async {
+        match term.as_mut() {
+            Some(s) => {
+                s.recv().await;
+            }
+            None => std::future::pending::<()>().await,
+        }
+    };
+    tokio::pin!(sigterm);
+    let preparing = crate::runs::prepare(
         crate::tools::Registry::new(),
         &def,
         resume,
@@ -192,15 +205,27 @@ pub(super) async fn run(
             owner_pid: std::process::id(),
             mcp: None,
         },
-    )
-    .await
-    .map_err(|e| CliError::new(e.code(), &e))?;
+    );
+    // Setting up can take long (MCP servers starting): SIGTERM stops it too (the servers
+    // started so far are killed). A run already recorded is left as it is, resumable.
+    let prepared = tokio::select! {
+        biased;
+        p = preparing => p.map_err(|e| CliError::new(e.code(), &e))?,
+        () = &mut sigterm => {
+            errln!("dagloop: stopped by SIGTERM while the run was being set up");
+            outln!(
+                "{}",
+                pretty(&json!({"status": "stopped", "reason": "SIGTERM"}))
+            );
+            return Ok(STOPPED_EXIT);
+        }
+    };
     let id = prepared.run_id().to_string();
     if let Some(s) = &store {
         if display.json_only {
-            eprintln!("{}", json!({"run_id": id}));
+            errln!("{}", json!({"run_id": id}));
         } else {
-            eprintln!("dagloop: run {id} (store {})", s.path().display());
+            errln!("dagloop: run {id} (store {})", s.path().display());
         }
     }
     // The events file is created only once the agent is built, so bad input leaves no file.
@@ -218,17 +243,19 @@ pub(super) async fn run(
         .await
         .map_err(|e| CliError::new(e.code(), &e))?;
     for e in &launched.refused {
-        eprintln!(
+        errln!(
             "dagloop: a recorded decision does not apply: {e} [{}]",
             e.code()
         );
     }
-    let _servers = launched.servers;
+    let servers = launched.servers;
     let handle = launched.handle;
-    let writer = events_out.map(|file| spawn_writer(&handle, file));
+    // Tells the events writer to write what it has been sent and stop.
+    let stop_writer = CancellationToken::new();
+    let writer = events_out.map(|file| spawn_writer(&handle, file, stop_writer.clone()));
     let ops = store.clone().map(|s| {
         crate::runs::spawn_op_poller(&handle, s, |e| {
-            eprintln!(
+            errln!(
                 "dagloop: a recorded decision does not apply: {e} [{}]",
                 e.code()
             )
@@ -252,23 +279,55 @@ pub(super) async fn run(
             }
             // A second Ctrl-C leaves at once.
             if tokio::signal::ctrl_c().await.is_ok() {
-                eprintln!("\ndagloop: interrupted twice, leaving now");
+                errln!("\ndagloop: interrupted twice, leaving now");
+                crate::tools::kill_process_groups();
                 std::process::exit(130);
             }
         })
     };
-    let result = if display.detach {
-        handle.wait_or_idle().await
-    } else {
-        Some(handle.wait().await)
+    let ended = async {
+        if display.detach {
+            handle.wait_or_idle().await
+        } else {
+            Some(handle.wait().await)
+        }
+    };
+    let result = tokio::select! {
+        r = ended => Some(r),
+        () = &mut sigterm => None,
     };
     ctrl_c.abort();
-    if let Some(r) = reviewer {
-        r.abort();
-    }
-    if let Some(t) = ops {
+    let helpers = [reviewer, ops];
+    let Some(result) = result else {
+        // SIGTERM: stop driving the run and leave it as the store has it, resumable.
+        stop_writer.cancel();
+        for t in helpers.into_iter().flatten() {
+            t.abort();
+            let _ = tokio::time::timeout(STOP_WAIT, t).await;
+        }
+        if let Some(t) = progress {
+            t.abort();
+        }
+        // The last handle: the driver stops, and with it every call in flight (a shell tool's
+        // process group is killed; a call is marked interrupted when the run is resumed).
+        drop(handle);
+        drop(servers);
+        if let Some(t) = writer {
+            let _ = tokio::time::timeout(STOP_WAIT, t).await;
+        }
+        errln!(
+            "dagloop: stopped by SIGTERM; the run is kept: continue it with `dagloop resume {id}`"
+        );
+        outln!(
+            "{}",
+            pretty(&json!({"status": "stopped", "run_id": id, "reason": "SIGTERM"}))
+        );
+        return Ok(STOPPED_EXIT);
+    };
+    for t in helpers.into_iter().flatten() {
         t.abort();
     }
+    drop(servers);
     let Some(result) = result else {
         // Detached: the run waits for decisions (`dagloop decide`, then `dagloop resume`).
         let awaiting: Vec<Value> = handle
@@ -276,11 +335,15 @@ pub(super) async fn run(
             .into_iter()
             .map(|(id, call, hash)| json!({"call_id": id, "call": call, "params_hash": hash}))
             .collect();
-        for t in [writer, progress].into_iter().flatten() {
+        if let Some(t) = progress {
             t.abort();
         }
+        stop_writer.cancel();
+        if let Some(t) = writer {
+            let _ = tokio::time::timeout(STOP_WAIT, t).await;
+        }
         drop(handle);
-        println!(
+        outln!(
             "{}",
             pretty(&json!({"status": "waiting", "run_id": id, "awaiting": awaiting}))
         );
@@ -289,7 +352,7 @@ pub(super) async fn run(
     if let Some(s) = &store
         && let Err(e) = s.finish(&id, &result)
     {
-        eprintln!("dagloop: could not record the run's end: {e}");
+        errln!("dagloop: could not record the run's end: {e}");
     }
     for task in [writer, progress].into_iter().flatten() {
         // Both end once they have seen `run_finished`; the wait is bounded all the same (generously:
@@ -307,15 +370,34 @@ pub(super) async fn run(
     if store.is_some() {
         value["run_id"] = json!(id);
     }
-    println!("{}", pretty(&value));
+    outln!("{}", pretty(&value));
     Ok(if result.succeeded() { 0 } else { 1 })
 }
 
-fn spawn_writer(handle: &RunHandle, file: std::fs::File) -> tokio::task::JoinHandle<()> {
+/// The exit code of `run` and `resume` stopped by SIGTERM (128 + 15): the run is not over; the
+/// store keeps it for `dagloop resume`.
+pub(super) const STOPPED_EXIT: i32 = 143;
+
+/// How long a stop waits for a helper task (the events writer, the decision poller).
+const STOP_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Writes the run's events as JSON lines until the run ends, or until `stop`: then it writes
+/// the events it has already been sent and ends. The file is flushed either way.
+fn spawn_writer(
+    handle: &RunHandle,
+    file: std::fs::File,
+    stop: CancellationToken,
+) -> tokio::task::JoinHandle<()> {
     let mut sub = handle.subscribe_from(0);
     tokio::spawn(async move {
         let mut out = std::io::BufWriter::new(file);
-        while let Some(ev) = sub.recv().await {
+        loop {
+            let ev = tokio::select! {
+                biased;
+                ev = sub.recv() => ev,
+                () = stop.cancelled() => None,
+            };
+            let Some(ev) = ev else { break };
             // Model deltas are too many to keep; call progress is kept (both are live only).
             if matches!(ev.kind, crate::protocol::EventKind::ModelDelta { .. }) {
                 continue;

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
-use super::{RunDef, RunsError};
+use super::{RunDef, RunOptions, RunsError};
 use crate::approval::Approver;
 use crate::engine::{Agent, AgentBuilder, JournalSink, RunHandle};
 use crate::goal::Goal;
@@ -91,7 +91,8 @@ pub async fn prepare(
     } = host;
     let opts = def.options();
     let record_goal = serde_json::to_value(def.goal()).unwrap_or(Value::Null);
-    let base_dir = def.goal().base_dir.display().to_string();
+    // Absolute, so that the run can be continued from any directory.
+    let base_dir = absolute_dir(&def.goal().base_dir).display().to_string();
     let (builder, servers) = builder_for(registry, def, pool.as_ref()).await?;
     let mut builder = builder.cancel_token(cancel);
     builder = match review {
@@ -120,14 +121,14 @@ pub async fn prepare(
                     created_at: now_ms(),
                     goal: record_goal,
                     base_dir,
-                    options: serde_json::to_value(opts).unwrap_or(Value::Null),
+                    options: recorded(opts),
                 },
                 owner_pid,
             )?,
             Some(_) => {
                 s.claim(&id, owner_pid)?;
                 // The definition the run goes on under (new digests after accepted changes).
-                s.set_options(&id, &serde_json::to_value(opts).unwrap_or(Value::Null))?;
+                s.set_options(&id, &recorded(opts))?;
             }
         }
     }
@@ -137,6 +138,16 @@ pub async fn prepare(
         store,
         servers,
     })
+}
+
+/// The options as recorded with the run: a `scripted:` model path, relative to this directory
+/// now, made absolute so that `resume` finds the file from anywhere.
+fn recorded(opts: &RunOptions) -> Value {
+    serde_json::to_value(RunOptions {
+        model: opts.model.as_deref().map(absolute_model),
+        ..opts.clone()
+    })
+    .unwrap_or(Value::Null)
 }
 
 /// The builder of a defined run: its policy, model and mode, what its grants allow the
@@ -285,6 +296,35 @@ async fn start_mcp(goal: &Goal, _pool: Option<&Pool>) -> Result<Option<McpStart>
         code: "cli.feature_disabled",
         message: "this goal names MCP servers; build dagloop with the `mcp` feature".into(),
     })
+}
+
+/// `dir` made absolute (canonical when it exists): relative to the current directory, the
+/// empty path being the current directory itself. Left as it is when there is no current
+/// directory to anchor it to.
+pub fn absolute_dir(dir: &std::path::Path) -> std::path::PathBuf {
+    let dir = if dir.as_os_str().is_empty() {
+        std::path::Path::new(".")
+    } else {
+        dir
+    };
+    std::fs::canonicalize(dir)
+        .or_else(|_| std::path::absolute(dir))
+        .unwrap_or_else(|_| dir.to_path_buf())
+}
+
+/// A model spec whose `scripted:` path is relative to the current directory, made absolute
+/// (what a run records, so that `resume` finds the file from anywhere); other specs as they are.
+pub fn absolute_model(spec: &str) -> String {
+    match spec.strip_prefix("scripted:") {
+        Some(p) if !std::path::Path::new(p).is_absolute() => {
+            let path = std::path::Path::new(p);
+            let abs = std::fs::canonicalize(path)
+                .or_else(|_| std::path::absolute(path))
+                .unwrap_or_else(|_| path.to_path_buf());
+            format!("scripted:{}", abs.display())
+        }
+        _ => spec.to_string(),
+    }
 }
 
 /// Milliseconds since the Unix epoch.

@@ -16,8 +16,8 @@ mod view;
 
 pub use def::{RunDef, define};
 pub use launch::{
-    Host, Launched, Pool, Prepared, Review, Servers, builder_for, now_ms, prepare, spawn_op_poller,
-    with_mcp_tools,
+    Host, Launched, Pool, Prepared, Review, Servers, absolute_dir, absolute_model, builder_for,
+    now_ms, prepare, spawn_op_poller, with_mcp_tools,
 };
 pub use options::{RunOptions, policy_for};
 pub use view::{Rebuilt, describe, rebuild};

@@ -40,6 +40,9 @@ pub(super) struct AppState {
     pub tickets: super::auth::Tickets,
     /// MCP servers shared by the server's runs: started once per configuration.
     pub mcp: crate::runs::Pool,
+    /// Triggered when the server stops: runs are no longer driven, and none is recorded as
+    /// finished because of it.
+    stopping: CancellationToken,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -61,6 +64,7 @@ impl AppState {
             live: Mutex::new(BTreeMap::new()),
             tickets: Default::default(),
             mcp: Default::default(),
+            stopping: CancellationToken::new(),
         }))
     }
 
@@ -133,8 +137,14 @@ impl AppState {
         lock(&self.live).insert(id.clone(), live);
         let me = self.clone();
         let run = id.clone();
+        let stopping = self.stopping.clone();
         tokio::spawn(async move {
-            let result = handle.wait().await;
+            let result = tokio::select! {
+                r = handle.wait() => r,
+                // The server stops: the run is left as the store has it (resumed at the next
+                // start), and this task lets go of its handle.
+                () = stopping.cancelled() => return,
+            };
             let store = me.store.clone();
             let rid = run.clone();
             let recorded = tokio::task::spawn_blocking(move || store.finish(&rid, &result)).await;
@@ -144,6 +154,14 @@ impl AppState {
             lock(&me.live).remove(&run);
         });
         Ok(id)
+    }
+
+    /// Stops driving every run (on the way out): each run's driver stops, and with it its calls
+    /// in flight (shell tools' process groups are killed); the store keeps every run resumable.
+    pub fn stop_runs(&self) {
+        self.stopping.cancel();
+        let runs = std::mem::take(&mut *lock(&self.live));
+        drop(runs);
     }
 
     /// Continues every run this server had started and no live process runs; returns their ids.

@@ -77,6 +77,14 @@ impl HttpConfig {
         }
         crate::duration::seconds("_http.timeout_s", cfg.timeout_s)
             .map_err(|e| config(e.to_string()))?;
+        // The hard cap on `max_bytes`: a body is held in memory and its value in the store.
+        const MAX_BYTES_CAP: usize = 64 * 1024 * 1024;
+        if cfg.max_bytes > MAX_BYTES_CAP {
+            return Err(config(format!(
+                "`_http.max_bytes` is {}; at most {MAX_BYTES_CAP} (64 MiB)",
+                cfg.max_bytes
+            )));
+        }
         Ok(cfg)
     }
 }

@@ -12,6 +12,7 @@
 
 mod check;
 mod context;
+mod group;
 mod http;
 mod kind;
 pub mod mcp;
@@ -30,6 +31,7 @@ use crate::protocol::{Call, Tool};
 
 pub use check::{KINDS, check_tool, kind_of};
 pub use context::{ActivityContext, Progress, ProgressSink};
+pub use group::kill_all as kill_process_groups;
 pub use http::HttpConfig;
 pub use kind::ActivityKind;
 pub use shell::ShellConfig;
