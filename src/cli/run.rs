@@ -39,6 +39,17 @@ pub(super) struct Display {
     pub reject_without_reviewer: bool,
 }
 
+/// True when the stored run, continued now, presents calls to a reviewer at once: calls that
+/// were waiting for a decision, and calls cut off mid-call whose tool is not idempotent.
+fn presents_on_resume(stored: &crate::store::StoredRun) -> bool {
+    let Ok(mut rb) = crate::runs::rebuild(&stored.record, &stored.journal) else {
+        return false;
+    };
+    rb.machine
+        .handle(crate::machine::RunInput::Resumed, now_ms());
+    !rb.machine.awaiting().is_empty()
+}
+
 /// True when some call of the run may have to be presented to somebody.
 fn may_ask(policy: &Policy, goal: &Goal) -> bool {
     policy.mode != Mode::Auto
@@ -134,12 +145,14 @@ pub(super) async fn run(
     display: Display,
     store: Option<Arc<crate::store::SqliteStore>>,
 ) -> Result<i32, CliError> {
+    let mut resumed_asks = false;
     let (goal, run_id, journal) = match start {
         Start::New(path) => {
             let goal = Goal::load(&path).map_err(|e| CliError::new(e.code(), &e))?;
             (goal, None, None)
         }
         Start::Resume(stored) => {
+            resumed_asks = presents_on_resume(&stored);
             let doc = stored.record.goal.to_string();
             let base = PathBuf::from(&stored.record.base_dir);
             let goal = Goal::from_json(&doc, FsPath::new(&stored.record.id), base)
@@ -155,7 +168,9 @@ pub(super) async fn run(
         .iter()
         .map(|t| (t.name.clone(), t.clone()))
         .collect();
-    let asks = may_ask(&policy, &goal);
+    // A resumed run may present calls whatever its policy (those cut off mid-call go back
+    // through the gate): it needs a reviewer as much as a policy that asks.
+    let asks = may_ask(&policy, &goal) || resumed_asks;
     let decisions = match &display.decisions {
         Some(p) => Some(p.clone()),
         None if !interactive => scripted_decisions(&goal, opts.model.as_deref()),
@@ -191,7 +206,6 @@ pub(super) async fn run(
         crate::runs::Host {
             store: store.clone(),
             sink,
-            owner_pid: std::process::id(),
             mcp: None,
         },
     )
@@ -282,16 +296,29 @@ pub(super) async fn run(
             t.abort();
         }
         drop(handle);
+        // Parked: the next process to continue it takes the lease at once.
+        if let Some(s) = &store
+            && let Err(e) = s.release(&id)
+        {
+            eprintln!("dagloop: could not release the run's lease: {e}");
+        }
         println!(
             "{}",
             pretty(&json!({"status": "waiting", "run_id": id, "awaiting": awaiting}))
         );
         return Ok(0);
     };
-    if let Some(s) = &store
-        && let Err(e) = s.finish(&id, &result)
-    {
-        eprintln!("dagloop: could not record the run's end: {e}");
+    // Only an ending the run decided is recorded; a run that stopped (its journal could not
+    // be written, its lease was lost) is left as its journal has it, to be resumed.
+    if let Some(s) = &store {
+        let recorded = if result.status.is_final() {
+            s.finish(&id, &result)
+        } else {
+            s.release(&id)
+        };
+        if let Err(e) = recorded {
+            eprintln!("dagloop: could not record the run's end: {e}");
+        }
     }
     for task in [writer, progress].into_iter().flatten() {
         // Both end once they have seen `run_finished`; the wait is bounded all the same (generously:
@@ -371,6 +398,14 @@ impl crate::engine::JournalSink for CrashAfter {
             }
             Ok(())
         })
+    }
+
+    fn lease_every(&self) -> Option<std::time::Duration> {
+        self.store.lease_every()
+    }
+
+    fn renew_lease<'a>(&'a self, run_id: &'a str) -> crate::engine::JournalFuture<'a> {
+        self.store.renew_lease(run_id)
     }
 }
 

@@ -76,7 +76,7 @@ pub enum Refused {
 
 /// Records an op for a stored run that this process does not drive, after checking it against
 /// the run rebuilt from its journal; the process that drives the run (or the next `resume`)
-/// applies it. Returns whether some process drives the run now.
+/// applies it. Returns whether some process drives the run now (holds an unexpired lease).
 pub fn record_op(
     store: &crate::store::SqliteStore,
     id: &str,
@@ -92,5 +92,5 @@ pub fn record_op(
     let rb = rebuild(&stored.record, &stored.journal)?;
     rb.machine.check_op(op).map_err(Refused::Op)?;
     store.push_op(id, op).map_err(RunsError::from)?;
-    Ok(stored.owner_pid.is_some())
+    Ok(stored.lease.is_some())
 }

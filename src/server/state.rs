@@ -83,7 +83,6 @@ impl AppState {
             crate::runs::Host {
                 store: Some(self.store.clone()),
                 sink: None,
-                owner_pid: std::process::id(),
                 mcp: Some(self.mcp.clone()),
             },
         )
@@ -123,7 +122,16 @@ impl AppState {
             let result = handle.wait().await;
             let store = me.store.clone();
             let rid = run.clone();
-            let recorded = tokio::task::spawn_blocking(move || store.finish(&rid, &result)).await;
+            // Only an ending the run decided is recorded; a run that stopped (its journal could
+            // not be written, its lease was lost) is left as it is, to be resumed.
+            let recorded = tokio::task::spawn_blocking(move || {
+                if result.status.is_final() {
+                    store.finish(&rid, &result)
+                } else {
+                    store.release(&rid)
+                }
+            })
+            .await;
             if !matches!(recorded, Ok(Ok(()))) {
                 tracing::error!(run = %run, "could not record the run's end");
             }
@@ -151,6 +159,19 @@ impl AppState {
             if !opts.server || stored.result.is_some() {
                 continue;
             }
+            // The lease decides who continues it (another server on the same store may have
+            // taken it since the listing); the journal is read again once it is ours.
+            if let Err(e) = self.store.claim(&row.id) {
+                tracing::info!(run = %row.id, code = e.code(), "not continued here: {e}");
+                continue;
+            }
+            let stored = match self.store.load(&row.id) {
+                Ok(s) if s.result.is_none() => s,
+                _ => {
+                    let _ = self.store.release(&row.id);
+                    continue;
+                }
+            };
             let goal = match Goal::from_json(
                 &stored.record.goal.to_string(),
                 std::path::Path::new(&stored.record.id),
@@ -159,6 +180,7 @@ impl AppState {
                 Ok(g) => g,
                 Err(e) => {
                     tracing::error!(run = %row.id, "cannot continue: {e}");
+                    let _ = self.store.release(&row.id);
                     continue;
                 }
             };
@@ -167,7 +189,10 @@ impl AppState {
                 .await
             {
                 Ok(id) => resumed.push(id),
-                Err(e) => tracing::error!(run = %row.id, "cannot continue: {e}"),
+                Err(e) => {
+                    tracing::error!(run = %row.id, "cannot continue: {e}");
+                    let _ = self.store.release(&row.id);
+                }
             }
         }
         resumed
@@ -198,7 +223,7 @@ impl AppState {
             ),
             None => {
                 let s = self.store.load(id).map_err(|e| ApiError::from_store(&e))?;
-                let live = s.owner_pid.is_some();
+                let live = s.lease.is_some();
                 (s.record, s.journal, s.result, live)
             }
         };
