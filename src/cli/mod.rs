@@ -550,12 +550,10 @@ fn open_store(
     else {
         return Ok(None);
     };
-    let opened = if existing {
-        crate::store::SqliteStore::open_existing(&path)
-    } else {
-        crate::store::SqliteStore::open(&path)
-    };
-    opened
+    if existing {
+        crate::store::must_exist(&path).map_err(|e| CliError::new(e.code(), e))?;
+    }
+    crate::store::SqliteStore::open(&path)
         .map(|s| Some(Arc::new(s)))
         .map_err(|e| CliError::new(e.code(), e))
 }

@@ -249,6 +249,17 @@ pub fn new_owner_id() -> String {
     format!("{hex} (pid {} on {host})", std::process::id())
 }
 
+/// `store.not_found` when no file is at `path`: commands that only read or continue runs check
+/// this first, so that a mistyped path never becomes a new, empty store.
+pub fn must_exist(path: &std::path::Path) -> Result<(), StoreError> {
+    match std::fs::metadata(path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(StoreError::NotFound {
+            path: path.display().to_string(),
+        }),
+        _ => Ok(()),
+    }
+}
+
 /// The default store file: `dagloop/runs.db` under the user's data directory (or `DAGLOOP_STORE`).
 pub fn default_path() -> Option<std::path::PathBuf> {
     if let Some(p) = std::env::var_os("DAGLOOP_STORE") {

@@ -301,11 +301,7 @@ impl SqliteStore {
     /// Opens the store at `path`, which must exist: for commands that only read or continue
     /// runs, so that a mistyped path is `store.not_found` rather than a new, empty store.
     pub fn open_existing(path: &Path) -> Result<SqliteStore, StoreError> {
-        if matches!(std::fs::metadata(path), Err(e) if e.kind() == std::io::ErrorKind::NotFound) {
-            return Err(StoreError::NotFound {
-                path: path.display().to_string(),
-            });
-        }
+        super::must_exist(path)?;
         SqliteStore::open(path)
     }
 
@@ -976,19 +972,87 @@ mod tests {
         JournalEntry { seq, at, input }
     }
 
-    /// A store in `dir` holding a run `r`.
-    fn with_run(dir: &Path) -> (PathBuf, SqliteStore) {
-        let path = dir.join("s.db");
-        let store = SqliteStore::open(&path).expect("open");
-        let rec = RunRecord {
-            id: "r".into(),
+    fn record(id: &str) -> RunRecord {
+        RunRecord {
+            id: id.into(),
             created_at: 1,
             goal: json!({}),
             base_dir: ".".into(),
             options: json!({}),
-        };
-        store.create(&rec).expect("create");
+        }
+    }
+
+    /// A store in `dir` holding a run `r`.
+    fn with_run(dir: &Path) -> (PathBuf, SqliteStore) {
+        let path = dir.join("s.db");
+        let store = SqliteStore::open(&path).expect("open");
+        store.create(&record("r")).expect("create");
         (path, store)
+    }
+
+    #[tokio::test]
+    async fn one_owner_at_a_time_and_an_owner_that_lost_the_lease_writes_nothing() {
+        let dir = tempfile::tempdir().expect("dir");
+        let (path, a) = with_run(dir.path());
+        let b = SqliteStore::open(&path).expect("open");
+        assert_ne!(a.owner(), b.owner());
+        let code = |r: Result<(), StoreError>| r.map_err(|e| e.code());
+        assert_eq!(code(b.claim("r")), Err("store.busy"));
+        assert_eq!(code(a.claim("r")), Ok(()), "the owner claims again");
+        assert_eq!(code(b.claim("nope")), Err("store.unknown_run"));
+        assert_eq!(
+            a.load("r").expect("load").lease.map(|l| l.owner),
+            Some(a.owner().to_string())
+        );
+        a.append("r", &[entry(1, 5)]).await.expect("append");
+        // The lease runs out (its owner stopped renewing): the next claim takes it.
+        let c = Connection::open(&path).expect("sql");
+        c.execute("UPDATE runs SET lease_expires_at = 1 WHERE id = 'r'", [])
+            .expect("expire");
+        assert!(a.load("r").expect("load").lease.is_none());
+        assert_eq!(a.list().expect("list")[0].status, "stopped");
+        assert_eq!(code(b.claim("r")), Ok(()));
+        assert_eq!(b.list().expect("list")[0].owner.as_deref(), Some(b.owner()));
+        // The old owner can neither append, renew nor finish; nothing it tried was written.
+        let e = a
+            .append("r", &[entry(2, 6), entry(3, 6)])
+            .await
+            .expect_err("refused");
+        assert_eq!(e.code(), crate::engine::JournalError::LEASE_LOST);
+        let e = a.renew_lease("r").await.expect_err("refused");
+        assert_eq!(e.code(), crate::engine::JournalError::LEASE_LOST);
+        let done = RunResult {
+            status: crate::machine::RunStatus::Cancelled,
+            output: json!(null),
+            state: json!(null),
+            steps: 0,
+            usage: Default::default(),
+            calls: Vec::new(),
+            error: None,
+        };
+        assert_eq!(code(a.finish("r", &done)), Err("store.lease_lost"));
+        assert_eq!(
+            code(a.release("r")),
+            Ok(()),
+            "releasing what it does not hold changes nothing"
+        );
+        let stored = b.load("r").expect("load");
+        assert_eq!(stored.journal, vec![entry(1, 5)]);
+        assert_eq!(stored.lease.map(|l| l.owner), Some(b.owner().to_string()));
+        assert_eq!(b.list().expect("list")[0].entries, 1);
+        // The new owner goes on from there, then finishes and lets go.
+        b.append("r", &[entry(2, 6)]).await.expect("append");
+        // A request that fails part-way leaves nothing behind (its savepoint is rolled back).
+        b.append("r", &[entry(3, 7), entry(2, 8)])
+            .await
+            .expect_err("a duplicate sequence number");
+        assert_eq!(b.list().expect("list")[0].entries, 2);
+        assert_eq!(b.load("r").expect("load").journal.len(), 2);
+        b.renew_lease("r").await.expect("renew");
+        b.finish("r", &done).expect("finish");
+        let stored = b.load("r").expect("load");
+        assert!(stored.lease.is_none() && stored.result.is_some());
+        assert_eq!(stored.journal.len(), 2);
     }
 
     #[tokio::test]
@@ -1024,6 +1088,7 @@ mod tests {
         let dir = tempfile::tempdir().expect("dir");
         let path = dir.path().join("s.db");
         let store = SqliteStore::open_with(&path, 8).expect("open");
+        store.create(&record("r")).expect("create");
         // Open beside the store, this connection keeps SQLite from checkpointing when the
         // store's connections close: only the store's own checkpoints can grow the file.
         let c = Connection::open(&path).expect("sql");
