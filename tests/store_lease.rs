@@ -823,3 +823,151 @@ async fn resume_without_a_reviewer_refuses_instead_of_hanging() {
     assert_eq!(v["status"], "succeeded", "{v}");
     assert_eq!(svc.counts(), BTreeMap::from([(1, 2), (2, 1)]));
 }
+
+/// A `dagloop serve` on a free loopback port; killed (SIGKILL) when dropped.
+struct Serve {
+    child: std::process::Child,
+    base: String,
+    resumed: Vec<Value>,
+}
+
+impl Serve {
+    fn start(store: &Path, lease_ms: u64) -> Serve {
+        use std::io::BufRead;
+        let mut child = dagloop(store)
+            .env("DAGLOOP_LEASE_MS", lease_ms.to_string())
+            .args(["serve", "--addr", "127.0.0.1:0", "--store"])
+            .arg(store)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("serve");
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.take().expect("stdout"))
+            .read_line(&mut line)
+            .expect("read");
+        let v: Value = serde_json::from_str(&line).expect("the first line is JSON");
+        assert_eq!(v["status"], "listening", "{v}");
+        Serve {
+            child,
+            base: v["url"].as_str().expect("url").trim_end_matches('/').into(),
+            resumed: v["resumed"].as_array().cloned().unwrap_or_default(),
+        }
+    }
+
+    async fn get(&self, path: &str) -> Value {
+        let r = dagloop::net::client()
+            .expect("client")
+            .get(format!("{}{path}", self.base))
+            .send()
+            .await
+            .expect("get");
+        r.json().await.expect("json")
+    }
+
+    async fn post(&self, path: &str, body: Value) -> (u16, Value) {
+        let r = dagloop::net::client()
+            .expect("client")
+            .post(format!("{}{path}", self.base))
+            .json(&body)
+            .send()
+            .await
+            .expect("post");
+        let st = r.status().as_u16();
+        (st, r.json().await.unwrap_or(Value::Null))
+    }
+
+    /// The run as this server describes it, once `ok` holds (within 60 s).
+    async fn until(&self, run: &str, ok: impl Fn(&Value) -> bool) -> Value {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let v = self.get(&format!("/runs/{run}")).await;
+            if ok(&v) {
+                return v;
+            }
+            assert!(Instant::now() < deadline, "never: {v}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+fn awaits(call: u64) -> impl Fn(&Value) -> bool {
+    move |v| {
+        v["awaiting"]
+            .as_array()
+            .is_some_and(|a| a.iter().any(|c| c["call_id"] == call))
+    }
+}
+
+/// Two servers on one store: the second does not continue a run the first drives (however
+/// long it watches), and takes it over once the first has died and its lease has run out; the
+/// run completes with every call run once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_servers_on_one_store_never_both_drive_a_run() {
+    let svc = Service::start().await;
+    let dir = tempfile::tempdir().expect("dir");
+    let goal_path = write_goal(dir.path(), &svc.url, false, json!({}));
+    let mut goal: Value =
+        serde_json::from_str(&std::fs::read_to_string(goal_path).expect("goal")).expect("goal");
+    goal["model"] = json!(format!("scripted:{}", dir.path().join("s.json").display()));
+    let store = dir.path().join("runs.db");
+    let mut a = Serve::start(&store, 1000);
+    let (st, created) = a
+        .post("/runs", json!({"goal": goal, "approve": "ask"}))
+        .await;
+    assert_eq!(st, 201, "{created}");
+    let run = created["id"].as_str().expect("id").to_string();
+    a.until(&run, awaits(1)).await;
+    let b = Serve::start(&store, 1000);
+    assert!(b.resumed.is_empty(), "{:?}", b.resumed);
+    let (owner_a, _, _) = lease_of(&store, &run);
+    assert!(owner_a.is_some());
+    // Longer than the lease: the first server renews it, the second never takes the run.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    assert_eq!(lease_of(&store, &run).0, owner_a);
+    let listed = b.get("/runs").await;
+    assert_eq!(listed[0]["status"], "running", "{listed}");
+    a.kill();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (owner, _, _) = lease_of(&store, &run);
+        if owner.is_some() && owner != owner_a {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the second server never took the run over"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    b.until(&run, awaits(1)).await;
+    let (st, v) = b
+        .post(
+            &format!("/runs/{run}/approvals/1"),
+            json!({"decision": "approve"}),
+        )
+        .await;
+    assert_eq!(st, 200, "applied by the server that drives it: {v}");
+    b.until(&run, awaits(2)).await;
+    let (st, v) = b
+        .post(
+            &format!("/runs/{run}/approvals/2"),
+            json!({"decision": "approve"}),
+        )
+        .await;
+    assert_eq!(st, 200, "{v}");
+    let done = b.until(&run, |v| v["status"] == "succeeded").await;
+    assert_eq!(done["output"], total(), "{done}");
+    assert_eq!(svc.counts(), BTreeMap::from([(1, 1), (2, 1)]));
+}

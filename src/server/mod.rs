@@ -94,6 +94,7 @@ pub async fn serve(opts: ServeOptions) -> Result<(), ServerError> {
     })?;
     let state = AppState::open(&opts)?;
     let resumed = state.resume_stored().await;
+    let takeover = state.spawn_takeover();
     println!(
         "{}",
         serde_json::json!({
@@ -115,6 +116,8 @@ pub async fn serve(opts: ServeOptions) -> Result<(), ServerError> {
         .map_err(|e| ServerError::Serve {
             reason: e.to_string(),
         });
+    takeover.abort();
+    state.release_all();
     #[cfg(feature = "mcp")]
     state.mcp.shutdown().await;
     served

@@ -34,6 +34,9 @@ pub(super) struct AppState {
     pub allow_shell: bool,
     pub base_dir: PathBuf,
     live: Mutex<BTreeMap<String, Arc<LiveRun>>>,
+    /// Stored runs this server does not continue: started by `dagloop run` (not submitted to a
+    /// server), or that could not be continued here once already.
+    skip: Mutex<std::collections::BTreeSet<String>>,
     pub tickets: super::auth::Tickets,
     /// MCP servers shared by the server's runs: started once per configuration.
     pub mcp: crate::runs::Pool,
@@ -55,6 +58,7 @@ impl AppState {
             allow_shell: opts.allow_shell,
             base_dir: opts.base_dir.clone(),
             live: Mutex::new(BTreeMap::new()),
+            skip: Mutex::new(Default::default()),
             tickets: Default::default(),
             mcp: Default::default(),
         }))
@@ -140,10 +144,16 @@ impl AppState {
         Ok(id)
     }
 
-    /// Continues every run this server had started and no live process runs; returns their ids.
+    /// Continues every run submitted to a server that nobody drives (no unexpired lease: its
+    /// server stopped, or crashed and its lease ran out); returns their ids.
     pub async fn resume_stored(self: &Arc<Self>) -> Vec<String> {
-        let rows = match self.store.list() {
-            Ok(r) => r,
+        let me = self.clone();
+        let rows = match tokio::task::spawn_blocking(move || me.store.list()).await {
+            Ok(Ok(r)) => r,
+            Ok(Err(e)) => {
+                tracing::error!("cannot list stored runs: {e}");
+                return Vec::new();
+            }
             Err(e) => {
                 tracing::error!("cannot list stored runs: {e}");
                 return Vec::new();
@@ -151,12 +161,19 @@ impl AppState {
         };
         let mut resumed = Vec::new();
         for row in rows.into_iter().filter(|r| r.status == "stopped") {
+            if self.live(&row.id).is_some() || lock(&self.skip).contains(&row.id) {
+                continue;
+            }
             let Ok(stored) = self.store.load(&row.id) else {
                 continue;
             };
             let opts: RunOptions =
                 serde_json::from_value(stored.record.options.clone()).unwrap_or_default();
-            if !opts.server || stored.result.is_some() {
+            if !opts.server {
+                lock(&self.skip).insert(row.id.clone());
+                continue;
+            }
+            if stored.result.is_some() {
                 continue;
             }
             // The lease decides who continues it (another server on the same store may have
@@ -181,6 +198,7 @@ impl AppState {
                 Err(e) => {
                     tracing::error!(run = %row.id, "cannot continue: {e}");
                     let _ = self.store.release(&row.id);
+                    lock(&self.skip).insert(row.id.clone());
                     continue;
                 }
             };
@@ -192,10 +210,39 @@ impl AppState {
                 Err(e) => {
                     tracing::error!(run = %row.id, "cannot continue: {e}");
                     let _ = self.store.release(&row.id);
+                    lock(&self.skip).insert(row.id.clone());
                 }
             }
         }
         resumed
+    }
+
+    /// Takes over, as their leases run out, the server runs nobody drives: a server started
+    /// again soon after a crash (its old leases still running), or one beside another server
+    /// on the same store that stopped. Looks every half lease.
+    pub fn spawn_takeover(self: &Arc<Self>) -> tokio::task::JoinHandle<()> {
+        let me = self.clone();
+        let every = (me.store.lease() / 2).max(std::time::Duration::from_millis(50));
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(every).await;
+                let taken = me.resume_stored().await;
+                if !taken.is_empty() {
+                    tracing::info!(runs = ?taken, "continued runs whose leases had run out");
+                }
+            }
+        })
+    }
+
+    /// Gives up the leases of the runs this server drives (it is stopping): another server,
+    /// or this one started again, continues them at once.
+    pub fn release_all(&self) {
+        let ids: Vec<String> = lock(&self.live).keys().cloned().collect();
+        for id in ids {
+            if let Err(e) = self.store.release(&id) {
+                tracing::warn!(run = %id, "could not release the run's lease: {e}");
+            }
+        }
     }
 
     /// The run described (calls, timeline, critical path, awaiting, result), live or stored.
