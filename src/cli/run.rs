@@ -42,12 +42,11 @@ pub(super) struct Display {
 /// True when the stored run, continued now, presents calls to a reviewer at once: calls that
 /// were waiting for a decision, and calls cut off mid-call whose tool is not idempotent.
 fn presents_on_resume(stored: &crate::store::StoredRun) -> bool {
-    let Ok(mut rb) = crate::runs::rebuild(&stored.record, &stored.journal) else {
+    let Ok(mut machine) = crate::runs::rebuild_machine(&stored.record, &stored.journal) else {
         return false;
     };
-    rb.machine
-        .handle(crate::machine::RunInput::Resumed, now_ms());
-    !rb.machine.awaiting().is_empty()
+    machine.handle(crate::machine::RunInput::Resumed, now_ms());
+    !machine.awaiting().is_empty()
 }
 
 /// True when some call of the run may have to be presented to somebody.
@@ -219,20 +218,27 @@ pub(super) async fn run(
             eprintln!("dagloop: run {id} (store {})", s.path().display());
         }
     }
+    // Refused before it was driven: the run is left to the next process at once.
+    let let_go = |e: CliError| {
+        if let Some(s) = &store {
+            let _ = s.release(&id);
+        }
+        e
+    };
     // The events file is created only once the agent is built, so bad input leaves no file.
     let events_out = match &display.events {
         Some(path) => Some(std::fs::File::create(path).map_err(|e| {
-            CliError::new(
+            let_go(CliError::new(
                 "cli.events_file",
                 format!("cannot create {}: {e}", path.display()),
-            )
+            ))
         })?),
         None => None,
     };
     let launched = prepared
         .start()
         .await
-        .map_err(|e| CliError::new(e.code(), &e))?;
+        .map_err(|e| let_go(CliError::new(e.code(), &e)))?;
     for e in &launched.refused {
         eprintln!(
             "dagloop: a recorded decision does not apply: {e} [{}]",

@@ -18,7 +18,7 @@ pub use launch::{
     with_mcp_tools,
 };
 pub use options::{RunOptions, policy_for};
-pub use view::{Rebuilt, describe, rebuild};
+pub use view::{Rebuilt, describe, rebuild, rebuild_machine};
 
 /// Why a run could not be started, resumed or described.
 #[derive(Debug, thiserror::Error)]
