@@ -330,7 +330,7 @@ async fn concurrent_resumes_of_a_waiting_run_leave_exactly_one_driver() {
         let store = dir.path().join(format!("wait-{n}.db"));
         let run = waiting_run(&store, &goal);
         // Slow calls: the driver holds the lease while the others start.
-        svc.set_delay(Duration::from_millis(1500));
+        svc.set_delay(Duration::from_millis(2000));
         svc.counts.lock().expect("counts").clear();
         let outs = at_once(n, || {
             let mut c = dagloop(&store);
@@ -958,7 +958,9 @@ async fn two_servers_on_one_store_never_both_drive_a_run() {
             json!({"decision": "approve"}),
         )
         .await;
-    assert_eq!(st, 200, "applied by the server that drives it: {v}");
+    // Applied (200), or recorded (202) for the driver to pick up when it arrives while the
+    // second server is still starting the run it took over.
+    assert!(st == 200 || st == 202, "{st}: {v}");
     b.until(&run, awaits(2)).await;
     let (st, v) = b
         .post(
