@@ -6,6 +6,10 @@
 //! `engine::resume`), so the journal is all the store must keep exactly; everything else is for
 //! listing and showing runs.
 //!
+//! Who drives a stored run is a lease on its row (owner id and expiry; see [`RunStore`]): taken
+//! in one atomic update, renewed while the run is driven, checked inside every append's
+//! transaction, taken over by whoever comes next once it expired. Never a process id.
+//!
 //! Deliberately not here: deciding what a stored run means (the machine does, by replay) or
 //! running it (the engine does).
 
@@ -220,7 +224,9 @@ pub trait RunStore: JournalSink {
     /// Queues an op for the run (a decision taken while no process runs it, or for the process
     /// that does to pick up).
     fn push_op(&self, id: &str, op: &Op) -> Result<(), StoreError>;
-    /// Takes the queued ops of a run, oldest first.
+    /// Takes the queued ops of a run, oldest first: only the owner that holds its lease
+    /// (`store.lease_lost` for another, so that a process that lost the run never takes the
+    /// decisions meant for the one that drives it).
     fn take_ops(&self, id: &str) -> Result<Vec<Op>, StoreError>;
 }
 

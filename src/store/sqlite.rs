@@ -15,6 +15,12 @@
 //! Older stores are upgraded in place by the migrations below (each version's DDL stays in the
 //! code); version 1's journal rows become one-entry batches.
 //!
+//! Schema version 3 replaces the owner's process id with a lease (`owner`, `lease_expires_at`):
+//! `claim` is one conditional `UPDATE` whose changed-row count says who won; every append
+//! checks, in its own savepoint of the batch's transaction, that its process still holds the
+//! lease (and pushes the expiry on). A commit that finds the file locked past the busy timeout
+//! is tried again after a pause, then refused (`store.locked`).
+//!
 //! Deliberately not here: what the entries mean (the machine replays them).
 
 use std::path::{Path, PathBuf};
@@ -739,6 +745,14 @@ fn apply(c: &Connection, me: &Me, w: &Write) -> Result<Done, StoreError> {
                 .map_err(io)?
                 .collect::<Result<_, _>>()
                 .map_err(io)?;
+            if ops.is_empty() {
+                return Ok(Done::Ops(ops));
+            }
+            // Only the lease holder takes a run's decisions: a process that lost the run must
+            // not take (and lose) those meant for the one that drives it now.
+            if holder(c, id)?.0.as_deref() != Some(owner) {
+                return Err(StoreError::LeaseLost { id: id.clone() });
+            }
             c.execute("DELETE FROM ops WHERE run_id = ?1", params![id])
                 .map_err(io)?;
             Ok(Done::Ops(ops))
@@ -1036,6 +1050,16 @@ mod tests {
             Ok(()),
             "releasing what it does not hold changes nothing"
         );
+        // Decisions queued for the run go to the owner that drives it, not to the old one.
+        let op = Op::Cancel {
+            reason: "stop".into(),
+        };
+        a.push_op("r", &op).expect("push");
+        assert_eq!(
+            a.take_ops("r").map_err(|e| e.code()),
+            Err("store.lease_lost")
+        );
+        assert_eq!(b.take_ops("r").expect("take"), vec![op]);
         let stored = b.load("r").expect("load");
         assert_eq!(stored.journal, vec![entry(1, 5)]);
         assert_eq!(stored.lease.map(|l| l.owner), Some(b.owner().to_string()));
