@@ -572,6 +572,15 @@ fn commit(
     let mut tx = c
         .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
         .map_err(|e| locked_or(path, e))?;
+    if let [(w, _)] = batch {
+        // One request: the transaction is its savepoint (dropped without a commit, it rolls
+        // back).
+        let r = apply(&tx, me, w);
+        if r.is_ok() {
+            tx.commit().map_err(|e| locked_or(path, e))?;
+        }
+        return Ok(vec![r]);
+    }
     let mut out = Vec::with_capacity(batch.len());
     for (w, _) in batch {
         let sp = tx.savepoint().map_err(|e| locked_or(path, e))?;
@@ -1002,6 +1011,37 @@ mod tests {
         let store = SqliteStore::open(&path).expect("open");
         store.create(&record("r")).expect("create");
         (path, store)
+    }
+
+    #[tokio::test]
+    async fn a_request_that_fails_in_a_batch_leaves_nothing_and_undoes_no_other() {
+        let dir = tempfile::tempdir().expect("dir");
+        let (path, store) = with_run(dir.path());
+        store.append("r", &[entry(1, 5)]).await.expect("append");
+        let rows = |es: &[JournalEntry]| Rows::of(es).expect("rows");
+        let none: fn() -> Reply = || Box::new(|_| {});
+        let batch = vec![
+            // Its second row repeats sequence number 1: it fails after its first row.
+            (
+                Write::Append("r".into(), rows(&[entry(2, 6), entry(1, 7)])),
+                none(),
+            ),
+            (Write::Append("r".into(), rows(&[entry(2, 8)])), none()),
+        ];
+        let mut c = connect(&path, OpenFlags::SQLITE_OPEN_READ_WRITE).expect("connect");
+        let me = Me {
+            owner: store.owner.clone(),
+            lease_ms: 1000,
+        };
+        let out = commit(&mut c, &batch, &path, &me).expect("commit");
+        assert!(
+            out[0].is_err() && out[1].is_ok(),
+            "{:?}",
+            out.iter().map(Result::is_ok).collect::<Vec<_>>()
+        );
+        let stored = store.load("r").expect("load");
+        assert_eq!(stored.journal, vec![entry(1, 5), entry(2, 8)]);
+        assert_eq!(store.list().expect("list")[0].entries, 2);
     }
 
     #[tokio::test]
