@@ -329,6 +329,22 @@ async fn concurrent_resumes_of_a_waiting_run_leave_exactly_one_driver() {
     for n in [2, 8] {
         let store = dir.path().join(format!("wait-{n}.db"));
         let run = waiting_run(&store, &goal);
+        // `resume --detach` at once: each one parks the run again or is refused as busy; none
+        // ends it (they used to end it `journal_failed`).
+        let outs = at_once(n, || {
+            let mut c = dagloop(&store);
+            c.args(["resume", &run, "--json", "--detach"]);
+            c
+        });
+        for out in &outs {
+            let v = json_of(out);
+            assert!(
+                (out.status.code() == Some(0) && v["status"] == "waiting")
+                    || (out.status.code() == Some(2) && v["error"]["code"] == "store.busy"),
+                "{v}"
+            );
+        }
+        assert_eq!(shown_status(&store, &run), "waiting");
         // Slow calls: the driver holds the lease while the others start.
         svc.set_delay(Duration::from_millis(2000));
         svc.counts.lock().expect("counts").clear();
@@ -972,4 +988,51 @@ async fn two_servers_on_one_store_never_both_drive_a_run() {
     let done = b.until(&run, |v| v["status"] == "succeeded").await;
     assert_eq!(done["output"], total(), "{done}");
     assert_eq!(svc.counts(), BTreeMap::from([(1, 1), (2, 1)]));
+}
+
+/// A renewal that finds another owner stops the run at once, while a call is still running:
+/// the process does not wait for the call, records nothing, and leaves the run to the owner.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renewal_that_finds_another_owner_stops_the_run_at_once() {
+    let svc = Service::start().await;
+    let dir = tempfile::tempdir().expect("dir");
+    let goal = write_goal(dir.path(), &svc.url, true, json!({}));
+    let store = dir.path().join("runs.db");
+    let thief = "0f0f0f0f0f0f0f0f0f0f0f0f0f0f0f0f (pid 9 on elsewhere)";
+    {
+        let store = store.clone();
+        svc.set_hook(move |n| {
+            if n == 1 {
+                let db = rusqlite::Connection::open(&store).expect("open");
+                db.busy_timeout(Duration::from_secs(10)).expect("busy");
+                db.execute(
+                    "UPDATE runs SET owner = ?1, lease_expires_at = ?2",
+                    rusqlite::params![thief, now_ms() + 60_000],
+                )
+                .expect("steal");
+            }
+        });
+    }
+    // Call 1 answers after 20 s; the run renews its 1 s lease every 250 ms.
+    svc.set_delay(Duration::from_secs(20));
+    let started = Instant::now();
+    let out = dagloop(&store)
+        .env("DAGLOOP_LEASE_MS", "1000")
+        .arg("run")
+        .arg(&goal)
+        .arg("--json")
+        .output()
+        .expect("run");
+    let v = json_of(&out);
+    assert_eq!(v["status"], "stopped", "{v}");
+    assert_eq!(v["error"]["code"], "store.lease_lost", "{v}");
+    assert!(
+        started.elapsed() < Duration::from_secs(15),
+        "it waited for the call: {:?}",
+        started.elapsed()
+    );
+    let run = v["run_id"].as_str().expect("run id").to_string();
+    let (owner, _, finished) = lease_of(&store, &run);
+    assert_eq!(owner.as_deref(), Some(thief));
+    assert!(!finished);
 }
