@@ -51,6 +51,9 @@ const BUSY_RETRIES: [Duration; 2] = [Duration::from_millis(250), Duration::from_
 /// asks to renew it every quarter of that.
 pub const LEASE: Duration = Duration::from_secs(20);
 
+/// The shortest lease `DAGLOOP_LEASE_MS` may set.
+const MIN_LEASE: Duration = Duration::from_millis(100);
+
 fn env_ms(name: &str) -> Option<Duration> {
     std::env::var(name)
         .ok()
@@ -341,7 +344,7 @@ impl SqliteStore {
         let (tx, rx) = mpsc::channel::<(Write, Reply)>();
         let p = path.to_path_buf();
         let owner: std::sync::Arc<str> = super::new_owner_id().into();
-        let lease = env_ms("DAGLOOP_LEASE_MS").unwrap_or(LEASE);
+        let lease = env_ms("DAGLOOP_LEASE_MS").map_or(LEASE, |l| l.max(MIN_LEASE));
         let me = Me {
             owner: owner.clone(),
             lease_ms: i64::try_from(lease.as_millis()).unwrap_or(i64::MAX),
