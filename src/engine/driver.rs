@@ -245,14 +245,15 @@ impl Driver {
     /// the next renewal.
     fn lease_event(&mut self, ev: LeaseEvent) {
         match ev {
-            LeaseEvent::Due => {
-                if let Some(sink) = &self.sink {
+            LeaseEvent::Due => match &self.sink {
+                Some(sink) => {
                     let sink = sink.clone();
                     let run_id = self.shared.run_id.clone();
                     self.lease.renewing =
                         Some(Box::pin(async move { sink.renew_lease(&run_id).await }));
                 }
-            }
+                None => self.lease.again(),
+            },
             LeaseEvent::Renewed(Ok(())) => self.lease.again(),
             LeaseEvent::Renewed(Err(e)) if e.code() == JournalError::LEASE_LOST => {
                 tracing::warn!(run = %self.shared.run_id, "the run's lease was lost: {e}");
@@ -389,8 +390,9 @@ impl Driver {
 
     /// Nothing streams, runs or is being committed, and no timer is due: only an op (a
     /// reviewer's decision, cancel) or one of the machine's timers (a deadline, a reviewer's
-    /// time limit) later can move the run on. Such a run can be parked: its timers are the machine's, rebuilt from the journal,
-    /// and fire when the run is next driven, at the time they were set for.
+    /// time limit) later can move the run on. Such a run can be parked: its timers are the
+    /// machine's, rebuilt from the journal, and fire when the run is next driven, at the time
+    /// they were set for.
     fn update_idle(&self) {
         let idle = self.result.is_none()
             && self.turns.is_empty()
