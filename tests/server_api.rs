@@ -81,7 +81,9 @@ impl Server {
     fn start_with(store: &Path, token: Option<&str>, setup: impl FnOnce(&mut Command)) -> Server {
         let mut c = bin::dagloop();
         setup(&mut c);
-        c.args(["serve", "--addr", "127.0.0.1:0", "--store"])
+        c.arg("--config")
+            .arg(bin::open_config())
+            .args(["serve", "--addr", "127.0.0.1:0", "--store"])
             .arg(store)
             .stdout(Stdio::piped())
             .stderr(Stdio::null());
@@ -380,10 +382,6 @@ async fn invalid_goals_and_bodies_are_refused_with_pointers_and_codes() {
             .starts_with("/tools"),
         "{e}"
     );
-    // Shell tools need the operator's --allow-shell.
-    let shell = json!({"goal": "x", "output_schema": {"type": "object"}, "tools": [{"_tool": "sh",
-        "_activity": "shell", "_shell": {"command": ["true"]}, "type": "object"}]});
-    refused(send(post(shell)).await, 400, "server.shell_refused");
     // Not JSON; too large.
     refused(
         send(

@@ -124,6 +124,8 @@ fn goal(dir: &Path, url: &str) -> Value {
 fn try_start_server(store: &Path, addr: &str) -> Option<(Killed, String)> {
     let mut child = Killed(
         bin::dagloop()
+            .arg("--config")
+            .arg(bin::open_config())
             .args(["serve", "--addr", addr, "--store"])
             .arg(store)
             .env("DAGLOOP_TOKEN", TOKEN)

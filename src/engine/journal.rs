@@ -2,8 +2,11 @@
 //!
 //! Every run keeps its journal in memory (late subscribers are caught up by replaying it); a
 //! [`JournalSink`] is an extra, durable home (the store). The engine awaits the sink before it
-//! hands the entries to the machine: a failing sink fails the run with `run.journal` rather
-//! than letting it go on unrecorded, and a panicking one is caught and treated the same.
+//! hands the entries to the machine: a failing sink stops the run (status `stopped`, code
+//! `store.journal_write`, resumable: nothing is recorded as its end) rather than letting it go
+//! on unrecorded, and a panicking one is caught and treated the same. A sink that leases runs
+//! (the store) is asked to renew the lease while the run is driven; a lost lease stops the run
+//! the same way (`store.lease_lost`).
 //!
 //! While one batch is being committed ([`Commit`]), the driver goes on reading
 //! what happens next into the following batch, and hands the committed batch to the machine as

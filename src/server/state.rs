@@ -31,7 +31,10 @@ impl Drop for LiveRun {
 pub(super) struct AppState {
     pub store: Arc<SqliteStore>,
     pub token: Option<String>,
-    pub allow_shell: bool,
+    /// What submitted goals may touch (the operator's config, else the closed default).
+    pub grants: Arc<crate::grants::Grants>,
+    /// Goal files the operator publishes by name.
+    pub agents: BTreeMap<String, PathBuf>,
     pub base_dir: PathBuf,
     live: Mutex<BTreeMap<String, Arc<LiveRun>>>,
     /// Stored runs this server does not continue: started by `dagloop run` (not submitted to a
@@ -40,6 +43,9 @@ pub(super) struct AppState {
     pub tickets: super::auth::Tickets,
     /// MCP servers shared by the server's runs: started once per configuration.
     pub mcp: crate::runs::Pool,
+    /// Triggered when the server stops: runs are no longer driven, and none is recorded as
+    /// finished because of it.
+    stopping: CancellationToken,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -55,12 +61,14 @@ impl AppState {
         Ok(Arc::new(AppState {
             store,
             token: opts.token.clone(),
-            allow_shell: opts.allow_shell,
+            grants: opts.grants.clone(),
+            agents: opts.agents.clone(),
             base_dir: opts.base_dir.clone(),
             live: Mutex::new(BTreeMap::new()),
             skip: Mutex::new(Default::default()),
             tickets: Default::default(),
             mcp: Default::default(),
+            stopping: CancellationToken::new(),
         }))
     }
 
@@ -75,12 +83,22 @@ impl AppState {
         opts: RunOptions,
         resume: Option<(String, Vec<crate::machine::JournalEntry>)>,
     ) -> Result<String, crate::runs::RunsError> {
-        let record_goal = serde_json::to_value(&goal).unwrap_or(Value::Null);
-        let base_dir = goal.base_dir.display().to_string();
+        let def = crate::runs::define(goal, opts, self.grants.clone())?;
+        self.launch_defined(&def, resume).await
+    }
+
+    /// Starts (or continues) a defined run and keeps it going until it ends.
+    pub async fn launch_defined(
+        self: &Arc<Self>,
+        def: &crate::runs::RunDef,
+        resume: Option<(String, Vec<crate::machine::JournalEntry>)>,
+    ) -> Result<String, crate::runs::RunsError> {
+        let record_goal = serde_json::to_value(def.goal()).unwrap_or(Value::Null);
+        let base_dir = def.goal().base_dir.display().to_string();
+        let opts = def.options();
         let prepared = crate::runs::prepare(
             crate::tools::Registry::new(),
-            goal,
-            &opts,
+            def,
             resume,
             Review::External,
             CancellationToken::new(),
@@ -110,7 +128,7 @@ impl AppState {
                 created_at: crate::runs::now_ms(),
                 goal: record_goal,
                 base_dir,
-                options: serde_json::to_value(&opts).unwrap_or(Value::Null),
+                options: serde_json::to_value(opts).unwrap_or(Value::Null),
             },
             _servers: Mutex::new(
                 launched
@@ -122,8 +140,14 @@ impl AppState {
         lock(&self.live).insert(id.clone(), live);
         let me = self.clone();
         let run = id.clone();
+        let stopping = self.stopping.clone();
         tokio::spawn(async move {
-            let result = handle.wait().await;
+            let result = tokio::select! {
+                r = handle.wait() => r,
+                // The server stops: the run is left as the store has it (resumed at the next
+                // start), and this task lets go of its handle.
+                () = stopping.cancelled() => return,
+            };
             let store = me.store.clone();
             let rid = run.clone();
             // Only an ending the run decided is recorded; a run that stopped (its journal could
@@ -142,6 +166,23 @@ impl AppState {
             lock(&me.live).remove(&run);
         });
         Ok(id)
+    }
+
+    /// Stops driving every run (on the way out): each run's driver stops, and with it its calls
+    /// in flight (shell tools' process groups are killed); the store keeps every run resumable,
+    /// and their leases are given up, so that another server (or this one started again) takes
+    /// them over at once.
+    pub fn stop_runs(&self) {
+        self.stopping.cancel();
+        let runs = std::mem::take(&mut *lock(&self.live));
+        let ids: Vec<String> = runs.keys().cloned().collect();
+        drop(runs);
+        // A driver that appends after this finds the lease gone and writes nothing.
+        for id in ids {
+            if let Err(e) = self.store.release(&id) {
+                tracing::warn!(run = %id, "could not release the run's lease: {e}");
+            }
+        }
     }
 
     /// Continues every run submitted to a server that nobody drives (no unexpired lease: its
@@ -232,17 +273,6 @@ impl AppState {
                 }
             }
         })
-    }
-
-    /// Gives up the leases of the runs this server drives (it is stopping): another server,
-    /// or this one started again, continues them at once.
-    pub fn release_all(&self) {
-        let ids: Vec<String> = lock(&self.live).keys().cloned().collect();
-        for id in ids {
-            if let Err(e) = self.store.release(&id) {
-                tracing::warn!(run = %id, "could not release the run's lease: {e}");
-            }
-        }
     }
 
     /// The run described (calls, timeline, critical path, awaiting, result), live or stored.
