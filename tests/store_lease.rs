@@ -840,7 +840,8 @@ async fn resume_without_a_reviewer_refuses_instead_of_hanging() {
     assert_eq!(svc.counts(), BTreeMap::from([(1, 2), (2, 1)]));
 }
 
-/// A `dagloop serve` on a free loopback port; killed (SIGKILL) when dropped.
+/// A `dagloop serve` on a free loopback port, granted what the tests' goals use; killed
+/// (SIGKILL) when dropped.
 struct Serve {
     child: std::process::Child,
     base: String,
@@ -852,6 +853,9 @@ impl Serve {
         use std::io::BufRead;
         let mut child = dagloop(store)
             .env("DAGLOOP_LEASE_MS", lease_ms.to_string())
+            // Grants the goal's files and its http tool on loopback.
+            .arg("--config")
+            .arg(bin::open_config())
             .args(["serve", "--addr", "127.0.0.1:0", "--store"])
             .arg(store)
             .stdout(Stdio::piped())
