@@ -37,6 +37,77 @@ pub fn check_published(doc: &Value) -> Result<(), String> {
     ))
 }
 
+/// The goal document's keys a goal may have (its fields, as written).
+const GOAL_KEYS: &[&str] = &[
+    "$schema",
+    "description",
+    "goal",
+    "model",
+    "input",
+    "input_schema",
+    "output_schema",
+    "state",
+    "state_schema",
+    "tools",
+    "context",
+    "plan",
+    "limits",
+    "mode",
+    "mcp_servers",
+    "approval",
+    "env",
+];
+
+/// Refuses a meta key dagloop does not define, with where it is: on the goal itself (a goal
+/// defines no meta key: the closest field is suggested), on a tool (`tools[0] (Refund)`) or a
+/// plan call (`plan[1]`). The rules are [`crate::protocol::meta`]'s, the ones the plan parser
+/// applies to the model's calls.
+fn check_meta_keys(doc: &Value) -> Result<(), (String, crate::protocol::UnknownMetaKey)> {
+    use crate::protocol::meta;
+    let Some(top) = doc.as_object() else {
+        return Ok(());
+    };
+    if let Some(key) = top.keys().find(|k| meta::is_meta_key(k)) {
+        let unknown = crate::protocol::UnknownMetaKey {
+            key: key.clone(),
+            suggestion: meta::closest(key, GOAL_KEYS.iter().copied()).map(str::to_string),
+        };
+        return Err(("the goal".into(), unknown));
+    }
+    for (i, t) in top
+        .get("tools")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .enumerate()
+    {
+        let Ok(tool) = serde_json::from_value::<Tool>(t.clone()) else {
+            continue; // reported below, with the tool's own error
+        };
+        if let Some((part, unknown)) = tool.unknown_meta_key() {
+            let mut at = format!("tools[{i}] ({})", tool.name);
+            if let Some(p) = part {
+                at = format!("{at}.{p}");
+            }
+            return Err((at, unknown));
+        }
+    }
+    for (i, c) in top
+        .get("plan")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .enumerate()
+    {
+        if let Ok(call) = Call::try_from(c.clone())
+            && let Some(unknown) = call.unknown_meta_key()
+        {
+            return Err((format!("plan[{i}]"), unknown));
+        }
+    }
+    Ok(())
+}
+
 /// The reason an embedded schema is invalid, without repeating which schema (the caller names it).
 fn schema_reason(e: &SchemaError) -> String {
     match e {
@@ -177,6 +248,16 @@ pub enum GoalError {
         /// The validator's explanation.
         reason: String,
     },
+    /// A `_`-prefixed key dagloop does not define, on the goal, a tool or a plan call.
+    #[error("goal file {path}: {at}: {unknown}")]
+    UnknownMetaKey {
+        /// The file.
+        path: PathBuf,
+        /// Where (`tools[0] (Refund)`, `plan[2]`, `the goal`).
+        at: String,
+        /// The key, and the closest defined one.
+        unknown: crate::protocol::UnknownMetaKey,
+    },
     /// Two tools in one goal file share a name.
     #[error(
         "goal file {path}: tool `{name}` is defined twice (tools[{first}] and tools[{second}])"
@@ -204,6 +285,7 @@ impl GoalError {
             GoalError::Invalid { .. } => "goal.invalid",
             GoalError::BadSchema { .. } => "goal.invalid_schema",
             GoalError::ToolClash { .. } => "goal.tool_clash",
+            GoalError::UnknownMetaKey { .. } => "goal.unknown_meta_key",
         }
     }
 }
@@ -226,6 +308,11 @@ impl Goal {
             reason,
         };
         let value: Value = serde_json::from_str(text).map_err(|e| invalid(e.to_string()))?;
+        check_meta_keys(&value).map_err(|(at, unknown)| GoalError::UnknownMetaKey {
+            path: origin.to_path_buf(),
+            at,
+            unknown,
+        })?;
         if let Some(tools) = value.get("tools").and_then(Value::as_array) {
             for (i, t) in tools.iter().enumerate() {
                 Tool::from_value(t.clone()).map_err(|e| invalid(format!("tools[{i}]: {e}")))?;

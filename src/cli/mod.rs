@@ -577,7 +577,7 @@ fn decision_of(d: DecideArg) -> Result<crate::protocol::Decision, CliError> {
         },
         DecideArg::Replace { call } => Decision::Replace {
             call: Box::new(
-                Call::try_from(json("call", &call)?)
+                Call::parse(json("call", &call)?)
                     .map_err(|e| CliError::new("cli.bad_decision", format!("--call: {e}")))?,
             ),
         },
@@ -673,14 +673,10 @@ fn validate(file: &FsPath, goal: Option<&FsPath>) -> Result<i32, CliError> {
     let (calls, own_goal) = load_plan(file)?;
     let (kind, findings) = match (own_goal, other_goal) {
         (Some(g), _) => ("goal", check::check_goal(&g)),
-        (None, Some(g)) => {
-            let mut initial = serde_json::Map::new();
-            if let Some(i) = &g.input {
-                initial.insert("input".into(), i.clone());
-            }
-            initial.insert("state".into(), g.state.clone().unwrap_or_else(|| json!({})));
-            ("plan", check::check_plan(&calls, Some(&g.tools), &initial))
-        }
+        (None, Some(g)) => (
+            "plan",
+            check::check_plan(&calls, Some(&g.tools), &check::initial_data(&g)),
+        ),
         (None, None) => (
             "plan",
             check::check_plan(&calls, None, &serde_json::Map::new()),
@@ -710,10 +706,10 @@ fn report(mut head: Value, findings: Vec<check::Finding>) -> i32 {
 }
 
 fn graph(file: &FsPath, format: GraphFormat) -> Result<i32, CliError> {
-    let (calls, _) = load_plan(file)?;
+    let (calls, goal) = load_plan(file)?;
     let text = match format {
-        GraphFormat::Mermaid => check::mermaid(&calls),
-        GraphFormat::Dot => check::dot(&calls),
+        GraphFormat::Mermaid => check::mermaid(&calls, goal.as_ref()),
+        GraphFormat::Dot => check::dot(&calls, goal.as_ref()),
     };
     print!("{text}");
     Ok(0)

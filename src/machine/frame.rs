@@ -16,7 +16,7 @@ use super::types::{CallSummary, FrameKey, RunError, RunResult, RunStatus, Usage}
 use crate::context::{
     self, ContextInput, PlanEntry, SanitizeLimits, Stop, TurnTracker, correction,
 };
-use crate::protocol::{Call, CallId, Decision, Message, OutputMethod, Path};
+use crate::protocol::{Call, CallId, Decision, Message, Path};
 use crate::scheduler::{Scheduler, StepReport};
 use crate::state::{Resolved, State};
 
@@ -158,24 +158,7 @@ impl Frame {
 
     /// The initial state log: input and state, written at `now`.
     pub fn initial_state(&self, now: u64) -> State {
-        let mut state = State::new();
-        if let Some(input) = &self.input {
-            state.write(
-                Path::root("input"),
-                input.clone(),
-                OutputMethod::Set,
-                None,
-                now,
-            );
-        }
-        state.write(
-            Path::root("state"),
-            self.cfg.state.0.clone(),
-            OutputMethod::Set,
-            None,
-            now,
-        );
-        state
+        self.cfg.initial_state(self.input.as_ref(), now)
     }
 
     /// The messages of the next Request (the plan moves into them).

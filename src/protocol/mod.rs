@@ -6,6 +6,7 @@
 mod call;
 mod event;
 mod message;
+pub mod meta;
 mod op;
 pub mod reference;
 
@@ -13,6 +14,7 @@ pub(crate) use call::SplitCall;
 pub use call::{Call, OutputMethod, Tool, ToolApproval, collect_refs, json_type};
 pub use event::{Decision, Event, EventKind, FailKind};
 pub use message::{Message, Role, Solution};
+pub use meta::{CALL_META_KEYS, TOOL_META_KEYS, UnknownMetaKey, is_meta_key};
 pub use op::{Op, OpError, canonical, params_hash};
 pub use reference::{
     ASCII_MARKER, Combinator, Expression, MARKER, Path, Reference, ReferenceError, Segment,
@@ -75,6 +77,14 @@ pub enum ProtocolError {
         /// The method as written.
         method: String,
     },
+    /// A `_`-prefixed key that dagloop does not define (a typo fails closed).
+    #[error("{what}: {unknown}")]
+    UnknownMetaKey {
+        /// What was being read.
+        what: &'static str,
+        /// The key and the closest defined one.
+        unknown: UnknownMetaKey,
+    },
     /// The value could not be read for another reason.
     #[error("malformed {what}: {reason}")]
     Malformed {
@@ -93,6 +103,7 @@ impl ProtocolError {
             ProtocolError::MissingField { .. } => "protocol.missing_field",
             ProtocolError::InvalidField { .. } => "protocol.invalid_field",
             ProtocolError::UnknownOutputMethod { .. } => "protocol.unknown_output_method",
+            ProtocolError::UnknownMetaKey { .. } => "protocol.unknown_meta_key",
             ProtocolError::Malformed { .. } => "protocol.malformed",
         }
     }
