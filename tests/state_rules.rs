@@ -285,8 +285,8 @@ fn unknown_fields_are_kept() {
     // ...but input refuses a meta key dagloop does not define (issue 23: a typo fails closed).
     let e = Call::parse(v.clone()).unwrap_err();
     assert_eq!(e.code(), "protocol.unknown_meta_key");
-    let e = dagloop::protocol::Solution::from_value(json!({"calls": [v], "output": null}))
-        .unwrap_err();
+    let e =
+        dagloop::protocol::Solution::from_value(json!({"calls": [v], "output": null})).unwrap_err();
     assert_eq!(e.code(), "protocol.unknown_meta_key");
     // Unknown fields that are not meta keys are kept: params of calls, extras of solutions.
     let v = json!({"_tool": "t", "x": 1, "custom": {"k": true}, "_outputPath": "†state.y"});
