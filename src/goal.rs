@@ -108,6 +108,15 @@ fn check_meta_keys(doc: &Value) -> Result<(), (String, crate::protocol::UnknownM
     Ok(())
 }
 
+/// The goal's approval timeout, checked before the policy is read (which holds it as a
+/// duration), so that it is refused the way the limits' are (`approval.timeout_s must be ...`).
+fn check_policy(v: &Value) -> Result<(), String> {
+    if let Some(s) = v.get("timeout_s").and_then(Value::as_f64) {
+        crate::duration::seconds("approval.timeout_s", s).map_err(|e| e.to_string())?;
+    }
+    Ok(())
+}
+
 /// The reason an embedded schema is invalid, without repeating which schema (the caller names it).
 fn schema_reason(e: &SchemaError) -> String {
     match e {
@@ -207,9 +216,10 @@ pub struct Goal {
     /// MCP servers whose tools join `tools` (see `tools::mcp`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub mcp_servers: Vec<crate::tools::mcp::McpServerConfig>,
-    /// Approval policy (see `approval::Policy`); absent means run everything.
+    /// Approval policy; absent means run everything. Read once, here: the builder, the run's
+    /// options and the command line take it typed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub approval: Option<Value>,
+    pub approval: Option<crate::approval::Policy>,
     /// Environment variables the goal may read (`${VAR}` in an http tool's `url` and headers).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub env: Vec<String>,
@@ -318,6 +328,14 @@ impl Goal {
                 Tool::from_value(t.clone()).map_err(|e| invalid(format!("tools[{i}]: {e}")))?;
             }
         }
+        if let Some(a) = value.get("approval") {
+            check_policy(a).map_err(invalid)?;
+            if let Err(e) = serde_json::from_value::<crate::approval::Policy>(a.clone()) {
+                // The published schema's message names the pointer (`at /approval/policy`).
+                check_published(&value).map_err(invalid)?;
+                return Err(invalid(format!("approval: {e}")));
+            }
+        }
         if let Some(servers) = value.get("mcp_servers").and_then(Value::as_array) {
             let mut names = BTreeSet::new();
             for (i, s) in servers.iter().enumerate() {
@@ -398,8 +416,9 @@ impl Goal {
         Ok(())
     }
 
-    /// Checks every number of seconds in the goal (limits, approval timeout) with
-    /// [`crate::duration::seconds`], so no later conversion can panic.
+    /// Checks every number of seconds in the goal's limits with [`crate::duration::seconds`], so
+    /// no later conversion can panic (the approval timeout is checked when the goal is read:
+    /// [`crate::approval::Policy`] holds it as a duration).
     pub fn check_durations(&self) -> Result<(), crate::duration::DurationError> {
         use crate::duration::seconds;
         if let Some(s) = self.limits.timeout_s {
@@ -407,14 +426,6 @@ impl Goal {
         }
         if let Some(s) = self.limits.call_timeout_s {
             seconds("limits.call_timeout_s", s)?;
-        }
-        if let Some(s) = self
-            .approval
-            .as_ref()
-            .and_then(|a| a.get("timeout_s"))
-            .and_then(Value::as_f64)
-        {
-            seconds("approval.timeout_s", s)?;
         }
         Ok(())
     }

@@ -609,8 +609,8 @@ async fn resume(
             ),
         ));
     }
-    let mut opts: run::RunOptions =
-        serde_json::from_value(stored.record.options.clone()).unwrap_or_default();
+    let mut opts = run::RunOptions::from_stored(&stored.record.options)
+        .map_err(|e| CliError::new(e.code(), &e))?;
     if over.model.is_some() {
         opts.model = over.model;
     }

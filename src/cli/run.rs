@@ -9,7 +9,7 @@ use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
 use super::{ApproveArg, CliError, pretty, progress, review};
-use crate::approval::{Mode, Policy};
+use crate::approval::ModeName;
 use crate::engine::RunHandle;
 use crate::goal::Goal;
 use crate::runs::Review;
@@ -37,15 +37,6 @@ pub(super) struct Display {
     /// Without a terminal and without decisions: reject what needs a reviewer instead of
     /// refusing to start.
     pub reject_without_reviewer: bool,
-}
-
-/// True when some call of the run may have to be presented to somebody.
-fn may_ask(policy: &Policy, goal: &Goal) -> bool {
-    policy.mode != Mode::Auto
-        || goal
-            .tools
-            .iter()
-            .any(|t| t.approval == Some(crate::protocol::ToolApproval::Always))
 }
 
 /// The scripted-model file a run uses, when it names one (`--model scripted:PATH`, else the
@@ -106,19 +97,11 @@ fn load_decisions(path: &FsPath) -> Result<crate::approval::ScriptedApprover, Cl
     Ok(a)
 }
 
-/// The run's policy: the goal's, with the command line's `--approve` over it.
-pub(super) fn policy_for(goal: &Goal, approve: Option<&str>) -> Result<Policy, CliError> {
-    crate::runs::policy_for(goal, approve).map_err(|e| CliError::new(e.code(), e))
-}
-
-pub(super) fn approve_name(a: Option<ApproveArg>) -> Option<String> {
-    a.map(|a| {
-        match a {
-            ApproveArg::Auto => "auto",
-            ApproveArg::Allowlist => "allowlist",
-            ApproveArg::Ask => "ask",
-        }
-        .to_string()
+pub(super) fn approve_name(a: Option<ApproveArg>) -> Option<ModeName> {
+    a.map(|a| match a {
+        ApproveArg::Auto => ModeName::Auto,
+        ApproveArg::Allowlist => ModeName::Allowlist,
+        ApproveArg::Ask => ModeName::Ask,
     })
 }
 
@@ -147,7 +130,6 @@ pub(super) async fn run(
             (goal, Some(stored.record.id.clone()), Some(stored.journal))
         }
     };
-    let policy = policy_for(&goal, opts.approve.as_deref())?;
     let cancel = CancellationToken::new();
     let interactive = std::io::stdin().is_terminal() && !display.detach;
     let tools: std::collections::BTreeMap<String, crate::protocol::Tool> = goal
@@ -155,7 +137,6 @@ pub(super) async fn run(
         .iter()
         .map(|t| (t.name.clone(), t.clone()))
         .collect();
-    let asks = may_ask(&policy, &goal);
     let decisions = match &display.decisions {
         Some(p) => Some(p.clone()),
         None if !interactive => scripted_decisions(&goal, opts.model.as_deref()),
@@ -163,7 +144,7 @@ pub(super) async fn run(
     };
     let review = if let Some(path) = &decisions {
         Review::Approver(Arc::new(load_decisions(path)?))
-    } else if display.detach || interactive || !asks {
+    } else if display.detach || interactive {
         Review::External
     } else if display.reject_without_reviewer {
         Review::Approver(Arc::new(
@@ -174,10 +155,11 @@ pub(super) async fn run(
             }),
         ))
     } else {
-        return Err(CliError::new(
-            "approval.no_reviewer",
-            "the approval policy can ask a reviewer, but stdin is not a terminal: give --decisions FILE, --detach (decide later with `dagloop decide`), or --on-no-reviewer reject",
-        ));
+        // Whether the run can ask is known once its tools are: the builder answers, with the
+        // tools of the goal's MCP servers and delegates.
+        Review::Nobody {
+            how: "stdin is not a terminal: give --decisions FILE, --detach (decide later with `dagloop decide`), or --on-no-reviewer reject".into(),
+        }
     };
     let resume = run_id.zip(journal);
     let sink = store.as_ref().map(|s| crash_hook(s.clone()));
@@ -198,6 +180,7 @@ pub(super) async fn run(
     .await
     .map_err(|e| CliError::new(e.code(), &e))?;
     let id = prepared.run_id().to_string();
+    let asks = prepared.who_asks().is_some();
     if let Some(s) = &store {
         if display.json_only {
             eprintln!("{}", json!({"run_id": id}));

@@ -23,6 +23,13 @@ pub enum Review {
     External,
     /// This approver (scripted decisions, a policy default).
     Approver(Arc<dyn Approver>),
+    /// Nobody: a run that can ask a reviewer ([`crate::approval::may_ask`], with every tool the
+    /// run can call, its MCP servers' and delegates' included) is refused before it starts
+    /// (`approval.no_reviewer`); `how` says what the front-end offers instead.
+    Nobody {
+        /// What the user can do (`give --decisions FILE, --detach ...`).
+        how: String,
+    },
 }
 
 /// The MCP servers one run started for itself; they stop when dropped.
@@ -94,9 +101,14 @@ pub async fn prepare(
     let base_dir = goal.base_dir.display().to_string();
     let (builder, servers) = builder_for(registry, goal, opts, pool.as_ref()).await?;
     let mut builder = builder.cancel_token(cancel);
+    let mut nobody = None;
     builder = match review {
         Review::External => builder.external_review(),
         Review::Approver(a) => builder.approver(a),
+        Review::Nobody { how } => {
+            nobody = Some(how);
+            builder.external_review()
+        }
     };
     let (run_id, journal) = match resume {
         Some((id, j)) => (Some(id), Some(j)),
@@ -111,6 +123,12 @@ pub async fn prepare(
         (None, None) => {}
     }
     let agent = builder.build()?;
+    if let (Some(how), Some(asking)) = (nobody, agent.who_asks()) {
+        return Err(RunsError::NoReviewer {
+            asking: asking.to_string(),
+            how,
+        });
+    }
     if let Some(s) = &store {
         let id = agent.run_id().to_string();
         match &journal {
@@ -145,7 +163,7 @@ pub async fn builder_for(
     opts: &RunOptions,
     pool: Option<&Pool>,
 ) -> Result<(AgentBuilder, Option<Servers>), RunsError> {
-    let policy = policy_for(&goal, opts.approve.as_deref())?;
+    let policy = policy_for(&goal, opts.approve);
     let mcp = start_mcp(&goal, pool).await?;
     let mut builder = AgentBuilder::new(goal).registry(registry).policy(policy);
     builder.registry_mut().enable_shell(opts.allow_shell);
@@ -178,6 +196,12 @@ impl Prepared {
     /// The run's id.
     pub fn run_id(&self) -> &str {
         self.agent.run_id()
+    }
+
+    /// Why a call of the run may have to be presented to a reviewer, None when none can (see
+    /// [`crate::engine::Agent::who_asks`]).
+    pub fn who_asks(&self) -> Option<&str> {
+        self.agent.who_asks()
     }
 
     /// Starts (or continues) the run; decisions recorded while no process ran it apply first.

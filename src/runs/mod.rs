@@ -33,10 +33,25 @@ pub enum RunsError {
     /// The store refused.
     #[error(transparent)]
     Store(#[from] crate::store::StoreError),
-    /// The approval policy (the goal's `approval`, or the options') is invalid.
-    #[error("the approval policy is invalid: {reason}")]
-    Policy {
-        /// What is wrong.
+    /// The run can ask a reviewer ([`crate::approval::may_ask`]: its policy, or a tool of the
+    /// goal, of its MCP servers or of its delegates that always asks), and nobody can answer
+    /// ([`Review::Nobody`]).
+    #[error(
+        "the run can ask a reviewer (its approval policy, or a tool that always asks: {asking}), but none can answer: {how}"
+    )]
+    NoReviewer {
+        /// The policy's mode, or the tools that always ask.
+        asking: String,
+        /// What the front-end offers instead.
+        how: String,
+    },
+    /// The run's stored options name an unknown approval policy.
+    #[error(transparent)]
+    Approval(#[from] crate::approval::ApprovalError),
+    /// The run's stored options cannot be read.
+    #[error("the run's stored options cannot be read: {reason}")]
+    Options {
+        /// The deserializer's explanation.
         reason: String,
     },
     /// A tool source (an MCP server) could not start.
@@ -56,7 +71,9 @@ impl RunsError {
             RunsError::Goal(e) => e.code(),
             RunsError::Agent(e) => e.code(),
             RunsError::Store(e) => e.code(),
-            RunsError::Policy { .. } => "agent.invalid_policy",
+            RunsError::NoReviewer { .. } => "approval.no_reviewer",
+            RunsError::Approval(e) => e.code(),
+            RunsError::Options { .. } => "runs.bad_options",
             RunsError::Tools { code, .. } => code,
         }
     }

@@ -35,8 +35,8 @@ pub fn rebuild(record: &RunRecord, journal: &[JournalEntry]) -> Result<Rebuilt, 
         FsPath::new(&record.id),
         PathBuf::from(&record.base_dir),
     )?;
-    let opts: RunOptions = serde_json::from_value(record.options.clone()).unwrap_or_default();
-    let policy = policy_for(&goal, opts.approve.as_deref())?;
+    let opts = RunOptions::from_stored(&record.options)?;
+    let policy = policy_for(&goal, opts.approve);
     let config = config_for(&goal)?;
     let events = replay(
         &record.id,

@@ -10,6 +10,7 @@ use serde_json::{Value, json};
 
 use super::error::{ApiError, Problem};
 use super::state::AppState;
+use crate::approval::ModeName;
 use crate::goal::Goal;
 use crate::protocol::{CallId, Decision, Op};
 use crate::runs::RunOptions;
@@ -135,7 +136,8 @@ fn envelope(v: Value, allow_shell: bool) -> ApiResult<(Value, RunOptions)> {
         }
     };
     opts.model = text("model", &[]);
-    opts.approve = text("approve", &["auto", "allowlist", "ask"]);
+    let names: Vec<&str> = ModeName::ALL.iter().map(|m| m.as_str()).collect();
+    opts.approve = text("approve", &names).and_then(|s| ModeName::parse(&s).ok());
     opts.mode = text("mode", &["structured", "tools"]);
     let doc = m.remove("goal").unwrap_or(Value::Null);
     for k in m.keys() {
