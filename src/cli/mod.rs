@@ -529,7 +529,54 @@ pub async fn main(cli: Cli) -> i32 {
     }
 }
 
-type Store = Arc<crate::store::SqliteStore>;
+/// The run store a command uses, and where it lives (for messages).
+#[derive(Clone)]
+pub(super) struct Store {
+    runs: Arc<dyn crate::store::RunStore>,
+    path: std::path::PathBuf,
+}
+
+impl Store {
+    /// The store's file.
+    pub(super) fn path(&self) -> &FsPath {
+        &self.path
+    }
+
+    /// The store, shared (a run's host, its journal's sink).
+    pub(super) fn shared(&self) -> Arc<dyn crate::store::RunStore> {
+        self.runs.clone()
+    }
+}
+
+impl std::ops::Deref for Store {
+    type Target = dyn crate::store::RunStore;
+    fn deref(&self) -> &Self::Target {
+        &*self.runs
+    }
+}
+
+/// Opens the SQLite store at `path`.
+#[cfg(feature = "sqlite")]
+fn open_at(path: &FsPath) -> Result<Store, CliError> {
+    crate::store::SqliteStore::open(path)
+        .map(|s| Store {
+            runs: Arc::new(s),
+            path: path.to_path_buf(),
+        })
+        .map_err(|e| CliError::new(e.code(), e))
+}
+
+/// Without the `sqlite` feature there is no store to open: a command given one says so.
+#[cfg(not(feature = "sqlite"))]
+fn open_at(path: &FsPath) -> Result<Store, CliError> {
+    Err(CliError::new(
+        "cli.no_store",
+        format!(
+            "this dagloop was built without the `sqlite` feature, so it cannot open the run store {} (run with --no-store)",
+            path.display()
+        ),
+    ))
+}
 
 /// The store the command uses: `--store`, else `DAGLOOP_STORE`, else the default file; none
 /// with `--no-store`.
@@ -543,9 +590,7 @@ fn open_store(path: Option<&FsPath>, none: bool) -> Result<Option<Store>, CliErr
     else {
         return Ok(None);
     };
-    crate::store::SqliteStore::open(&path)
-        .map(|s| Some(Arc::new(s)))
-        .map_err(|e| CliError::new(e.code(), e))
+    open_at(&path).map(Some)
 }
 
 fn required(s: Result<Option<Store>, CliError>) -> Result<Store, CliError> {
@@ -590,7 +635,6 @@ async fn resume(
     over: run::RunOptions,
     display: run::Display,
 ) -> Result<i32, CliError> {
-    use crate::store::RunStore;
     let s = required(store)?;
     let stored = s.load(id).map_err(|e| CliError::new(e.code(), e))?;
     if let Some(r) = &stored.result {

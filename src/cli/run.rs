@@ -115,7 +115,7 @@ pub(super) async fn run(
     start: Start,
     opts: RunOptions,
     display: Display,
-    store: Option<Arc<crate::store::SqliteStore>>,
+    store: Option<super::Store>,
 ) -> Result<i32, CliError> {
     let (goal, run_id, journal) = match start {
         Start::New(path) => {
@@ -162,7 +162,7 @@ pub(super) async fn run(
         }
     };
     let resume = run_id.zip(journal);
-    let sink = store.as_ref().map(|s| crash_hook(s.clone()));
+    let sink = store.as_ref().map(|s| crash_hook(s.shared()));
     let prepared = crate::runs::prepare(
         crate::tools::Registry::new(),
         goal,
@@ -171,7 +171,7 @@ pub(super) async fn run(
         review,
         cancel.clone(),
         crate::runs::Host {
-            store: store.clone(),
+            store: store.as_ref().map(super::Store::shared),
             sink,
             owner_pid: std::process::id(),
             mcp: None,
@@ -211,8 +211,8 @@ pub(super) async fn run(
     let _servers = launched.servers;
     let handle = launched.handle;
     let writer = events_out.map(|file| spawn_writer(&handle, file));
-    let ops = store.clone().map(|s| {
-        crate::runs::spawn_op_poller(&handle, s, |e| {
+    let ops = store.as_ref().map(|s| {
+        crate::runs::spawn_op_poller(&handle, s.shared(), |e| {
             eprintln!(
                 "dagloop: a recorded decision does not apply: {e} [{}]",
                 e.code()
@@ -315,7 +315,7 @@ fn spawn_writer(handle: &RunHandle, file: std::fs::File) -> tokio::task::JoinHan
 
 /// For crash tests: with `DAGLOOP_CRASH_AFTER_ENTRIES=N`, the process kills itself (SIGKILL)
 /// as soon as N journal entries of this process are committed, the way a crash would.
-fn crash_hook(store: Arc<crate::store::SqliteStore>) -> Arc<dyn crate::engine::JournalSink> {
+fn crash_hook(store: Arc<dyn RunStore>) -> Arc<dyn crate::engine::JournalSink> {
     let Some(limit) = std::env::var("DAGLOOP_CRASH_AFTER_ENTRIES")
         .ok()
         .and_then(|v| v.parse::<u64>().ok())
@@ -330,7 +330,7 @@ fn crash_hook(store: Arc<crate::store::SqliteStore>) -> Arc<dyn crate::engine::J
 }
 
 struct CrashAfter {
-    store: Arc<crate::store::SqliteStore>,
+    store: Arc<dyn RunStore>,
     limit: u64,
     seen: std::sync::atomic::AtomicU64,
 }

@@ -13,7 +13,7 @@ use crate::engine::{Agent, AgentBuilder, JournalSink, RunHandle};
 use crate::goal::Goal;
 use crate::machine::JournalEntry;
 use crate::protocol::{OpError, Tool};
-use crate::store::{RunRecord, RunStore, SqliteStore};
+use crate::store::{RunRecord, RunStore};
 use crate::tools::{Activity, Registry};
 
 /// Who answers the run's approval requests.
@@ -51,7 +51,7 @@ pub type Pool = ();
 #[derive(Default)]
 pub struct Host {
     /// The run store.
-    pub store: Option<Arc<SqliteStore>>,
+    pub store: Option<Arc<dyn RunStore>>,
     /// Replaces the store as the journal's durable sink (the crash-test hook wraps the store).
     pub sink: Option<Arc<dyn JournalSink>>,
     /// The owning process (recorded with the run).
@@ -64,7 +64,7 @@ pub struct Host {
 pub struct Prepared {
     agent: Agent,
     journal: Option<Vec<JournalEntry>>,
-    store: Option<Arc<SqliteStore>>,
+    store: Option<Arc<dyn RunStore>>,
     servers: Option<Servers>,
 }
 
@@ -231,7 +231,7 @@ impl Prepared {
 /// `refused` hears about those that no longer apply.
 pub fn spawn_op_poller(
     handle: &RunHandle,
-    store: Arc<SqliteStore>,
+    store: Arc<dyn RunStore>,
     refused: impl Fn(OpError) + Send + 'static,
 ) -> tokio::task::JoinHandle<()> {
     let handle = handle.clone();
@@ -254,13 +254,16 @@ pub fn spawn_op_poller(
     })
 }
 
+/// Stops a run's MCP servers (drops them; there are none without the `mcp` feature).
+fn stop(_servers: Servers) {}
+
 /// `goal` with its MCP servers' tools listed among its own (the servers are started to list
 /// them, then stopped): for an engine whose run is built where the servers cannot be started
 /// (a Temporal workflow), so that its calls to those tools are known. The engine that runs the
 /// calls starts the servers again and puts the same tools back with their activities.
 pub async fn with_mcp_tools(mut goal: Goal) -> Result<Goal, RunsError> {
     if let Some((tools, activities, servers)) = start_mcp(&goal, None).await? {
-        drop(servers);
+        stop(servers);
         // The tools `builder_for` gives the run: those the servers can run.
         let runnable: std::collections::BTreeSet<String> =
             activities.into_iter().map(|(name, _)| name).collect();

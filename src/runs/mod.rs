@@ -95,11 +95,10 @@ pub enum Refused {
 /// the run rebuilt from its journal; the process that drives the run (or the next `resume`)
 /// applies it. Returns whether some process drives the run now.
 pub fn record_op(
-    store: &crate::store::SqliteStore,
+    store: &dyn crate::store::RunStore,
     id: &str,
     op: &crate::protocol::Op,
 ) -> Result<bool, Refused> {
-    use crate::store::RunStore;
     let stored = store.load(id).map_err(RunsError::from)?;
     if let Some(r) = &stored.result {
         return Err(Refused::Op(crate::protocol::OpError::RunFinished {

@@ -300,7 +300,7 @@ async fn submit(st: &Arc<AppState>, id: &str, op: Op) -> ApiResult<(StatusCode, 
     }
     let store = st.store.clone();
     let run = id.to_string();
-    tokio::task::spawn_blocking(move || crate::runs::record_op(&store, &run, &op))
+    tokio::task::spawn_blocking(move || crate::runs::record_op(&*store, &run, &op))
         .await
         .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server.internal", e))?
         .map_err(|e| match e {
