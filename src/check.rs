@@ -143,7 +143,7 @@ fn cycles(sched: &Scheduler) -> Vec<(usize, String)> {
         .filter_map(|c| {
             let e = c.error?;
             (e.get("code")? == "graph.cycle").then(|| {
-                let message = e.get("error").and_then(Value::as_str).unwrap_or_default();
+                let message = e.get("message").and_then(Value::as_str).unwrap_or_default();
                 ((c.id.0 as usize).saturating_sub(1), message.to_string())
             })
         })

@@ -154,7 +154,7 @@ async fn calls_that_are_not_calls_or_name_no_tool_are_corrected_and_named_in_the
         .messages
         .iter()
         .filter_map(|m| match m {
-            Message::Error { error, .. } => Some(error["error"].clone()),
+            Message::Error { error, .. } => Some(error["message"].clone()),
             _ => None,
         })
         .collect();

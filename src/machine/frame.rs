@@ -103,7 +103,9 @@ impl Fault {
             step,
             code: text("code").unwrap_or("scheduler.refused").to_string(),
             kind: "had a call refused",
-            message: text("error").unwrap_or("the call was refused").to_string(),
+            message: text("message")
+                .unwrap_or("the call was refused")
+                .to_string(),
         })
     }
 }
@@ -354,12 +356,9 @@ pub(super) fn delegate_outcome(tool: &str, r: &RunResult) -> crate::scheduler::O
     if r.succeeded() {
         return Outcome::ok(r.output.clone());
     }
-    let mut err = json!({
-        "code": "activity.failed",
-        "message": format!("delegate `{tool}` ended with status {}", r.status.as_str()),
-    });
-    if let Some(e) = &r.error {
-        err["details"] = e.to_value();
-    }
-    Outcome::error(err)
+    Outcome::error(crate::protocol::error_object(
+        "activity.failed",
+        format!("delegate `{tool}` ended with status {}", r.status.as_str()),
+        r.error.as_ref().map(|e| e.to_value()),
+    ))
 }

@@ -631,10 +631,11 @@ impl RunMachine {
             return;
         };
         if f.depth + 1 > MAX_DEPTH {
-            let err = serde_json::json!({
-                "code": "activity.config",
-                "message": format!("delegates nest deeper than {MAX_DEPTH} levels"),
-            });
+            let err = crate::protocol::error_object(
+                "activity.config",
+                format!("delegates nest deeper than {MAX_DEPTH} levels"),
+                None,
+            );
             work.push((
                 key,
                 scheduler::Input::Finished {

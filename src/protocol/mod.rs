@@ -34,6 +34,25 @@ impl std::fmt::Display for CallId {
     }
 }
 
+/// The one shape of an error object: the value a failed, refused, rejected or unresolved call
+/// leaves in state and in its events, and what the model is shown about it:
+/// `{"code": "<stable code>", "message": "<words>", "details": <anything, when there is more>}`.
+/// Every error object dagloop builds (activities, hooks, delegates, the scheduler) comes from
+/// here.
+pub fn error_object(
+    code: &str,
+    message: impl Into<String>,
+    details: Option<serde_json::Value>,
+) -> serde_json::Value {
+    let mut m = serde_json::Map::new();
+    m.insert("code".into(), serde_json::Value::String(code.to_string()));
+    m.insert("message".into(), serde_json::Value::String(message.into()));
+    if let Some(d) = details.filter(|d| !d.is_null()) {
+        m.insert("details".into(), d);
+    }
+    serde_json::Value::Object(m)
+}
+
 /// Milliseconds since the Unix epoch, supplied by the caller (the core never reads a clock).
 pub type Millis = u64;
 
