@@ -58,54 +58,68 @@ const GOAL_KEYS: &[&str] = &[
     "env",
 ];
 
-/// Refuses a meta key dagloop does not define, with where it is: on the goal itself (a goal
-/// defines no meta key: the closest field is suggested), on a tool (`tools[0] (Refund)`) or a
-/// plan call (`plan[1]`). The rules are [`crate::protocol::meta`]'s, the ones the plan parser
-/// applies to the model's calls.
-fn check_meta_keys(doc: &Value) -> Result<(), (String, crate::protocol::UnknownMetaKey)> {
+/// A meta key dagloop does not define in a goal document, with where it is: (words, JSON
+/// pointer to the key, the key and the closest known one).
+type Misplaced = (String, String, crate::protocol::UnknownMetaKey);
+
+/// `key` as one JSON-pointer token (`~` as `~0`, `/` as `~1`).
+fn pointer_token(key: &str) -> String {
+    key.replace('~', "~0").replace('/', "~1")
+}
+
+/// Finds a meta key dagloop does not define: on the goal itself (a goal defines no meta key: the
+/// closest field is suggested), on a tool (`tools[0] (Refund)`, its `properties` too) or a plan
+/// call (`plan[1]`). The rules are [`crate::protocol::meta`]'s, the ones the plan parser applies
+/// to the model's calls.
+fn find_unknown_meta_key(doc: &Value) -> Option<Misplaced> {
     use crate::protocol::meta;
-    let Some(top) = doc.as_object() else {
-        return Ok(());
-    };
+    let top = doc.as_object()?;
     if let Some(key) = top.keys().find(|k| meta::is_meta_key(k)) {
         let unknown = crate::protocol::UnknownMetaKey {
             key: key.clone(),
             suggestion: meta::closest(key, GOAL_KEYS.iter().copied()).map(str::to_string),
         };
-        return Err(("the goal".into(), unknown));
+        return Some((
+            "the goal".into(),
+            format!("/{}", pointer_token(key)),
+            unknown,
+        ));
     }
-    for (i, t) in top
-        .get("tools")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-        .enumerate()
-    {
+    let items = |field: &str| {
+        top.get(field)
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .enumerate()
+    };
+    for (i, t) in items("tools") {
+        // A tool that does not parse is reported by the loader, with its own error.
         let Ok(tool) = serde_json::from_value::<Tool>(t.clone()) else {
-            continue; // reported below, with the tool's own error
+            continue;
         };
         if let Some((part, unknown)) = tool.unknown_meta_key() {
-            let mut at = format!("tools[{i}] ({})", tool.name);
-            if let Some(p) = part {
-                at = format!("{at}.{p}");
-            }
-            return Err((at, unknown));
+            let (at, pointer) = match part {
+                Some(p) => (
+                    format!("tools[{i}] ({}).{p}", tool.name),
+                    format!("/tools/{i}/{p}/{}", pointer_token(&unknown.key)),
+                ),
+                None => (
+                    format!("tools[{i}] ({})", tool.name),
+                    format!("/tools/{i}/{}", pointer_token(&unknown.key)),
+                ),
+            };
+            return Some((at, pointer, unknown));
         }
     }
-    for (i, c) in top
-        .get("plan")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-        .enumerate()
-    {
+    for (i, c) in items("plan") {
         if let Ok(call) = Call::try_from(c.clone())
             && let Some(unknown) = call.unknown_meta_key()
         {
-            return Err((format!("plan[{i}]"), unknown));
+            let pointer = format!("/plan/{i}/{}", pointer_token(&unknown.key));
+            return Some((format!("plan[{i}]"), pointer, unknown));
         }
     }
-    Ok(())
+    None
 }
 
 /// The goal's approval timeout, checked before the policy is read (which holds it as a
@@ -265,6 +279,8 @@ pub enum GoalError {
         path: PathBuf,
         /// Where (`tools[0] (Refund)`, `plan[2]`, `the goal`).
         at: String,
+        /// The key's JSON pointer in the document (`/tools/0/_aproval`).
+        pointer: String,
         /// The key, and the closest defined one.
         unknown: crate::protocol::UnknownMetaKey,
     },
@@ -311,6 +327,23 @@ impl Goal {
         Goal::from_json(&text, path, base)
     }
 
+    /// Refuses a goal document holding a meta key dagloop does not define (on the goal, a tool,
+    /// a tool's `properties` or a plan call), naming where, with the closest known key
+    /// (`goal.unknown_meta_key`). [`Goal::from_json`] checks this first; a front-end that checks
+    /// the published schema before loading (the server) calls it before, so the suggestion is
+    /// what the user sees.
+    pub fn check_meta_keys(doc: &Value, origin: &FsPath) -> Result<(), GoalError> {
+        match find_unknown_meta_key(doc) {
+            None => Ok(()),
+            Some((at, pointer, unknown)) => Err(GoalError::UnknownMetaKey {
+                path: origin.to_path_buf(),
+                at,
+                pointer,
+                unknown,
+            }),
+        }
+    }
+
     /// Parses and checks goal JSON; `origin` names it in errors, `base_dir` anchors relative paths.
     pub fn from_json(text: &str, origin: &FsPath, base_dir: PathBuf) -> Result<Goal, GoalError> {
         let invalid = |reason: String| GoalError::Invalid {
@@ -318,11 +351,7 @@ impl Goal {
             reason,
         };
         let value: Value = serde_json::from_str(text).map_err(|e| invalid(e.to_string()))?;
-        check_meta_keys(&value).map_err(|(at, unknown)| GoalError::UnknownMetaKey {
-            path: origin.to_path_buf(),
-            at,
-            unknown,
-        })?;
+        Goal::check_meta_keys(&value, origin)?;
         if let Some(tools) = value.get("tools").and_then(Value::as_array) {
             for (i, t) in tools.iter().enumerate() {
                 Tool::from_value(t.clone()).map_err(|e| invalid(format!("tools[{i}]: {e}")))?;

@@ -165,6 +165,9 @@ fn problems(errors: Vec<Problem>) -> ApiError {
 /// The goal checked against the published schema (every violation, by pointer), then by the
 /// same loader `dagloop run` uses.
 fn check_goal(doc: &Value, base: &std::path::Path) -> ApiResult<Goal> {
+    let origin = std::path::Path::new("the submitted goal");
+    // A misspelt meta key first: the schema would refuse it too, without the suggestion.
+    Goal::check_meta_keys(doc, origin).map_err(goal_error)?;
     let violations = crate::schema::published::Document::Goal
         .validate(doc)
         .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server.internal", e))?;
@@ -179,19 +182,17 @@ fn check_goal(doc: &Value, base: &std::path::Path) -> ApiResult<Goal> {
                 .collect(),
         ));
     }
-    Goal::from_json(
-        &doc.to_string(),
-        std::path::Path::new("the submitted goal"),
-        base.to_path_buf(),
-    )
-    .map_err(|e| {
-        let mut err = ApiError::new(StatusCode::BAD_REQUEST, e.code(), &e);
-        err.errors.push(Problem {
-            pointer: pointer_of(&e),
-            message: e.to_string(),
-        });
-        err
-    })
+    Goal::from_json(&doc.to_string(), origin, base.to_path_buf()).map_err(goal_error)
+}
+
+/// A goal the loader refused, as a 400 with the problem at its pointer.
+fn goal_error(e: crate::goal::GoalError) -> ApiError {
+    let mut err = ApiError::new(StatusCode::BAD_REQUEST, e.code(), &e);
+    err.errors.push(Problem {
+        pointer: pointer_of(&e),
+        message: e.to_string(),
+    });
+    err
 }
 
 /// The JSON pointer a goal error names, as far as it names one.
@@ -199,6 +200,7 @@ fn pointer_of(e: &crate::goal::GoalError) -> String {
     use crate::goal::GoalError;
     match e {
         GoalError::ToolClash { second, .. } => format!("/tools/{second}"),
+        GoalError::UnknownMetaKey { pointer, .. } => pointer.clone(),
         GoalError::BadSchema { field, .. } => match field.strip_prefix("tools[") {
             Some(rest) => format!("/tools/{}", rest.split(']').next().unwrap_or("")),
             None => format!("/{field}"),
