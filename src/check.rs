@@ -198,6 +198,16 @@ pub fn check_plan(
     tools: Option<&[Tool]>,
     initial: &Map<String, Value>,
 ) -> Vec<Finding> {
+    plan_findings(calls, tools, tools, initial)
+}
+
+/// [`check_plan`], the graph's verdicts taken with `run_tools` (the tools the run will have).
+fn plan_findings(
+    calls: &[Call],
+    tools: Option<&[Tool]>,
+    run_tools: Option<&[Tool]>,
+    initial: &Map<String, Value>,
+) -> Vec<Finding> {
     let mut out = Vec::new();
     for (i, c) in calls.iter().enumerate() {
         if let Err(e) = c.references() {
@@ -236,7 +246,7 @@ pub fn check_plan(
             }
         }
     }
-    for (i, e) in cycles(&dry_run(calls, tools, initial)) {
+    for (i, e) in cycles(&dry_run(calls, run_tools, initial)) {
         out.push(Finding::call(
             "plan.cycle",
             i,
@@ -306,9 +316,23 @@ pub fn check_goal(goal: &Goal) -> Vec<Finding> {
             Err(e) => out.push(model_finding(e.to_string())),
         }
     }
-    out.extend(check_plan(
+    // The run also has the tools of the goal's MCP servers, known once they run: a plan call
+    // to a tool the goal does not define may be one of them, so for the graph's verdicts it is
+    // taken as a call to a tool with an activity (`plan.unknown_tool` still names it).
+    let mut run_tools = goal.tools.clone();
+    if !goal.mcp_servers.is_empty() {
+        for c in &goal.plan {
+            if !run_tools.iter().any(|t| t.name == c.tool) {
+                let mut t = Tool::new(c.tool.clone());
+                t.activity = Some("mcp".into());
+                run_tools.push(t);
+            }
+        }
+    }
+    out.extend(plan_findings(
         &goal.plan,
         Some(&goal.tools),
+        Some(&run_tools),
         &initial_data(goal),
     ));
     out

@@ -168,3 +168,25 @@ fn a_call_ready_on_arrival_closes_no_cycle() {
         assert_eq!(run_cycles(goal), cycles, "{doc:#}");
     }
 }
+
+/// A plan call to a tool of the goal's MCP servers (known once they run) takes part in the
+/// graph as it will in the run: here it closes a cycle with a goal tool's call. `validate` still
+/// says it cannot check the name.
+#[test]
+fn a_call_to_an_mcp_tool_takes_part_in_the_graph() {
+    let mut doc = goal_doc(&[], false, false);
+    doc["mcp_servers"] = json!([{"name": "fs", "command": "srv"}]);
+    doc["plan"] = json!([
+        {"_tool": "write", "v": "†state.c", "_outputPath": "†state.b"},
+        {"_tool": "act", "in": ["†state.b"], "n": 1, "_outputPath": "†state.c"}
+    ]);
+    let goal = Goal::from_json(&doc.to_string(), "g.json".as_ref(), ".".into()).expect("goal");
+    let findings: Vec<(&str, Option<usize>)> = dagloop::check::check_goal(&goal)
+        .iter()
+        .map(|f| (f.code, f.call))
+        .collect();
+    assert_eq!(
+        findings,
+        [("plan.unknown_tool", Some(1)), ("plan.cycle", Some(2))]
+    );
+}
