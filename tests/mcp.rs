@@ -546,6 +546,9 @@ fn the_mcp_files_example_runs_from_the_command_line() {
             "examples/mcp-files/goal.json",
             "--json",
             "--no-store",
+            // edit_file and move_file can ask a reviewer (never called): no terminal here.
+            "--on-no-reviewer",
+            "reject",
         ])
         .env("DAGLOOP_MCP_NPM", &npm_root)
         .env("DAGLOOP_MCP_FILES_DIR", dir.path())

@@ -36,9 +36,7 @@ pub enum RunsError {
     /// The run can ask a reviewer ([`crate::approval::may_ask`]: its policy, or a tool of the
     /// goal, of its MCP servers or of its delegates that always asks), and nobody can answer
     /// ([`Review::Nobody`]).
-    #[error(
-        "the run can ask a reviewer (its approval policy, or a tool that always asks: {asking}), but none can answer: {how}"
-    )]
+    #[error("the run can ask a reviewer ({asking}), but none can answer: {how}")]
     NoReviewer {
         /// The policy's mode, or the tools that always ask.
         asking: String,
