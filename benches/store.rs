@@ -75,7 +75,9 @@ async fn fan_out(dir: &Path, n: usize, store: Option<Arc<SqliteStore>>) -> Timin
         Review::External,
         CancellationToken::new(),
         dagloop::runs::Host {
-            store: store.clone(),
+            store: store
+                .clone()
+                .map(|s| s as Arc<dyn dagloop::store::RunStore>),
             sink: None,
             mcp: None,
         },

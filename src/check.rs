@@ -1,9 +1,10 @@
 //! Static checks without running anything: a plan's calls (`dagloop validate`, `dagloop graph`),
 //! a goal's tools and model, and a scripted-model file.
 //!
-//! The rules are the run's own: dependency edges and cycles come from [`crate::graph::CallGraph`]
-//! (calls inserted in plan order, a call that would close a cycle is refused exactly as the
-//! scheduler refuses it), params are checked by [`crate::schema::ParamsValidator`], activities by
+//! The rules are the run's own: dependency edges and cycles come from the run's scheduler itself
+//! (the plan handed to a step-0 scheduler made the way a run makes it, in plan order, so a call
+//! ready on arrival stops reading exactly as in a run; `validate` cannot call a cycle what a run
+//! runs), params are checked by [`crate::schema::ParamsValidator`], activities by
 //! [`crate::tools::check_tool`], scripted-model files by [`crate::llm::Script::parse`].
 //! Deliberately not here: resolving references against state (only literal params are checked;
 //! references are checked once resolved at run time) or printing.
@@ -13,11 +14,14 @@ use std::path::Path as FsPath;
 use serde::Serialize;
 use serde_json::{Map, Value};
 
+use crate::approval::Policy;
 use crate::goal::Goal;
-use crate::graph::CallGraph;
 use crate::llm::{ModelSpec, Script, TurnBody};
+use crate::machine::AgentConfig;
 use crate::protocol::{Call, CallId, Path, Solution, Tool};
+use crate::scheduler::{CallStatus, Input, Scheduler, SchedulerOptions};
 use crate::schema::ParamsValidator;
+use crate::state::State;
 
 /// One problem found by a check.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -68,28 +72,94 @@ fn read_paths(c: &Call) -> Vec<Path> {
         .unwrap_or_default()
 }
 
-/// The plan's call graph as the scheduler would build it, calls numbered from 1 in plan order.
-/// Returns the graph and the calls it refused (index, error) because they would close a cycle.
-fn build_graph(calls: &[Call]) -> (CallGraph, Vec<(usize, crate::graph::GraphError)>) {
-    let mut g = CallGraph::new();
-    let mut refused = Vec::new();
-    for (i, c) in calls.iter().enumerate() {
-        let reads = read_paths(c);
-        let writes = write_paths(c);
-        let r: Vec<&Path> = reads.iter().collect();
-        let w: Vec<&Path> = writes.iter().collect();
-        if let Err(e) = g.insert(CallId(i as u64 + 1), &r, &w) {
-            refused.push((i, e));
+/// The plan as a run takes it (`RunMachine` starting an agent): a step-0 scheduler made by
+/// [`AgentConfig::scheduler`] over the initial data, every call handed to it in plan order with
+/// the ids a run gives them (from 1), nothing finished yet. The `auto` policy: a reviewer only
+/// decides *whether* a call runs, and an unblocked call stops reading whether it waits for one
+/// or runs. With no tools given, every name the plan uses is a tool with an activity and no
+/// params schema.
+fn dry_run(calls: &[Call], tools: Option<&[Tool]>, initial: &Map<String, Value>) -> Scheduler {
+    let tools: Vec<Tool> = match tools {
+        Some(t) => t.to_vec(),
+        None => {
+            let mut names: Vec<&str> = calls.iter().map(|c| c.tool.as_str()).collect();
+            names.sort_unstable();
+            names.dedup();
+            names
+                .into_iter()
+                .map(|n| {
+                    let mut t = Tool::new(n);
+                    t.activity = Some("rust".into());
+                    t
+                })
+                .collect()
         }
+    };
+    let mut doc = Map::new();
+    doc.insert("goal".into(), Value::String("validate".into()));
+    doc.insert("output_schema".into(), Value::Bool(true));
+    for (kind, value) in initial {
+        doc.insert(kind.clone(), value.clone());
     }
-    (g, refused)
+    let config = serde_json::from_value::<Goal>(Value::Object(doc))
+        .map_err(|e| e.to_string())
+        .and_then(|mut goal| {
+            goal.tools = tools.clone();
+            AgentConfig::from_goal(&goal, Default::default()).map_err(|e| e.to_string())
+        });
+    let mut sched = match config {
+        Ok(cfg) => {
+            let cfg = std::sync::Arc::new(cfg);
+            let state = cfg.initial_state(initial.get("input"), 0);
+            AgentConfig::scheduler(&cfg, state, Policy::auto(), 0, false)
+        }
+        // Schemas the run could not compile either (reported by the goal's own checks): the
+        // graph's verdicts do not depend on them.
+        Err(_) => {
+            let mut state = State::new();
+            for (kind, value) in initial {
+                state.write(Path::root(kind), value.clone(), Default::default(), None, 0);
+            }
+            Scheduler::new(state, tools, Policy::auto(), SchedulerOptions::default())
+        }
+    };
+    for (i, c) in calls.iter().enumerate() {
+        let input = Input::CallArrived {
+            id: CallId(i as u64 + 1),
+            call: Ok(std::sync::Arc::new(c.clone())),
+        };
+        sched.handle(input, 0);
+    }
+    sched
 }
 
-/// A plan's dependency edges by the graph's rules: `(writer index, reader index, path)`, indexes
-/// from 0 into `calls`. A call the graph refuses (it would close a cycle) is drawn with the
-/// edges it would have had, so the cycle shows.
-pub fn edges(calls: &[Call]) -> Vec<(usize, usize, String)> {
-    let (g, refused) = build_graph(calls);
+/// The calls the run refuses because they would close a cycle: (index from 0, the error).
+fn cycles(sched: &Scheduler) -> Vec<(usize, String)> {
+    sched
+        .report()
+        .calls
+        .into_iter()
+        .filter(|c| c.status == CallStatus::Refused)
+        .filter_map(|c| {
+            let e = c.error?;
+            (e.get("code")? == "graph.cycle").then(|| {
+                let message = e.get("message").and_then(Value::as_str).unwrap_or_default();
+                ((c.id.0 as usize).saturating_sub(1), message.to_string())
+            })
+        })
+        .collect()
+}
+
+/// A plan's dependency edges as a run has them once every call arrived ([`dry_run`]):
+/// `(writer index, reader index, path)`, indexes from 0 into `calls`; a call that was ready
+/// when it arrived reads nothing any more. A call the run refuses (it would close a cycle) is
+/// drawn with the edges it would have had, so the cycle shows.
+/// With a goal, its tools and initial data are the run's; without, see [`dry_run`].
+pub fn edges(calls: &[Call], goal: Option<&Goal>) -> Vec<(usize, usize, String)> {
+    let initial = goal.map(initial_data).unwrap_or_default();
+    let sched = dry_run(calls, goal.map(|g| &g.tools[..]), &initial);
+    let g = sched.graph();
+    let refused = cycles(&sched);
     let reads: Vec<Vec<Path>> = calls.iter().map(read_paths).collect();
     let writes: Vec<Vec<Path>> = calls.iter().map(write_paths).collect();
     let overlap = |w: usize, r: usize| {
@@ -126,6 +196,16 @@ pub fn edges(calls: &[Call]) -> Vec<(usize, usize, String)> {
 pub fn check_plan(
     calls: &[Call],
     tools: Option<&[Tool]>,
+    initial: &Map<String, Value>,
+) -> Vec<Finding> {
+    plan_findings(calls, tools, tools, initial)
+}
+
+/// [`check_plan`], the graph's verdicts taken with `run_tools` (the tools the run will have).
+fn plan_findings(
+    calls: &[Call],
+    tools: Option<&[Tool]>,
+    run_tools: Option<&[Tool]>,
     initial: &Map<String, Value>,
 ) -> Vec<Finding> {
     let mut out = Vec::new();
@@ -166,7 +246,7 @@ pub fn check_plan(
             }
         }
     }
-    for (i, e) in build_graph(calls).1 {
+    for (i, e) in cycles(&dry_run(calls, run_tools, initial)) {
         out.push(Finding::call(
             "plan.cycle",
             i,
@@ -236,6 +316,30 @@ pub fn check_goal(goal: &Goal) -> Vec<Finding> {
             Err(e) => out.push(model_finding(e.to_string())),
         }
     }
+    // The run also has the tools of the goal's MCP servers, known once they run: a plan call
+    // to a tool the goal does not define may be one of them, so for the graph's verdicts it is
+    // taken as a call to a tool with an activity (`plan.unknown_tool` still names it).
+    let mut run_tools = goal.tools.clone();
+    if !goal.mcp_servers.is_empty() {
+        for c in &goal.plan {
+            if !run_tools.iter().any(|t| t.name == c.tool) {
+                let mut t = Tool::new(c.tool.clone());
+                t.activity = Some("mcp".into());
+                run_tools.push(t);
+            }
+        }
+    }
+    out.extend(plan_findings(
+        &goal.plan,
+        Some(&goal.tools),
+        Some(&run_tools),
+        &initial_data(goal),
+    ));
+    out
+}
+
+/// The data a goal's run starts with, by kind: `input` (when given) and `state`.
+pub fn initial_data(goal: &Goal) -> Map<String, Value> {
     let mut initial = Map::new();
     if let Some(i) = &goal.input {
         initial.insert("input".into(), i.clone());
@@ -245,8 +349,7 @@ pub fn check_goal(goal: &Goal) -> Vec<Finding> {
         .clone()
         .unwrap_or_else(|| Value::Object(Map::new()));
     initial.insert("state".into(), state);
-    out.extend(check_plan(&goal.plan, Some(&goal.tools), &initial));
-    out
+    initial
 }
 
 fn model_finding(message: String) -> Finding {
@@ -302,14 +405,14 @@ pub fn check_script(script: &Script, tools: Option<&[Tool]>) -> Vec<Finding> {
     out
 }
 
-/// The dependency graph as Mermaid (calls numbered from 1).
-pub fn mermaid(calls: &[Call]) -> String {
+/// The dependency graph as Mermaid (calls numbered from 1; see [`edges`]).
+pub fn mermaid(calls: &[Call], goal: Option<&Goal>) -> String {
     let mut s = String::from("graph TD\n");
     for (i, c) in calls.iter().enumerate() {
         let n = i + 1;
         s.push_str(&format!("    c{n}[\"#{n} {}\"]\n", escape(&c.tool)));
     }
-    for (w, r, p) in edges(calls) {
+    for (w, r, p) in edges(calls, goal) {
         s.push_str(&format!(
             "    c{} -- \"{}\" --> c{}\n",
             w + 1,
@@ -320,14 +423,14 @@ pub fn mermaid(calls: &[Call]) -> String {
     s
 }
 
-/// The dependency graph as Graphviz dot (calls numbered from 1).
-pub fn dot(calls: &[Call]) -> String {
+/// The dependency graph as Graphviz dot (calls numbered from 1; see [`edges`]).
+pub fn dot(calls: &[Call], goal: Option<&Goal>) -> String {
     let mut s = String::from("digraph plan {\n");
     for (i, c) in calls.iter().enumerate() {
         let n = i + 1;
         s.push_str(&format!("    c{n} [label=\"#{n} {}\"];\n", escape(&c.tool)));
     }
-    for (w, r, p) in edges(calls) {
+    for (w, r, p) in edges(calls, goal) {
         s.push_str(&format!(
             "    c{} -> c{} [label=\"{}\"];\n",
             w + 1,

@@ -37,6 +37,100 @@ pub fn check_published(doc: &Value) -> Result<(), String> {
     ))
 }
 
+/// The goal document's keys a goal may have (its fields, as written).
+const GOAL_KEYS: &[&str] = &[
+    "$schema",
+    "description",
+    "goal",
+    "model",
+    "input",
+    "input_schema",
+    "output_schema",
+    "state",
+    "state_schema",
+    "tools",
+    "context",
+    "plan",
+    "limits",
+    "mode",
+    "mcp_servers",
+    "approval",
+    "env",
+];
+
+/// A meta key dagloop does not define in a goal document, with where it is: (words, JSON
+/// pointer to the key, the key and the closest known one).
+type Misplaced = (String, String, crate::protocol::UnknownMetaKey);
+
+/// `key` as one JSON-pointer token (`~` as `~0`, `/` as `~1`).
+fn pointer_token(key: &str) -> String {
+    key.replace('~', "~0").replace('/', "~1")
+}
+
+/// Finds a meta key dagloop does not define: on the goal itself (a goal defines no meta key: the
+/// closest field is suggested), on a tool (`tools[0] (Refund)`, its `properties` too) or a plan
+/// call (`plan[1]`). The rules are [`crate::protocol::meta`]'s, the ones the plan parser applies
+/// to the model's calls.
+fn find_unknown_meta_key(doc: &Value) -> Option<Misplaced> {
+    use crate::protocol::meta;
+    let top = doc.as_object()?;
+    if let Some(key) = top.keys().find(|k| meta::is_meta_key(k)) {
+        let unknown = crate::protocol::UnknownMetaKey {
+            key: key.clone(),
+            suggestion: meta::closest(key, GOAL_KEYS.iter().copied()).map(str::to_string),
+        };
+        return Some((
+            "the goal".into(),
+            format!("/{}", pointer_token(key)),
+            unknown,
+        ));
+    }
+    let items = |field: &str| {
+        top.get(field)
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .enumerate()
+    };
+    for (i, t) in items("tools") {
+        // A tool that does not parse is reported by the loader, with its own error.
+        let Ok(tool) = serde_json::from_value::<Tool>(t.clone()) else {
+            continue;
+        };
+        if let Some((part, unknown)) = tool.unknown_meta_key() {
+            let (at, pointer) = match part {
+                Some(p) => (
+                    format!("tools[{i}] ({}).{p}", tool.name),
+                    format!("/tools/{i}/{p}/{}", pointer_token(&unknown.key)),
+                ),
+                None => (
+                    format!("tools[{i}] ({})", tool.name),
+                    format!("/tools/{i}/{}", pointer_token(&unknown.key)),
+                ),
+            };
+            return Some((at, pointer, unknown));
+        }
+    }
+    for (i, c) in items("plan") {
+        if let Ok(call) = Call::try_from(c.clone())
+            && let Some(unknown) = call.unknown_meta_key()
+        {
+            let pointer = format!("/plan/{i}/{}", pointer_token(&unknown.key));
+            return Some((format!("plan[{i}]"), pointer, unknown));
+        }
+    }
+    None
+}
+
+/// The goal's approval timeout, checked before the policy is read (which holds it as a
+/// duration), so that it is refused the way the limits' are (`approval.timeout_s must be ...`).
+fn check_policy(v: &Value) -> Result<(), String> {
+    if let Some(s) = v.get("timeout_s").and_then(Value::as_f64) {
+        crate::duration::seconds("approval.timeout_s", s).map_err(|e| e.to_string())?;
+    }
+    Ok(())
+}
+
 /// The reason an embedded schema is invalid, without repeating which schema (the caller names it).
 fn schema_reason(e: &SchemaError) -> String {
     match e {
@@ -136,9 +230,10 @@ pub struct Goal {
     /// MCP servers whose tools join `tools` (see `tools::mcp`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub mcp_servers: Vec<crate::tools::mcp::McpServerConfig>,
-    /// Approval policy (see `approval::Policy`); absent means run everything.
+    /// Approval policy; absent means run everything. Read once, here: the builder, the run's
+    /// options and the command line take it typed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub approval: Option<Value>,
+    pub approval: Option<crate::approval::Policy>,
     /// Environment variables the goal may read (`${VAR}` in an http tool's `url` and headers).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub env: Vec<String>,
@@ -177,6 +272,18 @@ pub enum GoalError {
         /// The validator's explanation.
         reason: String,
     },
+    /// A `_`-prefixed key dagloop does not define, on the goal, a tool or a plan call.
+    #[error("goal file {path}: {at}: {unknown}")]
+    UnknownMetaKey {
+        /// The file.
+        path: PathBuf,
+        /// Where (`tools[0] (Refund)`, `plan[2]`, `the goal`).
+        at: String,
+        /// The key's JSON pointer in the document (`/tools/0/_aproval`).
+        pointer: String,
+        /// The key, and the closest defined one.
+        unknown: crate::protocol::UnknownMetaKey,
+    },
     /// Two tools in one goal file share a name.
     #[error(
         "goal file {path}: tool `{name}` is defined twice (tools[{first}] and tools[{second}])"
@@ -204,6 +311,7 @@ impl GoalError {
             GoalError::Invalid { .. } => "goal.invalid",
             GoalError::BadSchema { .. } => "goal.invalid_schema",
             GoalError::ToolClash { .. } => "goal.tool_clash",
+            GoalError::UnknownMetaKey { .. } => "goal.unknown_meta_key",
         }
     }
 }
@@ -219,6 +327,23 @@ impl Goal {
         Goal::from_json(&text, path, base)
     }
 
+    /// Refuses a goal document holding a meta key dagloop does not define (on the goal, a tool,
+    /// a tool's `properties` or a plan call), naming where, with the closest known key
+    /// (`goal.unknown_meta_key`). [`Goal::from_json`] checks this first; a front-end that checks
+    /// the published schema before loading (the server) calls it before, so the suggestion is
+    /// what the user sees.
+    pub fn check_meta_keys(doc: &Value, origin: &FsPath) -> Result<(), GoalError> {
+        match find_unknown_meta_key(doc) {
+            None => Ok(()),
+            Some((at, pointer, unknown)) => Err(GoalError::UnknownMetaKey {
+                path: origin.to_path_buf(),
+                at,
+                pointer,
+                unknown,
+            }),
+        }
+    }
+
     /// Parses and checks goal JSON; `origin` names it in errors, `base_dir` anchors relative paths.
     pub fn from_json(text: &str, origin: &FsPath, base_dir: PathBuf) -> Result<Goal, GoalError> {
         let invalid = |reason: String| GoalError::Invalid {
@@ -226,9 +351,18 @@ impl Goal {
             reason,
         };
         let value: Value = serde_json::from_str(text).map_err(|e| invalid(e.to_string()))?;
+        Goal::check_meta_keys(&value, origin)?;
         if let Some(tools) = value.get("tools").and_then(Value::as_array) {
             for (i, t) in tools.iter().enumerate() {
                 Tool::from_value(t.clone()).map_err(|e| invalid(format!("tools[{i}]: {e}")))?;
+            }
+        }
+        if let Some(a) = value.get("approval") {
+            check_policy(a).map_err(invalid)?;
+            if let Err(e) = serde_json::from_value::<crate::approval::Policy>(a.clone()) {
+                // The published schema's message names the pointer (`at /approval/policy`).
+                check_published(&value).map_err(invalid)?;
+                return Err(invalid(format!("approval: {e}")));
             }
         }
         if let Some(servers) = value.get("mcp_servers").and_then(Value::as_array) {
@@ -311,8 +445,9 @@ impl Goal {
         Ok(())
     }
 
-    /// Checks every number of seconds in the goal (limits, approval timeout) with
-    /// [`crate::duration::seconds`], so no later conversion can panic.
+    /// Checks every number of seconds in the goal's limits with [`crate::duration::seconds`], so
+    /// no later conversion can panic (the approval timeout is checked when the goal is read:
+    /// [`crate::approval::Policy`] holds it as a duration).
     pub fn check_durations(&self) -> Result<(), crate::duration::DurationError> {
         use crate::duration::seconds;
         if let Some(s) = self.limits.timeout_s {
@@ -320,14 +455,6 @@ impl Goal {
         }
         if let Some(s) = self.limits.call_timeout_s {
             seconds("limits.call_timeout_s", s)?;
-        }
-        if let Some(s) = self
-            .approval
-            .as_ref()
-            .and_then(|a| a.get("timeout_s"))
-            .and_then(Value::as_f64)
-        {
-            seconds("approval.timeout_s", s)?;
         }
         Ok(())
     }

@@ -163,9 +163,27 @@ fn a_kind_checks_its_tools_before_anything_runs() {
     assert_eq!(err.code(), "activity.config");
     assert!(err.to_string().contains("`_upper.suffix`"), "{err}");
 
-    // The kind's config on a tool that does not name the kind: `_activity` was forgotten.
-    let forgot = goal(json!([{"_tool": "t", "_upper": {"suffix": "?"}, "type": "object"}]));
-    let err = builder(forgot).build().err().expect("refused");
+    // The kind's config on a tool that does not name the kind: `_activity` was forgotten. A
+    // kind's settings key is a meta key only beside its `_activity`, so the goal is refused
+    // when it is read (issue 23: a meta key dagloop does not define fails closed).
+    let doc = json!({"goal": "shout", "output_schema": {"type": "object"},
+                     "tools": [{"_tool": "t", "_upper": {"suffix": "?"}, "type": "object"}]});
+    let err =
+        Goal::from_json(&doc.to_string(), "kinds.json".as_ref(), ".".into()).expect_err("refused");
+    assert_eq!(err.code(), "goal.unknown_meta_key");
+    assert!(
+        err.to_string()
+            .contains("tools[0] (t): unknown meta key `_upper`"),
+        "{err}"
+    );
+    // A tool built in code skips the goal loader: the registry still says what is missing.
+    let mut forgot = Tool::new("t");
+    forgot
+        .schema
+        .insert("_upper".into(), json!({"suffix": "?"}));
+    let mut r = Registry::new();
+    r.register_kind("upper", Arc::new(Upper));
+    let err = r.check(&forgot, ".".as_ref()).expect_err("refused");
     assert_eq!(err.code(), "activity.config");
     assert!(
         err.to_string()

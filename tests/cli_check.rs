@@ -114,6 +114,18 @@ async fn misspelt_goal_key() {
     assert!(e["message"].as_str().unwrap().contains("limit"), "{e}");
 }
 
+/// A typo in a meta key fails closed: `run` and `validate` both refuse the goal before anything
+/// runs, naming the tool and the closest known key (issue 23; a tool with `"_aproval": "always"`
+/// used to run with no approval at all).
+#[tokio::test]
+async fn misspelt_meta_key() {
+    let e = bad_run("meta_key_typo.goal.json", &[], "goal.unknown_meta_key").await;
+    let validated = dagloop_in("bad", &["validate", "meta_key_typo.goal.json"]).await;
+    assert_eq!(validated.code, 2, "{}", validated.stdout);
+    assert_eq!(validated.json()["error"], e, "validate says what run says");
+    insta::assert_json_snapshot!(e);
+}
+
 #[tokio::test]
 async fn input_that_breaks_its_schema() {
     let e = bad_run("input_mismatch.goal.json", &[], "goal.invalid").await;
@@ -243,6 +255,42 @@ async fn validate_a_goal_with_its_own_plan() {
         run.json(),
         json!({"kind": "goal", "calls": 3, "status": "valid", "findings": []})
     );
+}
+
+/// Issue 23: call 1 is ready on arrival (it reads the initial state), so when call 2 arrives and
+/// writes what call 1 read, call 1 reads nothing any more: no cycle. `validate` hands the plan
+/// to the run's own scheduler, so it agrees with `run`, which runs both calls.
+#[tokio::test]
+async fn validate_agrees_with_run_on_a_call_ready_on_arrival() {
+    let run = dagloop_in("plans", &["validate", "ready_first.goal.json"]).await;
+    assert_eq!(run.code, 0, "{}", run.stdout);
+    assert_eq!(
+        run.json(),
+        json!({"kind": "goal", "calls": 2, "status": "valid", "findings": []})
+    );
+    let ran = dagloop_in(
+        "plans",
+        &["run", "ready_first.goal.json", "--json", "--no-store"],
+    )
+    .await;
+    let r = ran.json();
+    assert_eq!(ran.code, 0, "{r:#}");
+    assert_eq!(r["status"], "succeeded", "{r:#}");
+    let statuses: Vec<&str> = r["calls"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|c| c["status"].as_str())
+        .collect();
+    assert_eq!(statuses, ["done", "done"], "{r:#}");
+    // The graph is the run's too: one edge, from the writer of `state.y` to its reader... none
+    // here, since call 1 is done before call 2 arrives.
+    let drawn = dagloop_in(
+        "plans",
+        &["graph", "ready_first.goal.json", "--format", "dot"],
+    )
+    .await;
+    assert!(!drawn.stdout.contains("->"), "{}", drawn.stdout);
 }
 
 #[tokio::test]

@@ -154,7 +154,7 @@ async fn calls_that_are_not_calls_or_name_no_tool_are_corrected_and_named_in_the
         .messages
         .iter()
         .filter_map(|m| match m {
-            Message::Error { error, .. } => Some(error["error"].clone()),
+            Message::Error { error, .. } => Some(error["message"].clone()),
             _ => None,
         })
         .collect();
@@ -165,6 +165,37 @@ async fn calls_that_are_not_calls_or_name_no_tool_are_corrected_and_named_in_the
         Some(&json!("scheduler.unreadable_call"))
     );
     insta::assert_json_snapshot!("call_corrections", json!({"errors": errors, "error": err}));
+}
+
+/// Issue 23: a call the model writes with a meta key no call has (a typo of `_outputPath`) is
+/// not run with the key kept as a param: it is refused, and the model is told which key and
+/// what it probably meant; the next answer, spelled right, runs.
+#[tokio::test(start_paused = true)]
+async fn a_misspelt_meta_key_in_a_call_is_refused_and_the_model_is_told() {
+    let texts = [
+        r#"{"calls": [{"_tool": "note", "_output": "x", "_outputpath": "†state.n"}], "output": null}"#,
+        r#"{"calls": [{"_tool": "note", "_output": "x", "_outputPath": "†state.n"}], "output": null}"#,
+        r#"{"calls": [], "output": {"answer": 4}}"#,
+    ];
+    let (r, reqs) = run_texts(json!({}), &texts).await;
+    assert_eq!(r.status, RunStatus::Succeeded, "{r:?}");
+    let errors: Vec<Value> = reqs[1]
+        .messages
+        .iter()
+        .filter_map(|m| match m {
+            Message::Error { error, .. } => Some(error.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    assert_eq!(errors[0]["code"], "scheduler.unreadable_call", "{errors:?}");
+    let message = errors[0]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("unknown meta key `_outputpath` (did you mean `_outputPath`?)"),
+        "{message}"
+    );
+    let statuses: Vec<&str> = r.calls.iter().map(|c| c.status.as_str()).collect();
+    assert_eq!(statuses, ["refused", "done"], "{r:?}");
 }
 
 /// The OpenAI-compatible stream answering with this text.

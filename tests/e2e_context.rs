@@ -217,7 +217,7 @@ async fn context_at_each_step_of_the_refund_flow() {
             .contains("exceeds the refundable 40.00")
     );
     assert_eq!(
-        errors[1]["error"]["missing"],
+        errors[1]["error"]["details"]["missing"],
         json!(["state.archive.orderId"])
     );
     assert!(

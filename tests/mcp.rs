@@ -546,6 +546,9 @@ fn the_mcp_files_example_runs_from_the_command_line() {
             "examples/mcp-files/goal.json",
             "--json",
             "--no-store",
+            // edit_file and move_file can ask a reviewer (never called): no terminal here.
+            "--on-no-reviewer",
+            "reject",
         ])
         .env("DAGLOOP_MCP_NPM", &npm_root)
         .env("DAGLOOP_MCP_FILES_DIR", dir.path())
@@ -710,4 +713,52 @@ fn the_command_line_records_and_shows_mcp_progress() {
         let line = format!("c1 trigger-long-running-operation progress {step}");
         assert!(stderr.contains(&line), "{why}");
     }
+}
+
+/// Issue 23: the filesystem server marks `write_file` `destructiveHint: true`, so a run of a goal
+/// using it can ask a reviewer. Run with no terminal (stdin null), no `--decisions` and no
+/// `--detach`, it refuses at start with `approval.no_reviewer`, naming the tool, instead of
+/// waiting for a reviewer forever; told to reject what needs one, it runs.
+#[test]
+fn a_destructive_mcp_tool_with_no_reviewer_is_refused_at_start() {
+    let Some(modules) = npm() else { return };
+    let dir = tempfile::tempdir().expect("dir");
+    let files = dir.path().join("files");
+    std::fs::create_dir_all(&files).expect("files dir");
+    let script = json!({"turns": [{"solution": {"calls": [], "output": {"done": true}}}]});
+    std::fs::write(dir.path().join("answer.script.json"), script.to_string()).expect("script");
+    let goal = json!({
+        "goal": "Save a note.",
+        "model": "scripted:answer.script.json",
+        "output_schema": {"type": "object"},
+        "mcp_servers": [{"name": "files", "timeout_s": 30,
+            "command": modules.join(".bin/mcp-server-filesystem").to_string_lossy(),
+            "args": [files.to_string_lossy()]}]
+    });
+    let path = dir.path().join("notes.goal.json");
+    std::fs::write(&path, goal.to_string()).expect("goal");
+    let run = |extra: &[&str]| {
+        let mut cmd = bin::dagloop();
+        cmd.args(["run", &path.to_string_lossy(), "--json", "--no-store"])
+            .args(extra)
+            .stdin(std::process::Stdio::null());
+        let out = cmd.output().expect("dagloop");
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+            panic!(
+                "{e}: {}\n{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            )
+        });
+        (out.status.code(), v)
+    };
+    let (code, v) = run(&[]);
+    assert_eq!(code, Some(2), "{v:#}");
+    assert_eq!(v["error"]["code"], "approval.no_reviewer", "{v:#}");
+    let message = v["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("write_file"), "{message}");
+    assert!(message.contains("--decisions"), "{message}");
+    let (code, v) = run(&["--on-no-reviewer", "reject"]);
+    assert_eq!(code, Some(0), "{v:#}");
+    assert_eq!(v["status"], "succeeded", "{v:#}");
 }

@@ -184,11 +184,11 @@ async fn reject_tells_the_model_why_and_not_to_retry() {
     assert_eq!(rep.status, CallStatus::Rejected);
     let err = rep.error.as_deref().cloned().expect("error");
     assert_eq!(
-        (err["code"].clone(), err["retry"].clone()),
+        (err["code"].clone(), err["details"]["retry"].clone()),
         (json!("approval.rejected"), json!(false))
     );
     assert!(
-        err["error"]
+        err["message"]
             .as_str()
             .is_some_and(|s| s.contains("amount too high") && s.contains("Do not retry"))
     );

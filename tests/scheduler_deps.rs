@@ -152,7 +152,7 @@ async fn a_cycle_over_the_stream_is_refused_and_the_rest_runs() {
     assert_eq!(refused.status, CallStatus::Refused);
     let err = refused.error.clone().expect("error");
     assert_eq!(err["code"], json!("graph.cycle"));
-    assert_eq!(err["cycle"], json!([1, 0]));
+    assert_eq!(err["details"]["cycle"], json!([1, 0]));
     assert!(o.events.iter().any(|e| matches!(&e.kind,
         EventKind::CallRefused { cycle, .. } if cycle == &vec![CallId(1), CallId(0)])));
     assert_eq!(
@@ -375,7 +375,7 @@ async fn invalid_calls_are_refused_with_an_error_and_nothing_else_stops() {
     );
     let unknown = o.report.calls[0].error.clone().expect("error");
     assert!(
-        unknown["error"]
+        unknown["message"]
             .as_str()
             .is_some_and(|s| s.contains("available: t")),
         "{unknown}"

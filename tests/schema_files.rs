@@ -196,3 +196,83 @@ fn embedded_copies_match_their_files() {
         }
     }
 }
+
+/// Issue 23: the meta keys the schemas allow are the ones `protocol::meta` defines, and a meta
+/// key dagloop does not define is refused by the schema and by the typed parsers alike.
+#[test]
+fn meta_keys_are_the_ones_the_parsers_define() {
+    use dagloop::protocol::{CALL_META_KEYS, TOOL_META_KEYS};
+    let allowed = |schema: &Value| -> Vec<String> {
+        schema["anyOf"][1]["enum"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|k| k.as_str().unwrap().to_string())
+            .collect()
+    };
+    let call = Document::Call.schema().unwrap();
+    assert_eq!(allowed(&call["propertyNames"]), CALL_META_KEYS);
+    let listed: Vec<&String> = call["properties"].as_object().unwrap().keys().collect();
+    assert_eq!(listed, CALL_META_KEYS, "every call meta key is described");
+    let tool = Document::Tool.schema().unwrap();
+    assert_eq!(allowed(&tool["then"]["propertyNames"]), TOOL_META_KEYS);
+    assert_eq!(
+        allowed(&tool["properties"]["properties"]["propertyNames"]),
+        CALL_META_KEYS
+    );
+    for k in TOOL_META_KEYS {
+        assert!(tool["properties"].get(k).is_some(), "{k} is described");
+    }
+
+    let refused = |name: &str| -> Value {
+        let (_, v) = fixtures(match name {
+            "call" => Document::Call,
+            "tool" => Document::Tool,
+            _ => Document::Goal,
+        })
+        .into_iter()
+        .find(|(n, _)| n.starts_with("invalid-unknown-meta-key"))
+        .unwrap();
+        v
+    };
+    let e = Call::parse(refused("call")).expect_err("refused");
+    assert_eq!(e.code(), "protocol.unknown_meta_key");
+    assert!(e.to_string().contains("did you mean `_outputPath`?"), "{e}");
+    let e = Tool::from_value(refused("tool")).expect_err("refused");
+    assert_eq!(e.code(), "protocol.unknown_meta_key");
+    assert!(e.to_string().contains("did you mean `_approval`?"), "{e}");
+
+    // The goal: refused on the goal itself first, then on each part as the typos are fixed.
+    let mut goal = refused("goal");
+    let load = |g: &Value| {
+        dagloop::Goal::from_json(&g.to_string(), "g.json".as_ref(), PathBuf::new())
+            .expect_err("refused")
+    };
+    let mut messages = Vec::new();
+    for fix in ["/_approval", "/tools/0/_aproval", "/plan/0/_outputpath"] {
+        let e = load(&goal);
+        assert_eq!(e.code(), "goal.unknown_meta_key", "{e}");
+        assert!(
+            !Document::Goal.validator().unwrap().is_valid(&goal),
+            "the schema refuses it too"
+        );
+        messages.push(e.to_string());
+        let (parent, key) = fix.rsplit_once('/').unwrap();
+        goal.pointer_mut(if parent.is_empty() { "" } else { parent })
+            .and_then(Value::as_object_mut)
+            .unwrap()
+            .remove(key);
+    }
+    assert_eq!(
+        messages,
+        [
+            "goal file g.json: the goal: unknown meta key `_approval` (did you mean `approval`?)",
+            "goal file g.json: tools[0] (Refund): unknown meta key `_aproval` (did you mean `_approval`?)",
+            "goal file g.json: plan[0]: unknown meta key `_outputpath` (did you mean `_outputPath`?)",
+        ]
+    );
+    // What is left (a registered kind's `_upper` beside its `_activity`) loads.
+    assert!(Document::Goal.validator().unwrap().is_valid(&goal));
+    dagloop::Goal::from_json(&goal.to_string(), "g.json".as_ref(), PathBuf::new())
+        .unwrap_or_else(|e| panic!("{e}"));
+}

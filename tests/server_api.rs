@@ -382,6 +382,20 @@ async fn invalid_goals_and_bodies_are_refused_with_pointers_and_codes() {
             .starts_with("/tools"),
         "{e}"
     );
+    // A misspelt meta key (issue 23): refused as `run` refuses it, at its pointer, with the
+    // closest known key.
+    let typo = json!({"goal": "x", "output_schema": {"type": "object"},
+        "tools": [{"_tool": "Refund", "_aproval": "always", "type": "object"}]});
+    let (st, e) = send(post(typo)).await;
+    refused((st, e.clone()), 400, "goal.unknown_meta_key");
+    assert_eq!(e["errors"][0]["pointer"], "/tools/0/_aproval", "{e}");
+    assert!(
+        e["errors"][0]["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("did you mean `_approval`?"),
+        "{e}"
+    );
     // Not JSON; too large.
     refused(
         send(

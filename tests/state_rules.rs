@@ -278,9 +278,19 @@ fn bad_input_gets_typed_errors() {
 
 #[test]
 fn unknown_fields_are_kept() {
+    // A stored call reads back as it was written, an unknown meta key included...
     let v = json!({"_tool": "t", "x": 1, "_custom": {"k": true}, "_outputPath": "†state.y"});
     let c: Call = serde_json::from_value(v.clone()).unwrap();
     assert_eq!(c.to_value(), v);
+    // ...but input refuses a meta key dagloop does not define (issue 23: a typo fails closed).
+    let e = Call::parse(v.clone()).unwrap_err();
+    assert_eq!(e.code(), "protocol.unknown_meta_key");
+    let e =
+        dagloop::protocol::Solution::from_value(json!({"calls": [v], "output": null})).unwrap_err();
+    assert_eq!(e.code(), "protocol.unknown_meta_key");
+    // Unknown fields that are not meta keys are kept: params of calls, extras of solutions.
+    let v = json!({"_tool": "t", "x": 1, "custom": {"k": true}, "_outputPath": "†state.y"});
+    assert_eq!(Call::parse(v.clone()).unwrap().to_value(), v);
     let sol =
         dagloop::protocol::Solution::from_value(json!({"calls": [v], "output": null, "extra": 1}))
             .unwrap();

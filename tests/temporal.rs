@@ -369,6 +369,8 @@ async fn examples_run_through_workers_to_the_embedded_results_and_replay() {
         .args(["--no-store", "run"])
         .arg(&goal)
         .arg("--json")
+        // edit_file and move_file can ask a reviewer (never called): no terminal here.
+        .args(["--on-no-reviewer", "reject"])
         .output()
         .expect("run");
     // The directory's path is in the listing the server returns; it is the only difference.

@@ -7,4 +7,5 @@ eval "$(scripts/setup-mcp.sh)"
 DAGLOOP_MCP_FILES_DIR="$(mktemp -d)"
 export DAGLOOP_MCP_NPM DAGLOOP_MCP_FILES_DIR
 trap 'rm -rf "$DAGLOOP_MCP_FILES_DIR"' EXIT
-cargo run -q -- run examples/mcp-files/goal.json "$@"
+# edit_file and move_file would ask a reviewer: without a terminal, reject them (never called).
+cargo run -q -- run examples/mcp-files/goal.json --on-no-reviewer reject "$@"

@@ -35,6 +35,17 @@ pub enum Mode {
     Ask,
 }
 
+impl Mode {
+    /// The mode's name (`auto`, `allowlist`, `ask`).
+    pub fn name(&self) -> ModeName {
+        match self {
+            Mode::Auto => ModeName::Auto,
+            Mode::Allowlist { .. } => ModeName::Allowlist,
+            Mode::Ask => ModeName::Ask,
+        }
+    }
+}
+
 /// What happens when a reviewer does not answer in time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -84,6 +95,21 @@ impl Policy {
         }
     }
 
+    /// The policy with its mode named by `name` instead (a run's `--approve` over the goal's
+    /// policy): `allowlist` keeps the goal's allowed tools when the goal's policy is already an
+    /// allowlist; the timeout and default decision stay.
+    pub fn with_mode(mut self, name: ModeName) -> Self {
+        self.mode = match (name, self.mode) {
+            (ModeName::Auto, _) => Mode::Auto,
+            (ModeName::Ask, _) => Mode::Ask,
+            (ModeName::Allowlist, Mode::Allowlist { allow }) => Mode::Allowlist { allow },
+            (ModeName::Allowlist, _) => Mode::Allowlist {
+                allow: BTreeSet::new(),
+            },
+        };
+        self
+    }
+
     /// Sets the reviewer timeout and what applies when it expires (builder style).
     pub fn with_timeout(mut self, timeout: Duration, default: DefaultDecision) -> Self {
         self.timeout = Some(timeout);
@@ -117,6 +143,33 @@ pub fn assess(tool: &Tool, policy: &Policy) -> Gate {
     }
 }
 
+/// True when some call of a run under `policy` may have to be presented to a reviewer: the
+/// policy is not `auto` (a reviewer's replacement may name any tool), or some tool the run can
+/// call asks whatever the policy (`_approval: "always"`, an MCP tool whose annotations call for
+/// a reviewer, e.g. `destructiveHint: true`). `tools` must be every tool the run can call: the
+/// goal's, its MCP servers' and its delegates' (nested agents share the run's reviewer). The one
+/// answer to "can this run ask a reviewer?": the builder refuses to start such a run without
+/// one, and the command line decides from it whether it needs a terminal.
+pub fn may_ask<'a>(policy: &Policy, tools: impl IntoIterator<Item = &'a Tool>) -> bool {
+    who_asks(policy, tools).is_some()
+}
+
+/// [`may_ask`], saying why: `the ask policy`, or `tools that always ask: a, b`; None when no
+/// call of the run can be presented.
+pub fn who_asks<'a>(policy: &Policy, tools: impl IntoIterator<Item = &'a Tool>) -> Option<String> {
+    if policy.mode != Mode::Auto {
+        return Some(format!("the {} policy", policy.mode.name()));
+    }
+    let mut names: Vec<&str> = tools
+        .into_iter()
+        .filter(|t| assess(t, policy) == Gate::Ask)
+        .map(|t| t.name.as_str())
+        .collect();
+    names.sort_unstable();
+    names.dedup();
+    (!names.is_empty()).then(|| format!("tools that always ask: {}", names.join(", ")))
+}
+
 /// A policy that cannot be read.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 #[non_exhaustive]
@@ -126,6 +179,12 @@ pub enum ApprovalError {
     AllowWithoutAllowlist {
         /// The policy that was given.
         policy: String,
+    },
+    /// A policy name that is not `auto`, `allowlist` or `ask`.
+    #[error("unknown approval policy `{mode}` (expected auto, allowlist or ask)")]
+    BadMode {
+        /// The name as given.
+        mode: String,
     },
     /// `timeout_s` negative, not finite or above `duration::MAX_SECONDS`.
     #[error(
@@ -145,17 +204,53 @@ impl ApprovalError {
         match self {
             ApprovalError::AllowWithoutAllowlist { .. } => "approval.allow_without_allowlist",
             ApprovalError::BadTimeout { .. } => "approval.bad_timeout",
+            ApprovalError::BadMode { .. } => "approval.bad_mode",
         }
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+/// A policy's name, as written in a goal's `approval.policy` and in a run's options
+/// (`--approve auto|allowlist|ask`, the server's `approve`): `auto`, `allowlist` or `ask`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
-enum ModeName {
+pub enum ModeName {
+    /// Run everything without asking.
     #[default]
     Auto,
+    /// Listed tools run; every other tool asks.
     Allowlist,
+    /// Ask about every call.
     Ask,
+}
+
+impl ModeName {
+    /// Every name, in order.
+    pub const ALL: [ModeName; 3] = [ModeName::Auto, ModeName::Allowlist, ModeName::Ask];
+
+    /// The name as written.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ModeName::Auto => "auto",
+            ModeName::Allowlist => "allowlist",
+            ModeName::Ask => "ask",
+        }
+    }
+
+    /// Reads a name; anything else is `approval.bad_mode`.
+    pub fn parse(s: &str) -> Result<ModeName, ApprovalError> {
+        ModeName::ALL
+            .into_iter()
+            .find(|m| m.as_str() == s)
+            .ok_or_else(|| ApprovalError::BadMode {
+                mode: s.to_string(),
+            })
+    }
+}
+
+impl std::fmt::Display for ModeName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 #[derive(Serialize, Deserialize)]
@@ -298,5 +393,49 @@ mod tests {
             ApprovalError::BadTimeout { value: -1.0 }.code(),
             "approval.bad_timeout"
         );
+    }
+
+    #[test]
+    fn names_override_the_goal_policy_and_unknown_names_are_refused() {
+        assert_eq!(ModeName::parse("ask"), Ok(ModeName::Ask));
+        let e = ModeName::parse("sometimes").unwrap_err();
+        assert_eq!(e.code(), "approval.bad_mode");
+        assert_eq!(
+            serde_json::to_value(ModeName::Allowlist).unwrap(),
+            json!("allowlist")
+        );
+        let goal =
+            Policy::allowlist(["a"]).with_timeout(Duration::from_secs(3), DefaultDecision::Approve);
+        assert_eq!(goal.clone().with_mode(ModeName::Allowlist), goal);
+        let ask = goal.clone().with_mode(ModeName::Ask);
+        assert_eq!(
+            (ask.mode, ask.timeout),
+            (Mode::Ask, Some(Duration::from_secs(3)))
+        );
+        assert_eq!(
+            Policy::ask().with_mode(ModeName::Allowlist).mode,
+            Mode::Allowlist {
+                allow: BTreeSet::new()
+            }
+        );
+    }
+
+    #[test]
+    fn who_asks_names_the_policy_or_the_tools_that_always_ask() {
+        let plain = tool("read", None);
+        let always = tool("wire", Some(ToolApproval::Always));
+        let never = tool("list", Some(ToolApproval::Never));
+        assert_eq!(who_asks(&Policy::auto(), [&plain, &never]), None);
+        assert!(!may_ask(&Policy::auto(), [&plain, &never]));
+        assert_eq!(
+            who_asks(&Policy::auto(), [&plain, &always, &always]).as_deref(),
+            Some("tools that always ask: wire")
+        );
+        // A policy that asks can ask about any call, a replacement's included.
+        assert_eq!(
+            who_asks(&Policy::allowlist(["read"]), [&plain]).as_deref(),
+            Some("the allowlist policy")
+        );
+        assert!(may_ask(&Policy::ask(), []));
     }
 }

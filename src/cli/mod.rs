@@ -604,7 +604,54 @@ pub async fn main(cli: Cli) -> i32 {
     }
 }
 
-type Store = Arc<crate::store::SqliteStore>;
+/// The run store a command uses, and where it lives (for messages).
+#[derive(Clone)]
+pub(super) struct Store {
+    runs: Arc<dyn crate::store::RunStore>,
+    path: std::path::PathBuf,
+}
+
+impl Store {
+    /// The store's file.
+    pub(super) fn path(&self) -> &FsPath {
+        &self.path
+    }
+
+    /// The store, shared (a run's host, its journal's sink).
+    pub(super) fn shared(&self) -> Arc<dyn crate::store::RunStore> {
+        self.runs.clone()
+    }
+}
+
+impl std::ops::Deref for Store {
+    type Target = dyn crate::store::RunStore;
+    fn deref(&self) -> &Self::Target {
+        &*self.runs
+    }
+}
+
+/// Opens the SQLite store at `path`.
+#[cfg(feature = "sqlite")]
+fn open_at(path: &FsPath) -> Result<Store, CliError> {
+    crate::store::SqliteStore::open(path)
+        .map(|s| Store {
+            runs: Arc::new(s),
+            path: path.to_path_buf(),
+        })
+        .map_err(|e| CliError::new(e.code(), e))
+}
+
+/// Without the `sqlite` feature there is no store to open: a command given one says so.
+#[cfg(not(feature = "sqlite"))]
+fn open_at(path: &FsPath) -> Result<Store, CliError> {
+    Err(CliError::new(
+        "cli.no_store",
+        format!(
+            "this dagloop was built without the `sqlite` feature, so it cannot open the run store {} (run with --no-store)",
+            path.display()
+        ),
+    ))
+}
 
 /// The store the command uses: `--store`, else `DAGLOOP_STORE`, else the default file; none
 /// with `--no-store`. With `existing`, a file that does not exist is `store.not_found`.
@@ -625,9 +672,7 @@ fn open_store(
     if existing {
         crate::store::must_exist(&path).map_err(|e| CliError::new(e.code(), e))?;
     }
-    crate::store::SqliteStore::open(&path)
-        .map(|s| Some(Arc::new(s)))
-        .map_err(|e| CliError::new(e.code(), e))
+    open_at(&path).map(Some)
 }
 
 fn required(s: Result<Option<Store>, CliError>) -> Result<Store, CliError> {
@@ -659,7 +704,7 @@ fn decision_of(d: DecideArg) -> Result<crate::protocol::Decision, CliError> {
         },
         DecideArg::Replace { call } => Decision::Replace {
             call: Box::new(
-                Call::try_from(json("call", &call)?)
+                Call::parse(json("call", &call)?)
                     .map_err(|e| CliError::new("cli.bad_decision", format!("--call: {e}")))?,
             ),
         },
@@ -674,7 +719,6 @@ async fn resume(
     config: Option<&crate::config::Config>,
     display: run::Display,
 ) -> Result<i32, CliError> {
-    use crate::store::RunStore;
     let s = required(store)?;
     let finished = |r: &crate::machine::RunResult| {
         let mut v = serde_json::to_value(r).unwrap_or(Value::Null);
@@ -701,8 +745,8 @@ async fn resume(
         let _ = s.release(id);
         return finished(r);
     }
-    let mut opts: run::RunOptions =
-        serde_json::from_value(stored.record.options.clone()).unwrap_or_default();
+    let mut opts = run::RunOptions::from_stored(&stored.record.options)
+        .map_err(|e| CliError::new(e.code(), &e))?;
     if over.model.is_some() {
         opts.model = over.model;
     }
@@ -809,14 +853,10 @@ fn validate(
             }
             ("goal", check::check_goal(&g))
         }
-        (None, Some(g)) => {
-            let mut initial = serde_json::Map::new();
-            if let Some(i) = &g.input {
-                initial.insert("input".into(), i.clone());
-            }
-            initial.insert("state".into(), g.state.clone().unwrap_or_else(|| json!({})));
-            ("plan", check::check_plan(&calls, Some(&g.tools), &initial))
-        }
+        (None, Some(g)) => (
+            "plan",
+            check::check_plan(&calls, Some(&g.tools), &check::initial_data(&g)),
+        ),
         (None, None) => (
             "plan",
             check::check_plan(&calls, None, &serde_json::Map::new()),
@@ -846,10 +886,10 @@ fn report(mut head: Value, findings: Vec<check::Finding>) -> i32 {
 }
 
 fn graph(file: &FsPath, format: GraphFormat) -> Result<i32, CliError> {
-    let (calls, _) = load_plan(file)?;
+    let (calls, goal) = load_plan(file)?;
     let text = match format {
-        GraphFormat::Mermaid => check::mermaid(&calls),
-        GraphFormat::Dot => check::dot(&calls),
+        GraphFormat::Mermaid => check::mermaid(&calls, goal.as_ref()),
+        GraphFormat::Dot => check::dot(&calls, goal.as_ref()),
     };
     out!("{text}");
     Ok(0)

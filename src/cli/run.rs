@@ -9,7 +9,7 @@ use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
 use super::{ApproveArg, CliError, pretty, progress, review};
-use crate::approval::{Mode, Policy};
+use crate::approval::ModeName;
 use crate::engine::RunHandle;
 use crate::goal::Goal;
 use crate::runs::Review;
@@ -47,15 +47,6 @@ fn presents_on_resume(stored: &crate::store::StoredRun) -> bool {
     };
     machine.handle(crate::machine::RunInput::Resumed, now_ms());
     !machine.awaiting().is_empty()
-}
-
-/// True when some call of the run may have to be presented to somebody.
-fn may_ask(policy: &Policy, goal: &Goal) -> bool {
-    policy.mode != Mode::Auto
-        || goal
-            .tools
-            .iter()
-            .any(|t| t.approval == Some(crate::protocol::ToolApproval::Always))
 }
 
 /// The scripted-model file a run uses, when it names one (`--model scripted:PATH`, else the
@@ -116,14 +107,11 @@ fn load_decisions(path: &FsPath) -> Result<crate::approval::ScriptedApprover, Cl
     Ok(a)
 }
 
-pub(super) fn approve_name(a: Option<ApproveArg>) -> Option<String> {
-    a.map(|a| {
-        match a {
-            ApproveArg::Auto => "auto",
-            ApproveArg::Allowlist => "allowlist",
-            ApproveArg::Ask => "ask",
-        }
-        .to_string()
+pub(super) fn approve_name(a: Option<ApproveArg>) -> Option<ModeName> {
+    a.map(|a| match a {
+        ApproveArg::Auto => ModeName::Auto,
+        ApproveArg::Allowlist => ModeName::Allowlist,
+        ApproveArg::Ask => ModeName::Ask,
     })
 }
 
@@ -138,7 +126,7 @@ pub(super) async fn run(
     opts: RunOptions,
     grants: Arc<crate::grants::Grants>,
     display: Display,
-    store: Option<Arc<crate::store::SqliteStore>>,
+    store: Option<super::Store>,
 ) -> Result<i32, CliError> {
     let mut resumed_asks = false;
     // Listening from here on: a SIGTERM while the run is being set up stops it once it starts.
@@ -160,7 +148,6 @@ pub(super) async fn run(
     let def =
         crate::runs::define(goal, opts.clone(), grants).map_err(|e| CliError::new(e.code(), &e))?;
     let goal = def.effective_goal();
-    let policy = def.policy();
     let cancel = CancellationToken::new();
     let interactive = std::io::stdin().is_terminal() && !display.detach;
     let tools: std::collections::BTreeMap<String, crate::protocol::Tool> = goal
@@ -168,9 +155,6 @@ pub(super) async fn run(
         .iter()
         .map(|t| (t.name.clone(), t.clone()))
         .collect();
-    // A resumed run may present calls whatever its policy (those cut off mid-call go back
-    // through the gate): it needs a reviewer as much as a policy that asks.
-    let asks = may_ask(policy, goal) || resumed_asks;
     let decisions = match &display.decisions {
         Some(p) => Some(p.clone()),
         None if !interactive => scripted_decisions(goal, opts.model.as_deref()),
@@ -178,7 +162,7 @@ pub(super) async fn run(
     };
     let review = if let Some(path) = &decisions {
         Review::Approver(Arc::new(load_decisions(path)?))
-    } else if display.detach || interactive || !asks {
+    } else if display.detach || interactive {
         Review::External
     } else if display.reject_without_reviewer {
         Review::Approver(Arc::new(
@@ -188,14 +172,22 @@ pub(super) async fn run(
                         .into(),
             }),
         ))
-    } else {
+    } else if resumed_asks {
+        // A resumed run may present calls whatever its policy (those cut off mid-call go back
+        // through the gate): it needs a reviewer as much as a policy that asks.
         return Err(CliError::new(
             "approval.no_reviewer",
-            "the approval policy can ask a reviewer, but stdin is not a terminal: give --decisions FILE, --detach (decide later with `dagloop decide`), or --on-no-reviewer reject",
+            "this run presents calls to a reviewer as it goes on, but stdin is not a terminal: give --decisions FILE, --detach (decide later with `dagloop decide`), or --on-no-reviewer reject",
         ));
+    } else {
+        // Whether the run can ask is known once its tools are: the builder answers, with the
+        // tools of the goal's MCP servers and delegates.
+        Review::Nobody {
+            how: "stdin is not a terminal: give --decisions FILE, --detach (decide later with `dagloop decide`), or --on-no-reviewer reject".into(),
+        }
     };
     let resume = run_id.zip(journal);
-    let sink = store.as_ref().map(|s| crash_hook(s.clone()));
+    let sink = store.as_ref().map(|s| crash_hook(s.shared()));
     // SIGTERM (what service managers send) stops the process and leaves the run resumable;
     // Ctrl-C cancels the run.
     let sigterm = async {
@@ -214,7 +206,7 @@ pub(super) async fn run(
         review,
         cancel.clone(),
         crate::runs::Host {
-            store: store.clone(),
+            store: store.as_ref().map(super::Store::shared),
             sink,
             mcp: None,
         },
@@ -234,6 +226,7 @@ pub(super) async fn run(
         }
     };
     let id = prepared.run_id().to_string();
+    let asks = prepared.who_asks().is_some() || resumed_asks;
     if let Some(s) = &store {
         if display.json_only {
             errln!("{}", json!({"run_id": id}));
@@ -273,8 +266,8 @@ pub(super) async fn run(
     // Tells the events writer to write what it has been sent and stop.
     let stop_writer = CancellationToken::new();
     let writer = events_out.map(|file| spawn_writer(&handle, file, stop_writer.clone()));
-    let ops = store.clone().map(|s| {
-        crate::runs::spawn_op_poller(&handle, s, |e| {
+    let ops = store.as_ref().map(|s| {
+        crate::runs::spawn_op_poller(&handle, s.shared(), |e| {
             errln!(
                 "dagloop: a recorded decision does not apply: {e} [{}]",
                 e.code()
@@ -331,7 +324,10 @@ pub(super) async fn run(
         // The last handle: the driver stops, and with it every call in flight (a shell tool's
         // process group is killed; a call is marked interrupted when the run is resumed).
         drop(handle);
-        drop(servers);
+        // (A block, not `drop`: without the `mcp` feature there are no servers to stop.)
+        {
+            let _stopped = servers;
+        }
         if let Some(t) = writer {
             let _ = tokio::time::timeout(STOP_WAIT, t).await;
         }
@@ -353,7 +349,9 @@ pub(super) async fn run(
     for t in helpers.into_iter().flatten() {
         t.abort();
     }
-    drop(servers);
+    {
+        let _stopped = servers;
+    }
     let Some(result) = result else {
         // Detached: the run waits for decisions (`dagloop decide`, then `dagloop resume`).
         let awaiting: Vec<Value> = handle
@@ -451,7 +449,7 @@ fn spawn_writer(
 
 /// For crash tests: with `DAGLOOP_CRASH_AFTER_ENTRIES=N`, the process kills itself (SIGKILL)
 /// as soon as N journal entries of this process are committed, the way a crash would.
-fn crash_hook(store: Arc<crate::store::SqliteStore>) -> Arc<dyn crate::engine::JournalSink> {
+fn crash_hook(store: Arc<dyn RunStore>) -> Arc<dyn crate::engine::JournalSink> {
     let Some(limit) = std::env::var("DAGLOOP_CRASH_AFTER_ENTRIES")
         .ok()
         .and_then(|v| v.parse::<u64>().ok())
@@ -466,7 +464,7 @@ fn crash_hook(store: Arc<crate::store::SqliteStore>) -> Arc<dyn crate::engine::J
 }
 
 struct CrashAfter {
-    store: Arc<crate::store::SqliteStore>,
+    store: Arc<dyn RunStore>,
     limit: u64,
     seen: std::sync::atomic::AtomicU64,
 }

@@ -5,9 +5,10 @@
 
 use serde_json::{Value, json};
 
+use super::Store;
 use super::{CliError, pretty};
 use crate::protocol::Op;
-use crate::store::{RunStore, SqliteStore, StoredRun};
+use crate::store::StoredRun;
 
 fn err(e: impl std::fmt::Display + HasCode) -> CliError {
     CliError::new(e.code(), e.to_string())
@@ -38,7 +39,7 @@ fn rebuild(stored: &StoredRun) -> Result<crate::runs::Rebuilt, CliError> {
         .map_err(|e| CliError::new(e.code(), e.to_string()))
 }
 
-pub(super) fn list(store: &SqliteStore, json_out: bool) -> Result<i32, CliError> {
+pub(super) fn list(store: &Store, json_out: bool) -> Result<i32, CliError> {
     let rows = store.list().map_err(err)?;
     let now = super::run::now_ms();
     let mut out = Vec::new();
@@ -130,7 +131,7 @@ pub(super) fn parse_age(s: &str) -> Result<u64, CliError> {
     n.checked_mul(per).ok_or_else(bad)
 }
 
-pub(super) fn prune(store: &SqliteStore, older_than: &str) -> Result<i32, CliError> {
+pub(super) fn prune(store: &Store, older_than: &str) -> Result<i32, CliError> {
     let age = parse_age(older_than)?;
     let n = store
         .prune(super::run::now_ms().saturating_sub(age))
@@ -139,8 +140,8 @@ pub(super) fn prune(store: &SqliteStore, older_than: &str) -> Result<i32, CliErr
     Ok(0)
 }
 
-pub(super) fn decide(store: &SqliteStore, run: &str, op: Op) -> Result<i32, CliError> {
-    let live = crate::runs::record_op(store, run, &op).map_err(|e| match e {
+pub(super) fn decide(store: &Store, run: &str, op: Op) -> Result<i32, CliError> {
+    let live = crate::runs::record_op(&**store, run, &op).map_err(|e| match e {
         crate::runs::Refused::Op(e) => CliError::new(e.code(), e.to_string()),
         crate::runs::Refused::Runs(e) => CliError::new(e.code(), e.to_string()),
     })?;
@@ -155,7 +156,7 @@ pub(super) fn decide(store: &SqliteStore, run: &str, op: Op) -> Result<i32, CliE
     Ok(0)
 }
 
-pub(super) fn show(store: &SqliteStore, run: &str, json_out: bool) -> Result<i32, CliError> {
+pub(super) fn show(store: &Store, run: &str, json_out: bool) -> Result<i32, CliError> {
     let stored = store.load(run).map_err(err)?;
     let rb = rebuild(&stored)?;
     let out = crate::runs::describe(

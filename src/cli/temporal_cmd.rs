@@ -47,8 +47,6 @@ mod on {
             .map_err(|e| CliError::new(e.code(), &e))?;
         // The same checks as the embedded engine's, before anything is started.
         crate::engine::config_for(&goal).map_err(|e| CliError::new(e.code(), &e))?;
-        crate::runs::policy_for(&goal, opts.approve.as_deref())
-            .map_err(|e| CliError::new(e.code(), &e))?;
         let id = crate::engine::bus::new_run_id();
         let spec = RunSpec::new(id.clone(), &goal, opts);
         let conn = connect(t).await?;

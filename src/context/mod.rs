@@ -120,10 +120,16 @@ pub fn assemble(input: ContextInput<'_>) -> Vec<Message> {
         // plan message then takes every call as it is.
         let mut errors = Vec::new();
         for e in input.plan.iter().filter(|e| e.status != "done") {
-            let mut error = e.error.clone().unwrap_or_else(|| json!(e.status));
-            if !e.missing.is_empty() {
-                error = json!({"message": "unresolved: nothing wrote these references", "missing": e.missing});
-            }
+            // The call's own error object (`protocol::error_object`: code, message, details).
+            let error = match (&e.error, e.missing.is_empty()) {
+                (Some(err), _) => err.clone(),
+                (None, false) => crate::protocol::error_object(
+                    "scheduler.unresolved",
+                    "unresolved: nothing wrote these references",
+                    Some(json!({"missing": e.missing})),
+                ),
+                (None, true) => json!(e.status),
+            };
             errors.push(Message::Error {
                 call: e.call.clone(),
                 error: sanitize(&error, &input.limits),

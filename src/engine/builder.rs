@@ -21,12 +21,12 @@ use super::journal::JournalSink;
 use super::review;
 use super::timers::Timers;
 use super::turns::{Models, Turns};
-use crate::approval::{Approver, Mode, Policy};
+use crate::approval::{Approver, Policy};
 use crate::context::SanitizeLimits;
 use crate::goal::Goal;
 use crate::llm::{LlmError, Model, ModelSpec, RetryPolicy, Retrying, Settings};
 use crate::machine::{AgentConfig, ConfigError, JournalEntry, MAX_DEPTH, RunMachine, RunResult};
-use crate::protocol::{Tool, ToolApproval};
+use crate::protocol::Tool;
 use crate::tools::{Activity, ActivityError, ActivityFuture, DelegateRunner, Registry};
 
 /// The agent could not be built.
@@ -44,9 +44,6 @@ pub enum AgentError {
     /// A schema of the goal cannot be compiled, or a limit is out of range.
     #[error(transparent)]
     Config(#[from] ConfigError),
-    /// The goal's `approval` field is not a valid policy.
-    #[error("invalid approval policy: {0}")]
-    Policy(String),
     /// A tool names a Rust activity nobody registered.
     #[error("tool `{tool}` needs activity `{activity}`: {reason}")]
     MissingActivity {
@@ -83,7 +80,6 @@ impl AgentError {
             AgentError::NoModel => "agent.no_model",
             AgentError::Model(e) => e.code(),
             AgentError::Config(e) => e.code(),
-            AgentError::Policy(_) => "agent.invalid_policy",
             AgentError::MissingActivity { .. } => "agent.missing_activity",
             AgentError::Delegate { .. } => "agent.delegate",
             AgentError::Activity(e) => e.code(),
@@ -306,17 +302,13 @@ impl AgentBuilder {
         build_models(&config, &self.retry, &mut models)?;
         let policy = match (self.policy.take(), &self.goal.approval) {
             (Some(p), _) => p,
-            (None, Some(v)) => serde_json::from_value::<Policy>(v.clone())
-                .map_err(|e| AgentError::Policy(e.to_string()))?,
+            (None, Some(p)) => p.clone(),
             (None, None) => Policy::auto(),
         };
         let mut tools = BTreeMap::new();
         collect_tools(&config, &mut tools);
-        let asks = policy.mode != Mode::Auto
-            || tools
-                .values()
-                .any(|t| t.approval == Some(ToolApproval::Always));
-        if asks && self.approver.is_none() && !self.external_review {
+        let asks = crate::approval::who_asks(&policy, tools.values().map(|t| &**t));
+        if asks.is_some() && self.approver.is_none() && !self.external_review {
             return Err(AgentError::NoApprover);
         }
         let run_id = self.run_id.take().unwrap_or_else(new_run_id);
@@ -339,6 +331,7 @@ impl AgentBuilder {
             executor,
             approver: self.approver,
             tools,
+            asks,
             journal: self.journal,
             clock: self.clock.unwrap_or_else(system_clock),
             run_id,
@@ -515,6 +508,7 @@ pub struct Agent {
     pub(super) executor: Arc<dyn Executor>,
     approver: Option<Arc<dyn Approver>>,
     tools: BTreeMap<String, Arc<Tool>>,
+    asks: Option<String>,
     journal: Option<Arc<dyn JournalSink>>,
     clock: Clock,
     pub(super) run_id: String,
@@ -526,6 +520,13 @@ impl Agent {
     /// The id the run will have.
     pub fn run_id(&self) -> &str {
         &self.run_id
+    }
+
+    /// Why a call of the run may have to be presented to a reviewer (its policy, or tools of
+    /// the goal, its MCP servers or its delegates that always ask: [`crate::approval::who_asks`]);
+    /// None when none can.
+    pub fn who_asks(&self) -> Option<&str> {
+        self.asks.as_deref()
     }
 
     /// The run's configuration (its own agent; delegates inside).

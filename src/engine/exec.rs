@@ -69,7 +69,7 @@ impl Executor for RegistryExecutor {
         if let Some(before) = &hooks.before_tool
             && let Err(message) = before(tool, &call)
         {
-            let err = serde_json::json!({"code": "hook.before_tool", "message": message});
+            let err = crate::protocol::error_object("hook.before_tool", message, None);
             if let Some(on_error) = &hooks.on_error {
                 on_error(tool, &call, &err);
             }

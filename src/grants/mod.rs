@@ -18,7 +18,9 @@
 
 pub mod egress;
 
-use std::collections::{BTreeMap, BTreeSet};
+#[cfg(feature = "mcp")]
+use std::collections::BTreeMap;
+use std::collections::BTreeSet;
 use std::path::{Component, Path, PathBuf};
 
 use serde_json::Value;

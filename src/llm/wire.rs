@@ -235,7 +235,7 @@ pub fn call_from_tool_call(name: &str, arguments: &str) -> Result<ToolCallOutcom
         ));
     }
     args.insert("_tool".into(), Value::String(name.to_string()));
-    Call::try_from(Value::Object(args))
+    Call::parse(Value::Object(args))
         .map(ToolCallOutcome::Call)
         .map_err(|e| bad(e.to_string()))
 }

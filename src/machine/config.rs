@@ -9,9 +9,12 @@ use std::sync::Arc;
 
 use serde_json::{Value, json};
 
+use crate::approval::Policy;
 use crate::goal::{Goal, Limits};
-use crate::protocol::{Call, Message, Tool};
+use crate::protocol::{Call, Message, OutputMethod, Path, Tool};
+use crate::scheduler::{self, Scheduler, SchedulerOptions};
 use crate::schema::{self, OutputValidator, SchemaError, ToolValidators};
+use crate::state::State;
 
 /// An agent's configuration (the run's own, or a delegate's).
 #[derive(Debug)]
@@ -171,6 +174,81 @@ impl AgentConfig {
             model: goal.model.clone(),
             mode: goal.mode,
         })
+    }
+
+    /// The scheduler of one step of this agent: its tools, the run's `policy`, and the checks
+    /// every call goes through once its references resolve (params against the tool's schema;
+    /// a latent call's `_output` against the tool's `_output`, rule 20). The run's machine and
+    /// `dagloop validate` both take their schedulers from here, so they cannot disagree.
+    pub fn scheduler(
+        cfg: &Arc<AgentConfig>,
+        state: State,
+        policy: Policy,
+        step: u32,
+        keep_launched: bool,
+    ) -> Scheduler {
+        let params_cfg = cfg.clone();
+        let validate: scheduler::Validator = Arc::new(move |tool, params| {
+            match params_cfg.params.validate_value(&tool.name, params) {
+                Ok(v) if v.is_empty() => Ok(()),
+                Ok(v) => Err(v
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+                    .join("; ")),
+                Err(e) => Err(e.to_string()),
+            }
+        });
+        let latent_cfg = cfg.clone();
+        let validate_latent: scheduler::Validator = Arc::new(move |tool, params| {
+            let Some(v) = latent_cfg.latent_outputs.get(&tool.name) else {
+                return Ok(());
+            };
+            let violations = v.validate(params.get("_output").unwrap_or(&Value::Null));
+            if violations.is_empty() {
+                Ok(())
+            } else {
+                Err(violations
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+                    .join("; "))
+            }
+        });
+        Scheduler::new(
+            state,
+            cfg.tools.iter().cloned(),
+            policy,
+            SchedulerOptions {
+                step,
+                validate: Some(validate),
+                validate_latent: Some(validate_latent),
+                keep_launched,
+            },
+        )
+    }
+
+    /// The agent's state before anything runs: `input` (the run's input, or a delegate call's
+    /// params) and the initial `state`, written at `now`.
+    pub fn initial_state(&self, input: Option<&Value>, now: u64) -> State {
+        let mut state = State::new();
+        if let Some(input) = input {
+            state.write(
+                Path::root("input"),
+                input.clone(),
+                OutputMethod::Set,
+                None,
+                now,
+            );
+        }
+        state.write(
+            Path::root("state"),
+            self.state.0.clone(),
+            OutputMethod::Set,
+            None,
+            now,
+        );
+        state
     }
 
     /// The nested agent a tool runs, when it is a delegate.

@@ -16,7 +16,7 @@ use super::types::{CallSummary, FrameKey, RunError, RunResult, RunStatus, Usage}
 use crate::context::{
     self, ContextInput, PlanEntry, SanitizeLimits, Stop, TurnTracker, correction,
 };
-use crate::protocol::{Call, CallId, Decision, Message, OutputMethod, Path};
+use crate::protocol::{Call, CallId, Decision, Message, Path};
 use crate::scheduler::{Scheduler, StepReport};
 use crate::state::{Resolved, State};
 
@@ -103,7 +103,9 @@ impl Fault {
             step,
             code: text("code").unwrap_or("scheduler.refused").to_string(),
             kind: "had a call refused",
-            message: text("error").unwrap_or("the call was refused").to_string(),
+            message: text("message")
+                .unwrap_or("the call was refused")
+                .to_string(),
         })
     }
 }
@@ -158,24 +160,7 @@ impl Frame {
 
     /// The initial state log: input and state, written at `now`.
     pub fn initial_state(&self, now: u64) -> State {
-        let mut state = State::new();
-        if let Some(input) = &self.input {
-            state.write(
-                Path::root("input"),
-                input.clone(),
-                OutputMethod::Set,
-                None,
-                now,
-            );
-        }
-        state.write(
-            Path::root("state"),
-            self.cfg.state.0.clone(),
-            OutputMethod::Set,
-            None,
-            now,
-        );
-        state
+        self.cfg.initial_state(self.input.as_ref(), now)
     }
 
     /// The messages of the next Request (the plan moves into them).
@@ -371,12 +356,9 @@ pub(super) fn delegate_outcome(tool: &str, r: &RunResult) -> crate::scheduler::O
     if r.succeeded() {
         return Outcome::ok(r.output.clone());
     }
-    let mut err = json!({
-        "code": "activity.failed",
-        "message": format!("delegate `{tool}` ended with status {}", r.status.as_str()),
-    });
-    if let Some(e) = &r.error {
-        err["details"] = e.to_value();
-    }
-    Outcome::error(err)
+    Outcome::error(crate::protocol::error_object(
+        "activity.failed",
+        format!("delegate `{tool}` ended with status {}", r.status.as_str()),
+        r.error.as_ref().map(|e| e.to_value()),
+    ))
 }

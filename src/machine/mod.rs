@@ -38,7 +38,7 @@ pub use types::{
 use crate::approval::Policy;
 use crate::context::{SanitizeLimits, correction};
 use crate::protocol::{CallId, Event, EventKind, Message, Millis};
-use crate::scheduler::{self, Scheduler, SchedulerOptions};
+use crate::scheduler::{self, Scheduler};
 use frame::{Frame, Next, delegate_outcome};
 
 /// Most nested agents deep a run may go (a delegate of a delegate of ...).
@@ -401,44 +401,12 @@ impl RunMachine {
         };
         f.step = step;
         let state = f.state.take().unwrap_or_default();
-        let params_cfg = f.cfg.clone();
-        let validate: scheduler::Validator = Arc::new(move |tool, params| {
-            match params_cfg.params.validate_value(&tool.name, params) {
-                Ok(v) if v.is_empty() => Ok(()),
-                Ok(v) => Err(v
-                    .iter()
-                    .map(ToString::to_string)
-                    .collect::<Vec<_>>()
-                    .join("; ")),
-                Err(e) => Err(e.to_string()),
-            }
-        });
-        let latent_cfg = f.cfg.clone();
-        let validate_latent: scheduler::Validator = Arc::new(move |tool, params| {
-            let Some(v) = latent_cfg.latent_outputs.get(&tool.name) else {
-                return Ok(());
-            };
-            let violations = v.validate(params.get("_output").unwrap_or(&Value::Null));
-            if violations.is_empty() {
-                Ok(())
-            } else {
-                Err(violations
-                    .iter()
-                    .map(ToString::to_string)
-                    .collect::<Vec<_>>()
-                    .join("; "))
-            }
-        });
-        f.sched = Some(Scheduler::new(
+        f.sched = Some(AgentConfig::scheduler(
+            &f.cfg,
             state,
-            f.cfg.tools.iter().cloned(),
             policy,
-            SchedulerOptions {
-                step,
-                validate: Some(validate),
-                validate_latent: Some(validate_latent),
-                keep_launched,
-            },
+            step,
+            keep_launched,
         ));
     }
 
@@ -663,10 +631,11 @@ impl RunMachine {
             return;
         };
         if f.depth + 1 > MAX_DEPTH {
-            let err = serde_json::json!({
-                "code": "activity.config",
-                "message": format!("delegates nest deeper than {MAX_DEPTH} levels"),
-            });
+            let err = crate::protocol::error_object(
+                "activity.config",
+                format!("delegates nest deeper than {MAX_DEPTH} levels"),
+                None,
+            );
             work.push((
                 key,
                 scheduler::Input::Finished {

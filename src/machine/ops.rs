@@ -78,8 +78,7 @@ impl RunMachine {
                 for (k, v) in params {
                     obj.insert(k.clone(), v.clone());
                 }
-                let edited =
-                    Call::try_from(Value::Object(obj)).map_err(|e| invalid(e.to_string()))?;
+                let edited = Call::parse(Value::Object(obj)).map_err(|e| invalid(e.to_string()))?;
                 check_params(&f.cfg.params, &edited).map_err(invalid)
             }
             Decision::Replace { call: replacement } => {
@@ -88,6 +87,9 @@ impl RunMachine {
                         "the replacement names the unknown tool `{}`",
                         replacement.tool
                     )));
+                }
+                if let Some(unknown) = replacement.unknown_meta_key() {
+                    return Err(invalid(format!("the replacement has an {unknown}")));
                 }
                 check_params(&f.cfg.params, replacement).map_err(invalid)
             }

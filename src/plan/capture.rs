@@ -125,7 +125,7 @@ impl SolutionParser {
         if wanted == Target::Call
             && !self.keep_calls
             && let Ok(split) = serde_json::from_slice::<SplitCall>(&c.buf)
-            && let Ok(call) = split.into_call()
+            && let Ok(call) = split.into_call().and_then(Call::checked)
         {
             out.push(ParseEvent::Call {
                 index,
@@ -138,7 +138,7 @@ impl SolutionParser {
         let value: Value = self.decode(&c)?;
         if wanted == Target::Call {
             let (call, raw) = if self.keep_calls {
-                let call = Call::try_from(value.clone());
+                let call = Call::parse(value.clone());
                 if let Ok(call) = &call {
                     self.parts.calls.push(call.clone());
                 }
@@ -146,7 +146,7 @@ impl SolutionParser {
             } else {
                 // Streaming: the value moves into the call, and only a call that is not valid
                 // has its raw value, decoded again from the same bytes.
-                match Call::try_from(value) {
+                match Call::parse(value) {
                     Ok(call) => (Ok(call), Value::Null),
                     Err(e) => (Err(e), self.decode(&c)?),
                 }

@@ -465,7 +465,8 @@ fn streaming_reads_calls_as_reading_them_through_values_does() {
         {"_instance": "i", "_tool": "h", "_approval": "always", "_unknown": {"a": 1}}
     ], "output": null}"#;
     let invalid = streaming_agrees(text);
-    assert_eq!(invalid, vec![1, 3, 5, 6, 7, 8, 9, 10]);
+    // The last one carries meta keys no call has (`_approval` is a tool's): refused (issue 23).
+    assert_eq!(invalid, vec![1, 3, 5, 6, 7, 8, 9, 10, 11]);
 }
 
 /// Feeds `text` to a parser keeping its calls and to a streaming one; asserts they give the

@@ -52,8 +52,10 @@ impl OutputMethod {
 
 /// A request to run a tool: `{"_tool": "...", params..., "_outputPath": "...", ...}`.
 ///
-/// Meta fields start with `_`; everything else is a parameter. Unknown meta fields are kept in
-/// `params` so nothing the model wrote is lost.
+/// Meta fields start with `_`; everything else is a parameter. Deserialising keeps unknown meta
+/// fields in `params` (so a stored call always reads back); [`Call::parse`], which every input
+/// goes through (the model's calls, goal plans, decisions), refuses them
+/// ([`super::meta::CALL_META_KEYS`]).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(try_from = "Value")]
 pub struct Call {
@@ -106,6 +108,33 @@ impl Call {
     pub fn method(mut self, method: OutputMethod) -> Self {
         self.output_method = Some(method);
         self
+    }
+
+    /// Reads a call from input (what a model, a goal file or a reviewer wrote): as
+    /// [`Call::try_from`], and a meta key dagloop does not define is refused
+    /// (`protocol.unknown_meta_key`, the closest known key suggested).
+    pub fn parse(v: Value) -> Result<Call, ProtocolError> {
+        Call::try_from(v)?.checked()
+    }
+
+    /// The call, when its params hold no meta key dagloop does not define (see [`Call::parse`]).
+    pub fn checked(self) -> Result<Call, ProtocolError> {
+        match self.unknown_meta_key() {
+            None => Ok(self),
+            Some(unknown) => Err(ProtocolError::UnknownMetaKey {
+                what: "call",
+                unknown,
+            }),
+        }
+    }
+
+    /// The first param that is a meta key dagloop does not define for calls.
+    pub fn unknown_meta_key(&self) -> Option<super::meta::UnknownMetaKey> {
+        super::meta::first_unknown(
+            self.params.keys().map(String::as_str),
+            super::meta::CALL_META_KEYS,
+            &[],
+        )
     }
 
     /// The parsed `_outputPath`, if any. Query tails are not allowed in output paths.
@@ -461,7 +490,35 @@ impl Tool {
         self.activity.is_none() && !self.schema.contains_key("_delegate")
     }
 
-    /// Parses a tool from JSON with a typed error.
+    /// The first meta key of the definition dagloop does not define: not in
+    /// [`super::meta::TOOL_META_KEYS`], not the settings of the tool's own kind (`_` + its
+    /// `_activity`, for a kind a program registers), nor, among the params schema's `properties`, a call meta key
+    /// ([`super::meta::CALL_META_KEYS`]: a call may only carry those).
+    pub fn unknown_meta_key(&self) -> Option<(Option<&'static str>, super::meta::UnknownMetaKey)> {
+        let own = self
+            .activity
+            .as_ref()
+            .filter(|k| !super::meta::BUILT_IN_KINDS.contains(&k.as_str()))
+            .map(|k| format!("_{k}"));
+        let extra: Vec<&str> = own.iter().map(String::as_str).collect();
+        if let Some(u) = super::meta::first_unknown(
+            self.schema.keys().map(String::as_str),
+            super::meta::TOOL_META_KEYS,
+            &extra,
+        ) {
+            return Some((None, u));
+        }
+        let props = self.schema.get("properties").and_then(Value::as_object)?;
+        super::meta::first_unknown(
+            props.keys().map(String::as_str),
+            super::meta::CALL_META_KEYS,
+            &[],
+        )
+        .map(|u| (Some("properties"), u))
+    }
+
+    /// Parses a tool from JSON with a typed error; a meta key dagloop does not define is
+    /// refused (`protocol.unknown_meta_key`, see [`Tool::unknown_meta_key`]).
     pub fn from_value(v: Value) -> Result<Tool, ProtocolError> {
         if !v.is_object() {
             return Err(ProtocolError::NotAnObject {
@@ -478,10 +535,21 @@ impl Tool {
                 field: "_tool",
             });
         }
-        serde_json::from_value(v).map_err(|e| ProtocolError::Malformed {
+        let tool: Tool = serde_json::from_value(v).map_err(|e| ProtocolError::Malformed {
             what: "tool",
             reason: e.to_string(),
-        })
+        })?;
+        match tool.unknown_meta_key() {
+            None => Ok(tool),
+            Some((at, unknown)) => Err(ProtocolError::UnknownMetaKey {
+                what: if at.is_some() {
+                    "tool properties"
+                } else {
+                    "tool"
+                },
+                unknown,
+            }),
+        }
     }
 }
 

@@ -134,7 +134,7 @@ impl Solution {
             None | Some(Value::Null) => Vec::new(),
             Some(Value::Array(items)) => items
                 .into_iter()
-                .map(Call::try_from)
+                .map(Call::parse)
                 .collect::<Result<Vec<_>, _>>()?,
             Some(other) => {
                 return Err(ProtocolError::InvalidField {

@@ -6,6 +6,7 @@
 mod call;
 mod event;
 mod message;
+pub mod meta;
 mod op;
 pub mod reference;
 
@@ -13,6 +14,7 @@ pub(crate) use call::SplitCall;
 pub use call::{Call, OutputMethod, Tool, ToolApproval, collect_refs, json_type};
 pub use event::{Decision, Event, EventKind, FailKind};
 pub use message::{Message, Role, Solution};
+pub use meta::{CALL_META_KEYS, TOOL_META_KEYS, UnknownMetaKey, is_meta_key};
 pub use op::{Op, OpError, canonical, params_hash};
 pub use reference::{
     ASCII_MARKER, Combinator, Expression, MARKER, Path, Reference, ReferenceError, Segment,
@@ -30,6 +32,25 @@ impl std::fmt::Display for CallId {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "c{}", self.0)
     }
+}
+
+/// The one shape of an error object: the value a failed, refused, rejected or unresolved call
+/// leaves in state and in its events, and what the model is shown about it:
+/// `{"code": "<stable code>", "message": "<words>", "details": <anything, when there is more>}`.
+/// Every error object dagloop builds (activities, hooks, delegates, the scheduler) comes from
+/// here.
+pub fn error_object(
+    code: &str,
+    message: impl Into<String>,
+    details: Option<serde_json::Value>,
+) -> serde_json::Value {
+    let mut m = serde_json::Map::new();
+    m.insert("code".into(), serde_json::Value::String(code.to_string()));
+    m.insert("message".into(), serde_json::Value::String(message.into()));
+    if let Some(d) = details.filter(|d| !d.is_null()) {
+        m.insert("details".into(), d);
+    }
+    serde_json::Value::Object(m)
 }
 
 /// Milliseconds since the Unix epoch, supplied by the caller (the core never reads a clock).
@@ -75,6 +96,14 @@ pub enum ProtocolError {
         /// The method as written.
         method: String,
     },
+    /// A `_`-prefixed key that dagloop does not define (a typo fails closed).
+    #[error("{what}: {unknown}")]
+    UnknownMetaKey {
+        /// What was being read.
+        what: &'static str,
+        /// The key and the closest defined one.
+        unknown: UnknownMetaKey,
+    },
     /// The value could not be read for another reason.
     #[error("malformed {what}: {reason}")]
     Malformed {
@@ -93,6 +122,7 @@ impl ProtocolError {
             ProtocolError::MissingField { .. } => "protocol.missing_field",
             ProtocolError::InvalidField { .. } => "protocol.invalid_field",
             ProtocolError::UnknownOutputMethod { .. } => "protocol.unknown_output_method",
+            ProtocolError::UnknownMetaKey { .. } => "protocol.unknown_meta_key",
             ProtocolError::Malformed { .. } => "protocol.malformed",
         }
     }

@@ -13,7 +13,7 @@ use crate::engine::{Agent, AgentBuilder, JournalSink, RunHandle};
 use crate::goal::Goal;
 use crate::machine::JournalEntry;
 use crate::protocol::{OpError, Tool};
-use crate::store::{RunRecord, RunStore, SqliteStore};
+use crate::store::{RunRecord, RunStore};
 use crate::tools::{Activity, Registry};
 
 /// Who answers the run's approval requests.
@@ -23,6 +23,13 @@ pub enum Review {
     External,
     /// This approver (scripted decisions, a policy default).
     Approver(Arc<dyn Approver>),
+    /// Nobody: a run that can ask a reviewer ([`crate::approval::may_ask`], with every tool the
+    /// run can call, its MCP servers' and delegates' included) is refused before it starts
+    /// (`approval.no_reviewer`); `how` says what the front-end offers instead.
+    Nobody {
+        /// What the user can do (`give --decisions FILE, --detach ...`).
+        how: String,
+    },
 }
 
 /// The MCP servers one run started for itself; they stop when dropped.
@@ -44,7 +51,7 @@ pub type Pool = ();
 #[derive(Default)]
 pub struct Host {
     /// The run store.
-    pub store: Option<Arc<SqliteStore>>,
+    pub store: Option<Arc<dyn RunStore>>,
     /// Replaces the store as the journal's durable sink (the crash-test hook wraps the store).
     pub sink: Option<Arc<dyn JournalSink>>,
     /// Shared MCP servers.
@@ -55,7 +62,7 @@ pub struct Host {
 pub struct Prepared {
     agent: Agent,
     journal: Option<Vec<JournalEntry>>,
-    store: Option<Arc<SqliteStore>>,
+    store: Option<Arc<dyn RunStore>>,
     servers: Option<Servers>,
 }
 
@@ -92,9 +99,14 @@ pub async fn prepare(
     let base_dir = absolute_dir(&def.goal().base_dir).display().to_string();
     let (builder, servers) = builder_for(registry, def, pool.as_ref()).await?;
     let mut builder = builder.cancel_token(cancel);
+    let mut nobody = None;
     builder = match review {
         Review::External => builder.external_review(),
         Review::Approver(a) => builder.approver(a),
+        Review::Nobody { how } => {
+            nobody = Some(how);
+            builder.external_review()
+        }
     };
     let (run_id, journal) = match resume {
         Some((id, j)) => (Some(id), Some(j)),
@@ -109,6 +121,12 @@ pub async fn prepare(
         (None, None) => {}
     }
     let agent = builder.build()?;
+    if let (Some(how), Some(asking)) = (nobody, agent.who_asks()) {
+        return Err(RunsError::NoReviewer {
+            asking: asking.to_string(),
+            how,
+        });
+    }
     if let Some(s) = &store {
         let id = agent.run_id().to_string();
         match &journal {
@@ -199,6 +217,12 @@ impl Prepared {
         self.agent.run_id()
     }
 
+    /// Why a call of the run may have to be presented to a reviewer, None when none can (see
+    /// [`crate::engine::Agent::who_asks`]).
+    pub fn who_asks(&self) -> Option<&str> {
+        self.agent.who_asks()
+    }
+
     /// Starts (or continues) the run; decisions recorded while no process ran it apply first.
     pub async fn start(self) -> Result<Launched, RunsError> {
         let resumed = self.journal.is_some();
@@ -226,7 +250,7 @@ impl Prepared {
 /// `refused` hears about those that no longer apply.
 pub fn spawn_op_poller(
     handle: &RunHandle,
-    store: Arc<SqliteStore>,
+    store: Arc<dyn RunStore>,
     refused: impl Fn(OpError) + Send + 'static,
 ) -> tokio::task::JoinHandle<()> {
     let handle = handle.clone();
@@ -249,13 +273,16 @@ pub fn spawn_op_poller(
     })
 }
 
+/// Stops a run's MCP servers (drops them; there are none without the `mcp` feature).
+fn stop(_servers: Servers) {}
+
 /// `goal` with its MCP servers' tools listed among its own (the servers are started to list
 /// them, then stopped): for an engine whose run is built where the servers cannot be started
 /// (a Temporal workflow), so that its calls to those tools are known. The engine that runs the
 /// calls starts the servers again and puts the same tools back with their activities.
 pub async fn with_mcp_tools(mut goal: Goal) -> Result<Goal, RunsError> {
     if let Some((tools, activities, servers)) = start_mcp(&goal, None).await? {
-        drop(servers);
+        stop(servers);
         // The tools `builder_for` gives the run: those the servers can run.
         let runnable: std::collections::BTreeSet<String> =
             activities.into_iter().map(|(name, _)| name).collect();

@@ -35,10 +35,23 @@ pub enum RunsError {
     /// The store refused.
     #[error(transparent)]
     Store(#[from] crate::store::StoreError),
-    /// The approval policy (the goal's `approval`, or the options') is invalid.
-    #[error("the approval policy is invalid: {reason}")]
-    Policy {
-        /// What is wrong.
+    /// The run can ask a reviewer ([`crate::approval::may_ask`]: its policy, or a tool of the
+    /// goal, of its MCP servers or of its delegates that always asks), and nobody can answer
+    /// ([`Review::Nobody`]).
+    #[error("the run can ask a reviewer ({asking}), but none can answer: {how}")]
+    NoReviewer {
+        /// The policy's mode, or the tools that always ask.
+        asking: String,
+        /// What the front-end offers instead.
+        how: String,
+    },
+    /// The run's stored options name an unknown approval policy.
+    #[error(transparent)]
+    Approval(#[from] crate::approval::ApprovalError),
+    /// The run's stored options cannot be read.
+    #[error("the run's stored options cannot be read: {reason}")]
+    Options {
+        /// The deserializer's explanation.
         reason: String,
     },
     /// The run's definition (its goal, a delegate goal) is not what it was when the run began.
@@ -70,9 +83,11 @@ impl RunsError {
             RunsError::Goal(e) => e.code(),
             RunsError::Agent(e) => e.code(),
             RunsError::Store(e) => e.code(),
-            RunsError::Policy { .. } => "agent.invalid_policy",
             RunsError::Grant(e) => e.code(),
             RunsError::DefinitionChanged { .. } => "run.definition_changed",
+            RunsError::NoReviewer { .. } => "approval.no_reviewer",
+            RunsError::Approval(e) => e.code(),
+            RunsError::Options { .. } => "runs.bad_options",
             RunsError::Tools { code, .. } => code,
         }
     }
@@ -94,11 +109,10 @@ pub enum Refused {
 /// the run rebuilt from its journal; the process that drives the run (or the next `resume`)
 /// applies it. Returns whether some process drives the run now (holds an unexpired lease).
 pub fn record_op(
-    store: &crate::store::SqliteStore,
+    store: &dyn crate::store::RunStore,
     id: &str,
     op: &crate::protocol::Op,
 ) -> Result<bool, Refused> {
-    use crate::store::RunStore;
     let stored = store.load(id).map_err(RunsError::from)?;
     if let Some(r) = &stored.result {
         return Err(Refused::Op(crate::protocol::OpError::RunFinished {

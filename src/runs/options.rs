@@ -1,6 +1,6 @@
 //! How a run is started, as recorded in the store so it can be continued the same way.
 
-use crate::approval::{Mode, Policy};
+use crate::approval::{ModeName, Policy};
 use crate::goal::Goal;
 
 use super::RunsError;
@@ -11,9 +11,9 @@ pub struct RunOptions {
     /// The model spec (`scripted:PATH`, `openai:MODEL`, `anthropic:MODEL`); default: the goal's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub model: Option<String>,
-    /// `auto`, `allowlist` or `ask` over the goal's policy.
+    /// `auto`, `allowlist` or `ask` over the goal's policy (stored as that string).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub approve: Option<String>,
+    pub approve: Option<ModeName>,
     /// The operator allowed the shell activity.
     #[serde(default)]
     pub allow_shell: bool,
@@ -30,23 +30,45 @@ pub struct RunOptions {
     pub definition: std::collections::BTreeMap<String, String>,
 }
 
-/// The run's policy: the goal's, with `approve` over it.
-pub fn policy_for(goal: &Goal, approve: Option<&str>) -> Result<Policy, RunsError> {
-    let mut policy: Policy = match &goal.approval {
-        Some(v) => serde_json::from_value(v.clone()).map_err(|e| RunsError::Policy {
-            reason: e.to_string(),
-        })?,
-        None => Policy::auto(),
-    };
-    match approve {
-        Some("auto") => policy.mode = Mode::Auto,
-        Some("ask") => policy.mode = Mode::Ask,
-        Some("allowlist") if !matches!(policy.mode, Mode::Allowlist { .. }) => {
-            policy.mode = Mode::Allowlist {
-                allow: Default::default(),
-            }
+impl RunOptions {
+    /// Reads the options a run was stored with. A policy name that is not `auto`, `allowlist`
+    /// or `ask` is refused (`approval.bad_mode`), never read as "no override": the run would
+    /// otherwise continue under the goal's policy, or `auto`, without saying so.
+    pub fn from_stored(v: &serde_json::Value) -> Result<RunOptions, RunsError> {
+        if let Some(name) = v.get("approve").and_then(serde_json::Value::as_str) {
+            ModeName::parse(name)?;
         }
-        _ => {}
+        serde_json::from_value(v.clone()).map_err(|e| RunsError::Options {
+            reason: e.to_string(),
+        })
     }
-    Ok(policy)
+}
+
+/// The run's policy: the goal's (read typed with the goal), with `approve` over it.
+pub fn policy_for(goal: &Goal, approve: Option<ModeName>) -> Policy {
+    let policy = goal.approval.clone().unwrap_or_else(Policy::auto);
+    match approve {
+        Some(name) => policy.with_mode(name),
+        None => policy,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    /// Stored options keep their JSON (`"approve": "ask"`), so old stores load; an unknown
+    /// policy name is refused with its code instead of being ignored.
+    #[test]
+    fn stored_options_read_back_and_bad_names_are_refused() {
+        let stored = json!({"model": "scripted:s.json", "approve": "ask", "allow_shell": false});
+        let opts = RunOptions::from_stored(&stored).expect("options");
+        assert_eq!(opts.approve, Some(ModeName::Ask));
+        assert_eq!(serde_json::to_value(&opts).expect("json"), stored);
+        let e = RunOptions::from_stored(&json!({"approve": "sometimes"})).unwrap_err();
+        assert_eq!(e.code(), "approval.bad_mode");
+        let e = RunOptions::from_stored(&json!({"allow_shell": "yes"})).unwrap_err();
+        assert_eq!(e.code(), "runs.bad_options");
+    }
 }

@@ -53,8 +53,8 @@ fn parts(
         FsPath::new(&record.id),
         PathBuf::from(&record.base_dir),
     )?;
-    let opts: RunOptions = serde_json::from_value(record.options.clone()).unwrap_or_default();
-    let policy = policy_for(&goal, opts.approve.as_deref())?;
+    let opts = RunOptions::from_stored(&record.options)?;
+    let policy = policy_for(&goal, opts.approve);
     let config = config_for(&goal)?;
     Ok((goal, config, policy))
 }

@@ -347,7 +347,7 @@ fn report_of(e: &Entry, (call, revised, value): Parts) -> CallReport {
         Phase::Done(s) => s,
     };
     let missing = match (&value, status) {
-        (Some(v), CallStatus::Unresolved) => v["missing"]
+        (Some(v), CallStatus::Unresolved) => v["details"]["missing"]
             .as_array()
             .map(|a| {
                 a.iter()

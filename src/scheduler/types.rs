@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use crate::graph::GraphError;
-use crate::protocol::{Call, CallId, Decision, EventKind, ReferenceError, Tool};
+use crate::protocol::{Call, CallId, Decision, EventKind, ReferenceError, Tool, error_object};
 use crate::state::StateError;
 
 /// Something that happened outside the scheduler.
@@ -153,10 +153,11 @@ impl Outcome {
     /// The call ran past `limit`.
     pub fn timeout(limit: Duration) -> Self {
         Outcome {
-            result: Err(Arc::new(json!({
-                "error": format!("the call did not finish within {} ms", limit.as_millis()),
-                "code": "scheduler.timeout",
-            }))),
+            result: Err(Arc::new(error_object(
+                "scheduler.timeout",
+                format!("the call did not finish within {} ms", limit.as_millis()),
+                None,
+            ))),
             branch: None,
             kind: OutcomeKind::Timeout,
         }
@@ -165,10 +166,11 @@ impl Outcome {
     /// The activity panicked with `message`.
     pub fn panic(message: impl Into<String>) -> Self {
         Outcome {
-            result: Err(Arc::new(json!({
-                "error": format!("the activity panicked: {}", message.into()),
-                "code": "scheduler.panic",
-            }))),
+            result: Err(Arc::new(error_object(
+                "scheduler.panic",
+                format!("the activity panicked: {}", message.into()),
+                None,
+            ))),
             branch: None,
             kind: OutcomeKind::Panic,
         }
@@ -177,9 +179,11 @@ impl Outcome {
     /// The activity was cancelled.
     pub fn cancelled() -> Self {
         Outcome {
-            result: Err(Arc::new(
-                json!({"error": "the call was cancelled", "code": "scheduler.cancelled"}),
-            )),
+            result: Err(Arc::new(error_object(
+                "scheduler.cancelled",
+                "the call was cancelled",
+                None,
+            ))),
             branch: None,
             kind: OutcomeKind::Cancelled,
         }
@@ -278,7 +282,7 @@ impl StepReport {
 }
 
 /// Why the scheduler refused or failed a call. Each becomes the call's error object
-/// (`{"error": message, "code": code}`) for the model.
+/// (`{"code", "message", "details"?}`, [`error_object`]) for the model.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 #[non_exhaustive]
 pub enum SchedulerError {
@@ -369,18 +373,15 @@ impl SchedulerError {
         }
     }
 
-    /// The error object shown to the model.
+    /// The error object shown to the model ([`error_object`]); `details` holds the cycle, the
+    /// reviewer's reason (with `retry: false`) or the missing paths.
     pub fn to_value(&self) -> Value {
-        let mut v = json!({"error": self.to_string(), "code": self.code()});
-        match self {
-            SchedulerError::Cycle(GraphError::Cycle { cycle }) => v["cycle"] = json!(cycle),
-            SchedulerError::Rejected { reason } => {
-                v["reason"] = json!(reason);
-                v["retry"] = json!(false);
-            }
-            SchedulerError::Unresolved { missing } => v["missing"] = json!(missing),
-            _ => {}
-        }
-        v
+        let details = match self {
+            SchedulerError::Cycle(GraphError::Cycle { cycle }) => Some(json!({"cycle": cycle})),
+            SchedulerError::Rejected { reason } => Some(json!({"reason": reason, "retry": false})),
+            SchedulerError::Unresolved { missing } => Some(json!({"missing": missing})),
+            _ => None,
+        };
+        error_object(self.code(), self.to_string(), details)
     }
 }

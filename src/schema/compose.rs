@@ -25,10 +25,7 @@ pub fn reference_string_schema() -> Value {
     json!({"type": "string", "pattern": REFERENCE_PATTERN})
 }
 
-/// True for keys reserved by dagloop (`_tool`, `_output`, `_http`, ...): anything starting with `_`.
-pub fn is_meta_key(key: &str) -> bool {
-    key.starts_with('_')
-}
+pub use crate::protocol::is_meta_key;
 
 /// Composes the schema of one Request.
 ///

@@ -10,6 +10,7 @@ use serde_json::{Value, json};
 
 use super::error::{ApiError, Problem};
 use super::state::AppState;
+use crate::approval::ModeName;
 use crate::goal::Goal;
 use crate::protocol::{CallId, Decision, Op};
 use crate::runs::RunOptions;
@@ -188,7 +189,8 @@ fn envelope(v: Value, st: &AppState) -> ApiResult<(Submitted, RunOptions)> {
         }
     };
     opts.model = text("model", &[]);
-    opts.approve = text("approve", &["auto", "allowlist", "ask"]);
+    let names: Vec<&str> = ModeName::ALL.iter().map(|m| m.as_str()).collect();
+    opts.approve = text("approve", &names).and_then(|s| ModeName::parse(&s).ok());
     opts.mode = text("mode", &["structured", "tools"]);
     let name = text("agent", &[]);
     let submitted = match name {
@@ -235,6 +237,9 @@ fn problems(errors: Vec<Problem>) -> ApiError {
 /// The goal checked against the published schema (every violation, by pointer), then by the
 /// same loader `dagloop run` uses.
 fn check_goal(doc: &Value, base: &std::path::Path) -> ApiResult<Goal> {
+    let origin = std::path::Path::new("the submitted goal");
+    // A misspelt meta key first: the schema would refuse it too, without the suggestion.
+    Goal::check_meta_keys(doc, origin).map_err(goal_error)?;
     let violations = crate::schema::published::Document::Goal
         .validate(doc)
         .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server.internal", e))?;
@@ -249,19 +254,17 @@ fn check_goal(doc: &Value, base: &std::path::Path) -> ApiResult<Goal> {
                 .collect(),
         ));
     }
-    Goal::from_json(
-        &doc.to_string(),
-        std::path::Path::new("the submitted goal"),
-        base.to_path_buf(),
-    )
-    .map_err(|e| {
-        let mut err = ApiError::new(StatusCode::BAD_REQUEST, e.code(), &e);
-        err.errors.push(Problem {
-            pointer: pointer_of(&e),
-            message: e.to_string(),
-        });
-        err
-    })
+    Goal::from_json(&doc.to_string(), origin, base.to_path_buf()).map_err(goal_error)
+}
+
+/// A goal the loader refused, as a 400 with the problem at its pointer.
+fn goal_error(e: crate::goal::GoalError) -> ApiError {
+    let mut err = ApiError::new(StatusCode::BAD_REQUEST, e.code(), &e);
+    err.errors.push(Problem {
+        pointer: pointer_of(&e),
+        message: e.to_string(),
+    });
+    err
 }
 
 /// The JSON pointer a goal error names, as far as it names one.
@@ -269,6 +272,7 @@ fn pointer_of(e: &crate::goal::GoalError) -> String {
     use crate::goal::GoalError;
     match e {
         GoalError::ToolClash { second, .. } => format!("/tools/{second}"),
+        GoalError::UnknownMetaKey { pointer, .. } => pointer.clone(),
         GoalError::BadSchema { field, .. } => match field.strip_prefix("tools[") {
             Some(rest) => format!("/tools/{}", rest.split(']').next().unwrap_or("")),
             None => format!("/{field}"),
@@ -370,7 +374,7 @@ async fn submit(st: &Arc<AppState>, id: &str, op: Op) -> ApiResult<(StatusCode, 
     }
     let store = st.store.clone();
     let run = id.to_string();
-    tokio::task::spawn_blocking(move || crate::runs::record_op(&store, &run, &op))
+    tokio::task::spawn_blocking(move || crate::runs::record_op(&*store, &run, &op))
         .await
         .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server.internal", e))?
         .map_err(|e| match e {

@@ -208,8 +208,14 @@ impl AppState {
             let Ok(stored) = self.store.load(&row.id) else {
                 continue;
             };
-            let opts: RunOptions =
-                serde_json::from_value(stored.record.options.clone()).unwrap_or_default();
+            let opts = match RunOptions::from_stored(&stored.record.options) {
+                Ok(o) => o,
+                Err(e) => {
+                    tracing::error!("run {}: not resumed: {e} [{}]", row.id, e.code());
+                    lock(&self.skip).insert(row.id.clone());
+                    continue;
+                }
+            };
             if !opts.server {
                 lock(&self.skip).insert(row.id.clone());
                 continue;

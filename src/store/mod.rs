@@ -224,6 +224,8 @@ pub trait RunStore: JournalSink {
     /// Queues an op for the run (a decision taken while no process runs it, or for the process
     /// that does to pick up).
     fn push_op(&self, id: &str, op: &Op) -> Result<(), StoreError>;
+    /// Records a run's options anew (`resume --accept-changes` records the new definition).
+    fn set_options(&self, id: &str, options: &serde_json::Value) -> Result<(), StoreError>;
     /// Takes the queued ops of a run, oldest first: only the owner that holds its lease
     /// (`store.lease_lost` for another, so that a process that lost the run never takes the
     /// decisions meant for the one that drives it).

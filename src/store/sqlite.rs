@@ -304,12 +304,6 @@ fn migrate(c: &mut Connection, path: &Path) -> Result<(), StoreError> {
 }
 
 impl SqliteStore {
-    /// Records a run's options anew (`resume --accept-changes` records the new definition).
-    pub fn set_options(&self, id: &str, options: &serde_json::Value) -> Result<(), StoreError> {
-        self.call(Write::SetOptions(id.into(), options.to_string()))
-            .map(|_| ())
-    }
-
     /// Opens (creating it and its folder if needed) the store at `path`.
     pub fn open(path: &Path) -> Result<SqliteStore, StoreError> {
         SqliteStore::open_with(path, CHECKPOINT_PAGES)
@@ -857,6 +851,11 @@ fn live_lease(owner: Option<String>, expires: Option<i64>, now: Millis) -> Optio
 }
 
 impl RunStore for SqliteStore {
+    fn set_options(&self, id: &str, options: &serde_json::Value) -> Result<(), StoreError> {
+        self.call(Write::SetOptions(id.into(), options.to_string()))
+            .map(|_| ())
+    }
+
     fn owner(&self) -> &str {
         &self.owner
     }

@@ -279,7 +279,7 @@ impl RunWorkflow {
 /// must not do). Delegate goal files are read here: they must not change while the run lives.
 fn machine_for(spec: &RunSpec) -> Result<RunMachine, crate::runs::RunsError> {
     let goal = spec.goal()?;
-    let policy = crate::runs::policy_for(&goal, spec.options.approve.as_deref())?;
+    let policy = crate::runs::policy_for(&goal, spec.options.approve);
     let config = crate::engine::config_for(&goal)?;
     let mut m = RunMachine::new(
         spec.run_id.clone(),

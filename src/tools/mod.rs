@@ -25,7 +25,7 @@ use std::sync::Arc;
 use futures::future::BoxFuture;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
-use serde_json::{Map, Value, json};
+use serde_json::{Map, Value};
 
 use crate::protocol::{Call, Tool};
 
@@ -130,13 +130,11 @@ impl ActivityError {
 
     /// The error object written to state and shown to the model.
     pub fn to_value(&self) -> Value {
-        let mut v = json!({"code": self.code(), "message": self.to_string()});
-        if let ActivityError::Failed { details, .. } = self
-            && !details.is_null()
-        {
-            v["details"] = details.clone();
-        }
-        v
+        let details = match self {
+            ActivityError::Failed { details, .. } => Some(details.clone()),
+            _ => None,
+        };
+        crate::protocol::error_object(self.code(), self.to_string(), details)
     }
 }
 
@@ -443,6 +441,7 @@ fn percent_encode(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     #[test]
     fn templates_fill_known_params_and_keep_unknown_ones() {
