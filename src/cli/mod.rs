@@ -320,6 +320,11 @@ pub enum Command {
         /// Accept goals whose tools use the shell activity.
         #[arg(long)]
         allow_shell: bool,
+        /// Also answer requests whose `Host` is NAME (any port) or NAME:PORT (repeatable);
+        /// localhost, 127.0.0.1, [::1] and the listening address are always allowed, any other
+        /// Host gets 421 (a defence against DNS rebinding).
+        #[arg(long = "allow-host", value_name = "NAME")]
+        allow_host: Vec<String>,
     },
     /// Serve a scripted-model file as an OpenAI-compatible streaming endpoint.
     MockLlm {
@@ -415,6 +420,7 @@ pub async fn main(cli: Cli) -> i32 {
                 approve: run::approve_name(approve),
                 allow_shell,
                 mode: mode.map(run::mode_name),
+                submitted_by: None,
             };
             let display = run::Display {
                 json_only: json,
@@ -460,6 +466,7 @@ pub async fn main(cli: Cli) -> i32 {
                 approve: run::approve_name(approve),
                 allow_shell,
                 mode: mode.map(run::mode_name),
+                submitted_by: None,
             };
             resume(&id, store(), over, display).await
         }
@@ -489,6 +496,7 @@ pub async fn main(cli: Cli) -> i32 {
                     call: crate::protocol::CallId(call),
                     decision: d,
                     presented: None,
+                    by: Some(me(crate::protocol::Actor::CLI)),
                 };
                 temporal_cmd::decide(&id, op, &temporal).await
             }
@@ -508,6 +516,7 @@ pub async fn main(cli: Cli) -> i32 {
                     call: crate::protocol::CallId(call),
                     decision: d,
                     presented: None,
+                    by: Some(me(crate::protocol::Actor::CLI)),
                 },
             ),
             (Err(e), _) | (_, Err(e)) => Err(e),
@@ -516,8 +525,19 @@ pub async fn main(cli: Cli) -> i32 {
         Command::Validate { file, goal } => validate(&file, goal.as_deref()),
         Command::Graph { file, format } => graph(&file, format),
         Command::MockLlm { script, port } => mock_llm(&script, port).await,
-        Command::Serve { addr, allow_shell } => {
-            serve(addr, allow_shell, cli.store.as_deref(), cli.no_store).await
+        Command::Serve {
+            addr,
+            allow_shell,
+            allow_host,
+        } => {
+            serve(
+                addr,
+                allow_shell,
+                allow_host,
+                cli.store.as_deref(),
+                cli.no_store,
+            )
+            .await
         }
     };
     match outcome {
@@ -744,10 +764,20 @@ async fn mock_llm(script: &FsPath, port: u16) -> Result<i32, CliError> {
     Ok(0)
 }
 
+/// The user at this terminal (`$USER`, else `local`) as the author of a decision.
+pub(crate) fn me(channel: &str) -> crate::protocol::Actor {
+    let user = std::env::var("USER")
+        .ok()
+        .filter(|u| !u.trim().is_empty())
+        .unwrap_or_else(|| "local".into());
+    crate::protocol::Actor::new(user, channel)
+}
+
 #[cfg(feature = "server")]
 async fn serve(
     addr: std::net::SocketAddr,
     allow_shell: bool,
+    allowed_hosts: Vec<String>,
     store: Option<&FsPath>,
     no_store: bool,
 ) -> Result<i32, CliError> {
@@ -773,6 +803,8 @@ async fn serve(
         addr,
         store,
         token,
+        principals: Vec::new(),
+        allowed_hosts,
         allow_shell,
         base_dir,
     })
@@ -785,6 +817,7 @@ async fn serve(
 async fn serve(
     _addr: std::net::SocketAddr,
     _allow_shell: bool,
+    _allowed_hosts: Vec<String>,
     _store: Option<&FsPath>,
     _no_store: bool,
 ) -> Result<i32, CliError> {

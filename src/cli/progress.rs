@@ -196,6 +196,7 @@ pub(super) async fn show(mut events: Subscription, tty: bool, screen: Arc<Screen
             EventKind::Decision {
                 decision,
                 timed_out,
+                ..
             } => Some(format!(
                 "{name} {}: {}",
                 c.tool(id),

@@ -49,7 +49,7 @@ pub(super) async fn serve(
                 pending.push(decide(approver.clone(), req));
             }
             Some((id, hash, decision)) = pending.next(), if !pending.is_empty() => {
-                let op = Op::Decide { call: id, decision, presented: Some(hash) };
+                let op = Op::Decide { call: id, decision, presented: Some(hash), by: None };
                 if let Err(e) = shared.submit(op).await {
                     tracing::debug!(call = %id, code = e.code(), "decision not applied: {e}");
                 }

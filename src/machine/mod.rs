@@ -162,6 +162,9 @@ impl RunMachine {
             return;
         }
         let (mut work, buf) = std::mem::take(&mut self.scratch);
+        // The decision's author, put on the `decision` event the scheduler emits for it.
+        let mut decided_by: Option<(CallId, crate::protocol::Actor)> = None;
+        let first = out.len();
         match input {
             RunInput::Start => self.start(now, &mut work, out),
             RunInput::Call { frame, call } => {
@@ -255,7 +258,8 @@ impl RunMachine {
                     work.push((frame, scheduler::Input::Finished { id: call, outcome }));
                 }
             }
-            RunInput::Decided { call, decision } => {
+            RunInput::Decided { call, decision, by } => {
+                decided_by = by.map(|b| (call, b));
                 if let Some(frame) = self.owner(call) {
                     out.push(Action::ClearTimer {
                         timer: Timer::Approval { call },
@@ -285,6 +289,19 @@ impl RunMachine {
             }
         }
         self.run_work(&mut work, buf, now, out);
+        if let Some((call, by)) = decided_by {
+            for a in out.iter_mut().skip(first) {
+                if let Action::Emit(Event {
+                    call: Some(c),
+                    kind: EventKind::Decision { by: b, .. },
+                    ..
+                }) = a
+                    && *c == call
+                {
+                    *b = Some(by.clone());
+                }
+            }
+        }
     }
 
     fn streaming(&self, frame: FrameKey) -> bool {

@@ -161,6 +161,9 @@ pub enum EventKind {
         /// True when the policy default was applied because the reviewer did not answer in time.
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         timed_out: bool,
+        /// Who decided, when the decision's op said so.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        by: Option<super::Actor>,
     },
     /// An activity was launched.
     Started {
@@ -347,24 +350,31 @@ mod tests {
             EventKind::Decision {
                 decision: Decision::Approve,
                 timed_out: false,
+                by: Some(crate::protocol::Actor::new(
+                    "alice",
+                    crate::protocol::Actor::HTTP,
+                )),
             },
             EventKind::Decision {
                 decision: Decision::Edit {
                     params: json!({"q": 1}).as_object().cloned().unwrap_or_default(),
                 },
                 timed_out: false,
+                by: None,
             },
             EventKind::Decision {
                 decision: Decision::Replace {
                     call: Box::new(call.clone()),
                 },
                 timed_out: false,
+                by: None,
             },
             EventKind::Decision {
                 decision: Decision::Reject {
                     reason: "no".into(),
                 },
                 timed_out: true,
+                by: None,
             },
             EventKind::Started {
                 tool: "fetch".into(),
