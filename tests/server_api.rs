@@ -328,7 +328,12 @@ async fn a_reviewer_decides_over_http_and_stale_or_repeated_decisions_are_refuse
         "op.run_finished",
     );
     refused(
-        send(client().post(s.url(&format!("/runs/{id}/cancel")))).await,
+        send(
+            client()
+                .post(s.url(&format!("/runs/{id}/cancel")))
+                .json(&json!({})),
+        )
+        .await,
         409,
         "op.run_finished",
     );
@@ -456,7 +461,13 @@ async fn a_token_guards_the_api_and_tickets_open_the_event_stream() {
         401,
         "auth.ticket",
     );
-    let (_, t) = send(client().post(s.url("/tickets")).bearer_auth("s3cret")).await;
+    let (_, t) = send(
+        client()
+            .post(s.url("/tickets"))
+            .bearer_auth("s3cret")
+            .json(&json!({"run": id})),
+    )
+    .await;
     let ticket = t["ticket"].as_str().expect("ticket");
     assert_eq!(ticket.len(), 32);
     // A ticket opens the event stream only.

@@ -325,6 +325,10 @@ pub enum Command {
         /// Host gets 421 (a defence against DNS rebinding).
         #[arg(long = "allow-host", value_name = "NAME")]
         allow_host: Vec<String>,
+        /// A JSON file listing principals: `[{"name", "token_sha256", "roles": ["submit" |
+        /// "review" | "admin"]}]` (token_sha256: lowercase hex SHA-256 of the bearer token).
+        #[arg(long, value_name = "FILE")]
+        principals: Option<PathBuf>,
     },
     /// Serve a scripted-model file as an OpenAI-compatible streaming endpoint.
     MockLlm {
@@ -529,11 +533,13 @@ pub async fn main(cli: Cli) -> i32 {
             addr,
             allow_shell,
             allow_host,
+            principals,
         } => {
             serve(
                 addr,
                 allow_shell,
                 allow_host,
+                principals.as_deref(),
                 cli.store.as_deref(),
                 cli.no_store,
             )
@@ -778,6 +784,7 @@ async fn serve(
     addr: std::net::SocketAddr,
     allow_shell: bool,
     allowed_hosts: Vec<String>,
+    principals: Option<&FsPath>,
     store: Option<&FsPath>,
     no_store: bool,
 ) -> Result<i32, CliError> {
@@ -798,12 +805,16 @@ async fn serve(
     let token = std::env::var("DAGLOOP_TOKEN")
         .ok()
         .filter(|t| !t.is_empty());
+    let principals = match principals {
+        Some(p) => read_principals(p)?,
+        None => Vec::new(),
+    };
     let base_dir = std::env::current_dir().unwrap_or_default();
     crate::server::serve(crate::server::ServeOptions {
         addr,
         store,
         token,
-        principals: Vec::new(),
+        principals,
         allowed_hosts,
         allow_shell,
         base_dir,
@@ -813,11 +824,25 @@ async fn serve(
     Ok(0)
 }
 
+/// `--principals FILE`: a JSON array of principals.
+#[cfg(feature = "server")]
+fn read_principals(path: &FsPath) -> Result<Vec<crate::server::PrincipalConfig>, CliError> {
+    let bad = |reason: String| {
+        CliError::new(
+            "cli.bad_principals",
+            format!("{}: {reason}", path.display()),
+        )
+    };
+    let text = std::fs::read_to_string(path).map_err(|e| bad(e.to_string()))?;
+    serde_json::from_str(&text).map_err(|e| bad(e.to_string()))
+}
+
 #[cfg(not(feature = "server"))]
 async fn serve(
     _addr: std::net::SocketAddr,
     _allow_shell: bool,
     _allowed_hosts: Vec<String>,
+    _principals: Option<&FsPath>,
     _store: Option<&FsPath>,
     _no_store: bool,
 ) -> Result<i32, CliError> {

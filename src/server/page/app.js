@@ -120,7 +120,10 @@ function tokenGiven(ev) {
   waiters.forEach((w) => w());
 }
 
+// Every state change is sent as JSON (the server refuses any other POST, so another origin's
+// page cannot make one without a CORS preflight).
 async function api(method, path, body) {
+  if (method !== "GET" && body === undefined) body = {};
   for (;;) {
     const headers = { "Accept": "application/json" };
     const t = token();
@@ -254,7 +257,8 @@ async function openStream() {
   closeStream();
   let ticket;
   try {
-    ticket = (await api("POST", "/tickets")).ticket;
+    // A ticket opens this run's events only.
+    ticket = (await api("POST", "/tickets", { run: id })).ticket;
   } catch (e) {
     setConn("reconnecting", e.message);
     reopenLater();
@@ -752,7 +756,7 @@ async function cancelRun() {
   const id = page.selected;
   if (!id || !confirm("Cancel run " + id + "?")) return;
   try {
-    await api("POST", "/runs/" + encodeURIComponent(id) + "/cancel");
+    await api("POST", "/runs/" + encodeURIComponent(id) + "/cancel", { reason: "cancelled from the reviewer page" });
     notice("Cancelling run " + id + ".", "ok");
   } catch (e) {
     notice("Cannot cancel: " + e.message, "error");
