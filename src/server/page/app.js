@@ -319,7 +319,8 @@ function reopenLater() {
 function render(run) {
   $("#run-id").textContent = run.id;
   const st = $("#run-status");
-  st.textContent = run.status;
+  st.textContent = run.status +
+    (run.cancelled_by ? " by " + run.cancelled_by.principal + " (" + run.cancelled_by.channel + ")" : "");
   st.dataset.status = run.status;
   $("#run-duration").textContent = fmtMs(run.duration_ms) + " · " + run.journal_entries + " journal entries";
   $("#cancel-run").hidden = finished(run);
@@ -394,7 +395,10 @@ function callCard(c) {
       c.waiting_on.map((w, i) => [i ? ", " : "", el("code", { text: w })])));
   }
   const times = [];
-  if (c.decision) times.push(c.decision + (c.decision_timed_out ? " (timed out)" : ""));
+  if (c.decision) {
+    times.push(c.decision + (c.decision_timed_out ? " (timed out)" : "") +
+      (c.decided_by ? " by " + c.decided_by.principal + " (" + c.decided_by.channel + ")" : ""));
+  }
   if (c.started_ms !== undefined && c.ended_ms !== undefined) times.push("ran " + fmtMs(c.ended_ms - c.started_ms));
   if (times.length) card.append(el("div", { class: "call-meta muted", text: times.join(" · ") }));
   if (c.error) {
