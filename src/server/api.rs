@@ -46,11 +46,11 @@ fn forbidden(what: &str) -> ApiError {
 
 /// The decision or cancellation's author: the principal, over HTTP.
 fn actor(who: &Principal) -> Option<Actor> {
-    Some(Actor {
-        principal: who.name.clone(),
-        channel: Actor::HTTP.into(),
-    })
+    Some(Actor::new(who.name.clone(), Actor::HTTP))
 }
+
+/// Keys kept in memory at most; past that the memory is cleared and the store answers.
+const MAX_KEYS_IN_MEMORY: usize = 10_000;
 
 /// Stored runs the caller may see (a submitter: its own), newest first, with how many calls
 /// each has waiting for a decision.
@@ -183,6 +183,9 @@ pub(super) async fn create_run(
     }
     let id = start_run(&st, &who, v).await?;
     if let Ok(mut m) = st.idempotent.lock() {
+        if m.len() >= MAX_KEYS_IN_MEMORY {
+            m.clear();
+        }
         m.insert(slot.clone(), id.clone());
     }
     let store = st.store.clone();

@@ -102,8 +102,9 @@ pub(super) async fn authenticate(
     match header {
         Some(Some(h)) => {
             let who = h
-                .strip_prefix("Bearer ")
-                .and_then(|t| st.principals.identify(t.trim()));
+                .split_once(' ')
+                .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+                .and_then(|(_, t)| st.principals.identify(t.trim()));
             return match who {
                 Some(p) => {
                     req.extensions_mut().insert(p);
