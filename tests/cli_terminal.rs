@@ -40,6 +40,7 @@ async fn the_prompt_is_visible_and_approve_runs_the_call() {
     let server = ToolServer::start().await;
     let ws = probe(&server, |_| {});
     let store = ws.goal.with_file_name("runs.db");
+    let db = store.clone();
     let out = in_pty(move || {
         let mut p = dagloop(&ws, &store);
         // One line per call: id, tool, resolved params; then the answers.
@@ -58,6 +59,24 @@ async fn the_prompt_is_visible_and_approve_runs_the_call() {
     .await;
     assert!(out.contains("\"status\": \"succeeded\""), "{out}");
     assert_eq!(server.hits("/ping"), 1);
+    // The decision is journaled as the terminal user's.
+    let id = out
+        .split("\"run_id\": \"")
+        .nth(1)
+        .and_then(|r| r.split('"').next())
+        .expect("the result names its run");
+    let shown = bin::dagloop()
+        .args(["show", "--json", id])
+        .env("DAGLOOP_STORE", &db)
+        .output()
+        .expect("show");
+    let shown: Value = serde_json::from_slice(&shown.stdout).expect("JSON");
+    let by = &shown["calls"][0]["decided_by"];
+    assert_eq!(by["channel"], "terminal", "{shown}");
+    assert!(
+        by["principal"].as_str().is_some_and(|p| !p.is_empty()),
+        "{shown}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -612,6 +612,28 @@ async fn a_submitter_sees_and_cancels_only_its_own_runs() {
     assert_eq!(st, 200, "{v}");
     let done = until_as(&s, CI, &a, |v| v["status"] == "cancelled").await;
     assert_eq!(done["cancelled_by"]["principal"], "ci", "{done}");
+    // The run's last event says who cancelled it.
+    let r = client()
+        .get(s.url(&format!("/runs/{a}/events")))
+        .bearer_auth(CI)
+        .send()
+        .await
+        .expect("events");
+    let mut stream = r.bytes_stream().eventsource();
+    let mut last = Value::Null;
+    while let Ok(Some(Ok(ev))) =
+        tokio::time::timeout(std::time::Duration::from_secs(10), stream.next()).await
+    {
+        if ev.event == "run_finished" {
+            last = serde_json::from_str(&ev.data).expect("JSON");
+            break;
+        }
+    }
+    assert_eq!(
+        last["by"],
+        json!({"principal": "ci", "channel": "http"}),
+        "{last}"
+    );
     let done = until_as(&s, ALICE, &b, |v| v["status"] == "cancelled").await;
     assert_eq!(done["cancelled_by"]["principal"], "root", "{done}");
 }

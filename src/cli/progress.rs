@@ -288,7 +288,7 @@ pub(super) async fn show(mut events: Subscription, tty: bool, screen: Arc<Screen
                 ev.step,
                 errors.join("; ")
             )),
-            EventKind::RunFinished { status } if ev.parent.is_none() => Some(format!(
+            EventKind::RunFinished { status, .. } if ev.parent.is_none() => Some(format!(
                 "run finished: {status} after {} step(s) · {}",
                 c.step,
                 c.counts()

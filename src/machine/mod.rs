@@ -57,6 +57,8 @@ pub struct RunMachine {
     seq: u64,
     started: bool,
     finished: Option<RunStatus>,
+    /// Who cancelled the run, when its cancellation said so (put on its `run_finished`).
+    cancelled_by: Option<crate::protocol::Actor>,
     keep_launched: bool,
     /// Scratch buffers (the work queue, a scheduler's actions), kept between inputs so that an
     /// input allocates nothing for them; see [`RunMachine::handle_into`].
@@ -88,6 +90,7 @@ impl RunMachine {
             seq: 0,
             started: false,
             finished: None,
+            cancelled_by: None,
             keep_launched: false,
             scratch: Default::default(),
         }
@@ -277,7 +280,12 @@ impl RunMachine {
                     self.stop(frame, RunStatus::Timeout, now, &mut work, out);
                 }
             },
-            RunInput::Cancel { .. } => self.stop(None, RunStatus::Cancelled, now, &mut work, out),
+            RunInput::Cancel { by, .. } => {
+                if self.cancelled_by.is_none() {
+                    self.cancelled_by = by;
+                }
+                self.stop(None, RunStatus::Cancelled, now, &mut work, out)
+            }
             RunInput::Resumed => self.resume(&mut work, out),
             RunInput::Interrupted { call } => {
                 // A delegate's call is its nested agent, never an activity that can be lost.
@@ -826,6 +834,11 @@ impl RunMachine {
         }
         let kind = EventKind::RunFinished {
             status: status.as_str().to_string(),
+            by: if key.is_none() && status == RunStatus::Cancelled {
+                self.cancelled_by.clone()
+            } else {
+                None
+            },
         };
         self.emit(key, None, kind, now, out);
         self.frames.remove(&key);

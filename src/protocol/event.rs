@@ -260,6 +260,9 @@ pub enum EventKind {
     RunFinished {
         /// The terminal status (`succeeded`, `failed`, `cancelled`, ...).
         status: String,
+        /// For a run that was cancelled: who cancelled it, when the cancellation said so.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        by: Option<super::Actor>,
     },
 }
 
@@ -418,6 +421,14 @@ mod tests {
             },
             EventKind::RunFinished {
                 status: "succeeded".into(),
+                by: None,
+            },
+            EventKind::RunFinished {
+                status: "cancelled".into(),
+                by: Some(crate::protocol::Actor::new(
+                    "ci",
+                    crate::protocol::Actor::HTTP,
+                )),
             },
         ]
     }
