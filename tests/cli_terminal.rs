@@ -40,7 +40,6 @@ async fn the_prompt_is_visible_and_approve_runs_the_call() {
     let server = ToolServer::start().await;
     let ws = probe(&server, |_| {});
     let store = ws.goal.with_file_name("runs.db");
-    let db = store.clone();
     let out = in_pty(move || {
         let mut p = dagloop(&ws, &store);
         // One line per call: id, tool, resolved params; then the answers.
@@ -53,23 +52,26 @@ async fn the_prompt_is_visible_and_approve_runs_the_call() {
         p.exp_string("[a]pprove").expect("asked again");
         p.send_line("a").expect("send");
         let rest = p.exp_eof().expect("exits when the run ends");
+        // Read back before the workspace (and the store in it) goes.
+        let id = rest
+            .split("\"run_id\": \"")
+            .nth(1)
+            .and_then(|r| r.split('"').next())
+            .unwrap_or_default()
+            .to_string();
+        let shown = bin::dagloop()
+            .args(["show", "--json", &id])
+            .env("DAGLOOP_STORE", &store)
+            .output()
+            .expect("show");
         drop(ws);
-        rest
+        (rest, shown)
     })
     .await;
+    let (out, shown) = out;
     assert!(out.contains("\"status\": \"succeeded\""), "{out}");
     assert_eq!(server.hits("/ping"), 1);
     // The decision is journaled as the terminal user's.
-    let id = out
-        .split("\"run_id\": \"")
-        .nth(1)
-        .and_then(|r| r.split('"').next())
-        .expect("the result names its run");
-    let shown = bin::dagloop()
-        .args(["show", "--json", id])
-        .env("DAGLOOP_STORE", &db)
-        .output()
-        .expect("show");
     let shown: Value = serde_json::from_slice(&shown.stdout).expect("JSON");
     let by = &shown["calls"][0]["decided_by"];
     assert_eq!(by["channel"], "terminal", "{shown}");
