@@ -50,7 +50,17 @@ impl Drop for Server {
 }
 
 fn start(dir: &std::path::Path) -> Server {
+    // The goals' scripted models live in a temporary folder and their tool on loopback: the
+    // operator grants both.
+    let config = dir.join("config.json");
+    std::fs::write(
+        &config,
+        r#"{"grants": {"egress": {"private": true}, "files": ["/"]}}"#,
+    )
+    .expect("config");
     let mut child = Command::new(env!("CARGO_BIN_EXE_dagloop"))
+        .arg("--config")
+        .arg(&config)
         .args(["serve", "--addr", "127.0.0.1:0", "--store"])
         .arg(dir.join("runs.db"))
         .env_remove("DAGLOOP_TOKEN")

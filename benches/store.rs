@@ -62,10 +62,15 @@ async fn fan_out(dir: &Path, n: usize, store: Option<Arc<SqliteStore>>) -> Timin
         "t",
         |p: Value| async move { Ok::<_, String>(p["i"].clone()) },
     );
+    let def = dagloop::runs::define(
+        goal(dir, n),
+        RunOptions::default(),
+        Arc::new(dagloop::grants::Grants::open()),
+    )
+    .expect("define");
     let prepared = dagloop::runs::prepare(
         registry,
-        goal(dir, n),
-        &RunOptions::default(),
+        &def,
         None,
         Review::External,
         CancellationToken::new(),

@@ -20,16 +20,23 @@
 #[cfg(doctest)]
 pub struct ReadmeDoctests;
 
+/// The library guide's examples (docs/library.md), compiled as doctests too.
+#[doc = include_str!("../docs/library.md")]
+#[cfg(doctest)]
+pub struct LibraryDoctests;
+
 pub mod approval;
 pub mod check;
 /// The `dagloop` binary's front-end. Not part of the library API: it may change at any time.
 #[doc(hidden)]
 pub mod cli;
+pub mod config;
 pub mod context;
 pub mod duration;
 pub mod engine;
 mod fxhash;
 pub mod goal;
+pub mod grants;
 pub mod graph;
 pub mod llm;
 pub mod machine;

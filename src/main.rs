@@ -18,6 +18,9 @@ fn main() -> anyhow::Result<()> {
         .enable_all()
         .build()?;
     let code = runtime.block_on(dagloop::cli::main(cli));
+    // Every task's destructors run here (a run's shell tools and MCP servers are killed);
+    // whatever process group is left goes before the process does.
     drop(runtime);
+    dagloop::tools::kill_process_groups();
     std::process::exit(code);
 }

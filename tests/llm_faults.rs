@@ -471,3 +471,27 @@ async fn the_key_never_reaches_errors_notices_or_logs() {
     assert!(!all.contains(KEY), "{all}");
     assert!(all.matches("[REDACTED]").count() >= 4, "{all}");
 }
+
+/// An SSE line that never ends (8 MB, no newline, then silence) fails the attempt at the cap
+/// with `llm.line_too_long`, at once: neither buffered without bound nor waited out until the
+/// idle timeout. Not retried.
+#[tokio::test]
+async fn an_sse_line_longer_than_the_cap_fails_fast_with_line_too_long() {
+    let mut line = b"data: ".to_vec();
+    line.resize(8 * 1024 * 1024, b'x');
+    let server = serve(vec![Canned::pieces(vec![Piece::Bytes(line), Piece::Hang])]).await;
+    let (model, notices) = retrying(server.openai_base());
+    let start = std::time::Instant::now();
+    let (events, err) = collect(model.stream(&req())).await;
+    let elapsed = start.elapsed();
+    assert_eq!(
+        err.as_ref().map(LlmError::code),
+        Some("llm.line_too_long"),
+        "{err:?}"
+    );
+    assert!(events.is_empty(), "{events:?}");
+    assert!(elapsed < Duration::from_secs(10), "{elapsed:?}");
+    assert_eq!(server.hits(), 1, "not retried");
+    assert!(notices.lock().unwrap().is_empty());
+    assert_eq!(dagloop::llm::MAX_SSE_LINE, 1 << 20);
+}

@@ -174,10 +174,6 @@ async fn invalid_goals_and_bodies_are_refused_with_pointers_and_codes() {
             .starts_with("/tools"),
         "{e}"
     );
-    // Shell tools need the operator's --allow-shell.
-    let shell = json!({"goal": "x", "output_schema": {"type": "object"}, "tools": [{"_tool": "sh",
-        "_activity": "shell", "_shell": {"command": ["true"]}, "type": "object"}]});
-    refused(send(post(shell)).await, 400, "server.shell_refused");
     // Not JSON; too large.
     refused(
         send(

@@ -132,7 +132,9 @@ fn try_start_server_with(
     token: Option<&str>,
 ) -> Option<(Killed, String)> {
     let mut cmd = bin::dagloop();
-    cmd.args(["serve", "--addr", addr, "--store"])
+    cmd.arg("--config")
+        .arg(bin::open_config())
+        .args(["serve", "--addr", addr, "--store"])
         .arg(store)
         .stdout(Stdio::piped())
         .stderr(Stdio::null());

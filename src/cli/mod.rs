@@ -5,6 +5,8 @@
 //! (always JSON with a stable `code` on failure), shows progress, and turns Ctrl-C into
 //! cancellation. It takes no decisions about runs.
 
+#[macro_use]
+mod out;
 mod progress;
 mod review;
 mod run;
@@ -40,6 +42,39 @@ pub struct Cli {
     /// Keep no record of runs (they cannot be resumed, shown or decided later).
     #[arg(long, global = true, conflicts_with = "store")]
     pub no_store: bool,
+    /// The operator's configuration (TOML, or JSON by its `.json` name;
+    /// schemas/config.schema.json): what runs may touch, MCP servers, agents, principals.
+    /// Without it the command line grants everything but the shell (`--allow-shell`), and
+    /// `serve`/`worker` grant only http and delegate tools, public addresses and files under
+    /// the working directory.
+    #[arg(long, global = true)]
+    pub config: Option<PathBuf>,
+}
+
+/// The operator's configuration, when `--config` names one.
+fn load_config(path: Option<&FsPath>) -> Result<Option<crate::config::Config>, CliError> {
+    path.map(|p| crate::config::Config::load(p).map_err(|e| CliError::new(e.code(), e)))
+        .transpose()
+}
+
+/// What this command's runs may touch: the configuration's grants, else the command line's
+/// default (everything but the shell) or, for a server or worker (`closed`), the closed default;
+/// `--allow-shell` adds the shell either way.
+fn grants_for(
+    config: Option<&crate::config::Config>,
+    allow_shell: bool,
+    closed: bool,
+) -> Result<Arc<crate::grants::Grants>, CliError> {
+    let cwd = std::env::current_dir().unwrap_or_default();
+    let mut grants = match config {
+        Some(c) => c.grants(&cwd).map_err(|e| CliError::new(e.code(), e))?,
+        None if closed => crate::grants::Grants::closed(&cwd),
+        None => crate::grants::Grants::cli(allow_shell),
+    };
+    if allow_shell && let Some(k) = grants.kinds.as_mut() {
+        k.insert("shell".into());
+    }
+    Ok(Arc::new(grants))
 }
 
 /// What to do with stored runs.
@@ -239,6 +274,10 @@ pub enum Command {
         /// Decisions given up front (see `run --decisions`).
         #[arg(long)]
         decisions: Option<PathBuf>,
+        /// Continue even though the run's definition (a delegate goal) changed since it began;
+        /// the new definition is recorded.
+        #[arg(long)]
+        accept_changes: bool,
         /// Without a terminal: `fail` or `reject` (see `run --on-no-reviewer`).
         #[arg(long, value_enum, default_value = "fail")]
         on_no_reviewer: NoReviewer,
@@ -302,6 +341,9 @@ pub enum Command {
         /// The goal whose tools and data a plan is checked against.
         #[arg(long)]
         goal: Option<PathBuf>,
+        /// Check the goal as a run with the shell activity allowed would be.
+        #[arg(long)]
+        allow_shell: bool,
     },
     /// Print a plan's dependency graph.
     Graph {
@@ -395,14 +437,26 @@ pub fn usage_error(err: &clap::Error, args: &[std::ffi::OsString]) -> i32 {
         .to_string();
     let mut e = CliError::new("cli.usage", message);
     e.details = json!({"usage": text.trim()});
-    println!("{}", pretty(&e.to_json()));
+    outln!("{}", pretty(&e.to_json()));
     2
 }
 
 /// Runs a parsed command; returns the process exit code (0 success, 1 the run or check did not
-/// succeed, 2 bad input).
+/// succeed, 2 bad input, 141 stdout was closed before everything was printed).
 pub async fn main(cli: Cli) -> i32 {
     let store = || open_store(cli.store.as_deref(), cli.no_store);
+    let config = match load_config(cli.config.as_deref()) {
+        Ok(c) => c,
+        Err(e) => {
+            outln!("{}", pretty(&e.to_json()));
+            return if out::stdout_closed() {
+                out::BROKEN_PIPE_EXIT
+            } else {
+                2
+            };
+        }
+    };
+    let config = config.as_ref();
     let outcome = match cli.command {
         Command::Run {
             goal,
@@ -424,7 +478,7 @@ pub async fn main(cli: Cli) -> i32 {
                 approve: run::approve_name(approve),
                 allow_shell,
                 mode: mode.map(run::mode_name),
-                submitted_by: None,
+                ..Default::default()
             };
             let display = run::Display {
                 json_only: json,
@@ -437,9 +491,9 @@ pub async fn main(cli: Cli) -> i32 {
             if temporal.engine == EngineArg::Temporal {
                 temporal_cmd::run(&goal, opts, &display, &temporal).await
             } else {
-                match store() {
-                    Ok(s) => run::run(run::Start::New(goal), opts, display, s).await,
-                    Err(e) => Err(e),
+                match (store(), grants_for(config, allow_shell, false)) {
+                    (Ok(s), Ok(g)) => run::run(run::Start::New(goal), opts, g, display, s).await,
+                    (Err(e), _) | (_, Err(e)) => Err(e),
                 }
             }
         }
@@ -453,6 +507,7 @@ pub async fn main(cli: Cli) -> i32 {
             allow_shell,
             detach,
             decisions,
+            accept_changes,
             on_no_reviewer,
             mode,
         } => {
@@ -470,9 +525,9 @@ pub async fn main(cli: Cli) -> i32 {
                 approve: run::approve_name(approve),
                 allow_shell,
                 mode: mode.map(run::mode_name),
-                submitted_by: None,
+                ..Default::default()
             };
-            resume(&id, store(), over, display).await
+            resume(&id, store(), over, accept_changes, config, display).await
         }
         Command::Runs { action, json } => match (required(store()), action) {
             (Ok(s), None) => runs::list(&s, json),
@@ -506,7 +561,10 @@ pub async fn main(cli: Cli) -> i32 {
             }
             Err(e) => Err(e),
         },
-        Command::Worker { temporal } => temporal_cmd::worker(&temporal).await,
+        Command::Worker { temporal } => match grants_for(config, false, true) {
+            Ok(g) => temporal_cmd::worker(&temporal, g).await,
+            Err(e) => Err(e),
+        },
         Command::Decide {
             run: id,
             call,
@@ -526,7 +584,13 @@ pub async fn main(cli: Cli) -> i32 {
             (Err(e), _) | (_, Err(e)) => Err(e),
         },
         Command::Schema { goal, mode } => schema_cmd::schema(&goal, mode),
-        Command::Validate { file, goal } => validate(&file, goal.as_deref()),
+        Command::Validate {
+            file,
+            goal,
+            allow_shell,
+        } => {
+            grants_for(config, allow_shell, false).and_then(|g| validate(&file, goal.as_deref(), g))
+        }
         Command::Graph { file, format } => graph(&file, format),
         Command::MockLlm { script, port } => mock_llm(&script, port).await,
         Command::Serve {
@@ -534,24 +598,33 @@ pub async fn main(cli: Cli) -> i32 {
             allow_shell,
             allow_host,
             principals,
-        } => {
-            serve(
-                addr,
-                allow_shell,
-                allow_host,
-                principals.as_deref(),
-                cli.store.as_deref(),
-                cli.no_store,
-            )
-            .await
-        }
+        } => match grants_for(config, allow_shell, true) {
+            Ok(g) => {
+                serve(
+                    addr,
+                    g,
+                    config,
+                    allow_host,
+                    principals.as_deref(),
+                    cli.store.as_deref(),
+                    cli.no_store,
+                )
+                .await
+            }
+            Err(e) => Err(e),
+        },
     };
-    match outcome {
+    let code = match outcome {
         Ok(code) => code,
         Err(e) => {
-            println!("{}", pretty(&e.to_json()));
+            outln!("{}", pretty(&e.to_json()));
             if e.code.starts_with("op.") { 1 } else { 2 }
         }
+    };
+    if out::stdout_closed() {
+        out::BROKEN_PIPE_EXIT
+    } else {
+        code
     }
 }
 
@@ -614,6 +687,8 @@ async fn resume(
     id: &str,
     store: Result<Option<Store>, CliError>,
     over: run::RunOptions,
+    accept_changes: bool,
+    config: Option<&crate::config::Config>,
     display: run::Display,
 ) -> Result<i32, CliError> {
     use crate::store::RunStore;
@@ -622,7 +697,7 @@ async fn resume(
     if let Some(r) = &stored.result {
         let mut v = serde_json::to_value(r).unwrap_or(Value::Null);
         v["run_id"] = json!(id);
-        println!("{}", pretty(&v));
+        outln!("{}", pretty(&v));
         return Ok(if r.succeeded() { 0 } else { 1 });
     }
     if let Some(pid) = stored.owner_pid
@@ -647,7 +722,18 @@ async fn resume(
         opts.mode = over.mode;
     }
     opts.allow_shell |= over.allow_shell;
-    run::run(run::Start::Resume(Box::new(stored)), opts, display, Some(s)).await
+    if accept_changes {
+        opts.definition.clear();
+    }
+    let grants = grants_for(config, opts.allow_shell, false)?;
+    run::run(
+        run::Start::Resume(Box::new(stored)),
+        opts,
+        grants,
+        display,
+        Some(s),
+    )
+    .await
 }
 
 fn pretty(v: &Value) -> String {
@@ -688,7 +774,11 @@ fn load_plan(file: &FsPath) -> Result<(Vec<Call>, Option<Goal>), CliError> {
     Ok((calls, None))
 }
 
-fn validate(file: &FsPath, goal: Option<&FsPath>) -> Result<i32, CliError> {
+fn validate(
+    file: &FsPath,
+    goal: Option<&FsPath>,
+    grants: Arc<crate::grants::Grants>,
+) -> Result<i32, CliError> {
     let other_goal = goal
         .map(|p| Goal::load(p).map_err(|e| CliError::new(e.code(), &e)))
         .transpose()?;
@@ -698,7 +788,24 @@ fn validate(file: &FsPath, goal: Option<&FsPath>) -> Result<i32, CliError> {
     }
     let (calls, own_goal) = load_plan(file)?;
     let (kind, findings) = match (own_goal, other_goal) {
-        (Some(g), _) => ("goal", check::check_goal(&g)),
+        (Some(g), _) => {
+            // The grants first, as `run` checks them: nothing the goal names outside them is
+            // opened.
+            if let Err(e) = crate::runs::define(g.clone(), run::RunOptions::default(), grants) {
+                let finding = check::Finding {
+                    code: e.code(),
+                    call: None,
+                    tool: None,
+                    turn: None,
+                    message: e.to_string(),
+                };
+                return Ok(report(
+                    json!({"kind": "goal", "calls": calls.len()}),
+                    vec![finding],
+                ));
+            }
+            ("goal", check::check_goal(&g))
+        }
         (None, Some(g)) => {
             let mut initial = serde_json::Map::new();
             if let Some(i) = &g.input {
@@ -731,7 +838,7 @@ fn report(mut head: Value, findings: Vec<check::Finding>) -> i32 {
     let ok = findings.is_empty();
     head["status"] = json!(if ok { "valid" } else { "invalid" });
     head["findings"] = json!(findings);
-    println!("{}", pretty(&head));
+    outln!("{}", pretty(&head));
     if ok { 0 } else { 1 }
 }
 
@@ -741,7 +848,7 @@ fn graph(file: &FsPath, format: GraphFormat) -> Result<i32, CliError> {
         GraphFormat::Mermaid => check::mermaid(&calls),
         GraphFormat::Dot => check::dot(&calls),
     };
-    print!("{text}");
+    out!("{text}");
     Ok(0)
 }
 
@@ -759,7 +866,7 @@ async fn mock_llm(script: &FsPath, port: u16) -> Result<i32, CliError> {
     let server = crate::llm::serve_mock(script, listener)
         .await
         .map_err(|e| CliError::new("cli.bind", e))?;
-    println!(
+    outln!(
         "{}",
         json!({"status": "listening", "base_url": server.base_url()})
     );
@@ -782,7 +889,8 @@ pub(crate) fn me(channel: &str) -> crate::protocol::Actor {
 #[cfg(feature = "server")]
 async fn serve(
     addr: std::net::SocketAddr,
-    allow_shell: bool,
+    grants: Arc<crate::grants::Grants>,
+    config: Option<&crate::config::Config>,
     allowed_hosts: Vec<String>,
     principals: Option<&FsPath>,
     store: Option<&FsPath>,
@@ -805,18 +913,41 @@ async fn serve(
     let token = std::env::var("DAGLOOP_TOKEN")
         .ok()
         .filter(|t| !t.is_empty());
-    let principals = match principals {
+    // Principals and Host names: the operator's config, then the command line's.
+    let mut principals = match principals {
         Some(p) => read_principals(p)?,
         None => Vec::new(),
     };
+    let mut allowed_hosts = allowed_hosts;
+    if let Some(c) = config {
+        for (i, v) in c.principals.iter().enumerate() {
+            let p = serde_json::from_value(v.clone()).map_err(|e| {
+                CliError::new(
+                    "cli.bad_principals",
+                    format!("the config's principals[{i}]: {e}"),
+                )
+            })?;
+            principals.insert(i, p);
+        }
+        allowed_hosts.extend(c.allowed_hosts.iter().cloned());
+    }
     let base_dir = std::env::current_dir().unwrap_or_default();
+    let agents = config
+        .map(|c| {
+            c.agents
+                .keys()
+                .filter_map(|name| Some((name.clone(), c.agent_goal(name)?)))
+                .collect()
+        })
+        .unwrap_or_default();
     crate::server::serve(crate::server::ServeOptions {
         addr,
         store,
         token,
         principals,
         allowed_hosts,
-        allow_shell,
+        grants,
+        agents,
         base_dir,
     })
     .await
@@ -840,7 +971,8 @@ fn read_principals(path: &FsPath) -> Result<Vec<crate::server::PrincipalConfig>,
 #[cfg(not(feature = "server"))]
 async fn serve(
     _addr: std::net::SocketAddr,
-    _allow_shell: bool,
+    _grants: Arc<crate::grants::Grants>,
+    _config: Option<&crate::config::Config>,
     _allowed_hosts: Vec<String>,
     _principals: Option<&FsPath>,
     _store: Option<&FsPath>,

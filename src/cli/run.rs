@@ -107,11 +107,6 @@ fn load_decisions(path: &FsPath) -> Result<crate::approval::ScriptedApprover, Cl
     Ok(a)
 }
 
-/// The run's policy: the goal's, with the command line's `--approve` over it.
-pub(super) fn policy_for(goal: &Goal, approve: Option<&str>) -> Result<Policy, CliError> {
-    crate::runs::policy_for(goal, approve).map_err(|e| CliError::new(e.code(), e))
-}
-
 pub(super) fn approve_name(a: Option<ApproveArg>) -> Option<String> {
     a.map(|a| {
         match a {
@@ -132,9 +127,12 @@ pub(super) enum Start {
 pub(super) async fn run(
     start: Start,
     opts: RunOptions,
+    grants: Arc<crate::grants::Grants>,
     display: Display,
     store: Option<Arc<crate::store::SqliteStore>>,
 ) -> Result<i32, CliError> {
+    // Listening from here on: a SIGTERM while the run is being set up stops it once it starts.
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
     let (goal, run_id, journal) = match start {
         Start::New(path) => {
             let goal = Goal::load(&path).map_err(|e| CliError::new(e.code(), &e))?;
@@ -148,7 +146,10 @@ pub(super) async fn run(
             (goal, Some(stored.record.id.clone()), Some(stored.journal))
         }
     };
-    let policy = policy_for(&goal, opts.approve.as_deref())?;
+    let def =
+        crate::runs::define(goal, opts.clone(), grants).map_err(|e| CliError::new(e.code(), &e))?;
+    let goal = def.effective_goal();
+    let policy = def.policy();
     let cancel = CancellationToken::new();
     let interactive = std::io::stdin().is_terminal() && !display.detach;
     let tools: std::collections::BTreeMap<String, crate::protocol::Tool> = goal
@@ -156,10 +157,10 @@ pub(super) async fn run(
         .iter()
         .map(|t| (t.name.clone(), t.clone()))
         .collect();
-    let asks = may_ask(&policy, &goal);
+    let asks = may_ask(policy, goal);
     let decisions = match &display.decisions {
         Some(p) => Some(p.clone()),
-        None if !interactive => scripted_decisions(&goal, opts.model.as_deref()),
+        None if !interactive => scripted_decisions(goal, opts.model.as_deref()),
         None => None,
     };
     let review = if let Some(path) = &decisions {
@@ -182,10 +183,20 @@ pub(super) async fn run(
     };
     let resume = run_id.zip(journal);
     let sink = store.as_ref().map(|s| crash_hook(s.clone()));
-    let prepared = crate::runs::prepare(
+    // SIGTERM (what service managers send) stops the process and leaves the run resumable;
+    // Ctrl-C cancels the run.
+    let sigterm = async {
+        match term.as_mut() {
+            Some(s) => {
+                s.recv().await;
+            }
+            None => std::future::pending::<()>().await,
+        }
+    };
+    tokio::pin!(sigterm);
+    let preparing = crate::runs::prepare(
         crate::tools::Registry::new(),
-        goal,
-        &opts,
+        &def,
         resume,
         review,
         cancel.clone(),
@@ -195,15 +206,27 @@ pub(super) async fn run(
             owner_pid: std::process::id(),
             mcp: None,
         },
-    )
-    .await
-    .map_err(|e| CliError::new(e.code(), &e))?;
+    );
+    // Setting up can take long (MCP servers starting): SIGTERM stops it too (the servers
+    // started so far are killed). A run already recorded is left as it is, resumable.
+    let prepared = tokio::select! {
+        biased;
+        p = preparing => p.map_err(|e| CliError::new(e.code(), &e))?,
+        () = &mut sigterm => {
+            errln!("dagloop: stopped by SIGTERM while the run was being set up");
+            outln!(
+                "{}",
+                pretty(&json!({"status": "stopped", "reason": "SIGTERM"}))
+            );
+            return Ok(STOPPED_EXIT);
+        }
+    };
     let id = prepared.run_id().to_string();
     if let Some(s) = &store {
         if display.json_only {
-            eprintln!("{}", json!({"run_id": id}));
+            errln!("{}", json!({"run_id": id}));
         } else {
-            eprintln!("dagloop: run {id} (store {})", s.path().display());
+            errln!("dagloop: run {id} (store {})", s.path().display());
         }
     }
     // The events file is created only once the agent is built, so bad input leaves no file.
@@ -221,17 +244,19 @@ pub(super) async fn run(
         .await
         .map_err(|e| CliError::new(e.code(), &e))?;
     for e in &launched.refused {
-        eprintln!(
+        errln!(
             "dagloop: a recorded decision does not apply: {e} [{}]",
             e.code()
         );
     }
-    let _servers = launched.servers;
+    let servers = launched.servers;
     let handle = launched.handle;
-    let writer = events_out.map(|file| spawn_writer(&handle, file));
+    // Tells the events writer to write what it has been sent and stop.
+    let stop_writer = CancellationToken::new();
+    let writer = events_out.map(|file| spawn_writer(&handle, file, stop_writer.clone()));
     let ops = store.clone().map(|s| {
         crate::runs::spawn_op_poller(&handle, s, |e| {
-            eprintln!(
+            errln!(
                 "dagloop: a recorded decision does not apply: {e} [{}]",
                 e.code()
             )
@@ -255,23 +280,55 @@ pub(super) async fn run(
             }
             // A second Ctrl-C leaves at once.
             if tokio::signal::ctrl_c().await.is_ok() {
-                eprintln!("\ndagloop: interrupted twice, leaving now");
+                errln!("\ndagloop: interrupted twice, leaving now");
+                crate::tools::kill_process_groups();
                 std::process::exit(130);
             }
         })
     };
-    let result = if display.detach {
-        handle.wait_or_idle().await
-    } else {
-        Some(handle.wait().await)
+    let ended = async {
+        if display.detach {
+            handle.wait_or_idle().await
+        } else {
+            Some(handle.wait().await)
+        }
+    };
+    let result = tokio::select! {
+        r = ended => Some(r),
+        () = &mut sigterm => None,
     };
     ctrl_c.abort();
-    if let Some(r) = reviewer {
-        r.abort();
-    }
-    if let Some(t) = ops {
+    let helpers = [reviewer, ops];
+    let Some(result) = result else {
+        // SIGTERM: stop driving the run and leave it as the store has it, resumable.
+        stop_writer.cancel();
+        for t in helpers.into_iter().flatten() {
+            t.abort();
+            let _ = tokio::time::timeout(STOP_WAIT, t).await;
+        }
+        if let Some(t) = progress {
+            t.abort();
+        }
+        // The last handle: the driver stops, and with it every call in flight (a shell tool's
+        // process group is killed; a call is marked interrupted when the run is resumed).
+        drop(handle);
+        drop(servers);
+        if let Some(t) = writer {
+            let _ = tokio::time::timeout(STOP_WAIT, t).await;
+        }
+        errln!(
+            "dagloop: stopped by SIGTERM; the run is kept: continue it with `dagloop resume {id}`"
+        );
+        outln!(
+            "{}",
+            pretty(&json!({"status": "stopped", "run_id": id, "reason": "SIGTERM"}))
+        );
+        return Ok(STOPPED_EXIT);
+    };
+    for t in helpers.into_iter().flatten() {
         t.abort();
     }
+    drop(servers);
     let Some(result) = result else {
         // Detached: the run waits for decisions (`dagloop decide`, then `dagloop resume`).
         let awaiting: Vec<Value> = handle
@@ -279,11 +336,15 @@ pub(super) async fn run(
             .into_iter()
             .map(|(id, call, hash)| json!({"call_id": id, "call": call, "params_hash": hash}))
             .collect();
-        for t in [writer, progress].into_iter().flatten() {
+        if let Some(t) = progress {
             t.abort();
         }
+        stop_writer.cancel();
+        if let Some(t) = writer {
+            let _ = tokio::time::timeout(STOP_WAIT, t).await;
+        }
         drop(handle);
-        println!(
+        outln!(
             "{}",
             pretty(&json!({"status": "waiting", "run_id": id, "awaiting": awaiting}))
         );
@@ -292,7 +353,7 @@ pub(super) async fn run(
     if let Some(s) = &store
         && let Err(e) = s.finish(&id, &result)
     {
-        eprintln!("dagloop: could not record the run's end: {e}");
+        errln!("dagloop: could not record the run's end: {e}");
     }
     for task in [writer, progress].into_iter().flatten() {
         // Both end once they have seen `run_finished`; the wait is bounded all the same (generously:
@@ -310,15 +371,34 @@ pub(super) async fn run(
     if store.is_some() {
         value["run_id"] = json!(id);
     }
-    println!("{}", pretty(&value));
+    outln!("{}", pretty(&value));
     Ok(if result.succeeded() { 0 } else { 1 })
 }
 
-fn spawn_writer(handle: &RunHandle, file: std::fs::File) -> tokio::task::JoinHandle<()> {
+/// The exit code of `run` and `resume` stopped by SIGTERM (128 + 15): the run is not over; the
+/// store keeps it for `dagloop resume`.
+pub(super) const STOPPED_EXIT: i32 = 143;
+
+/// How long a stop waits for a helper task (the events writer, the decision poller).
+const STOP_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Writes the run's events as JSON lines until the run ends, or until `stop`: then it writes
+/// the events it has already been sent and ends. The file is flushed either way.
+fn spawn_writer(
+    handle: &RunHandle,
+    file: std::fs::File,
+    stop: CancellationToken,
+) -> tokio::task::JoinHandle<()> {
     let mut sub = handle.subscribe_from(0);
     tokio::spawn(async move {
         let mut out = std::io::BufWriter::new(file);
-        while let Some(ev) = sub.recv().await {
+        loop {
+            let ev = tokio::select! {
+                biased;
+                ev = sub.recv() => ev,
+                () = stop.cancelled() => None,
+            };
+            let Some(ev) = ev else { break };
             // Model deltas are too many to keep; call progress is kept (both are live only).
             if matches!(ev.kind, crate::protocol::EventKind::ModelDelta { .. }) {
                 continue;

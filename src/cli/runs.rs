@@ -72,16 +72,20 @@ pub(super) fn list(store: &SqliteStore, json_out: bool) -> Result<i32, CliError>
         out.push(v);
     }
     if json_out {
-        println!("{}", pretty(&Value::Array(out)));
+        outln!("{}", pretty(&Value::Array(out)));
     } else if out.is_empty() {
-        println!("no runs in {}", store.path().display());
+        outln!("no runs in {}", store.path().display());
     } else {
-        println!(
+        outln!(
             "{:<36} {:<14} {:>5} {:>8} {:>9}",
-            "RUN", "STATUS", "STEP", "AGE", "WAITING"
+            "RUN",
+            "STATUS",
+            "STEP",
+            "AGE",
+            "WAITING"
         );
         for v in &out {
-            println!(
+            outln!(
                 "{:<36} {:<14} {:>5} {:>8} {:>9}",
                 v["id"].as_str().unwrap_or(""),
                 v["status"].as_str().unwrap_or(""),
@@ -131,7 +135,7 @@ pub(super) fn prune(store: &SqliteStore, older_than: &str) -> Result<i32, CliErr
     let n = store
         .prune(super::run::now_ms().saturating_sub(age))
         .map_err(err)?;
-    println!("{}", pretty(&json!({"status": "pruned", "runs": n})));
+    outln!("{}", pretty(&json!({"status": "pruned", "runs": n})));
     Ok(0)
 }
 
@@ -140,7 +144,7 @@ pub(super) fn decide(store: &SqliteStore, run: &str, op: Op) -> Result<i32, CliE
         crate::runs::Refused::Op(e) => CliError::new(e.code(), e.to_string()),
         crate::runs::Refused::Runs(e) => CliError::new(e.code(), e.to_string()),
     })?;
-    println!(
+    outln!(
         "{}",
         pretty(&json!({
             "status": "recorded",
@@ -172,10 +176,10 @@ pub(super) fn print_description(
     json_out: bool,
 ) -> Result<i32, CliError> {
     if json_out {
-        println!("{}", pretty(out));
+        outln!("{}", pretty(out));
         return Ok(0);
     }
-    println!(
+    outln!(
         "run {} · {} · {} ms · {} journal entries",
         out["id"].as_str().unwrap_or(""),
         out["status"].as_str().unwrap_or(""),
@@ -186,16 +190,16 @@ pub(super) fn print_description(
         out["cancelled_by"]["principal"].as_str(),
         out["cancelled_by"]["channel"].as_str(),
     ) {
-        println!("cancelled by {p} ({ch})");
+        outln!("cancelled by {p} ({ch})");
     }
-    println!("\ncalls (ms from the run's start):");
+    outln!("\ncalls (ms from the run's start):");
     for c in out["calls"].as_array().into_iter().flatten() {
         let f = |k: &str| {
             c[k].as_u64()
                 .map(|v| v.to_string())
                 .unwrap_or_else(|| "-".into())
         };
-        println!(
+        outln!(
             "  c{:<4} {:<24} {:<10} received {:>6}  decided {:>6}  ran {:>6} → {:>6}  {}",
             c["id"],
             c["tool"].as_str().unwrap_or("?"),
@@ -218,9 +222,9 @@ pub(super) fn print_description(
                 .unwrap_or_default(),
         );
     }
-    println!("\ncritical path (what set the run's duration):");
+    outln!("\ncritical path (what set the run's duration):");
     for s in out["critical_path"].as_array().into_iter().flatten() {
-        println!(
+        outln!(
             "  {:>6} → {:>6}  {}",
             s["start_ms"],
             s["end_ms"],
@@ -228,8 +232,8 @@ pub(super) fn print_description(
         );
     }
     if let Some(r) = result {
-        println!("\nstate: {}", r.state);
-        println!("output: {}", r.output);
+        outln!("\nstate: {}", r.state);
+        outln!("output: {}", r.output);
     }
     Ok(0)
 }

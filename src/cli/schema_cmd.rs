@@ -19,6 +19,6 @@ pub(super) fn schema(goal_path: &FsPath, mode: Option<ModeArg>) -> Result<i32, C
         Mode::StructuredOutput => composed,
         Mode::ToolCalls => serde_json::Value::Array(function_definitions(&goal.tools, &composed)),
     };
-    println!("{}", pretty(&out));
+    outln!("{}", pretty(&out));
     Ok(0)
 }

@@ -54,16 +54,16 @@ mod on {
         let conn = connect(t).await?;
         conn.start(spec, &t.task_queue).await.map_err(err)?;
         if display.json_only || display.quiet {
-            eprintln!("{}", json!({"run_id": id}));
+            errln!("{}", json!({"run_id": id}));
         } else {
-            eprintln!(
+            errln!(
                 "dagloop: run {id} (Temporal {}, task queue {})",
                 conn.address(),
                 t.task_queue
             );
         }
         if display.detach {
-            println!("{}", pretty(&json!({"status": "started", "run_id": id})));
+            outln!("{}", pretty(&json!({"status": "started", "run_id": id})));
             return Ok(0);
         }
         let result = tokio::select! {
@@ -75,7 +75,7 @@ mod on {
         };
         let mut value = serde_json::to_value(&result).unwrap_or(Value::Null);
         value["run_id"] = json!(id);
-        println!("{}", pretty(&value));
+        outln!("{}", pretty(&value));
         Ok(if result.succeeded() { 0 } else { 1 })
     }
 
@@ -83,7 +83,7 @@ mod on {
     pub async fn decide(run: &str, op: Op, t: &TemporalArgs) -> Result<i32, CliError> {
         let conn = connect(t).await?;
         conn.decide(run, op).await.map_err(err)?;
-        println!(
+        outln!(
             "{}",
             pretty(&json!({"status": "recorded", "run_id": run, "next": "the run applies it now"}))
         );
@@ -112,15 +112,20 @@ mod on {
     }
 
     /// Runs a worker until Ctrl-C or SIGTERM.
-    pub async fn worker(t: &TemporalArgs) -> Result<i32, CliError> {
+    pub async fn worker(
+        t: &TemporalArgs,
+        grants: std::sync::Arc<crate::grants::Grants>,
+    ) -> Result<i32, CliError> {
         let opts = WorkerOptions {
             address: t.address(),
             namespace: t.namespace.clone(),
             task_queue: t.task_queue.clone(),
         };
-        eprintln!(
+        errln!(
             "dagloop: worker on Temporal {} (namespace {}, task queue {})",
-            opts.address, opts.namespace, opts.task_queue
+            opts.address,
+            opts.namespace,
+            opts.task_queue
         );
         let stop = async {
             #[cfg(unix)]
@@ -137,7 +142,7 @@ mod on {
                 let _ = tokio::signal::ctrl_c().await;
             }
         };
-        crate::temporal::run_worker(&opts, crate::tools::Registry::new(), stop)
+        crate::temporal::run_worker_with(&opts, crate::tools::Registry::new(), grants, stop)
             .await
             .map_err(err)?;
         Ok(0)
@@ -194,13 +199,16 @@ pub(super) async fn show(run: &str, json_out: bool, t: &TemporalArgs) -> Result<
     }
 }
 
-/// `worker`.
-pub(super) async fn worker(t: &TemporalArgs) -> Result<i32, CliError> {
+/// `worker`: its runs touch only what `grants` allow.
+pub(super) async fn worker(
+    t: &TemporalArgs,
+    grants: std::sync::Arc<crate::grants::Grants>,
+) -> Result<i32, CliError> {
     #[cfg(feature = "temporal")]
-    return on::worker(t).await;
+    return on::worker(t, grants).await;
     #[cfg(not(feature = "temporal"))]
     {
-        let _ = t;
+        let _ = (t, grants);
         Err(disabled())
     }
 }

@@ -44,6 +44,13 @@ pub enum LlmError {
         /// What was wrong.
         reason: String,
     },
+    /// One SSE line was longer than the framer keeps ([`MAX_SSE_LINE`](crate::llm::MAX_SSE_LINE)
+    /// bytes). Not retried: a server that sends one will likely send it again.
+    #[error("model stream sent an SSE line longer than {limit} bytes")]
+    LineTooLong {
+        /// The cap, in bytes.
+        limit: usize,
+    },
     /// The body ended before the provider's end-of-stream marker.
     #[error("model stream ended early: {reason}")]
     IncompleteStream {
@@ -141,6 +148,7 @@ impl LlmError {
             LlmError::IdleTimeout { .. } => "llm.idle_timeout",
             LlmError::Timeout { .. } => "llm.timeout",
             LlmError::BadSse { .. } => "llm.bad_sse",
+            LlmError::LineTooLong { .. } => "llm.line_too_long",
             LlmError::IncompleteStream { .. } => "llm.incomplete_stream",
             LlmError::Provider { .. } => "llm.provider_error",
             LlmError::ScriptExhausted { .. } => "llm.script_exhausted",

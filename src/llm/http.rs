@@ -202,9 +202,10 @@ async fn connect(call: HttpCall, deadline: Instant) -> Result<SseStream, LlmErro
     }
     let bytes = Box::pin(resp.bytes_stream());
     let idle = IdleTimer::new(idle_timeout);
+    // `line`: the length of the SSE line not yet ended (the framer buffers it whole).
     let timed = futures::stream::unfold(
-        (bytes, idle, false),
-        move |(mut bytes, mut idle, failed)| {
+        (bytes, idle, false, 0usize),
+        move |(mut bytes, mut idle, failed, line)| {
             let redactor = redactor.clone();
             async move {
                 if failed {
@@ -218,23 +219,56 @@ async fn connect(call: HttpCall, deadline: Instant) -> Result<SseStream, LlmErro
                 match next {
                     Some(Some(Ok(chunk))) => {
                         idle.activity();
-                        Some((Ok(chunk), (bytes, idle, false)))
+                        let (longest, line) = line_lengths(line, &chunk);
+                        if longest > MAX_SSE_LINE {
+                            return Some((
+                                Err(LlmError::LineTooLong {
+                                    limit: MAX_SSE_LINE,
+                                }),
+                                (bytes, idle, true, line),
+                            ));
+                        }
+                        Some((Ok(chunk), (bytes, idle, false, line)))
                     }
-                    Some(Some(Err(e))) => {
-                        Some((Err(transport_error(&e, &redactor)), (bytes, idle, true)))
-                    }
+                    Some(Some(Err(e))) => Some((
+                        Err(transport_error(&e, &redactor)),
+                        (bytes, idle, true, line),
+                    )),
                     Some(None) => None,
                     None => Some((
                         Err(LlmError::IdleTimeout {
                             after: idle_timeout,
                         }),
-                        (bytes, idle, true),
+                        (bytes, idle, true, line),
                     )),
                 }
             }
         },
     );
     Ok(timed.eventsource().boxed())
+}
+
+/// The longest SSE line (in bytes, without its end) a stream may send: the framer keeps a line
+/// whole until it ends, so a longer one fails the attempt (`llm.line_too_long`) instead of
+/// growing a buffer without bound.
+pub const MAX_SSE_LINE: usize = 1 << 20;
+
+/// For a chunk of the body, given the length of the line it continues (`carry`): the longest
+/// line it ends or continues, and the length of the line still open at its end.
+fn line_lengths(carry: usize, chunk: &[u8]) -> (usize, usize) {
+    let mut longest = 0;
+    let mut open = carry;
+    for segment in chunk.split(|b| *b == b'\n' || *b == b'\r') {
+        open = open.saturating_add(segment.len());
+        longest = longest.max(open);
+        open = 0;
+    }
+    // The last segment is the line still open (split always yields at least one).
+    let last = chunk
+        .iter()
+        .rposition(|b| *b == b'\n' || *b == b'\r')
+        .map_or(carry.saturating_add(chunk.len()), |i| chunk.len() - i - 1);
+    (longest, last)
 }
 
 /// The idle timeout of a body, re-armed lazily.
@@ -426,6 +460,21 @@ pub(crate) async fn post_json(call: HttpCall) -> Result<serde_json::Value, LlmEr
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn line_lengths_count_across_chunks_and_both_line_ends() {
+        assert_eq!(line_lengths(0, b"data: x\n\n"), (7, 0));
+        assert_eq!(line_lengths(0, b"data: x"), (7, 7));
+        // The open line goes on in the next chunk.
+        assert_eq!(line_lengths(7, b"yz\ndata"), (9, 4));
+        assert_eq!(line_lengths(3, b"ab\r\n"), (5, 0));
+        assert_eq!(line_lengths(3, b"abcdef"), (9, 9));
+        // A long line inside one chunk counts, even when the chunk ends a line.
+        let mut chunk = vec![b'x'; 100];
+        chunk.push(b'\n');
+        assert_eq!(line_lengths(0, &chunk), (100, 0));
+        assert_eq!(line_lengths(5, b""), (5, 5));
+    }
 
     #[test]
     fn retry_after_seconds_and_dates() {

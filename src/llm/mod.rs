@@ -27,7 +27,7 @@ pub(crate) mod wire;
 
 pub use anthropic::Anthropic;
 pub use error::LlmError;
-pub use http::parse_retry_after;
+pub use http::{MAX_SSE_LINE, parse_retry_after};
 #[cfg(feature = "server")]
 pub use mock::{MockServer, serve_mock};
 pub use openai::{OpenAi, ResponseFormat, Strict, ToolStreaming};

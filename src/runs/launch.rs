@@ -7,7 +7,7 @@ use std::sync::Arc;
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
-use super::{RunOptions, RunsError, policy_for};
+use super::{RunDef, RunOptions, RunsError};
 use crate::approval::Approver;
 use crate::engine::{Agent, AgentBuilder, JournalSink, RunHandle};
 use crate::goal::Goal;
@@ -77,8 +77,7 @@ pub struct Launched {
 /// its own), so that a program runs a goal exactly the way the command line does.
 pub async fn prepare(
     registry: Registry,
-    goal: Goal,
-    opts: &RunOptions,
+    def: &RunDef,
     resume: Option<(String, Vec<JournalEntry>)>,
     review: Review,
     cancel: CancellationToken,
@@ -90,9 +89,11 @@ pub async fn prepare(
         owner_pid,
         mcp: pool,
     } = host;
-    let record_goal = serde_json::to_value(&goal).unwrap_or(Value::Null);
-    let base_dir = goal.base_dir.display().to_string();
-    let (builder, servers) = builder_for(registry, goal, opts, pool.as_ref()).await?;
+    let opts = def.options();
+    let record_goal = serde_json::to_value(def.goal()).unwrap_or(Value::Null);
+    // Absolute, so that the run can be continued from any directory.
+    let base_dir = absolute_dir(&def.goal().base_dir).display().to_string();
+    let (builder, servers) = builder_for(registry, def, pool.as_ref()).await?;
     let mut builder = builder.cancel_token(cancel);
     builder = match review {
         Review::External => builder.external_review(),
@@ -120,11 +121,15 @@ pub async fn prepare(
                     created_at: now_ms(),
                     goal: record_goal,
                     base_dir,
-                    options: serde_json::to_value(opts).unwrap_or(Value::Null),
+                    options: recorded(opts),
                 },
                 owner_pid,
             )?,
-            Some(_) => s.claim(&id, owner_pid)?,
+            Some(_) => {
+                s.claim(&id, owner_pid)?;
+                // The definition the run goes on under (new digests after accepted changes).
+                s.set_options(&id, &recorded(opts))?;
+            }
         }
     }
     Ok(Prepared {
@@ -135,20 +140,38 @@ pub async fn prepare(
     })
 }
 
-/// The builder of a run of `goal` under `opts`: its policy, model and mode, the shell switch,
-/// and the tools of the goal's MCP servers (started now, from `pool` when given; a server that
-/// cannot start is an error now). Every engine builds its agents here, so the same options mean
-/// the same run whichever engine drives it.
+/// The options as recorded with the run: a `scripted:` model path, relative to this directory
+/// now, made absolute so that `resume` finds the file from anywhere.
+fn recorded(opts: &RunOptions) -> Value {
+    serde_json::to_value(RunOptions {
+        model: opts.model.as_deref().map(absolute_model),
+        ..opts.clone()
+    })
+    .unwrap_or(Value::Null)
+}
+
+/// The builder of a defined run: its policy, model and mode, what its grants allow the
+/// activities (the shell, HTTP egress), and the tools of the goal's MCP servers (started now,
+/// from `pool` when given; a server that cannot start is an error now). Every engine builds its
+/// agents here, so the same definition means the same run whichever engine drives it.
 pub async fn builder_for(
     registry: Registry,
-    goal: Goal,
-    opts: &RunOptions,
+    def: &RunDef,
     pool: Option<&Pool>,
 ) -> Result<(AgentBuilder, Option<Servers>), RunsError> {
-    let policy = policy_for(&goal, opts.approve.as_deref())?;
+    let opts = def.options();
+    let goal = def.effective_goal().clone();
     let mcp = start_mcp(&goal, pool).await?;
-    let mut builder = AgentBuilder::new(goal).registry(registry).policy(policy);
-    builder.registry_mut().enable_shell(opts.allow_shell);
+    let mut builder = AgentBuilder::new(goal)
+        .registry(registry)
+        .policy(def.policy().clone());
+    let grants = def.grants();
+    builder.registry_mut().enable_shell(grants.allows_shell());
+    if !grants.egress.is_open() {
+        builder
+            .registry_mut()
+            .set_egress(Arc::new(grants.egress.clone()));
+    }
     if let Some(m) = &opts.model {
         builder = builder.model_spec(m.clone());
     }
@@ -273,6 +296,35 @@ async fn start_mcp(goal: &Goal, _pool: Option<&Pool>) -> Result<Option<McpStart>
         code: "cli.feature_disabled",
         message: "this goal names MCP servers; build dagloop with the `mcp` feature".into(),
     })
+}
+
+/// `dir` made absolute (canonical when it exists): relative to the current directory, the
+/// empty path being the current directory itself. Left as it is when there is no current
+/// directory to anchor it to.
+pub fn absolute_dir(dir: &std::path::Path) -> std::path::PathBuf {
+    let dir = if dir.as_os_str().is_empty() {
+        std::path::Path::new(".")
+    } else {
+        dir
+    };
+    std::fs::canonicalize(dir)
+        .or_else(|_| std::path::absolute(dir))
+        .unwrap_or_else(|_| dir.to_path_buf())
+}
+
+/// A model spec whose `scripted:` path is relative to the current directory, made absolute
+/// (what a run records, so that `resume` finds the file from anywhere); other specs as they are.
+pub fn absolute_model(spec: &str) -> String {
+    match spec.strip_prefix("scripted:") {
+        Some(p) if !std::path::Path::new(p).is_absolute() => {
+            let path = std::path::Path::new(p);
+            let abs = std::fs::canonicalize(path)
+                .or_else(|_| std::path::absolute(path))
+                .unwrap_or_else(|_| path.to_path_buf());
+            format!("scripted:{}", abs.display())
+        }
+        _ => spec.to_string(),
+    }
 }
 
 /// Milliseconds since the Unix epoch.

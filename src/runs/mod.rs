@@ -9,13 +9,15 @@
 //! Deliberately not here: printing, terminals, HTTP (the front-ends), and any decision about
 //! a run (the machine takes them; this module only replays its journal).
 
+mod def;
 mod launch;
 mod options;
 mod view;
 
+pub use def::{RunDef, define};
 pub use launch::{
-    Host, Launched, Pool, Prepared, Review, Servers, builder_for, now_ms, prepare, spawn_op_poller,
-    with_mcp_tools,
+    Host, Launched, Pool, Prepared, Review, Servers, absolute_dir, absolute_model, builder_for,
+    now_ms, prepare, spawn_op_poller, with_mcp_tools,
 };
 pub use options::{RunOptions, policy_for};
 pub use view::{Rebuilt, describe, rebuild};
@@ -39,6 +41,18 @@ pub enum RunsError {
         /// What is wrong.
         reason: String,
     },
+    /// The run's definition (its goal, a delegate goal) is not what it was when the run began.
+    #[error(
+        "the run's definition changed since it began: {} (resume with --accept-changes to continue under the new definition)",
+        changed.join(", ")
+    )]
+    DefinitionChanged {
+        /// The parts that changed (`goal`, `delegate /tools/0/_delegate`...).
+        changed: Vec<String>,
+    },
+    /// The goal asks for something the process does not grant.
+    #[error(transparent)]
+    Grant(#[from] crate::grants::GrantError),
     /// A tool source (an MCP server) could not start.
     #[error("{message}")]
     Tools {
@@ -57,6 +71,8 @@ impl RunsError {
             RunsError::Agent(e) => e.code(),
             RunsError::Store(e) => e.code(),
             RunsError::Policy { .. } => "agent.invalid_policy",
+            RunsError::Grant(e) => e.code(),
+            RunsError::DefinitionChanged { .. } => "run.definition_changed",
             RunsError::Tools { code, .. } => code,
         }
     }

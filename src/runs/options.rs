@@ -27,6 +27,11 @@ pub struct RunOptions {
     /// only its own runs).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub submitted_by: Option<String>,
+    /// What the run was defined from, part by part (`goal`, each delegate goal by the pointer
+    /// of its tool), as SHA-256 digests: `resume` refuses a run whose definition changed
+    /// (`run.definition_changed`) unless told to accept the changes.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub definition: std::collections::BTreeMap<String, String>,
 }
 
 /// The run's policy: the goal's, with `approve` over it.

@@ -321,11 +321,43 @@ fn critical_path(spans: &[Span], end: u64) -> Vec<Span> {
         let Some((i, s)) = best else { break };
         used[i] = true;
         path.push(s.clone());
-        if s.start_ms == 0 || s.start_ms >= at {
+        // A zero-length span (a model turn answered at once) moves nothing: the path goes on
+        // from its start, through what ended there. Each span is used once, so this ends.
+        if s.start_ms == 0 {
             break;
         }
         at = s.start_ms;
     }
     path.reverse();
     path
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn span(what: &str, start_ms: u64, end_ms: u64) -> Span {
+        Span {
+            what: what.into(),
+            call_id: None,
+            start_ms,
+            end_ms,
+        }
+    }
+
+    #[test]
+    fn a_zero_length_span_at_the_end_does_not_cut_the_critical_path() {
+        let spans = [
+            span("model step 1", 0, 10),
+            span("call a", 10, 710),
+            span("call b", 10, 705),
+            span("call c", 10, 700),
+            span("model step 2", 710, 710),
+        ];
+        let path: Vec<String> = critical_path(&spans, 710)
+            .into_iter()
+            .map(|s| s.what)
+            .collect();
+        assert_eq!(path, ["model step 1", "call a", "model step 2"]);
+    }
 }

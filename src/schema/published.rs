@@ -22,16 +22,19 @@ pub enum Document {
     Tool,
     /// A scripted-model file (`schemas/scripted-model.schema.json`).
     ScriptedModel,
+    /// The operator's configuration (`schemas/config.schema.json`).
+    Config,
 }
 
 impl Document {
     /// Every document type.
-    pub const ALL: [Document; 5] = [
+    pub const ALL: [Document; 6] = [
         Document::Goal,
         Document::Solution,
         Document::Call,
         Document::Tool,
         Document::ScriptedModel,
+        Document::Config,
     ];
 
     /// The schema's file name under `schemas/`.
@@ -42,6 +45,7 @@ impl Document {
             Document::Call => "call.schema.json",
             Document::Tool => "tool.schema.json",
             Document::ScriptedModel => "scripted-model.schema.json",
+            Document::Config => "config.schema.json",
         }
     }
 
@@ -53,6 +57,7 @@ impl Document {
             Document::Call => include_str!("../../schemas/call.schema.json"),
             Document::Tool => include_str!("../../schemas/tool.schema.json"),
             Document::ScriptedModel => include_str!("../../schemas/scripted-model.schema.json"),
+            Document::Config => include_str!("../../schemas/config.schema.json"),
         }
     }
 
@@ -72,8 +77,8 @@ impl Document {
 
     /// Checks `doc` against the schema (compiled once per process, on first use).
     pub fn validate(self, doc: &Value) -> Result<Vec<Violation>, SchemaError> {
-        static COMPILED: [std::sync::OnceLock<Result<OutputValidator, SchemaError>>; 5] =
-            [const { std::sync::OnceLock::new() }; 5];
+        static COMPILED: [std::sync::OnceLock<Result<OutputValidator, SchemaError>>; 6] =
+            [const { std::sync::OnceLock::new() }; 6];
         let slot = Document::ALL.iter().position(|d| *d == self).unwrap_or(0);
         match COMPILED[slot].get_or_init(|| self.validator()) {
             Ok(v) => Ok(v.validate(doc)),

@@ -120,18 +120,20 @@ fn idempotency_key(headers: &HeaderMap) -> ApiResult<Option<String>> {
     }
 }
 
-/// Submits a goal: the goal document itself, or `{"goal": {...}, "model", "approve", "mode"}`.
-/// The run starts at once; follow it with `/runs/{id}/events`. With an `Idempotency-Key` that
-/// the same principal already used, no run starts: the answer is the first run's, with status
-/// 200 and `Idempotent-Replayed: true`.
+/// Submits a goal: the goal document itself, `{"goal": {...}, "model", "approve", "mode"}`, or
+/// an agent the operator publishes, `{"agent": NAME, "input": {...}, "model", "approve", "mode"}`.
+/// What the goal may touch is what the server's operator grants; the run starts at once; follow
+/// it with `/runs/{id}/events`. With an `Idempotency-Key` that the same principal already used,
+/// no run starts: the answer is the first run's, with status 200 and `Idempotent-Replayed: true`.
 #[utoipa::path(post, path = "/runs", tag = "runs",
     params(("Idempotency-Key" = Option<String>, Header, description = "Repeating a key (same principal) returns the run the first request created instead of starting another")),
-    request_body(content = Object, description = "A goal document, or {goal, model?, approve?, mode?}"),
+    request_body(content = Object, description = "A goal document, {goal, model?, approve?, mode?}, or {agent, input?, model?, approve?, mode?}"),
     responses(
         (status = 201, description = "The run was created and started: {id, status}", body = Object),
         (status = 200, description = "The Idempotency-Key was used before: the first run's {id, status}, with `Idempotent-Replayed: true`", body = Object),
-        (status = 400, description = "The goal is invalid; `errors` lists each problem with its JSON pointer", body = ApiError),
+        (status = 400, description = "The goal is invalid, or asks for something the operator does not grant (`grant.*`); `errors` lists each problem with its JSON pointer", body = ApiError),
         (status = 403, description = "The caller may not submit runs", body = ApiError),
+        (status = 404, description = "No agent of that name is published", body = ApiError),
         (status = 413, description = "The body is too large", body = ApiError),
         (status = 415, description = "Not application/json", body = ApiError)))]
 pub(super) async fn create_run(
@@ -209,37 +211,86 @@ fn created(id: &str) -> Response {
 
 /// Checks a submission and starts its run, recorded as `who`'s.
 async fn start_run(st: &Arc<AppState>, who: &Principal, v: Value) -> ApiResult<String> {
-    let (doc, mut opts) = envelope(v, st.allow_shell)?;
+    let (doc, mut opts) = envelope(v, st)?;
     opts.submitted_by = Some(who.name.clone());
-    let goal = check_goal(&doc, &st.base_dir)?;
-    if !st.allow_shell
-        && let Some(t) = goal
-            .tools
-            .iter()
-            .find(|t| t.activity.as_deref() == Some("shell"))
-    {
-        return Err(ApiError::new(
-            StatusCode::BAD_REQUEST,
-            "server.shell_refused",
-            format!(
-                "tool `{}` uses the shell activity; this server was not started with --allow-shell",
-                t.name
-            ),
-        ));
-    }
-    st.launch(goal, opts, None).await.map_err(|e| {
-        let status = match e {
-            crate::runs::RunsError::Store(_) => StatusCode::INTERNAL_SERVER_ERROR,
-            _ => StatusCode::BAD_REQUEST,
-        };
-        ApiError::new(status, e.code(), e)
-    })
+    let (doc, base) = match doc {
+        Submitted::Goal(doc) => (doc, st.base_dir.clone()),
+        Submitted::Agent { name, input } => agent_goal(st, &name, input)?,
+    };
+    let goal = check_goal(&doc, &base)?;
+    let def = crate::runs::define(goal, opts, st.grants.clone()).map_err(runs_error)?;
+    st.launch_defined(&def, None).await.map_err(runs_error)
 }
 
-/// Splits a submission into the goal document and the run's options.
-fn envelope(v: Value, allow_shell: bool) -> ApiResult<(Value, RunOptions)> {
+/// A run that could not be defined or started, as an API error (grants with their pointer).
+fn runs_error(e: crate::runs::RunsError) -> ApiError {
+    use crate::runs::RunsError;
+    let status = match e {
+        RunsError::Store(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        _ => StatusCode::BAD_REQUEST,
+    };
+    let mut err = ApiError::new(status, e.code(), &e);
+    if let RunsError::Grant(g) = &e {
+        err.errors.push(Problem {
+            pointer: g.pointer().to_string(),
+            message: g.to_string(),
+        });
+    }
+    err
+}
+
+/// What a submission asks to run.
+enum Submitted {
+    /// A goal document.
+    Goal(Value),
+    /// A published agent, with the run's input.
+    Agent { name: String, input: Option<Value> },
+}
+
+/// The goal document of a published agent with `input` as its input, and its folder.
+fn agent_goal(
+    st: &AppState,
+    name: &str,
+    input: Option<Value>,
+) -> ApiResult<(Value, std::path::PathBuf)> {
+    let Some(path) = st.agents.get(name) else {
+        let known: Vec<&str> = st.agents.keys().map(String::as_str).collect();
+        return Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "server.unknown_agent",
+            format!(
+                "no agent named `{name}` is published here{}",
+                if known.is_empty() {
+                    " (none is)".to_string()
+                } else {
+                    format!(" (published: {})", known.join(", "))
+                }
+            ),
+        ));
+    };
+    let internal = |e: String| {
+        ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "server.agent_unreadable",
+            format!("agent `{name}`: {e}"),
+        )
+    };
+    let text = std::fs::read_to_string(path).map_err(|e| internal(e.to_string()))?;
+    let mut doc: Value = serde_json::from_str(&text).map_err(|e| internal(e.to_string()))?;
+    if let (Some(i), Some(m)) = (input, doc.as_object_mut()) {
+        m.insert("input".into(), i);
+    }
+    let base = path
+        .parent()
+        .map(std::path::Path::to_path_buf)
+        .unwrap_or_default();
+    Ok((doc, base))
+}
+
+/// Splits a submission into what it runs and the run's options.
+fn envelope(v: Value, st: &AppState) -> ApiResult<(Submitted, RunOptions)> {
     let mut opts = RunOptions {
-        allow_shell,
+        allow_shell: st.grants.allows_shell(),
         server: true,
         ..RunOptions::default()
     };
@@ -249,8 +300,9 @@ fn envelope(v: Value, allow_shell: bool) -> ApiResult<(Value, RunOptions)> {
             message: "the body must be a JSON object (a goal document)".into(),
         }]));
     };
-    if !m.get("goal").is_some_and(Value::is_object) {
-        return Ok((Value::Object(m), opts));
+    let agent = m.get("agent").is_some();
+    if !agent && !m.get("goal").is_some_and(Value::is_object) {
+        return Ok((Submitted::Goal(Value::Object(m)), opts));
     }
     let mut bad = Vec::new();
     let mut text = |key: &str, allowed: &[&str]| -> Option<String> {
@@ -273,17 +325,36 @@ fn envelope(v: Value, allow_shell: bool) -> ApiResult<(Value, RunOptions)> {
     opts.model = text("model", &[]);
     opts.approve = text("approve", &["auto", "allowlist", "ask"]);
     opts.mode = text("mode", &["structured", "tools"]);
-    let doc = m.remove("goal").unwrap_or(Value::Null);
+    let name = text("agent", &[]);
+    let submitted = match name {
+        Some(name) if agent => {
+            if m.contains_key("goal") {
+                bad.push(Problem {
+                    pointer: "/goal".into(),
+                    message: "give either `agent` or `goal`, not both".into(),
+                });
+            }
+            Submitted::Agent {
+                name,
+                input: m.remove("input"),
+            }
+        }
+        _ => Submitted::Goal(m.remove("goal").unwrap_or(Value::Null)),
+    };
     for k in m.keys() {
         bad.push(Problem {
             pointer: format!("/{k}"),
-            message: "unknown field (expected goal, model, approve, mode)".into(),
+            message: if agent {
+                "unknown field (expected agent, input, model, approve, mode)".into()
+            } else {
+                "unknown field (expected goal, model, approve, mode)".into()
+            },
         });
     }
     if !bad.is_empty() {
         return Err(problems(bad));
     }
-    Ok((doc, opts))
+    Ok((submitted, opts))
 }
 
 fn problems(errors: Vec<Problem>) -> ApiError {

@@ -23,6 +23,7 @@ pub mod principals;
 mod sse;
 mod state;
 
+use std::io::Write;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -55,8 +56,10 @@ pub struct ServeOptions {
     /// Names the page and the API answer to besides `localhost`, `127.0.0.1`, `[::1]` (any
     /// port) and the listening address: `NAME` (any port) or `NAME:PORT`.
     pub allowed_hosts: Vec<String>,
-    /// The operator allows goals with `shell` tools.
-    pub allow_shell: bool,
+    /// What submitted goals may touch (`crate::grants`).
+    pub grants: Arc<crate::grants::Grants>,
+    /// Goal files the operator publishes by name (`{"agent": NAME, "input": ...}`).
+    pub agents: std::collections::BTreeMap<String, PathBuf>,
     /// Where relative paths in submitted goals (scripted-model files) resolve.
     pub base_dir: PathBuf,
 }
@@ -91,7 +94,9 @@ pub fn openapi_json() -> String {
     doc.to_pretty_json().unwrap_or_default()
 }
 
-/// Opens the store, continues the runs the server owned, and serves until Ctrl-C.
+/// Opens the store, continues the runs the server owned, and serves until Ctrl-C or SIGTERM:
+/// then the listener closes, open requests get two seconds, the runs stop being driven (the
+/// store keeps them, resumed at the next start) and the MCP servers stop.
 pub async fn serve(opts: ServeOptions) -> Result<(), ServerError> {
     if opts.token.is_none() && opts.principals.is_empty() && !opts.addr.ip().is_loopback() {
         return Err(ServerError::TokenRequired { addr: opts.addr });
@@ -107,8 +112,18 @@ pub async fn serve(opts: ServeOptions) -> Result<(), ServerError> {
         reason: e.to_string(),
     })?;
     let state = AppState::open(&opts, local)?;
+    // Listening for SIGTERM before anybody can be told the server is up.
+    let term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+    let stop = tokio_util::sync::CancellationToken::new();
+    let signalled = stop.clone();
+    let signals = tokio::spawn(async move {
+        stop_signal(term).await;
+        signalled.cancel();
+    });
     let resumed = state.resume_stored().await;
-    println!(
+    // A closed stdout must not stop the server (`println!` would panic).
+    let _ = writeln!(
+        std::io::stdout(),
         "{}",
         serde_json::json!({
             "status": "listening",
@@ -121,17 +136,57 @@ pub async fn serve(opts: ServeOptions) -> Result<(), ServerError> {
     let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
         let _ = tcp.set_nodelay(true);
     });
-    let served = axum::serve(listener, router(state.clone()))
-        .with_graceful_shutdown(async {
-            let _ = tokio::signal::ctrl_c().await;
-        })
-        .await
-        .map_err(|e| ServerError::Serve {
-            reason: e.to_string(),
-        });
+    let graceful = stop.clone();
+    let serving = axum::serve(listener, router(state.clone()))
+        .with_graceful_shutdown(async move { graceful.cancelled().await })
+        .into_future();
+    tokio::pin!(serving);
+    // The listener closes at the signal; open requests get `SHUTDOWN_GRACE` to finish (an
+    // event stream never does on its own).
+    let served = tokio::select! {
+        r = &mut serving => r,
+        () = async {
+            stop.cancelled().await;
+            tokio::time::sleep(SHUTDOWN_GRACE).await;
+        } => Ok(()),
+    }
+    .map_err(|e| ServerError::Serve {
+        reason: e.to_string(),
+    });
+    signals.abort();
+    state.stop_runs();
+    // The tasks that held the runs' handles end at once when next scheduled; give them that
+    // moment, so the runs' drivers are stopped (their calls in flight dropped, nothing more
+    // journaled) before the MCP servers those calls use are stopped.
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    // Each server gets the MCP stdio shutdown (stdin closed, then SIGTERM, then SIGKILL), within
+    // a bound: whatever is left is killed with the process's other groups on the way out.
     #[cfg(feature = "mcp")]
-    state.mcp.shutdown().await;
+    let _ = tokio::time::timeout(MCP_SHUTDOWN, state.mcp.shutdown()).await;
     served
+}
+
+/// How long the shared MCP servers have to stop cleanly once the server stops.
+#[cfg(feature = "mcp")]
+const MCP_SHUTDOWN: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// How long open requests have to finish once the server is told to stop.
+const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Resolves at Ctrl-C (SIGINT) or SIGTERM.
+async fn stop_signal(term: Option<tokio::signal::unix::Signal>) {
+    let term = async {
+        match term {
+            Some(mut s) => {
+                s.recv().await;
+            }
+            None => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        () = term => {}
+    }
 }
 
 fn router(state: Arc<AppState>) -> Router {

@@ -40,12 +40,18 @@ pub(super) struct AppState {
     /// Held while a request with an `Idempotency-Key` is checked and its run created, so two
     /// requests with the same key never both start one.
     pub idempotent_create: tokio::sync::Mutex<()>,
-    pub allow_shell: bool,
+    /// What submitted goals may touch (the operator's config, else the closed default).
+    pub grants: Arc<crate::grants::Grants>,
+    /// Goal files the operator publishes by name.
+    pub agents: BTreeMap<String, PathBuf>,
     pub base_dir: PathBuf,
     live: Mutex<BTreeMap<String, Arc<LiveRun>>>,
     pub tickets: super::auth::Tickets,
     /// MCP servers shared by the server's runs: started once per configuration.
     pub mcp: crate::runs::Pool,
+    /// Triggered when the server stops: runs are no longer driven, and none is recorded as
+    /// finished because of it.
+    stopping: CancellationToken,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -69,11 +75,13 @@ impl AppState {
             hosts: super::guard::HostAllowlist::new(listening, &opts.allowed_hosts),
             idempotent: Mutex::new(BTreeMap::new()),
             idempotent_create: tokio::sync::Mutex::new(()),
-            allow_shell: opts.allow_shell,
+            grants: opts.grants.clone(),
+            agents: opts.agents.clone(),
             base_dir: opts.base_dir.clone(),
             live: Mutex::new(BTreeMap::new()),
             tickets: Default::default(),
             mcp: Default::default(),
+            stopping: CancellationToken::new(),
         }))
     }
 
@@ -122,12 +130,22 @@ impl AppState {
         opts: RunOptions,
         resume: Option<(String, Vec<crate::machine::JournalEntry>)>,
     ) -> Result<String, crate::runs::RunsError> {
-        let record_goal = serde_json::to_value(&goal).unwrap_or(Value::Null);
-        let base_dir = goal.base_dir.display().to_string();
+        let def = crate::runs::define(goal, opts, self.grants.clone())?;
+        self.launch_defined(&def, resume).await
+    }
+
+    /// Starts (or continues) a defined run and keeps it going until it ends.
+    pub async fn launch_defined(
+        self: &Arc<Self>,
+        def: &crate::runs::RunDef,
+        resume: Option<(String, Vec<crate::machine::JournalEntry>)>,
+    ) -> Result<String, crate::runs::RunsError> {
+        let record_goal = serde_json::to_value(def.goal()).unwrap_or(Value::Null);
+        let base_dir = def.goal().base_dir.display().to_string();
+        let opts = def.options();
         let prepared = crate::runs::prepare(
             crate::tools::Registry::new(),
-            goal,
-            &opts,
+            def,
             resume,
             Review::External,
             CancellationToken::new(),
@@ -158,7 +176,7 @@ impl AppState {
                 created_at: crate::runs::now_ms(),
                 goal: record_goal,
                 base_dir,
-                options: serde_json::to_value(&opts).unwrap_or(Value::Null),
+                options: serde_json::to_value(opts).unwrap_or(Value::Null),
             },
             _servers: Mutex::new(
                 launched
@@ -170,8 +188,14 @@ impl AppState {
         lock(&self.live).insert(id.clone(), live);
         let me = self.clone();
         let run = id.clone();
+        let stopping = self.stopping.clone();
         tokio::spawn(async move {
-            let result = handle.wait().await;
+            let result = tokio::select! {
+                r = handle.wait() => r,
+                // The server stops: the run is left as the store has it (resumed at the next
+                // start), and this task lets go of its handle.
+                () = stopping.cancelled() => return,
+            };
             let store = me.store.clone();
             let rid = run.clone();
             let recorded = tokio::task::spawn_blocking(move || store.finish(&rid, &result)).await;
@@ -181,6 +205,14 @@ impl AppState {
             lock(&me.live).remove(&run);
         });
         Ok(id)
+    }
+
+    /// Stops driving every run (on the way out): each run's driver stops, and with it its calls
+    /// in flight (shell tools' process groups are killed); the store keeps every run resumable.
+    pub fn stop_runs(&self) {
+        self.stopping.cancel();
+        let runs = std::mem::take(&mut *lock(&self.live));
+        drop(runs);
     }
 
     /// Continues every run this server had started and no live process runs; returns their ids.

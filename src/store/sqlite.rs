@@ -141,6 +141,8 @@ enum Write {
     Prune(Millis),
     PushOp(String, String),
     TakeOps(String),
+    /// The run's options (JSON), recorded anew (a definition accepted on resume).
+    SetOptions(String, String),
 }
 
 enum Done {
@@ -249,6 +251,12 @@ fn migrate(c: &mut Connection, path: &Path) -> Result<(), StoreError> {
 }
 
 impl SqliteStore {
+    /// Records a run's options anew (`resume --accept-changes` records the new definition).
+    pub fn set_options(&self, id: &str, options: &serde_json::Value) -> Result<(), StoreError> {
+        self.call(Write::SetOptions(id.into(), options.to_string()))
+            .map(|_| ())
+    }
+
     /// Opens (creating it and its folder if needed) the store at `path`.
     pub fn open(path: &Path) -> Result<SqliteStore, StoreError> {
         SqliteStore::open_with(path, CHECKPOINT_PAGES)
@@ -485,6 +493,18 @@ fn apply(tx: &rusqlite::Transaction<'_>, w: &Write) -> Result<Done, StoreError> 
                 .map_err(io)?;
             if n == 0 {
                 return Err(StoreError::Exists { id: rec.id.clone() });
+            }
+            Ok(Done::Unit)
+        }
+        Write::SetOptions(id, options) => {
+            let n = tx
+                .execute(
+                    "UPDATE runs SET record = json_set(record, '$.options', json(?2)) WHERE id = ?1",
+                    params![id, options],
+                )
+                .map_err(io)?;
+            if n == 0 {
+                return Err(StoreError::UnknownRun { id: id.clone() });
             }
             Ok(Done::Unit)
         }

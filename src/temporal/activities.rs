@@ -69,12 +69,24 @@ pub struct CallTask {
 pub struct DagloopActivities {
     registry: Registry,
     pool: Option<Pool>,
+    grants: Arc<crate::grants::Grants>,
 }
 
 impl DagloopActivities {
-    /// Activities over `registry` (a program's Rust activities; empty for `dagloop worker`).
+    /// Activities over `registry` (a program's Rust activities; empty for `dagloop worker`),
+    /// granting runs everything (the program is the operator).
     pub fn new(registry: Registry, pool: Option<Pool>) -> Self {
-        DagloopActivities { registry, pool }
+        DagloopActivities {
+            registry,
+            pool,
+            grants: Arc::new(crate::grants::Grants::open()),
+        }
+    }
+
+    /// Defines every run under `grants` instead.
+    pub fn with_grants(mut self, grants: Arc<crate::grants::Grants>) -> Self {
+        self.grants = grants;
+        self
     }
 }
 
@@ -83,6 +95,7 @@ pub(super) async fn parts(
     spec: &RunSpec,
     registry: &Registry,
     pool: Option<&Pool>,
+    grants: &Arc<crate::grants::Grants>,
 ) -> Result<(Parts, Option<Servers>), RunsError> {
     let mut goal = spec.goal()?;
     // The MCP tools the spec lists (`runs::with_mcp_tools`) come back from the servers, with
@@ -90,7 +103,8 @@ pub(super) async fn parts(
     if !goal.mcp_servers.is_empty() {
         goal.tools.retain(|t| t.activity.as_deref() != Some("mcp"));
     }
-    let (builder, servers) = builder_for(registry.clone(), goal, &spec.options, pool).await?;
+    let def = crate::runs::define(goal, spec.options.clone(), grants.clone())?;
+    let (builder, servers) = builder_for(registry.clone(), &def, pool).await?;
     let agent = builder
         .external_review()
         .run_id(spec.run_id.clone())
@@ -111,7 +125,7 @@ impl DagloopActivities {
         ctx: ActivityContext,
         task: TurnTask,
     ) -> Result<TurnDone, ActivityError> {
-        let (parts, _servers) = parts(&task.spec, &self.registry, self.pool.as_ref())
+        let (parts, _servers) = parts(&task.spec, &self.registry, self.pool.as_ref(), &self.grants)
             .await
             .map_err(fail)?;
         let config = config_at(parts.config(), &task.path)
@@ -175,7 +189,7 @@ impl DagloopActivities {
         ctx: ActivityContext,
         task: CallTask,
     ) -> Result<Outcome, ActivityError> {
-        let (parts, servers) = parts(&task.spec, &self.registry, self.pool.as_ref())
+        let (parts, servers) = parts(&task.spec, &self.registry, self.pool.as_ref(), &self.grants)
             .await
             .map_err(fail)?;
         let parts = Arc::new(parts);

@@ -194,17 +194,36 @@ pub struct WorkerOptions {
 }
 
 /// Runs a worker for runs' workflows and activities (with `registry`'s Rust activities) until
-/// `stop` resolves, then shuts it down, letting running activities finish.
+/// `stop` resolves, then shuts it down, letting running activities finish. The program is the
+/// operator: its runs may touch everything ([`Grants::open`](crate::grants::Grants::open));
+/// [`run_worker_with`] grants less.
 pub async fn run_worker(
     opts: &WorkerOptions,
     registry: Registry,
+    stop: impl std::future::Future<Output = ()>,
+) -> Result<(), TemporalError> {
+    run_worker_with(
+        opts,
+        registry,
+        Arc::new(crate::grants::Grants::open()),
+        stop,
+    )
+    .await
+}
+
+/// [`run_worker`], its runs defined under `grants` (`dagloop worker` passes its config's): a
+/// workflow whose goal asks for more fails its activities with the `grant.*` refusal.
+pub async fn run_worker_with(
+    opts: &WorkerOptions,
+    registry: Registry,
+    grants: Arc<crate::grants::Grants>,
     stop: impl std::future::Future<Output = ()>,
 ) -> Result<(), TemporalError> {
     let worker_err = |reason: String| TemporalError::Worker { reason };
     let conn = Connection::connect(&opts.address, &opts.namespace).await?;
     let runtime =
         Runtime::from_current_tokio(Default::default()).map_err(|e| worker_err(e.to_string()))?;
-    let activities = DagloopActivities::new(registry, Some(Pool::default()));
+    let activities = DagloopActivities::new(registry, Some(Pool::default())).with_grants(grants);
     let options = temporalio_sdk::WorkerOptions::new(opts.task_queue.clone())
         .register_activities(activities)
         .register_workflow::<RunWorkflow>()

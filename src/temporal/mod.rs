@@ -30,7 +30,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 pub use activities::DagloopActivities;
-pub use client::{Connection, WorkerOptions, replay, run_worker};
+pub use client::{Connection, WorkerOptions, replay, run_worker, run_worker_with};
 pub use workflow::{Described, RunWorkflow, Snapshot, TurnItem};
 
 use crate::goal::Goal;

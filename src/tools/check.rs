@@ -18,7 +18,9 @@ pub const KINDS: [&str; 4] = ["delegate", "http", "rust", "shell"];
 
 /// The kind a tool's calls run under: its `_activity`, else `delegate` when it has `_delegate`;
 /// None for a latent tool.
-pub(super) fn kind_of(tool: &Tool) -> Option<&str> {
+/// The activity kind a tool names: its `_activity`, `delegate` for a `_delegate` tool, none for a
+/// latent tool. The one answer the registry, `validate` and the grants use.
+pub fn kind_of(tool: &Tool) -> Option<&str> {
     match tool.activity.as_deref() {
         Some(k) => Some(k),
         None if tool.schema.contains_key("_delegate") => Some("delegate"),

@@ -4,7 +4,10 @@ use futures::StreamExt;
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
 
+use std::sync::Arc;
+
 use super::{ActivityError, ActivityFuture, ActivityOutput, fill_template};
+use crate::grants::egress::{Egress, EgressResolver, redirect_policy};
 use crate::protocol::Tool;
 
 /// `_http` in a tool schema.
@@ -74,17 +77,38 @@ impl HttpConfig {
         }
         crate::duration::seconds("_http.timeout_s", cfg.timeout_s)
             .map_err(|e| config(e.to_string()))?;
+        // The hard cap on `max_bytes`: a body is held in memory and its value in the store.
+        const MAX_BYTES_CAP: usize = 64 * 1024 * 1024;
+        if cfg.max_bytes > MAX_BYTES_CAP {
+            return Err(config(format!(
+                "`_http.max_bytes` is {}; at most {MAX_BYTES_CAP} (64 MiB)",
+                cfg.max_bytes
+            )));
+        }
         Ok(cfg)
     }
 }
 
 #[derive(Clone)]
-pub(super) struct Client(reqwest::Client);
+pub(super) struct Client {
+    http: reqwest::Client,
+    egress: Option<Arc<Egress>>,
+}
 
 impl Client {
-    /// A client with dagloop's TLS set-up (`crate::net`).
-    pub(super) fn new() -> Result<Client, String> {
-        crate::net::client().map(Client).map_err(|e| e.to_string())
+    /// A client with dagloop's TLS set-up (`crate::net`); with `egress`, names are resolved by
+    /// the grant's resolver (only granted addresses are connected to), redirects are checked,
+    /// and no proxy is used (a proxy would connect on the run's behalf, unchecked).
+    pub(super) fn new(egress: Option<Arc<Egress>>) -> Result<Client, String> {
+        let mut b = crate::net::builder();
+        if let Some(e) = egress.as_ref().filter(|e| !e.is_open()) {
+            b = b
+                .dns_resolver(EgressResolver::new(e.clone()))
+                .redirect(redirect_policy(e.clone()))
+                .no_proxy();
+        }
+        let http = b.build().map_err(|e| e.to_string())?;
+        Ok(Client { http, egress })
     }
 
     pub(super) fn run(
@@ -93,7 +117,8 @@ impl Client {
         tool: String,
         params: Map<String, Value>,
     ) -> ActivityFuture {
-        let client = self.0.clone();
+        let client = self.http.clone();
+        let egress = self.egress.clone();
         Box::pin(async move {
             let config_err = |reason: String| ActivityError::Config {
                 tool: tool.clone(),
@@ -104,6 +129,12 @@ impl Client {
             let base =
                 super::fill_env(&cfg.url).map_err(|e| config_err(format!("`_http.url`: {e}")))?;
             let url = fill_template(&base, &params, true);
+            if let Some(e) = &egress {
+                e.check_str(&url).map_err(|e| ActivityError::Failed {
+                    message: format!("the request was not sent: {e}"),
+                    details: json!({"code": e.code()}),
+                })?;
+            }
             let used: Vec<String> = params
                 .keys()
                 .filter(|k| cfg.url.contains(&format!("{{{k}}}")))
@@ -175,6 +206,16 @@ impl Client {
 fn transport(e: &reqwest::Error, timeout_s: f64) -> ActivityError {
     if e.is_timeout() {
         return ActivityError::Timeout { seconds: timeout_s };
+    }
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        if let Some(refused) = s.downcast_ref::<crate::grants::EgressError>() {
+            return ActivityError::Failed {
+                message: format!("the request was not sent: {refused}"),
+                details: json!({"code": refused.code()}),
+            };
+        }
+        source = s.source();
     }
     let cause = transport_cause(e);
     let kind = if e.is_connect() {

@@ -51,10 +51,22 @@ fn fail(e: ActivityError) -> ActivityFuture {
     Box::pin(async move { Err(e) })
 }
 
-/// `http`: one HTTP request per call (`_http`). The client is made on first use.
+/// `http`: one HTTP request per call (`_http`). The client is made on first use; with an
+/// egress grant, every request is checked by it (`crate::grants::egress`).
 #[derive(Default)]
 pub(super) struct HttpKind {
     client: OnceLock<Result<http::Client, String>>,
+    egress: Option<Arc<crate::grants::Egress>>,
+}
+
+impl HttpKind {
+    /// A kind whose requests `egress` checks.
+    pub(super) fn with_egress(egress: Arc<crate::grants::Egress>) -> HttpKind {
+        HttpKind {
+            client: OnceLock::new(),
+            egress: Some(egress),
+        }
+    }
 }
 
 impl ActivityKind for HttpKind {
@@ -68,7 +80,10 @@ impl ActivityKind for HttpKind {
                 if let Some(k) = cx.idempotency_key {
                     cfg.headers.insert("Idempotency-Key".into(), k);
                 }
-                match self.client.get_or_init(http::Client::new) {
+                match self
+                    .client
+                    .get_or_init(|| http::Client::new(self.egress.clone()))
+                {
                     Ok(client) => client.run(cfg, tool.name.clone(), call.params),
                     Err(e) => fail(ActivityError::Config {
                         tool: tool.name.clone(),

@@ -12,6 +12,7 @@
 
 mod check;
 mod context;
+mod group;
 mod http;
 mod kind;
 pub mod mcp;
@@ -28,8 +29,9 @@ use serde_json::{Map, Value, json};
 
 use crate::protocol::{Call, Tool};
 
-pub use check::{KINDS, check_tool};
+pub use check::{KINDS, check_tool, kind_of};
 pub use context::{ActivityContext, Progress, ProgressSink};
+pub use group::kill_all as kill_process_groups;
 pub use http::HttpConfig;
 pub use kind::ActivityKind;
 pub use shell::ShellConfig;
@@ -285,6 +287,12 @@ impl Registry {
     /// Allows the built-in shell activity (off by default). Installs the built-in `shell` kind.
     pub fn enable_shell(&mut self, on: bool) -> &mut Self {
         self.register_kind("shell", Arc::new(kind::ShellKind { enabled: on }))
+    }
+
+    /// Checks every request of the built-in `http` kind against `egress` (names resolved once,
+    /// the checked address connected to, redirects checked alike). Installs the built-in kind.
+    pub fn set_egress(&mut self, egress: Arc<crate::grants::Egress>) -> &mut Self {
+        self.register_kind("http", Arc::new(kind::HttpKind::with_egress(egress)))
     }
 
     /// Installs the runner for delegate tools (the built-in `delegate` kind).

@@ -1,5 +1,9 @@
 //! The built-in `shell` activity: runs a program (no shell interpretation) with arguments filled
 //! from params. Disabled unless the operator enables it; the tool must ask for it too.
+//!
+//! The program runs in a process group of its own. When the call ends, however it ends (done,
+//! failed, timed out, or cancelled by dropping its future), the whole group is killed
+//! (SIGKILL), so nothing the program started in the background outlives the call.
 
 use std::process::Stdio;
 
@@ -76,12 +80,17 @@ pub(super) fn run(cfg: ShellConfig, tool: String, params: Map<String, Value>) ->
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
+            // Its own process group, so that whatever it starts can be stopped with it.
+            .process_group(0)
             .kill_on_drop(true)
             .spawn()
             .map_err(|e| ActivityError::Failed {
                 message: format!("cannot start `{}` for tool `{tool}`: {e}", args[0]),
                 details: Value::Null,
             })?;
+        // Declared after `child`, so dropped before it: the group goes first, on every way out
+        // (finished, failed, timed out, or this future dropped because the call was cancelled).
+        let _group = crate::tools::group::KillOnDrop::new(child.id());
         let cap = cfg.max_output_bytes;
         let mut out = child.stdout.take();
         let mut err = child.stderr.take();

@@ -37,3 +37,17 @@ pub fn dagloop() -> Command {
 pub fn dagloop_tokio() -> tokio::process::Command {
     tokio::process::Command::from(dagloop())
 }
+
+/// An operator config that grants what the tests' goals use (scripted models and delegate goals
+/// in temporary folders, http tools on loopback, MCP servers the goals define), written once
+/// per test process. Servers and workers grant far less without one.
+pub fn open_config() -> PathBuf {
+    let path = data_home().join("open-config.json");
+    if !path.exists() {
+        let _ = std::fs::write(
+            &path,
+            r#"{"grants": {"tools": ["http", "delegate", "mcp", "shell", "rust"], "goal_mcp_servers": true, "egress": {"private": true}, "files": ["/"]}}"#,
+        );
+    }
+    path
+}

@@ -87,7 +87,9 @@ impl Server {
         setup: impl FnOnce(&mut Command),
     ) -> Server {
         let mut c = bin::dagloop();
-        c.args(["serve", "--addr", "127.0.0.1:0", "--store"])
+        c.arg("--config")
+            .arg(bin::open_config())
+            .args(["serve", "--addr", "127.0.0.1:0", "--store"])
             .arg(store)
             .stdout(Stdio::piped())
             .stderr(Stdio::null());

@@ -110,7 +110,18 @@ pub struct WorkerProcess(pub Child);
 impl WorkerProcess {
     /// Starts `dagloop worker` (the binary at `bin`) on `queue`.
     pub fn start(mut command: Command, server: &DevServer, queue: &str) -> WorkerProcess {
+        // The examples' goals define MCP servers and read files anywhere: this worker's
+        // operator grants everything (a worker without a config grants far less).
+        let config =
+            std::env::temp_dir().join(format!("dagloop-worker-{}.json", std::process::id()));
+        std::fs::write(
+            &config,
+            r#"{"grants": {"tools": ["http", "delegate", "mcp", "shell", "rust"], "goal_mcp_servers": true, "egress": {"private": true}, "files": ["/"]}}"#,
+        )
+        .expect("worker config");
         let child = command
+            .arg("--config")
+            .arg(&config)
             .args([
                 "worker",
                 "--temporal",

@@ -18,6 +18,7 @@ use tokio::io::AsyncReadExt;
 
 use crate::goal::Goal;
 use crate::protocol::{Call, Tool};
+use crate::tools::group::KillOnDrop;
 use crate::tools::{
     Activity, ActivityContext, ActivityError, ActivityFuture, Progress, ProgressSink,
 };
@@ -116,7 +117,14 @@ pub(super) struct Server {
     config: McpServerConfig,
     handler: Handler,
     live: tokio::sync::Mutex<Option<Arc<Service>>>,
+    /// The process group of the current connection's stdio server: killed when the connection
+    /// is replaced or forgotten, when the server is shut down, and when this is dropped.
+    group: StdMutex<Option<KillOnDrop>>,
 }
+
+/// How long a stdio server (and what it started) has between SIGTERM and SIGKILL once it is
+/// to stop without a clean shutdown.
+const KILL_GRACE: Duration = Duration::from_millis(500);
 
 /// Seconds from a server's configuration (checked when the goal loads; a value that still cannot
 /// be a duration falls back to the five-minute default rather than panic).
@@ -124,8 +132,13 @@ fn secs(s: f64) -> Duration {
     crate::duration::seconds("mcp_servers.timeout_s", s).unwrap_or(Duration::from_secs(300))
 }
 
-/// Starts the server and performs the initialize handshake.
-async fn connect(config: &McpServerConfig, handler: Handler) -> Result<Service, McpError> {
+/// Starts the server and performs the initialize handshake. A stdio server runs in a process
+/// group of its own, returned with the connection; when the handshake fails or hangs the group
+/// is killed before this returns.
+async fn connect(
+    config: &McpServerConfig,
+    handler: Handler,
+) -> Result<(Service, Option<KillOnDrop>), McpError> {
     config.check()?;
     let server = config.name().to_string();
     let limit = config.startup_timeout_s();
@@ -144,6 +157,7 @@ async fn connect(config: &McpServerConfig, handler: Handler) -> Result<Service, 
             for (k, v) in &s.env {
                 cmd.env(k, config.expand(v)?);
             }
+            cmd.process_group(0);
             let (transport, stderr) = TokioChildProcess::builder(cmd)
                 .stderr(Stdio::piped())
                 .spawn()
@@ -152,6 +166,7 @@ async fn connect(config: &McpServerConfig, handler: Handler) -> Result<Service, 
                     command: command.clone(),
                     reason: e.to_string(),
                 })?;
+            let group = KillOnDrop::with_grace(transport.id(), KILL_GRACE);
             // Keep the last 2 KiB of the server's stderr for error messages (and never let the
             // pipe fill up and block the server).
             let tail = Arc::new(StdMutex::new(Vec::<u8>::new()));
@@ -187,7 +202,7 @@ async fn connect(config: &McpServerConfig, handler: Handler) -> Result<Service, 
                     };
                     Err(McpError::Handshake { server, reason })
                 }
-                Ok(Ok(service)) => Ok(service),
+                Ok(Ok(service)) => Ok((service, Some(group))),
             }
         }
         McpServerConfig::Http(h) => {
@@ -216,9 +231,16 @@ async fn connect(config: &McpServerConfig, handler: Handler) -> Result<Service, 
                     server,
                     reason: e.to_string(),
                 }),
-                Ok(Ok(service)) => Ok(service),
+                Ok(Ok(service)) => Ok((service, None)),
             }
         }
+        McpServerConfig::Named(n) => Err(McpError::Config {
+            server,
+            reason: format!(
+                "refers to the operator's MCP server `{}`, which this process does not configure",
+                n.name
+            ),
+        }),
     }
 }
 
@@ -232,9 +254,21 @@ impl Server {
             return Ok(s.clone());
         }
         *guard = None;
-        let s = Arc::new(connect(&self.config, self.handler.clone()).await?);
+        self.set_group(None);
+        let (s, group) = connect(&self.config, self.handler.clone()).await?;
+        let s = Arc::new(s);
         *guard = Some(s.clone());
+        self.set_group(group);
         Ok(s)
+    }
+
+    /// Replaces the guarded process group (the old one, if any, is killed).
+    fn set_group(&self, group: Option<KillOnDrop>) {
+        let old = match self.group.lock() {
+            Ok(mut g) => std::mem::replace(&mut *g, group),
+            Err(p) => std::mem::replace(&mut *p.into_inner(), group),
+        };
+        drop(old);
     }
 
     /// Forgets a connection that failed (the next call restarts the server).
@@ -242,6 +276,7 @@ impl Server {
         let mut guard = self.live.lock().await;
         if guard.as_ref().is_some_and(|s| Arc::ptr_eq(s, dead)) {
             *guard = None;
+            self.set_group(None);
         }
         dead.cancellation_token().cancel();
     }
@@ -344,6 +379,8 @@ impl Server {
                 Err(shared) => shared.cancellation_token().cancel(),
             }
         }
+        // Whatever the server left behind in its group goes too.
+        self.set_group(None);
     }
 }
 
@@ -442,6 +479,7 @@ impl McpServers {
                     calls: Arc::default(),
                 },
                 live: tokio::sync::Mutex::new(None),
+                group: StdMutex::new(None),
             })
         };
         let servers: Vec<Arc<Server>> = configs

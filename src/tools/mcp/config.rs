@@ -17,6 +17,20 @@ pub enum McpServerConfig {
     Stdio(StdioServer),
     /// `{"name", "url", "headers"}`: a streamable HTTP endpoint.
     Http(HttpServer),
+    /// `{"name"}` alone (and optional `approval`): the operator's server of that name
+    /// (`crate::grants`), the only kind a goal submitted to a server may use by default.
+    Named(NamedServer),
+}
+
+/// A goal's reference to a server the operator configured.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NamedServer {
+    /// The operator's name for the server.
+    pub name: String,
+    /// Approval overrides by MCP tool name, over the operator's.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub approval: BTreeMap<String, ToolApproval>,
 }
 
 /// Fields every server has.
@@ -84,6 +98,8 @@ impl McpServerConfig {
             .to_string();
         let parsed = if v.get("url").is_some() {
             serde_json::from_value(v).map(McpServerConfig::Http)
+        } else if v.get("command").is_none() {
+            serde_json::from_value(v).map(McpServerConfig::Named)
         } else {
             serde_json::from_value(v).map(McpServerConfig::Stdio)
         };
@@ -100,6 +116,16 @@ impl McpServerConfig {
         match self {
             McpServerConfig::Stdio(s) => &s.name,
             McpServerConfig::Http(h) => &h.name,
+            McpServerConfig::Named(n) => &n.name,
+        }
+    }
+
+    /// Renames the server (an operator's server takes the name a goal refers to it by).
+    pub fn set_name(&mut self, name: &str) {
+        match self {
+            McpServerConfig::Stdio(s) => s.name = name.to_string(),
+            McpServerConfig::Http(h) => h.name = name.to_string(),
+            McpServerConfig::Named(n) => n.name = name.to_string(),
         }
     }
 
@@ -108,6 +134,7 @@ impl McpServerConfig {
         match self {
             McpServerConfig::Stdio(s) => s.timeout_s,
             McpServerConfig::Http(h) => h.timeout_s,
+            McpServerConfig::Named(_) => None,
         }
         .unwrap_or(300.0)
     }
@@ -117,6 +144,7 @@ impl McpServerConfig {
         match self {
             McpServerConfig::Stdio(s) => s.startup_timeout_s,
             McpServerConfig::Http(h) => h.startup_timeout_s,
+            McpServerConfig::Named(_) => None,
         }
         .unwrap_or(30.0)
     }
@@ -126,13 +154,25 @@ impl McpServerConfig {
         match self {
             McpServerConfig::Stdio(s) => &s.approval,
             McpServerConfig::Http(h) => &h.approval,
+            McpServerConfig::Named(n) => &n.approval,
         }
     }
 
-    fn env_allowed(&self) -> &[String] {
+    /// Approval overrides by MCP tool name, to change.
+    pub fn approval_overrides_mut(&mut self) -> &mut BTreeMap<String, ToolApproval> {
+        match self {
+            McpServerConfig::Stdio(s) => &mut s.approval,
+            McpServerConfig::Http(h) => &mut h.approval,
+            McpServerConfig::Named(n) => &mut n.approval,
+        }
+    }
+
+    /// The environment variables `${VAR}` in this config may read.
+    pub fn env_allowed(&self) -> &[String] {
         match self {
             McpServerConfig::Stdio(s) => &s.from_env,
             McpServerConfig::Http(h) => &h.from_env,
+            McpServerConfig::Named(_) => &[],
         }
     }
 

@@ -1,0 +1,229 @@
+//! The operator's configuration file (`--config FILE`, TOML or JSON, described by
+//! `schemas/config.schema.json`): what runs in this process may touch (grants), the MCP servers
+//! the operator runs for goals that name them, the agents it publishes by name, and for
+//! `dagloop serve` its principals and the `Host` names it answers to.
+//!
+//! Relative paths in the file resolve against the file's folder. Unknown keys are refused, so a
+//! misspelled grant never silently grants nothing or everything.
+//!
+//! Deliberately not here: the grant rules (`crate::grants`), checking tokens (the server).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::grants::{Egress, EnvGrant, FileRoots, Grants};
+
+/// The configuration file could not be used.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// It could not be read.
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// It is not a valid configuration.
+    #[error("config file {path} is invalid: {reason}")]
+    Invalid {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        reason: String,
+    },
+}
+
+impl ConfigError {
+    /// A stable code.
+    pub fn code(&self) -> &'static str {
+        match self {
+            ConfigError::Read { source, .. } if source.kind() == std::io::ErrorKind::NotFound => {
+                "config.not_found"
+            }
+            ConfigError::Read { .. } => "config.unreadable",
+            ConfigError::Invalid { .. } => "config.invalid",
+        }
+    }
+}
+
+/// What runs may touch, as written in the file.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GrantsConfig {
+    /// Activity kinds goals' tools may use: `http`, `delegate`, `mcp`, `shell`, `rust` (default
+    /// `http`, `delegate`, `mcp`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tools: Option<BTreeSet<String>>,
+    /// Goals may define MCP servers of their own (commands to run, URLs to connect to). Default
+    /// `false`: goals name the servers of `mcp_servers`.
+    #[serde(default)]
+    pub goal_mcp_servers: bool,
+    /// Environment variables goals may read (`env` in a goal). Default: none.
+    #[serde(default)]
+    pub env: BTreeSet<String>,
+    /// Where `http` tools may connect. Default: public addresses over http and https.
+    #[serde(default)]
+    pub egress: Egress,
+    /// Folders scripted-model files and delegate goals may be read from. Default: the working
+    /// directory of the process.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub files: Option<Vec<PathBuf>>,
+}
+
+/// An agent the operator publishes: a goal file clients start by name.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AgentEntry {
+    /// The goal file.
+    pub goal: PathBuf,
+    /// A note for clients.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+}
+
+/// The operator's configuration.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// The JSON Schema the file declares itself against (ignored).
+    #[serde(rename = "$schema", default, skip_serializing_if = "Option::is_none")]
+    pub json_schema: Option<String>,
+    /// What runs may touch.
+    #[serde(default)]
+    pub grants: GrantsConfig,
+    /// MCP servers by name (each a stdio `command` or an HTTP `url`, as in a goal's
+    /// `mcp_servers` without `name`).
+    #[serde(default)]
+    pub mcp_servers: BTreeMap<String, Value>,
+    /// Agents published by name (`POST /runs {"agent": NAME, "input": {...}}`).
+    #[serde(default)]
+    pub agents: BTreeMap<String, AgentEntry>,
+    /// `dagloop serve`: principals (name, SHA-256 of the token, roles).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub principals: Vec<Value>,
+    /// `dagloop serve`: extra names the `Host` header may carry (besides loopback names and the
+    /// listening address).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub allowed_hosts: Vec<String>,
+    /// The folder relative paths resolve against (the file's folder).
+    #[serde(skip)]
+    pub base_dir: PathBuf,
+}
+
+impl Config {
+    /// Reads a configuration file: TOML, or JSON when the name ends in `.json`.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let invalid = |reason: String| ConfigError::Invalid {
+            path: path.to_path_buf(),
+            reason,
+        };
+        let json = path.extension().is_some_and(|e| e == "json");
+        let value: Value = if json {
+            serde_json::from_str(&text).map_err(|e| invalid(e.to_string()))?
+        } else {
+            toml::from_str(&text).map_err(|e| invalid(e.to_string()))?
+        };
+        let violations = crate::schema::published::Document::Config
+            .validate(&value)
+            .map_err(|e| invalid(e.to_string()))?;
+        if let Some(v) = violations.first() {
+            return Err(invalid(v.to_string()));
+        }
+        let mut config: Config =
+            serde_json::from_value(value).map_err(|e| invalid(e.to_string()))?;
+        let abs = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
+        config.base_dir = abs.parent().map(Path::to_path_buf).unwrap_or_default();
+        config.grants(Path::new(".")).map_err(|e| match e {
+            ConfigError::Invalid { reason, .. } => invalid(reason),
+            other => other,
+        })?;
+        Ok(config)
+    }
+
+    fn resolve(&self, p: &Path) -> PathBuf {
+        if p.is_absolute() {
+            p.to_path_buf()
+        } else {
+            self.base_dir.join(p)
+        }
+    }
+
+    /// The grants this configuration gives; `cwd` is the default file root.
+    pub fn grants(&self, cwd: &Path) -> Result<Grants, ConfigError> {
+        let invalid = |reason: String| ConfigError::Invalid {
+            path: self.base_dir.clone(),
+            reason,
+        };
+        let g = &self.grants;
+        let kinds: BTreeSet<String> = match &g.tools {
+            Some(t) => t.clone(),
+            None => ["delegate", "http", "mcp"]
+                .into_iter()
+                .map(String::from)
+                .collect(),
+        };
+        for k in &kinds {
+            if !(crate::tools::KINDS.contains(&k.as_str()) || k == crate::grants::MCP) {
+                return Err(invalid(format!(
+                    "grants.tools: unknown kind `{k}` (delegate, http, mcp, rust, shell)"
+                )));
+            }
+        }
+        let files = match &g.files {
+            Some(dirs) => {
+                let dirs: Vec<PathBuf> = dirs.iter().map(|d| self.resolve(d)).collect();
+                FileRoots::under(&dirs, &self.base_dir)
+                    .map_err(|e| invalid(format!("grants.files: {e}")))?
+            }
+            None => FileRoots::under(&[cwd.to_path_buf()], cwd).map_err(invalid)?,
+        };
+        #[cfg(feature = "mcp")]
+        let mcp_servers = {
+            let mut servers = BTreeMap::new();
+            for (name, v) in &self.mcp_servers {
+                let mut v = v.clone();
+                if let Some(m) = v.as_object_mut() {
+                    m.insert("name".into(), Value::String(name.clone()));
+                }
+                let s = crate::tools::mcp::McpServerConfig::from_value(v)
+                    .map_err(|e| invalid(format!("mcp_servers.{name}: {e}")))?;
+                if matches!(s, crate::tools::mcp::McpServerConfig::Named(_)) {
+                    return Err(invalid(format!(
+                        "mcp_servers.{name}: give a `command` (stdio) or a `url` (HTTP)"
+                    )));
+                }
+                servers.insert(name.clone(), s);
+            }
+            servers
+        };
+        #[cfg(not(feature = "mcp"))]
+        if !self.mcp_servers.is_empty() {
+            return Err(invalid(
+                "mcp_servers: this dagloop was built without the `mcp` feature".into(),
+            ));
+        }
+        Ok(Grants {
+            kinds: Some(kinds),
+            goal_mcp_servers: g.goal_mcp_servers,
+            #[cfg(feature = "mcp")]
+            mcp_servers,
+            env: EnvGrant::Only(g.env.clone()),
+            egress: g.egress.clone(),
+            files,
+        })
+    }
+
+    /// The goal file of a published agent (absolute).
+    pub fn agent_goal(&self, name: &str) -> Option<PathBuf> {
+        self.agents.get(name).map(|a| self.resolve(&a.goal))
+    }
+}
