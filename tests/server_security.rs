@@ -665,3 +665,68 @@ fn a_bad_principals_file_stops_the_server_with_a_code() {
         assert_eq!(v["error"]["code"], code, "{v}");
     }
 }
+
+/// The operator's config names the principals (`[[principals]]`) and the extra `Host` names
+/// (`allowed_hosts`), as `--principals` and `--allow-host` do.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn principals_and_host_names_come_from_the_operators_config() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let (url, _) = counting_service().await;
+    let open: Value = serde_json::from_str(
+        &std::fs::read_to_string(bin::open_config()).expect("the tests' open config"),
+    )
+    .expect("JSON");
+    let mut config = open.clone();
+    config["principals"] = json!([
+        {"name": "ci", "token_sha256": dagloop::server::token_sha256(CI), "roles": ["submit"]},
+        {"name": "alice", "token_sha256": dagloop::server::token_sha256(ALICE), "roles": ["review"]}
+    ]);
+    config["allowed_hosts"] = json!(["reviews.example"]);
+    let path = dir.path().join("config.json");
+    std::fs::write(&path, config.to_string()).expect("config");
+    let s = Server::start_config(&dir.path().join("runs.db"), &path, None, |_| {});
+    refused(
+        send(client().get(s.url("/runs"))).await,
+        401,
+        "auth.missing",
+    );
+    let (st, v) = send(
+        client()
+            .post(s.url("/runs"))
+            .bearer_auth(CI)
+            .json(&goal(dir.path(), &url, "ask")),
+    )
+    .await;
+    assert_eq!(st, 201, "{v}");
+    let id = v["id"].as_str().expect("id").to_string();
+    refused(
+        send(
+            client()
+                .post(s.url(&format!("/runs/{id}/approvals/1")))
+                .bearer_auth(CI)
+                .json(&json!({"decision": "approve"})),
+        )
+        .await,
+        403,
+        "auth.forbidden",
+    );
+    let (st, v) = send(
+        client()
+            .get(s.url("/runs"))
+            .bearer_auth(ALICE)
+            .header("host", "reviews.example"),
+    )
+    .await;
+    assert_eq!(st, 200, "{v}");
+    refused(
+        send(
+            client()
+                .get(s.url("/runs"))
+                .bearer_auth(ALICE)
+                .header("host", "evil.example"),
+        )
+        .await,
+        421,
+        "http.bad_host",
+    );
+}

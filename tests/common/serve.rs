@@ -86,9 +86,19 @@ impl Server {
         token: Option<&str>,
         setup: impl FnOnce(&mut Command),
     ) -> Server {
+        Server::start_config(store, &bin::open_config(), token, setup)
+    }
+
+    /// [`Server::start_with`] under this operator config instead of the tests' open one.
+    pub fn start_config(
+        store: &Path,
+        config: &Path,
+        token: Option<&str>,
+        setup: impl FnOnce(&mut Command),
+    ) -> Server {
         let mut c = bin::dagloop();
         c.arg("--config")
-            .arg(bin::open_config())
+            .arg(config)
             .args(["serve", "--addr", "127.0.0.1:0", "--store"])
             .arg(store)
             .stdout(Stdio::piped())
