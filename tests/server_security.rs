@@ -690,12 +690,11 @@ async fn principals_and_host_names_come_from_the_operators_config() {
         401,
         "auth.missing",
     );
-    let (st, v) = send(
-        client()
-            .post(s.url("/runs"))
-            .bearer_auth(CI)
-            .json(&goal(dir.path(), &url, "ask")),
-    )
+    let (st, v) = send(client().post(s.url("/runs")).bearer_auth(CI).json(&goal(
+        dir.path(),
+        &url,
+        "ask",
+    )))
     .await;
     assert_eq!(st, 201, "{v}");
     let id = v["id"].as_str().expect("id").to_string();
