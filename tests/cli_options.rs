@@ -205,6 +205,15 @@ async fn without_a_terminal_a_policy_that_asks_refuses_to_start_unless_told_what
     assert_eq!(run.code, 0, "{}", run.stdout);
     assert_eq!(call_statuses(&run.json()), ["done"]);
     assert_eq!(run.json()["calls"][0]["decision"], "approve");
+    // Journaled as the decisions file's.
+    let id = run.json()["run_id"].as_str().expect("run id").to_string();
+    let shown = dagloop(["show", "--json", id.as_str()]).await;
+    assert_eq!(
+        shown.json()["calls"][0]["decided_by"]["channel"],
+        "decisions_file",
+        "{}",
+        shown.stdout
+    );
     assert_eq!(tools.hits("/ping"), 1);
 }
 

@@ -52,12 +52,33 @@ async fn the_prompt_is_visible_and_approve_runs_the_call() {
         p.exp_string("[a]pprove").expect("asked again");
         p.send_line("a").expect("send");
         let rest = p.exp_eof().expect("exits when the run ends");
+        // Read back before the workspace (and the store in it) goes.
+        let id = rest
+            .split("\"run_id\": \"")
+            .nth(1)
+            .and_then(|r| r.split('"').next())
+            .unwrap_or_default()
+            .to_string();
+        let shown = bin::dagloop()
+            .args(["show", "--json", &id])
+            .env("DAGLOOP_STORE", &store)
+            .output()
+            .expect("show");
         drop(ws);
-        rest
+        (rest, shown)
     })
     .await;
+    let (out, shown) = out;
     assert!(out.contains("\"status\": \"succeeded\""), "{out}");
     assert_eq!(server.hits("/ping"), 1);
+    // The decision is journaled as the terminal user's.
+    let shown: Value = serde_json::from_slice(&shown.stdout).expect("JSON");
+    let by = &shown["calls"][0]["decided_by"];
+    assert_eq!(by["channel"], "terminal", "{shown}");
+    assert!(
+        by["principal"].as_str().is_some_and(|p| !p.is_empty()),
+        "{shown}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

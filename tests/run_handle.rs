@@ -166,12 +166,14 @@ async fn ops_are_checked_against_the_run_and_refusals_change_nothing() {
         call,
         decision: d,
         presented,
+        by: None,
     };
     let code = |r: Result<(), dagloop::OpError>| r.err().map(|e| e.code());
     let unknown = Op::Decide {
         call: CallId(99),
         decision: Decision::Approve,
         presented: None,
+        by: None,
     };
     assert_eq!(code(h.submit(unknown).await), Some("op.unknown_call"));
     assert_eq!(
@@ -966,6 +968,7 @@ async fn late_subscribers_are_caught_up_from_one_replay_then_the_kept_history() 
             call,
             decision: Decision::Approve,
             presented: Some(hash),
+            by: None,
         };
         h.submit(op).await.expect("approve");
     }

@@ -122,21 +122,29 @@ fn goal(dir: &Path, url: &str) -> Value {
 /// `dagloop serve` on `addr` (port 0: a free port, which it reports), with a token; None when
 /// it does not listen (the address is still taken).
 fn try_start_server(store: &Path, addr: &str) -> Option<(Killed, String)> {
-    let mut child = Killed(
-        bin::dagloop()
-            .arg("--config")
-            .arg(bin::open_config())
-            .args(["serve", "--addr", addr, "--store"])
-            .arg(store)
-            .env("DAGLOOP_TOKEN", TOKEN)
-            // A short lease: a server started again after a kill takes its runs over soon
-            // (at once when the old lease has run out), as it would after a 20 s one.
-            .env("DAGLOOP_LEASE_MS", "1000")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("spawn dagloop serve"),
-    );
+    try_start_server_with(store, addr, Some(TOKEN))
+}
+
+/// [`try_start_server`] with this token, or none (every caller is then the principal `local`).
+fn try_start_server_with(
+    store: &Path,
+    addr: &str,
+    token: Option<&str>,
+) -> Option<(Killed, String)> {
+    let mut cmd = bin::dagloop();
+    cmd.arg("--config")
+        .arg(bin::open_config())
+        .args(["serve", "--addr", addr, "--store"])
+        .arg(store)
+        // A short lease: a server started again after a kill takes its runs over soon
+        // (at once when the old lease has run out), as it would after a 20 s one.
+        .env("DAGLOOP_LEASE_MS", "1000")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null());
+    if let Some(t) = token {
+        cmd.env("DAGLOOP_TOKEN", t);
+    }
+    let mut child = Killed(cmd.spawn().expect("spawn dagloop serve"));
     let mut line = String::new();
     BufReader::new(child.0.stdout.take().expect("stdout"))
         .read_line(&mut line)
@@ -779,4 +787,75 @@ async fn the_page_reconnects_by_itself_when_the_server_restarts() {
     assert_eq!(errors, json!([]), "JavaScript errors on the page");
     c.clone().close().await.expect("close the browser");
     drop(server);
+}
+
+/// A page of another origin (another port on 127.0.0.1) sends a server without a token (the
+/// default on loopback) the requests a page can make without a CORS preflight: a `no-cors`
+/// fetch with `text/plain` and a form posted into an iframe. Both are refused (415) and the
+/// run keeps waiting; a JSON fetch needs a preflight, which the server never grants, so it is
+/// never sent. (Issue 24: the no-cors fetch used to cancel the run.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_origins_page_cannot_cancel_a_run() {
+    let Some((chromium, driver)) = browser_binaries() else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let url = echo_service().await;
+    let (_server, base) = try_start_server_with(&dir.path().join("runs.db"), "127.0.0.1:0", None)
+        .expect("dagloop serve listens");
+    let (id, _) = submit(&base, dir.path(), &url).await;
+    let cancel = format!("{base}/runs/{id}/cancel");
+    let page = format!(
+        r#"<!doctype html><title>another origin</title>
+<form id="f" method="POST" action="{cancel}" enctype="text/plain" target="sink">
+<input name='{{"reason": "x", "pad": "' value='"}}'></form>
+<iframe name="sink"></iframe>
+<script>
+window.results = {{}};
+const sink = document.querySelector("iframe");
+fetch("{cancel}", {{method: "POST", mode: "no-cors", headers: {{"Content-Type": "text/plain"}},
+                    body: JSON.stringify({{reason: "from another origin"}})}})
+  .then(() => {{ window.results.no_cors = "sent"; }}, (e) => {{ window.results.no_cors = "error " + e; }})
+  .then(() => fetch("{cancel}", {{method: "POST", headers: {{"Content-Type": "application/json"}}, body: "{{}}"}}))
+  .then(() => {{ window.results.json = "sent"; }}, () => {{ window.results.json = "blocked"; }})
+  .then(() => {{
+    sink.addEventListener("load", () => {{ window.results.form = "sent"; }});
+    document.getElementById("f").submit();
+  }});
+</script>"#
+    );
+    let app = axum::Router::new().route(
+        "/",
+        axum::routing::get(move || {
+            let page = page.clone();
+            async move { axum::response::Html(page) }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let other = format!("http://{}/", listener.local_addr().expect("addr"));
+    tokio::spawn(async move { axum::serve(listener, app).await });
+
+    let (_driver, driver_url) = start_driver(&driver).await;
+    let profile = tempfile::tempdir().expect("profile dir");
+    let c = browser(&chromium, &driver_url, profile.path()).await;
+    c.goto(&other).await.expect("open the other origin's page");
+    let results = until(
+        &c,
+        "the three requests made",
+        "const r = window.results; return r && r.form ? r : null",
+    )
+    .await;
+    assert_eq!(
+        results,
+        json!({"no_cors": "sent", "json": "blocked", "form": "sent"}),
+        "the browser sent the simple requests and withheld the JSON one"
+    );
+    // Give a request that slipped through time to act.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let run = api_get(&base, &format!("/runs/{id}")).await;
+    assert_eq!(run["status"], "waiting", "the run was not cancelled: {run}");
+    assert_eq!(run["awaiting"].as_array().map(Vec::len), Some(5), "{run}");
+    c.clone().close().await.expect("close the browser");
 }

@@ -68,6 +68,11 @@ pub trait Approver: Send + Sync {
     /// Answers one request. The future may take as long as the reviewer takes; the engine applies
     /// the policy's timeout around it.
     fn decide(&self, req: ApprovalRequest) -> BoxFuture<'static, Decision>;
+
+    /// Who its decisions are journaled as (None: nobody in particular).
+    fn actor(&self) -> Option<crate::protocol::Actor> {
+        None
+    }
 }
 
 /// A scripted answer: a decision, given after an optional delay.
@@ -97,6 +102,7 @@ pub struct ScriptedApprover {
     in_order: Mutex<VecDeque<Scripted>>,
     fallback: Scripted,
     seen: Mutex<Vec<ApprovalRequest>>,
+    actor: Option<crate::protocol::Actor>,
 }
 
 impl Default for ScriptedApprover {
@@ -107,6 +113,7 @@ impl Default for ScriptedApprover {
             in_order: Mutex::new(VecDeque::new()),
             fallback: Decision::Approve.into(),
             seen: Mutex::new(Vec::new()),
+            actor: None,
         }
     }
 }
@@ -143,6 +150,12 @@ impl ScriptedApprover {
         self
     }
 
+    /// Its decisions are journaled as made by `actor` (builder style).
+    pub fn by(mut self, actor: crate::protocol::Actor) -> Self {
+        self.actor = Some(actor);
+        self
+    }
+
     /// The requests seen so far, in the order they were asked.
     pub fn requests(&self) -> Vec<ApprovalRequest> {
         self.seen.lock().map(|s| s.clone()).unwrap_or_default()
@@ -158,6 +171,10 @@ pub fn after(delay: Duration, decision: Decision) -> Scripted {
 }
 
 impl Approver for ScriptedApprover {
+    fn actor(&self) -> Option<crate::protocol::Actor> {
+        self.actor.clone()
+    }
+
     fn decide(&self, req: ApprovalRequest) -> BoxFuture<'static, Decision> {
         let answer = match self
             .by_call

@@ -362,6 +362,15 @@ pub enum Command {
         /// Accept goals whose tools use the shell activity.
         #[arg(long)]
         allow_shell: bool,
+        /// Also answer requests whose `Host` is NAME (any port) or NAME:PORT (repeatable);
+        /// localhost, 127.0.0.1, [::1] and the listening address are always allowed, any other
+        /// Host gets 421 (a defence against DNS rebinding).
+        #[arg(long = "allow-host", value_name = "NAME")]
+        allow_host: Vec<String>,
+        /// A JSON file listing principals: `[{"name", "token_sha256", "roles": ["submit" |
+        /// "review" | "admin"]}]` (token_sha256: lowercase hex SHA-256 of the bearer token).
+        #[arg(long, value_name = "FILE")]
+        principals: Option<PathBuf>,
     },
     /// Serve a scripted-model file as an OpenAI-compatible streaming endpoint.
     MockLlm {
@@ -549,6 +558,7 @@ pub async fn main(cli: Cli) -> i32 {
                     call: crate::protocol::CallId(call),
                     decision: d,
                     presented: None,
+                    by: Some(me(crate::protocol::Actor::CLI)),
                 };
                 temporal_cmd::decide(&id, op, &temporal).await
             }
@@ -571,6 +581,7 @@ pub async fn main(cli: Cli) -> i32 {
                     call: crate::protocol::CallId(call),
                     decision: d,
                     presented: None,
+                    by: Some(me(crate::protocol::Actor::CLI)),
                 },
             ),
             (Err(e), _) | (_, Err(e)) => Err(e),
@@ -585,8 +596,24 @@ pub async fn main(cli: Cli) -> i32 {
         }
         Command::Graph { file, format } => graph(&file, format),
         Command::MockLlm { script, port } => mock_llm(&script, port).await,
-        Command::Serve { addr, allow_shell } => match grants_for(config, allow_shell, true) {
-            Ok(g) => serve(addr, g, config, cli.store.as_deref(), cli.no_store).await,
+        Command::Serve {
+            addr,
+            allow_shell,
+            allow_host,
+            principals,
+        } => match grants_for(config, allow_shell, true) {
+            Ok(g) => {
+                serve(
+                    addr,
+                    g,
+                    config,
+                    allow_host,
+                    principals.as_deref(),
+                    cli.store.as_deref(),
+                    cli.no_store,
+                )
+                .await
+            }
             Err(e) => Err(e),
         },
     };
@@ -920,11 +947,22 @@ async fn mock_llm(script: &FsPath, port: u16) -> Result<i32, CliError> {
     Ok(0)
 }
 
+/// The user at this terminal (`$USER`, else `local`) as the author of a decision.
+pub(crate) fn me(channel: &str) -> crate::protocol::Actor {
+    let user = std::env::var("USER")
+        .ok()
+        .filter(|u| !u.trim().is_empty())
+        .unwrap_or_else(|| "local".into());
+    crate::protocol::Actor::new(user, channel)
+}
+
 #[cfg(feature = "server")]
 async fn serve(
     addr: std::net::SocketAddr,
     grants: Arc<crate::grants::Grants>,
     config: Option<&crate::config::Config>,
+    allowed_hosts: Vec<String>,
+    principals: Option<&FsPath>,
     store: Option<&FsPath>,
     no_store: bool,
 ) -> Result<i32, CliError> {
@@ -945,6 +983,24 @@ async fn serve(
     let token = std::env::var("DAGLOOP_TOKEN")
         .ok()
         .filter(|t| !t.is_empty());
+    // Principals and Host names: the operator's config, then the command line's.
+    let mut principals = match principals {
+        Some(p) => read_principals(p)?,
+        None => Vec::new(),
+    };
+    let mut allowed_hosts = allowed_hosts;
+    if let Some(c) = config {
+        for (i, v) in c.principals.iter().enumerate() {
+            let p = serde_json::from_value(v.clone()).map_err(|e| {
+                CliError::new(
+                    "cli.bad_principals",
+                    format!("the config's principals[{i}]: {e}"),
+                )
+            })?;
+            principals.insert(i, p);
+        }
+        allowed_hosts.extend(c.allowed_hosts.iter().cloned());
+    }
     let base_dir = std::env::current_dir().unwrap_or_default();
     let agents = config
         .map(|c| {
@@ -958,6 +1014,8 @@ async fn serve(
         addr,
         store,
         token,
+        principals,
+        allowed_hosts,
         grants,
         agents,
         base_dir,
@@ -967,11 +1025,26 @@ async fn serve(
     Ok(0)
 }
 
+/// `--principals FILE`: a JSON array of principals.
+#[cfg(feature = "server")]
+fn read_principals(path: &FsPath) -> Result<Vec<crate::server::PrincipalConfig>, CliError> {
+    let bad = |reason: String| {
+        CliError::new(
+            "cli.bad_principals",
+            format!("{}: {reason}", path.display()),
+        )
+    };
+    let text = std::fs::read_to_string(path).map_err(|e| bad(e.to_string()))?;
+    serde_json::from_str(&text).map_err(|e| bad(e.to_string()))
+}
+
 #[cfg(not(feature = "server"))]
 async fn serve(
     _addr: std::net::SocketAddr,
     _grants: Arc<crate::grants::Grants>,
     _config: Option<&crate::config::Config>,
+    _allowed_hosts: Vec<String>,
+    _principals: Option<&FsPath>,
     _store: Option<&FsPath>,
     _no_store: bool,
 ) -> Result<i32, CliError> {

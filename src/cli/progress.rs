@@ -196,6 +196,7 @@ pub(super) async fn show(mut events: Subscription, tty: bool, screen: Arc<Screen
             EventKind::Decision {
                 decision,
                 timed_out,
+                ..
             } => Some(format!(
                 "{name} {}: {}",
                 c.tool(id),
@@ -287,7 +288,7 @@ pub(super) async fn show(mut events: Subscription, tty: bool, screen: Arc<Screen
                 ev.step,
                 errors.join("; ")
             )),
-            EventKind::RunFinished { status } if ev.parent.is_none() => Some(format!(
+            EventKind::RunFinished { status, .. } if ev.parent.is_none() => Some(format!(
                 "run finished: {status} after {} step(s) · {}",
                 c.step,
                 c.counts()

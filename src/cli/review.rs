@@ -138,7 +138,7 @@ pub(super) async fn serve(handle: RunHandle, tools: BTreeMap<String, Tool>, scre
                             queue.push_back(p);
                         }
                     }
-                    (EventKind::Decision { decision, timed_out }, Some(id)) => {
+                    (EventKind::Decision { decision, timed_out, .. }, Some(id)) => {
                         queue.retain(|p| p.id != id);
                         if current.as_ref().is_some_and(|p| p.id == id) {
                             let why = if *timed_out { " (the reviewer's time ran out)" } else { "" };
@@ -211,6 +211,7 @@ async fn decide(handle: &RunHandle, p: &Pending, decision: Decision) {
         call: p.id,
         decision,
         presented: Some(p.hash.clone()),
+        by: Some(super::me(crate::protocol::Actor::TERMINAL)),
     };
     if let Err(e) = handle.submit(op).await {
         say(&format!("  {}: not applied: {e} [{}]\n", p.id, e.code()));

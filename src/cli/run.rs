@@ -73,10 +73,11 @@ fn load_decisions(path: &FsPath) -> Result<crate::approval::ScriptedApprover, Cl
     };
     let text = std::fs::read_to_string(path).map_err(|e| bad(e.to_string()))?;
     let file: File = serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?;
-    let mut a =
-        crate::approval::ScriptedApprover::new().otherwise(crate::protocol::Decision::Reject {
+    let mut a = crate::approval::ScriptedApprover::new()
+        .otherwise(crate::protocol::Decision::Reject {
             reason: "no decision was given for this call (--decisions)".into(),
-        });
+        })
+        .by(super::me(crate::protocol::Actor::DECISIONS_FILE));
     for (i, mut d) in file.decisions.into_iter().enumerate() {
         // `call` selects by id when it is a number; a replace carries its new call there.
         let (tool, call) = match d.as_object_mut() {

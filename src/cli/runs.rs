@@ -187,6 +187,12 @@ pub(super) fn print_description(
         out["duration_ms"],
         entries
     );
+    if let (Some(p), Some(ch)) = (
+        out["cancelled_by"]["principal"].as_str(),
+        out["cancelled_by"]["channel"].as_str(),
+    ) {
+        outln!("cancelled by {p} ({ch})");
+    }
     outln!("\ncalls (ms from the run's start):");
     for c in out["calls"].as_array().into_iter().flatten() {
         let f = |k: &str| {
@@ -205,7 +211,15 @@ pub(super) fn print_description(
             f("ended_ms"),
             c["decision"]
                 .as_str()
-                .map(|d| format!("({d})"))
+                .map(|d| {
+                    match (
+                        c["decided_by"]["principal"].as_str(),
+                        c["decided_by"]["channel"].as_str(),
+                    ) {
+                        (Some(p), Some(ch)) => format!("({d} by {p}, {ch})"),
+                        _ => format!("({d})"),
+                    }
+                })
                 .unwrap_or_default(),
         );
     }

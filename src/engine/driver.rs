@@ -186,6 +186,7 @@ impl Driver {
                     cancel_seen = true;
                     self.queue.push(RunInput::Cancel {
                         reason: "cancelled by the caller".into(),
+                        by: None,
                     });
                 }
                 Next::Committed(entries, r) => {
@@ -413,8 +414,10 @@ impl Driver {
             return;
         }
         let input = match req.op {
-            Op::Decide { call, decision, .. } => RunInput::Decided { call, decision },
-            Op::Cancel { reason } => RunInput::Cancel { reason },
+            Op::Decide {
+                call, decision, by, ..
+            } => RunInput::Decided { call, decision, by },
+            Op::Cancel { reason, by } => RunInput::Cancel { reason, by },
         };
         let ok = self.feed(vec![input]).await;
         self.update_idle();

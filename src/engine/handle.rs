@@ -373,6 +373,7 @@ impl RunHandle {
     pub async fn cancel(&self, reason: impl Into<String>) -> Result<(), OpError> {
         self.submit(Op::Cancel {
             reason: reason.into(),
+            by: None,
         })
         .await
     }

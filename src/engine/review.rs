@@ -23,6 +23,7 @@ pub(super) async fn serve(
     approver: Arc<dyn Approver>,
     tools: BTreeMap<String, Arc<Tool>>,
 ) {
+    let by = approver.actor();
     let mut events = shared.subscribe_from(0);
     let mut pending = FuturesUnordered::new();
     loop {
@@ -49,7 +50,7 @@ pub(super) async fn serve(
                 pending.push(decide(approver.clone(), req));
             }
             Some((id, hash, decision)) = pending.next(), if !pending.is_empty() => {
-                let op = Op::Decide { call: id, decision, presented: Some(hash) };
+                let op = Op::Decide { call: id, decision, presented: Some(hash), by: by.clone() };
                 if let Err(e) = shared.submit(op).await {
                     tracing::debug!(call = %id, code = e.code(), "decision not applied: {e}");
                 }

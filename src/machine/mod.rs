@@ -57,6 +57,8 @@ pub struct RunMachine {
     seq: u64,
     started: bool,
     finished: Option<RunStatus>,
+    /// Who cancelled the run, when its cancellation said so (put on its `run_finished`).
+    cancelled_by: Option<crate::protocol::Actor>,
     keep_launched: bool,
     /// Scratch buffers (the work queue, a scheduler's actions), kept between inputs so that an
     /// input allocates nothing for them; see [`RunMachine::handle_into`].
@@ -88,6 +90,7 @@ impl RunMachine {
             seq: 0,
             started: false,
             finished: None,
+            cancelled_by: None,
             keep_launched: false,
             scratch: Default::default(),
         }
@@ -162,6 +165,9 @@ impl RunMachine {
             return;
         }
         let (mut work, buf) = std::mem::take(&mut self.scratch);
+        // The decision's author, put on the `decision` event the scheduler emits for it.
+        let mut decided_by: Option<(CallId, crate::protocol::Actor)> = None;
+        let first = out.len();
         match input {
             RunInput::Start => self.start(now, &mut work, out),
             RunInput::Call { frame, call } => {
@@ -255,7 +261,8 @@ impl RunMachine {
                     work.push((frame, scheduler::Input::Finished { id: call, outcome }));
                 }
             }
-            RunInput::Decided { call, decision } => {
+            RunInput::Decided { call, decision, by } => {
+                decided_by = by.map(|b| (call, b));
                 if let Some(frame) = self.owner(call) {
                     out.push(Action::ClearTimer {
                         timer: Timer::Approval { call },
@@ -273,7 +280,12 @@ impl RunMachine {
                     self.stop(frame, RunStatus::Timeout, now, &mut work, out);
                 }
             },
-            RunInput::Cancel { .. } => self.stop(None, RunStatus::Cancelled, now, &mut work, out),
+            RunInput::Cancel { by, .. } => {
+                if self.cancelled_by.is_none() {
+                    self.cancelled_by = by;
+                }
+                self.stop(None, RunStatus::Cancelled, now, &mut work, out)
+            }
             RunInput::Resumed => self.resume(&mut work, out),
             RunInput::Interrupted { call } => {
                 // A delegate's call is its nested agent, never an activity that can be lost.
@@ -285,6 +297,19 @@ impl RunMachine {
             }
         }
         self.run_work(&mut work, buf, now, out);
+        if let Some((call, by)) = decided_by {
+            for a in out.iter_mut().skip(first) {
+                if let Action::Emit(Event {
+                    call: Some(c),
+                    kind: EventKind::Decision { by: b, .. },
+                    ..
+                }) = a
+                    && *c == call
+                {
+                    *b = Some(by.clone());
+                }
+            }
+        }
     }
 
     fn streaming(&self, frame: FrameKey) -> bool {
@@ -778,6 +803,11 @@ impl RunMachine {
         }
         let kind = EventKind::RunFinished {
             status: status.as_str().to_string(),
+            by: if key.is_none() && status == RunStatus::Cancelled {
+                self.cancelled_by.clone()
+            } else {
+                None
+            },
         };
         self.emit(key, None, kind, now, out);
         self.frames.remove(&key);

@@ -22,6 +22,7 @@ impl RunMachine {
             call,
             decision,
             presented,
+            ..
         } = op
         else {
             return Ok(());

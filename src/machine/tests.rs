@@ -254,6 +254,7 @@ fn rule16_cancel_aborts_running_calls() {
     let a = m.handle(
         RunInput::Cancel {
             reason: "stop".into(),
+            by: None,
         },
         2,
     );
@@ -326,6 +327,7 @@ fn ops_are_refused_with_typed_reasons_rule21() {
         call: CallId(call),
         decision,
         presented: presented.map(String::from),
+        by: None,
     };
     let code = |m: &RunMachine, op: Op| m.check_op(&op).err().map(|e| e.code());
     assert_eq!(
@@ -354,12 +356,20 @@ fn ops_are_refused_with_typed_reasons_rule21() {
         Some("op.invalid_decision")
     );
     assert_eq!(code(&m, decide(1, Decision::Approve, Some(&hash))), None);
-    m.handle(
+    let by = crate::protocol::Actor::new("alice", crate::protocol::Actor::HTTP);
+    let decided = m.handle(
         RunInput::Decided {
             call: CallId(1),
             decision: Decision::Approve,
+            by: Some(by.clone()),
         },
         2,
+    );
+    // The decision's author is on its event.
+    assert!(
+        decided.iter().any(|a| matches!(a, Action::Emit(e)
+            if matches!(&e.kind, crate::protocol::EventKind::Decision { by: Some(b), .. } if *b == by))),
+        "{decided:?}"
     );
     assert_eq!(
         code(&m, decide(1, Decision::Approve, None)),
@@ -377,6 +387,7 @@ fn ops_are_refused_with_typed_reasons_rule21() {
     m.handle(
         RunInput::Cancel {
             reason: "done".into(),
+            by: None,
         },
         4,
     );

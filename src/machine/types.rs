@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::AgentConfig;
-use crate::protocol::{Call, CallId, Decision, Event, Message, Millis, Tool};
+use crate::protocol::{Actor, Call, CallId, Decision, Event, Message, Millis, Tool};
 use crate::scheduler::{CallStatus, Outcome};
 
 /// Which agent of the run something concerns: `None` for the run's own agent, `Some(call)` for
@@ -140,6 +140,9 @@ pub enum RunInput {
         call: CallId,
         /// The decision.
         decision: Decision,
+        /// Who decided (journals written before this was recorded have none).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        by: Option<Actor>,
     },
     /// A timer fired.
     TimerFired {
@@ -150,6 +153,9 @@ pub enum RunInput {
     Cancel {
         /// Why.
         reason: String,
+        /// Who cancelled (journals written before this was recorded have none).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        by: Option<Actor>,
     },
     /// The run was rebuilt from its journal after its process stopped: model turns that were
     /// streaming are asked again (the calls they had already streamed are not taken twice),

@@ -161,6 +161,9 @@ pub enum EventKind {
         /// True when the policy default was applied because the reviewer did not answer in time.
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         timed_out: bool,
+        /// Who decided, when the decision's op said so.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        by: Option<super::Actor>,
     },
     /// An activity was launched.
     Started {
@@ -257,6 +260,9 @@ pub enum EventKind {
     RunFinished {
         /// The terminal status (`succeeded`, `failed`, `cancelled`, ...).
         status: String,
+        /// For a run that was cancelled: who cancelled it, when the cancellation said so.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        by: Option<super::Actor>,
     },
 }
 
@@ -347,24 +353,31 @@ mod tests {
             EventKind::Decision {
                 decision: Decision::Approve,
                 timed_out: false,
+                by: Some(crate::protocol::Actor::new(
+                    "alice",
+                    crate::protocol::Actor::HTTP,
+                )),
             },
             EventKind::Decision {
                 decision: Decision::Edit {
                     params: json!({"q": 1}).as_object().cloned().unwrap_or_default(),
                 },
                 timed_out: false,
+                by: None,
             },
             EventKind::Decision {
                 decision: Decision::Replace {
                     call: Box::new(call.clone()),
                 },
                 timed_out: false,
+                by: None,
             },
             EventKind::Decision {
                 decision: Decision::Reject {
                     reason: "no".into(),
                 },
                 timed_out: true,
+                by: None,
             },
             EventKind::Started {
                 tool: "fetch".into(),
@@ -408,6 +421,14 @@ mod tests {
             },
             EventKind::RunFinished {
                 status: "succeeded".into(),
+                by: None,
+            },
+            EventKind::RunFinished {
+                status: "cancelled".into(),
+                by: Some(crate::protocol::Actor::new(
+                    "ci",
+                    crate::protocol::Actor::HTTP,
+                )),
             },
         ]
     }

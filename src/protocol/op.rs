@@ -31,12 +31,52 @@ pub enum Op {
         /// was since presented with other params, the op is refused as stale.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         presented: Option<String>,
+        /// Who decided, through which channel (journaled with the decision).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        by: Option<Actor>,
     },
     /// Stop the run: nothing more launches, running calls are aborted.
     Cancel {
         /// Why, in the canceller's words.
         reason: String,
+        /// Who cancelled, through which channel (journaled with the cancellation).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        by: Option<Actor>,
     },
+}
+
+/// Who made a decision or a cancellation, and through which channel. Recorded in the journal
+/// and shown with the call (`decided_by`) or the run (`cancelled_by`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Actor {
+    /// The principal's name (an HTTP principal, the terminal's user, `policy`, ...).
+    pub principal: String,
+    /// How it reached the run: [`Actor::HTTP`], [`Actor::TERMINAL`], [`Actor::DECISIONS_FILE`],
+    /// [`Actor::POLICY`], [`Actor::TIMEOUT`] or [`Actor::CLI`].
+    pub channel: String,
+}
+
+impl Actor {
+    /// Through `dagloop serve`'s API (the reviewer page included).
+    pub const HTTP: &'static str = "http";
+    /// At the terminal reviewer of `dagloop run`.
+    pub const TERMINAL: &'static str = "terminal";
+    /// From a scripted decisions file (`--decisions`).
+    pub const DECISIONS_FILE: &'static str = "decisions_file";
+    /// By the approval policy.
+    pub const POLICY: &'static str = "policy";
+    /// By a reviewer timeout's default.
+    pub const TIMEOUT: &'static str = "timeout";
+    /// By a command (`dagloop decide`).
+    pub const CLI: &'static str = "cli";
+
+    /// This principal through this channel.
+    pub fn new(principal: impl Into<String>, channel: &str) -> Actor {
+        Actor {
+            principal: principal.into(),
+            channel: channel.to_string(),
+        }
+    }
 }
 
 /// Why an op was refused. Nothing changed in the run.
@@ -182,13 +222,27 @@ mod tests {
                 decision: Decision::Reject {
                     reason: "no".into()
                 },
-                presented: None
+                presented: None,
+                by: None,
             }
         );
         let back = serde_json::to_value(&Op::Cancel {
             reason: "stop".into(),
+            by: None,
         })
         .expect("json");
         assert_eq!(back, json!({"op": "cancel", "reason": "stop"}));
+        let by = Some(Actor::new("alice", Actor::HTTP));
+        let back = serde_json::to_value(&Op::Cancel {
+            reason: "stop".into(),
+            by: by.clone(),
+        })
+        .expect("json");
+        assert_eq!(
+            back,
+            json!({"op": "cancel", "reason": "stop", "by": {"principal": "alice", "channel": "http"}})
+        );
+        let op: Op = serde_json::from_value(back).expect("op");
+        assert!(matches!(op, Op::Cancel { by: b, .. } if b == by));
     }
 }

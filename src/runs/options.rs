@@ -23,6 +23,10 @@ pub struct RunOptions {
     /// The run was submitted to `dagloop serve`, which continues it after a restart.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub server: bool,
+    /// The principal that submitted the run to `dagloop serve` (a submitter sees and cancels
+    /// only its own runs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub submitted_by: Option<String>,
     /// What the run was defined from, part by part (`goal`, each delegate goal by the pointer
     /// of its tool), as SHA-256 digests: `resume` refuses a run whose definition changed
     /// (`run.definition_changed`) unless told to accept the changes.

@@ -26,6 +26,8 @@ pub struct Rebuilt {
     /// When each model stream closed: the agent (its delegate call, None for the run's own
     /// agent) and the time.
     pub streams_closed: Vec<(Option<u64>, u64)>,
+    /// Who cancelled the run, when its cancellation said so.
+    pub cancelled_by: Option<crate::protocol::Actor>,
 }
 
 /// The machine of the run `record` describes after `journal`, without its events: what awaits
@@ -93,11 +95,16 @@ pub fn rebuild(record: &RunRecord, journal: &[JournalEntry]) -> Result<Rebuilt, 
             _ => None,
         })
         .collect();
+    let cancelled_by = journal.iter().find_map(|e| match &e.input {
+        crate::machine::RunInput::Cancel { by, .. } => by.clone(),
+        _ => None,
+    });
     Ok(Rebuilt {
         goal,
         machine,
         events,
         streams_closed,
+        cancelled_by,
     })
 }
 
@@ -182,7 +189,7 @@ pub fn describe(
         None if live => "running".into(),
         None => "stopped".into(),
     };
-    json!({
+    let mut out = json!({
         "id": id,
         "status": status,
         "duration_ms": end,
@@ -194,7 +201,11 @@ pub fn describe(
         "state": result.map_or_else(|| rb.machine.state_view(), |r| Some(r.state.clone())),
         "output": result.map(|r| r.output.clone()),
         "error": result.and_then(|r| r.error.clone()),
-    })
+    });
+    if let Some(by) = &rb.cancelled_by {
+        out["cancelled_by"] = json!(by);
+    }
+    out
 }
 
 /// Folds one event into its call's description; returns the span it closes, if any.
@@ -244,8 +255,12 @@ fn call_event(
         EventKind::Decision {
             decision,
             timed_out,
+            by,
         } => {
             c["decision"] = json!(decision.name());
+            if let Some(by) = by {
+                c["decided_by"] = json!(by);
+            }
             c["decided_ms"] = json!(t);
             c["status"] = json!(if decision.name() == "reject" {
                 "rejected"

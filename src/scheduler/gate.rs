@@ -160,6 +160,7 @@ impl Scheduler {
             EventKind::Decision {
                 decision: decision.clone(),
                 timed_out,
+                by: None,
             },
         );
         let presented = self.entries[ix].presented.take();

@@ -1,25 +1,31 @@
-//! The API's handlers: submit goals, list and describe runs, decide calls, cancel runs.
+//! The API's handlers: submit goals (with `Idempotency-Key`), list and describe runs, decide
+//! calls, cancel runs; each checks the caller's role and which runs it may see
+//! (`principals`). Decisions and cancellations carry their principal as their [`Actor`].
+//!
+//! Deliberately not here: who the caller is (`auth`), `Host` and content-type checks (`guard`).
 
 use std::sync::Arc;
 
-use axum::Json;
 use axum::extract::rejection::JsonRejection;
 use axum::extract::{Path, State};
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::{Extension, Json};
 use serde_json::{Value, json};
 
 use super::error::{ApiError, Problem};
+use super::principals::{Principal, Role};
 use super::state::AppState;
 use crate::approval::ModeName;
 use crate::goal::Goal;
-use crate::protocol::{CallId, Decision, Op};
+use crate::protocol::{Actor, CallId, Decision, Op};
 use crate::runs::RunOptions;
 use crate::store::RunStore;
 
 type ApiResult<T> = Result<T, ApiError>;
 
 /// A JSON body, or a coded 400 saying why it is not one.
-fn body(b: Result<Json<Value>, JsonRejection>) -> ApiResult<Value> {
+pub(super) fn body(b: Result<Json<Value>, JsonRejection>) -> ApiResult<Value> {
     b.map(|Json(v)| v).map_err(|e| {
         let status = if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
             StatusCode::PAYLOAD_TOO_LARGE
@@ -30,17 +36,44 @@ fn body(b: Result<Json<Value>, JsonRejection>) -> ApiResult<Value> {
     })
 }
 
-/// Stored runs, newest first, with how many calls each has waiting for a decision.
+/// 403 `auth.forbidden`: the caller's roles do not allow this.
+fn forbidden(what: &str) -> ApiError {
+    ApiError::new(
+        StatusCode::FORBIDDEN,
+        "auth.forbidden",
+        format!("this principal's roles do not allow it to {what}"),
+    )
+}
+
+/// The decision or cancellation's author: the principal, over HTTP.
+fn actor(who: &Principal) -> Option<Actor> {
+    Some(Actor::new(who.name.clone(), Actor::HTTP))
+}
+
+/// Keys kept in memory at most; past that the memory is cleared and the store answers.
+const MAX_KEYS_IN_MEMORY: usize = 10_000;
+
+/// Stored runs the caller may see (a submitter: its own), newest first, with how many calls
+/// each has waiting for a decision.
 #[utoipa::path(get, path = "/runs", tag = "runs",
-    responses((status = 200, description = "Runs, newest first: id, status, entries, created_at, updated_at, waiting", body = Object)))]
-pub(super) async fn list_runs(State(st): State<Arc<AppState>>) -> ApiResult<Json<Value>> {
+    responses((status = 200, description = "Runs the caller may see, newest first: id, status, entries, created_at, updated_at, waiting, submitted_by", body = Object)))]
+pub(super) async fn list_runs(
+    State(st): State<Arc<AppState>>,
+    Extension(who): Extension<Principal>,
+) -> ApiResult<Json<Value>> {
     let s = st.clone();
-    let rows = tokio::task::spawn_blocking(move || s.store.list())
-        .await
-        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server.internal", e))?
-        .map_err(|e| ApiError::from_store(&e))?;
+    let (rows, owners) = tokio::task::spawn_blocking(move || {
+        Ok::<_, crate::store::StoreError>((s.store.list()?, s.store.submitters()?))
+    })
+    .await
+    .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server.internal", e))?
+    .map_err(|e| ApiError::from_store(&e))?;
     let mut out = Vec::with_capacity(rows.len());
     for row in rows {
+        let owner = owners.get(&row.id).cloned().flatten();
+        if !who.may_read(owner.as_deref()) {
+            continue;
+        }
         let waiting = match st.live(&row.id) {
             Some(l) => l.handle.awaiting().len(),
             None => 0,
@@ -53,39 +86,141 @@ pub(super) async fn list_runs(State(st): State<Arc<AppState>>) -> ApiResult<Json
         let mut v = json!(row);
         v["status"] = json!(status);
         v["waiting"] = json!(waiting);
+        if let Some(o) = owner {
+            v["submitted_by"] = json!(o);
+        }
         out.push(v);
     }
     Ok(Json(Value::Array(out)))
 }
 
+/// The longest `Idempotency-Key` accepted.
+const MAX_IDEMPOTENCY_KEY: usize = 255;
+
+/// The request's `Idempotency-Key`: None without one; 400 `http.bad_idempotency_key` when it is
+/// empty, too long, or not printable ASCII.
+fn idempotency_key(headers: &HeaderMap) -> ApiResult<Option<String>> {
+    let Some(v) = headers.get("idempotency-key") else {
+        return Ok(None);
+    };
+    match v.to_str() {
+        Ok(k)
+            if !k.is_empty()
+                && k.len() <= MAX_IDEMPOTENCY_KEY
+                && k.bytes().all(|b| b.is_ascii_graphic() || b == b' ') =>
+        {
+            Ok(Some(k.to_string()))
+        }
+        _ => Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "http.bad_idempotency_key",
+            format!(
+                "Idempotency-Key must be 1 to {MAX_IDEMPOTENCY_KEY} printable ASCII characters"
+            ),
+        )),
+    }
+}
+
 /// Submits a goal: the goal document itself, `{"goal": {...}, "model", "approve", "mode"}`, or
 /// an agent the operator publishes, `{"agent": NAME, "input": {...}, "model", "approve", "mode"}`.
 /// What the goal may touch is what the server's operator grants; the run starts at once; follow
-/// it with `/runs/{id}/events`.
+/// it with `/runs/{id}/events`. With an `Idempotency-Key` that the same principal already used,
+/// no run starts: the answer is the first run's, with status 200 and `Idempotent-Replayed: true`.
 #[utoipa::path(post, path = "/runs", tag = "runs",
+    params(("Idempotency-Key" = Option<String>, Header, description = "Repeating a key (same principal) returns the run the first request created instead of starting another")),
     request_body(content = Object, description = "A goal document, {goal, model?, approve?, mode?}, or {agent, input?, model?, approve?, mode?}"),
     responses(
         (status = 201, description = "The run was created and started: {id, status}", body = Object),
+        (status = 200, description = "The Idempotency-Key was used before: the first run's {id, status}, with `Idempotent-Replayed: true`", body = Object),
         (status = 400, description = "The goal is invalid, or asks for something the operator does not grant (`grant.*`); `errors` lists each problem with its JSON pointer", body = ApiError),
+        (status = 403, description = "The caller may not submit runs", body = ApiError),
         (status = 404, description = "No agent of that name is published", body = ApiError),
-        (status = 413, description = "The body is too large", body = ApiError)))]
+        (status = 413, description = "The body is too large", body = ApiError),
+        (status = 415, description = "Not application/json", body = ApiError)))]
 pub(super) async fn create_run(
     State(st): State<Arc<AppState>>,
+    Extension(who): Extension<Principal>,
+    headers: HeaderMap,
     b: Result<Json<Value>, JsonRejection>,
-) -> ApiResult<(StatusCode, Json<Value>)> {
+) -> ApiResult<Response> {
+    if !who.may(Role::Submit) {
+        return Err(forbidden("submit runs"));
+    }
+    let key = idempotency_key(&headers)?;
     let v = body(b)?;
-    let (doc, opts) = envelope(v, &st)?;
+    let Some(key) = key else {
+        let id = start_run(&st, &who, v).await?;
+        return Ok(created(&id));
+    };
+    // One keyed creation at a time: the second of two concurrent requests with one key waits
+    // for the first and then finds its run.
+    let _one = st.idempotent_create.lock().await;
+    let slot = (who.name.clone(), key.clone());
+    let known = st
+        .idempotent
+        .lock()
+        .ok()
+        .and_then(|m| m.get(&slot).cloned());
+    let known = match known {
+        Some(id) => Some(id),
+        None => {
+            let store = st.store.clone();
+            let (p, k) = slot.clone();
+            tokio::task::spawn_blocking(move || store.idempotent_run(&p, &k))
+                .await
+                .map_err(|e| {
+                    ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server.internal", e)
+                })?
+                .map_err(|e| ApiError::from_store(&e))?
+        }
+    };
+    if let Some(id) = known {
+        let status = match st.describe(&id).await {
+            Ok(d) => d["status"].clone(),
+            Err(_) => json!("unknown"),
+        };
+        let mut r = (StatusCode::OK, Json(json!({"id": id, "status": status}))).into_response();
+        r.headers_mut()
+            .insert("idempotent-replayed", HeaderValue::from_static("true"));
+        return Ok(r);
+    }
+    let id = start_run(&st, &who, v).await?;
+    if let Ok(mut m) = st.idempotent.lock() {
+        if m.len() >= MAX_KEYS_IN_MEMORY {
+            m.clear();
+        }
+        m.insert(slot.clone(), id.clone());
+    }
+    let store = st.store.clone();
+    let run = id.clone();
+    let kept =
+        tokio::task::spawn_blocking(move || store.remember_idempotent(&slot.0, &slot.1, &run))
+            .await;
+    if !matches!(kept, Ok(Ok(()))) {
+        tracing::warn!(run = %id, "the Idempotency-Key is kept in memory only: the store refused it");
+    }
+    Ok(created(&id))
+}
+
+fn created(id: &str) -> Response {
+    (
+        StatusCode::CREATED,
+        Json(json!({"id": id, "status": "running"})),
+    )
+        .into_response()
+}
+
+/// Checks a submission and starts its run, recorded as `who`'s.
+async fn start_run(st: &Arc<AppState>, who: &Principal, v: Value) -> ApiResult<String> {
+    let (doc, mut opts) = envelope(v, st)?;
+    opts.submitted_by = Some(who.name.clone());
     let (doc, base) = match doc {
         Submitted::Goal(doc) => (doc, st.base_dir.clone()),
-        Submitted::Agent { name, input } => agent_goal(&st, &name, input)?,
+        Submitted::Agent { name, input } => agent_goal(st, &name, input)?,
     };
     let goal = check_goal(&doc, &base)?;
     let def = crate::runs::define(goal, opts, st.grants.clone()).map_err(runs_error)?;
-    let id = st.launch_defined(&def, None).await.map_err(runs_error)?;
-    Ok((
-        StatusCode::CREATED,
-        Json(json!({"id": id, "status": "running"})),
-    ))
+    st.launch_defined(&def, None).await.map_err(runs_error)
 }
 
 /// A run that could not be defined or started, as an API error (grants with their pointer).
@@ -286,11 +421,13 @@ fn pointer_of(e: &crate::goal::GoalError) -> String {
 #[utoipa::path(get, path = "/runs/{id}", tag = "runs",
     params(("id" = String, Path, description = "The run id")),
     responses((status = 200, description = "The run described", body = Object),
-              (status = 404, description = "No such run", body = ApiError)))]
+              (status = 404, description = "No such run (or not one the caller may read)", body = ApiError)))]
 pub(super) async fn get_run(
     State(st): State<Arc<AppState>>,
+    Extension(who): Extension<Principal>,
     Path(id): Path<String>,
 ) -> ApiResult<Json<Value>> {
+    st.readable(&who, &id).await?;
     st.describe(&id).await.map(Json)
 }
 
@@ -299,11 +436,13 @@ pub(super) async fn get_run(
 #[utoipa::path(get, path = "/runs/{id}/approvals", tag = "approvals",
     params(("id" = String, Path, description = "The run id")),
     responses((status = 200, description = "Calls awaiting a decision", body = Object),
-              (status = 404, description = "No such run", body = ApiError)))]
+              (status = 404, description = "No such run (or not one the caller may read)", body = ApiError)))]
 pub(super) async fn approvals(
     State(st): State<Arc<AppState>>,
+    Extension(who): Extension<Principal>,
     Path(id): Path<String>,
 ) -> ApiResult<Json<Value>> {
+    st.readable(&who, &id).await?;
     let mut v = st.describe(&id).await?;
     Ok(Json(v["awaiting"].take()))
 }
@@ -311,27 +450,39 @@ pub(super) async fn approvals(
 /// Decides a call awaiting approval. The body is a Decision (`{"decision": "approve"}`,
 /// `{"decision": "edit", "params": {...}}`, `{"decision": "replace", "call": {...}}`,
 /// `{"decision": "reject", "reason": "..."}`), optionally with `presented`: the `params_hash`
-/// the reviewer saw.
+/// the reviewer saw (a string; anything else is refused). Needs the `review` role.
 #[utoipa::path(post, path = "/runs/{id}/approvals/{call}", tag = "approvals",
     params(("id" = String, Path, description = "The run id"), ("call" = u64, Path, description = "The call id")),
     request_body(content = Object, description = "A Decision, optionally with `presented`"),
     responses(
         (status = 200, description = "Applied: {status: applied}", body = Object),
         (status = 202, description = "Recorded for a run no process drives now: {status: recorded}", body = Object),
-        (status = 400, description = "Not a decision", body = ApiError),
+        (status = 400, description = "Not a decision (or `presented` is not a string)", body = ApiError),
+        (status = 403, description = "The caller may not decide", body = ApiError),
         (status = 404, description = "No such run or call", body = ApiError),
         (status = 409, description = "The call is not awaiting a decision, was decided first by somebody else, or was presented with other params", body = ApiError),
         (status = 422, description = "The decision cannot apply (invalid params, an edit that changes the tool)", body = ApiError)))]
 pub(super) async fn decide(
     State(st): State<Arc<AppState>>,
+    Extension(who): Extension<Principal>,
     Path((id, call)): Path<(String, u64)>,
     b: Result<Json<Value>, JsonRejection>,
 ) -> ApiResult<(StatusCode, Json<Value>)> {
+    if !who.may(Role::Review) {
+        return Err(forbidden("decide calls"));
+    }
     let mut v = body(b)?;
-    let presented = v
-        .as_object_mut()
-        .and_then(|m| m.remove("presented"))
-        .and_then(|p| p.as_str().map(str::to_string));
+    let presented = match v.as_object_mut().and_then(|m| m.remove("presented")) {
+        None => None,
+        Some(Value::String(p)) => Some(p),
+        Some(other) => {
+            return Err(ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "op.bad_decision",
+                format!("`presented` must be the params_hash string the reviewer saw, not {other}"),
+            ));
+        }
+    };
     let decision: Decision = serde_json::from_value(v).map_err(|e| {
         ApiError::new(
             StatusCode::BAD_REQUEST,
@@ -343,22 +494,62 @@ pub(super) async fn decide(
         call: CallId(call),
         decision,
         presented,
+        by: actor(&who),
     };
     submit(&st, &id, op).await
 }
 
-/// Cancels a run: nothing more launches, running calls are aborted.
+/// `POST /runs/{id}/cancel`'s optional body.
+#[derive(Default, serde::Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(super) struct CancelRequest {
+    /// Why, in the canceller's words.
+    #[serde(default)]
+    reason: Option<String>,
+}
+
+/// Cancels a run: nothing more launches, running calls are aborted. The body (JSON, as every
+/// POST) may be empty or `{"reason": "..."}`. An admin cancels any run, a submitter its own.
 #[utoipa::path(post, path = "/runs/{id}/cancel", tag = "runs",
     params(("id" = String, Path, description = "The run id")),
+    request_body(content = Option<CancelRequest>, description = "Optional: {reason}"),
     responses((status = 200, description = "Cancelling: {status: applied}", body = Object),
-              (status = 404, description = "No such run", body = ApiError),
-              (status = 409, description = "The run has finished", body = ApiError)))]
+              (status = 400, description = "The body is not {reason?}", body = ApiError),
+              (status = 403, description = "The caller may not cancel this run", body = ApiError),
+              (status = 404, description = "No such run (or not one the caller may read)", body = ApiError),
+              (status = 409, description = "The run has finished", body = ApiError),
+              (status = 415, description = "Not application/json", body = ApiError)))]
 pub(super) async fn cancel(
     State(st): State<Arc<AppState>>,
+    Extension(who): Extension<Principal>,
     Path(id): Path<String>,
+    b: axum::body::Bytes,
 ) -> ApiResult<(StatusCode, Json<Value>)> {
+    let req: CancelRequest = if b.iter().all(u8::is_ascii_whitespace) {
+        CancelRequest::default()
+    } else {
+        serde_json::from_slice(&b).map_err(|e| {
+            ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "http.bad_body",
+                format!("expected nothing or {{\"reason\": \"...\"}}: {e}"),
+            )
+        })?
+    };
+    let owner = st.submitter(&id).await?;
+    if !who.may_read(owner.as_deref()) {
+        return Err(ApiError::from_store(
+            &crate::store::StoreError::UnknownRun { id: id.clone() },
+        ));
+    }
+    if !who.may_cancel(owner.as_deref()) {
+        return Err(forbidden("cancel this run"));
+    }
     let op = Op::Cancel {
-        reason: "cancelled through the API".into(),
+        reason: req
+            .reason
+            .unwrap_or_else(|| format!("cancelled through the API by {}", who.name)),
+        by: actor(&who),
     };
     submit(&st, &id, op).await
 }

@@ -25,6 +25,9 @@ pub enum ServerError {
         /// Why.
         reason: String,
     },
+    /// The configured principals cannot be used.
+    #[error(transparent)]
+    Principals(#[from] super::principals::PrincipalError),
     /// The store cannot be opened.
     #[error(transparent)]
     Store(#[from] crate::store::StoreError),
@@ -42,6 +45,7 @@ impl ServerError {
         match self {
             ServerError::TokenRequired { .. } => "server.token_required",
             ServerError::Bind { .. } => "server.bind",
+            ServerError::Principals(e) => e.code(),
             ServerError::Store(e) => e.code(),
             ServerError::Serve { .. } => "server.serve",
         }

@@ -7,13 +7,19 @@
 //! machine refuses those that do not apply (rule 21) exactly as it does for every other
 //! reviewer.
 //!
+//! Who may do what: every API request is made by a principal (`principals`, `auth`), and the
+//! page and the API answer only under an allowed `Host` and take state changes only as JSON
+//! (`guard`). docs/server.md says what a client can and cannot do.
+//!
 //! Deliberately not here: any rule about runs (the machine and `runs` hold them) or how the
 //! command line prints (the `cli` module; neither front-end depends on the other).
 
 mod api;
 mod auth;
 mod error;
+mod guard;
 mod page;
+pub mod principals;
 mod sse;
 mod state;
 
@@ -28,6 +34,7 @@ use utoipa_axum::router::OpenApiRouter;
 
 use auth::BearerScheme;
 pub use error::ServerError;
+pub use principals::{PrincipalConfig, PrincipalError, Role, token_sha256};
 use state::AppState;
 
 /// Largest request body accepted (goals and decisions), in bytes.
@@ -40,8 +47,15 @@ pub struct ServeOptions {
     pub addr: SocketAddr,
     /// The run store file.
     pub store: PathBuf,
-    /// The bearer token every API call must carry (`DAGLOOP_TOKEN`); required off loopback.
+    /// The single bearer token of the principal `admin` (`DAGLOOP_TOKEN`). Off loopback, this
+    /// or `principals` is required.
     pub token: Option<String>,
+    /// Named principals with their roles (from the operator's configuration). With neither
+    /// these nor `token`, every caller is the principal `local` with every role (loopback only).
+    pub principals: Vec<PrincipalConfig>,
+    /// Names the page and the API answer to besides `localhost`, `127.0.0.1`, `[::1]` (any
+    /// port) and the listening address: `NAME` (any port) or `NAME:PORT`.
+    pub allowed_hosts: Vec<String>,
     /// What submitted goals may touch (`crate::grants`).
     pub grants: Arc<crate::grants::Grants>,
     /// Goal files the operator publishes by name (`{"agent": NAME, "input": ...}`).
@@ -84,7 +98,7 @@ pub fn openapi_json() -> String {
 /// then the listener closes, open requests get two seconds, the runs stop being driven (the
 /// store keeps them, resumed at the next start) and the MCP servers stop.
 pub async fn serve(opts: ServeOptions) -> Result<(), ServerError> {
-    if opts.token.is_none() && !opts.addr.ip().is_loopback() {
+    if opts.token.is_none() && opts.principals.is_empty() && !opts.addr.ip().is_loopback() {
         return Err(ServerError::TokenRequired { addr: opts.addr });
     }
     let listener = tokio::net::TcpListener::bind(opts.addr)
@@ -97,7 +111,7 @@ pub async fn serve(opts: ServeOptions) -> Result<(), ServerError> {
         addr: opts.addr,
         reason: e.to_string(),
     })?;
-    let state = AppState::open(&opts)?;
+    let state = AppState::open(&opts, local)?;
     // Listening for SIGTERM before anybody can be told the server is up.
     let term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
     let stop = tokio_util::sync::CancellationToken::new();
@@ -188,13 +202,19 @@ fn router(state: Arc<AppState>) -> Router {
                 async move { ([("content-type", "application/json")], doc.to_string()) }
             }),
         )
+        // Layers run last-added first: JSON-only state changes, then who is calling.
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
-            auth::require_token,
-        ));
+            auth::authenticate,
+        ))
+        .layer(axum::middleware::from_fn(guard::require_json));
     Router::new()
         .merge(page::routes())
         .merge(api)
         .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            guard::require_host,
+        ))
         .with_state(state)
 }

@@ -5,12 +5,14 @@
 use std::convert::Infallible;
 use std::sync::Arc;
 
+use axum::Extension;
 use axum::extract::{Path, Query, State};
 use axum::http::HeaderMap;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use futures::stream::{self, BoxStream, StreamExt};
 
 use super::error::ApiError;
+use super::principals::Principal;
 use super::state::AppState;
 use crate::protocol::Event;
 
@@ -33,13 +35,16 @@ fn frame(e: &Event) -> Result<SseEvent, Infallible> {
            ("after" = Option<u64>, Query, description = "Start after this sequence number (the `Last-Event-ID` header does the same)"),
            ("ticket" = Option<String>, Query, description = "A ticket from POST /tickets, for clients that cannot send headers")),
     responses((status = 200, description = "text/event-stream: `id` = sequence number, `event` = event type, `data` = the event as JSON", content_type = "text/event-stream", body = String),
-              (status = 404, description = "No such run", body = ApiError)))]
+              (status = 401, description = "No or wrong token, or a ticket for another run", body = ApiError),
+              (status = 404, description = "No such run (or not one the caller may read)", body = ApiError)))]
 pub(super) async fn events(
     State(st): State<Arc<AppState>>,
+    Extension(who): Extension<Principal>,
     Path(id): Path<String>,
     Query(q): Query<After>,
     headers: HeaderMap,
 ) -> Result<impl axum::response::IntoResponse, ApiError> {
+    st.readable(&who, &id).await?;
     let after = headers
         .get("last-event-id")
         .and_then(|v| v.to_str().ok())

@@ -1,4 +1,6 @@
-//! What the server holds: the store, the runs this process drives, and the SSE tickets.
+//! What the server holds: the store, the runs this process drives, the principals and the SSE
+//! tickets, the `Host` allowlist, and the `Idempotency-Key`s it has seen; and who may see which
+//! run.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -8,6 +10,7 @@ use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
 use super::error::ApiError;
+use super::principals::Principal;
 use super::{ServeOptions, ServerError};
 use crate::engine::RunHandle;
 use crate::goal::Goal;
@@ -30,7 +33,13 @@ impl Drop for LiveRun {
 
 pub(super) struct AppState {
     pub store: Arc<SqliteStore>,
-    pub token: Option<String>,
+    pub principals: super::principals::Principals,
+    pub hosts: super::guard::HostAllowlist,
+    /// Runs created with an `Idempotency-Key`, by (principal, key); also kept in the store.
+    pub idempotent: Mutex<BTreeMap<(String, String), String>>,
+    /// Held while a request with an `Idempotency-Key` is checked and its run created, so two
+    /// requests with the same key never both start one.
+    pub idempotent_create: tokio::sync::Mutex<()>,
     /// What submitted goals may touch (the operator's config, else the closed default).
     pub grants: Arc<crate::grants::Grants>,
     /// Goal files the operator publishes by name.
@@ -56,11 +65,19 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl AppState {
-    pub fn open(opts: &ServeOptions) -> Result<Arc<AppState>, ServerError> {
+    pub fn open(
+        opts: &ServeOptions,
+        listening: std::net::SocketAddr,
+    ) -> Result<Arc<AppState>, ServerError> {
+        let principals =
+            super::principals::Principals::new(&opts.principals, opts.token.as_deref())?;
         let store = Arc::new(SqliteStore::open(&opts.store)?);
         Ok(Arc::new(AppState {
             store,
-            token: opts.token.clone(),
+            principals,
+            hosts: super::guard::HostAllowlist::new(listening, &opts.allowed_hosts),
+            idempotent: Mutex::new(BTreeMap::new()),
+            idempotent_create: tokio::sync::Mutex::new(()),
             grants: opts.grants.clone(),
             agents: opts.agents.clone(),
             base_dir: opts.base_dir.clone(),
@@ -74,6 +91,40 @@ impl AppState {
 
     pub fn live(&self, id: &str) -> Option<Arc<LiveRun>> {
         lock(&self.live).get(id).cloned()
+    }
+
+    /// Who submitted a run (None for runs recorded without a submitter); 404 for no such run.
+    pub async fn submitter(&self, id: &str) -> Result<Option<String>, ApiError> {
+        if let Some(l) = self.live(id) {
+            return Ok(l.record.options["submitted_by"]
+                .as_str()
+                .map(str::to_string));
+        }
+        let store = self.store.clone();
+        let run = id.to_string();
+        tokio::task::spawn_blocking(move || store.submitter(&run))
+            .await
+            .map_err(|e| {
+                ApiError::new(
+                    axum::http::StatusCode::INTERNAL_SERVER_ERROR,
+                    "server.internal",
+                    e,
+                )
+            })?
+            .map_err(|e| ApiError::from_store(&e))
+    }
+
+    /// Refuses a principal that may not read the run with the same 404 as a run that does not
+    /// exist, so a submitter cannot tell other submitters' runs from nothing.
+    pub async fn readable(&self, who: &Principal, id: &str) -> Result<(), ApiError> {
+        let owner = self.submitter(id).await?;
+        if who.may_read(owner.as_deref()) {
+            Ok(())
+        } else {
+            Err(ApiError::from_store(
+                &crate::store::StoreError::UnknownRun { id: id.to_string() },
+            ))
+        }
     }
 
     /// Starts (or, with `resume`, continues) a run and keeps it going until it ends.

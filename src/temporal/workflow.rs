@@ -144,6 +144,7 @@ impl RunWorkflow {
                             cancel_seen = true;
                             inputs.push(RunInput::Cancel {
                                 reason: reason.unwrap_or_else(|| "the workflow was cancelled".into()),
+                                by: None,
                             });
                             None
                         }
@@ -203,8 +204,10 @@ impl RunWorkflow {
     #[update]
     pub fn decide(&mut self, _ctx: &mut SyncWorkflowContext<Self>, op: Op) -> bool {
         match op {
-            Op::Decide { call, decision, .. } => {
-                self.inbox.push(RunInput::Decided { call, decision });
+            Op::Decide {
+                call, decision, by, ..
+            } => {
+                self.inbox.push(RunInput::Decided { call, decision, by });
                 true
             }
             Op::Cancel { .. } => false,

@@ -120,7 +120,10 @@ function tokenGiven(ev) {
   waiters.forEach((w) => w());
 }
 
+// Every state change is sent as JSON (the server refuses any other POST, so another origin's
+// page cannot make one without a CORS preflight).
 async function api(method, path, body) {
+  if (method !== "GET" && body === undefined) body = {};
   for (;;) {
     const headers = { "Accept": "application/json" };
     const t = token();
@@ -254,7 +257,8 @@ async function openStream() {
   closeStream();
   let ticket;
   try {
-    ticket = (await api("POST", "/tickets")).ticket;
+    // A ticket opens this run's events only.
+    ticket = (await api("POST", "/tickets", { run: id })).ticket;
   } catch (e) {
     setConn("reconnecting", e.message);
     reopenLater();
@@ -315,7 +319,8 @@ function reopenLater() {
 function render(run) {
   $("#run-id").textContent = run.id;
   const st = $("#run-status");
-  st.textContent = run.status;
+  st.textContent = run.status +
+    (run.cancelled_by ? " by " + run.cancelled_by.principal + " (" + run.cancelled_by.channel + ")" : "");
   st.dataset.status = run.status;
   $("#run-duration").textContent = fmtMs(run.duration_ms) + " · " + run.journal_entries + " journal entries";
   $("#cancel-run").hidden = finished(run);
@@ -390,7 +395,10 @@ function callCard(c) {
       c.waiting_on.map((w, i) => [i ? ", " : "", el("code", { text: w })])));
   }
   const times = [];
-  if (c.decision) times.push(c.decision + (c.decision_timed_out ? " (timed out)" : ""));
+  if (c.decision) {
+    times.push(c.decision + (c.decision_timed_out ? " (timed out)" : "") +
+      (c.decided_by ? " by " + c.decided_by.principal + " (" + c.decided_by.channel + ")" : ""));
+  }
   if (c.started_ms !== undefined && c.ended_ms !== undefined) times.push("ran " + fmtMs(c.ended_ms - c.started_ms));
   if (times.length) card.append(el("div", { class: "call-meta muted", text: times.join(" · ") }));
   if (c.error) {
@@ -752,7 +760,7 @@ async function cancelRun() {
   const id = page.selected;
   if (!id || !confirm("Cancel run " + id + "?")) return;
   try {
-    await api("POST", "/runs/" + encodeURIComponent(id) + "/cancel");
+    await api("POST", "/runs/" + encodeURIComponent(id) + "/cancel", { reason: "cancelled from the reviewer page" });
     notice("Cancelling run " + id + ".", "ok");
   } catch (e) {
     notice("Cannot cancel: " + e.message, "error");

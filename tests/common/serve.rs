@@ -1,0 +1,248 @@
+//! `dagloop serve` as the server tests drive it: the real binary on a free loopback port, a
+//! reqwest client, a counting tool service, a two-call goal, and helpers to poll a run, read
+//! its SSE events and check coded refusals.
+//!
+//! Included with `#[path = "common/serve.rs"] mod serve;` next to `#[path = "common/bin.rs"] mod
+//! bin;` (it starts the binary through `bin`).
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::Json;
+use axum::extract::State;
+use axum::routing::post;
+use eventsource_stream::Eventsource;
+use futures::StreamExt;
+use serde_json::{Value, json};
+
+use super::bin;
+
+pub type Counts = Arc<Mutex<BTreeMap<u64, u64>>>;
+
+/// A service that counts how many times each `n` was executed and echoes what it got.
+pub async fn counting_service() -> (String, Counts) {
+    let counts: Counts = Arc::default();
+    let app = axum::Router::new()
+        .route(
+            "/step",
+            post(
+                |State(c): State<Counts>, Json(body): Json<Value>| async move {
+                    let n = body["n"].as_u64().unwrap_or(0);
+                    *c.lock().expect("counts").entry(n).or_default() += 1;
+                    Json(json!({"n": n, "v": n * 10, "got": body}))
+                },
+            ),
+        )
+        .with_state(counts.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let url = format!("http://{}/step", listener.local_addr().expect("addr"));
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (url, counts)
+}
+
+/// A goal with two independent http calls and a final output that reads both; `policy` is the
+/// approval policy. The scripted model file is written beside it.
+pub fn goal(dir: &Path, url: &str, policy: &str) -> Value {
+    let step = json!({"_tool": "step", "_activity": "http", "_http": {"method": "POST", "url": url},
+        "type": "object", "properties": {"n": {"type": "integer"}, "note": {"type": "string"}},
+        "required": ["n"], "additionalProperties": false});
+    let script = json!({"turns": [
+        {"solution": {"calls": [
+            {"_tool": "step", "n": 1, "note": "first", "_outputPath": "†state.a"},
+            {"_tool": "step", "n": 2, "_outputPath": "†state.b"}
+        ], "output": null}, "chunk_chars": 32, "chunk_delay_ms": 2},
+        {"solution": {"calls": [], "output": {"a": "†state.a", "b": "†state.b.v"}}, "chunk_chars": 32, "chunk_delay_ms": 2}
+    ]});
+    let script_path = dir.join("s.json");
+    std::fs::write(&script_path, script.to_string()).expect("script");
+    json!({"goal": "two steps", "model": format!("scripted:{}", script_path.display()),
+        "output_schema": {"type": "object", "required": ["a", "b"]},
+        "tools": [step], "approval": {"policy": policy}})
+}
+
+/// A `dagloop serve` process on a free loopback port.
+pub struct Server {
+    pub child: Child,
+    pub base: String,
+    pub resumed: Vec<String>,
+}
+
+impl Server {
+    pub fn start(store: &Path, token: Option<&str>) -> Server {
+        Server::start_with(store, token, |_| {})
+    }
+
+    /// [`Server::start`], with `setup` changing the command last (working directory, env,
+    /// more `serve` arguments).
+    pub fn start_with(
+        store: &Path,
+        token: Option<&str>,
+        setup: impl FnOnce(&mut Command),
+    ) -> Server {
+        Server::start_config(store, &bin::open_config(), token, setup)
+    }
+
+    /// [`Server::start_with`] under this operator config instead of the tests' open one.
+    pub fn start_config(
+        store: &Path,
+        config: &Path,
+        token: Option<&str>,
+        setup: impl FnOnce(&mut Command),
+    ) -> Server {
+        let mut c = bin::dagloop();
+        c.arg("--config")
+            .arg(config)
+            .args(["serve", "--addr", "127.0.0.1:0", "--store"])
+            .arg(store)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null());
+        match token {
+            Some(t) => c.env("DAGLOOP_TOKEN", t),
+            None => c.env_remove("DAGLOOP_TOKEN"),
+        };
+        setup(&mut c);
+        let mut child = c.spawn().expect("spawn dagloop serve");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().expect("stdout"))
+            .read_line(&mut line)
+            .expect("read");
+        let v: Value = serde_json::from_str(&line).expect("the first line is JSON");
+        assert_eq!(v["status"], "listening", "{v}");
+        let base = v["url"]
+            .as_str()
+            .expect("url")
+            .trim_end_matches('/')
+            .to_string();
+        let resumed = v["resumed"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|r| r.as_str().map(str::to_string))
+            .collect();
+        Server {
+            child,
+            base,
+            resumed,
+        }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+
+    pub fn kill(&mut self) {
+        let _ = self.child.kill(); // SIGKILL
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+pub fn client() -> reqwest::Client {
+    dagloop::net::client().expect("an HTTP client")
+}
+
+pub async fn send(rb: reqwest::RequestBuilder) -> (u16, Value) {
+    let r = rb.send().await.expect("request");
+    let status = r.status().as_u16();
+    let text = r.text().await.expect("body");
+    (
+        status,
+        serde_json::from_str(&text).unwrap_or(Value::String(text)),
+    )
+}
+
+pub async fn create(s: &Server, body: &Value) -> String {
+    let (status, v) = send(client().post(s.url("/runs")).json(body)).await;
+    assert_eq!(status, 201, "{v}");
+    v["id"].as_str().expect("id").to_string()
+}
+
+/// Polls the run until `pred` holds (bounded).
+pub async fn until(s: &Server, id: &str, pred: impl Fn(&Value) -> bool) -> Value {
+    for _ in 0..400 {
+        let (status, v) = send(client().get(s.url(&format!("/runs/{id}")))).await;
+        assert_eq!(status, 200, "{v}");
+        if pred(&v) {
+            return v;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    let (_, v) = send(client().get(s.url(&format!("/runs/{id}")))).await;
+    panic!("the run never reached the expected state: {v}");
+}
+
+/// Asserts a refusal: this status and code.
+pub fn refused(got: (u16, Value), status: u16, code: &str) {
+    assert_eq!(
+        (got.0, got.1["code"].as_str()),
+        (status, Some(code)),
+        "{}",
+        got.1
+    );
+}
+
+pub fn awaiting(v: &Value) -> Vec<Value> {
+    v["awaiting"].as_array().cloned().unwrap_or_default()
+}
+
+/// Reads SSE events (id, type) until `run_finished` or `limit` events (or, with `limit` 0,
+/// until none came for a second: what the run has published so far).
+pub async fn read_events(
+    url: &str,
+    last: Option<u64>,
+    limit: usize,
+    token: Option<&str>,
+) -> Vec<(u64, String)> {
+    let mut rb = client().get(url);
+    if let Some(l) = last {
+        rb = rb.header("Last-Event-ID", l.to_string());
+    }
+    if let Some(t) = token {
+        rb = rb.bearer_auth(t);
+    }
+    let r = rb.send().await.expect("events");
+    assert_eq!(r.status().as_u16(), 200);
+    assert!(
+        r.headers()["content-type"]
+            .to_str()
+            .unwrap_or("")
+            .starts_with("text/event-stream")
+    );
+    let mut stream = r.bytes_stream().eventsource();
+    let mut out = Vec::new();
+    let wait = Duration::from_secs(if limit == 0 { 1 } else { 10 });
+    loop {
+        let next = tokio::time::timeout(wait, stream.next()).await;
+        let ev = match next {
+            Ok(Some(Ok(ev))) => ev,
+            Ok(Some(Err(e))) => panic!("the event stream broke: {e}"),
+            Ok(None) => break,
+            Err(_) if limit == 0 => break,
+            Err(_) => panic!("no event within 10 s"),
+        };
+        let data: Value = serde_json::from_str(&ev.data).expect("event JSON");
+        let seq: u64 = ev.id.parse().expect("numeric id");
+        assert_eq!(
+            data["seq"], seq,
+            "the SSE id is the event's sequence number"
+        );
+        assert_eq!(data["type"], ev.event.as_str());
+        out.push((seq, ev.event.clone()));
+        if ev.event == "run_finished" || (limit != 0 && out.len() >= limit) {
+            break;
+        }
+    }
+    out
+}
