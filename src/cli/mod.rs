@@ -8,6 +8,7 @@
 #[macro_use]
 mod out;
 mod progress;
+mod replay;
 mod review;
 mod run;
 mod runs;
@@ -314,6 +315,12 @@ pub enum Command {
         #[command(flatten)]
         temporal: TemporalArgs,
     },
+    /// Re-run a stored run's journal through fresh machines, offline (no model, no tool):
+    /// prints `identical` (exit 0) or the first divergence (exit 1).
+    Replay {
+        /// The run id.
+        run: String,
+    },
     /// Record a decision about a call of a stored run (checked against the run first).
     Decide {
         /// The run id.
@@ -532,6 +539,7 @@ pub async fn main(cli: Cli) -> i32 {
         } if temporal.engine == EngineArg::Temporal => {
             temporal_cmd::show(&id, json, &temporal).await
         }
+        Command::Replay { run: id } => required(store()).and_then(|s| replay::replay(&s, &id)),
         Command::Show { run: id, json, .. } => {
             required(store()).and_then(|s| runs::show(&s, &id, json))
         }

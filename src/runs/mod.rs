@@ -12,6 +12,7 @@
 mod def;
 mod launch;
 mod options;
+mod replay;
 mod view;
 
 pub use def::{RunDef, define};
@@ -20,6 +21,7 @@ pub use launch::{
     now_ms, prepare, spawn_op_poller, with_mcp_tools,
 };
 pub use options::{RunOptions, policy_for};
+pub use replay::{Divergence, Replayed, replay_run};
 pub use view::{Rebuilt, describe, rebuild};
 
 /// Why a run could not be started, resumed or described.

@@ -1,0 +1,197 @@
+//! Issue 27: `dagloop replay` through the real binary, on real runs. A run of the delegate
+//! example and one of the http lookup goal replay `identical`; a journal edited in the SQLite
+//! file (an entry dropped, a recorded result changed) is reported as the first divergence with
+//! its sequence number, exit 1 (spec/replay.md).
+
+#[path = "fixtures/e2e/harness.rs"]
+mod harness;
+
+use std::path::{Path, PathBuf};
+
+use harness::{ToolServer, Workspace};
+use serde_json::Value;
+
+fn example(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("examples")
+        .join(name)
+}
+
+/// `dagloop --store DB ARGS...`, its exit code and stdout as JSON.
+async fn dagloop(db: &Path, args: &[&str]) -> (i32, Value) {
+    let mut all = vec!["--store", db.to_str().expect("utf-8 path")];
+    all.extend(args);
+    let run = harness::dagloop(all).await;
+    (run.code, run.json())
+}
+
+/// Runs `goal` into `db`; returns the run id.
+async fn run(db: &Path, goal: &Path) -> String {
+    let (code, r) = dagloop(db, &["run", goal.to_str().expect("path"), "--json"]).await;
+    assert_eq!(code, 0, "{r:#}");
+    assert_eq!(r["status"], "succeeded", "{r:#}");
+    r["run_id"].as_str().expect("run_id").to_string()
+}
+
+/// Every journal line of `run` as (row seq, line index, text).
+fn journal_lines(db: &Path, run: &str) -> Vec<(i64, usize, String)> {
+    let c = rusqlite::Connection::open(db).expect("open store");
+    let mut stmt = c
+        .prepare("SELECT seq, inputs FROM journal WHERE run_id = ?1 ORDER BY seq")
+        .expect("prepare");
+    let rows = stmt
+        .query_map([run], |r| Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?)))
+        .expect("query");
+    let mut out = Vec::new();
+    for row in rows {
+        let (seq, text) = row.expect("row");
+        for (i, line) in text.split('\n').enumerate() {
+            out.push((seq, i, line.to_string()));
+        }
+    }
+    out
+}
+
+/// The sequence number `dagloop` gives the first journal line containing `needle`.
+fn seq_of(db: &Path, run: &str, needle: &str) -> u64 {
+    journal_lines(db, run)
+        .into_iter()
+        .find(|(_, _, l)| l.contains(needle))
+        .map(|(seq, i, _)| seq as u64 + i as u64)
+        .unwrap_or_else(|| panic!("no journal line contains {needle}"))
+}
+
+/// Rewrites the first journal line containing `needle` with `edit` (None drops it).
+fn edit_journal(db: &Path, run: &str, needle: &str, edit: impl Fn(&str) -> Option<String>) {
+    let c = rusqlite::Connection::open(db).expect("open store");
+    let (seq, text): (i64, String) = c
+        .query_row(
+            "SELECT seq, inputs FROM journal WHERE run_id = ?1 AND instr(inputs, ?2) > 0 ORDER BY seq",
+            rusqlite::params![run, needle],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .expect("a journal row holds the needle");
+    let mut done = false;
+    let lines: Vec<String> = text
+        .split('\n')
+        .filter_map(|l| {
+            if !done && l.contains(needle) {
+                done = true;
+                edit(l)
+            } else {
+                Some(l.to_string())
+            }
+        })
+        .collect();
+    if lines.is_empty() {
+        c.execute(
+            "DELETE FROM journal WHERE run_id = ?1 AND seq = ?2",
+            rusqlite::params![run, seq],
+        )
+        .expect("delete row");
+    } else {
+        c.execute(
+            "UPDATE journal SET inputs = ?3, n = ?4 WHERE run_id = ?1 AND seq = ?2",
+            rusqlite::params![run, seq, lines.join("\n"), lines.len() as i64],
+        )
+        .expect("update row");
+    }
+}
+
+#[tokio::test]
+async fn the_delegate_example_replays_identical_and_an_edited_journal_diverges() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = dir.path().join("runs.db");
+    let id = run(&db, &example("delegate/goal.json")).await;
+
+    let (code, r) = dagloop(&db, &["replay", &id]).await;
+    assert_eq!(code, 0, "{r:#}");
+    assert_eq!(r["status"], "identical", "{r:#}");
+    assert_eq!(r["run_status"], "succeeded", "{r:#}");
+    assert!(r["events"].as_u64().unwrap_or(0) > 10, "{r:#}");
+    let digest = r["events_digest"].as_str().expect("digest").to_string();
+    assert!(digest.starts_with("sha256:"), "{r:#}");
+    // Deterministic: a second replay gives the same digest.
+    let (_, again) = dagloop(&db, &["replay", &id]).await;
+    assert_eq!(again["events_digest"], digest.as_str());
+
+    // The translator's answer says something else: the state differs from the stored result.
+    edit_journal(&db, &id, "Bonjour Camille", |l| {
+        Some(l.replace("Bonjour Camille", "Hello Camille"))
+    });
+    let (code, r) = dagloop(&db, &["replay", &id]).await;
+    assert_eq!(code, 1, "{r:#}");
+    assert_eq!(r["status"], "diverged", "{r:#}");
+    let d = &r["divergence"];
+    assert_eq!(d["code"], "replay.result", "{r:#}");
+    assert!(
+        d["message"].as_str().unwrap_or("").contains("state"),
+        "{r:#}"
+    );
+    assert!(
+        d["expected"].to_string().contains("Bonjour Camille"),
+        "{r:#}"
+    );
+    assert!(d["actual"].to_string().contains("Hello Camille"), "{r:#}");
+    // Shown at the entry the replay finished at: the run's last stream close.
+    let last = journal_lines(&db, &id).len() as u64;
+    assert_eq!(d["seq"], last, "{r:#}");
+
+    // The translator's turn never closes: the run's own model answers a turn it never asked
+    // for (the machine waits for the delegate).
+    let root_answer = seq_of(&db, &id, r#""output":{"ticketId""#);
+    edit_journal(&db, &id, r#""stream_closed","frame":2"#, |_| None);
+    let (code, r) = dagloop(&db, &["replay", &id]).await;
+    assert_eq!(code, 1, "{r:#}");
+    let d = &r["divergence"];
+    assert_eq!(d["code"], "replay.unexpected_input", "{r:#}");
+    assert_eq!(d["seq"], root_answer, "{r:#}");
+    assert_eq!(d["actual"]["input"], "output", "{r:#}");
+    assert_eq!(d["expected"]["model_turns"][0], "delegate call 2", "{r:#}");
+}
+
+#[tokio::test]
+async fn an_http_run_replays_identical_and_a_dropped_outcome_is_named() {
+    let server = ToolServer::start().await;
+    let ws = Workspace::new(
+        "lookup.goal.json",
+        "lookup.script.json",
+        &server.base,
+        |_| {},
+    );
+    let db = ws.path("runs.db");
+    let id = run(&db, &ws.goal).await;
+    let (code, r) = dagloop(&db, &["replay", &id]).await;
+    assert_eq!(code, 0, "{r:#}");
+    assert_eq!(r["status"], "identical", "{r:#}");
+    // Offline: the replay asked the tool server nothing.
+    let hits = server.requests().len();
+    let (code, _) = dagloop(&db, &["replay", &id]).await;
+    assert_eq!(code, 0);
+    assert_eq!(server.requests().len(), hits);
+
+    // fetchCustomer's outcome is lost: scoreRisk (which reads it) was never launched, so its
+    // outcome is the first input the fresh machine did not ask for.
+    edit_journal(&db, &id, r#""name":"Ada","tier":"gold"}"#, |_| None);
+    let next = seq_of(&db, &id, r#""score":0.2"#);
+    let (code, r) = dagloop(&db, &["replay", &id]).await;
+    assert_eq!(code, 1, "{r:#}");
+    let d = &r["divergence"];
+    assert_eq!(d["code"], "replay.unexpected_input", "{r:#}");
+    assert_eq!(d["seq"], next, "{r:#}");
+    assert_eq!(d["actual"]["input"], "outcome", "{r:#}");
+    assert_eq!(d["actual"]["call"], 2, "{r:#}");
+    assert!(
+        d["message"].as_str().unwrap_or("").contains("call 2"),
+        "{r:#}"
+    );
+}
+
+#[tokio::test]
+async fn replay_of_an_unknown_run_is_a_store_error() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = dir.path().join("runs.db");
+    let (code, r) = dagloop(&db, &["replay", "run-nope"]).await;
+    assert_eq!(code, 2, "{r:#}");
+    assert_eq!(r["error"]["code"], "store.unknown_run", "{r:#}");
+}
