@@ -195,3 +195,113 @@ async fn replay_of_an_unknown_run_is_a_store_error() {
     assert_eq!(code, 2, "{r:#}");
     assert_eq!(r["error"]["code"], "store.unknown_run", "{r:#}");
 }
+
+/// `dagloop --store DB run GOAL --json --model scripted:DIR/model.json --tools-from
+/// DIR/tools.json EXTRA...`.
+async fn run_cassette(db: &Path, goal: &Path, cas: &Path, extra: &[&str]) -> (i32, Value) {
+    let model = format!("scripted:{}", cas.join("model.json").display());
+    let tools = cas.join("tools.json");
+    let mut args = vec![
+        "run",
+        goal.to_str().expect("path"),
+        "--json",
+        "--model",
+        &model,
+        "--tools-from",
+        tools.to_str().expect("path"),
+    ];
+    args.extend(extra);
+    dagloop(db, &args).await
+}
+
+#[tokio::test]
+async fn an_exported_cassette_reruns_offline_and_a_changed_param_is_a_cassette_miss() {
+    let server = ToolServer::start().await;
+    let ws = Workspace::new(
+        "lookup.goal.json",
+        "lookup.script.json",
+        &server.base,
+        |_| {},
+    );
+    let db = ws.path("runs.db");
+    let (code, original) = dagloop(&db, &["run", ws.goal.to_str().expect("path"), "--json"]).await;
+    assert_eq!(code, 0, "{original:#}");
+    let id = original["run_id"].as_str().expect("run_id");
+
+    let cas = ws.path("cassette");
+    let (code, r) = dagloop(
+        &db,
+        &["export", id, "--cassette", cas.to_str().expect("path")],
+    )
+    .await;
+    assert_eq!(code, 0, "{r:#}");
+    assert_eq!(r["status"], "exported", "{r:#}");
+    let model: Value =
+        serde_json::from_str(&std::fs::read_to_string(cas.join("model.json")).expect("model.json"))
+            .expect("model.json is JSON");
+    let violations = dagloop::schema::published::Document::ScriptedModel
+        .validator()
+        .expect("schema")
+        .validate(&model);
+    assert!(violations.is_empty(), "{violations:?}\n{model:#}");
+    assert_eq!(
+        model["turns"].as_array().map(Vec::len),
+        Some(2),
+        "{model:#}"
+    );
+    let tools: Value =
+        serde_json::from_str(&std::fs::read_to_string(cas.join("tools.json")).expect("tools.json"))
+            .expect("tools.json is JSON");
+    let keys: Vec<(String, String)> = tools["calls"]
+        .as_array()
+        .expect("calls")
+        .iter()
+        .map(|c| {
+            (
+                c["tool"].as_str().unwrap_or("").into(),
+                c["params"].to_string(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        keys,
+        [
+            ("fetchCustomer".to_string(), r#"{"id":"c1"}"#.to_string()),
+            ("scoreRisk".to_string(), r#"{"tier":"gold"}"#.to_string()),
+        ],
+        "{tools:#}"
+    );
+
+    // The tool service is gone: every call is answered from the recording.
+    drop(server);
+    let (code, again) = run_cassette(&db, &ws.goal, &cas, &[]).await;
+    assert_eq!(code, 0, "{again:#}");
+    assert_eq!(again["output"], original["output"], "{again:#}");
+    assert_eq!(again["state"], original["state"], "{again:#}");
+
+    // Another customer: the resolved params are not in the recording.
+    let other = ws.path("other.goal.json");
+    let mut goal: Value =
+        serde_json::from_str(&std::fs::read_to_string(&ws.goal).expect("goal")).expect("goal");
+    goal["input"]["customerId"] = "c9".into();
+    std::fs::write(&other, goal.to_string()).expect("write goal");
+    let (_, missed) = run_cassette(&db, &other, &cas, &[]).await;
+    let first = &missed["calls"][0];
+    assert_eq!(first["tool"], "fetchCustomer", "{missed:#}");
+    assert_eq!(first["status"], "failed", "{missed:#}");
+    assert_eq!(first["error"]["code"], "cassette.miss", "{missed:#}");
+    assert_eq!(first["error"]["tool"], "fetchCustomer", "{missed:#}");
+    assert_eq!(first["error"]["params"]["id"], "c9", "{missed:#}");
+
+    // With passthrough the missing call runs for real (here: a live server that knows no c9).
+    let live = ToolServer::start().await;
+    let ws2 = Workspace::new("lookup.goal.json", "lookup.script.json", &live.base, |g| {
+        g["input"]["customerId"] = "c9".into();
+    });
+    let (_, through) = run_cassette(&db, &ws2.goal, &cas, &["--tools-from-passthrough"]).await;
+    assert_eq!(live.hits("/customers/c9"), 1, "{through:#}");
+    assert_ne!(
+        through["calls"][0]["error"]["code"], "cassette.miss",
+        "{through:#}"
+    );
+}

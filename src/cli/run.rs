@@ -37,6 +37,8 @@ pub(super) struct Display {
     /// Without a terminal and without decisions: reject what needs a reviewer instead of
     /// refusing to start.
     pub reject_without_reviewer: bool,
+    /// Answer calls from a tools recording (`--tools-from`), with passthrough or not.
+    pub tools_from: Option<(Arc<crate::runs::Cassette>, bool)>,
 }
 
 /// True when some call of the run may have to be presented to somebody.
@@ -204,6 +206,7 @@ pub(super) async fn run(
             sink,
             owner_pid: std::process::id(),
             mcp: None,
+            tools_from: display.tools_from.clone(),
         },
     );
     // Setting up can take long (MCP servers starting): SIGTERM stops it too (the servers

@@ -9,12 +9,16 @@
 //! Deliberately not here: printing, terminals, HTTP (the front-ends), and any decision about
 //! a run (the machine takes them; this module only replays its journal).
 
+mod cassette;
 mod def;
 mod launch;
 mod options;
 mod replay;
 mod view;
 
+pub use cassette::{
+    Cassette, CassetteError, CassetteExecutor, Exported, Recorded, canonical, export, params_key,
+};
 pub use def::{RunDef, define};
 pub use launch::{
     Host, Launched, Pool, Prepared, Review, Servers, absolute_dir, absolute_model, builder_for,

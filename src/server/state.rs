@@ -103,6 +103,7 @@ impl AppState {
                 sink: None,
                 owner_pid: std::process::id(),
                 mcp: Some(self.mcp.clone()),
+                ..Default::default()
             },
         )
         .await?;
