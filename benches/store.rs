@@ -79,6 +79,7 @@ async fn fan_out(dir: &Path, n: usize, store: Option<Arc<SqliteStore>>) -> Timin
             sink: None,
             owner_pid: std::process::id(),
             mcp: None,
+            ..Default::default()
         },
     )
     .await

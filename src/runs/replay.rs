@@ -89,6 +89,9 @@ fn frame_json(f: FrameKey) -> Value {
 
 impl Expect {
     /// Says whether `input` is one the machine waits for; if not, what it waited for and why.
+    // The checks change what is expected (an outcome is taken once): as match guards they
+    // would hide side effects.
+    #[allow(clippy::collapsible_match)]
     fn admit(&mut self, machine: &RunMachine, input: &RunInput) -> Result<(), (String, Value)> {
         if !self.started && !matches!(input, RunInput::Start) {
             return Err((
@@ -176,6 +179,7 @@ impl Expect {
     }
 
     /// Takes note of what the machine asked for.
+    #[allow(clippy::collapsible_match)]
     fn note(&mut self, action: &Action) {
         match action {
             Action::Request { frame, .. } => {
