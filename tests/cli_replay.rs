@@ -1,7 +1,8 @@
 //! Issue 27: `dagloop replay` through the real binary, on real runs. A run of the delegate
 //! example and one of the http lookup goal replay `identical`; a journal edited in the SQLite
 //! file (an entry dropped, a recorded result changed) is reported as the first divergence with
-//! its sequence number, exit 1 (spec/replay.md).
+//! its sequence number, exit 1. A run exported as a cassette re-runs offline, its tool service
+//! stopped, to the same output; a changed param is a `cassette.miss` (spec/replay.md).
 
 #[path = "fixtures/e2e/harness.rs"]
 mod harness;
