@@ -306,3 +306,87 @@ async fn an_exported_cassette_reruns_offline_and_a_changed_param_is_a_cassette_m
         "{through:#}"
     );
 }
+
+#[tokio::test]
+async fn the_server_serves_a_run_as_the_cassette_export_writes() {
+    use tokio::io::AsyncBufReadExt;
+    let server = ToolServer::start().await;
+    let ws = Workspace::new(
+        "lookup.goal.json",
+        "lookup.script.json",
+        &server.base,
+        |_| {},
+    );
+    let db = ws.path("runs.db");
+    let id = run(&db, &ws.goal).await;
+    let cas = ws.path("cassette");
+    let (code, _) = dagloop(
+        &db,
+        &["export", &id, "--cassette", cas.to_str().expect("path")],
+    )
+    .await;
+    assert_eq!(code, 0);
+
+    let mut serve = harness::command([
+        "serve",
+        "--addr",
+        "127.0.0.1:0",
+        "--store",
+        db.to_str().expect("path"),
+    ])
+    .spawn()
+    .expect("spawn dagloop serve");
+    let mut line = String::new();
+    tokio::io::BufReader::new(serve.stdout.take().expect("stdout"))
+        .read_line(&mut line)
+        .await
+        .expect("read");
+    let listening: Value = serde_json::from_str(&line).expect("the first line is JSON");
+    let base = listening["url"]
+        .as_str()
+        .expect("url")
+        .trim_end_matches('/');
+    let client = dagloop::net::client().expect("client");
+    let got: Value = client
+        .get(format!("{base}/runs/{id}/cassette"))
+        .send()
+        .await
+        .expect("GET cassette")
+        .json()
+        .await
+        .expect("JSON");
+    let file = |name: &str| -> Value {
+        serde_json::from_str(&std::fs::read_to_string(cas.join(name)).expect("file")).expect("json")
+    };
+    assert_eq!(got["model"], file("model.json"), "{got:#}");
+    assert_eq!(got["tools"], file("tools.json"), "{got:#}");
+    let missing = client
+        .get(format!("{base}/runs/run-nope/cassette"))
+        .send()
+        .await
+        .expect("GET");
+    assert_eq!(missing.status().as_u16(), 404);
+    let _ = serve.kill().await;
+}
+
+#[tokio::test]
+async fn a_tools_recording_that_is_not_one_is_refused() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = dir.path().join("runs.db");
+    let bad = dir.path().join("tools.json");
+    std::fs::write(&bad, r#"{"calls": [{"tool": 1}]}"#).expect("write");
+    let goal = example("delegate/goal.json");
+    let (code, r) = dagloop(
+        &db,
+        &[
+            "run",
+            goal.to_str().expect("path"),
+            "--json",
+            "--tools-from",
+            bad.to_str().expect("path"),
+        ],
+    )
+    .await;
+    assert_eq!(code, 2, "{r:#}");
+    assert_eq!(r["error"]["code"], "cassette.invalid", "{r:#}");
+}
