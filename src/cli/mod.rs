@@ -495,6 +495,12 @@ pub async fn main(cli: Cli) -> i32 {
                     Ok(t) => t,
                     Err(e) => break 'run Err(e),
                 };
+            if tools_from.is_some() && temporal.engine == EngineArg::Temporal {
+                break 'run Err(CliError::new(
+                    "cli.usage",
+                    "--tools-from answers calls in this process: it works with the embedded engine only",
+                ));
+            }
             let opts = run::RunOptions {
                 server: false,
                 model,

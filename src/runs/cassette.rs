@@ -303,3 +303,44 @@ impl Executor for CassetteExecutor {
         async move { Outcome::error(err) }.boxed()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_key_ignores_key_order_and_meta_fields_and_gives_its_outcomes_in_order_then_the_last() {
+        let text = r#"{"calls": [
+            {"tool": "a", "params": {"b": 1, "a": {"z": 1, "y": 2}},
+             "outcome": {"result": {"Ok": {"v": 1}}, "kind": "ok"}},
+            {"tool": "a", "params": {"a": {"y": 2, "z": 1}, "b": 1},
+             "outcome": {"result": {"Err": {"code": "x"}}, "kind": "error"}}
+        ]}"#;
+        let c = Cassette::parse(text, "tools.json").expect("a recording");
+        let params = json!({"_outputPath": "†state.x", "a": {"z": 1, "y": 2}, "b": 1});
+        let params = params.as_object().expect("object");
+        let first = c.answer("a", params).expect("recorded");
+        assert_eq!(first, Outcome::ok(json!({"v": 1})));
+        let second = c.answer("a", params).expect("recorded");
+        assert_eq!(second, Outcome::error(json!({"code": "x"})));
+        assert_eq!(c.answer("a", params), Some(second));
+        assert_eq!(c.answer("b", params), None);
+        let mut other = params.clone();
+        other.insert("b".into(), json!(2));
+        assert_eq!(c.answer("a", &other), None);
+        // The documented form of an outcome (docs/testing.md).
+        assert_eq!(
+            serde_json::to_value(Outcome::ok(json!(1))).expect("json"),
+            json!({"result": {"Ok": 1}, "kind": "ok"})
+        );
+    }
+
+    #[test]
+    fn a_recording_that_is_not_one_is_refused_with_its_code() {
+        let e = Cassette::parse(r#"{"calls": 3}"#, "t.json")
+            .err()
+            .expect("refused");
+        assert_eq!(e.code(), "cassette.invalid");
+        assert!(e.to_string().contains("t.json"), "{e}");
+    }
+}
