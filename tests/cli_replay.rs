@@ -390,3 +390,106 @@ async fn a_tools_recording_that_is_not_one_is_refused() {
     assert_eq!(code, 2, "{r:#}");
     assert_eq!(r["error"]["code"], "cassette.invalid", "{r:#}");
 }
+
+#[tokio::test]
+async fn a_run_killed_and_resumed_replays_identical_at_every_kill_point_tried() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let goal = example("delegate/goal.json");
+    for n in [2, 5, 8, 10] {
+        let db = dir.path().join(format!("crash-{n}.db"));
+        let mut cmd = harness::command([
+            "--store",
+            db.to_str().expect("path"),
+            "run",
+            goal.to_str().expect("path"),
+            "--json",
+        ]);
+        cmd.env("DAGLOOP_CRASH_AFTER_ENTRIES", n.to_string());
+        let crashed = harness::finish(cmd.spawn().expect("spawn")).await;
+        assert_ne!(crashed.code, 0, "the run was killed after {n} entries");
+        let (_, runs) = dagloop(&db, &["runs", "--json"]).await;
+        let id = runs[0]["id"].as_str().expect("a stored run").to_string();
+        // A stopped run replays to where it stopped (its machine may have finished before
+        // the kill left the result unrecorded).
+        let (code, r) = dagloop(&db, &["replay", &id]).await;
+        assert_eq!(code, 0, "killed after {n}: {r:#}");
+        assert_eq!(r["status"], "identical", "{r:#}");
+        let (code, done) = dagloop(&db, &["resume", &id, "--json"]).await;
+        assert_eq!(code, 0, "{done:#}");
+        let (code, r) = dagloop(&db, &["replay", &id]).await;
+        assert_eq!(code, 0, "killed after {n}, resumed: {r:#}");
+        assert_eq!(r["status"], "identical", "{r:#}");
+        assert_eq!(r["run_status"], "succeeded", "{r:#}");
+    }
+}
+
+#[tokio::test]
+async fn decisions_replay_and_travel_in_the_cassette() {
+    let server = ToolServer::start().await;
+    let ws = Workspace::new(
+        "lookup.goal.json",
+        "lookup.script.json",
+        &server.base,
+        |_| {},
+    );
+    let decisions = ws.path("decisions.json");
+    std::fs::write(
+        &decisions,
+        r#"{"decisions": [{"tool": "fetchCustomer", "decision": "approve"},
+                          {"tool": "scoreRisk", "decision": "approve"},
+                          {"tool": "summarise", "decision": "approve"}]}"#,
+    )
+    .expect("write decisions");
+    let db = ws.path("runs.db");
+    let (code, original) = dagloop(
+        &db,
+        &[
+            "run",
+            ws.goal.to_str().expect("path"),
+            "--json",
+            "--approve",
+            "ask",
+            "--decisions",
+            decisions.to_str().expect("path"),
+        ],
+    )
+    .await;
+    assert_eq!(code, 0, "{original:#}");
+    let id = original["run_id"].as_str().expect("run_id");
+    let (code, r) = dagloop(&db, &["replay", id]).await;
+    assert_eq!(code, 0, "{r:#}");
+    assert_eq!(r["status"], "identical", "{r:#}");
+
+    let cas = ws.path("cassette");
+    let (code, _) = dagloop(
+        &db,
+        &["export", id, "--cassette", cas.to_str().expect("path")],
+    )
+    .await;
+    assert_eq!(code, 0);
+    let model: Value =
+        serde_json::from_str(&std::fs::read_to_string(cas.join("model.json")).expect("model"))
+            .expect("json");
+    let decided: Vec<(u64, String)> = model["decisions"]
+        .as_array()
+        .expect("decisions exported")
+        .iter()
+        .map(|d| {
+            (
+                d["call"].as_u64().unwrap_or(0),
+                d["decision"].as_str().unwrap_or("").to_string(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        decided,
+        // The latent summarise runs nothing, so nobody is asked about it.
+        [(1, "approve".into()), (2, "approve".into())],
+        "{model:#}"
+    );
+    // No terminal, no --decisions: the cassette's model file decides.
+    drop(server);
+    let (code, again) = run_cassette(&db, &ws.goal, &cas, &["--approve", "ask"]).await;
+    assert_eq!(code, 0, "{again:#}");
+    assert_eq!(again["state"], original["state"], "{again:#}");
+}
