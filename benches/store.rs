@@ -77,7 +77,6 @@ async fn fan_out(dir: &Path, n: usize, store: Option<Arc<SqliteStore>>) -> Timin
         dagloop::runs::Host {
             store: store.clone(),
             sink: None,
-            owner_pid: std::process::id(),
             mcp: None,
             ..Default::default()
         },

@@ -344,9 +344,7 @@ impl JournalSink for FailingSink {
                 if self.panic {
                     panic!("disk on fire");
                 }
-                return Err(JournalError {
-                    reason: "disk full".into(),
-                });
+                return Err(JournalError::new(JournalError::WRITE, "disk full"));
             }
             Ok(())
         })
@@ -374,10 +372,12 @@ async fn a_failing_or_panicking_journal_sink_stops_the_run_with_a_code() {
             .expect("b")
             .run()
             .await;
-        assert_eq!(r.status, RunStatus::JournalFailed, "panic={panic}");
+        // Stopped, not ended: the machine decided nothing, and the run can be resumed.
+        assert_eq!(r.status, RunStatus::Stopped, "panic={panic}");
+        assert!(!r.status.is_final());
         assert_eq!(
             r.error.as_ref().map(|e| e.code.as_str()),
-            Some("run.journal")
+            Some("store.journal_write")
         );
     }
 }

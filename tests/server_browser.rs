@@ -129,6 +129,9 @@ fn try_start_server(store: &Path, addr: &str) -> Option<(Killed, String)> {
             .args(["serve", "--addr", addr, "--store"])
             .arg(store)
             .env("DAGLOOP_TOKEN", TOKEN)
+            // A short lease: a server started again after a kill takes its runs over soon
+            // (at once when the old lease has run out), as it would after a 20 s one.
+            .env("DAGLOOP_LEASE_MS", "1000")
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()

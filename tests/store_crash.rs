@@ -87,6 +87,16 @@ fn write_goal(dir: &Path, url: &str, approve: Option<&str>, idempotent: bool) ->
     path
 }
 
+/// The lease a process that is about to crash takes on its run (`DAGLOOP_LEASE_MS`): short,
+/// so that the sweep resumes each crashed run soon after, as the next process would once the
+/// lease of a crashed one expired.
+const CRASH_LEASE_MS: u64 = 200;
+
+/// Waits until the lease of a crashed process has expired.
+fn past_the_lease() {
+    std::thread::sleep(Duration::from_millis(CRASH_LEASE_MS + 50));
+}
+
 fn dagloop(store: &Path) -> Command {
     let mut c = bin::dagloop();
     c.env("DAGLOOP_STORE", store)
@@ -220,6 +230,7 @@ async fn a_run_killed_after_any_journal_entry_resumes_to_the_same_result() {
         let store = dir.path().join(format!("crash-{n}.db"));
         let out = dagloop(&store)
             .env("DAGLOOP_CRASH_AFTER_ENTRIES", n.to_string())
+            .env("DAGLOOP_LEASE_MS", CRASH_LEASE_MS.to_string())
             .args(["run"])
             .arg(&goal)
             .arg("--json")
@@ -231,6 +242,7 @@ async fn a_run_killed_after_any_journal_entry_resumes_to_the_same_result() {
         crashed += 1;
         let run = only_run(&store);
         let done_before = completed(&store, &run);
+        past_the_lease();
         let out = dagloop(&store)
             .args(["resume", &run, "--json"])
             .output()
@@ -361,7 +373,8 @@ async fn a_run_waiting_for_approval_killed_after_any_journal_entry_resumes_to_th
     let run = |store: &Path, crash: Option<u64>| {
         let mut c = dagloop(store);
         if let Some(n) = crash {
-            c.env("DAGLOOP_CRASH_AFTER_ENTRIES", n.to_string());
+            c.env("DAGLOOP_CRASH_AFTER_ENTRIES", n.to_string())
+                .env("DAGLOOP_LEASE_MS", CRASH_LEASE_MS.to_string());
         }
         c.args(["run"])
             .arg(&goal)
@@ -405,6 +418,7 @@ async fn a_run_waiting_for_approval_killed_after_any_journal_entry_resumes_to_th
         interrupted += usize::from(!left.interrupted.is_empty());
         mid_stream += usize::from(left.mid_stream);
         let done_before = completed(&store, &id);
+        past_the_lease();
         let events = dir.path().join(format!("ask-{n}.events"));
         let out = dagloop(&store)
             .args(["resume", &id, "--json", "--decisions"])
@@ -550,6 +564,7 @@ fn bad_stores_are_refused_with_codes_and_left_untouched() {
     }
     assert_eq!(code(&foreign, &["runs"]), "store.foreign");
     let good = dir.path().join("good.db");
+    drop(dagloop::store::SqliteStore::open(&good).expect("a new store"));
     assert_eq!(code(&good, &["show", "run-nope"]), "store.unknown_run");
     // A store cut short mid-file is damaged, not silently empty.
     let out = bin::dagloop()
@@ -604,7 +619,7 @@ async fn concurrent_runs_and_processes_share_one_store() {
             base_dir: ".".into(),
             options: json!({}),
         };
-        store.create(&rec, std::process::id()).expect("create");
+        store.create(&rec).expect("create");
         handles.push(agent.start());
     }
     for h in &handles {

@@ -460,7 +460,10 @@ pub fn usage_error(err: &clap::Error, args: &[std::ffi::OsString]) -> i32 {
 /// Runs a parsed command; returns the process exit code (0 success, 1 the run or check did not
 /// succeed, 2 bad input, 141 stdout was closed before everything was printed).
 pub async fn main(cli: Cli) -> i32 {
-    let store = || open_store(cli.store.as_deref(), cli.no_store);
+    let store = || open_store(cli.store.as_deref(), cli.no_store, false);
+    // `show`, `runs`, `decide` and `resume` only read or continue runs: a store file that does
+    // not exist is refused (`store.not_found`), not created empty at a mistyped path.
+    let existing = || open_store(cli.store.as_deref(), cli.no_store, true);
     let config = match load_config(cli.config.as_deref()) {
         Ok(c) => c,
         Err(e) => {
@@ -558,9 +561,9 @@ pub async fn main(cli: Cli) -> i32 {
                 mode: mode.map(run::mode_name),
                 ..Default::default()
             };
-            resume(&id, store(), over, accept_changes, config, display).await
+            resume(&id, existing(), over, accept_changes, config, display).await
         }
-        Command::Runs { action, json } => match (required(store()), action) {
+        Command::Runs { action, json } => match (required(existing()), action) {
             (Ok(s), None) => runs::list(&s, json),
             (Ok(s), Some(RunsAction::Prune { older_than })) => runs::prune(&s, &older_than),
             (Err(e), _) => Err(e),
@@ -577,7 +580,7 @@ pub async fn main(cli: Cli) -> i32 {
         }
         Command::Replay { run: id } => required(store()).and_then(|s| replay::replay(&s, &id)),
         Command::Show { run: id, json, .. } => {
-            required(store()).and_then(|s| runs::show(&s, &id, json))
+            required(existing()).and_then(|s| runs::show(&s, &id, json))
         }
         Command::Decide {
             run: id,
@@ -604,7 +607,7 @@ pub async fn main(cli: Cli) -> i32 {
             call,
             decision,
             ..
-        } => match (required(store()), decision_of(decision)) {
+        } => match (required(existing()), decision_of(decision)) {
             (Ok(s), Ok(d)) => runs::decide(
                 &s,
                 &id,
@@ -648,8 +651,12 @@ pub async fn main(cli: Cli) -> i32 {
 type Store = Arc<crate::store::SqliteStore>;
 
 /// The store the command uses: `--store`, else `DAGLOOP_STORE`, else the default file; none
-/// with `--no-store`.
-fn open_store(path: Option<&FsPath>, none: bool) -> Result<Option<Store>, CliError> {
+/// with `--no-store`. With `existing`, a file that does not exist is `store.not_found`.
+fn open_store(
+    path: Option<&FsPath>,
+    none: bool,
+    existing: bool,
+) -> Result<Option<Store>, CliError> {
     if none {
         return Ok(None);
     }
@@ -659,6 +666,9 @@ fn open_store(path: Option<&FsPath>, none: bool) -> Result<Option<Store>, CliErr
     else {
         return Ok(None);
     };
+    if existing {
+        crate::store::must_exist(&path).map_err(|e| CliError::new(e.code(), e))?;
+    }
     crate::store::SqliteStore::open(&path)
         .map(|s| Some(Arc::new(s)))
         .map_err(|e| CliError::new(e.code(), e))
@@ -710,22 +720,30 @@ async fn resume(
 ) -> Result<i32, CliError> {
     use crate::store::RunStore;
     let s = required(store)?;
-    let stored = s.load(id).map_err(|e| CliError::new(e.code(), e))?;
-    if let Some(r) = &stored.result {
+    let finished = |r: &crate::machine::RunResult| {
         let mut v = serde_json::to_value(r).unwrap_or(Value::Null);
         v["run_id"] = json!(id);
         outln!("{}", pretty(&v));
-        return Ok(if r.succeeded() { 0 } else { 1 });
+        Ok(if r.succeeded() { 0 } else { 1 })
+    };
+    let stored = s.load(id).map_err(|e| CliError::new(e.code(), e))?;
+    if let Some(r) = &stored.result {
+        return finished(r);
     }
-    if let Some(pid) = stored.owner_pid
-        && pid != std::process::id()
-    {
-        return Err(CliError::new(
-            "store.busy",
-            format!(
-                "run {id} is being run by process {pid}; decide with `dagloop decide`, or stop that process first"
-            ),
-        ));
+    // The lease decides who drives the run (`store.busy` while another process holds it); the
+    // journal is read again once it is ours, so that no entry another process appended before
+    // it let go is missed.
+    s.claim(id).map_err(|e| CliError::new(e.code(), e))?;
+    let stored = match s.load(id) {
+        Ok(stored) => stored,
+        Err(e) => {
+            let _ = s.release(id);
+            return Err(CliError::new(e.code(), e));
+        }
+    };
+    if let Some(r) = &stored.result {
+        let _ = s.release(id);
+        return finished(r);
     }
     let mut opts: run::RunOptions =
         serde_json::from_value(stored.record.options.clone()).unwrap_or_default();
@@ -742,15 +760,27 @@ async fn resume(
     if accept_changes {
         opts.definition.clear();
     }
-    let grants = grants_for(config, opts.allow_shell, false)?;
-    run::run(
+    let grants = match grants_for(config, opts.allow_shell, false) {
+        Ok(g) => g,
+        Err(e) => {
+            let _ = s.release(id);
+            return Err(e);
+        }
+    };
+    let ran = run::run(
         run::Start::Resume(Box::new(stored)),
         opts,
         grants,
         display,
-        Some(s),
+        Some(s.clone()),
     )
-    .await
+    .await;
+    if ran.is_err() {
+        // Refused before it was driven (no reviewer, a goal that no longer loads, a definition
+        // that changed...): the next process may take the run at once.
+        let _ = s.release(id);
+    }
+    ran
 }
 
 fn pretty(v: &Value) -> String {

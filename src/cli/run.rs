@@ -41,6 +41,16 @@ pub(super) struct Display {
     pub tools_from: Option<(Arc<crate::runs::Cassette>, bool)>,
 }
 
+/// True when the stored run, continued now, presents calls to a reviewer at once: calls that
+/// were waiting for a decision, and calls cut off mid-call whose tool is not idempotent.
+fn presents_on_resume(stored: &crate::store::StoredRun) -> bool {
+    let Ok(mut machine) = crate::runs::rebuild_machine(&stored.record, &stored.journal) else {
+        return false;
+    };
+    machine.handle(crate::machine::RunInput::Resumed, now_ms());
+    !machine.awaiting().is_empty()
+}
+
 /// True when some call of the run may have to be presented to somebody.
 fn may_ask(policy: &Policy, goal: &Goal) -> bool {
     policy.mode != Mode::Auto
@@ -132,6 +142,7 @@ pub(super) async fn run(
     display: Display,
     store: Option<Arc<crate::store::SqliteStore>>,
 ) -> Result<i32, CliError> {
+    let mut resumed_asks = false;
     // Listening from here on: a SIGTERM while the run is being set up stops it once it starts.
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
     let (goal, run_id, journal) = match start {
@@ -140,6 +151,7 @@ pub(super) async fn run(
             (goal, None, None)
         }
         Start::Resume(stored) => {
+            resumed_asks = presents_on_resume(&stored);
             let doc = stored.record.goal.to_string();
             let base = PathBuf::from(&stored.record.base_dir);
             let goal = Goal::from_json(&doc, FsPath::new(&stored.record.id), base)
@@ -158,7 +170,9 @@ pub(super) async fn run(
         .iter()
         .map(|t| (t.name.clone(), t.clone()))
         .collect();
-    let asks = may_ask(policy, goal);
+    // A resumed run may present calls whatever its policy (those cut off mid-call go back
+    // through the gate): it needs a reviewer as much as a policy that asks.
+    let asks = may_ask(policy, goal) || resumed_asks;
     let decisions = match &display.decisions {
         Some(p) => Some(p.clone()),
         None if !interactive => scripted_decisions(goal, opts.model.as_deref()),
@@ -204,7 +218,6 @@ pub(super) async fn run(
         crate::runs::Host {
             store: store.clone(),
             sink,
-            owner_pid: std::process::id(),
             mcp: None,
             tools_from: display.tools_from.clone(),
         },
@@ -231,20 +244,27 @@ pub(super) async fn run(
             errln!("dagloop: run {id} (store {})", s.path().display());
         }
     }
+    // Refused before it was driven: the run is left to the next process at once.
+    let let_go = |e: CliError| {
+        if let Some(s) = &store {
+            let _ = s.release(&id);
+        }
+        e
+    };
     // The events file is created only once the agent is built, so bad input leaves no file.
     let events_out = match &display.events {
         Some(path) => Some(std::fs::File::create(path).map_err(|e| {
-            CliError::new(
+            let_go(CliError::new(
                 "cli.events_file",
                 format!("cannot create {}: {e}", path.display()),
-            )
+            ))
         })?),
         None => None,
     };
     let launched = prepared
         .start()
         .await
-        .map_err(|e| CliError::new(e.code(), &e))?;
+        .map_err(|e| let_go(CliError::new(e.code(), &e)))?;
     for e in &launched.refused {
         errln!(
             "dagloop: a recorded decision does not apply: {e} [{}]",
@@ -318,6 +338,12 @@ pub(super) async fn run(
         if let Some(t) = writer {
             let _ = tokio::time::timeout(STOP_WAIT, t).await;
         }
+        // The lease goes with the process: `dagloop resume` may take the run at once.
+        if let Some(s) = &store
+            && let Err(e) = s.release(&id)
+        {
+            errln!("dagloop: could not release the run's lease: {e}");
+        }
         errln!(
             "dagloop: stopped by SIGTERM; the run is kept: continue it with `dagloop resume {id}`"
         );
@@ -346,16 +372,29 @@ pub(super) async fn run(
             let _ = tokio::time::timeout(STOP_WAIT, t).await;
         }
         drop(handle);
+        // Parked: the next process to continue it takes the lease at once.
+        if let Some(s) = &store
+            && let Err(e) = s.release(&id)
+        {
+            errln!("dagloop: could not release the run's lease: {e}");
+        }
         outln!(
             "{}",
             pretty(&json!({"status": "waiting", "run_id": id, "awaiting": awaiting}))
         );
         return Ok(0);
     };
-    if let Some(s) = &store
-        && let Err(e) = s.finish(&id, &result)
-    {
-        errln!("dagloop: could not record the run's end: {e}");
+    // Only an ending the run decided is recorded; a run that stopped (its journal could not
+    // be written, its lease was lost) is left as its journal has it, to be resumed.
+    if let Some(s) = &store {
+        let recorded = if result.status.is_final() {
+            s.finish(&id, &result)
+        } else {
+            s.release(&id)
+        };
+        if let Err(e) = recorded {
+            errln!("dagloop: could not record the run's end: {e}");
+        }
     }
     for task in [writer, progress].into_iter().flatten() {
         // Both end once they have seen `run_finished`; the wait is bounded all the same (generously:
@@ -454,6 +493,14 @@ impl crate::engine::JournalSink for CrashAfter {
             }
             Ok(())
         })
+    }
+
+    fn lease_every(&self) -> Option<std::time::Duration> {
+        self.store.lease_every()
+    }
+
+    fn renew_lease<'a>(&'a self, run_id: &'a str) -> crate::engine::JournalFuture<'a> {
+        self.store.renew_lease(run_id)
     }
 }
 

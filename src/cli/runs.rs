@@ -163,7 +163,7 @@ pub(super) fn show(store: &SqliteStore, run: &str, json_out: bool) -> Result<i32
         &rb,
         stored.journal.len(),
         stored.result.as_ref(),
-        stored.owner_pid.is_some(),
+        stored.lease.is_some(),
     );
     print_description(&out, stored.journal.len(), stored.result.as_ref(), json_out)
 }

@@ -582,6 +582,7 @@ impl Agent {
             models: self.models,
             settings: self.settings,
             executor: self.executor,
+            lease: super::driver::LeaseKeeper::new(self.journal.as_ref()),
             sink: self.journal,
             clock: self.clock,
             cancel: self.cancel,

@@ -59,6 +59,69 @@ pub(super) struct Driver {
     pub commit: Option<Commit>,
     /// Scratch buffers for the machine's actions, kept between batches (see [`Driver::apply`]).
     pub scratch: (Vec<Action>, Vec<Action>),
+    /// Renews the run's lease while the run is driven (when the sink leases runs).
+    pub lease: LeaseKeeper,
+}
+
+type Renewing =
+    std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), JournalError>> + Send>>;
+
+/// Keeps the run's lease in the sink (a store's): a renewal every [`JournalSink::lease_every`],
+/// one at a time. A renewal that finds the lease lost stops the run.
+#[derive(Default)]
+pub(super) struct LeaseKeeper {
+    every: Option<Duration>,
+    /// When the next renewal is due (made when the run starts: it needs the runtime's timer).
+    due: Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
+    renewing: Option<Renewing>,
+}
+
+enum LeaseEvent {
+    Due,
+    Renewed(Result<(), JournalError>),
+}
+
+impl LeaseKeeper {
+    /// A keeper for `sink`'s leases (idle when it has none).
+    pub fn new(sink: Option<&Arc<dyn JournalSink>>) -> Self {
+        LeaseKeeper {
+            every: sink.and_then(|s| s.lease_every()).filter(|d| !d.is_zero()),
+            due: None,
+            renewing: None,
+        }
+    }
+
+    fn start(&mut self) {
+        if let Some(every) = self.every {
+            self.due = Some(Box::pin(tokio::time::sleep(every)));
+        }
+    }
+
+    fn active(&self) -> bool {
+        self.due.is_some()
+    }
+
+    /// The next renewal falling due, or the one in flight answering. Cancel-safe.
+    async fn next(&mut self) -> LeaseEvent {
+        if let Some(r) = &mut self.renewing {
+            let out = r.as_mut().await;
+            self.renewing = None;
+            return LeaseEvent::Renewed(out);
+        }
+        match &mut self.due {
+            Some(due) => {
+                due.as_mut().await;
+                LeaseEvent::Due
+            }
+            None => std::future::pending().await,
+        }
+    }
+
+    fn again(&mut self) {
+        if let (Some(due), Some(every)) = (&mut self.due, self.every) {
+            due.as_mut().reset(tokio::time::Instant::now() + every);
+        }
+    }
 }
 
 /// Scratch buffers keep at most this many actions' room between batches: a burst (the root of
@@ -79,6 +142,7 @@ enum Next {
     Turn(TurnItem),
     Done(crate::protocol::CallId, Outcome),
     Timer,
+    Lease(LeaseEvent),
     Idle,
 }
 
@@ -95,6 +159,7 @@ impl Driver {
                 self.feed(vec![RunInput::Start]).await;
             }
         }
+        self.lease.start();
         let mut cancel_seen = false;
         while self.result.is_none() {
             self.update_idle();
@@ -113,6 +178,7 @@ impl Driver {
                     Next::Done(id, o)
                 }
                 _ = self.timers.wait(now), if read && !self.timers.is_empty() => Next::Timer,
+                ev = self.lease.next(), if self.lease.active() => Next::Lease(ev),
                 else => Next::Idle,
             };
             match next {
@@ -145,6 +211,7 @@ impl Driver {
                             .map(|timer| RunInput::TimerFired { timer }),
                     );
                 }
+                Next::Lease(ev) => self.lease_event(ev),
                 Next::Idle => break,
             }
             self.pump();
@@ -171,6 +238,34 @@ impl Driver {
             .done
             .send_replace(Some(Arc::new(result.clone())));
         result
+    }
+
+    /// A lease renewal fell due (it starts) or answered: a lost lease stops the run at once,
+    /// without a result (another process drives it now); any other failure is tried again at
+    /// the next renewal.
+    fn lease_event(&mut self, ev: LeaseEvent) {
+        match ev {
+            LeaseEvent::Due => match &self.sink {
+                Some(sink) => {
+                    let sink = sink.clone();
+                    let run_id = self.shared.run_id.clone();
+                    self.lease.renewing =
+                        Some(Box::pin(async move { sink.renew_lease(&run_id).await }));
+                }
+                None => self.lease.again(),
+            },
+            LeaseEvent::Renewed(Ok(())) => self.lease.again(),
+            LeaseEvent::Renewed(Err(e)) if e.code() == JournalError::LEASE_LOST => {
+                tracing::warn!(run = %self.shared.run_id, "the run's lease was lost: {e}");
+                if self.result.is_none() {
+                    self.result = Some(stopped(e));
+                }
+            }
+            LeaseEvent::Renewed(Err(e)) => {
+                tracing::warn!(run = %self.shared.run_id, "the run's lease could not be renewed: {e}");
+                self.lease.again();
+            }
+        }
     }
 
     /// Replays a stored journal through the machine without performing anything (its events are
@@ -293,15 +388,18 @@ impl Driver {
         })
     }
 
-    /// Nothing streams, runs, waits on a timer or is being committed: only an op (a reviewer's
-    /// decision, cancel) can move the run on.
+    /// Nothing streams, runs or is being committed, and no timer is due: only an op (a
+    /// reviewer's decision, cancel) or one of the machine's timers (a deadline, a reviewer's
+    /// time limit) later can move the run on. Such a run can be parked: its timers are the
+    /// machine's, rebuilt from the journal, and fire when the run is next driven, at the time
+    /// they were set for.
     fn update_idle(&self) {
         let idle = self.result.is_none()
             && self.turns.is_empty()
             && self.activities.is_empty()
-            && self.timers.is_empty()
             && self.commit.is_none()
-            && self.queue.is_empty();
+            && self.queue.is_empty()
+            && !self.timers.due((self.clock)());
         self.shared
             .idle
             .send_if_modified(|v| std::mem::replace(v, idle) != idle);
@@ -378,7 +476,7 @@ impl Driver {
         if let Some(sink) = &self.sink
             && let Err(e) = append_caught(sink.as_ref(), &self.shared.run_id, &entries).await
         {
-            self.result = Some(journal_failed(e));
+            self.result = Some(stopped(e));
             return false;
         }
         self.apply(entries);
@@ -424,7 +522,7 @@ impl Driver {
             }
             Err(e) => {
                 if self.result.is_none() {
-                    self.result = Some(journal_failed(e));
+                    self.result = Some(stopped(e));
                 }
                 self.queue.clear();
             }
@@ -521,11 +619,13 @@ async fn committed(commit: &mut Option<Commit>) -> (Vec<JournalEntry>, Result<()
     }
 }
 
-fn journal_failed(e: JournalError) -> RunResult {
-    let mut err = RunError::new("run.journal", e.to_string());
+/// The run stopped, resumable, because its journal could not be written or its lease was lost:
+/// not an ending the machine decided, so nothing is recorded as the run's result.
+fn stopped(e: JournalError) -> RunResult {
+    let mut err = RunError::new(e.code(), format!("the run stopped and can be resumed: {e}"));
     err.cause = Some(serde_json::json!({"code": e.code(), "message": e.reason}));
     RunResult {
-        status: RunStatus::JournalFailed,
+        status: RunStatus::Stopped,
         output: serde_json::Value::Null,
         state: serde_json::Value::Null,
         steps: 0,

@@ -42,8 +42,8 @@ pub(super) struct Shared {
     pub capacity: usize,
     pub ops: mpsc::UnboundedSender<OpRequest>,
     pub done: watch::Sender<Option<Arc<RunResult>>>,
-    /// True while the run can only move on when somebody submits an op (nothing streams, runs
-    /// or waits on a timer).
+    /// True while the run can only move on when somebody submits an op or one of its timers
+    /// fires (nothing streams, runs or is being committed).
     pub idle: watch::Sender<bool>,
     /// Taken by a subscriber catching up; true once [`Log::history`] holds every event of the
     /// run from the first on (the replayed ones before the history started included).
@@ -382,8 +382,10 @@ impl RunHandle {
         self.shared.done.borrow().as_deref().cloned()
     }
 
-    /// Waits until the run ends (`Some(result)`) or can only move on when somebody decides
-    /// (`None`): nothing streams, runs or waits on a timer.
+    /// Waits until the run ends (`Some(result)`) or can only move on when somebody decides or
+    /// one of its timers fires (`None`): nothing streams or runs. Such a run can be parked
+    /// (dropped, and resumed from its journal later): its timers are rebuilt with it and fire
+    /// at the time they were set for.
     pub async fn wait_or_idle(&self) -> Option<RunResult> {
         let mut done = self.shared.done.subscribe();
         let mut idle = self.shared.idle.subscribe();

@@ -2,8 +2,11 @@
 //!
 //! Every run keeps its journal in memory (late subscribers are caught up by replaying it); a
 //! [`JournalSink`] is an extra, durable home (the store). The engine awaits the sink before it
-//! hands the entries to the machine: a failing sink fails the run with `run.journal` rather
-//! than letting it go on unrecorded, and a panicking one is caught and treated the same.
+//! hands the entries to the machine: a failing sink stops the run (status `stopped`, code
+//! `store.journal_write`, resumable: nothing is recorded as its end) rather than letting it go
+//! on unrecorded, and a panicking one is caught and treated the same. A sink that leases runs
+//! (the store) is asked to renew the lease while the run is driven; a lost lease stops the run
+//! the same way (`store.lease_lost`).
 //!
 //! While one batch is being committed ([`Commit`]), the driver goes on reading
 //! what happens next into the following batch, and hands the committed batch to the machine as
@@ -16,23 +19,40 @@ use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::time::Duration;
 
 use futures::FutureExt;
 
 use crate::machine::JournalEntry;
 
-/// A journal sink failed; the run stops.
+/// A journal sink failed; the run stops, resumable (status `stopped`): a write that fails is
+/// not an ending the run decided.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("the journal could not be written: {reason}")]
 pub struct JournalError {
+    /// A stable code: [`JournalError::WRITE`] or [`JournalError::LEASE_LOST`].
+    pub code: &'static str,
     /// What the sink said (or that it panicked).
     pub reason: String,
 }
 
 impl JournalError {
-    /// A stable code.
+    /// The write failed (the store stayed locked, the disk is full, the sink panicked...).
+    pub const WRITE: &'static str = "store.journal_write";
+    /// This process no longer owns the run: another one drives it now.
+    pub const LEASE_LOST: &'static str = "store.lease_lost";
+
+    /// An error with a code and what the sink said.
+    pub fn new(code: &'static str, reason: impl Into<String>) -> Self {
+        JournalError {
+            code,
+            reason: reason.into(),
+        }
+    }
+
+    /// The stable code.
     pub fn code(&self) -> &'static str {
-        "run.journal"
+        self.code
     }
 }
 
@@ -44,6 +64,19 @@ pub type JournalFuture<'a> = Pin<Box<dyn Future<Output = Result<(), JournalError
 pub trait JournalSink: Send + Sync {
     /// Persists `entries` of run `run_id`.
     fn append<'a>(&'a self, run_id: &'a str, entries: &'a [JournalEntry]) -> JournalFuture<'a>;
+
+    /// How often the driver renews its claim on the run with [`JournalSink::renew_lease`]
+    /// while it drives it (None, the default: the sink has no leases).
+    fn lease_every(&self) -> Option<Duration> {
+        None
+    }
+
+    /// Renews this process's claim on run `run_id` (a store's lease). An error with code
+    /// [`JournalError::LEASE_LOST`] stops the run at once, without a result; any other error is
+    /// tried again at the next renewal (an append checks the lease anyway).
+    fn renew_lease<'a>(&'a self, _run_id: &'a str) -> JournalFuture<'a> {
+        Box::pin(std::future::ready(Ok(())))
+    }
 }
 
 /// Appends through `sink`, turning a panic inside it into an error.
@@ -55,16 +88,18 @@ pub(super) async fn append_caught(
     let fut = match std::panic::catch_unwind(AssertUnwindSafe(|| sink.append(run_id, entries))) {
         Ok(f) => f,
         Err(_) => {
-            return Err(JournalError {
-                reason: "the journal sink panicked".into(),
-            });
+            return Err(JournalError::new(
+                JournalError::WRITE,
+                "the journal sink panicked",
+            ));
         }
     };
     match AssertUnwindSafe(fut).catch_unwind().await {
         Ok(r) => r,
-        Err(_) => Err(JournalError {
-            reason: "the journal sink panicked".into(),
-        }),
+        Err(_) => Err(JournalError::new(
+            JournalError::WRITE,
+            "the journal sink panicked",
+        )),
     }
 }
 

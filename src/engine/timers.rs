@@ -44,6 +44,11 @@ impl Timers {
         self.queue.is_empty()
     }
 
+    /// Some timer is due at `now` (it fires as soon as the driver waits).
+    pub fn due(&self, now: Millis) -> bool {
+        self.queue.first().is_some_and(|(at, _)| *at <= now)
+    }
+
     /// Waits for the earliest timer (call only when not empty); `now` reads the engine's clock.
     pub async fn wait(&mut self, now: Millis) {
         let Some(&(at, _)) = self.queue.first() else {

@@ -133,14 +133,6 @@ pub enum GrantError {
         /// The path as the goal wrote it.
         path: String,
     },
-    /// A delegate goal inside the roots could not be read (its own error).
-    #[error("{pointer}: {reason}")]
-    Delegate {
-        /// Where the goal asked.
-        pointer: String,
-        /// The delegate goal's error.
-        reason: String,
-    },
 }
 
 impl GrantError {
@@ -153,7 +145,6 @@ impl GrantError {
             GrantError::Env { .. } => "grant.env",
             GrantError::Egress { .. } => "grant.egress",
             GrantError::File { .. } => "grant.file",
-            GrantError::Delegate { .. } => "agent.delegate",
         }
     }
 
@@ -165,8 +156,7 @@ impl GrantError {
             | GrantError::UnknownMcpServer { pointer, .. }
             | GrantError::Env { pointer, .. }
             | GrantError::Egress { pointer, .. }
-            | GrantError::File { pointer, .. }
-            | GrantError::Delegate { pointer, .. } => pointer,
+            | GrantError::File { pointer, .. } => pointer,
         }
     }
 }
@@ -373,7 +363,10 @@ impl Grants {
         for (i, t) in goal.tools.iter().enumerate() {
             let pointer = format!("{at}/tools/{i}");
             let kind = crate::tools::kind_of(t);
+            // A kind dagloop does not define is the registry's to refuse (or a program's own).
+            let known = |k: &str| crate::tools::KINDS.contains(&k) || k == MCP;
             if let Some(kind) = kind
+                && known(kind)
                 && !self.grants_kind(kind)
             {
                 return Err(GrantError::Kind {
@@ -409,12 +402,12 @@ impl Grants {
             {
                 let ptr = format!("{pointer}/_delegate");
                 let path = self.file(&ptr, target, &goal.base_dir)?;
-                let child = Goal::load(&path).map_err(|e| GrantError::Delegate {
-                    pointer: ptr.clone(),
-                    reason: e.to_string(),
-                })?;
-                self.check_one(&child, &ptr, depth + 1, delegates)?;
-                delegates.push((ptr, child));
+                // A delegate goal that cannot be read is the builder's and `validate`'s to
+                // report (with their own codes); nothing it would ask for is touched.
+                if let Ok(child) = Goal::load(&path) {
+                    self.check_one(&child, &ptr, depth + 1, delegates)?;
+                    delegates.push((ptr, child));
+                }
             }
         }
         Ok(())

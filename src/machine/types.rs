@@ -282,8 +282,11 @@ pub enum RunStatus {
     InvalidOutput,
     /// The model could not be reached or kept failing after retries.
     ModelError,
-    /// The journal could not be written: the run stopped rather than go on unrecorded.
-    JournalFailed,
+    /// Not an ending: the run's journal could not be written (or this process lost the run's
+    /// lease), so the run stopped rather than go on unrecorded. Its journal is intact and it
+    /// can be resumed; no result is recorded for it. The error says why (`store.journal_write`,
+    /// `store.lease_lost`).
+    Stopped,
 }
 
 impl RunStatus {
@@ -299,7 +302,7 @@ impl RunStatus {
             RunStatus::Cancelled => "cancelled",
             RunStatus::InvalidOutput => "invalid_output",
             RunStatus::ModelError => "model_error",
-            RunStatus::JournalFailed => "journal_failed",
+            RunStatus::Stopped => "stopped",
         }
     }
 
@@ -315,8 +318,14 @@ impl RunStatus {
             RunStatus::Cancelled => Some("run.cancelled"),
             RunStatus::InvalidOutput => Some("run.invalid_output"),
             RunStatus::ModelError => Some("run.model_error"),
-            RunStatus::JournalFailed => Some("run.journal"),
+            RunStatus::Stopped => Some("run.stopped"),
         }
+    }
+
+    /// True for every way the machine ends a run; false for [`RunStatus::Stopped`], which
+    /// leaves the run to be resumed.
+    pub fn is_final(self) -> bool {
+        self != RunStatus::Stopped
     }
 }
 

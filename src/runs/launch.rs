@@ -38,17 +38,15 @@ pub type Pool = crate::tools::mcp::McpPool;
 #[cfg(not(feature = "mcp"))]
 pub type Pool = ();
 
-/// Where a run lives: the store that records it, the sink its journal goes to (default: the
-/// store), the process that owns it, and the MCP servers it may share with the process's other
-/// runs (`dagloop serve`; a one-run process starts the goal's servers for itself).
+/// Where a run lives: the store that records it (and leases it to this process), the sink its
+/// journal goes to (default: the store), and the MCP servers it may share with the process's
+/// other runs (`dagloop serve`; a one-run process starts the goal's servers for itself).
 #[derive(Default)]
 pub struct Host {
     /// The run store.
     pub store: Option<Arc<SqliteStore>>,
     /// Replaces the store as the journal's durable sink (the crash-test hook wraps the store).
     pub sink: Option<Arc<dyn JournalSink>>,
-    /// The owning process (recorded with the run).
-    pub owner_pid: u32,
     /// Shared MCP servers.
     pub mcp: Option<Pool>,
     /// Answer the run's calls from this recording (`--tools-from`); with `true`, a call it does
@@ -89,7 +87,6 @@ pub async fn prepare(
     let Host {
         store,
         sink,
-        owner_pid,
         mcp: pool,
         tools_from,
     } = host;
@@ -134,18 +131,17 @@ pub async fn prepare(
     if let Some(s) = &store {
         let id = agent.run_id().to_string();
         match &journal {
-            None => s.create(
-                &RunRecord {
-                    id,
-                    created_at: now_ms(),
-                    goal: record_goal,
-                    base_dir,
-                    options: recorded(opts),
-                },
-                owner_pid,
-            )?,
+            None => s.create(&RunRecord {
+                id,
+                created_at: now_ms(),
+                goal: record_goal,
+                base_dir,
+                options: recorded(opts),
+            })?,
             Some(_) => {
-                s.claim(&id, owner_pid)?;
+                // Front-ends claim a stored run before they load its journal (so that the
+                // journal they continue is the one the lease covers); claiming again renews it.
+                s.claim(&id)?;
                 // The definition the run goes on under (new digests after accepted changes).
                 s.set_options(&id, &recorded(opts))?;
             }

@@ -26,7 +26,7 @@ pub use launch::{
 };
 pub use options::{RunOptions, policy_for};
 pub use replay::{Divergence, Replayed, replay_run};
-pub use view::{Rebuilt, describe, rebuild};
+pub use view::{Rebuilt, describe, rebuild, rebuild_machine};
 
 /// Why a run could not be started, resumed or described.
 #[derive(Debug, thiserror::Error)]
@@ -98,7 +98,7 @@ pub enum Refused {
 
 /// Records an op for a stored run that this process does not drive, after checking it against
 /// the run rebuilt from its journal; the process that drives the run (or the next `resume`)
-/// applies it. Returns whether some process drives the run now.
+/// applies it. Returns whether some process drives the run now (holds an unexpired lease).
 pub fn record_op(
     store: &crate::store::SqliteStore,
     id: &str,
@@ -114,5 +114,5 @@ pub fn record_op(
     let rb = rebuild(&stored.record, &stored.journal)?;
     rb.machine.check_op(op).map_err(Refused::Op)?;
     store.push_op(id, op).map_err(RunsError::from)?;
-    Ok(stored.owner_pid.is_some())
+    Ok(stored.lease.is_some())
 }

@@ -299,7 +299,7 @@ fn compare(
     replayed: Option<&(u64, RunResult)>,
     last: u64,
 ) -> Option<Divergence> {
-    let engine_made = stored.status == crate::machine::RunStatus::JournalFailed
+    let engine_made = stored.status == crate::machine::RunStatus::Stopped
         || stored
             .error
             .as_ref()

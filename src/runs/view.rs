@@ -28,8 +28,26 @@ pub struct Rebuilt {
     pub streams_closed: Vec<(Option<u64>, u64)>,
 }
 
-/// Replays `journal` for the run `record` describes.
-pub fn rebuild(record: &RunRecord, journal: &[JournalEntry]) -> Result<Rebuilt, RunsError> {
+/// The machine of the run `record` describes after `journal`, without its events: what awaits
+/// a decision, what a resume would present.
+pub fn rebuild_machine(
+    record: &RunRecord,
+    journal: &[JournalEntry],
+) -> Result<RunMachine, RunsError> {
+    let (_, config, policy) = parts(record)?;
+    Ok(machine_after(record, config, policy, journal))
+}
+
+fn parts(
+    record: &RunRecord,
+) -> Result<
+    (
+        Goal,
+        std::sync::Arc<crate::machine::AgentConfig>,
+        crate::approval::Policy,
+    ),
+    RunsError,
+> {
     let goal = Goal::from_json(
         &record.goal.to_string(),
         FsPath::new(&record.id),
@@ -38,6 +56,26 @@ pub fn rebuild(record: &RunRecord, journal: &[JournalEntry]) -> Result<Rebuilt, 
     let opts: RunOptions = serde_json::from_value(record.options.clone()).unwrap_or_default();
     let policy = policy_for(&goal, opts.approve.as_deref())?;
     let config = config_for(&goal)?;
+    Ok((goal, config, policy))
+}
+
+fn machine_after(
+    record: &RunRecord,
+    config: std::sync::Arc<crate::machine::AgentConfig>,
+    policy: crate::approval::Policy,
+    journal: &[JournalEntry],
+) -> RunMachine {
+    let mut machine =
+        RunMachine::replaying(record.id.clone(), config, policy, SanitizeLimits::default());
+    for e in journal {
+        machine.handle(e.input.clone(), e.at);
+    }
+    machine
+}
+
+/// Replays `journal` for the run `record` describes.
+pub fn rebuild(record: &RunRecord, journal: &[JournalEntry]) -> Result<Rebuilt, RunsError> {
+    let (goal, config, policy) = parts(record)?;
     let events = replay(
         &record.id,
         config.clone(),
@@ -45,11 +83,7 @@ pub fn rebuild(record: &RunRecord, journal: &[JournalEntry]) -> Result<Rebuilt, 
         SanitizeLimits::default(),
         journal,
     );
-    let mut machine =
-        RunMachine::replaying(record.id.clone(), config, policy, SanitizeLimits::default());
-    for e in journal {
-        machine.handle(e.input.clone(), e.at);
-    }
+    let machine = machine_after(record, config, policy, journal);
     let streams_closed = journal
         .iter()
         .filter_map(|e| match &e.input {

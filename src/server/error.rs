@@ -104,6 +104,8 @@ impl ApiError {
     pub fn from_store(e: &crate::store::StoreError) -> Self {
         let status = match e {
             crate::store::StoreError::UnknownRun { .. } => StatusCode::NOT_FOUND,
+            crate::store::StoreError::Busy { .. } => StatusCode::CONFLICT,
+            crate::store::StoreError::Locked { .. } => StatusCode::SERVICE_UNAVAILABLE,
             _ => StatusCode::INTERNAL_SERVER_ERROR,
         };
         ApiError::new(status, e.code(), e)

@@ -109,6 +109,7 @@ pub async fn serve(opts: ServeOptions) -> Result<(), ServerError> {
         signalled.cancel();
     });
     let resumed = state.resume_stored().await;
+    let takeover = state.spawn_takeover();
     // A closed stdout must not stop the server (`println!` would panic).
     let _ = writeln!(
         std::io::stdout(),
@@ -142,6 +143,7 @@ pub async fn serve(opts: ServeOptions) -> Result<(), ServerError> {
         reason: e.to_string(),
     });
     signals.abort();
+    takeover.abort();
     state.stop_runs();
     // The tasks that held the runs' handles end at once when next scheduled; give them that
     // moment, so the runs' drivers are stopped (their calls in flight dropped, nothing more

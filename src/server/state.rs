@@ -37,6 +37,9 @@ pub(super) struct AppState {
     pub agents: BTreeMap<String, PathBuf>,
     pub base_dir: PathBuf,
     live: Mutex<BTreeMap<String, Arc<LiveRun>>>,
+    /// Stored runs this server does not continue: started by `dagloop run` (not submitted to a
+    /// server), or that could not be continued here once already.
+    skip: Mutex<std::collections::BTreeSet<String>>,
     pub tickets: super::auth::Tickets,
     /// MCP servers shared by the server's runs: started once per configuration.
     pub mcp: crate::runs::Pool,
@@ -62,6 +65,7 @@ impl AppState {
             agents: opts.agents.clone(),
             base_dir: opts.base_dir.clone(),
             live: Mutex::new(BTreeMap::new()),
+            skip: Mutex::new(Default::default()),
             tickets: Default::default(),
             mcp: Default::default(),
             stopping: CancellationToken::new(),
@@ -101,7 +105,6 @@ impl AppState {
             crate::runs::Host {
                 store: Some(self.store.clone()),
                 sink: None,
-                owner_pid: std::process::id(),
                 mcp: Some(self.mcp.clone()),
                 ..Default::default()
             },
@@ -148,7 +151,16 @@ impl AppState {
             };
             let store = me.store.clone();
             let rid = run.clone();
-            let recorded = tokio::task::spawn_blocking(move || store.finish(&rid, &result)).await;
+            // Only an ending the run decided is recorded; a run that stopped (its journal could
+            // not be written, its lease was lost) is left as it is, to be resumed.
+            let recorded = tokio::task::spawn_blocking(move || {
+                if result.status.is_final() {
+                    store.finish(&rid, &result)
+                } else {
+                    store.release(&rid)
+                }
+            })
+            .await;
             if !matches!(recorded, Ok(Ok(()))) {
                 tracing::error!(run = %run, "could not record the run's end");
             }
@@ -158,17 +170,32 @@ impl AppState {
     }
 
     /// Stops driving every run (on the way out): each run's driver stops, and with it its calls
-    /// in flight (shell tools' process groups are killed); the store keeps every run resumable.
+    /// in flight (shell tools' process groups are killed); the store keeps every run resumable,
+    /// and their leases are given up, so that another server (or this one started again) takes
+    /// them over at once.
     pub fn stop_runs(&self) {
         self.stopping.cancel();
         let runs = std::mem::take(&mut *lock(&self.live));
+        let ids: Vec<String> = runs.keys().cloned().collect();
         drop(runs);
+        // A driver that appends after this finds the lease gone and writes nothing.
+        for id in ids {
+            if let Err(e) = self.store.release(&id) {
+                tracing::warn!(run = %id, "could not release the run's lease: {e}");
+            }
+        }
     }
 
-    /// Continues every run this server had started and no live process runs; returns their ids.
+    /// Continues every run submitted to a server that nobody drives (no unexpired lease: its
+    /// server stopped, or crashed and its lease ran out); returns their ids.
     pub async fn resume_stored(self: &Arc<Self>) -> Vec<String> {
-        let rows = match self.store.list() {
-            Ok(r) => r,
+        let me = self.clone();
+        let rows = match tokio::task::spawn_blocking(move || me.store.list()).await {
+            Ok(Ok(r)) => r,
+            Ok(Err(e)) => {
+                tracing::error!("cannot list stored runs: {e}");
+                return Vec::new();
+            }
             Err(e) => {
                 tracing::error!("cannot list stored runs: {e}");
                 return Vec::new();
@@ -176,14 +203,34 @@ impl AppState {
         };
         let mut resumed = Vec::new();
         for row in rows.into_iter().filter(|r| r.status == "stopped") {
+            if self.live(&row.id).is_some() || lock(&self.skip).contains(&row.id) {
+                continue;
+            }
             let Ok(stored) = self.store.load(&row.id) else {
                 continue;
             };
             let opts: RunOptions =
                 serde_json::from_value(stored.record.options.clone()).unwrap_or_default();
-            if !opts.server || stored.result.is_some() {
+            if !opts.server {
+                lock(&self.skip).insert(row.id.clone());
                 continue;
             }
+            if stored.result.is_some() {
+                continue;
+            }
+            // The lease decides who continues it (another server on the same store may have
+            // taken it since the listing); the journal is read again once it is ours.
+            if let Err(e) = self.store.claim(&row.id) {
+                tracing::info!(run = %row.id, code = e.code(), "not continued here: {e}");
+                continue;
+            }
+            let stored = match self.store.load(&row.id) {
+                Ok(s) if s.result.is_none() => s,
+                _ => {
+                    let _ = self.store.release(&row.id);
+                    continue;
+                }
+            };
             let goal = match Goal::from_json(
                 &stored.record.goal.to_string(),
                 std::path::Path::new(&stored.record.id),
@@ -192,6 +239,8 @@ impl AppState {
                 Ok(g) => g,
                 Err(e) => {
                     tracing::error!(run = %row.id, "cannot continue: {e}");
+                    let _ = self.store.release(&row.id);
+                    lock(&self.skip).insert(row.id.clone());
                     continue;
                 }
             };
@@ -200,10 +249,31 @@ impl AppState {
                 .await
             {
                 Ok(id) => resumed.push(id),
-                Err(e) => tracing::error!(run = %row.id, "cannot continue: {e}"),
+                Err(e) => {
+                    tracing::error!(run = %row.id, "cannot continue: {e}");
+                    let _ = self.store.release(&row.id);
+                    lock(&self.skip).insert(row.id.clone());
+                }
             }
         }
         resumed
+    }
+
+    /// Takes over, as their leases run out, the server runs nobody drives: a server started
+    /// again soon after a crash (its old leases still running), or one beside another server
+    /// on the same store that stopped. Looks every half lease.
+    pub fn spawn_takeover(self: &Arc<Self>) -> tokio::task::JoinHandle<()> {
+        let me = self.clone();
+        let every = (me.store.lease() / 2).max(std::time::Duration::from_millis(50));
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(every).await;
+                let taken = me.resume_stored().await;
+                if !taken.is_empty() {
+                    tracing::info!(runs = ?taken, "continued runs whose leases had run out");
+                }
+            }
+        })
     }
 
     /// The run described (calls, timeline, critical path, awaiting, result), live or stored.
@@ -231,7 +301,7 @@ impl AppState {
             ),
             None => {
                 let s = self.store.load(id).map_err(|e| ApiError::from_store(&e))?;
-                let live = s.owner_pid.is_some();
+                let live = s.lease.is_some();
                 (s.record, s.journal, s.result, live)
             }
         };

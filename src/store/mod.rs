@@ -6,6 +6,10 @@
 //! `engine::resume`), so the journal is all the store must keep exactly; everything else is for
 //! listing and showing runs.
 //!
+//! Who drives a stored run is a lease on its row (owner id and expiry; see [`RunStore`]): taken
+//! in one atomic update, renewed while the run is driven, checked inside every append's
+//! transaction, taken over by whoever comes next once it expired. Never a process id.
+//!
 //! Deliberately not here: deciding what a stored run means (the machine does, by replay) or
 //! running it (the engine does).
 
@@ -51,9 +55,19 @@ pub struct RunRow {
     pub created_at: Millis,
     /// When its journal last grew (or it finished).
     pub updated_at: Millis,
-    /// The process that runs it, while one does.
+    /// Who drives it, while somebody holds an unexpired lease on it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub owner_pid: Option<u32>,
+    pub owner: Option<String>,
+}
+
+/// A claim on a run: the owner (one id per opened store, so per process) that drives it, until
+/// `expires_at` unless renewed. See [`RunStore::claim`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Lease {
+    /// The owner id: random hex, then the process id and host for people.
+    pub owner: String,
+    /// When the lease runs out (milliseconds since the Unix epoch) unless renewed.
+    pub expires_at: Millis,
 }
 
 /// Everything stored about one run.
@@ -65,14 +79,21 @@ pub struct StoredRun {
     pub journal: Vec<JournalEntry>,
     /// Its result, once finished.
     pub result: Option<RunResult>,
-    /// The process that runs it, while one does.
-    pub owner_pid: Option<u32>,
+    /// The lease of whoever drives it now (None when nobody holds an unexpired one).
+    pub lease: Option<Lease>,
 }
 
 /// The store failed or holds something it cannot use. Nothing is overwritten on error.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 #[non_exhaustive]
 pub enum StoreError {
+    /// A command that only reads or continues runs was given a store file that does not exist
+    /// (nothing is created at a mistyped path).
+    #[error("no run store at {path}: the file does not exist (check --store / DAGLOOP_STORE)")]
+    NotFound {
+        /// The file.
+        path: String,
+    },
     /// The file cannot be opened or created.
     #[error("cannot open the run store {path}: {reason}")]
     Open {
@@ -115,6 +136,31 @@ pub enum StoreError {
         /// The id given.
         id: String,
     },
+    /// Another owner holds an unexpired lease on the run: it drives it.
+    #[error(
+        "run {id} is being run by {owner} (its lease runs until {expires_at} ms); decide with `dagloop decide`, or try again once that process has stopped and its lease has expired"
+    )]
+    Busy {
+        /// The run.
+        id: String,
+        /// Who holds the lease.
+        owner: String,
+        /// Until when (milliseconds since the Unix epoch), unless renewed.
+        expires_at: Millis,
+    },
+    /// This process no longer holds the run's lease (it expired and another owner took it, or
+    /// it was released): it must not write to the run.
+    #[error("the lease on run {id} was lost: another process drives it now, or nobody does")]
+    LeaseLost {
+        /// The run.
+        id: String,
+    },
+    /// The store stayed locked by another connection past the busy timeout and the retries.
+    #[error("the run store stayed locked by another process: {reason}")]
+    Locked {
+        /// What SQLite said.
+        reason: String,
+    },
     /// A run with this id exists already.
     #[error("a run `{id}` exists already")]
     Exists {
@@ -133,12 +179,16 @@ impl StoreError {
     /// A stable code.
     pub fn code(&self) -> &'static str {
         match self {
+            StoreError::NotFound { .. } => "store.not_found",
             StoreError::Open { .. } => "store.open",
             StoreError::Foreign { .. } => "store.foreign",
             StoreError::Corrupt { .. } => "store.corrupt",
             StoreError::TooNew { .. } => "store.too_new",
             StoreError::UnknownRun { .. } => "store.unknown_run",
             StoreError::Exists { .. } => "store.exists",
+            StoreError::Busy { .. } => "store.busy",
+            StoreError::LeaseLost { .. } => "store.lease_lost",
+            StoreError::Locked { .. } => "store.locked",
             StoreError::Io { .. } => "store.io",
         }
     }
@@ -146,12 +196,24 @@ impl StoreError {
 
 /// A durable home for runs. Appending the journal goes through [`JournalSink`] (awaited before
 /// the run acts on the entries); the rest is synchronous and cheap.
+///
+/// Ownership is a lease held by the store handle's owner id ([`RunStore::owner`]): `create`
+/// and `claim` take it, the journal sink renews it while the run is driven and checks it in the
+/// transaction of every append, `finish` and `release` give it up. A lease that was not renewed
+/// in time is taken by whoever claims the run next.
 pub trait RunStore: JournalSink {
-    /// Records a new run (before its first journal entry).
-    fn create(&self, record: &RunRecord, owner_pid: u32) -> Result<(), StoreError>;
-    /// Marks a stored run as run by this process again (resume).
-    fn claim(&self, id: &str, owner_pid: u32) -> Result<(), StoreError>;
-    /// Records the result; the run is finished.
+    /// The id this store handle writes as (one per opened store).
+    fn owner(&self) -> &str;
+    /// Records a new run (before its first journal entry), leased to this owner.
+    fn create(&self, record: &RunRecord) -> Result<(), StoreError>;
+    /// Takes the run's lease for this owner, in one atomic update: it succeeds when nobody
+    /// holds it, it expired, or this owner holds it already; otherwise `store.busy`.
+    fn claim(&self, id: &str) -> Result<(), StoreError>;
+    /// Gives the lease up (when this owner holds it): the run stays as it is, for the next
+    /// process to continue.
+    fn release(&self, id: &str) -> Result<(), StoreError>;
+    /// Records the result and gives the lease up; the run is finished. Refused with
+    /// `store.lease_lost` when another owner holds the lease.
     fn finish(&self, id: &str, result: &RunResult) -> Result<(), StoreError>;
     /// Every run, newest first.
     fn list(&self) -> Result<Vec<RunRow>, StoreError>;
@@ -162,8 +224,46 @@ pub trait RunStore: JournalSink {
     /// Queues an op for the run (a decision taken while no process runs it, or for the process
     /// that does to pick up).
     fn push_op(&self, id: &str, op: &Op) -> Result<(), StoreError>;
-    /// Takes the queued ops of a run, oldest first.
+    /// Takes the queued ops of a run, oldest first: only the owner that holds its lease
+    /// (`store.lease_lost` for another, so that a process that lost the run never takes the
+    /// decisions meant for the one that drives it).
     fn take_ops(&self, id: &str) -> Result<Vec<Op>, StoreError>;
+}
+
+/// A fresh owner id: 128 random bits as hex (what makes it unique), then the process id and
+/// host, for people reading `dagloop runs`. Nothing is decided from the process id.
+pub fn new_owner_id() -> String {
+    use std::hash::{BuildHasher, Hasher};
+    let mut hex = String::with_capacity(32);
+    for i in 0..2u8 {
+        // Each RandomState is seeded from the operating system's randomness.
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u8(i);
+        h.write_u128(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos()),
+        );
+        hex.push_str(&format!("{:016x}", h.finish()));
+    }
+    let host = std::env::var("HOSTNAME")
+        .ok()
+        .or_else(|| std::fs::read_to_string("/etc/hostname").ok())
+        .map(|h| h.trim().to_string())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "unknown host".into());
+    format!("{hex} (pid {} on {host})", std::process::id())
+}
+
+/// `store.not_found` when no file is at `path`: commands that only read or continue runs check
+/// this first, so that a mistyped path never becomes a new, empty store.
+pub fn must_exist(path: &std::path::Path) -> Result<(), StoreError> {
+    match std::fs::metadata(path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(StoreError::NotFound {
+            path: path.display().to_string(),
+        }),
+        _ => Ok(()),
+    }
 }
 
 /// The default store file: `dagloop/runs.db` under the user's data directory (or `DAGLOOP_STORE`).

@@ -15,6 +15,12 @@
 //! Older stores are upgraded in place by the migrations below (each version's DDL stays in the
 //! code); version 1's journal rows become one-entry batches.
 //!
+//! Schema version 3 replaces the owner's process id with a lease (`owner`, `lease_expires_at`):
+//! `claim` is one conditional `UPDATE` whose changed-row count says who won; every append
+//! checks, in its own savepoint of the batch's transaction, that its process still holds the
+//! lease (and pushes the expiry on). A commit that finds the file locked past the busy timeout
+//! is tried again after a pause, then refused (`store.locked`).
+//!
 //! Deliberately not here: what the entries mean (the machine replays them).
 
 use std::path::{Path, PathBuf};
@@ -33,7 +39,32 @@ use crate::protocol::{Millis, Op};
 /// The schema version this build writes; older stores are upgraded in place.
 pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
 
+/// How long a connection waits for another one's write lock before SQLite reports busy
+/// (`DAGLOOP_BUSY_TIMEOUT_MS` overrides it, for tests and operators).
 const BUSY: Duration = Duration::from_secs(30);
+
+/// A commit that found the store locked past the busy timeout is tried again after these
+/// pauses, then refused with `store.locked`.
+const BUSY_RETRIES: [Duration; 2] = [Duration::from_millis(250), Duration::from_millis(1000)];
+
+/// How long a lease lasts unless renewed (`DAGLOOP_LEASE_MS` overrides it); the journal sink
+/// asks to renew it every quarter of that.
+pub const LEASE: Duration = Duration::from_secs(20);
+
+/// The shortest lease `DAGLOOP_LEASE_MS` may set.
+const MIN_LEASE: Duration = Duration::from_millis(100);
+
+fn env_ms(name: &str) -> Option<Duration> {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .filter(|ms| *ms > 0)
+        .map(Duration::from_millis)
+}
+
+fn busy_timeout() -> Duration {
+    env_ms("DAGLOOP_BUSY_TIMEOUT_MS").unwrap_or(BUSY)
+}
 
 /// Migrations, in order: `MIGRATIONS[i]` takes a store from version `i` to `i + 1`. Never edit
 /// one that has shipped: stores written by it exist; add the next instead.
@@ -81,6 +112,15 @@ const MIGRATIONS: &[&str] = &[
     ALTER TABLE journal2 RENAME TO journal;
     CREATE INDEX runs_created ON runs(created_at, id);
     CREATE INDEX ops_run ON ops(run_id, id);
+",
+    // 3: ownership is a lease (owner id, expiry), never a process id; a run that an older
+    // dagloop ended `journal_failed` (a write error, not an ending the run decided) is stopped
+    // and can be resumed.
+    "
+    ALTER TABLE runs ADD COLUMN owner TEXT;
+    ALTER TABLE runs ADD COLUMN lease_expires_at INTEGER;
+    ALTER TABLE runs DROP COLUMN owner_pid;
+    UPDATE runs SET result = NULL, status = 'stopped' WHERE status = 'journal_failed';
 ",
 ];
 
@@ -131,9 +171,18 @@ impl Rows {
     }
 }
 
+/// Who the writer writes as: the store handle's owner id and lease length.
+struct Me {
+    owner: std::sync::Arc<str>,
+    lease_ms: i64,
+}
+
 enum Write {
-    Create(RunRecord, u32),
-    Claim(String, u32),
+    Create(RunRecord),
+    Claim(String),
+    /// Pushes the lease's expiry on (this owner only).
+    Renew(String),
+    Release(String),
     /// Entries already serialised by the caller.
     Append(String, Rows),
     /// The run, its status and its result, serialised by the caller.
@@ -158,6 +207,9 @@ type Reply = Box<dyn FnOnce(Result<Done, StoreError>) + Send>;
 /// A run store in one SQLite file. See the module docs.
 pub struct SqliteStore {
     path: PathBuf,
+    /// The owner id this handle writes as (see `RunStore::owner`).
+    owner: std::sync::Arc<str>,
+    lease: Duration,
     /// The writer's queue (None once closed).
     tx: Mutex<Option<mpsc::Sender<(Write, Reply)>>>,
     writer: Mutex<Option<std::thread::JoinHandle<()>>>,
@@ -167,6 +219,7 @@ impl std::fmt::Debug for SqliteStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SqliteStore")
             .field("path", &self.path)
+            .field("owner", &self.owner)
             .finish()
     }
 }
@@ -199,7 +252,7 @@ fn connect(path: &Path, flags: OpenFlags) -> Result<Connection, StoreError> {
         path: path.display().to_string(),
         reason: e.to_string(),
     })?;
-    c.busy_timeout(BUSY).map_err(io)?;
+    c.busy_timeout(busy_timeout()).map_err(io)?;
     Ok(c)
 }
 
@@ -262,6 +315,13 @@ impl SqliteStore {
         SqliteStore::open_with(path, CHECKPOINT_PAGES)
     }
 
+    /// Opens the store at `path`, which must exist: for commands that only read or continue
+    /// runs, so that a mistyped path is `store.not_found` rather than a new, empty store.
+    pub fn open_existing(path: &Path) -> Result<SqliteStore, StoreError> {
+        super::must_exist(path)?;
+        SqliteStore::open(path)
+    }
+
     fn open_with(path: &Path, checkpoint_at: i32) -> Result<SqliteStore, StoreError> {
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::create_dir_all(dir).map_err(|e| StoreError::Open {
@@ -291,15 +351,23 @@ impl SqliteStore {
             .map_err(io)?;
         let (tx, rx) = mpsc::channel::<(Write, Reply)>();
         let p = path.to_path_buf();
+        let owner: std::sync::Arc<str> = super::new_owner_id().into();
+        let lease = env_ms("DAGLOOP_LEASE_MS").map_or(LEASE, |l| l.max(MIN_LEASE));
+        let me = Me {
+            owner: owner.clone(),
+            lease_ms: i64::try_from(lease.as_millis()).unwrap_or(i64::MAX),
+        };
         let writer = std::thread::Builder::new()
             .name("dagloop-store".into())
             .spawn(move || {
-                writer(c, rx, &p, checkpoint_at, ctx);
+                writer(c, rx, &p, &me, checkpoint_at, ctx);
                 let _ = checkpointer.join();
             })
             .map_err(io)?;
         Ok(SqliteStore {
             path: path.to_path_buf(),
+            owner,
+            lease,
             tx: Mutex::new(Some(tx)),
             writer: Mutex::new(Some(writer)),
         })
@@ -331,6 +399,11 @@ impl SqliteStore {
     /// The file.
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// How long this handle's leases last unless renewed.
+    pub fn lease(&self) -> Duration {
+        self.lease
     }
 
     /// Stops the writer once it has answered everything queued, and waits for it and for any
@@ -394,6 +467,7 @@ fn writer(
     mut c: Connection,
     rx: mpsc::Receiver<(Write, Reply)>,
     path: &Path,
+    me: &Me,
     checkpoint_at: i32,
     checkpoint: mpsc::SyncSender<()>,
 ) {
@@ -419,14 +493,14 @@ fn writer(
             // Never commit a decision or a run's end with less than FULL.
             match c.pragma_update(None, "synchronous", "FULL") {
                 Ok(()) => {
-                    let r = commit(&mut c, &batch, path);
+                    let r = commit_retrying(&mut c, &batch, path, me);
                     let _ = c.pragma_update(None, "synchronous", "NORMAL");
                     r
                 }
                 Err(e) => Err(io(e)),
             }
         } else {
-            commit(&mut c, &batch, path)
+            commit_retrying(&mut c, &batch, path, me)
         };
         match results {
             Ok(done) => {
@@ -461,34 +535,101 @@ fn now_ms() -> Millis {
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
-/// One transaction for the whole batch; per-request failures (a duplicate id) are answered
-/// individually without undoing the others.
+/// [`commit`], tried again after a pause while another connection keeps the store locked past
+/// the busy timeout ([`BUSY_RETRIES`]), then refused with `store.locked`.
+fn commit_retrying(
+    c: &mut Connection,
+    batch: &[(Write, Reply)],
+    path: &Path,
+    me: &Me,
+) -> Result<Vec<Result<Done, StoreError>>, StoreError> {
+    let mut pauses = BUSY_RETRIES.iter();
+    loop {
+        match commit(c, batch, path, me) {
+            Err(StoreError::Locked { reason }) => match pauses.next() {
+                Some(p) => {
+                    tracing::warn!(
+                        "the run store is locked by another process ({reason}); trying again"
+                    );
+                    std::thread::sleep(*p);
+                }
+                None => return Err(StoreError::Locked { reason }),
+            },
+            other => return other,
+        }
+    }
+}
+
+fn locked_or(path: &Path, e: rusqlite::Error) -> StoreError {
+    match e.sqlite_error_code() {
+        Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked) => {
+            StoreError::Locked {
+                reason: e.to_string(),
+            }
+        }
+        _ => classify(path, e),
+    }
+}
+
+/// One transaction for the whole batch; each request in a savepoint of its own, so that a
+/// request that fails (a duplicate id, a lost lease) is answered alone and leaves nothing
+/// behind, without undoing the others.
 fn commit(
     c: &mut Connection,
     batch: &[(Write, Reply)],
     path: &Path,
+    me: &Me,
 ) -> Result<Vec<Result<Done, StoreError>>, StoreError> {
-    let tx = c
+    let mut tx = c
         .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
-        .map_err(|e| classify(path, e))?;
+        .map_err(|e| locked_or(path, e))?;
+    if let [(w, _)] = batch {
+        // One request: the transaction is its savepoint (dropped without a commit, it rolls
+        // back).
+        let r = apply(&tx, me, w);
+        if r.is_ok() {
+            tx.commit().map_err(|e| locked_or(path, e))?;
+        }
+        return Ok(vec![r]);
+    }
     let mut out = Vec::with_capacity(batch.len());
     for (w, _) in batch {
-        out.push(apply(&tx, w));
+        let sp = tx.savepoint().map_err(|e| locked_or(path, e))?;
+        let r = apply(&sp, me, w);
+        if r.is_ok() {
+            sp.commit().map_err(|e| locked_or(path, e))?;
+        }
+        // Dropped without a commit, a savepoint rolls back.
+        out.push(r);
     }
-    tx.commit().map_err(|e| classify(path, e))?;
+    tx.commit().map_err(|e| locked_or(path, e))?;
     Ok(out)
 }
 
-fn apply(tx: &rusqlite::Transaction<'_>, w: &Write) -> Result<Done, StoreError> {
+/// The lease of run `id` as it stands: `UnknownRun`, or who holds it until when.
+fn holder(c: &Connection, id: &str) -> Result<(Option<String>, Option<i64>), StoreError> {
+    c.query_row(
+        "SELECT owner, lease_expires_at FROM runs WHERE id = ?1",
+        params![id],
+        |r| Ok((r.get(0)?, r.get(1)?)),
+    )
+    .optional()
+    .map_err(io)?
+    .ok_or_else(|| StoreError::UnknownRun { id: id.into() })
+}
+
+fn apply(c: &Connection, me: &Me, w: &Write) -> Result<Done, StoreError> {
     let now = now_ms() as i64;
+    let until = now.saturating_add(me.lease_ms);
+    let owner: &str = &me.owner;
     match w {
-        Write::Create(rec, pid) => {
+        Write::Create(rec) => {
             let record = serde_json::to_string(rec).map_err(io)?;
-            let n = tx
+            let n = c
                 .execute(
-                    "INSERT OR IGNORE INTO runs (id, created_at, updated_at, record, status, owner_pid)
-                     VALUES (?1, ?2, ?2, ?3, 'running', ?4)",
-                    params![rec.id, rec.created_at as i64, record, pid],
+                    "INSERT OR IGNORE INTO runs (id, created_at, updated_at, record, status, owner, lease_expires_at)
+                     VALUES (?1, ?2, ?2, ?3, 'running', ?4, ?5)",
+                    params![rec.id, rec.created_at as i64, record, owner, until],
                 )
                 .map_err(io)?;
             if n == 0 {
@@ -497,7 +638,7 @@ fn apply(tx: &rusqlite::Transaction<'_>, w: &Write) -> Result<Done, StoreError> 
             Ok(Done::Unit)
         }
         Write::SetOptions(id, options) => {
-            let n = tx
+            let n = c
                 .execute(
                     "UPDATE runs SET record = json_set(record, '$.options', json(?2)) WHERE id = ?1",
                     params![id, options],
@@ -508,20 +649,62 @@ fn apply(tx: &rusqlite::Transaction<'_>, w: &Write) -> Result<Done, StoreError> 
             }
             Ok(Done::Unit)
         }
-        Write::Claim(id, pid) => {
-            let n = tx
+        Write::Claim(id) => {
+            // One atomic update decides who drives the run: nobody else can take a lease
+            // between a check and a write.
+            let n = c
                 .execute(
-                    "UPDATE runs SET owner_pid = ?2, updated_at = ?3 WHERE id = ?1",
-                    params![id, pid, now],
+                    "UPDATE runs SET owner = ?2, lease_expires_at = ?3 WHERE id = ?1
+                     AND (owner IS NULL OR owner = ?2 OR lease_expires_at IS NULL OR lease_expires_at < ?4)",
+                    params![id, owner, until, now],
                 )
                 .map_err(io)?;
             if n == 0 {
-                return Err(StoreError::UnknownRun { id: id.clone() });
+                let (holder, expires) = holder(c, id)?;
+                return Err(StoreError::Busy {
+                    id: id.clone(),
+                    owner: holder.unwrap_or_default(),
+                    expires_at: expires.map_or(0, |e| e.max(0) as u64),
+                });
             }
             Ok(Done::Unit)
         }
+        Write::Renew(id) => {
+            let n = c
+                .execute(
+                    "UPDATE runs SET lease_expires_at = ?3 WHERE id = ?1 AND owner = ?2",
+                    params![id, owner, until],
+                )
+                .map_err(io)?;
+            if n == 0 {
+                holder(c, id)?;
+                return Err(StoreError::LeaseLost { id: id.clone() });
+            }
+            Ok(Done::Unit)
+        }
+        Write::Release(id) => {
+            c.execute(
+                "UPDATE runs SET owner = NULL, lease_expires_at = NULL WHERE id = ?1 AND owner = ?2",
+                params![id, owner],
+            )
+            .map_err(io)?;
+            Ok(Done::Unit)
+        }
         Write::Append(id, rows) => {
-            let mut stmt = tx
+            // Ownership first, in the append's own transaction: an owner that lost the lease
+            // never appends. The append renews the lease too.
+            let n = c
+                .prepare_cached(
+                    "UPDATE runs SET entries = entries + ?2, updated_at = ?3, lease_expires_at = ?5
+                     WHERE id = ?1 AND owner = ?4",
+                )
+                .and_then(|mut s| s.execute(params![id, rows.len() as i64, now, owner, until]))
+                .map_err(io)?;
+            if n == 0 {
+                holder(c, id)?;
+                return Err(StoreError::LeaseLost { id: id.clone() });
+            }
+            let mut stmt = c
                 .prepare_cached(
                     "INSERT INTO journal (run_id, seq, n, at, inputs) VALUES (?1, ?2, ?3, ?4, ?5)",
                 )
@@ -531,35 +714,36 @@ fn apply(tx: &rusqlite::Transaction<'_>, w: &Write) -> Result<Done, StoreError> 
                 stmt.execute(params![id, *seq as i64, *n as i64, *at as i64, text])
                     .map_err(io)?;
             }
-            tx.prepare_cached(
-                "UPDATE runs SET entries = entries + ?2, updated_at = ?3 WHERE id = ?1",
-            )
-            .and_then(|mut s| s.execute(params![id, rows.len() as i64, now]))
-            .map_err(io)?;
             Ok(Done::Unit)
         }
         Write::Finish(id, status, text) => {
-            tx.execute(
-                "UPDATE runs SET result = ?2, status = ?3, updated_at = ?4, owner_pid = NULL WHERE id = ?1",
-                params![id, text, status, now],
-            )
-            .map_err(io)?;
+            let n = c
+                .execute(
+                    "UPDATE runs SET result = ?2, status = ?3, updated_at = ?4, owner = NULL, lease_expires_at = NULL
+                     WHERE id = ?1 AND (owner IS NULL OR owner = ?5)",
+                    params![id, text, status, now, owner],
+                )
+                .map_err(io)?;
+            if n == 0 {
+                holder(c, id)?;
+                return Err(StoreError::LeaseLost { id: id.clone() });
+            }
             Ok(Done::Unit)
         }
         Write::Prune(before) => {
-            let n = tx
+            let n = c
                 .execute(
                     "DELETE FROM journal WHERE run_id IN (SELECT id FROM runs WHERE result IS NOT NULL AND updated_at < ?1)",
                     params![*before as i64],
                 )
                 .map_err(io)?;
             let _ = n;
-            tx.execute(
+            c.execute(
                 "DELETE FROM ops WHERE run_id IN (SELECT id FROM runs WHERE result IS NOT NULL AND updated_at < ?1)",
                 params![*before as i64],
             )
             .map_err(io)?;
-            let runs = tx
+            let runs = c
                 .execute(
                     "DELETE FROM runs WHERE result IS NOT NULL AND updated_at < ?1",
                     params![*before as i64],
@@ -568,7 +752,7 @@ fn apply(tx: &rusqlite::Transaction<'_>, w: &Write) -> Result<Done, StoreError> 
             Ok(Done::Count(runs))
         }
         Write::PushOp(id, op) => {
-            let exists: Option<i64> = tx
+            let exists: Option<i64> = c
                 .query_row("SELECT 1 FROM runs WHERE id = ?1", params![id], |r| {
                     r.get(0)
                 })
@@ -577,7 +761,7 @@ fn apply(tx: &rusqlite::Transaction<'_>, w: &Write) -> Result<Done, StoreError> 
             if exists.is_none() {
                 return Err(StoreError::UnknownRun { id: id.clone() });
             }
-            tx.execute(
+            c.execute(
                 "INSERT INTO ops (run_id, op) VALUES (?1, ?2)",
                 params![id, op],
             )
@@ -585,7 +769,7 @@ fn apply(tx: &rusqlite::Transaction<'_>, w: &Write) -> Result<Done, StoreError> 
             Ok(Done::Unit)
         }
         Write::TakeOps(id) => {
-            let mut stmt = tx
+            let mut stmt = c
                 .prepare_cached("SELECT op FROM ops WHERE run_id = ?1 ORDER BY id")
                 .map_err(io)?;
             let ops: Vec<String> = stmt
@@ -593,27 +777,37 @@ fn apply(tx: &rusqlite::Transaction<'_>, w: &Write) -> Result<Done, StoreError> 
                 .map_err(io)?
                 .collect::<Result<_, _>>()
                 .map_err(io)?;
-            tx.execute("DELETE FROM ops WHERE run_id = ?1", params![id])
+            if ops.is_empty() {
+                return Ok(Done::Ops(ops));
+            }
+            // Only the lease holder takes a run's decisions: a process that lost the run must
+            // not take (and lose) those meant for the one that drives it now.
+            if holder(c, id)?.0.as_deref() != Some(owner) {
+                return Err(StoreError::LeaseLost { id: id.clone() });
+            }
+            c.execute("DELETE FROM ops WHERE run_id = ?1", params![id])
                 .map_err(io)?;
             Ok(Done::Ops(ops))
         }
     }
 }
 
-impl JournalSink for SqliteStore {
-    fn append<'a>(&'a self, run_id: &'a str, entries: &'a [JournalEntry]) -> JournalFuture<'a> {
+/// A store's failure as the journal's: a lost lease says so (the run stops and another owner
+/// drives it); anything else is a write that failed.
+fn journal_error(e: StoreError) -> JournalError {
+    let code = match e {
+        StoreError::LeaseLost { .. } => JournalError::LEASE_LOST,
+        _ => JournalError::WRITE,
+    };
+    JournalError::new(code, e.to_string())
+}
+
+impl SqliteStore {
+    /// Sends `w` to the writer; the future resolves with its answer.
+    fn ask(&self, w: Write) -> JournalFuture<'static> {
         let (tx, rx) = oneshot::channel();
-        // Serialised here, on the caller's thread, into one buffer: no deep copy of the entries,
-        // and the writer thread only writes.
-        let rows = match Rows::of(entries) {
-            Ok(r) => r,
-            Err(e) => {
-                let reason = e.to_string();
-                return Box::pin(async move { Err(JournalError { reason }) });
-            }
-        };
         self.send(
-            Write::Append(run_id.to_string(), rows),
+            w,
             Box::new(move |r| {
                 let _ = tx.send(r);
             }),
@@ -621,29 +815,62 @@ impl JournalSink for SqliteStore {
         Box::pin(async move {
             match rx.await {
                 Ok(Ok(_)) => Ok(()),
-                Ok(Err(e)) => Err(JournalError {
-                    reason: e.to_string(),
-                }),
-                Err(_) => Err(JournalError {
-                    reason: "the store's writer stopped".into(),
-                }),
+                Ok(Err(e)) => Err(journal_error(e)),
+                Err(_) => Err(JournalError::new(
+                    JournalError::WRITE,
+                    "the store's writer stopped",
+                )),
             }
         })
     }
 }
 
-fn pid_alive(pid: u32) -> bool {
-    Path::new(&format!("/proc/{pid}")).exists()
+impl JournalSink for SqliteStore {
+    fn append<'a>(&'a self, run_id: &'a str, entries: &'a [JournalEntry]) -> JournalFuture<'a> {
+        // Serialised here, on the caller's thread, into one buffer: no deep copy of the entries,
+        // and the writer thread only writes.
+        match Rows::of(entries) {
+            Ok(rows) => self.ask(Write::Append(run_id.to_string(), rows)),
+            Err(e) => {
+                let e = JournalError::new(JournalError::WRITE, e.to_string());
+                Box::pin(async move { Err(e) })
+            }
+        }
+    }
+
+    fn lease_every(&self) -> Option<Duration> {
+        Some(self.lease / 4)
+    }
+
+    fn renew_lease<'a>(&'a self, run_id: &'a str) -> JournalFuture<'a> {
+        self.ask(Write::Renew(run_id.to_string()))
+    }
+}
+
+/// The lease a `runs` row holds, when it has not expired at `now`.
+fn live_lease(owner: Option<String>, expires: Option<i64>, now: Millis) -> Option<super::Lease> {
+    let expires_at = u64::try_from(expires?).ok()?;
+    (expires_at >= now).then_some(super::Lease {
+        owner: owner?,
+        expires_at,
+    })
 }
 
 impl RunStore for SqliteStore {
-    fn create(&self, record: &RunRecord, owner_pid: u32) -> Result<(), StoreError> {
-        self.call(Write::Create(record.clone(), owner_pid))
-            .map(|_| ())
+    fn owner(&self) -> &str {
+        &self.owner
     }
 
-    fn claim(&self, id: &str, owner_pid: u32) -> Result<(), StoreError> {
-        self.call(Write::Claim(id.into(), owner_pid)).map(|_| ())
+    fn create(&self, record: &RunRecord) -> Result<(), StoreError> {
+        self.call(Write::Create(record.clone())).map(|_| ())
+    }
+
+    fn claim(&self, id: &str) -> Result<(), StoreError> {
+        self.call(Write::Claim(id.into())).map(|_| ())
+    }
+
+    fn release(&self, id: &str) -> Result<(), StoreError> {
+        self.call(Write::Release(id.into())).map(|_| ())
     }
 
     fn finish(&self, id: &str, result: &RunResult) -> Result<(), StoreError> {
@@ -655,22 +882,25 @@ impl RunStore for SqliteStore {
 
     fn list(&self) -> Result<Vec<RunRow>, StoreError> {
         let c = self.reader()?;
+        let now = now_ms();
         let mut stmt = c
             .prepare(
-                "SELECT id, status, entries, created_at, updated_at, owner_pid, result IS NOT NULL
+                "SELECT id, status, entries, created_at, updated_at, owner, lease_expires_at, result IS NOT NULL
                  FROM runs ORDER BY created_at DESC, id DESC",
             )
             .map_err(io)?;
         let rows = stmt
             .query_map([], |r| {
-                let pid: Option<i64> = r.get(5)?;
-                let finished: bool = r.get(6)?;
+                let finished: bool = r.get(7)?;
                 let mut status: String = r.get(1)?;
-                let owner_pid = pid
-                    .and_then(|p| u32::try_from(p).ok())
-                    .filter(|p| pid_alive(*p));
-                if !finished && owner_pid.is_none() {
-                    status = "stopped".into();
+                let owner = live_lease(r.get(5)?, r.get(6)?, now).map(|l| l.owner);
+                if !finished {
+                    status = if owner.is_some() {
+                        "running"
+                    } else {
+                        "stopped"
+                    }
+                    .into();
                 }
                 Ok(RunRow {
                     id: r.get(0)?,
@@ -678,7 +908,7 @@ impl RunStore for SqliteStore {
                     entries: r.get::<_, i64>(2)? as u64,
                     created_at: r.get::<_, i64>(3)? as u64,
                     updated_at: r.get::<_, i64>(4)? as u64,
-                    owner_pid,
+                    owner,
                 })
             })
             .map_err(io)?;
@@ -687,15 +917,16 @@ impl RunStore for SqliteStore {
 
     fn load(&self, id: &str) -> Result<StoredRun, StoreError> {
         let c = self.reader()?;
-        let row: Option<(String, Option<String>, Option<i64>)> = c
+        type Row = (String, Option<String>, Option<String>, Option<i64>);
+        let row: Option<Row> = c
             .query_row(
-                "SELECT record, result, owner_pid FROM runs WHERE id = ?1",
+                "SELECT record, result, owner, lease_expires_at FROM runs WHERE id = ?1",
                 params![id],
-                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
             )
             .optional()
             .map_err(io)?;
-        let Some((record, result, pid)) = row else {
+        let Some((record, result, owner, expires)) = row else {
             return Err(StoreError::UnknownRun { id: id.into() });
         };
         let record: RunRecord = serde_json::from_str(&record).map_err(io)?;
@@ -736,9 +967,7 @@ impl RunStore for SqliteStore {
             record,
             journal,
             result,
-            owner_pid: pid
-                .and_then(|p| u32::try_from(p).ok())
-                .filter(|p| pid_alive(*p)),
+            lease: live_lease(owner, expires, now_ms()),
         })
     }
 
@@ -789,19 +1018,128 @@ mod tests {
         JournalEntry { seq, at, input }
     }
 
-    /// A store in `dir` holding a run `r`.
-    fn with_run(dir: &Path) -> (PathBuf, SqliteStore) {
-        let path = dir.join("s.db");
-        let store = SqliteStore::open(&path).expect("open");
-        let rec = RunRecord {
-            id: "r".into(),
+    fn record(id: &str) -> RunRecord {
+        RunRecord {
+            id: id.into(),
             created_at: 1,
             goal: json!({}),
             base_dir: ".".into(),
             options: json!({}),
-        };
-        store.create(&rec, 1).expect("create");
+        }
+    }
+
+    /// A store in `dir` holding a run `r`.
+    fn with_run(dir: &Path) -> (PathBuf, SqliteStore) {
+        let path = dir.join("s.db");
+        let store = SqliteStore::open(&path).expect("open");
+        store.create(&record("r")).expect("create");
         (path, store)
+    }
+
+    #[tokio::test]
+    async fn a_request_that_fails_in_a_batch_leaves_nothing_and_undoes_no_other() {
+        let dir = tempfile::tempdir().expect("dir");
+        let (path, store) = with_run(dir.path());
+        store.append("r", &[entry(1, 5)]).await.expect("append");
+        let rows = |es: &[JournalEntry]| Rows::of(es).expect("rows");
+        let none: fn() -> Reply = || Box::new(|_| {});
+        let batch = vec![
+            // Its second row repeats sequence number 1: it fails after its first row.
+            (
+                Write::Append("r".into(), rows(&[entry(2, 6), entry(1, 7)])),
+                none(),
+            ),
+            (Write::Append("r".into(), rows(&[entry(2, 8)])), none()),
+        ];
+        let mut c = connect(&path, OpenFlags::SQLITE_OPEN_READ_WRITE).expect("connect");
+        let me = Me {
+            owner: store.owner.clone(),
+            lease_ms: 1000,
+        };
+        let out = commit(&mut c, &batch, &path, &me).expect("commit");
+        assert!(
+            out[0].is_err() && out[1].is_ok(),
+            "{:?}",
+            out.iter().map(Result::is_ok).collect::<Vec<_>>()
+        );
+        let stored = store.load("r").expect("load");
+        assert_eq!(stored.journal, vec![entry(1, 5), entry(2, 8)]);
+        assert_eq!(store.list().expect("list")[0].entries, 2);
+    }
+
+    #[tokio::test]
+    async fn one_owner_at_a_time_and_an_owner_that_lost_the_lease_writes_nothing() {
+        let dir = tempfile::tempdir().expect("dir");
+        let (path, a) = with_run(dir.path());
+        let b = SqliteStore::open(&path).expect("open");
+        assert_ne!(a.owner(), b.owner());
+        let code = |r: Result<(), StoreError>| r.map_err(|e| e.code());
+        assert_eq!(code(b.claim("r")), Err("store.busy"));
+        assert_eq!(code(a.claim("r")), Ok(()), "the owner claims again");
+        assert_eq!(code(b.claim("nope")), Err("store.unknown_run"));
+        assert_eq!(
+            a.load("r").expect("load").lease.map(|l| l.owner),
+            Some(a.owner().to_string())
+        );
+        a.append("r", &[entry(1, 5)]).await.expect("append");
+        // The lease runs out (its owner stopped renewing): the next claim takes it.
+        let c = Connection::open(&path).expect("sql");
+        c.execute("UPDATE runs SET lease_expires_at = 1 WHERE id = 'r'", [])
+            .expect("expire");
+        assert!(a.load("r").expect("load").lease.is_none());
+        assert_eq!(a.list().expect("list")[0].status, "stopped");
+        assert_eq!(code(b.claim("r")), Ok(()));
+        assert_eq!(b.list().expect("list")[0].owner.as_deref(), Some(b.owner()));
+        // The old owner can neither append, renew nor finish; nothing it tried was written.
+        let e = a
+            .append("r", &[entry(2, 6), entry(3, 6)])
+            .await
+            .expect_err("refused");
+        assert_eq!(e.code(), crate::engine::JournalError::LEASE_LOST);
+        let e = a.renew_lease("r").await.expect_err("refused");
+        assert_eq!(e.code(), crate::engine::JournalError::LEASE_LOST);
+        let done = RunResult {
+            status: crate::machine::RunStatus::Cancelled,
+            output: json!(null),
+            state: json!(null),
+            steps: 0,
+            usage: Default::default(),
+            calls: Vec::new(),
+            error: None,
+        };
+        assert_eq!(code(a.finish("r", &done)), Err("store.lease_lost"));
+        assert_eq!(
+            code(a.release("r")),
+            Ok(()),
+            "releasing what it does not hold changes nothing"
+        );
+        // Decisions queued for the run go to the owner that drives it, not to the old one.
+        let op = Op::Cancel {
+            reason: "stop".into(),
+        };
+        a.push_op("r", &op).expect("push");
+        assert_eq!(
+            a.take_ops("r").map_err(|e| e.code()),
+            Err("store.lease_lost")
+        );
+        assert_eq!(b.take_ops("r").expect("take"), vec![op]);
+        let stored = b.load("r").expect("load");
+        assert_eq!(stored.journal, vec![entry(1, 5)]);
+        assert_eq!(stored.lease.map(|l| l.owner), Some(b.owner().to_string()));
+        assert_eq!(b.list().expect("list")[0].entries, 1);
+        // The new owner goes on from there, then finishes and lets go.
+        b.append("r", &[entry(2, 6)]).await.expect("append");
+        // A request that fails part-way leaves nothing behind (its savepoint is rolled back).
+        b.append("r", &[entry(3, 7), entry(2, 8)])
+            .await
+            .expect_err("a duplicate sequence number");
+        assert_eq!(b.list().expect("list")[0].entries, 2);
+        assert_eq!(b.load("r").expect("load").journal.len(), 2);
+        b.renew_lease("r").await.expect("renew");
+        b.finish("r", &done).expect("finish");
+        let stored = b.load("r").expect("load");
+        assert!(stored.lease.is_none() && stored.result.is_some());
+        assert_eq!(stored.journal.len(), 2);
     }
 
     #[tokio::test]
@@ -837,6 +1175,7 @@ mod tests {
         let dir = tempfile::tempdir().expect("dir");
         let path = dir.path().join("s.db");
         let store = SqliteStore::open_with(&path, 8).expect("open");
+        store.create(&record("r")).expect("create");
         // Open beside the store, this connection keeps SQLite from checkpointing when the
         // store's connections close: only the store's own checkpoints can grow the file.
         let c = Connection::open(&path).expect("sql");

@@ -29,7 +29,9 @@ pub fn dagloop() -> Command {
     cmd.env("XDG_DATA_HOME", data_home())
         .env_remove("DAGLOOP_STORE")
         .env_remove("DAGLOOP_TOKEN")
-        .env_remove("DAGLOOP_CRASH_AFTER_ENTRIES");
+        .env_remove("DAGLOOP_CRASH_AFTER_ENTRIES")
+        .env_remove("DAGLOOP_LEASE_MS")
+        .env_remove("DAGLOOP_BUSY_TIMEOUT_MS");
     cmd
 }
 
