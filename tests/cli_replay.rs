@@ -192,9 +192,20 @@ async fn an_http_run_replays_identical_and_a_dropped_outcome_is_named() {
 async fn replay_of_an_unknown_run_is_a_store_error() {
     let dir = tempfile::tempdir().expect("tempdir");
     let db = dir.path().join("runs.db");
+    // No store file: nothing is created.
     let (code, r) = dagloop(&db, &["replay", "run-nope"]).await;
     assert_eq!(code, 2, "{r:#}");
-    assert_eq!(r["error"]["code"], "store.unknown_run", "{r:#}");
+    assert_eq!(r["error"]["code"], "store.not_found", "{r:#}");
+    assert!(!db.exists());
+    run(&db, &example("delegate/goal.json")).await;
+    for args in [
+        &["replay", "run-nope"][..],
+        &["export", "run-nope", "--cassette", "unused"][..],
+    ] {
+        let (code, r) = dagloop(&db, args).await;
+        assert_eq!(code, 2, "{r:#}");
+        assert_eq!(r["error"]["code"], "store.unknown_run", "{r:#}");
+    }
 }
 
 /// `dagloop --store DB run GOAL --json --model scripted:DIR/model.json --tools-from
