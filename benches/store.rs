@@ -80,6 +80,7 @@ async fn fan_out(dir: &Path, n: usize, store: Option<Arc<SqliteStore>>) -> Timin
                 .map(|s| s as Arc<dyn dagloop::store::RunStore>),
             sink: None,
             mcp: None,
+            ..Default::default()
         },
     )
     .await

@@ -7,7 +7,9 @@
 
 #[macro_use]
 mod out;
+mod cassette;
 mod progress;
+mod replay;
 mod review;
 mod run;
 mod runs;
@@ -241,6 +243,13 @@ pub enum Command {
         /// How the model returns its Solution (default: the goal's `mode`, else structured).
         #[arg(long, value_enum)]
         mode: Option<ModeArg>,
+        /// Answer every tool call from a recording (`dagloop export --cassette DIR` writes
+        /// DIR/tools.json); a call it does not hold fails with `cassette.miss`.
+        #[arg(long, value_name = "FILE")]
+        tools_from: Option<PathBuf>,
+        /// With --tools-from: a call the recording does not hold runs for real.
+        #[arg(long, requires = "tools_from")]
+        tools_from_passthrough: bool,
         /// Where the run is driven.
         #[command(flatten)]
         temporal: TemporalArgs,
@@ -313,6 +322,22 @@ pub enum Command {
         /// Where the run is driven (`--engine temporal`: ask its workflow).
         #[command(flatten)]
         temporal: TemporalArgs,
+    },
+    /// Write a stored run as a cassette: DIR/model.json (its model turns, a scripted-model
+    /// file) and DIR/tools.json (its tool results), for `run --model scripted:DIR/model.json
+    /// --tools-from DIR/tools.json`.
+    Export {
+        /// The run id.
+        run: String,
+        /// The folder to write (created if needed).
+        #[arg(long, value_name = "DIR")]
+        cassette: PathBuf,
+    },
+    /// Re-run a stored run's journal through fresh machines, offline (no model, no tool):
+    /// prints `identical` (exit 0) or the first divergence (exit 1).
+    Replay {
+        /// The run id.
+        run: String,
     },
     /// Record a decision about a call of a stored run (checked against the run first).
     Decide {
@@ -473,8 +498,21 @@ pub async fn main(cli: Cli) -> i32 {
             decisions,
             on_no_reviewer,
             mode,
+            tools_from,
+            tools_from_passthrough,
             temporal,
-        } => {
+        } => 'run: {
+            let tools_from =
+                match cassette::load_tools(tools_from.as_deref(), tools_from_passthrough) {
+                    Ok(t) => t,
+                    Err(e) => break 'run Err(e),
+                };
+            if tools_from.is_some() && temporal.engine == EngineArg::Temporal {
+                break 'run Err(CliError::new(
+                    "cli.usage",
+                    "--tools-from answers calls in this process: it works with the embedded engine only",
+                ));
+            }
             let opts = run::RunOptions {
                 server: false,
                 model,
@@ -490,6 +528,7 @@ pub async fn main(cli: Cli) -> i32 {
                 detach,
                 decisions,
                 reject_without_reviewer: on_no_reviewer == NoReviewer::Reject,
+                tools_from,
             };
             if temporal.engine == EngineArg::Temporal {
                 temporal_cmd::run(&goal, opts, &display, &temporal).await
@@ -521,6 +560,7 @@ pub async fn main(cli: Cli) -> i32 {
                 detach,
                 decisions,
                 reject_without_reviewer: on_no_reviewer == NoReviewer::Reject,
+                tools_from: None,
             };
             let over = run::RunOptions {
                 server: false,
@@ -544,6 +584,10 @@ pub async fn main(cli: Cli) -> i32 {
         } if temporal.engine == EngineArg::Temporal => {
             temporal_cmd::show(&id, json, &temporal).await
         }
+        Command::Export { run: id, cassette } => {
+            required(existing()).and_then(|s| cassette::export(&s, &id, &cassette))
+        }
+        Command::Replay { run: id } => required(existing()).and_then(|s| replay::replay(&s, &id)),
         Command::Show { run: id, json, .. } => {
             required(existing()).and_then(|s| runs::show(&s, &id, json))
         }

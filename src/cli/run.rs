@@ -37,6 +37,8 @@ pub(super) struct Display {
     /// Without a terminal and without decisions: reject what needs a reviewer instead of
     /// refusing to start.
     pub reject_without_reviewer: bool,
+    /// Answer calls from a tools recording (`--tools-from`), with passthrough or not.
+    pub tools_from: Option<(Arc<crate::runs::Cassette>, bool)>,
 }
 
 /// True when the stored run, continued now, presents calls to a reviewer at once: calls that
@@ -210,6 +212,7 @@ pub(super) async fn run(
             store: store.as_ref().map(super::Store::shared),
             sink,
             mcp: None,
+            tools_from: display.tools_from.clone(),
         },
     );
     // Setting up can take long (MCP servers starting): SIGTERM stops it too (the servers

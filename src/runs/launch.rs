@@ -56,6 +56,9 @@ pub struct Host {
     pub sink: Option<Arc<dyn JournalSink>>,
     /// Shared MCP servers.
     pub mcp: Option<Pool>,
+    /// Answer the run's calls from this recording (`--tools-from`); with `true`, a call it does
+    /// not hold runs for real instead of failing with `cassette.miss`.
+    pub tools_from: Option<(Arc<super::Cassette>, bool)>,
 }
 
 /// A run that is built and recorded, not yet started.
@@ -92,6 +95,7 @@ pub async fn prepare(
         store,
         sink,
         mcp: pool,
+        tools_from,
     } = host;
     let opts = def.options();
     let record_goal = serde_json::to_value(def.goal()).unwrap_or(Value::Null);
@@ -111,6 +115,21 @@ pub async fn prepare(
     let (run_id, journal) = match resume {
         Some((id, j)) => (Some(id), Some(j)),
         None => (None, None),
+    };
+    let run_id = match (tools_from, run_id) {
+        (Some((cassette, passthrough)), id) => {
+            let id = id.unwrap_or_else(crate::engine::bus::new_run_id);
+            let inner: Option<Arc<dyn crate::engine::Executor>> = passthrough.then(|| {
+                let registry = builder.registry_mut().clone();
+                Arc::new(
+                    crate::engine::RegistryExecutor::new(registry, Default::default())
+                        .with_run_id(id.clone()),
+                ) as Arc<dyn crate::engine::Executor>
+            });
+            builder = builder.executor(Arc::new(super::CassetteExecutor::new(cassette, inner)));
+            Some(id)
+        }
+        (None, id) => id,
     };
     if let Some(id) = &run_id {
         builder = builder.run_id(id.clone());

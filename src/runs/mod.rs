@@ -9,17 +9,23 @@
 //! Deliberately not here: printing, terminals, HTTP (the front-ends), and any decision about
 //! a run (the machine takes them; this module only replays its journal).
 
+mod cassette;
 mod def;
 mod launch;
 mod options;
+mod replay;
 mod view;
 
+pub use cassette::{
+    Cassette, CassetteError, CassetteExecutor, Exported, Recorded, canonical, export, params_key,
+};
 pub use def::{RunDef, define};
 pub use launch::{
     Host, Launched, Pool, Prepared, Review, Servers, absolute_dir, absolute_model, builder_for,
     now_ms, prepare, spawn_op_poller, with_mcp_tools,
 };
 pub use options::{RunOptions, policy_for};
+pub use replay::{Divergence, Replayed, replay_run};
 pub use view::{Rebuilt, describe, rebuild, rebuild_machine};
 
 /// Why a run could not be started, resumed or described.

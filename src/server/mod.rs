@@ -16,6 +16,7 @@
 
 mod api;
 mod auth;
+mod cassette;
 mod error;
 mod guard;
 mod page;
@@ -84,6 +85,7 @@ fn api_routes() -> (Router<Arc<AppState>>, utoipa::openapi::OpenApi) {
         .routes(utoipa_axum::routes!(api::approvals))
         .routes(utoipa_axum::routes!(api::decide))
         .routes(utoipa_axum::routes!(api::cancel))
+        .routes(utoipa_axum::routes!(cassette::cassette))
         .routes(utoipa_axum::routes!(auth::ticket))
         .split_for_parts()
 }

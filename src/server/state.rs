@@ -157,6 +157,7 @@ impl AppState {
                 store: Some(self.store.clone()),
                 sink: None,
                 mcp: Some(self.mcp.clone()),
+                ..Default::default()
             },
         )
         .await?;

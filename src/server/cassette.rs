@@ -1,0 +1,41 @@
+//! `GET /runs/{id}/cassette`: a run as a cassette, `{model, tools}`: the same two documents
+//! `dagloop export RUN --cassette DIR` writes as `model.json` and `tools.json`
+//! (spec/replay.md P5). A live run gives what its journal holds so far.
+
+use std::sync::Arc;
+
+use axum::Json;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use serde_json::{Value, json};
+
+use super::error::ApiError;
+use super::state::AppState;
+use crate::store::RunStore;
+
+/// The run's model turns (a scripted-model file) and tool results (a tools recording).
+#[utoipa::path(get, path = "/runs/{id}/cassette", tag = "runs",
+    params(("id" = String, Path, description = "The run id")),
+    responses((status = 200, description = "{model, tools}: a scripted-model file of the run's own agent's turns and its tool results keyed by tool and resolved params (for `dagloop run --model scripted:... --tools-from ...`)", body = Object),
+              (status = 404, description = "No such run", body = ApiError)))]
+pub(super) async fn cassette(
+    State(st): State<Arc<AppState>>,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let internal =
+        |e: String| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server.internal", e);
+    tokio::task::spawn_blocking(move || {
+        let (record, journal) = match st.live(&id) {
+            Some(l) => (l.record.clone(), l.handle.journal()),
+            None => {
+                let s = st.store.load(&id).map_err(|e| ApiError::from_store(&e))?;
+                (s.record, s.journal)
+            }
+        };
+        let c = crate::runs::export(&record, &journal)
+            .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.code(), e))?;
+        Ok(Json(json!({"model": c.model, "tools": c.tools})))
+    })
+    .await
+    .map_err(|e| internal(e.to_string()))?
+}
