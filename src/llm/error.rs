@@ -180,6 +180,15 @@ impl LlmError {
         }
     }
 
+    /// Whether another model could answer where this one failed after its retries (fallback
+    /// models): transport failures, timeouts, broken or malformed streams, transient provider
+    /// errors (overloaded) and HTTP 408, 409, 429 and 5xx: the retryable errors. Never an error
+    /// of the request itself (400, 422, a schema refusal), of the configuration (401, 403, a
+    /// missing key) or of a script.
+    pub fn falls_back(&self) -> bool {
+        self.is_retryable()
+    }
+
     /// The delay the server asked for, if any.
     pub fn retry_after(&self) -> Option<Duration> {
         match self {

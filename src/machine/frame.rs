@@ -31,6 +31,9 @@ pub(super) struct Turn {
     pub attempt: u32,
     /// Calls (readable or not) streamed so far in this turn.
     pub calls: usize,
+    /// The position, in the agent's model list, of the model answering the turn (moved on by
+    /// a journaled fallback).
+    pub model: usize,
 }
 
 #[derive(Debug)]
@@ -358,7 +361,7 @@ impl Frame {
             output,
             state,
             steps: self.step,
-            usage: self.usage,
+            usage: std::mem::take(&mut self.usage),
             calls: std::mem::take(&mut self.calls),
             error,
         }

@@ -135,12 +135,13 @@ impl RunMachine {
         &self.root
     }
 
-    /// The agents whose model turn is streaming right now, with the model they use.
-    pub fn streaming_frames(&self) -> Vec<(FrameKey, Option<String>)> {
+    /// The agents whose model turn is streaming right now, with the model list they use and
+    /// the position in it of the model answering the turn.
+    pub fn streaming_frames(&self) -> Vec<(FrameKey, Option<String>, usize)> {
         self.frames
             .values()
             .filter(|f| f.streaming)
-            .map(|f| (f.key, f.cfg.model.clone()))
+            .map(|f| (f.key, f.cfg.model.clone(), f.turn.model))
             .collect()
     }
 
@@ -200,15 +201,49 @@ impl RunMachine {
                 estimated,
                 cache_read_tokens,
                 cache_write_tokens,
+                model,
             } => {
                 if let Some(f) = self.live(frame) {
-                    f.turn.usage.add(Usage {
+                    let usage = Usage {
                         input_tokens,
                         output_tokens,
                         cache_read_tokens,
                         cache_write_tokens,
                         estimated,
-                    });
+                        models: BTreeMap::new(),
+                    };
+                    f.turn.usage.add(usage.of_model(model));
+                }
+            }
+            RunInput::Fallback {
+                frame,
+                from,
+                to,
+                index,
+                code,
+                error,
+            } => {
+                if self.streaming(frame) {
+                    // The new model starts the turn over: what the failed one sent is dropped
+                    // by the engine (none of it was content).
+                    if let Some(f) = self.frames.get_mut(&frame) {
+                        f.turn.model = index;
+                        f.turn.attempt = 1;
+                    }
+                    let kind = EventKind::ModelFallback {
+                        from,
+                        to,
+                        code,
+                        error,
+                    };
+                    self.emit(frame, None, kind, now, out);
+                    self.emit(
+                        frame,
+                        None,
+                        EventKind::RequestStarted { attempt: 1 },
+                        now,
+                        out,
+                    );
                 }
             }
             RunInput::Retry {
@@ -492,6 +527,7 @@ impl RunMachine {
             messages,
             config,
             skip_calls: 0,
+            model: 0,
         });
     }
 
@@ -505,6 +541,7 @@ impl RunMachine {
                     messages: f.messages.clone(),
                     config: f.cfg.clone(),
                     skip_calls: f.turn.calls,
+                    model: f.turn.model,
                 });
             }
             if let Some(s) = &f.sched {
@@ -815,7 +852,7 @@ impl RunMachine {
         match (key, parent) {
             (Some(call), Some(parent)) => {
                 if let Some(p) = self.frames.get_mut(&parent) {
-                    p.usage.add(result.usage);
+                    p.usage.add(result.usage.clone());
                 }
                 let tool = self
                     .frames
@@ -828,6 +865,11 @@ impl RunMachine {
                 work.push((parent, scheduler::Input::Finished { id: call, outcome }));
             }
             _ => {
+                let mut result = result;
+                // Per-model figures say something only when more than one model answered.
+                if result.usage.models.len() < 2 {
+                    result.usage.models.clear();
+                }
                 self.finished = Some(status);
                 out.push(Action::Finished(Box::new(result)));
             }
