@@ -1,0 +1,154 @@
+//! Fallback models through the binary (`dagloop run --model openai:a,openai:b`) against an
+//! in-process OpenAI-compatible server on 127.0.0.1: a provider fault after the first model's
+//! retries moves the turn to the second model (the `model_fallback` event, both models in the
+//! result's usage, the request body naming the second model), a 400 does not, and `show` reads
+//! the fallback back from the journal.
+#![cfg(feature = "server")]
+
+#[path = "common/bin.rs"]
+mod bin;
+mod common;
+
+use common::*;
+use serde_json::{Value, json};
+
+const TINY: &str = "tests/fixtures/real_model/tiny.goal.json";
+
+/// A 503 the client may retry at once (`Retry-After: 0`), so the test waits for no backoff.
+fn unavailable() -> Canned {
+    Canned::status(503, r#"{"error": {"message": "upstream overloaded"}}"#)
+        .header("retry-after", "0")
+}
+
+fn answer(solution: Value) -> Canned {
+    Canned::sse(&oa_stream(&solution.to_string()))
+}
+
+fn greet_call() -> Value {
+    json!({"calls": [{"_tool": "greet", "name": "Ada", "_output": {"greeting": "Hello, Ada!"},
+                      "_outputPath": "†state.greeting"}], "output": null})
+}
+
+fn final_output() -> Value {
+    json!({"calls": [], "output": {"name": "Ada", "greeting": "†state.greeting.greeting"}})
+}
+
+fn events_of(path: &std::path::Path) -> Vec<Value> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect()
+}
+
+async fn run(
+    server: &TestServer,
+    models: &str,
+    extra: &[&str],
+    events: &std::path::Path,
+) -> (Option<i32>, Value, String) {
+    let out = bin::dagloop_tokio()
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .args(["run", TINY, "--json", "--model", models])
+        .args(extra)
+        .arg("--events")
+        .arg(events)
+        .env("OPENAI_BASE_URL", server.openai_base())
+        .env_remove("OPENAI_API_KEY")
+        .output()
+        .await
+        .expect("run");
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+    let v = serde_json::from_str(&stdout)
+        .unwrap_or_else(|e| panic!("not JSON ({e}): {stdout}{stderr}"));
+    (out.status.code(), v, stderr)
+}
+
+/// Step 1 is answered by the first model; at step 2 it answers 503 to every attempt, so after
+/// its four attempts the turn goes to the second model, which answers: the run succeeds, the
+/// events say so, the usage names both models, and the second model was asked by its name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_provider_fault_after_the_retries_falls_back_to_the_next_model() {
+    let server = serve(vec![
+        answer(greet_call()),
+        unavailable(),
+        unavailable(),
+        unavailable(),
+        unavailable(),
+        answer(final_output()),
+    ])
+    .await;
+    let dir = tempfile::tempdir().expect("dir");
+    let events = dir.path().join("events.jsonl");
+    let (code, r, stderr) = run(&server, "openai:a, openai:b", &["--no-store"], &events).await;
+    assert_eq!(code, Some(0), "{r:#}\n{stderr}");
+    assert_eq!(r["status"], "succeeded");
+    assert_eq!(
+        r["output"],
+        json!({"name": "Ada", "greeting": "Hello, Ada!"})
+    );
+    // Both models answered a turn: each with its own figures (10 + 3 tokens a turn).
+    let models = &r["usage"]["models"];
+    assert_eq!(models["openai:a"]["input_tokens"], 10, "{r:#}");
+    assert_eq!(models["openai:b"]["input_tokens"], 10, "{r:#}");
+    assert_eq!(r["usage"]["input_tokens"], 20);
+    // Six requests: one answer, four failed attempts of `a`, one answer of `b`.
+    let sent: Vec<Value> = server
+        .requests()
+        .iter()
+        .map(|q| q.body["model"].clone())
+        .collect();
+    assert_eq!(
+        sent,
+        ["a", "a", "a", "a", "a", "b"].map(Value::from).to_vec()
+    );
+    let evs = events_of(&events);
+    let fallbacks: Vec<&Value> = evs
+        .iter()
+        .filter(|e| e["type"] == "model_fallback")
+        .collect();
+    assert_eq!(fallbacks.len(), 1, "{evs:#?}");
+    let f = fallbacks[0];
+    assert_eq!(
+        (f["from"].as_str(), f["to"].as_str()),
+        (Some("openai:a"), Some("openai:b")),
+        "{f}"
+    );
+    assert_eq!(f["code"], "llm.http_status");
+    assert_eq!(f["step"], 2);
+    let retries = evs.iter().filter(|e| e["type"] == "model_retry").count();
+    assert_eq!(retries, 3, "the first model's own retries come first");
+}
+
+/// A 400 is an error of the request itself: another model would not fix it, so the run ends
+/// on the first model without asking the second.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bad_request_does_not_fall_back() {
+    // Every request gets the 400.
+    let server = serve(vec![Canned::status(
+        400,
+        r#"{"error": {"message": "invalid value for temperature"}}"#,
+    )])
+    .await;
+    let dir = tempfile::tempdir().expect("dir");
+    let events = dir.path().join("events.jsonl");
+    let (code, r, stderr) = run(&server, "openai:a,openai:b", &["--no-store"], &events).await;
+    assert_eq!(code, Some(1), "{r:#}\n{stderr}");
+    assert_eq!(r["status"], "model_error", "{r:#}");
+    assert_eq!(r["error"]["cause"]["code"], "llm.http_status", "{r:#}");
+    let asked: Vec<Value> = server
+        .requests()
+        .iter()
+        .map(|q| q.body["model"].clone())
+        .collect();
+    assert!(
+        !asked.is_empty() && asked.iter().all(|m| m == "a"),
+        "the second model was never asked: {asked:?}"
+    );
+    let evs = events_of(&events);
+    assert!(
+        !evs.iter().any(|e| e["type"] == "model_fallback"),
+        "{evs:#?}"
+    );
+}
