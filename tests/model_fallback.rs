@@ -152,3 +152,134 @@ async fn a_bad_request_does_not_fall_back() {
         "{evs:#?}"
     );
 }
+
+/// The id of the store's run, once its journal holds a fallback.
+fn journaled_fallback(store: &std::path::Path) -> Option<String> {
+    use dagloop::store::{RunStore, SqliteStore};
+    let out = bin::dagloop()
+        .env("DAGLOOP_STORE", store)
+        .args(["runs", "--json"])
+        .output()
+        .ok()?;
+    let listed: Value = serde_json::from_slice(&out.stdout).ok()?;
+    let id = listed[0]["id"].as_str()?.to_string();
+    let stored = SqliteStore::open(store).ok()?.load(&id).ok()?;
+    stored
+        .journal
+        .iter()
+        .any(|e| matches!(e.input, dagloop::RunInput::Fallback { .. }))
+        .then_some(id)
+}
+
+/// A run killed while the second model answers the turn that fell back is resumed on the
+/// second model (the journal says it was answering), not asked of the first again; `show` reads
+/// the fallback back from the journal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resume_after_a_kill_mid_fallback_keeps_the_journaled_model() {
+    // The first model answers step 1 and fails step 2; the second never answers (it hangs).
+    let mut hang = Canned::sse::<&str>(&[]);
+    hang.pieces = vec![Piece::Hang];
+    let first = serve(vec![
+        answer(greet_call()),
+        unavailable(),
+        unavailable(),
+        unavailable(),
+        unavailable(),
+        hang,
+    ])
+    .await;
+    let dir = tempfile::tempdir().expect("dir");
+    let store = dir.path().join("runs.db");
+    let events = dir.path().join("events.jsonl");
+    let mut child = bin::dagloop_tokio()
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .args([
+            "run",
+            TINY,
+            "--json",
+            "--model",
+            "openai:a,openai:b",
+            "--events",
+        ])
+        .arg(&events)
+        .env("DAGLOOP_STORE", &store)
+        .env("OPENAI_BASE_URL", first.openai_base())
+        .env_remove("OPENAI_API_KEY")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn");
+    // Wait until the second model is being asked (its request reached the server) and the
+    // fallback is in the store's journal.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let id = loop {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no journaled fallback to the second model"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        if first.hits() < 6 {
+            continue;
+        }
+        if let Some(id) = journaled_fallback(&store) {
+            break id;
+        }
+    };
+    child.kill().await.expect("kill");
+
+    let second = serve(vec![answer(final_output())]).await;
+    let out = bin::dagloop_tokio()
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .args(["resume", &id, "--json"])
+        .env("DAGLOOP_STORE", &store)
+        .env("OPENAI_BASE_URL", second.openai_base())
+        .env_remove("OPENAI_API_KEY")
+        .output()
+        .await
+        .expect("resume");
+    let r: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "not JSON ({e}): {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    assert_eq!(out.status.code(), Some(0), "{r:#}");
+    assert_eq!(
+        r["output"],
+        json!({"name": "Ada", "greeting": "Hello, Ada!"})
+    );
+    let asked: Vec<Value> = second
+        .requests()
+        .iter()
+        .map(|q| q.body["model"].clone())
+        .collect();
+    assert_eq!(
+        asked,
+        vec![json!("b")],
+        "the resumed turn goes to the journaled model"
+    );
+    assert_eq!(
+        r["usage"]["models"]["openai:b"]["input_tokens"], 10,
+        "{r:#}"
+    );
+
+    let shown = bin::dagloop()
+        .env("DAGLOOP_STORE", &store)
+        .args(["show", &id, "--json"])
+        .output()
+        .expect("show");
+    let shown: Value = serde_json::from_slice(&shown.stdout).expect("show JSON");
+    let f = &shown["model_fallbacks"];
+    assert_eq!(f.as_array().map(Vec::len), Some(1), "{shown:#}");
+    assert_eq!(
+        (f[0]["from"].as_str(), f[0]["to"].as_str()),
+        (Some("openai:a"), Some("openai:b"))
+    );
+    assert_eq!(f[0]["step"], 2);
+    assert!(
+        shown["usage"]["models"]["openai:a"].is_object(),
+        "{shown:#}"
+    );
+}
