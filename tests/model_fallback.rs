@@ -283,3 +283,22 @@ async fn resume_after_a_kill_mid_fallback_keeps_the_journaled_model() {
         "{shown:#}"
     );
 }
+
+/// A "context length exceeded" answer is its own error code, `llm.context_overflow`: it is an
+/// error of the request (another model's window is no promise), so it neither retries nor
+/// falls back, and the run's error names it as its cause.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_context_overflow_is_its_own_code_and_does_not_fall_back() {
+    let server = serve(vec![Canned::status(
+        400,
+        r#"{"error": {"message": "This model's maximum context length is 8192 tokens. However, your messages resulted in 9120 tokens.", "type": "invalid_request_error", "param": "messages", "code": "context_length_exceeded"}}"#,
+    )])
+    .await;
+    let dir = tempfile::tempdir().expect("dir");
+    let events = dir.path().join("events.jsonl");
+    let (code, r, stderr) = run(&server, "openai:a,openai:b", &["--no-store"], &events).await;
+    assert_eq!(code, Some(1), "{r:#}\n{stderr}");
+    assert_eq!(r["status"], "model_error", "{r:#}");
+    assert_eq!(r["error"]["cause"]["code"], "llm.context_overflow", "{r:#}");
+    assert_eq!(server.hits(), 1, "neither retried nor fallen back");
+}
