@@ -47,9 +47,19 @@ async fn run(
     extra: &[&str],
     events: &std::path::Path,
 ) -> (Option<i32>, Value, String) {
+    let goal = extra
+        .iter()
+        .find_map(|a| a.strip_prefix("goal="))
+        .unwrap_or(TINY)
+        .to_string();
+    let extra: Vec<&str> = extra
+        .iter()
+        .copied()
+        .filter(|a| !a.starts_with("goal="))
+        .collect();
     let out = bin::dagloop_tokio()
         .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .args(["run", TINY, "--json", "--model", models])
+        .args(["run", &goal, "--json", "--model", models])
         .args(extra)
         .arg("--events")
         .arg(events)
@@ -284,21 +294,95 @@ async fn resume_after_a_kill_mid_fallback_keeps_the_journaled_model() {
     );
 }
 
-/// A "context length exceeded" answer is its own error code, `llm.context_overflow`: it is an
-/// error of the request (another model's window is no promise), so it neither retries nor
-/// falls back, and the run's error names it as its cause.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_context_overflow_is_its_own_code_and_does_not_fall_back() {
-    let server = serve(vec![Canned::status(
+fn overflow() -> Canned {
+    Canned::status(
         400,
         r#"{"error": {"message": "This model's maximum context length is 8192 tokens. However, your messages resulted in 9120 tokens.", "type": "invalid_request_error", "param": "messages", "code": "context_length_exceeded"}}"#,
-    )])
-    .await;
+    )
+}
+
+/// A "context length exceeded" answer is its own error code, `llm.context_overflow`: an error
+/// of the request, so it neither retries nor falls back. The turn is asked again once, of the
+/// same model, with a compacted context; a model that refuses that too ends the run, whose
+/// error names the overflow as its cause.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_context_overflow_is_its_own_code_and_does_not_fall_back() {
+    let server = serve(vec![overflow()]).await;
     let dir = tempfile::tempdir().expect("dir");
     let events = dir.path().join("events.jsonl");
     let (code, r, stderr) = run(&server, "openai:a,openai:b", &["--no-store"], &events).await;
     assert_eq!(code, Some(1), "{r:#}\n{stderr}");
     assert_eq!(r["status"], "model_error", "{r:#}");
     assert_eq!(r["error"]["cause"]["code"], "llm.context_overflow", "{r:#}");
-    assert_eq!(server.hits(), 1, "neither retried nor fallen back");
+    let asked: Vec<Value> = server
+        .requests()
+        .iter()
+        .map(|q| q.body["model"].clone())
+        .collect();
+    assert_eq!(
+        asked,
+        vec![json!("a"), json!("a")],
+        "asked once more, compacted, of the same model"
+    );
+    let evs = events_of(&events);
+    assert_eq!(
+        evs.iter()
+            .filter(|e| e["type"] == "context_compacted")
+            .count(),
+        1
+    );
+    assert!(!evs.iter().any(|e| e["type"] == "model_fallback"));
+}
+
+/// A model that answers "context length exceeded" once gets the turn again with a smaller
+/// context (the `context_compacted` event, a shorter request), and the run succeeds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_context_overflow_is_asked_again_compacted_and_the_run_succeeds() {
+    let server = serve(vec![
+        overflow(),
+        answer(greet_call()),
+        answer(final_output()),
+    ])
+    .await;
+    // The tiny goal with a large state: 60 notes of 300 characters.
+    let dir = tempfile::tempdir().expect("dir");
+    let mut goal: Value = serde_json::from_str(
+        &std::fs::read_to_string(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(TINY))
+            .expect("tiny goal"),
+    )
+    .expect("goal JSON");
+    let notes: Vec<String> = (0..60)
+        .map(|i| format!("note {i}: {}", "lorem ipsum ".repeat(25)))
+        .collect();
+    goal["state"] = json!({ "notes": notes });
+    let goal_path = dir.path().join("big.goal.json");
+    std::fs::write(&goal_path, goal.to_string()).expect("write goal");
+    let goal_arg = format!("goal={}", goal_path.display());
+    let events = dir.path().join("events.jsonl");
+    let (code, r, stderr) = run(&server, "openai:a", &["--no-store", &goal_arg], &events).await;
+    assert_eq!(code, Some(0), "{r:#}\n{stderr}");
+    assert_eq!(
+        r["output"],
+        json!({"name": "Ada", "greeting": "Hello, Ada!"})
+    );
+    let sizes: Vec<usize> = server
+        .requests()
+        .iter()
+        .map(|q| q.body["messages"].to_string().len())
+        .collect();
+    assert_eq!(sizes.len(), 3);
+    assert!(
+        sizes[1] * 2 < sizes[0],
+        "the compacted context is much smaller: {sizes:?}"
+    );
+    let evs = events_of(&events);
+    let compacted: Vec<&Value> = evs
+        .iter()
+        .filter(|e| e["type"] == "context_compacted")
+        .collect();
+    assert_eq!(compacted.len(), 1, "{evs:#?}");
+    assert_eq!(compacted[0]["step"], 1);
+    assert!(compacted[0]["chars"].as_u64().is_some_and(|c| c > 0));
+    let last = server.requests()[1].body["messages"].to_string();
+    assert!(last.contains("The context was too long"), "{last}");
 }

@@ -249,6 +249,12 @@ pub enum EventKind {
         /// The error, in words.
         error: String,
     },
+    /// The provider said the turn's context does not fit the model's window
+    /// (`llm.context_overflow`): the turn is asked again once with a compacted context.
+    ContextCompacted {
+        /// The size of the compacted context (characters of its messages as JSON).
+        chars: u64,
+    },
     /// The model streamed more text. Live only: never journaled, carries the sequence number of
     /// the event before it, and is not replayed to late subscribers.
     ModelDelta {
@@ -314,6 +320,7 @@ impl EventKind {
             EventKind::RequestStarted { .. } => "request_started",
             EventKind::ModelRetry { .. } => "model_retry",
             EventKind::ModelFallback { .. } => "model_fallback",
+            EventKind::ContextCompacted { .. } => "context_compacted",
             EventKind::ModelDelta { .. } => "model_delta",
             EventKind::Solution { .. } => "solution",
             EventKind::OutputInvalid { .. } => "output_invalid",
