@@ -386,3 +386,77 @@ async fn a_context_overflow_is_asked_again_compacted_and_the_run_succeeds() {
     let last = server.requests()[1].body["messages"].to_string();
     assert!(last.contains("The context was too long"), "{last}");
 }
+
+/// A goal file's `model` may be an array: here two scripted models, their paths relative to the
+/// goal file; the first answers 503 to every attempt, the second answers, and `dagloop validate`
+/// accepts the list.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_goal_files_model_array_falls_back_between_scripted_models() {
+    let dir = tempfile::tempdir().expect("dir");
+    let down = json!({"error": {"status": 503, "retry_after_s": 0}});
+    std::fs::write(
+        dir.path().join("down.json"),
+        json!({"turns": [down, down, down, down]}).to_string(),
+    )
+    .expect("down");
+    std::fs::write(
+        dir.path().join("up.json"),
+        json!({"turns": [{"solution": final_output()}]}).to_string(),
+    )
+    .expect("up");
+    let goal = json!({
+        "goal": "Say hello to Ada.",
+        "model": ["scripted:down.json", "scripted:up.json"],
+        "state": {"greeting": {"greeting": "Hello, Ada!"}},
+        "output_schema": {"type": "object", "required": ["name", "greeting"],
+                          "properties": {"name": {"type": "string"}, "greeting": {"type": "string"}}}
+    });
+    let goal_path = dir.path().join("goal.json");
+    std::fs::write(&goal_path, goal.to_string()).expect("goal");
+    let events = dir.path().join("events.jsonl");
+    let out = bin::dagloop_tokio()
+        .arg("run")
+        .arg(&goal_path)
+        .args(["--json", "--no-store", "--events"])
+        .arg(&events)
+        .output()
+        .await
+        .expect("run");
+    let r: Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&out.stderr)));
+    assert_eq!(out.status.code(), Some(0), "{r:#}");
+    assert_eq!(
+        r["output"],
+        json!({"name": "Ada", "greeting": "Hello, Ada!"})
+    );
+    let evs = events_of(&events);
+    let f: Vec<&Value> = evs
+        .iter()
+        .filter(|e| e["type"] == "model_fallback")
+        .collect();
+    assert_eq!(f.len(), 1, "{evs:#?}");
+    assert!(
+        f[0]["from"]
+            .as_str()
+            .is_some_and(|m| m.ends_with("down.json")),
+        "{}",
+        f[0]
+    );
+    assert!(
+        f[0]["to"].as_str().is_some_and(|m| m.ends_with("up.json")),
+        "{}",
+        f[0]
+    );
+
+    let out = bin::dagloop()
+        .arg("validate")
+        .arg(&goal_path)
+        .output()
+        .expect("validate");
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
