@@ -306,13 +306,16 @@ pub fn check_goal(goal: &Goal) -> Vec<Finding> {
             });
         }
     }
-    if let Some(spec) = &goal.model {
-        match ModelSpec::parse(spec) {
-            Ok(ModelSpec::Scripted(p)) => {
-                let path = goal.resolve_path(&p.to_string_lossy());
-                out.extend(check_script_file(&path, Some(&goal.tools)));
+    if let Some(specs) = &goal.model {
+        match ModelSpec::parse_list(specs) {
+            Ok(list) => {
+                for spec in list {
+                    if let ModelSpec::Scripted(p) = spec {
+                        let path = goal.resolve_path(&p.to_string_lossy());
+                        out.extend(check_script_file(&path, Some(&goal.tools)));
+                    }
+                }
             }
-            Ok(_) => {}
             Err(e) => out.push(model_finding(e.to_string())),
         }
     }

@@ -193,8 +193,14 @@ pub struct Goal {
     pub description: Option<String>,
     /// What to achieve, in words.
     pub goal: String,
-    /// Default model spec (`scripted:PATH`, `openai:MODEL`, `anthropic:MODEL`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// Default model spec (`scripted:PATH`, `openai:MODEL`, `anthropic:MODEL`), or several,
+    /// comma-separated: fallback models tried in order within a turn (in the file, a string or
+    /// an array of strings; an array is kept here joined with commas).
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "model_list"
+    )]
     pub model: Option<String>,
     /// The run's input (`†input.*`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -524,6 +530,42 @@ impl Goal {
             path.to_path_buf()
         } else {
             self.base_dir.join(path)
+        }
+    }
+}
+
+/// A goal's `model`: one spec, or an array of specs joined with commas (an entry holding a comma
+/// or nothing would be read back as several, or none, so it is refused).
+fn model_list<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum OneOrMany {
+        One(String),
+        Many(Vec<String>),
+    }
+    let v = match Option::<OneOrMany>::deserialize(d) {
+        Ok(v) => v,
+        Err(_) => {
+            return Err(serde::de::Error::custom(
+                "`model` must be a model spec or an array of model specs",
+            ));
+        }
+    };
+    match v {
+        None => Ok(None),
+        Some(OneOrMany::One(s)) => Ok(Some(s)),
+        Some(OneOrMany::Many(list)) => {
+            if list.is_empty() {
+                return Err(serde::de::Error::custom(
+                    "`model` lists no model (give at least one spec)",
+                ));
+            }
+            if let Some(bad) = list.iter().find(|s| s.contains(',') || s.trim().is_empty()) {
+                return Err(serde::de::Error::custom(format!(
+                    "`model` entry `{bad}` is empty or holds a comma (each entry is one spec)"
+                )));
+            }
+            Ok(Some(list.join(",")))
         }
     }
 }

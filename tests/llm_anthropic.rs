@@ -470,11 +470,12 @@ async fn cache_reads_and_writes_are_summed_into_the_runs_usage() {
         cache_read_tokens: 1200,
         cache_write_tokens: 1230,
         estimated: false,
+        models: Default::default(),
     };
     assert_eq!(r.usage, expected);
     assert_eq!(r.usage.total(), 18 + 13 + 1200 + 1230);
     assert_eq!(
-        serde_json::to_value(r.usage).unwrap(),
+        serde_json::to_value(&r.usage).unwrap(),
         json!({"input_tokens": 18, "output_tokens": 13,
                "cache_read_tokens": 1200, "cache_write_tokens": 1230})
     );

@@ -283,6 +283,12 @@ pub(super) async fn show(mut events: Subscription, tty: bool, screen: Arc<Screen
                 "model attempt {attempt} failed{}: {error}; retrying in {wait_ms} ms",
                 status.map(|s| format!(" (HTTP {s})")).unwrap_or_default()
             )),
+            EventKind::ModelFallback {
+                from, to, error, ..
+            } => Some(format!(
+                "step {}: {from} failed after its retries ({error}); asking {to}",
+                ev.step
+            )),
             EventKind::OutputInvalid { errors } => Some(format!(
                 "step {}: the output did not validate ({})",
                 ev.step,

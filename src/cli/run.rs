@@ -54,9 +54,15 @@ fn presents_on_resume(stored: &crate::store::StoredRun) -> bool {
 /// The scripted-model file a run uses, when it names one (`--model scripted:PATH`, else the
 /// goal's `model`), if that file carries a `decisions` list.
 fn scripted_decisions(goal: &Goal, model: Option<&str>) -> Option<PathBuf> {
+    // With fallback models, the first scripted one.
+    let scripted = |specs: &str| -> Option<String> {
+        specs
+            .split(',')
+            .find_map(|one| one.trim().strip_prefix("scripted:").map(str::to_string))
+    };
     let path = match model {
-        Some(m) => PathBuf::from(m.strip_prefix("scripted:")?),
-        None => goal.resolve_path(goal.model.as_deref()?.strip_prefix("scripted:")?),
+        Some(m) => PathBuf::from(scripted(m)?),
+        None => goal.resolve_path(&scripted(goal.model.as_deref()?)?),
     };
     let text = std::fs::read_to_string(&path).ok()?;
     let v: Value = serde_json::from_str(&text).ok()?;

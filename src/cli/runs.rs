@@ -232,6 +232,37 @@ pub(super) fn print_description(
             s["what"].as_str().unwrap_or("")
         );
     }
+    let fallbacks = out["model_fallbacks"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    if !fallbacks.is_empty() {
+        outln!("\nmodel fallbacks:");
+        for f in &fallbacks {
+            outln!(
+                "  step {:<3} {:>6} ms  {} → {}  ({})",
+                f["step"],
+                f["at_ms"],
+                f["from"].as_str().unwrap_or("?"),
+                f["to"].as_str().unwrap_or("?"),
+                f["code"].as_str().unwrap_or("")
+            );
+        }
+    }
+    if let Some(r) = result
+        && !r.usage.models.is_empty()
+    {
+        outln!("\nusage by model:");
+        for (model, u) in &r.usage.models {
+            outln!(
+                "  {:<32} {:>8} in  {:>8} out{}",
+                model,
+                u.input_tokens,
+                u.output_tokens,
+                if u.estimated { "  (estimated)" } else { "" }
+            );
+        }
+    }
     if let Some(r) = result {
         outln!("\nstate: {}", r.state);
         outln!("output: {}", r.output);

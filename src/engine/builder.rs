@@ -24,7 +24,7 @@ use super::turns::{Models, Turns};
 use crate::approval::{Approver, Policy};
 use crate::context::SanitizeLimits;
 use crate::goal::Goal;
-use crate::llm::{LlmError, Model, ModelSpec, RetryPolicy, Retrying, Settings};
+use crate::llm::{Fallback, LlmError, Model, ModelSpec, RetryPolicy, Retrying, Settings};
 use crate::machine::{AgentConfig, ConfigError, JournalEntry, MAX_DEPTH, RunMachine, RunResult};
 use crate::protocol::Tool;
 use crate::tools::{Activity, ActivityError, ActivityFuture, DelegateRunner, Registry};
@@ -116,6 +116,7 @@ pub struct AgentBuilder {
     registry: Registry,
     model: Option<Arc<dyn Model>>,
     model_spec: Option<String>,
+    fallbacks: Vec<Arc<dyn Model>>,
     approver: Option<Arc<dyn Approver>>,
     external_review: bool,
     policy: Option<Policy>,
@@ -140,6 +141,7 @@ impl AgentBuilder {
             registry: Registry::new(),
             model: None,
             model_spec: None,
+            fallbacks: Vec::new(),
             approver: None,
             external_review: false,
             policy: None,
@@ -190,9 +192,20 @@ impl AgentBuilder {
     }
 
     /// Uses this model spec instead of the goal's `model` (`scripted:` paths are relative to the
-    /// current directory; the goal's own spec is relative to the goal file).
+    /// current directory; the goal's own spec is relative to the goal file). A comma-separated
+    /// list (`openai:a,anthropic:b`) names fallback models, tried in order within a turn when
+    /// one fails after its retries with an error another provider could fix
+    /// ([`crate::llm::Fallback`]).
     pub fn model_spec(mut self, spec: impl Into<String>) -> Self {
         self.model_spec = Some(spec.into());
+        self
+    }
+
+    /// Adds a fallback model for the run's own agent, tried after the run's model (and the
+    /// fallbacks added before it) within a turn when those fail after their retries with an
+    /// error another provider could fix ([`crate::llm::Fallback`]).
+    pub fn fallback_model(mut self, model: Arc<dyn Model>) -> Self {
+        self.fallbacks.push(model);
         self
     }
 
@@ -286,16 +299,17 @@ impl AgentBuilder {
         if let Some(m) = self.mode.or(self.goal.mode) {
             self.settings.mode = m;
         }
-        let root_model: Arc<dyn Model> = match (self.model.take(), &self.model_spec) {
-            (Some(m), _) => m,
-            (None, Some(spec)) => ModelSpec::parse(spec)?.build()?,
+        let mut root_models: Vec<Arc<dyn Model>> = match (self.model.take(), &self.model_spec) {
+            (Some(m), _) => vec![m],
+            (None, Some(spec)) => build_list(ModelSpec::parse_list(spec)?)?,
             (None, None) => match self.goal.model.as_deref() {
-                Some(spec) => resolve_spec(&self.goal, spec)?.build()?,
+                Some(spec) => build_list(resolve_specs(&self.goal, spec)?)?,
                 None => return Err(AgentError::NoModel),
             },
         };
+        root_models.append(&mut self.fallbacks);
         let mut models = Models {
-            root: Arc::new(Retrying::new(root_model, self.retry.clone())),
+            root: Arc::new(chain(root_models, &self.retry).ok_or(AgentError::NoModel)?),
             by_spec: BTreeMap::new(),
         };
         let config = load_config(&self.goal, 0, true, &self.registry)?;
@@ -341,11 +355,28 @@ impl AgentBuilder {
     }
 }
 
-fn resolve_spec(goal: &Goal, spec: &str) -> Result<ModelSpec, LlmError> {
-    Ok(match ModelSpec::parse(spec)? {
-        ModelSpec::Scripted(p) => ModelSpec::Scripted(goal.resolve_path(&p.to_string_lossy())),
-        other => other,
-    })
+/// The specs of a goal's `model` list, `scripted:` paths resolved against the goal's folder.
+fn resolve_specs(goal: &Goal, specs: &str) -> Result<Vec<ModelSpec>, LlmError> {
+    Ok(ModelSpec::parse_list(specs)?
+        .into_iter()
+        .map(|spec| match spec {
+            ModelSpec::Scripted(p) => ModelSpec::Scripted(goal.resolve_path(&p.to_string_lossy())),
+            other => other,
+        })
+        .collect())
+}
+
+fn build_list(specs: Vec<ModelSpec>) -> Result<Vec<Arc<dyn Model>>, LlmError> {
+    specs.iter().map(ModelSpec::build).collect()
+}
+
+/// The models, each with its own retries, tried in order (None when there is none).
+fn chain(models: Vec<Arc<dyn Model>>, retry: &RetryPolicy) -> Option<Fallback> {
+    let mut models = models
+        .into_iter()
+        .map(|m| -> Arc<dyn Model> { Arc::new(Retrying::new(m, retry.clone())) });
+    let first = models.next()?;
+    Some(Fallback::new(first, models.collect()))
 }
 
 /// Every tool can run: an activity registered under its name, or a kind the registry knows
@@ -386,10 +417,9 @@ fn build_models(
     if let Some(spec) = &cfg.model
         && !models.by_spec.contains_key(spec)
     {
-        let m = ModelSpec::parse(spec)?.build()?;
-        models
-            .by_spec
-            .insert(spec.clone(), Arc::new(Retrying::new(m, retry.clone())));
+        let list = build_list(ModelSpec::parse_list(spec)?)?;
+        let m = chain(list, retry).ok_or(AgentError::NoModel)?;
+        models.by_spec.insert(spec.clone(), Arc::new(m));
     }
     for d in cfg.delegates.values() {
         build_models(d, retry, models)?;
@@ -464,7 +494,8 @@ fn load_config(
         && own_model
         && let Some(spec) = goal.model.as_deref()
     {
-        cfg.model = Some(spec_string(&resolve_spec(goal, spec)?));
+        let specs = resolve_specs(goal, spec)?;
+        cfg.model = Some(specs.iter().map(spec_string).collect::<Vec<_>>().join(","));
     }
     Ok(cfg)
 }

@@ -275,9 +275,10 @@ impl Driver {
     fn rebuild(&mut self, entries: Vec<JournalEntry>) {
         self.machine.keep_launched(true);
         let mut actions = Vec::new();
-        let mut attempts: std::collections::BTreeMap<Option<String>, usize> = Default::default();
-        let mut frame_model: std::collections::BTreeMap<FrameKey, Option<String>> =
-            Default::default();
+        // Requests made of each model: (the agent's model list, the position in it).
+        type ModelKey = (Option<String>, usize);
+        let mut attempts: std::collections::BTreeMap<ModelKey, usize> = Default::default();
+        let mut frame_model: std::collections::BTreeMap<FrameKey, ModelKey> = Default::default();
         let mut timers = std::collections::BTreeMap::new();
         let mut log = match self.shared.log.lock() {
             Ok(l) => l,
@@ -290,8 +291,14 @@ impl Driver {
                     timers.remove(timer);
                 }
                 RunInput::Retry { frame, .. } => {
-                    let model = frame_model.get(frame).cloned().flatten();
+                    let model = frame_model.get(frame).cloned().unwrap_or_default();
                     *attempts.entry(model).or_default() += 1;
+                }
+                RunInput::Fallback { frame, index, .. } => {
+                    let list = frame_model.get(frame).and_then(|m| m.0.clone());
+                    let model = (list, *index);
+                    *attempts.entry(model.clone()).or_default() += 1;
+                    frame_model.insert(*frame, model);
                 }
                 _ => {}
             }
@@ -311,9 +318,15 @@ impl Driver {
                     Action::ClearTimer { timer } => {
                         timers.remove(&timer);
                     }
-                    Action::Request { frame, config, .. } => {
-                        *attempts.entry(config.model.clone()).or_default() += 1;
-                        frame_model.insert(frame, config.model.clone());
+                    Action::Request {
+                        frame,
+                        config,
+                        model,
+                        ..
+                    } => {
+                        let key = (config.model.clone(), model);
+                        *attempts.entry(key.clone()).or_default() += 1;
+                        frame_model.insert(frame, key);
                     }
                     Action::Finished(r) => self.result = Some(*r),
                     _ => {}
@@ -323,13 +336,15 @@ impl Driver {
         drop(log);
         // A turn that was streaming when the process stopped is asked again: it is not an
         // answer the model moved past.
-        for (_, model) in self.machine.streaming_frames() {
-            if let Some(n) = attempts.get_mut(&model) {
+        for (_, list, index) in self.machine.streaming_frames() {
+            if let Some(n) = attempts.get_mut(&(list, index)) {
                 *n = n.saturating_sub(1);
             }
         }
-        for (model, n) in attempts {
-            self.models.get(model.as_deref()).resume_after(n);
+        for ((list, index), n) in attempts {
+            if let Some(m) = self.models.get(list.as_deref()).models().get(index) {
+                m.resume_after(n);
+            }
         }
         for (timer, at) in timers {
             self.timers.set(timer, at);
@@ -569,6 +584,7 @@ impl Driver {
                 messages,
                 config,
                 skip_calls,
+                model: first,
             } => {
                 let model = self.models.get(config.model.as_deref());
                 let mut settings = self.settings.clone();
@@ -581,9 +597,10 @@ impl Driver {
                     tools: config.tools.clone(),
                     settings,
                 });
-                let stream = model.stream_shared(req.clone());
+                let stream = model.stream_from(req.clone(), first);
+                let name = model.name_at(first);
                 self.turns
-                    .open(frame, step, skip_calls, config, &req, stream);
+                    .open(frame, step, skip_calls, config, &req, stream, name);
             }
             Action::CloseStream { frame } => self.turns.close(frame),
             Action::Launch {

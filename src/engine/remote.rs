@@ -88,7 +88,7 @@ impl Parts {
         skip_calls: usize,
     ) -> BoxStream<'static, RunInput> {
         let model = self.models.get(config.model.as_deref());
-        model.resume_after(asked_before);
+        crate::llm::Model::resume_after(model.as_ref(), asked_before);
         let mut settings = self.settings.clone();
         if let Some(mode) = config.mode {
             settings.mode = mode;
@@ -99,9 +99,10 @@ impl Parts {
             tools: config.tools.clone(),
             settings,
         });
-        let stream = model.stream_shared(req.clone());
+        let stream = model.stream_from(req.clone(), 0);
+        let name = model.name_at(0);
         let mut turns = Turns::default();
-        turns.open(frame, step, skip_calls, config, &req, stream);
+        turns.open(frame, step, skip_calls, config, &req, stream, name);
         futures::stream::unfold(
             (turns, VecDeque::new()),
             |(mut turns, mut queue): (Turns, VecDeque<RunInput>)| async move {

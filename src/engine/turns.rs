@@ -15,7 +15,7 @@ use serde_json::{Value, json};
 
 use crate::context::correction::{self, Received};
 use crate::llm::{
-    FINAL_OUTPUT_TOOL, FinishReason, LlmError, Model, StreamEvent, ToolCallOutcome,
+    FINAL_OUTPUT_TOOL, Fallback, FinishReason, LlmError, StreamEvent, ToolCallOutcome,
     call_from_tool_call, drop_strict_nulls_in_call, drop_strict_nulls_in_output,
 };
 use crate::machine::{AgentConfig, FrameKey, RunError, RunInput};
@@ -25,15 +25,16 @@ use crate::protocol::Call;
 /// One item of some agent's model stream (`None`: the stream ended).
 pub(super) type TurnItem = (FrameKey, Option<Result<StreamEvent, LlmError>>);
 
-/// The models of a run: the run's own, and those delegates name.
+/// The models of a run: the run's own list, and those delegates name (by their specs,
+/// comma-separated), each tried in order within a turn.
 #[derive(Clone)]
 pub(super) struct Models {
-    pub root: Arc<dyn Model>,
-    pub by_spec: BTreeMap<String, Arc<dyn Model>>,
+    pub root: Arc<Fallback>,
+    pub by_spec: BTreeMap<String, Arc<Fallback>>,
 }
 
 impl Models {
-    pub fn get(&self, spec: Option<&str>) -> Arc<dyn Model> {
+    pub fn get(&self, spec: Option<&str>) -> Arc<Fallback> {
         spec.and_then(|s| self.by_spec.get(s))
             .cloned()
             .unwrap_or_else(|| self.root.clone())
@@ -69,6 +70,8 @@ struct Reader {
     yielded: bool,
     /// Top-level members a Solution does not have.
     unknown: Vec<(String, Value)>,
+    /// The display name of the model answering (journaled with the turn's usage).
+    model: String,
 }
 
 impl Reader {
@@ -185,8 +188,9 @@ pub(super) struct Turns {
 }
 
 impl Turns {
-    /// Starts reading the answer to `req` (asked of `config`'s agent at `step`), dropping the
-    /// first `skip` calls.
+    /// Starts reading the answer to `req` (asked of `config`'s agent at `step`, first of the
+    /// model named `model`), dropping the first `skip` calls.
+    #[allow(clippy::too_many_arguments)]
     pub fn open(
         &mut self,
         frame: FrameKey,
@@ -195,6 +199,7 @@ impl Turns {
         config: Arc<AgentConfig>,
         req: &Arc<crate::llm::Request>,
         stream: crate::llm::EventStream,
+        model: String,
     ) {
         let tool_mode = req.settings.mode == crate::llm::Mode::ToolCalls;
         self.readers.insert(
@@ -216,6 +221,7 @@ impl Turns {
                 received: Received::default(),
                 yielded: false,
                 unknown: Vec::new(),
+                model,
             },
         );
     }
@@ -314,6 +320,7 @@ impl Turns {
                         estimated: true,
                         cache_read_tokens,
                         cache_write_tokens,
+                        model: Some(reader.model.clone()),
                     });
                 }
                 out.push(RunInput::StreamClosed { frame, error: None });
@@ -378,6 +385,29 @@ impl Turns {
                     estimated: false,
                     cache_read_tokens,
                     cache_write_tokens,
+                    model: Some(reader.model.clone()),
+                });
+            }
+            Some(Ok(StreamEvent::Fallback {
+                from,
+                to,
+                index,
+                code,
+                error,
+            })) => {
+                // The next model starts the turn over: what the failed one parsed is
+                // discarded (none of it was content).
+                reader.restart();
+                reader.usage_seen = false;
+                reader.out_chars = 0;
+                reader.model.clone_from(&to);
+                out.push(RunInput::Fallback {
+                    frame,
+                    from,
+                    to,
+                    index,
+                    code,
+                    error,
                 });
             }
             Some(Ok(StreamEvent::Retry {

@@ -334,9 +334,13 @@ impl Grants {
         Ok(delegates)
     }
 
+    /// Every `scripted:` file of a model spec (or comma-separated list of fallback specs) is
+    /// under a granted root.
     fn check_model(&self, pointer: &str, spec: &str, base: &Path) -> Result<(), GrantError> {
-        if let Some(path) = spec.strip_prefix("scripted:") {
-            self.file(pointer, path, base)?;
+        for one in spec.split(',') {
+            if let Some(path) = one.trim().strip_prefix("scripted:") {
+                self.file(pointer, path, base)?;
+            }
         }
         Ok(())
     }

@@ -19,6 +19,16 @@ pub enum LlmError {
         /// The error message from the body (redacted, truncated).
         message: String,
     },
+    /// The server refused the request because its context does not fit the model's window
+    /// (OpenAI's `context_length_exceeded`, llama.cpp's `exceed_context_size_error`,
+    /// Anthropic's `prompt is too long`). Neither retried nor fallen back from.
+    #[error("the request does not fit the model's context window (HTTP {status}): {message}")]
+    ContextOverflow {
+        /// The status code (400 or 413).
+        status: u16,
+        /// The error message from the body (redacted, truncated).
+        message: String,
+    },
     /// Connecting, sending or reading failed (including a connection dropped mid-stream).
     #[error("transport error talking to the model server: {message}")]
     Transport {
@@ -144,6 +154,7 @@ impl LlmError {
     pub fn code(&self) -> &'static str {
         match self {
             LlmError::HttpStatus { .. } => "llm.http_status",
+            LlmError::ContextOverflow { .. } => "llm.context_overflow",
             LlmError::Transport { .. } => "llm.transport",
             LlmError::IdleTimeout { .. } => "llm.idle_timeout",
             LlmError::Timeout { .. } => "llm.timeout",
@@ -178,6 +189,15 @@ impl LlmError {
             LlmError::Provider { retryable, .. } => *retryable,
             _ => false,
         }
+    }
+
+    /// Whether another model could answer where this one failed after its retries (fallback
+    /// models): transport failures, timeouts, broken or malformed streams, transient provider
+    /// errors (overloaded) and HTTP 408, 409, 429 and 5xx: the retryable errors. Never an error
+    /// of the request itself (400, 422, a schema refusal), of the configuration (401, 403, a
+    /// missing key) or of a script.
+    pub fn falls_back(&self) -> bool {
+        self.is_retryable()
     }
 
     /// The delay the server asked for, if any.

@@ -184,11 +184,7 @@ async fn connect(call: HttpCall, deadline: Instant) -> Result<SseStream, LlmErro
     if !status.is_success() {
         let retry_after = retry_after_of(resp.headers(), SystemTime::now());
         let body = read_error_body(resp, idle_timeout, deadline, request_timeout).await;
-        return Err(LlmError::HttpStatus {
-            status: status.as_u16(),
-            retry_after,
-            message: error_message(&body, &redactor),
-        });
+        return Err(status_error(status.as_u16(), retry_after, &body, &redactor));
     }
     if let Some(ct) = resp
         .headers()
@@ -333,6 +329,55 @@ async fn read_error_body(
 
 /// The message of an error body: `error.message` of a JSON body, else the raw text; redacted and
 /// truncated.
+/// The error of a non-success answer: [`LlmError::ContextOverflow`] when the body says the
+/// context does not fit the model's window, else [`LlmError::HttpStatus`].
+fn status_error(
+    status: u16,
+    retry_after: Option<Duration>,
+    body: &str,
+    redactor: &Redactor,
+) -> LlmError {
+    let message = error_message(body, redactor);
+    if context_overflow(status, body) {
+        return LlmError::ContextOverflow { status, message };
+    }
+    LlmError::HttpStatus {
+        status,
+        retry_after,
+        message,
+    }
+}
+
+/// Whether an error answer says the request's context is longer than the model's window:
+/// OpenAI's `code: "context_length_exceeded"` ("This model's maximum context length is …"),
+/// llama.cpp's server `type: "exceed_context_size_error"` ("the request exceeds the available
+/// context size"), Anthropic's "prompt is too long: N tokens > M maximum".
+fn context_overflow(status: u16, body: &str) -> bool {
+    if !matches!(status, 400 | 413) {
+        return false;
+    }
+    let v: Value = serde_json::from_str(body).unwrap_or(Value::Null);
+    let e = v.get("error").unwrap_or(&Value::Null);
+    let field = |k: &str| e.get(k).and_then(Value::as_str).unwrap_or_default();
+    if field("code") == "context_length_exceeded" || field("type") == "exceed_context_size_error" {
+        return true;
+    }
+    let text = match e {
+        Value::String(s) => s.to_lowercase(),
+        Value::Object(_) => field("message").to_lowercase(),
+        _ => body.to_lowercase(),
+    };
+    [
+        "context_length_exceeded",
+        "maximum context length",
+        "prompt is too long",
+        "exceeds the available context size",
+        "context length exceeded",
+    ]
+    .iter()
+    .any(|needle| text.contains(needle))
+}
+
 fn error_message(body: &str, redactor: &Redactor) -> String {
     let from_json = serde_json::from_str::<Value>(body).ok().and_then(|v| {
         let e = v.get("error")?;
@@ -440,11 +485,7 @@ pub(crate) async fn post_json(call: HttpCall) -> Result<serde_json::Value, LlmEr
     if !status.is_success() {
         let retry_after = retry_after_of(resp.headers(), SystemTime::now());
         let body = read_error_body(resp, request_timeout, deadline, request_timeout).await;
-        return Err(LlmError::HttpStatus {
-            status: status.as_u16(),
-            retry_after,
-            message: error_message(&body, &redactor),
-        });
+        return Err(status_error(status.as_u16(), retry_after, &body, &redactor));
     }
     let bytes = bounded(resp.bytes(), request_timeout, deadline, request_timeout)
         .await?
@@ -508,6 +549,25 @@ mod tests {
         assert_eq!(retry_after_of(&h, now), Some(Duration::from_millis(1500)));
         assert_eq!(parse_retry_after("99999999999999999999", now), None);
         assert_eq!(parse_retry_after("999999999999", now), None);
+    }
+
+    #[test]
+    fn context_overflow_answers_are_recognised() {
+        let r = Redactor::new(Vec::<&str>::new());
+        let openai = r#"{"error":{"message":"This model's maximum context length is 8192 tokens. However, your messages resulted in 9000 tokens.","type":"invalid_request_error","param":"messages","code":"context_length_exceeded"}}"#;
+        let llama = r#"{"error":{"code":400,"message":"the request exceeds the available context size, try increasing it","type":"exceed_context_size_error","n_prompt_tokens":9000,"n_ctx":8192}}"#;
+        let anthropic = r#"{"type":"error","error":{"type":"invalid_request_error","message":"prompt is too long: 208310 tokens > 200000 maximum"}}"#;
+        for body in [openai, llama, anthropic] {
+            let e = status_error(400, None, body, &r);
+            assert_eq!(e.code(), "llm.context_overflow", "{body}");
+            assert!(!e.is_retryable() && !e.falls_back(), "{body}");
+        }
+        let other = r#"{"error":{"message":"invalid value for temperature"}}"#;
+        assert_eq!(status_error(400, None, other, &r).code(), "llm.http_status");
+        assert_eq!(
+            status_error(503, None, anthropic, &r).code(),
+            "llm.http_status"
+        );
     }
 
     #[test]

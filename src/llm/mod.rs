@@ -13,6 +13,7 @@
 
 mod anthropic;
 mod error;
+mod fallback;
 mod http;
 #[cfg(feature = "server")]
 mod mock;
@@ -27,6 +28,7 @@ pub(crate) mod wire;
 
 pub use anthropic::Anthropic;
 pub use error::LlmError;
+pub use fallback::Fallback;
 pub use http::{MAX_SSE_LINE, parse_retry_after};
 #[cfg(feature = "server")]
 pub use mock::{MockServer, serve_mock};
@@ -277,6 +279,21 @@ pub enum StreamEvent {
         /// The functions sent strict (tool-call mode), [`FINAL_OUTPUT_TOOL`] included.
         functions: Vec<String>,
     },
+    /// The model answering the turn failed after its retries, before any content, with an
+    /// error another provider could fix: the same request goes to the next model of the
+    /// agent's list (emitted by [`Fallback`]; the engine journals and publishes it).
+    Fallback {
+        /// The display name of the model that failed.
+        from: String,
+        /// The display name of the model asked now.
+        to: String,
+        /// The position of `to` in the list (from 0).
+        index: usize,
+        /// The stable code of the error that caused it (`llm.http_status`...).
+        code: String,
+        /// The error, in words.
+        error: String,
+    },
     /// The last event of a successful stream.
     Finish {
         /// Why the model stopped.
@@ -328,6 +345,25 @@ impl ModelSpec {
             "anthropic" => Ok(ModelSpec::Anthropic(rest.to_string())),
             _ => Err(unknown()),
         }
+    }
+
+    /// Parses a comma-separated list of specs (`openai:a,anthropic:b`): the models an agent
+    /// tries in order (see [`Fallback`]). Blanks around each spec are ignored; an empty one is
+    /// an error.
+    pub fn parse_list(specs: &str) -> Result<Vec<ModelSpec>, LlmError> {
+        specs
+            .split(',')
+            .map(|one| {
+                let one = one.trim();
+                if one.is_empty() {
+                    return Err(LlmError::InvalidSpec {
+                        spec: specs.to_string(),
+                        reason: "a comma-separated model list has an empty entry".into(),
+                    });
+                }
+                ModelSpec::parse(one)
+            })
+            .collect()
     }
 
     /// Builds the model, reading keys and base URLs from the environment. The model is not

@@ -31,6 +31,11 @@ pub(super) struct Turn {
     pub attempt: u32,
     /// Calls (readable or not) streamed so far in this turn.
     pub calls: usize,
+    /// The position, in the agent's model list, of the model answering the turn (moved on by
+    /// a journaled fallback).
+    pub model: usize,
+    /// The turn was asked again with a compacted context after a context overflow.
+    pub compacted: bool,
 }
 
 #[derive(Debug)]
@@ -181,6 +186,63 @@ impl Frame {
             model_errors: &self.problems,
             limits: sanitize,
         })
+    }
+
+    /// The current turn's context, compacted to fit a smaller window (after the provider said
+    /// `llm.context_overflow`): the previous step's calls summarised to their tool and status,
+    /// the state and input shown under much tighter size caps (results past them replaced by
+    /// truncation markers, the full values staying in state), and a note saying so.
+    /// Deterministic: a replay of the same journal compacts the same way.
+    pub fn compacted_messages(&self) -> Vec<Message> {
+        let tight = SanitizeLimits {
+            blob_min_chars: 64,
+            max_string_chars: 200,
+            max_array_items: 10,
+            max_total_bytes: 2 * 1024,
+        };
+        let cfg = &self.cfg;
+        let state_view = self
+            .sched
+            .as_ref()
+            .map(Scheduler::state)
+            .or(self.state.as_ref())
+            .and_then(|s| s.view("state"))
+            .unwrap_or(Value::Null);
+        let input = self.input.as_ref().map(|v| context::sanitize(v, &tight));
+        let input_schema = cfg.input.as_ref().and_then(|(_, s)| s.as_ref());
+        let plan: Vec<PlanEntry> = self
+            .calls
+            .iter()
+            .filter(|c| c.step + 1 == self.step)
+            .map(|c| PlanEntry {
+                id: c.id,
+                call: json!({"_tool": c.tool}),
+                status: c.status.as_str().to_string(),
+                result: None,
+                error: None,
+                missing: Vec::new(),
+            })
+            .collect();
+        let mut extra = cfg.context.clone();
+        extra.extend(self.extra.iter().cloned());
+        let mut out = context::assemble(ContextInput {
+            goal: &cfg.goal,
+            tools: &cfg.tools,
+            extra: &extra,
+            input: input.as_ref().map(|v| (v, input_schema)),
+            state: Some((state_view, cfg.state.1.as_ref())),
+            plan,
+            output_errors: &self.output_errors,
+            model_errors: &self.problems,
+            limits: tight,
+        });
+        out.push(Message::Text {
+            role: crate::protocol::Role::User,
+            text: "The context was too long for the model and was shortened: earlier calls show                    only their tool and status, and long values in state are cut. The full values                    are still in state; refer to them with references (†state.path) instead of                    copying them."
+                .to_string(),
+            extra: Map::new(),
+        });
+        out
     }
 
     /// Folds a drained step's report into the plan the next Request shows and the run's call
@@ -343,7 +405,7 @@ impl Frame {
             output,
             state,
             steps: self.step,
-            usage: self.usage,
+            usage: std::mem::take(&mut self.usage),
             calls: std::mem::take(&mut self.calls),
             error,
         }

@@ -138,12 +138,13 @@ impl RunMachine {
         &self.root
     }
 
-    /// The agents whose model turn is streaming right now, with the model they use.
-    pub fn streaming_frames(&self) -> Vec<(FrameKey, Option<String>)> {
+    /// The agents whose model turn is streaming right now, with the model list they use and
+    /// the position in it of the model answering the turn.
+    pub fn streaming_frames(&self) -> Vec<(FrameKey, Option<String>, usize)> {
         self.frames
             .values()
             .filter(|f| f.streaming)
-            .map(|f| (f.key, f.cfg.model.clone()))
+            .map(|f| (f.key, f.cfg.model.clone(), f.turn.model))
             .collect()
     }
 
@@ -206,15 +207,49 @@ impl RunMachine {
                 estimated,
                 cache_read_tokens,
                 cache_write_tokens,
+                model,
             } => {
                 if let Some(f) = self.live(frame) {
-                    f.turn.usage.add(Usage {
+                    let usage = Usage {
                         input_tokens,
                         output_tokens,
                         cache_read_tokens,
                         cache_write_tokens,
                         estimated,
-                    });
+                        models: BTreeMap::new(),
+                    };
+                    f.turn.usage.add(usage.of_model(model));
+                }
+            }
+            RunInput::Fallback {
+                frame,
+                from,
+                to,
+                index,
+                code,
+                error,
+            } => {
+                if self.streaming(frame) {
+                    // The new model starts the turn over: what the failed one sent is dropped
+                    // by the engine (none of it was content).
+                    if let Some(f) = self.frames.get_mut(&frame) {
+                        f.turn.model = index;
+                        f.turn.attempt = 1;
+                    }
+                    let kind = EventKind::ModelFallback {
+                        from,
+                        to,
+                        code,
+                        error,
+                    };
+                    self.emit(frame, None, kind, now, out);
+                    self.emit(
+                        frame,
+                        None,
+                        EventKind::RequestStarted { attempt: 1 },
+                        now,
+                        out,
+                    );
                 }
             }
             RunInput::Retry {
@@ -246,7 +281,11 @@ impl RunMachine {
                 }
             }
             RunInput::StreamClosed { frame, error } => {
-                if let Some(f) = self.frames.get_mut(&frame)
+                if let Some(e) = &error
+                    && self.compact(frame, e, now, out)
+                {
+                    // Asked again with a smaller context: the turn goes on.
+                } else if let Some(f) = self.frames.get_mut(&frame)
                     && f.streaming
                 {
                     f.streaming = false;
@@ -485,7 +524,64 @@ impl RunMachine {
             messages,
             config,
             skip_calls: 0,
+            model: 0,
         });
+    }
+
+    /// A turn the provider refused because its context does not fit the window
+    /// (`llm.context_overflow`), before anything of it arrived, is asked again once with a
+    /// compacted context ([`Frame::compacted_messages`]); true when it was. A second overflow
+    /// of the same turn ends the agent (`run.model_error`, the compacted size in its message).
+    fn compact(
+        &mut self,
+        frame: FrameKey,
+        error: &RunError,
+        now: Millis,
+        out: &mut Vec<Action>,
+    ) -> bool {
+        let overflow = error
+            .cause
+            .as_ref()
+            .and_then(|c| c.get("code"))
+            .and_then(Value::as_str)
+            == Some("llm.context_overflow");
+        let keep = self.keep_launched;
+        let Some(f) = self.frames.get_mut(&frame) else {
+            return false;
+        };
+        if !overflow
+            || !f.streaming
+            || f.turn.calls > 0
+            || !f.turn.output.is_null()
+            || f.turn.compacted
+        {
+            return false;
+        }
+        let messages = f.compacted_messages();
+        let chars = crate::llm::wire::json_chars(&messages) as u64;
+        f.turn.compacted = true;
+        f.turn.attempt = 1;
+        if keep {
+            f.messages.clone_from(&messages);
+        }
+        let (step, config, model) = (f.step, f.cfg.clone(), f.turn.model);
+        self.emit(frame, None, EventKind::ContextCompacted { chars }, now, out);
+        self.emit(
+            frame,
+            None,
+            EventKind::RequestStarted { attempt: 1 },
+            now,
+            out,
+        );
+        out.push(Action::Request {
+            frame,
+            step,
+            messages,
+            config,
+            skip_calls: 0,
+            model,
+        });
+        true
     }
 
     /// After a restart: turns that were streaming are asked again, running calls interrupted.
@@ -498,6 +594,7 @@ impl RunMachine {
                     messages: f.messages.clone(),
                     config: f.cfg.clone(),
                     skip_calls: f.turn.calls,
+                    model: f.turn.model,
                 });
             }
             if let Some(s) = &f.sched {
@@ -814,7 +911,7 @@ impl RunMachine {
         match (key, parent) {
             (Some(call), Some(parent)) => {
                 if let Some(p) = self.frames.get_mut(&parent) {
-                    p.usage.add(result.usage);
+                    p.usage.add(result.usage.clone());
                 }
                 let tool = self
                     .frames
@@ -827,6 +924,11 @@ impl RunMachine {
                 work.push((parent, scheduler::Input::Finished { id: call, outcome }));
             }
             _ => {
+                let mut result = result;
+                // Per-model figures say something only when more than one model answered.
+                if result.usage.models.len() < 2 {
+                    result.usage.models.clear();
+                }
                 self.finished = Some(status);
                 out.push(Action::Finished(Box::new(result)));
             }

@@ -198,6 +198,7 @@ fn rule16_token_budget() {
         estimated: false,
         cache_read_tokens: 0,
         cache_write_tokens: 0,
+        model: None,
     };
     m.handle_into(usage, 1, &mut out);
     out.extend(turn(

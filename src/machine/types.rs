@@ -1,6 +1,7 @@
 //! The run machine's vocabulary: what goes in (journaled inputs), what comes out (actions), and
 //! what a run ends with (the result).
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
@@ -102,6 +103,28 @@ pub enum RunInput {
         /// Prompt tokens written to the provider's prompt cache (not in `input_tokens`).
         #[serde(default, skip_serializing_if = "is_zero")]
         cache_write_tokens: u64,
+        /// The display name of the model that answered the turn (`openai:gpt-4o-mini`);
+        /// absent in journals of older versions.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        model: Option<String>,
+    },
+    /// The model answering the turn failed after its retries with an error another provider
+    /// could fix: the same request goes to the next model of the agent's list. Journaled, so
+    /// that a turn asked again after a restart goes to the model that was answering it.
+    Fallback {
+        /// The agent.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        frame: FrameKey,
+        /// The display name of the model that failed.
+        from: String,
+        /// The display name of the model asked now.
+        to: String,
+        /// The position of `to` in the agent's model list (from 0).
+        index: usize,
+        /// The stable code of the error (`llm.http_status`, `llm.transport`...).
+        code: String,
+        /// The error, in words.
+        error: String,
     },
     /// An attempt at the model failed and is retried.
     Retry {
@@ -182,6 +205,7 @@ impl RunInput {
             RunInput::Problem { .. } => "problem",
             RunInput::Usage { .. } => "usage",
             RunInput::Retry { .. } => "retry",
+            RunInput::Fallback { .. } => "fallback",
             RunInput::StreamClosed { .. } => "stream_closed",
             RunInput::Outcome { .. } => "outcome",
             RunInput::Decided { .. } => "decided",
@@ -223,6 +247,9 @@ pub enum Action {
         /// How many calls at the start of the stream were already taken (a turn asked again
         /// after a restart): the engine drops that many before feeding calls back.
         skip_calls: usize,
+        /// The position, in the agent's model list, of the model to ask first: 0 for a new
+        /// turn, the model a journaled [`RunInput::Fallback`] moved to for a turn asked again.
+        model: usize,
     },
     /// Stop reading an agent's model stream (the agent was cancelled or timed out).
     CloseStream {
@@ -372,7 +399,7 @@ impl RunError {
 /// Prompt-cache tokens (Anthropic's `cache_read_input_tokens` and
 /// `cache_creation_input_tokens`) are reported apart from `input_tokens`, as the provider
 /// reports them, and left out of the JSON when zero.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Usage {
     /// Prompt tokens (prompt-cache reads and writes not included).
     pub input_tokens: u64,
@@ -387,6 +414,11 @@ pub struct Usage {
     /// Some of the figures are estimates (a server that reported no usage).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub estimated: bool,
+    /// The same figures for each model that answered, by its display name (`openai:gpt-4o`).
+    /// In a run's result, present only when more than one model answered (fallback models, a
+    /// delegate with a model of its own); left out of the JSON when empty.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub models: BTreeMap<String, Usage>,
 }
 
 impl Usage {
@@ -409,6 +441,19 @@ impl Usage {
             .cache_write_tokens
             .saturating_add(other.cache_write_tokens);
         self.estimated |= other.estimated;
+        for (model, u) in other.models {
+            self.models.entry(model).or_default().add(u);
+        }
+    }
+
+    /// These figures, also counted for `model` when it is named.
+    pub(super) fn of_model(self, model: Option<String>) -> Usage {
+        let Some(model) = model else {
+            return self;
+        };
+        let mut total = self.clone();
+        total.models.insert(model, self);
+        total
     }
 }
 

@@ -240,6 +240,24 @@ pub enum EventKind {
         /// Why the attempt failed.
         error: String,
     },
+    /// The model answering the turn failed after its retries with an error another provider
+    /// could fix; the same request goes to the next model of the agent's list.
+    ModelFallback {
+        /// The display name of the model that failed.
+        from: String,
+        /// The display name of the model asked now.
+        to: String,
+        /// The stable code of the error (`llm.http_status`, `llm.transport`...).
+        code: String,
+        /// The error, in words.
+        error: String,
+    },
+    /// The provider said the turn's context does not fit the model's window
+    /// (`llm.context_overflow`): the turn is asked again once with a compacted context.
+    ContextCompacted {
+        /// The size of the compacted context (characters of its messages as JSON).
+        chars: u64,
+    },
     /// The model streamed more text. Live only: never journaled, carries the sequence number of
     /// the event before it, and is not replayed to late subscribers.
     ModelDelta {
@@ -307,6 +325,8 @@ impl EventKind {
             EventKind::RunStarted { .. } => "run_started",
             EventKind::RequestStarted { .. } => "request_started",
             EventKind::ModelRetry { .. } => "model_retry",
+            EventKind::ModelFallback { .. } => "model_fallback",
+            EventKind::ContextCompacted { .. } => "context_compacted",
             EventKind::ModelDelta { .. } => "model_delta",
             EventKind::Solution { .. } => "solution",
             EventKind::OutputInvalid { .. } => "output_invalid",

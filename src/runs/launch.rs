@@ -357,6 +357,14 @@ pub fn absolute_dir(dir: &std::path::Path) -> std::path::PathBuf {
 /// A model spec whose `scripted:` path is relative to the current directory, made absolute
 /// (what a run records, so that `resume` finds the file from anywhere); other specs as they are.
 pub fn absolute_model(spec: &str) -> String {
+    // A list of fallback models: each of its specs.
+    if spec.contains(',') {
+        return spec
+            .split(',')
+            .map(|one| absolute_model(one.trim()))
+            .collect::<Vec<_>>()
+            .join(",");
+    }
     match spec.strip_prefix("scripted:") {
         Some(p) if !std::path::Path::new(p).is_absolute() => {
             let path = std::path::Path::new(p);

@@ -133,6 +133,8 @@ pub fn describe(
     let mut spans: Vec<Span> = Vec::new();
     let mut turns: BTreeMap<(u32, u64), u64> = BTreeMap::new();
     let mut asked: BTreeMap<u64, u64> = BTreeMap::new();
+    // Turns that went to the next model of their agent's list, as journaled.
+    let mut fallbacks: Vec<Value> = Vec::new();
     for e in &rb.events {
         let t = rel(e.at);
         if let Some(id) = e.call.map(|c| c.0) {
@@ -149,6 +151,21 @@ pub fn describe(
             EventKind::RequestStarted { .. } => {
                 turns.insert(frame, t);
             }
+            EventKind::ModelFallback {
+                from,
+                to,
+                code,
+                error,
+            } => fallbacks.push(json!({
+                "step": e.step,
+                "depth": e.depth,
+                "delegate_call": e.parent.map(|p| p.0),
+                "at_ms": t,
+                "from": from,
+                "to": to,
+                "code": code,
+                "error": error,
+            })),
             EventKind::Solution { .. } => {
                 if let Some(s) = turns.remove(&frame) {
                     // The model's part of the step ends when its stream closes; the calls
@@ -198,6 +215,8 @@ pub fn describe(
         "spans": spans,
         "critical_path": critical,
         "awaiting": awaiting,
+        "model_fallbacks": fallbacks,
+        "usage": result.map(|r| r.usage.clone()),
         "state": result.map_or_else(|| rb.machine.state_view(), |r| Some(r.state.clone())),
         "output": result.map(|r| r.output.clone()),
         "error": result.and_then(|r| r.error.clone()),

@@ -111,6 +111,9 @@ impl Performer {
                 messages,
                 config,
                 skip_calls,
+                // A lost turn is asked again from the agent's first model (the worker's turn
+                // activity falls back within itself).
+                model: _,
             } => self.request(ctx, frame, step, messages, &config, skip_calls),
             Action::CloseStream { frame } => {
                 ctx.state_mut(|s| {

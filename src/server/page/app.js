@@ -11,7 +11,8 @@ const DEBOUNCE_MS = 100;
 const LIVE = ["running", "waiting"];
 const EVENT_TYPES = ["call_received", "call_refused", "blocked", "unblocked", "approval_requested",
   "decision", "started", "finished", "failed", "written", "unresolved", "cancelled", "step_drained",
-  "run_started", "request_started", "model_retry", "solution", "output_invalid", "run_finished"];
+  "run_started", "request_started", "model_retry", "model_fallback", "context_compacted", "solution",
+  "output_invalid", "run_finished"];
 const STATUS_LABEL = {
   pending: "pending", blocked: "blocked", awaiting_approval: "awaiting approval", running: "running",
   done: "done", error: "failed", timeout: "timed out", panic: "panicked", cancelled: "cancelled",

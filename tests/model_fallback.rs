@@ -1,0 +1,462 @@
+//! Fallback models through the binary (`dagloop run --model openai:a,openai:b`) against an
+//! in-process OpenAI-compatible server on 127.0.0.1: a provider fault after the first model's
+//! retries moves the turn to the second model (the `model_fallback` event, both models in the
+//! result's usage, the request body naming the second model), a 400 does not, and `show` reads
+//! the fallback back from the journal.
+#![cfg(feature = "server")]
+
+#[path = "common/bin.rs"]
+mod bin;
+mod common;
+
+use common::*;
+use serde_json::{Value, json};
+
+const TINY: &str = "tests/fixtures/real_model/tiny.goal.json";
+
+/// A 503 the client may retry at once (`Retry-After: 0`), so the test waits for no backoff.
+fn unavailable() -> Canned {
+    Canned::status(503, r#"{"error": {"message": "upstream overloaded"}}"#)
+        .header("retry-after", "0")
+}
+
+fn answer(solution: Value) -> Canned {
+    Canned::sse(&oa_stream(&solution.to_string()))
+}
+
+fn greet_call() -> Value {
+    json!({"calls": [{"_tool": "greet", "name": "Ada", "_output": {"greeting": "Hello, Ada!"},
+                      "_outputPath": "†state.greeting"}], "output": null})
+}
+
+fn final_output() -> Value {
+    json!({"calls": [], "output": {"name": "Ada", "greeting": "†state.greeting.greeting"}})
+}
+
+fn events_of(path: &std::path::Path) -> Vec<Value> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect()
+}
+
+async fn run(
+    server: &TestServer,
+    models: &str,
+    extra: &[&str],
+    events: &std::path::Path,
+) -> (Option<i32>, Value, String) {
+    let goal = extra
+        .iter()
+        .find_map(|a| a.strip_prefix("goal="))
+        .unwrap_or(TINY)
+        .to_string();
+    let extra: Vec<&str> = extra
+        .iter()
+        .copied()
+        .filter(|a| !a.starts_with("goal="))
+        .collect();
+    let out = bin::dagloop_tokio()
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .args(["run", &goal, "--json", "--model", models])
+        .args(extra)
+        .arg("--events")
+        .arg(events)
+        .env("OPENAI_BASE_URL", server.openai_base())
+        .env_remove("OPENAI_API_KEY")
+        .output()
+        .await
+        .expect("run");
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+    let v = serde_json::from_str(&stdout)
+        .unwrap_or_else(|e| panic!("not JSON ({e}): {stdout}{stderr}"));
+    (out.status.code(), v, stderr)
+}
+
+/// Step 1 is answered by the first model; at step 2 it answers 503 to every attempt, so after
+/// its four attempts the turn goes to the second model, which answers: the run succeeds, the
+/// events say so, the usage names both models, and the second model was asked by its name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_provider_fault_after_the_retries_falls_back_to_the_next_model() {
+    let server = serve(vec![
+        answer(greet_call()),
+        unavailable(),
+        unavailable(),
+        unavailable(),
+        unavailable(),
+        answer(final_output()),
+    ])
+    .await;
+    let dir = tempfile::tempdir().expect("dir");
+    let events = dir.path().join("events.jsonl");
+    let (code, r, stderr) = run(&server, "openai:a, openai:b", &["--no-store"], &events).await;
+    assert_eq!(code, Some(0), "{r:#}\n{stderr}");
+    assert_eq!(r["status"], "succeeded");
+    assert_eq!(
+        r["output"],
+        json!({"name": "Ada", "greeting": "Hello, Ada!"})
+    );
+    // Both models answered a turn: each with its own figures (10 + 3 tokens a turn).
+    let models = &r["usage"]["models"];
+    assert_eq!(models["openai:a"]["input_tokens"], 10, "{r:#}");
+    assert_eq!(models["openai:b"]["input_tokens"], 10, "{r:#}");
+    assert_eq!(r["usage"]["input_tokens"], 20);
+    // Six requests: one answer, four failed attempts of `a`, one answer of `b`.
+    let sent: Vec<Value> = server
+        .requests()
+        .iter()
+        .map(|q| q.body["model"].clone())
+        .collect();
+    assert_eq!(
+        sent,
+        ["a", "a", "a", "a", "a", "b"].map(Value::from).to_vec()
+    );
+    let evs = events_of(&events);
+    let fallbacks: Vec<&Value> = evs
+        .iter()
+        .filter(|e| e["type"] == "model_fallback")
+        .collect();
+    assert_eq!(fallbacks.len(), 1, "{evs:#?}");
+    let f = fallbacks[0];
+    assert_eq!(
+        (f["from"].as_str(), f["to"].as_str()),
+        (Some("openai:a"), Some("openai:b")),
+        "{f}"
+    );
+    assert_eq!(f["code"], "llm.http_status");
+    assert_eq!(f["step"], 2);
+    let retries = evs.iter().filter(|e| e["type"] == "model_retry").count();
+    assert_eq!(retries, 3, "the first model's own retries come first");
+}
+
+/// A 400 is an error of the request itself: another model would not fix it, so the run ends
+/// on the first model without asking the second.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bad_request_does_not_fall_back() {
+    // Every request gets the 400.
+    let server = serve(vec![Canned::status(
+        400,
+        r#"{"error": {"message": "invalid value for temperature"}}"#,
+    )])
+    .await;
+    let dir = tempfile::tempdir().expect("dir");
+    let events = dir.path().join("events.jsonl");
+    let (code, r, stderr) = run(&server, "openai:a,openai:b", &["--no-store"], &events).await;
+    assert_eq!(code, Some(1), "{r:#}\n{stderr}");
+    assert_eq!(r["status"], "model_error", "{r:#}");
+    assert_eq!(r["error"]["cause"]["code"], "llm.http_status", "{r:#}");
+    let asked: Vec<Value> = server
+        .requests()
+        .iter()
+        .map(|q| q.body["model"].clone())
+        .collect();
+    assert!(
+        !asked.is_empty() && asked.iter().all(|m| m == "a"),
+        "the second model was never asked: {asked:?}"
+    );
+    let evs = events_of(&events);
+    assert!(
+        !evs.iter().any(|e| e["type"] == "model_fallback"),
+        "{evs:#?}"
+    );
+}
+
+/// The id of the store's run, once its journal holds a fallback.
+fn journaled_fallback(store: &std::path::Path) -> Option<String> {
+    use dagloop::store::{RunStore, SqliteStore};
+    let out = bin::dagloop()
+        .env("DAGLOOP_STORE", store)
+        .args(["runs", "--json"])
+        .output()
+        .ok()?;
+    let listed: Value = serde_json::from_slice(&out.stdout).ok()?;
+    let id = listed[0]["id"].as_str()?.to_string();
+    let stored = SqliteStore::open(store).ok()?.load(&id).ok()?;
+    stored
+        .journal
+        .iter()
+        .any(|e| matches!(e.input, dagloop::RunInput::Fallback { .. }))
+        .then_some(id)
+}
+
+/// A run killed while the second model answers the turn that fell back is resumed on the
+/// second model (the journal says it was answering), not asked of the first again; `show` reads
+/// the fallback back from the journal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resume_after_a_kill_mid_fallback_keeps_the_journaled_model() {
+    // The first model answers step 1 and fails step 2; the second never answers (it hangs).
+    let mut hang = Canned::sse::<&str>(&[]);
+    hang.pieces = vec![Piece::Hang];
+    let first = serve(vec![
+        answer(greet_call()),
+        unavailable(),
+        unavailable(),
+        unavailable(),
+        unavailable(),
+        hang,
+    ])
+    .await;
+    let dir = tempfile::tempdir().expect("dir");
+    let store = dir.path().join("runs.db");
+    let events = dir.path().join("events.jsonl");
+    let mut child = bin::dagloop_tokio()
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .args([
+            "run",
+            TINY,
+            "--json",
+            "--model",
+            "openai:a,openai:b",
+            "--events",
+        ])
+        .arg(&events)
+        .env("DAGLOOP_STORE", &store)
+        .env("OPENAI_BASE_URL", first.openai_base())
+        .env_remove("OPENAI_API_KEY")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn");
+    // Wait until the second model is being asked (its request reached the server) and the
+    // fallback is in the store's journal.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let id = loop {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no journaled fallback to the second model"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        if first.hits() < 6 {
+            continue;
+        }
+        if let Some(id) = journaled_fallback(&store) {
+            break id;
+        }
+    };
+    child.kill().await.expect("kill");
+
+    let second = serve(vec![answer(final_output())]).await;
+    let out = bin::dagloop_tokio()
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .args(["resume", &id, "--json"])
+        .env("DAGLOOP_STORE", &store)
+        .env("OPENAI_BASE_URL", second.openai_base())
+        .env_remove("OPENAI_API_KEY")
+        .output()
+        .await
+        .expect("resume");
+    let r: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "not JSON ({e}): {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    assert_eq!(out.status.code(), Some(0), "{r:#}");
+    assert_eq!(
+        r["output"],
+        json!({"name": "Ada", "greeting": "Hello, Ada!"})
+    );
+    let asked: Vec<Value> = second
+        .requests()
+        .iter()
+        .map(|q| q.body["model"].clone())
+        .collect();
+    assert_eq!(
+        asked,
+        vec![json!("b")],
+        "the resumed turn goes to the journaled model"
+    );
+    assert_eq!(
+        r["usage"]["models"]["openai:b"]["input_tokens"], 10,
+        "{r:#}"
+    );
+
+    let shown = bin::dagloop()
+        .env("DAGLOOP_STORE", &store)
+        .args(["show", &id, "--json"])
+        .output()
+        .expect("show");
+    let shown: Value = serde_json::from_slice(&shown.stdout).expect("show JSON");
+    let f = &shown["model_fallbacks"];
+    assert_eq!(f.as_array().map(Vec::len), Some(1), "{shown:#}");
+    assert_eq!(
+        (f[0]["from"].as_str(), f[0]["to"].as_str()),
+        (Some("openai:a"), Some("openai:b"))
+    );
+    assert_eq!(f[0]["step"], 2);
+    assert!(
+        shown["usage"]["models"]["openai:a"].is_object(),
+        "{shown:#}"
+    );
+}
+
+fn overflow() -> Canned {
+    Canned::status(
+        400,
+        r#"{"error": {"message": "This model's maximum context length is 8192 tokens. However, your messages resulted in 9120 tokens.", "type": "invalid_request_error", "param": "messages", "code": "context_length_exceeded"}}"#,
+    )
+}
+
+/// A "context length exceeded" answer is its own error code, `llm.context_overflow`: an error
+/// of the request, so it neither retries nor falls back. The turn is asked again once, of the
+/// same model, with a compacted context; a model that refuses that too ends the run, whose
+/// error names the overflow as its cause.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_context_overflow_is_its_own_code_and_does_not_fall_back() {
+    let server = serve(vec![overflow()]).await;
+    let dir = tempfile::tempdir().expect("dir");
+    let events = dir.path().join("events.jsonl");
+    let (code, r, stderr) = run(&server, "openai:a,openai:b", &["--no-store"], &events).await;
+    assert_eq!(code, Some(1), "{r:#}\n{stderr}");
+    assert_eq!(r["status"], "model_error", "{r:#}");
+    assert_eq!(r["error"]["cause"]["code"], "llm.context_overflow", "{r:#}");
+    let asked: Vec<Value> = server
+        .requests()
+        .iter()
+        .map(|q| q.body["model"].clone())
+        .collect();
+    assert_eq!(
+        asked,
+        vec![json!("a"), json!("a")],
+        "asked once more, compacted, of the same model"
+    );
+    let evs = events_of(&events);
+    assert_eq!(
+        evs.iter()
+            .filter(|e| e["type"] == "context_compacted")
+            .count(),
+        1
+    );
+    assert!(!evs.iter().any(|e| e["type"] == "model_fallback"));
+}
+
+/// A model that answers "context length exceeded" once gets the turn again with a smaller
+/// context (the `context_compacted` event, a shorter request), and the run succeeds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_context_overflow_is_asked_again_compacted_and_the_run_succeeds() {
+    let server = serve(vec![
+        overflow(),
+        answer(greet_call()),
+        answer(final_output()),
+    ])
+    .await;
+    // The tiny goal with a large state: 60 notes of 300 characters.
+    let dir = tempfile::tempdir().expect("dir");
+    let mut goal: Value = serde_json::from_str(
+        &std::fs::read_to_string(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(TINY))
+            .expect("tiny goal"),
+    )
+    .expect("goal JSON");
+    let notes: Vec<String> = (0..60)
+        .map(|i| format!("note {i}: {}", "lorem ipsum ".repeat(25)))
+        .collect();
+    goal["state"] = json!({ "notes": notes });
+    let goal_path = dir.path().join("big.goal.json");
+    std::fs::write(&goal_path, goal.to_string()).expect("write goal");
+    let goal_arg = format!("goal={}", goal_path.display());
+    let events = dir.path().join("events.jsonl");
+    let (code, r, stderr) = run(&server, "openai:a", &["--no-store", &goal_arg], &events).await;
+    assert_eq!(code, Some(0), "{r:#}\n{stderr}");
+    assert_eq!(
+        r["output"],
+        json!({"name": "Ada", "greeting": "Hello, Ada!"})
+    );
+    let sizes: Vec<usize> = server
+        .requests()
+        .iter()
+        .map(|q| q.body["messages"].to_string().len())
+        .collect();
+    assert_eq!(sizes.len(), 3);
+    assert!(
+        sizes[1] * 2 < sizes[0],
+        "the compacted context is much smaller: {sizes:?}"
+    );
+    let evs = events_of(&events);
+    let compacted: Vec<&Value> = evs
+        .iter()
+        .filter(|e| e["type"] == "context_compacted")
+        .collect();
+    assert_eq!(compacted.len(), 1, "{evs:#?}");
+    assert_eq!(compacted[0]["step"], 1);
+    assert!(compacted[0]["chars"].as_u64().is_some_and(|c| c > 0));
+    let last = server.requests()[1].body["messages"].to_string();
+    assert!(last.contains("The context was too long"), "{last}");
+}
+
+/// A goal file's `model` may be an array: here two scripted models, their paths relative to the
+/// goal file; the first answers 503 to every attempt, the second answers, and `dagloop validate`
+/// accepts the list.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_goal_files_model_array_falls_back_between_scripted_models() {
+    let dir = tempfile::tempdir().expect("dir");
+    let down = json!({"error": {"status": 503, "retry_after_s": 0}});
+    std::fs::write(
+        dir.path().join("down.json"),
+        json!({"turns": [down, down, down, down]}).to_string(),
+    )
+    .expect("down");
+    std::fs::write(
+        dir.path().join("up.json"),
+        json!({"turns": [{"solution": final_output()}]}).to_string(),
+    )
+    .expect("up");
+    let goal = json!({
+        "goal": "Say hello to Ada.",
+        "model": ["scripted:down.json", "scripted:up.json"],
+        "state": {"greeting": {"greeting": "Hello, Ada!"}},
+        "output_schema": {"type": "object", "required": ["name", "greeting"],
+                          "properties": {"name": {"type": "string"}, "greeting": {"type": "string"}}}
+    });
+    let goal_path = dir.path().join("goal.json");
+    std::fs::write(&goal_path, goal.to_string()).expect("goal");
+    let events = dir.path().join("events.jsonl");
+    let out = bin::dagloop_tokio()
+        .arg("run")
+        .arg(&goal_path)
+        .args(["--json", "--no-store", "--events"])
+        .arg(&events)
+        .output()
+        .await
+        .expect("run");
+    let r: Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&out.stderr)));
+    assert_eq!(out.status.code(), Some(0), "{r:#}");
+    assert_eq!(
+        r["output"],
+        json!({"name": "Ada", "greeting": "Hello, Ada!"})
+    );
+    let evs = events_of(&events);
+    let f: Vec<&Value> = evs
+        .iter()
+        .filter(|e| e["type"] == "model_fallback")
+        .collect();
+    assert_eq!(f.len(), 1, "{evs:#?}");
+    assert!(
+        f[0]["from"]
+            .as_str()
+            .is_some_and(|m| m.ends_with("down.json")),
+        "{}",
+        f[0]
+    );
+    assert!(
+        f[0]["to"].as_str().is_some_and(|m| m.ends_with("up.json")),
+        "{}",
+        f[0]
+    );
+
+    let out = bin::dagloop()
+        .arg("validate")
+        .arg(&goal_path)
+        .output()
+        .expect("validate");
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
