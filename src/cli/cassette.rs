@@ -7,10 +7,10 @@ use std::sync::Arc;
 use serde_json::json;
 
 use super::{CliError, pretty};
-use crate::store::{RunStore, SqliteStore};
+use crate::store::RunStore;
 
 /// Writes the cassette of run `id` into `dir`.
-pub(super) fn export(store: &SqliteStore, id: &str, dir: &FsPath) -> Result<i32, CliError> {
+pub(super) fn export(store: &dyn RunStore, id: &str, dir: &FsPath) -> Result<i32, CliError> {
     let stored = store.load(id).map_err(|e| CliError::new(e.code(), &e))?;
     let c = crate::runs::export(&stored.record, &stored.journal)
         .map_err(|e| CliError::new(e.code(), &e))?;

@@ -585,9 +585,11 @@ pub async fn main(cli: Cli) -> i32 {
             temporal_cmd::show(&id, json, &temporal).await
         }
         Command::Export { run: id, cassette } => {
-            required(existing()).and_then(|s| cassette::export(&s, &id, &cassette))
+            required(existing()).and_then(|s| cassette::export(&*s.shared(), &id, &cassette))
         }
-        Command::Replay { run: id } => required(existing()).and_then(|s| replay::replay(&s, &id)),
+        Command::Replay { run: id } => {
+            required(existing()).and_then(|s| replay::replay(&*s.shared(), &id))
+        }
         Command::Show { run: id, json, .. } => {
             required(existing()).and_then(|s| runs::show(&s, &id, json))
         }

@@ -5,9 +5,9 @@
 use serde_json::json;
 
 use super::{CliError, pretty};
-use crate::store::{RunStore, SqliteStore};
+use crate::store::RunStore;
 
-pub(super) fn replay(store: &SqliteStore, id: &str) -> Result<i32, CliError> {
+pub(super) fn replay(store: &dyn RunStore, id: &str) -> Result<i32, CliError> {
     let stored = store.load(id).map_err(|e| CliError::new(e.code(), &e))?;
     let r = crate::runs::replay_run(&stored.record, &stored.journal, stored.result.as_ref())
         .map_err(|e| CliError::new(e.code(), &e))?;

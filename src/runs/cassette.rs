@@ -180,7 +180,7 @@ pub fn export(
                     });
                 }
             }
-            RunInput::Decided { call, decision } => {
+            RunInput::Decided { call, decision, .. } => {
                 if let Ok(mut d) = serde_json::to_value(decision)
                     && d["decision"] != "replace"
                 {

@@ -143,11 +143,12 @@ impl Expect {
                     ));
                 }
             }
-            RunInput::Decided { call, decision } => {
+            RunInput::Decided { call, decision, by } => {
                 let op = Op::Decide {
                     call: *call,
                     decision: decision.clone(),
                     presented: None,
+                    by: by.clone(),
                 };
                 if let Err(e) = machine.check_op(&op) {
                     let awaiting: Vec<u64> =
@@ -223,8 +224,8 @@ pub(super) fn fresh_machine(
         FsPath::new(&record.id),
         PathBuf::from(&record.base_dir),
     )?;
-    let opts: RunOptions = serde_json::from_value(record.options.clone()).unwrap_or_default();
-    let policy = policy_for(&goal, opts.approve.as_deref())?;
+    let opts = RunOptions::from_stored(&record.options)?;
+    let policy = policy_for(&goal, opts.approve);
     let config = config_for(&goal)?;
     let machine =
         RunMachine::replaying(record.id.clone(), config, policy, SanitizeLimits::default());
