@@ -215,6 +215,8 @@ async fn resume_after_a_kill_mid_fallback_keeps_the_journaled_model() {
         .env("DAGLOOP_STORE", &store)
         .env("OPENAI_BASE_URL", first.openai_base())
         .env_remove("OPENAI_API_KEY")
+        // The process is killed: a short lease, so that `resume` takes the run over soon after.
+        .env("DAGLOOP_LEASE_MS", "500")
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .kill_on_drop(true)
@@ -237,6 +239,8 @@ async fn resume_after_a_kill_mid_fallback_keeps_the_journaled_model() {
         }
     };
     child.kill().await.expect("kill");
+    // The killed process's lease runs out before the run is continued.
+    tokio::time::sleep(std::time::Duration::from_millis(700)).await;
 
     let second = serve(vec![answer(final_output())]).await;
     let out = bin::dagloop_tokio()

@@ -234,6 +234,16 @@ async fn reviewer_timeout_applies_the_policy_default() {
                 ..
             }
         ));
+        // The policy's default decided, and the event says so (issue 24: every decision names
+        // who made it).
+        let EventKind::Decision { by, .. } = &decision.kind else {
+            unreachable!()
+        };
+        assert_eq!(
+            by.as_ref().map(|a| a.channel.as_str()),
+            Some("timeout"),
+            "{decision:?}"
+        );
         assert!(
             o.elapsed < 6000,
             "did not wait for the late answer: {}",

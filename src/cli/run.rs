@@ -175,11 +175,13 @@ pub(super) async fn run(
         Review::External
     } else if display.reject_without_reviewer {
         Review::Approver(Arc::new(
-            crate::approval::ScriptedApprover::new().otherwise(crate::protocol::Decision::Reject {
-                reason:
-                    "approval required but no reviewer is attached (no terminal, no --decisions)"
-                        .into(),
-            }),
+            crate::approval::ScriptedApprover::new()
+                .otherwise(crate::protocol::Decision::Reject {
+                    reason:
+                        "approval required but no reviewer is attached (no terminal, no --decisions)"
+                            .into(),
+                })
+                .by(super::me(crate::protocol::Actor::POLICY)),
         ))
     } else if resumed_asks {
         // A resumed run may present calls whatever its policy (those cut off mid-call go back
@@ -296,8 +298,16 @@ pub(super) async fn run(
     });
     let ctrl_c = {
         let cancel = cancel.clone();
+        let handle = handle.clone();
         tokio::spawn(async move {
             if tokio::signal::ctrl_c().await.is_ok() {
+                // Journaled as the terminal user's cancellation; the token stops the run even
+                // when the op cannot be taken (the run is ending anyway).
+                let op = crate::protocol::Op::Cancel {
+                    reason: "cancelled with Ctrl-C".into(),
+                    by: Some(super::me(crate::protocol::Actor::TERMINAL)),
+                };
+                let _ = handle.submit(op).await;
                 cancel.cancel();
             }
             // A second Ctrl-C leaves at once.

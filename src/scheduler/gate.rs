@@ -160,7 +160,11 @@ impl Scheduler {
             EventKind::Decision {
                 decision: decision.clone(),
                 timed_out,
-                by: None,
+                // A reviewer's time ran out: the policy's default decided (the machine names a
+                // reviewer's decision itself).
+                by: timed_out.then(|| {
+                    crate::protocol::Actor::new("dagloop", crate::protocol::Actor::TIMEOUT)
+                }),
             },
         );
         let presented = self.entries[ix].presented.take();
