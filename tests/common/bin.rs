@@ -48,7 +48,7 @@ pub fn open_config() -> PathBuf {
     if !path.exists() {
         let _ = std::fs::write(
             &path,
-            r#"{"grants": {"tools": ["http", "delegate", "mcp", "shell", "rust"], "goal_mcp_servers": true, "egress": {"private": true}, "files": ["/"]}}"#,
+            r#"{"grants": {"tools": ["http", "delegate", "mcp", "shell", "rust"], "goal_mcp_servers": true, "env": ["DAGLOOP_MCP_NPM", "DAGLOOP_MCP_FILES_DIR"], "egress": {"private": true}, "files": ["/"]}}"#,
         );
     }
     path

@@ -116,7 +116,7 @@ impl WorkerProcess {
             std::env::temp_dir().join(format!("dagloop-worker-{}.json", std::process::id()));
         std::fs::write(
             &config,
-            r#"{"grants": {"tools": ["http", "delegate", "mcp", "shell", "rust"], "goal_mcp_servers": true, "egress": {"private": true}, "files": ["/"]}}"#,
+            r#"{"grants": {"tools": ["http", "delegate", "mcp", "shell", "rust"], "goal_mcp_servers": true, "env": ["DAGLOOP_MCP_NPM", "DAGLOOP_MCP_FILES_DIR"], "egress": {"private": true}, "files": ["/"]}}"#,
         )
         .expect("worker config");
         let child = command
