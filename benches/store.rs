@@ -135,6 +135,16 @@ fn main() {
             },
         };
         for (label, batch, total) in [("one_per_commit", 1u64, 2_000u64), ("batched_256", 256, 50_000)] {
+            // A journal is appended only for a run the store holds, by the owner of its lease.
+            store
+                .create(&dagloop::store::RunRecord {
+                    id: format!("bench-{label}"),
+                    created_at: 0,
+                    goal: json!({}),
+                    base_dir: ".".into(),
+                    options: json!({}),
+                })
+                .expect("create");
             let t0 = Instant::now();
             let mut seq = 0;
             while seq < total {
