@@ -298,16 +298,8 @@ pub(super) async fn run(
     });
     let ctrl_c = {
         let cancel = cancel.clone();
-        let handle = handle.clone();
         tokio::spawn(async move {
             if tokio::signal::ctrl_c().await.is_ok() {
-                // Journaled as the terminal user's cancellation; the token stops the run even
-                // when the op cannot be taken (the run is ending anyway).
-                let op = crate::protocol::Op::Cancel {
-                    reason: "cancelled with Ctrl-C".into(),
-                    by: Some(super::me(crate::protocol::Actor::TERMINAL)),
-                };
-                let _ = handle.submit(op).await;
                 cancel.cancel();
             }
             // A second Ctrl-C leaves at once.
