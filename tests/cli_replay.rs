@@ -261,6 +261,22 @@ async fn an_exported_cassette_reruns_offline_and_a_changed_param_is_a_cassette_m
         Some(2),
         "{model:#}"
     );
+    // Each turn carries the tokens the run recorded for it.
+    let turns_tokens: u64 = model["turns"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|t| {
+            t["usage"]["input_tokens"]
+                .as_u64()
+                .expect("usage in every turn")
+        })
+        .sum();
+    assert_eq!(
+        Some(turns_tokens),
+        original["usage"]["input_tokens"].as_u64(),
+        "{model:#}"
+    );
     let tools: Value =
         serde_json::from_str(&std::fs::read_to_string(cas.join("tools.json")).expect("tools.json"))
             .expect("tools.json is JSON");
@@ -290,6 +306,7 @@ async fn an_exported_cassette_reruns_offline_and_a_changed_param_is_a_cassette_m
     assert_eq!(code, 0, "{again:#}");
     assert_eq!(again["output"], original["output"], "{again:#}");
     assert_eq!(again["state"], original["state"], "{again:#}");
+    assert_eq!(again["usage"], original["usage"], "{again:#}");
 
     // Another customer: the resolved params are not in the recording.
     let other = ws.path("other.goal.json");

@@ -375,3 +375,48 @@ async fn serve_mock_error_turns_carry_retry_after_and_are_retried() {
         "{elapsed:?} vs {expected:?}"
     );
 }
+
+fn usage_of(events: &[StreamEvent]) -> Option<(u64, u64)> {
+    events.iter().find_map(|e| match e {
+        StreamEvent::Usage {
+            input_tokens,
+            output_tokens,
+        } => Some((*input_tokens, *output_tokens)),
+        _ => None,
+    })
+}
+
+/// A turn's `usage` (allowed by the scripted-model schema) is what the turn reports, in process
+/// and through the served mock; a figure left out is still estimated.
+#[tokio::test]
+async fn a_turns_usage_is_reported_as_written() {
+    let turns = json!([
+        {"solution": solution(), "usage": {"input_tokens": 1234, "output_tokens": 56}},
+        {"solution": solution(), "usage": {"output_tokens": 7}}
+    ]);
+    let model = ScriptedModel::new(script(turns.clone()));
+    let (events, err) = collect(model.stream(&request(Mode::StructuredOutput))).await;
+    assert_eq!(err, None);
+    assert_eq!(usage_of(&events), Some((1234, 56)));
+    let (events, _) = collect(model.stream(&request(Mode::StructuredOutput))).await;
+    let (input, output) = usage_of(&events).unwrap();
+    assert_eq!(output, 7);
+    assert!(input > 0 && input != 1234, "estimated: {input}");
+
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let mock = serve_mock(script(turns), listener).await.unwrap();
+    let provider = OpenAi::new(mock.base_url(), None, "mock").unwrap();
+    let (events, err) = collect(provider.stream(&request(Mode::StructuredOutput))).await;
+    assert_eq!(err, None);
+    assert_eq!(usage_of(&events), Some((1234, 56)));
+}
+
+#[test]
+fn a_turns_usage_refuses_unknown_figures() {
+    let err = Script::parse(
+        &json!({"turns": [{"solution": solution(), "usage": {"tokens": 3}}]}).to_string(),
+        "<test>",
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("tokens"), "{err}");
+}

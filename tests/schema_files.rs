@@ -146,11 +146,34 @@ fn valid_fixtures_are_accepted_by_the_typed_parsers() {
         .into_iter()
         .filter(|(n, _)| n.starts_with("valid-"))
     {
+        // The loader takes every file the schema accepts (a turn's `usage` included).
+        dagloop::llm::Script::parse(&v.to_string(), &name).unwrap_or_else(|e| panic!("{e}"));
         for turn in v["turns"].as_array().cloned().unwrap_or_default() {
             if let Some(s) = turn.get("solution") {
                 Solution::from_value(s.clone()).unwrap_or_else(|e| panic!("{name}: {e}"));
             }
         }
+    }
+}
+
+/// The scripted-model loader refuses what its schema refuses (the two cannot drift apart in the
+/// direction that lets a file pass the editor's check and then fail to load, or the reverse).
+#[test]
+fn invalid_scripted_models_are_refused_by_the_loader_too() {
+    for (name, v) in fixtures(Document::ScriptedModel)
+        .into_iter()
+        .filter(|(n, _)| n.starts_with("invalid-"))
+    {
+        for turn in v["turns"].as_array().cloned().unwrap_or_default() {
+            let one = serde_json::json!({ "turns": [turn] });
+            let schema_ok = Document::ScriptedModel.validator().unwrap().is_valid(&one);
+            let loader_ok = dagloop::llm::Script::parse(&one.to_string(), &name).is_ok();
+            assert_eq!(schema_ok, loader_ok, "{name}: {turn}");
+        }
+        assert!(
+            dagloop::llm::Script::parse(&v.to_string(), &name).is_err(),
+            "{name}"
+        );
     }
 }
 

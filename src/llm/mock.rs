@@ -24,7 +24,7 @@ use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 
 use super::Script;
-use super::script::{Rendered, estimate_tokens};
+use super::script::{Rendered, TurnUsage};
 
 struct MockState {
     script: Script,
@@ -169,7 +169,7 @@ async fn complete(State(st): State<Arc<MockState>>, body: Bytes) -> Response {
         }
         return resp;
     }
-    let frames = frames(&req, n, rendered);
+    let frames = frames(&req, n, rendered, turn.usage);
     let delay = turn.chunk_delay;
     let body = futures::stream::iter(frames.into_iter().enumerate()).then(
         move |(i, (content, frame))| async move {
@@ -187,7 +187,7 @@ async fn complete(State(st): State<Arc<MockState>>, body: Bytes) -> Response {
 }
 
 /// The SSE frames of a rendered turn, each marked whether it carries content (delayed).
-fn frames(req: &Value, n: usize, rendered: Rendered) -> Vec<(bool, String)> {
+fn frames(req: &Value, n: usize, rendered: Rendered, usage: TurnUsage) -> Vec<(bool, String)> {
     let model = req.get("model").cloned().unwrap_or(Value::Null);
     let chunk = |delta: Value, finish: Value| {
         json!({
@@ -243,8 +243,7 @@ fn frames(req: &Value, n: usize, rendered: Rendered) -> Vec<(bool, String)> {
             .filter_map(|m| m.get("content").and_then(Value::as_str))
             .map(|c| c.chars().count())
             .sum();
-        let prompt = estimate_tokens(input_chars);
-        let completion = estimate_tokens(output_chars);
+        let (prompt, completion) = usage.or_estimate(input_chars, output_chars);
         out.push((
             false,
             json!({

@@ -33,6 +33,31 @@ pub struct Turn {
     pub chunk_chars: usize,
     /// Pause between chunks.
     pub chunk_delay: Duration,
+    /// Token usage to report instead of the estimate (characters / 4), per figure.
+    pub usage: TurnUsage,
+}
+
+/// The token figures a turn reports when its file gives them (`"usage"`); a figure left out is
+/// estimated from the characters sent or received.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TurnUsage {
+    /// Tokens of the request.
+    pub input_tokens: Option<u64>,
+    /// Tokens of the answer.
+    pub output_tokens: Option<u64>,
+}
+
+impl TurnUsage {
+    /// The figures to report for a turn that sent `input_chars` and received `output_chars`.
+    pub(crate) fn or_estimate(&self, input_chars: usize, output_chars: usize) -> (u64, u64) {
+        (
+            self.input_tokens
+                .unwrap_or_else(|| estimate_tokens(input_chars)),
+            self.output_tokens
+                .unwrap_or_else(|| estimate_tokens(output_chars)),
+        )
+    }
 }
 
 /// What a turn answers.
@@ -76,6 +101,8 @@ struct RawTurn {
     error: Option<RawError>,
     chunk_chars: Option<usize>,
     chunk_delay_ms: Option<u64>,
+    #[serde(default)]
+    usage: TurnUsage,
 }
 
 #[derive(Deserialize)]
@@ -141,6 +168,7 @@ fn turn_of(v: Value) -> Result<Turn, String> {
         body,
         chunk_chars,
         chunk_delay: Duration::from_millis(raw.chunk_delay_ms.unwrap_or(0)),
+        usage: raw.usage,
     })
 }
 

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 
-use super::script::{Rendered, estimate_tokens};
+use super::script::Rendered;
 use super::wire::text_chars;
 use super::{EventStream, FinishReason, LlmError, Mode, Model, Request, Script, StreamEvent};
 
@@ -120,11 +120,12 @@ impl Model for ScriptedModel {
                 }
             }
         };
+        let (input_tokens, output_tokens) = turn.usage.or_estimate(input_chars, output_chars);
         items.push((
             Duration::ZERO,
             Ok(StreamEvent::Usage {
-                input_tokens: estimate_tokens(input_chars),
-                output_tokens: estimate_tokens(output_chars),
+                input_tokens,
+                output_tokens,
             }),
         ));
         items.push((Duration::ZERO, Ok(StreamEvent::Finish { reason })));

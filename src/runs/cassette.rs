@@ -103,22 +103,35 @@ struct TurnAcc {
     /// Each streamed element: a call as written, or the raw text of an unreadable one.
     elements: Vec<Result<Value, String>>,
     output: Value,
+    /// The tokens the provider reported for the turn (not estimates), replayed as written.
+    usage: Option<(u64, u64)>,
 }
 
 impl TurnAcc {
     fn into_turn(self) -> Value {
-        // Usage is not replayed: the scripted model estimates its own.
+        let mut turn = self.body();
+        if let Some((input, output)) = self.usage {
+            turn["usage"] = json!({"input_tokens": input, "output_tokens": output});
+        }
+        turn
+    }
+
+    fn body(&self) -> Value {
         if self.elements.iter().all(Result::is_ok) {
-            let calls: Vec<Value> = self.elements.into_iter().filter_map(Result::ok).collect();
+            let calls: Vec<&Value> = self
+                .elements
+                .iter()
+                .filter_map(|e| e.as_ref().ok())
+                .collect();
             json!({"solution": {"calls": calls, "output": self.output}})
         } else {
             // An element the run could not read is streamed again as it was written.
             let parts: Vec<String> = self
                 .elements
-                .into_iter()
+                .iter()
                 .map(|e| match e {
                     Ok(v) => v.to_string(),
-                    Err(raw) => raw,
+                    Err(raw) => raw.clone(),
                 })
                 .collect();
             json!({"text": format!("{{\"calls\":[{}],\"output\":{}}}", parts.join(","), self.output)})
@@ -158,6 +171,13 @@ pub fn export(
                 frame: None,
                 output,
             } => turn.output = output.clone(),
+            RunInput::Usage {
+                frame: None,
+                input_tokens,
+                output_tokens,
+                estimated: false,
+                ..
+            } => turn.usage = Some((*input_tokens, *output_tokens)),
             RunInput::Retry {
                 frame: None,
                 status,
