@@ -762,3 +762,42 @@ fn a_destructive_mcp_tool_with_no_reviewer_is_refused_at_start() {
     assert_eq!(code, Some(0), "{v:#}");
     assert_eq!(v["status"], "succeeded", "{v:#}");
 }
+
+/// A server's param named with a leading `_` (a dagloop meta key, which calls may not carry) is
+/// offered to the model under another name and restored when the tool is called.
+#[tokio::test]
+async fn a_param_named_like_a_meta_key_is_renamed_and_restored() {
+    let Some(npm) = npm() else { return };
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/mcp/underscore-server.cjs"
+    );
+    let mut cfg = stdio("underscore", "node", &[script]);
+    cfg.env
+        .insert("NODE_PATH".into(), npm.to_string_lossy().into_owned());
+    let servers = McpServers::start(&[McpServerConfig::Stdio(cfg)])
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let (tool, _) = find(&servers, "echo_args");
+    let props = tool.schema["properties"].as_object().expect("properties");
+    let names: Vec<&str> = props.keys().map(String::as_str).collect();
+    // `p_tag` is taken by the server's own param, so `_tag` becomes `pp_tag`.
+    assert_eq!(
+        names,
+        ["pp_tag", "p_tag", "text"],
+        "{:#}",
+        tool.schema["properties"]
+    );
+    assert_eq!(tool.schema["required"], json!(["pp_tag", "text"]));
+    assert_eq!(tool.unknown_meta_key(), None);
+    // What a model writes for it is a valid call ...
+    let written =
+        Call::parse(json!({"_tool": "echo_args", "pp_tag": "a", "p_tag": "b", "text": "hi"}))
+            .unwrap_or_else(|e| panic!("{e}"));
+    // ... and the server receives its own names.
+    let echoed = call(&servers, "echo_args", Value::Object(written.params))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(echoed, json!({"_tag": "a", "p_tag": "b", "text": "hi"}));
+    servers.shutdown().await;
+}

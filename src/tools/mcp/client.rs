@@ -396,12 +396,13 @@ impl Activity for McpActivity {
     }
 
     /// Progress notifications of the call go to the context's progress sink.
-    fn run_with(&self, _tool: &Tool, call: Call, cx: ActivityContext) -> ActivityFuture {
+    fn run_with(&self, tool: &Tool, call: Call, cx: ActivityContext) -> ActivityFuture {
         let server = self.server.clone();
+        let params = super::mapping::server_params(tool, call.params);
         let tool = self.tool.clone();
         Box::pin(async move {
             server
-                .call(&tool, call.params, cx.progress)
+                .call(&tool, params, cx.progress)
                 .await
                 .map(Into::into)
         })

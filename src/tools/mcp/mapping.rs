@@ -32,10 +32,12 @@ pub(crate) fn to_tool(name: &str, server: &McpServerConfig, mcp: &rmcp::model::T
     if let Some(a) = annotations {
         schema.insert("annotations".into(), Value::Object(a));
     }
-    schema.insert(
-        "_mcp".into(),
-        json!({"server": server.name(), "tool": mcp.name}),
-    );
+    let mut meta = json!({"server": server.name(), "tool": mcp.name});
+    let renamed = escape_meta_params(&mut schema);
+    if !renamed.is_empty() {
+        meta["renamed"] = Value::Object(renamed);
+    }
+    schema.insert("_mcp".into(), meta);
     Tool {
         name: name.to_string(),
         output: mcp
@@ -46,6 +48,59 @@ pub(crate) fn to_tool(name: &str, server: &McpServerConfig, mcp: &rmcp::model::T
         approval,
         schema,
     }
+}
+
+/// Renames the params an MCP tool names with a leading `_` (dagloop's meta keys, which a call may
+/// not carry as params) to `p_…` (another `p` in front while the name is taken), in
+/// `properties` and `required`; returns the new names mapped to the server's.
+fn escape_meta_params(schema: &mut Map<String, Value>) -> Map<String, Value> {
+    let mut renamed = Map::new();
+    let Some(Value::Object(props)) = schema.get_mut("properties") else {
+        return renamed;
+    };
+    let meta: Vec<String> = props
+        .keys()
+        .filter(|k| crate::protocol::is_meta_key(k))
+        .cloned()
+        .collect();
+    for key in meta {
+        let mut name = format!("p{key}");
+        while props.contains_key(&name) || renamed.contains_key(&name) {
+            name.insert(0, 'p');
+        }
+        renamed.insert(name, Value::String(key));
+    }
+    // Rebuilt in order, so the params keep the place the server gave them.
+    *props = std::mem::take(props)
+        .into_iter()
+        .map(|(k, v)| {
+            let new = renamed.iter().find(|(_, old)| old.as_str() == Some(&k));
+            (new.map_or(k, |(n, _)| n.clone()), v)
+        })
+        .collect();
+    if let Some(Value::Array(required)) = schema.get_mut("required") {
+        for r in required.iter_mut() {
+            if let Some((new, _)) = renamed.iter().find(|(_, old)| *old == &*r) {
+                *r = Value::String(new.clone());
+            }
+        }
+    }
+    renamed
+}
+
+/// A call's params as the MCP server names them: the names [`to_tool`] escaped are restored.
+pub(crate) fn server_params(tool: &Tool, mut params: Map<String, Value>) -> Map<String, Value> {
+    let renamed = tool
+        .schema
+        .get("_mcp")
+        .and_then(|m| m.get("renamed"))
+        .and_then(Value::as_object);
+    for (new, old) in renamed.into_iter().flatten() {
+        if let (Some(v), Some(old)) = (params.remove(new), old.as_str()) {
+            params.insert(old.to_string(), v);
+        }
+    }
+    params
 }
 
 /// The value a `tools/call` result stands for: `structuredContent`, else the text blocks joined
