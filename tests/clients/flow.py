@@ -42,7 +42,8 @@ def main(base, goal_path):
                     body=DecideRequest(decision=DecisionName.APPROVE, presented=event.params_hash),
                 )
                 print(f"  approved call {event.call_id} ({event.call.field_tool}): {answer.status}")
-            if isinstance(event, models.RunFinishedEvent):
+            # The run's own end (a delegate's agent finishes at depth 1).
+            if isinstance(event, models.RunFinishedEvent) and not event.depth:
                 break
 
     out = result.sync(run.id, client=client, wait=30)
