@@ -11,7 +11,7 @@ import sys
 
 from dagloop_client import Client, models
 from dagloop_client.api.approvals import decide
-from dagloop_client.api.runs import create_run, result
+from dagloop_client.api.runs import create_run, list_runs, result
 from dagloop_client.models import DecideRequest, DecisionName, RunOutcome, SubmitRun
 
 
@@ -46,6 +46,8 @@ def main(base, goal_path):
             if isinstance(event, models.RunFinishedEvent) and not event.depth:
                 break
 
+    listed = list_runs.sync(client=client)
+    print(f"listed: {[f'{type(r).__name__}({r.id}, {r.status})' for r in listed]}")
     out = result.sync(run.id, client=client, wait=30)
     assert isinstance(out, RunOutcome) and out.finished, out
     print(f"result: {type(out).__name__}(status={out.status}, finished={out.finished})")
