@@ -485,8 +485,151 @@ async fn the_openapi_document_is_served_and_matches_the_committed_one() {
         "/runs/{id}/approvals",
         "/runs/{id}/approvals/{call}",
         "/runs/{id}/cancel",
+        "/runs/{id}/result",
         "/tickets",
     ] {
         assert!(paths.contains_key(p), "{p} is documented");
     }
+}
+
+/// `POST /runs` with `wait`: one call answers with the run's result.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_program_gets_the_result_in_one_call_with_wait() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let (url, _) = counting_service().await;
+    let s = Server::start(&dir.path().join("runs.db"), None);
+    let mut body = goal(dir.path(), &url, "auto");
+    body["wait"] = json!(120);
+    let (st, v) = send(client().post(s.url("/runs")).json(&body)).await;
+    assert_eq!(st, 201, "{v}");
+    assert_eq!(
+        (v["status"].as_str(), v["finished"].as_bool()),
+        (Some("succeeded"), Some(true)),
+        "{v}"
+    );
+    assert_eq!(v["output"]["b"], 20, "{v}");
+    assert_eq!(v["awaiting"], json!([]), "{v}");
+    assert!(v["usage"].is_object(), "{v}");
+    // Without `wait`, the answer is at once.
+    body.as_object_mut().expect("goal").remove("wait");
+    let (st, v) = send(client().post(s.url("/runs")).json(&body)).await;
+    assert_eq!((st, v["finished"].as_bool()), (201, Some(false)), "{v}");
+    assert!(v.get("output").is_none(), "{v}");
+}
+
+/// A run that waits for a reviewer: the result call answers 202 with the calls awaiting a
+/// decision when the wait runs out, and 200 with the result once the decisions let it end
+/// (the waiting request is answered by the run's end, not by polling).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_result_call_answers_with_what_awaits_a_decision_then_with_the_result() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let (url, _) = counting_service().await;
+    let s = Server::start(&dir.path().join("runs.db"), None);
+    let mut body = goal(dir.path(), &url, "ask");
+    body["wait"] = json!(0.2);
+    let (st, v) = send(client().post(s.url("/runs")).json(&body)).await;
+    assert_eq!((st, v["finished"].as_bool()), (201, Some(false)), "{v}");
+    let id = v["id"].as_str().expect("id").to_string();
+    until(&s, &id, |v| awaiting(v).len() == 2).await;
+    let result = |wait: &str| client().get(s.url(&format!("/runs/{id}/result?wait={wait}")));
+    let (st, v) = send(result("0.1")).await;
+    assert_eq!(st, 202, "{v}");
+    assert_eq!(v["status"], "waiting", "{v}");
+    let waiting: Vec<u64> = v["awaiting"]
+        .as_array()
+        .expect("awaiting")
+        .iter()
+        .filter_map(|a| a["call_id"].as_u64())
+        .collect();
+    assert_eq!(waiting, [1, 2], "{v}");
+    let waiter = tokio::spawn(send(result("120")));
+    for call in waiting {
+        let (st, e) = send(
+            client()
+                .post(s.url(&format!("/runs/{id}/approvals/{call}")))
+                .json(&json!({"decision": "approve"})),
+        )
+        .await;
+        assert_eq!(st, 200, "{e}");
+    }
+    let (st, v) = waiter.await.expect("the waiting request");
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(
+        (v["status"].as_str(), v["finished"].as_bool()),
+        (Some("succeeded"), Some(true)),
+        "{v}"
+    );
+    assert_eq!(v["output"]["a"]["n"], 1, "{v}");
+    // Once ended, the answer is at once.
+    let (st, again) = send(result("0")).await;
+    assert_eq!((st, &again["output"]), (200, &v["output"]));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_that_is_not_a_bounded_number_of_seconds_is_refused() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let s = Server::start(&dir.path().join("runs.db"), None);
+    let mut body = goal(dir.path(), "http://127.0.0.1:9/step", "ask");
+    for bad in [json!(-1), json!(301), json!("10"), json!(null), json!([1])] {
+        body["wait"] = bad;
+        refused(
+            send(client().post(s.url("/runs")).json(&body)).await,
+            400,
+            "http.bad_wait",
+        );
+    }
+    assert_eq!(send(client().get(s.url("/runs"))).await.1, json!([]));
+    for bad in ["-1", "301", "soon", "NaN", "inf"] {
+        refused(
+            send(client().get(s.url(&format!("/runs/run-x/result?wait={bad}")))).await,
+            400,
+            "http.bad_wait",
+        );
+    }
+    refused(
+        send(client().get(s.url("/runs/run-x/result"))).await,
+        404,
+        "store.unknown_run",
+    );
+}
+
+/// The contract checker itself: answers that do not match the document are caught.
+#[test]
+fn the_contract_check_catches_answers_that_do_not_match_the_document() {
+    use serve::contract::check_in;
+    let doc = serve::contract::document();
+    let ok =
+        |m: &str, p: &str, st: u16, body: Value| check_in(doc, m, p, st, "application/json", &body);
+    let summary = json!({"id": "run-1", "status": "running", "entries": 3, "created_at": 1,
+        "updated_at": 2, "waiting": 0});
+    assert_eq!(ok("GET", "/runs", 200, json!([summary])), Ok(()));
+    // `GET /runs` answering an object, a summary without its status, a status of the wrong
+    // type, an undeclared success, a refusal without a code: each is caught.
+    for (m, p, st, body) in [
+        ("GET", "/runs", 200, json!({"runs": [summary]})),
+        ("GET", "/runs", 200, json!([{"id": "run-1", "entries": 3}])),
+        (
+            "GET",
+            "/runs/run-1/result",
+            202,
+            json!({"id": "r", "status": 7, "finished": false}),
+        ),
+        ("GET", "/runs/run-1", 201, json!({})),
+        (
+            "POST",
+            "/runs/run-1/cancel",
+            409,
+            json!({"message": "finished"}),
+        ),
+    ] {
+        assert!(ok(m, p, st, body.clone()).is_err(), "{m} {p} {st} {body}");
+    }
+    // A JSON answer where the document declares none, and an event of no known type.
+    assert!(check_in(doc, "GET", "/runs", 200, "text/plain", &json!("x")).is_err());
+    let event = |t: &str| json!({"seq": 1, "step": 1, "at": 5, "type": t, "goal": "g"});
+    let sse = |e: &Value| check_in(doc, "GET", "/runs/r/events", 200, "text/event-stream", e);
+    assert_eq!(sse(&event("run_started")), Ok(()));
+    assert!(sse(&event("run_exploded")).is_err());
+    // Paths the document does not describe are not checked.
+    assert_eq!(ok("GET", "/app.js", 200, json!("x")), Ok(()));
 }

@@ -81,16 +81,24 @@ async fn until_as(s: &Server, token: &str, id: &str, pred: impl Fn(&Value) -> bo
 
 /// The status and, unless it is an event stream that opened (which would not end), the body.
 async fn send_no_stream(rb: reqwest::RequestBuilder) -> (u16, Value) {
-    let r = rb.send().await.expect("request");
+    let (c, req) = rb.build_split();
+    let req = req.expect("a request");
+    let path = req.url().path().to_string();
+    let r = c.execute(req).await.expect("request");
     let status = r.status().as_u16();
     if status == 200 {
         return (status, Value::Null);
     }
+    let ct = r
+        .headers()
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_string();
     let text = r.text().await.expect("body");
-    (
-        status,
-        serde_json::from_str(&text).unwrap_or(Value::String(text)),
-    )
+    let body = serde_json::from_str(&text).unwrap_or(Value::String(text));
+    serve::contract::check("GET", &path, status, &ct, &body);
+    (status, body)
 }
 
 async fn run_ids(s: &Server, token: Option<&str>) -> Vec<String> {

@@ -211,6 +211,7 @@ impl ApprovalError {
 
 /// A policy's name, as written in a goal's `approval.policy` and in a run's options
 /// (`--approve auto|allowlist|ask`, the server's `approve`): `auto`, `allowlist` or `ask`.
+#[cfg_attr(feature = "server", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum ModeName {

@@ -293,6 +293,7 @@ pub enum Action {
 }
 
 /// How a run ended.
+#[cfg_attr(feature = "server", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 #[non_exhaustive]
@@ -363,6 +364,7 @@ impl RunStatus {
 }
 
 /// Why a run did not succeed: a stable code, a message, and what caused it.
+#[cfg_attr(feature = "server", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RunError {
     /// Stable code (`run.max_steps`, `run.model_error`, ...).
@@ -399,6 +401,7 @@ impl RunError {
 /// Prompt-cache tokens (Anthropic's `cache_read_input_tokens` and
 /// `cache_creation_input_tokens`) are reported apart from `input_tokens`, as the provider
 /// reports them, and left out of the JSON when zero.
+#[cfg_attr(feature = "server", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Usage {
     /// Prompt tokens (prompt-cache reads and writes not included).
@@ -418,6 +421,7 @@ pub struct Usage {
     /// In a run's result, present only when more than one model answered (fallback models, a
     /// delegate with a model of its own); left out of the JSON when empty.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[cfg_attr(feature = "server", schema(no_recursion))]
     pub models: BTreeMap<String, Usage>,
 }
 
@@ -462,6 +466,7 @@ fn is_zero(n: &u64) -> bool {
 }
 
 /// One call of the run, summarised.
+#[cfg_attr(feature = "server", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CallSummary {
     /// The call's id.
@@ -481,6 +486,7 @@ pub struct CallSummary {
 }
 
 /// The result of a run: what `dagloop run` prints and `Agent::run` returns.
+#[cfg_attr(feature = "server", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RunResult {
     /// How the run ended.

@@ -7,6 +7,7 @@ use super::ProtocolError;
 use super::reference::{Expression, ReferenceError, parse_expression};
 
 /// How a write combines with earlier writes to the same path (protocol chapter 008).
+#[cfg_attr(feature = "server", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 #[non_exhaustive]
@@ -56,6 +57,7 @@ impl OutputMethod {
 /// fields in `params` (so a stored call always reads back); [`Call::parse`], which every input
 /// goes through (the model's calls, goal plans, decisions), refuses them
 /// ([`super::meta::CALL_META_KEYS`]).
+#[cfg_attr(feature = "server", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(try_from = "Value")]
 pub struct Call {

@@ -20,6 +20,7 @@ use serde_json::{Map, Value};
 use super::{Call, CallId, Millis, OutputMethod};
 
 /// One stamped event of a run.
+#[cfg_attr(feature = "server", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Event {
     /// The run the event belongs to (empty when the bus was given no run id). Shared by every
@@ -31,6 +32,7 @@ pub struct Event {
     /// The step (Request number) the event belongs to.
     pub step: u32,
     /// When it was published (milliseconds since the Unix epoch, from the engine's clock).
+    #[cfg_attr(feature = "server", schema(value_type = u64))]
     pub at: Millis,
     /// The call it concerns, if any. Serialised as `call_id` (some kinds carry a `call` body).
     #[serde(rename = "call_id", default, skip_serializing_if = "Option::is_none")]
@@ -51,6 +53,7 @@ fn is_zero(n: &u32) -> bool {
 }
 
 /// How a call failed.
+#[cfg_attr(feature = "server", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 #[non_exhaustive]
@@ -85,6 +88,7 @@ impl FailKind {
 /// Serialised with a `decision` tag: `{"decision": "approve"}`,
 /// `{"decision": "edit", "params": {...}}`, `{"decision": "replace", "call": {...}}`,
 /// `{"decision": "reject", "reason": "..."}`.
+#[cfg_attr(feature = "server", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "decision", rename_all = "snake_case")]
 #[non_exhaustive]
@@ -111,6 +115,7 @@ pub enum Decision {
 }
 
 /// What happened. Serialised internally tagged with `type`, in snake_case.
+#[cfg_attr(feature = "server", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 #[non_exhaustive]

@@ -24,6 +24,7 @@ pub use reference::{
 use serde::{Deserialize, Serialize};
 
 /// Identifies one call within a run (unique across the run's steps).
+#[cfg_attr(feature = "server", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(transparent)]
 pub struct CallId(pub u64);

@@ -47,6 +47,7 @@ pub enum Op {
 
 /// Who made a decision or a cancellation, and through which channel. Recorded in the journal
 /// and shown with the call (`decided_by`) or the run (`cancelled_by`).
+#[cfg_attr(feature = "server", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Actor {
     /// The principal's name (an HTTP principal, the terminal's user, `policy`, ...).

@@ -26,7 +26,10 @@ pub use launch::{
 };
 pub use options::{RunOptions, policy_for};
 pub use replay::{Divergence, Replayed, replay_run};
-pub use view::{Rebuilt, describe, rebuild, rebuild_machine};
+pub use view::{
+    AwaitingCall, CallView, ModelFallback, Rebuilt, RunView, Span, describe, describe_view,
+    rebuild, rebuild_machine,
+};
 
 /// Why a run could not be started, resumed or described.
 #[derive(Debug, thiserror::Error)]

@@ -110,16 +110,148 @@ pub fn rebuild(record: &RunRecord, journal: &[JournalEntry]) -> Result<Rebuilt, 
 
 /// One span of the run's timeline (ms from the run's start).
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
-struct Span {
-    what: String,
+#[cfg_attr(feature = "server", derive(utoipa::ToSchema))]
+pub struct Span {
+    /// `model step N`, `call TOOL` or `reviewer`.
+    pub what: String,
+    /// The call, for a call's or a reviewer's span.
     #[serde(skip_serializing_if = "Option::is_none")]
-    call_id: Option<u64>,
-    start_ms: u64,
-    end_ms: u64,
+    pub call_id: Option<u64>,
+    /// When it began.
+    pub start_ms: u64,
+    /// When it ended.
+    pub end_ms: u64,
 }
 
-/// The description of a run: `live` says whether a process runs it now (a call that started
-/// and did not finish in a run nobody runs was interrupted).
+/// A run described: what `dagloop show --json` prints and `GET /runs/{id}` returns.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[cfg_attr(feature = "server", derive(utoipa::ToSchema))]
+pub struct RunView {
+    /// The run id.
+    pub id: String,
+    /// The terminal status once it ended (`succeeded`, `failed`, `cancelled`, ...); before:
+    /// `waiting` (calls await a decision), `running`, or `stopped` (nobody drives it).
+    pub status: String,
+    /// From the first event to the last (ms).
+    pub duration_ms: u64,
+    /// Entries in its journal.
+    pub journal_entries: usize,
+    /// Every call, by id.
+    pub calls: Vec<CallView>,
+    /// The timeline: model steps, calls and reviewer waits.
+    pub spans: Vec<Span>,
+    /// The spans that set the run's duration, in order.
+    pub critical_path: Vec<Span>,
+    /// The calls awaiting a decision.
+    pub awaiting: Vec<AwaitingCall>,
+    /// Turns that went to the next model of their agent's list.
+    pub model_fallbacks: Vec<ModelFallback>,
+    /// Tokens used, once the run ended.
+    pub usage: Option<crate::machine::Usage>,
+    /// The run's state (the final one once it ended); any JSON value.
+    pub state: Option<Value>,
+    /// The validated output, once it ended (null unless it succeeded); any JSON value.
+    pub output: Option<Value>,
+    /// Why it failed, once it ended.
+    pub error: Option<crate::machine::RunError>,
+    /// Who cancelled it, when its cancellation said so.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cancelled_by: Option<crate::protocol::Actor>,
+}
+
+/// One call of a run and what became of it (times in ms from the run's start).
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[cfg_attr(feature = "server", derive(utoipa::ToSchema))]
+pub struct CallView {
+    /// The call id.
+    pub id: u64,
+    /// The step (model turn) that wrote it (0: the goal's plan).
+    pub step: u32,
+    /// How deep its agent is nested (0: the run's own).
+    pub depth: u32,
+    /// `pending`, `blocked`, `unresolved`, `refused`, `awaiting_approval`, `rejected`,
+    /// `running`, `done`, `error`, `timeout`, `panic`, `cancelled` or `interrupted`.
+    pub status: String,
+    /// Its tool.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool: Option<String>,
+    /// Its params (resolved, once presented or started).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub params: Option<serde_json::Map<String, Value>>,
+    /// When it arrived from the model.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub received_ms: Option<u64>,
+    /// Why it was refused (a string), or its error object when it failed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<Value>,
+    /// The paths it waits on (blocked), or that point at nothing (unresolved).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub waiting_on: Option<Vec<String>>,
+    /// When it was presented to a reviewer.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub asked_ms: Option<u64>,
+    /// It had started before the run stopped and was presented again.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub interrupted: Option<bool>,
+    /// The reviewer's decision: `approve`, `edit`, `replace` or `reject`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub decision: Option<String>,
+    /// Who decided.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub decided_by: Option<crate::protocol::Actor>,
+    /// When it was decided.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub decided_ms: Option<u64>,
+    /// The policy's default applied because nobody decided in time.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub decision_timed_out: Option<bool>,
+    /// When it started running.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub started_ms: Option<u64>,
+    /// When it ended.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ended_ms: Option<u64>,
+}
+
+/// A call awaiting a decision, with what a reviewer needs to decide it.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[cfg_attr(feature = "server", derive(utoipa::ToSchema))]
+pub struct AwaitingCall {
+    /// The call id (`POST /runs/{id}/approvals/{call_id}`).
+    pub call_id: u64,
+    /// The fingerprint of the call as presented: quote it as `presented` in a decision.
+    pub params_hash: String,
+    /// It had started before the run stopped, and may have had effects.
+    pub interrupted: bool,
+    /// The tool's params schema (a JSON Schema), when the tool is the goal's.
+    pub tool_schema: Option<Value>,
+    /// The call with its references resolved.
+    pub call: crate::protocol::Call,
+}
+
+/// A model turn that went to the next model of its agent's list.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[cfg_attr(feature = "server", derive(utoipa::ToSchema))]
+pub struct ModelFallback {
+    /// The step.
+    pub step: u32,
+    /// How deep its agent is nested.
+    pub depth: u32,
+    /// The delegate call that runs the agent (none for the run's own).
+    pub delegate_call: Option<u64>,
+    /// When (ms from the run's start).
+    pub at_ms: u64,
+    /// The model that failed.
+    pub from: String,
+    /// The model asked instead.
+    pub to: String,
+    /// The failure's stable code.
+    pub code: String,
+    /// The failure, in words.
+    pub error: String,
+}
+
+/// The description of a run as JSON ([`describe_view`]).
 pub fn describe(
     id: &str,
     rb: &Rebuilt,
@@ -127,20 +259,33 @@ pub fn describe(
     result: Option<&RunResult>,
     live: bool,
 ) -> Value {
+    serde_json::to_value(describe_view(id, rb, journal_entries, result, live))
+        .unwrap_or(Value::Null)
+}
+
+/// The description of a run: `live` says whether a process runs it now (a call that started
+/// and did not finish in a run nobody runs was interrupted).
+pub fn describe_view(
+    id: &str,
+    rb: &Rebuilt,
+    journal_entries: usize,
+    result: Option<&RunResult>,
+    live: bool,
+) -> RunView {
     let t0 = rb.events.first().map_or(0, |e| e.at);
     let rel = |at: u64| at.saturating_sub(t0);
-    let mut calls: BTreeMap<u64, Value> = BTreeMap::new();
+    let mut calls: BTreeMap<u64, CallView> = BTreeMap::new();
     let mut spans: Vec<Span> = Vec::new();
     let mut turns: BTreeMap<(u32, u64), u64> = BTreeMap::new();
     let mut asked: BTreeMap<u64, u64> = BTreeMap::new();
     // Turns that went to the next model of their agent's list, as journaled.
-    let mut fallbacks: Vec<Value> = Vec::new();
+    let mut fallbacks: Vec<ModelFallback> = Vec::new();
     for e in &rb.events {
         let t = rel(e.at);
         if let Some(id) = e.call.map(|c| c.0) {
-            let c = calls.entry(id).or_insert_with(
-                || json!({"id": id, "step": e.step, "depth": e.depth, "status": "pending"}),
-            );
+            let c = calls
+                .entry(id)
+                .or_insert_with(|| CallView::new(id, e.step, e.depth));
             if let Some(span) = call_event(c, &e.kind, t, &mut asked, id) {
                 spans.push(span);
             }
@@ -156,16 +301,16 @@ pub fn describe(
                 to,
                 code,
                 error,
-            } => fallbacks.push(json!({
-                "step": e.step,
-                "depth": e.depth,
-                "delegate_call": e.parent.map(|p| p.0),
-                "at_ms": t,
-                "from": from,
-                "to": to,
-                "code": code,
-                "error": error,
-            })),
+            } => fallbacks.push(ModelFallback {
+                step: e.step,
+                depth: e.depth,
+                delegate_call: e.parent.map(|p| p.0),
+                at_ms: t,
+                from: from.clone(),
+                to: to.clone(),
+                code: code.clone(),
+                error: error.clone(),
+            }),
             EventKind::Solution { .. } => {
                 if let Some(s) = turns.remove(&frame) {
                     // The model's part of the step ends when its stream closes; the calls
@@ -192,8 +337,8 @@ pub fn describe(
     }
     if !live && result.is_none() {
         for c in calls.values_mut() {
-            if c["status"] == "running" {
-                c["status"] = json!("interrupted");
+            if c.status == "running" {
+                c.status = "interrupted".into();
             }
         }
     }
@@ -206,30 +351,51 @@ pub fn describe(
         None if live => "running".into(),
         None => "stopped".into(),
     };
-    let mut out = json!({
-        "id": id,
-        "status": status,
-        "duration_ms": end,
-        "journal_entries": journal_entries,
-        "calls": calls.into_values().collect::<Vec<_>>(),
-        "spans": spans,
-        "critical_path": critical,
-        "awaiting": awaiting,
-        "model_fallbacks": fallbacks,
-        "usage": result.map(|r| r.usage.clone()),
-        "state": result.map_or_else(|| rb.machine.state_view(), |r| Some(r.state.clone())),
-        "output": result.map(|r| r.output.clone()),
-        "error": result.and_then(|r| r.error.clone()),
-    });
-    if let Some(by) = &rb.cancelled_by {
-        out["cancelled_by"] = json!(by);
+    RunView {
+        id: id.to_string(),
+        status,
+        duration_ms: end,
+        journal_entries,
+        calls: calls.into_values().collect(),
+        spans,
+        critical_path: critical,
+        awaiting,
+        model_fallbacks: fallbacks,
+        usage: result.map(|r| r.usage.clone()),
+        state: result.map_or_else(|| rb.machine.state_view(), |r| Some(r.state.clone())),
+        output: result.map(|r| r.output.clone()),
+        error: result.and_then(|r| r.error.clone()),
+        cancelled_by: rb.cancelled_by.clone(),
     }
-    out
+}
+
+impl CallView {
+    fn new(id: u64, step: u32, depth: u32) -> CallView {
+        CallView {
+            id,
+            step,
+            depth,
+            status: "pending".into(),
+            tool: None,
+            params: None,
+            received_ms: None,
+            error: None,
+            waiting_on: None,
+            asked_ms: None,
+            interrupted: None,
+            decision: None,
+            decided_by: None,
+            decided_ms: None,
+            decision_timed_out: None,
+            started_ms: None,
+            ended_ms: None,
+        }
+    }
 }
 
 /// Folds one event into its call's description; returns the span it closes, if any.
 fn call_event(
-    c: &mut Value,
+    c: &mut CallView,
     kind: &EventKind,
     t: u64,
     asked: &mut BTreeMap<u64, u64>,
@@ -237,38 +403,36 @@ fn call_event(
 ) -> Option<Span> {
     match kind {
         EventKind::CallReceived { call } => {
-            c["tool"] = json!(call.tool);
-            c["params"] = json!(call.params);
-            c["received_ms"] = json!(t);
+            c.tool = Some(call.tool.clone());
+            c.params = Some(call.params.clone());
+            c.received_ms = Some(t);
         }
         EventKind::CallRefused { reason, .. } => {
-            c["status"] = json!("refused");
-            c["error"] = json!(reason);
+            c.status = "refused".into();
+            c.error = Some(json!(reason));
         }
         EventKind::Blocked { waiting_on } => {
-            c["status"] = json!("blocked");
-            c["waiting_on"] = json!(waiting_on);
+            c.status = "blocked".into();
+            c.waiting_on = Some(waiting_on.clone());
         }
         EventKind::Unblocked => {
-            c["status"] = json!("pending");
-            if let Some(m) = c.as_object_mut() {
-                m.remove("waiting_on");
-            }
+            c.status = "pending".into();
+            c.waiting_on = None;
         }
         EventKind::Unresolved { missing } => {
-            c["status"] = json!("unresolved");
-            c["waiting_on"] = json!(missing);
+            c.status = "unresolved".into();
+            c.waiting_on = Some(missing.clone());
         }
         EventKind::ApprovalRequested {
             call, interrupted, ..
         } => {
             asked.insert(id, t);
-            c["status"] = json!("awaiting_approval");
-            c["tool"] = json!(call.tool);
-            c["params"] = json!(call.params);
-            c["asked_ms"] = json!(t);
+            c.status = "awaiting_approval".into();
+            c.tool = Some(call.tool.clone());
+            c.params = Some(call.params.clone());
+            c.asked_ms = Some(t);
             if *interrupted {
-                c["interrupted"] = json!(true);
+                c.interrupted = Some(true);
             }
         }
         EventKind::Decision {
@@ -276,18 +440,19 @@ fn call_event(
             timed_out,
             by,
         } => {
-            c["decision"] = json!(decision.name());
+            c.decision = Some(decision.name().to_string());
             if let Some(by) = by {
-                c["decided_by"] = json!(by);
+                c.decided_by = Some(by.clone());
             }
-            c["decided_ms"] = json!(t);
-            c["status"] = json!(if decision.name() == "reject" {
+            c.decided_ms = Some(t);
+            c.status = if decision.name() == "reject" {
                 "rejected"
             } else {
                 "pending"
-            });
+            }
+            .into();
             if *timed_out {
-                c["decision_timed_out"] = json!(true);
+                c.decision_timed_out = Some(true);
             }
             if let Some(a) = asked.remove(&id) {
                 return Some(Span {
@@ -299,24 +464,25 @@ fn call_event(
             }
         }
         EventKind::Started { tool, params } => {
-            c["status"] = json!("running");
-            c["started_ms"] = json!(t);
-            c["tool"] = json!(tool);
-            c["params"] = json!(params);
+            c.status = "running".into();
+            c.started_ms = Some(t);
+            c.tool = Some(tool.clone());
+            c.params = Some(params.clone());
         }
         EventKind::Finished { .. } | EventKind::Failed { .. } | EventKind::Cancelled => {
-            c["ended_ms"] = json!(t);
-            c["status"] = json!(match kind {
+            c.ended_ms = Some(t);
+            c.status = match kind {
                 EventKind::Finished { .. } => "done",
                 EventKind::Failed { kind, .. } => kind.as_str(),
                 _ => "cancelled",
-            });
-            if let EventKind::Failed { error, .. } = kind {
-                c["error"] = Value::clone(error);
             }
-            if let Some(s) = c["started_ms"].as_u64() {
+            .into();
+            if let EventKind::Failed { error, .. } = kind {
+                c.error = Some(Value::clone(error));
+            }
+            if let Some(s) = c.started_ms {
                 return Some(Span {
-                    what: format!("call {}", c["tool"].as_str().unwrap_or("")),
+                    what: format!("call {}", c.tool.as_deref().unwrap_or("")),
                     call_id: Some(id),
                     start_ms: s,
                     end_ms: t,
@@ -330,7 +496,7 @@ fn call_event(
 
 /// The calls awaiting a decision, with what a reviewer needs: the resolved call, the
 /// fingerprint a decision may quote, whether it was interrupted, and the tool's params schema.
-fn awaiting(rb: &Rebuilt) -> Vec<Value> {
+fn awaiting(rb: &Rebuilt) -> Vec<AwaitingCall> {
     rb.machine
         .awaiting()
         .into_iter()
@@ -348,13 +514,13 @@ fn awaiting(rb: &Rebuilt) -> Vec<Value> {
                 m.retain(|k, _| !k.starts_with('_'));
                 Value::Object(m)
             });
-            json!({
-                "call_id": id,
-                "params_hash": params_hash(&call),
-                "interrupted": interrupted.unwrap_or(false),
-                "tool_schema": schema,
-                "call": call,
-            })
+            AwaitingCall {
+                call_id: id.0,
+                params_hash: params_hash(&call),
+                interrupted: interrupted.unwrap_or(false),
+                tool_schema: schema,
+                call,
+            }
         })
         .collect()
 }

@@ -11,11 +11,13 @@ use axum::extract::{Path, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use super::error::{ApiError, Problem};
 use super::principals::{Principal, Role};
+use super::result::{RunOutcome, outcome, wait_duration};
 use super::state::AppState;
+use super::wire::{OpStatus, RunSummary};
 use crate::approval::ModeName;
 use crate::goal::Goal;
 use crate::protocol::{Actor, CallId, Decision, Op};
@@ -56,11 +58,11 @@ const MAX_KEYS_IN_MEMORY: usize = 10_000;
 /// Stored runs the caller may see (a submitter: its own), newest first, with how many calls
 /// each has waiting for a decision.
 #[utoipa::path(get, path = "/runs", tag = "runs",
-    responses((status = 200, description = "Runs the caller may see, newest first: id, status, entries, created_at, updated_at, waiting, submitted_by", body = Object)))]
+    responses((status = 200, description = "Runs the caller may see, newest first", body = Vec<RunSummary>)))]
 pub(super) async fn list_runs(
     State(st): State<Arc<AppState>>,
     Extension(who): Extension<Principal>,
-) -> ApiResult<Json<Value>> {
+) -> ApiResult<Json<Vec<RunSummary>>> {
     let s = st.clone();
     let (rows, owners) = tokio::task::spawn_blocking(move || {
         Ok::<_, crate::store::StoreError>((s.store.list()?, s.store.submitters()?))
@@ -69,7 +71,7 @@ pub(super) async fn list_runs(
     .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server.internal", e))?
     .map_err(|e| ApiError::from_store(&e))?;
     let mut out = Vec::with_capacity(rows.len());
-    for row in rows {
+    for mut row in rows {
         let owner = owners.get(&row.id).cloned().flatten();
         if !who.may_read(owner.as_deref()) {
             continue;
@@ -78,20 +80,16 @@ pub(super) async fn list_runs(
             Some(l) => l.handle.awaiting().len(),
             None => 0,
         };
-        let status = if waiting > 0 {
-            "waiting".to_string()
-        } else {
-            row.status.clone()
-        };
-        let mut v = json!(row);
-        v["status"] = json!(status);
-        v["waiting"] = json!(waiting);
-        if let Some(o) = owner {
-            v["submitted_by"] = json!(o);
+        if waiting > 0 {
+            row.status = "waiting".to_string();
         }
-        out.push(v);
+        out.push(RunSummary {
+            row,
+            waiting,
+            submitted_by: owner,
+        });
     }
-    Ok(Json(Value::Array(out)))
+    Ok(Json(out))
 }
 
 /// The longest `Idempotency-Key` accepted.
@@ -126,13 +124,15 @@ fn idempotency_key(headers: &HeaderMap) -> ApiResult<Option<String>> {
 /// What the goal may touch is what the server's operator grants; the run starts at once; follow
 /// it with `/runs/{id}/events`. With an `Idempotency-Key` that the same principal already used,
 /// no run starts: the answer is the first run's, with status 200 and `Idempotent-Replayed: true`.
+/// With `"wait": SECONDS` the answer comes when the run ends (its result) or when the wait runs
+/// out (its status and the calls awaiting a decision), whichever is first.
 #[utoipa::path(post, path = "/runs", tag = "runs",
     params(("Idempotency-Key" = Option<String>, Header, description = "Repeating a key (same principal) returns the run the first request created instead of starting another")),
-    request_body(content = Object, description = "A goal document, {goal, model?, approve?, mode?}, or {agent, input?, model?, approve?, mode?}"),
+    request_body(content = super::wire::SubmitRun, description = "A goal document, {goal, model?, approve?, mode?, wait?}, or {agent, input?, model?, approve?, mode?, wait?}"),
     responses(
-        (status = 201, description = "The run was created and started: {id, status}", body = Object),
-        (status = 200, description = "The Idempotency-Key was used before: the first run's {id, status}, with `Idempotent-Replayed: true`", body = Object),
-        (status = 400, description = "The goal is invalid, or asks for something the operator does not grant (`grant.*`); `errors` lists each problem with its JSON pointer", body = ApiError),
+        (status = 201, description = "The run was created and started: {id, status, finished} (with `wait`: its result, or its status and the calls awaiting a decision)", body = RunOutcome),
+        (status = 200, description = "The Idempotency-Key was used before: the first run's {id, status, finished}, with `Idempotent-Replayed: true`", body = RunOutcome),
+        (status = 400, description = "The goal is invalid, or asks for something the operator does not grant (`grant.*`); `errors` lists each problem with its JSON pointer; `wait` is not a number of seconds from 0 to 300 (`http.bad_wait`)", body = ApiError),
         (status = 403, description = "The caller may not submit runs", body = ApiError),
         (status = 404, description = "No agent of that name is published", body = ApiError),
         (status = 413, description = "The body is too large", body = ApiError),
@@ -147,10 +147,14 @@ pub(super) async fn create_run(
         return Err(forbidden("submit runs"));
     }
     let key = idempotency_key(&headers)?;
-    let v = body(b)?;
+    let mut v = body(b)?;
+    let wait = match v.as_object_mut().and_then(|m| m.remove("wait")) {
+        Some(w) => Some(wait_duration(&w)?),
+        None => None,
+    };
     let Some(key) = key else {
         let id = start_run(&st, &who, v).await?;
-        return Ok(created(&id));
+        return answer(&st, StatusCode::CREATED, id, wait).await;
     };
     // One keyed creation at a time: the second of two concurrent requests with one key waits
     // for the first and then finds its run.
@@ -175,11 +179,7 @@ pub(super) async fn create_run(
         }
     };
     if let Some(id) = known {
-        let status = match st.describe(&id).await {
-            Ok(d) => d["status"].clone(),
-            Err(_) => json!("unknown"),
-        };
-        let mut r = (StatusCode::OK, Json(json!({"id": id, "status": status}))).into_response();
+        let mut r = answer(&st, StatusCode::OK, id, wait).await?;
         r.headers_mut()
             .insert("idempotent-replayed", HeaderValue::from_static("true"));
         return Ok(r);
@@ -199,15 +199,28 @@ pub(super) async fn create_run(
     if !matches!(kept, Ok(Ok(()))) {
         tracing::warn!(run = %id, "the Idempotency-Key is kept in memory only: the store refused it");
     }
-    Ok(created(&id))
+    answer(&st, StatusCode::CREATED, id, wait).await
 }
 
-fn created(id: &str) -> Response {
-    (
-        StatusCode::CREATED,
-        Json(json!({"id": id, "status": "running"})),
-    )
-        .into_response()
+/// `POST /runs`'s answer about the run `id`: `{id, status, finished}` at once, or with `wait`,
+/// where the run stands once it ended or the wait ran out.
+async fn answer(
+    st: &Arc<AppState>,
+    status: StatusCode,
+    id: String,
+    wait: Option<std::time::Duration>,
+) -> ApiResult<Response> {
+    let body = match wait {
+        Some(w) => outcome(st, &id, w).await?,
+        None => {
+            let now = match st.describe_view(&id).await {
+                Ok(d) => d.status,
+                Err(_) => "unknown".to_string(),
+            };
+            RunOutcome::started(id, now)
+        }
+    };
+    Ok((status, Json(body)).into_response())
 }
 
 /// Checks a submission and starts its run, recorded as `who`'s.
@@ -347,9 +360,9 @@ fn envelope(v: Value, st: &AppState) -> ApiResult<(Submitted, RunOptions)> {
         bad.push(Problem {
             pointer: format!("/{k}"),
             message: if agent {
-                "unknown field (expected agent, input, model, approve, mode)".into()
+                "unknown field (expected agent, input, model, approve, mode, wait)".into()
             } else {
-                "unknown field (expected goal, model, approve, mode)".into()
+                "unknown field (expected goal, model, approve, mode, wait)".into()
             },
         });
     }
@@ -420,7 +433,7 @@ fn pointer_of(e: &crate::goal::GoalError) -> String {
 /// awaiting a decision, state, output and error.
 #[utoipa::path(get, path = "/runs/{id}", tag = "runs",
     params(("id" = String, Path, description = "The run id")),
-    responses((status = 200, description = "The run described", body = Object),
+    responses((status = 200, description = "The run described", body = crate::runs::RunView),
               (status = 404, description = "No such run (or not one the caller may read)", body = ApiError)))]
 pub(super) async fn get_run(
     State(st): State<Arc<AppState>>,
@@ -435,7 +448,7 @@ pub(super) async fn get_run(
 /// interrupted by a restart, and its tool's params schema.
 #[utoipa::path(get, path = "/runs/{id}/approvals", tag = "approvals",
     params(("id" = String, Path, description = "The run id")),
-    responses((status = 200, description = "Calls awaiting a decision", body = Object),
+    responses((status = 200, description = "Calls awaiting a decision", body = Vec<crate::runs::AwaitingCall>),
               (status = 404, description = "No such run (or not one the caller may read)", body = ApiError)))]
 pub(super) async fn approvals(
     State(st): State<Arc<AppState>>,
@@ -453,10 +466,10 @@ pub(super) async fn approvals(
 /// the reviewer saw (a string; anything else is refused). Needs the `review` role.
 #[utoipa::path(post, path = "/runs/{id}/approvals/{call}", tag = "approvals",
     params(("id" = String, Path, description = "The run id"), ("call" = u64, Path, description = "The call id")),
-    request_body(content = Object, description = "A Decision, optionally with `presented`"),
+    request_body(content = super::wire::DecideRequest, description = "A Decision, optionally with `presented`"),
     responses(
-        (status = 200, description = "Applied: {status: applied}", body = Object),
-        (status = 202, description = "Recorded for a run no process drives now: {status: recorded}", body = Object),
+        (status = 200, description = "Applied: {status: applied}", body = OpStatus),
+        (status = 202, description = "Recorded for a run no process drives now: {status: recorded}", body = OpStatus),
         (status = 400, description = "Not a decision (or `presented` is not a string)", body = ApiError),
         (status = 403, description = "The caller may not decide", body = ApiError),
         (status = 404, description = "No such run or call", body = ApiError),
@@ -467,7 +480,7 @@ pub(super) async fn decide(
     Extension(who): Extension<Principal>,
     Path((id, call)): Path<(String, u64)>,
     b: Result<Json<Value>, JsonRejection>,
-) -> ApiResult<(StatusCode, Json<Value>)> {
+) -> ApiResult<(StatusCode, Json<OpStatus>)> {
     if !who.may(Role::Review) {
         return Err(forbidden("decide calls"));
     }
@@ -513,7 +526,7 @@ pub(super) struct CancelRequest {
 #[utoipa::path(post, path = "/runs/{id}/cancel", tag = "runs",
     params(("id" = String, Path, description = "The run id")),
     request_body(content = Option<CancelRequest>, description = "Optional: {reason}"),
-    responses((status = 200, description = "Cancelling: {status: applied}", body = Object),
+    responses((status = 200, description = "Cancelling: {status: applied}", body = OpStatus),
               (status = 400, description = "The body is not {reason?}", body = ApiError),
               (status = 403, description = "The caller may not cancel this run", body = ApiError),
               (status = 404, description = "No such run (or not one the caller may read)", body = ApiError),
@@ -524,7 +537,7 @@ pub(super) async fn cancel(
     Extension(who): Extension<Principal>,
     Path(id): Path<String>,
     b: axum::body::Bytes,
-) -> ApiResult<(StatusCode, Json<Value>)> {
+) -> ApiResult<(StatusCode, Json<OpStatus>)> {
     let req: CancelRequest = if b.iter().all(u8::is_ascii_whitespace) {
         CancelRequest::default()
     } else {
@@ -555,13 +568,13 @@ pub(super) async fn cancel(
 }
 
 /// Applies an op to a live run, or records it (checked first) for a run nobody drives now.
-async fn submit(st: &Arc<AppState>, id: &str, op: Op) -> ApiResult<(StatusCode, Json<Value>)> {
+async fn submit(st: &Arc<AppState>, id: &str, op: Op) -> ApiResult<(StatusCode, Json<OpStatus>)> {
     if let Some(live) = st.live(id) {
         live.handle
             .submit(op)
             .await
             .map_err(|e| ApiError::from_op(&e))?;
-        return Ok((StatusCode::OK, Json(json!({"status": "applied"}))));
+        return Ok((StatusCode::OK, Json(OpStatus::new("applied"))));
     }
     let store = st.store.clone();
     let run = id.to_string();
@@ -577,5 +590,5 @@ async fn submit(st: &Arc<AppState>, id: &str, op: Op) -> ApiResult<(StatusCode, 
                 ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.code(), e)
             }
         })?;
-    Ok((StatusCode::ACCEPTED, Json(json!({"status": "recorded"}))))
+    Ok((StatusCode::ACCEPTED, Json(OpStatus::new("recorded"))))
 }

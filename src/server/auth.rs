@@ -16,7 +16,7 @@ use axum::http::StatusCode;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use super::error::ApiError;
 use super::principals::Principal;
@@ -168,7 +168,7 @@ pub(super) struct TicketRequest {
 /// caller (who must be allowed to read that run).
 #[utoipa::path(post, path = "/tickets", tag = "auth",
     request_body(content = TicketRequest, description = "{run}: the run whose events the ticket opens"),
-    responses((status = 200, description = "{ticket, run, expires_in_s}", body = Object),
+    responses((status = 200, description = "{ticket, run, expires_in_s}", body = super::wire::Ticket),
               (status = 400, description = "Not {run}", body = ApiError),
               (status = 401, description = "No or wrong token", body = ApiError),
               (status = 404, description = "No such run (or not one the caller may read)", body = ApiError),
@@ -177,7 +177,7 @@ pub(super) async fn ticket(
     State(st): State<Arc<AppState>>,
     Extension(who): Extension<Principal>,
     b: Result<Json<Value>, JsonRejection>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<super::wire::Ticket>, ApiError> {
     let v = super::api::body(b)?;
     let req: TicketRequest = serde_json::from_value(v).map_err(|e| {
         ApiError::new(
@@ -194,9 +194,11 @@ pub(super) async fn ticket(
             "no randomness for a ticket",
         )
     })?;
-    Ok(Json(
-        json!({"ticket": ticket, "run": req.run, "expires_in_s": TICKET_TTL.as_secs()}),
-    ))
+    Ok(Json(super::wire::Ticket {
+        ticket,
+        run: req.run,
+        expires_in_s: TICKET_TTL.as_secs(),
+    }))
 }
 
 /// Declares the bearer scheme in the OpenAPI document.

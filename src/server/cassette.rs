@@ -7,7 +7,7 @@ use std::sync::Arc;
 use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
-use serde_json::{Value, json};
+use serde_json::json;
 
 use super::error::ApiError;
 use super::state::AppState;
@@ -16,12 +16,12 @@ use crate::store::RunStore;
 /// The run's model turns (a scripted-model file) and tool results (a tools recording).
 #[utoipa::path(get, path = "/runs/{id}/cassette", tag = "runs",
     params(("id" = String, Path, description = "The run id")),
-    responses((status = 200, description = "{model, tools}: a scripted-model file of the run's own agent's turns and its tool results keyed by tool and resolved params (for `dagloop run --model scripted:... --tools-from ...`)", body = Object),
+    responses((status = 200, description = "{model, tools}: a scripted-model file of the run's own agent's turns and its tool results keyed by tool and resolved params (for `dagloop run --model scripted:... --tools-from ...`)", body = super::wire::Cassette),
               (status = 404, description = "No such run", body = ApiError)))]
 pub(super) async fn cassette(
     State(st): State<Arc<AppState>>,
     Path(id): Path<String>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<super::wire::Cassette>, ApiError> {
     let internal =
         |e: String| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server.internal", e);
     tokio::task::spawn_blocking(move || {
@@ -34,7 +34,10 @@ pub(super) async fn cassette(
         };
         let c = crate::runs::export(&record, &journal)
             .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.code(), e))?;
-        Ok(Json(json!({"model": c.model, "tools": c.tools})))
+        Ok(Json(super::wire::Cassette {
+            model: json!(c.model),
+            tools: json!(c.tools),
+        }))
     })
     .await
     .map_err(|e| internal(e.to_string()))?

@@ -19,10 +19,13 @@ mod auth;
 mod cassette;
 mod error;
 mod guard;
+mod openapi;
 mod page;
 pub mod principals;
+mod result;
 mod sse;
 mod state;
+mod wire;
 
 use std::io::Write;
 use std::net::SocketAddr;
@@ -33,7 +36,6 @@ use axum::Router;
 use utoipa::OpenApi;
 use utoipa_axum::router::OpenApiRouter;
 
-use auth::BearerScheme;
 pub use error::ServerError;
 pub use principals::{PrincipalConfig, PrincipalError, Role, token_sha256};
 use state::AppState;
@@ -65,22 +67,13 @@ pub struct ServeOptions {
     pub base_dir: PathBuf,
 }
 
-#[derive(OpenApi)]
-#[openapi(
-    info(
-        title = "dagloop",
-        description = "Submit goals, follow runs as they happen, and decide the calls that wait for a reviewer."
-    ),
-    modifiers(&BearerScheme),
-    security(("bearer" = []))
-)]
-struct ApiDoc;
-
-/// The API's routes and the OpenAPI document they describe.
+/// The API's routes and the OpenAPI document they describe. A route is added here, with
+/// `#[utoipa::path]` on its handler (docs/server.md, "Adding a route").
 fn api_routes() -> (Router<Arc<AppState>>, utoipa::openapi::OpenApi) {
-    OpenApiRouter::with_openapi(ApiDoc::openapi())
+    OpenApiRouter::with_openapi(openapi::ApiDoc::openapi())
         .routes(utoipa_axum::routes!(api::list_runs, api::create_run))
         .routes(utoipa_axum::routes!(api::get_run))
+        .routes(utoipa_axum::routes!(result::result))
         .routes(utoipa_axum::routes!(sse::events))
         .routes(utoipa_axum::routes!(api::approvals))
         .routes(utoipa_axum::routes!(api::decide))
@@ -90,10 +83,13 @@ fn api_routes() -> (Router<Arc<AppState>>, utoipa::openapi::OpenApi) {
         .split_for_parts()
 }
 
-/// The OpenAPI document of the API, as served at `/openapi.json` (pretty-printed).
+/// The OpenAPI document of the API, as served at `/openapi.json` and committed as
+/// schemas/openapi.json (pretty-printed, with a final newline).
 pub fn openapi_json() -> String {
     let (_, doc) = api_routes();
-    doc.to_pretty_json().unwrap_or_default()
+    let mut text = serde_json::to_string_pretty(&openapi::finish(doc)).unwrap_or_default();
+    text.push('\n');
+    text
 }
 
 /// Opens the store, continues the runs the server owned, and serves until Ctrl-C or SIGTERM:
@@ -194,8 +190,8 @@ async fn stop_signal(term: Option<tokio::signal::unix::Signal>) {
 }
 
 fn router(state: Arc<AppState>) -> Router {
-    let (api, doc) = api_routes();
-    let doc = Arc::new(doc.to_pretty_json().unwrap_or_default());
+    let (api, _) = api_routes();
+    let doc = Arc::new(openapi_json());
     let api = api
         .route(
             "/openapi.json",

@@ -34,7 +34,7 @@ fn frame(e: &Event) -> Result<SseEvent, Infallible> {
     params(("id" = String, Path, description = "The run id"),
            ("after" = Option<u64>, Query, description = "Start after this sequence number (the `Last-Event-ID` header does the same)"),
            ("ticket" = Option<String>, Query, description = "A ticket from POST /tickets, for clients that cannot send headers")),
-    responses((status = 200, description = "text/event-stream: `id` = sequence number, `event` = event type, `data` = the event as JSON", content_type = "text/event-stream", body = String),
+    responses((status = 200, description = "text/event-stream: `id` = sequence number, `event` = event type, `data` = the event as JSON", content_type = "text/event-stream", body = crate::protocol::Event),
               (status = 401, description = "No or wrong token, or a ticket for another run", body = ApiError),
               (status = 404, description = "No such run (or not one the caller may read)", body = ApiError)))]
 pub(super) async fn events(

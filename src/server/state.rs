@@ -335,6 +335,21 @@ impl AppState {
 
     /// The run described (calls, timeline, critical path, awaiting, result), live or stored.
     pub async fn describe(self: &Arc<Self>, id: &str) -> Result<Value, ApiError> {
+        let view = self.describe_view(id).await?;
+        serde_json::to_value(view).map_err(|e| {
+            ApiError::new(
+                axum::http::StatusCode::INTERNAL_SERVER_ERROR,
+                "server.internal",
+                e,
+            )
+        })
+    }
+
+    /// [`AppState::describe`], typed.
+    pub async fn describe_view(
+        self: &Arc<Self>,
+        id: &str,
+    ) -> Result<crate::runs::RunView, ApiError> {
         let me = self.clone();
         let id = id.to_string();
         tokio::task::spawn_blocking(move || me.describe_now(&id))
@@ -348,7 +363,7 @@ impl AppState {
             })?
     }
 
-    fn describe_now(&self, id: &str) -> Result<Value, ApiError> {
+    fn describe_now(&self, id: &str) -> Result<crate::runs::RunView, ApiError> {
         let (record, journal, result, live) = match self.live(id) {
             Some(l) => (
                 l.record.clone(),
@@ -365,7 +380,7 @@ impl AppState {
         let rb = crate::runs::rebuild(&record, &journal).map_err(|e| {
             ApiError::new(axum::http::StatusCode::INTERNAL_SERVER_ERROR, e.code(), e)
         })?;
-        Ok(crate::runs::describe(
+        Ok(crate::runs::describe_view(
             &record.id,
             &rb,
             journal.len(),

@@ -43,6 +43,7 @@ pub struct RunRecord {
 }
 
 /// One line of `dagloop runs`.
+#[cfg_attr(feature = "server", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RunRow {
     /// The run id.
@@ -52,8 +53,10 @@ pub struct RunRow {
     /// Journal entries recorded.
     pub entries: u64,
     /// When it was created.
+    #[cfg_attr(feature = "server", schema(value_type = u64))]
     pub created_at: Millis,
     /// When its journal last grew (or it finished).
+    #[cfg_attr(feature = "server", schema(value_type = u64))]
     pub updated_at: Millis,
     /// Who drives it, while somebody holds an unexpired lease on it.
     #[serde(default, skip_serializing_if = "Option::is_none")]

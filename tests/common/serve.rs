@@ -2,9 +2,15 @@
 //! reqwest client, a counting tool service, a two-call goal, and helpers to poll a run, read
 //! its SSE events and check coded refusals.
 //!
+//! Every answer [`send`] and [`read_events`] receive is checked against the committed OpenAPI
+//! document ([`contract`]).
+//!
 //! Included with `#[path = "common/serve.rs"] mod serve;` next to `#[path = "common/bin.rs"] mod
 //! bin;` (it starts the binary through `bin`).
 #![allow(dead_code)]
+
+#[path = "contract.rs"]
+pub mod contract;
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
@@ -153,14 +159,24 @@ pub fn client() -> reqwest::Client {
     dagloop::net::client().expect("an HTTP client")
 }
 
+/// Sends a request and reads its answer as JSON (a string when it is not JSON), checked
+/// against the schema the OpenAPI document declares for its route and status.
 pub async fn send(rb: reqwest::RequestBuilder) -> (u16, Value) {
-    let r = rb.send().await.expect("request");
+    let (c, req) = rb.build_split();
+    let req = req.expect("a request");
+    let (method, path) = (req.method().to_string(), req.url().path().to_string());
+    let r = c.execute(req).await.expect("request");
     let status = r.status().as_u16();
+    let ct = r
+        .headers()
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_string();
     let text = r.text().await.expect("body");
-    (
-        status,
-        serde_json::from_str(&text).unwrap_or(Value::String(text)),
-    )
+    let body = serde_json::from_str(&text).unwrap_or(Value::String(text));
+    contract::check(&method, &path, status, &ct, &body);
+    (status, body)
 }
 
 pub async fn create(s: &Server, body: &Value) -> String {
@@ -205,6 +221,7 @@ pub async fn read_events(
     limit: usize,
     token: Option<&str>,
 ) -> Vec<(u64, String)> {
+    let path = reqwest::Url::parse(url).expect("url").path().to_string();
     let mut rb = client().get(url);
     if let Some(l) = last {
         rb = rb.header("Last-Event-ID", l.to_string());
@@ -233,6 +250,7 @@ pub async fn read_events(
             Err(_) => panic!("no event within 10 s"),
         };
         let data: Value = serde_json::from_str(&ev.data).expect("event JSON");
+        contract::check_event(&path, &data);
         let seq: u64 = ev.id.parse().expect("numeric id");
         assert_eq!(
             data["seq"], seq,
