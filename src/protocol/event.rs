@@ -108,7 +108,15 @@ pub enum Decision {
         /// Why, in the reviewer's words.
         reason: String,
     },
+    /// Only for a call interrupted by a restart: it did happen; this is its result (the
+    /// reviewer's receipt). The result is written as if the activity had returned it.
+    Done {
+        /// The call's result.
+        result: Value,
+    },
 }
+
+
 
 /// What happened. Serialised internally tagged with `type`, in snake_case.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -153,6 +161,9 @@ pub enum EventKind {
         /// decides whether it runs again.
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         interrupted: bool,
+        /// The approval rule that asked (a rule's name, `_approval`, `policy:ask`...).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        rule: Option<String>,
     },
     /// A reviewer decided, or the policy default applied after a reviewer timeout.
     Decision {
@@ -162,6 +173,31 @@ pub enum EventKind {
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         timed_out: bool,
         /// Who decided, when the decision's op said so.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        by: Option<super::Actor>,
+        /// The approval rule the decision came from (a `deny` rule).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        rule: Option<String>,
+        /// The grant the decision came from (`g1`...).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        grant: Option<String>,
+    },
+    /// A reviewer granted approval ahead of the calls (journaled; applies until revoked or the
+    /// run ends).
+    GrantAdded {
+        /// The grant's id in the run (`g1`, `g2`... in the order they were given).
+        id: String,
+        /// What it covers.
+        grant: super::GrantSpec,
+        /// Who gave it.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        by: Option<super::Actor>,
+    },
+    /// A grant was revoked: it covers no call presented from now on.
+    GrantRevoked {
+        /// The grant's id.
+        id: String,
+        /// Who revoked it.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         by: Option<super::Actor>,
     },
@@ -285,13 +321,14 @@ pub enum EventKind {
 }
 
 impl Decision {
-    /// The decision's tag: `approve`, `edit`, `replace` or `reject`.
+    /// The decision's tag: `approve`, `edit`, `replace`, `reject` or `done`.
     pub fn name(&self) -> &'static str {
         match self {
             Decision::Approve => "approve",
             Decision::Edit { .. } => "edit",
             Decision::Replace { .. } => "replace",
             Decision::Reject { .. } => "reject",
+            Decision::Done { .. } => "done",
         }
     }
 }
@@ -314,6 +351,8 @@ impl EventKind {
             EventKind::Unblocked => "unblocked",
             EventKind::ApprovalRequested { .. } => "approval_requested",
             EventKind::Decision { .. } => "decision",
+            EventKind::GrantAdded { .. } => "grant_added",
+            EventKind::GrantRevoked { .. } => "grant_revoked",
             EventKind::Started { .. } => "started",
             EventKind::CallProgress { .. } => "call_progress",
             EventKind::Finished { .. } => "finished",

@@ -215,6 +215,7 @@ pub fn describe(
         "spans": spans,
         "critical_path": critical,
         "awaiting": awaiting,
+        "grants": super::audit::grants(&rb.events),
         "model_fallbacks": fallbacks,
         "usage": result.map(|r| r.usage.clone()),
         "state": result.map_or_else(|| rb.machine.state_view(), |r| Some(r.state.clone())),
@@ -260,7 +261,10 @@ fn call_event(
             c["waiting_on"] = json!(missing);
         }
         EventKind::ApprovalRequested {
-            call, interrupted, ..
+            call,
+            interrupted,
+            rule,
+            ..
         } => {
             asked.insert(id, t);
             c["status"] = json!("awaiting_approval");
@@ -270,15 +274,26 @@ fn call_event(
             if *interrupted {
                 c["interrupted"] = json!(true);
             }
+            if let Some(r) = rule {
+                c["asked_by_rule"] = json!(r);
+            }
         }
         EventKind::Decision {
             decision,
             timed_out,
             by,
+            rule,
+            grant,
         } => {
             c["decision"] = json!(decision.name());
             if let Some(by) = by {
                 c["decided_by"] = json!(by);
+            }
+            if let Some(r) = rule {
+                c["decided_by_rule"] = json!(r);
+            }
+            if let Some(g) = grant {
+                c["decided_by_grant"] = json!(g);
             }
             c["decided_ms"] = json!(t);
             c["status"] = json!(if decision.name() == "reject" {
@@ -335,12 +350,27 @@ fn awaiting(rb: &Rebuilt) -> Vec<Value> {
         .awaiting()
         .into_iter()
         .map(|(id, call)| {
-            let interrupted = rb.events.iter().rev().find_map(|e| match &e.kind {
-                EventKind::ApprovalRequested { interrupted, .. } if e.call == Some(id) => {
-                    Some(*interrupted)
-                }
+            let asked = rb.events.iter().rev().find_map(|e| match &e.kind {
+                EventKind::ApprovalRequested {
+                    interrupted, rule, ..
+                } if e.call == Some(id) => Some((*interrupted, rule.clone(), e.at)),
                 _ => None,
             });
+            let interrupted = asked.as_ref().map(|a| a.0);
+            let policy = rb.machine.policy();
+            let timeout_ms = policy
+                .timeout
+                .map(|t| u64::try_from(t.as_millis()).unwrap_or(u64::MAX));
+            // Waiting on this call: what a reviewer approves with "this call and the calls
+            // waiting on it, as presented" (a calls grant quoting these hashes).
+            let downstream: Vec<Value> = rb
+                .machine
+                .downstream(id)
+                .into_iter()
+                .map(|(c, written)| {
+                    json!({"call_id": c, "params_hash": params_hash(&written), "call": written})
+                })
+                .collect();
             let schema = rb.goal.tools.iter().find(|t| t.name == call.tool).map(|t| {
                 // The params' schema only: tool configuration (`_http` URLs, headers) is
                 // the operator's, not the reviewer's.
@@ -352,6 +382,11 @@ fn awaiting(rb: &Rebuilt) -> Vec<Value> {
                 "call_id": id,
                 "params_hash": params_hash(&call),
                 "interrupted": interrupted.unwrap_or(false),
+                "rule": asked.as_ref().and_then(|a| a.1.clone()),
+                "timeout_ms": timeout_ms,
+                "deadline_at": timeout_ms.zip(asked.as_ref()).map(|(t, a)| a.2.saturating_add(t)),
+                "default_decision": policy.default_decision,
+                "downstream": downstream,
                 "tool_schema": schema,
                 "call": call,
             })

@@ -91,12 +91,12 @@ impl ApiError {
     pub fn from_op(e: &crate::protocol::OpError) -> Self {
         use crate::protocol::OpError as O;
         let status = match e {
-            O::UnknownCall { .. } => StatusCode::NOT_FOUND,
+            O::UnknownCall { .. } | O::UnknownGrant { .. } => StatusCode::NOT_FOUND,
             O::NotAwaiting { .. } | O::AlreadyDecided { .. } | O::Stale { .. } => {
                 StatusCode::CONFLICT
             }
             O::RunFinished { .. } => StatusCode::CONFLICT,
-            O::EditChangesTool { .. } | O::InvalidDecision { .. } => {
+            O::EditChangesTool { .. } | O::InvalidDecision { .. } | O::InvalidGrant { .. } => {
                 StatusCode::UNPROCESSABLE_ENTITY
             }
             _ => StatusCode::SERVICE_UNAVAILABLE,

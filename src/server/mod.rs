@@ -17,6 +17,7 @@
 mod api;
 mod auth;
 mod cassette;
+mod desk;
 mod error;
 mod guard;
 mod page;
@@ -85,6 +86,9 @@ fn api_routes() -> (Router<Arc<AppState>>, utoipa::openapi::OpenApi) {
         .routes(utoipa_axum::routes!(api::approvals))
         .routes(utoipa_axum::routes!(api::decide))
         .routes(utoipa_axum::routes!(api::cancel))
+        .routes(utoipa_axum::routes!(desk::list_grants, desk::create_grant))
+        .routes(utoipa_axum::routes!(desk::revoke_grant))
+        .routes(utoipa_axum::routes!(desk::audit))
         .routes(utoipa_axum::routes!(cassette::cassette))
         .routes(utoipa_axum::routes!(auth::ticket))
         .split_for_parts()

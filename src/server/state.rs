@@ -348,6 +348,37 @@ impl AppState {
             })?
     }
 
+    /// `f` of the run rebuilt from its journal (off the async threads).
+    pub async fn with_rebuilt<T: Send + 'static>(
+        self: &Arc<Self>,
+        id: &str,
+        f: impl FnOnce(&crate::runs::Rebuilt) -> T + Send + 'static,
+    ) -> Result<T, ApiError> {
+        let me = self.clone();
+        let id = id.to_string();
+        tokio::task::spawn_blocking(move || {
+            let (record, journal) = match me.live(&id) {
+                Some(l) => (l.record.clone(), l.handle.journal()),
+                None => {
+                    let s = me.store.load(&id).map_err(|e| ApiError::from_store(&e))?;
+                    (s.record, s.journal)
+                }
+            };
+            let rb = crate::runs::rebuild(&record, &journal).map_err(|e| {
+                ApiError::new(axum::http::StatusCode::INTERNAL_SERVER_ERROR, e.code(), e)
+            })?;
+            Ok(f(&rb))
+        })
+        .await
+        .map_err(|e| {
+            ApiError::new(
+                axum::http::StatusCode::INTERNAL_SERVER_ERROR,
+                "server.internal",
+                e,
+            )
+        })?
+    }
+
     fn describe_now(&self, id: &str) -> Result<Value, ApiError> {
         let (record, journal, result, live) = match self.live(id) {
             Some(l) => (
