@@ -115,12 +115,14 @@ impl Rule {
             .unwrap_or_else(|| format!("rules[{index}]"));
         let when = match &spec.when {
             None => None,
-            Some(schema) => Some(compile_schema(schema).map_err(|reason| {
-                ApprovalError::BadRule {
-                    rule: label.clone(),
-                    reason: format!("`when` is not a valid JSON Schema: {reason}"),
-                }
-            })?),
+            Some(schema) => {
+                Some(
+                    compile_schema(schema).map_err(|reason| ApprovalError::BadRule {
+                        rule: label.clone(),
+                        reason: format!("`when` is not a valid JSON Schema: {reason}"),
+                    })?,
+                )
+            }
         };
         if spec.tool.trim().is_empty() {
             return Err(ApprovalError::BadRule {
@@ -147,12 +149,12 @@ impl Rule {
             let i = counts[usize::from(!expected)];
             counts[usize::from(!expected)] += 1;
             let at = format!("examples.{list}[{i}]");
-            let (tool, subject) = self.example_subject(example).map_err(|reason| {
-                ApprovalError::BadRule {
-                    rule: self.label.clone(),
-                    reason: format!("{at}: {reason}"),
-                }
-            })?;
+            let (tool, subject) =
+                self.example_subject(example)
+                    .map_err(|reason| ApprovalError::BadRule {
+                        rule: self.label.clone(),
+                        reason: format!("{at}: {reason}"),
+                    })?;
             if self.matches(&tool, &subject) != expected {
                 return Err(ApprovalError::RuleExample {
                     rule: self.label.clone(),
@@ -165,7 +167,9 @@ impl Rule {
     }
 
     fn example_subject(&self, example: &Value) -> Result<(String, Value), String> {
-        let obj = example.as_object().ok_or("an example is a call (a JSON object)")?;
+        let obj = example
+            .as_object()
+            .ok_or("an example is a call (a JSON object)")?;
         let tool = match obj.get("_tool") {
             Some(Value::String(t)) => t.clone(),
             Some(_) => return Err("`_tool` must be a string".into()),

@@ -8,12 +8,12 @@
 #[macro_use]
 mod out;
 mod cassette;
+mod policy_cmd;
 mod progress;
 mod replay;
 mod review;
 mod run;
 mod runs;
-mod policy_cmd;
 mod schema_cmd;
 mod temporal_cmd;
 
@@ -1121,6 +1121,7 @@ async fn serve(
         grants,
         agents,
         base_dir,
+        webhook: config.and_then(|c| c.notify.webhook.clone()),
     })
     .await
     .map_err(|e| CliError::new(e.code(), e))?;

@@ -113,6 +113,8 @@ pub(super) async fn serve(handle: RunHandle, tools: BTreeMap<String, Tool>, scre
     let mut queue: VecDeque<Pending> = VecDeque::new();
     let mut current: Option<Pending> = None;
     let mut waiting = Waiting::Answer;
+    // Tool grants in force (id → tool) whose calls are approved without a prompt.
+    let mut tool_grants: BTreeMap<String, String> = BTreeMap::new();
     let mut lines = Lines::new();
     loop {
         if current.is_none()
@@ -131,12 +133,19 @@ pub(super) async fn serve(handle: RunHandle, tools: BTreeMap<String, Tool>, scre
                 let Some(ev) = ev else { break };
                 match (&ev.kind, ev.call) {
                     (EventKind::ApprovalRequested { call, params_hash, interrupted, .. }, Some(id)) => {
-                        // A call a grant covers is decided with it (its decision event follows).
+                        // A call a tool grant covers is decided with it (its decision event
+                        // follows at once): it is not prompted.
+                        if !*interrupted && tool_grants.values().any(|t| *t == call.tool) {
+                            continue;
+                        }
                         queue.push_back(Pending { id, call: Call::clone(call), hash: params_hash.clone(), interrupted: *interrupted });
                     }
                     (EventKind::Decision { decision, timed_out, grant, .. }, Some(id)) => {
-                        if let (Some(g), Some(p)) = (grant, queue.iter().find(|p| p.id == id)) {
-                            say(&format!("\r\x1b[2K  {id} {} approved by grant {g}\n", p.call.tool));
+                        if let Some(g) = grant {
+                            match tool_grants.get(g) {
+                                Some(tool) => say(&format!("\r\x1b[2K  {id} {tool} approved (every call of this tool) by grant {g}\n")),
+                                None => say(&format!("\r\x1b[2K  {id} approved (as presented) by grant {g}\n")),
+                            }
                         }
                         queue.retain(|p| p.id != id);
                         if current.as_ref().is_some_and(|p| p.id == id) {
@@ -145,6 +154,12 @@ pub(super) async fn serve(handle: RunHandle, tools: BTreeMap<String, Tool>, scre
                             current = None;
                             screen.prompt_open.store(false, Ordering::SeqCst);
                         }
+                    }
+                    (EventKind::GrantAdded { id, grant: crate::protocol::GrantSpec::Tool { tool, when: None }, .. }, _) => {
+                        tool_grants.insert(id.clone(), tool.clone());
+                    }
+                    (EventKind::GrantRevoked { id, .. }, _) => {
+                        tool_grants.remove(id);
                     }
                     (EventKind::RunFinished { .. }, _) if ev.parent.is_none() => break,
                     _ => {}
@@ -228,19 +243,17 @@ async fn answer(
             decide(handle, p, Decision::Reject { reason }).await;
             return Some(());
         }
-        Waiting::Result => {
-            match serde_json::from_str::<Value>(line) {
-                Ok(result) => {
-                    decide(handle, p, Decision::Done { result }).await;
-                    return Some(());
-                }
-                Err(e) => {
-                    say(&format!("  not JSON ({e})\n"));
-                    prompt(p);
-                    return None;
-                }
+        Waiting::Result => match serde_json::from_str::<Value>(line) {
+            Ok(result) => {
+                decide(handle, p, Decision::Done { result }).await;
+                return Some(());
             }
-        }
+            Err(e) => {
+                say(&format!("  not JSON ({e})\n"));
+                prompt(p);
+                return None;
+            }
+        },
         Waiting::Confirm(params) => {
             if matches!(line, "y" | "yes") {
                 decide(handle, p, Decision::Edit { params }).await;

@@ -685,7 +685,10 @@ impl RunMachine {
                         }
                         if let (
                             EventKind::Decision {
-                                decision, by, grant, ..
+                                decision,
+                                by,
+                                grant,
+                                ..
                             },
                             Some(id),
                         ) = (&mut kind, call)

@@ -116,8 +116,6 @@ pub enum Decision {
     },
 }
 
-
-
 /// What happened. Serialised internally tagged with `type`, in snake_case.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]

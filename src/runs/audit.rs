@@ -50,7 +50,10 @@ pub fn audit(events: &[Event]) -> Vec<Value> {
                     "channel": by.as_ref().map(|b| b.channel.clone()),
                 });
                 let extra = [
-                    ("rule", rule.clone().or(asked_rule.flatten()).map(Value::from)),
+                    (
+                        "rule",
+                        rule.clone().or(asked_rule.flatten()).map(Value::from),
+                    ),
                     ("grant", grant.clone().map(Value::from)),
                     ("asked_at", asked_at.map(Value::from)),
                     ("timed_out", timed_out.then_some(Value::Bool(true))),
@@ -85,7 +88,10 @@ pub fn audit(events: &[Event]) -> Vec<Value> {
                 "principal": by.as_ref().map(|b| b.principal.clone()),
                 "channel": by.as_ref().map(|b| b.channel.clone()),
             })),
-            EventKind::RunFinished { status, by: Some(by) } if e.parent.is_none() => {
+            EventKind::RunFinished {
+                status,
+                by: Some(by),
+            } if e.parent.is_none() => {
                 out.push(json!({
                     "seq": e.seq,
                     "at": e.at,

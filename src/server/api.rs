@@ -555,7 +555,11 @@ pub(super) async fn cancel(
 }
 
 /// Applies an op to a live run, or records it (checked first) for a run nobody drives now.
-pub(super) async fn submit(st: &Arc<AppState>, id: &str, op: Op) -> ApiResult<(StatusCode, Json<Value>)> {
+pub(super) async fn submit(
+    st: &Arc<AppState>,
+    id: &str,
+    op: Op,
+) -> ApiResult<(StatusCode, Json<Value>)> {
     if let Some(live) = st.live(id) {
         live.handle
             .submit(op)

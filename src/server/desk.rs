@@ -72,9 +72,7 @@ pub(super) async fn create_grant(
             format!("not a grant: {e}"),
         )
     })?;
-    let before = st
-        .with_rebuilt(&id, |rb| rb.machine.grants().len())
-        .await?;
+    let before = st.with_rebuilt(&id, |rb| rb.machine.grants().len()).await?;
     let (status, Json(mut v)) = submit(
         &st,
         &id,

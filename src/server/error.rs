@@ -31,6 +31,9 @@ pub enum ServerError {
     /// The store cannot be opened.
     #[error(transparent)]
     Store(#[from] crate::store::StoreError),
+    /// The operator's webhook cannot be used.
+    #[error(transparent)]
+    Notify(#[from] crate::notify::NotifyError),
     /// Serving failed.
     #[error("the server stopped: {reason}")]
     Serve {
@@ -47,6 +50,7 @@ impl ServerError {
             ServerError::Bind { .. } => "server.bind",
             ServerError::Principals(e) => e.code(),
             ServerError::Store(e) => e.code(),
+            ServerError::Notify(e) => e.code(),
             ServerError::Serve { .. } => "server.serve",
         }
     }

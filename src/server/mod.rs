@@ -64,6 +64,8 @@ pub struct ServeOptions {
     pub agents: std::collections::BTreeMap<String, PathBuf>,
     /// Where relative paths in submitted goals (scripted-model files) resolve.
     pub base_dir: PathBuf,
+    /// The operator's webhook for `approval_requested` notifications (`notify.webhook`).
+    pub webhook: Option<crate::notify::WebhookConfig>,
 }
 
 #[derive(OpenApi)]
