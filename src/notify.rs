@@ -117,7 +117,7 @@ impl Notifier {
             .timeout_s
             .and_then(|t| crate::duration::seconds("timeout_s", t).ok())
             .unwrap_or(Duration::from_secs(10));
-        let client = reqwest::Client::builder()
+        let client = crate::net::builder()
             .timeout(timeout)
             .redirect(reqwest::redirect::Policy::none())
             .build()

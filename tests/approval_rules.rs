@@ -206,7 +206,8 @@ fn the_binary_refuses_failing_examples_and_explains_decisions() {
         .args(["--call", r#"{"_tool": "refund", "amount": 5}"#])
         .output()
         .expect("explain");
-    let err = String::from_utf8_lossy(&out.stderr);
+    // Errors are printed as `{"status": "error", "error": {"code", "message"}}`.
+    let err = String::from_utf8_lossy(&out.stdout);
     assert!(!out.status.success());
     assert!(
         err.contains("approval.rule_example")

@@ -95,11 +95,11 @@ pub async fn receiver(refuse: usize) -> Receiver {
         .route(
             "/hook",
             post(
-                |State((got, seen)): State<(
+                move |State((got, seen)): State<(
                     Arc<Mutex<Vec<(std::time::Instant, Value)>>>,
                     Arc<AtomicUsize>,
                 )>,
-                 Json(b): Json<Value>| async move {
+                      Json(b): Json<Value>| async move {
                     got.lock()
                         .expect("got")
                         .push((std::time::Instant::now(), b));
