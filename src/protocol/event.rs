@@ -400,6 +400,7 @@ mod tests {
                 path: vec![CallId(1), CallId(4)],
                 params_hash: "00ff".into(),
                 interrupted: true,
+                rule: Some("policy:ask".into()),
             },
             EventKind::ModelRetry {
                 attempt: 1,
@@ -414,6 +415,42 @@ mod tests {
                     "alice",
                     crate::protocol::Actor::HTTP,
                 )),
+                rule: None,
+                grant: Some("g1".into()),
+            },
+            EventKind::Decision {
+                decision: Decision::Done {
+                    result: json!({"receipt": "R-1"}),
+                },
+                timed_out: false,
+                by: None,
+                rule: None,
+                grant: None,
+            },
+            EventKind::GrantAdded {
+                id: "g1".into(),
+                grant: crate::protocol::GrantSpec::Tool {
+                    tool: "fetch".into(),
+                    when: Some(json!({"type": "object"})),
+                },
+                by: None,
+            },
+            EventKind::GrantAdded {
+                id: "g2".into(),
+                grant: crate::protocol::GrantSpec::Calls {
+                    calls: vec![crate::protocol::GrantedCall {
+                        call: CallId(3),
+                        params_hash: "00ff".into(),
+                    }],
+                },
+                by: Some(crate::protocol::Actor::new(
+                    "alice",
+                    crate::protocol::Actor::TERMINAL,
+                )),
+            },
+            EventKind::GrantRevoked {
+                id: "g1".into(),
+                by: None,
             },
             EventKind::Decision {
                 decision: Decision::Edit {
@@ -421,6 +458,8 @@ mod tests {
                 },
                 timed_out: false,
                 by: None,
+                rule: None,
+                grant: None,
             },
             EventKind::Decision {
                 decision: Decision::Replace {
@@ -428,6 +467,8 @@ mod tests {
                 },
                 timed_out: false,
                 by: None,
+                rule: None,
+                grant: None,
             },
             EventKind::Decision {
                 decision: Decision::Reject {
@@ -435,6 +476,8 @@ mod tests {
                 },
                 timed_out: true,
                 by: None,
+                rule: Some("huge".into()),
+                grant: None,
             },
             EventKind::Started {
                 tool: "fetch".into(),

@@ -18,6 +18,8 @@ use serde_json::{Value, json};
 use tokio::sync::Notify;
 
 pub type Counts = Arc<Mutex<BTreeMap<u64, u64>>>;
+/// Deliveries a receiver got, with when each came.
+pub type Got = Arc<Mutex<Vec<(std::time::Instant, Value)>>>;
 
 /// The tool service: `POST /step {"n"}` counts and answers `{"n", "v": n*10}`; `POST /gate`
 /// hangs the first time (and signals `hit`), answers `{"open": true}` after.
@@ -85,33 +87,31 @@ pub async fn gate_hit(g: &Gated) {
 /// body it was sent (refused ones included) with the time it came.
 pub struct Receiver {
     pub url: String,
-    pub got: Arc<Mutex<Vec<(std::time::Instant, Value)>>>,
+    pub got: Got,
 }
 
 pub async fn receiver(refuse: usize) -> Receiver {
-    let got: Arc<Mutex<Vec<(std::time::Instant, Value)>>> = Arc::default();
+    let got: Got = Arc::default();
     let seen = Arc::new(AtomicUsize::new(0));
-    let app = axum::Router::new()
-        .route(
-            "/hook",
-            post(
-                move |State((got, seen)): State<(
-                    Arc<Mutex<Vec<(std::time::Instant, Value)>>>,
-                    Arc<AtomicUsize>,
-                )>,
-                      Json(b): Json<Value>| async move {
-                    got.lock()
-                        .expect("got")
-                        .push((std::time::Instant::now(), b));
-                    if seen.fetch_add(1, Ordering::SeqCst) < refuse {
-                        StatusCode::INTERNAL_SERVER_ERROR
-                    } else {
-                        StatusCode::OK
-                    }
-                },
-            ),
-        )
-        .with_state((got.clone(), seen));
+    let app =
+        axum::Router::new()
+            .route(
+                "/hook",
+                post(
+                    move |State((got, seen)): State<(Got, Arc<AtomicUsize>)>,
+                          Json(b): Json<Value>| async move {
+                        got.lock()
+                            .expect("got")
+                            .push((std::time::Instant::now(), b));
+                        if seen.fetch_add(1, Ordering::SeqCst) < refuse {
+                            StatusCode::INTERNAL_SERVER_ERROR
+                        } else {
+                            StatusCode::OK
+                        }
+                    },
+                ),
+            )
+            .with_state((got.clone(), seen));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");
