@@ -110,9 +110,16 @@ pub struct Config {
     /// listening address).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub allowed_hosts: Vec<String>,
+    /// Notifications (`notify.webhook = {url, ...}`): where `approval_requested` is posted.
+    #[serde(default, skip_serializing_if = "is_default_notify")]
+    pub notify: crate::notify::NotifyConfig,
     /// The folder relative paths resolve against (the file's folder).
     #[serde(skip)]
     pub base_dir: PathBuf,
+}
+
+fn is_default_notify(n: &crate::notify::NotifyConfig) -> bool {
+    *n == crate::notify::NotifyConfig::default()
 }
 
 impl Config {
@@ -142,6 +149,10 @@ impl Config {
             serde_json::from_value(value).map_err(|e| invalid(e.to_string()))?;
         let abs = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
         config.base_dir = abs.parent().map(Path::to_path_buf).unwrap_or_default();
+        if let Some(w) = &config.notify.webhook {
+            w.check()
+                .map_err(|e| invalid(format!("{} [{}]", e, e.code())))?;
+        }
         config.grants(Path::new(".")).map_err(|e| match e {
             ConfigError::Invalid { reason, .. } => invalid(reason),
             other => other,

@@ -290,6 +290,15 @@ pub enum GoalError {
         /// The key, and the closest defined one.
         unknown: crate::protocol::UnknownMetaKey,
     },
+    /// The approval policy's rules cannot be used (a bad rule, an example that does not come
+    /// out as written): the approval module's code (`approval.rule_example`...).
+    #[error("goal file {path}: {source}")]
+    Approval {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        source: crate::approval::ApprovalError,
+    },
     /// Two tools in one goal file share a name.
     #[error(
         "goal file {path}: tool `{name}` is defined twice (tools[{first}] and tools[{second}])"
@@ -318,6 +327,7 @@ impl GoalError {
             GoalError::BadSchema { .. } => "goal.invalid_schema",
             GoalError::ToolClash { .. } => "goal.tool_clash",
             GoalError::UnknownMetaKey { .. } => "goal.unknown_meta_key",
+            GoalError::Approval { source, .. } => source.code(),
         }
     }
 }
@@ -365,6 +375,16 @@ impl Goal {
         }
         if let Some(a) = value.get("approval") {
             check_policy(a).map_err(invalid)?;
+            if let Err(
+                source @ (crate::approval::ApprovalError::BadRule { .. }
+                | crate::approval::ApprovalError::RuleExample { .. }),
+            ) = crate::approval::Policy::from_value(a)
+            {
+                return Err(GoalError::Approval {
+                    path: origin.to_path_buf(),
+                    source,
+                });
+            }
             if let Err(e) = serde_json::from_value::<crate::approval::Policy>(a.clone()) {
                 // The published schema's message names the pointer (`at /approval/policy`).
                 check_published(&value).map_err(invalid)?;

@@ -41,6 +41,7 @@ pub mod graph;
 pub mod llm;
 pub mod machine;
 pub mod net;
+pub mod notify;
 pub mod plan;
 pub mod protocol;
 pub mod runs;

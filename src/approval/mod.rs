@@ -7,6 +7,8 @@
 //! this module that touches tokio.
 
 pub mod approver;
+pub mod grant;
+pub mod rules;
 
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -17,6 +19,9 @@ pub use crate::protocol::Decision;
 use crate::protocol::{Tool, ToolApproval};
 pub use approver::{
     ApprovalRequest, Approver, ChannelApprover, PendingApproval, Scripted, ScriptedApprover, after,
+};
+pub use rules::{
+    Explanation, Rule, RuleDecision, RuleSpec, Source, Verdict, call_subject, evaluate, explain,
 };
 
 /// Which calls are asked about.
@@ -69,6 +74,8 @@ pub struct Policy {
     pub timeout: Option<Duration>,
     /// Applied when the reviewer times out.
     pub default_decision: DefaultDecision,
+    /// Ordered rules tried before the tool's `_approval` and the mode (first match wins).
+    pub rules: Vec<Rule>,
 }
 
 impl Policy {
@@ -116,6 +123,16 @@ impl Policy {
         self.default_decision = default;
         self
     }
+
+    /// Reads a policy as written in a goal (`approval`), keeping the typed error (a rule whose
+    /// example fails is `approval.rule_example`, naming the rule and the example).
+    pub fn from_value(v: &serde_json::Value) -> Result<Policy, ApprovalError> {
+        let repr: PolicyRepr =
+            serde_json::from_value(v.clone()).map_err(|e| ApprovalError::Malformed {
+                reason: e.to_string(),
+            })?;
+        Policy::try_from(repr)
+    }
 }
 
 /// What the gate says about a tool's calls.
@@ -128,7 +145,8 @@ pub enum Gate {
     Ask,
 }
 
-/// Rule 14: the per-tool `_approval` override wins; otherwise the policy's mode decides.
+/// Rule 14 for the old forms only (the rules need the call: [`evaluate`]): the per-tool
+/// `_approval` override wins; otherwise the policy's mode decides.
 pub fn assess(tool: &Tool, policy: &Policy) -> Gate {
     match tool.approval {
         Some(ToolApproval::Always) => return Gate::Ask,
@@ -159,6 +177,13 @@ pub fn may_ask<'a>(policy: &Policy, tools: impl IntoIterator<Item = &'a Tool>) -
 pub fn who_asks<'a>(policy: &Policy, tools: impl IntoIterator<Item = &'a Tool>) -> Option<String> {
     if policy.mode != Mode::Auto {
         return Some(format!("the {} policy", policy.mode.name()));
+    }
+    if let Some(r) = policy
+        .rules
+        .iter()
+        .find(|r| r.spec.decision == RuleDecision::Ask)
+    {
+        return Some(format!("the rule {} asks", r.label));
     }
     let mut names: Vec<&str> = tools
         .into_iter()
@@ -196,6 +221,30 @@ pub enum ApprovalError {
         /// The value as given.
         value: f64,
     },
+    /// A rule that cannot be used (`when` is not a schema, an example is not a call...).
+    #[error("approval rule {rule}: {reason}")]
+    BadRule {
+        /// The rule's name or `rules[i]`.
+        rule: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A rule's example does not come out as its author said.
+    #[error("approval rule {rule}: {example} {}", if *.expected { "must match the rule but does not" } else { "must not match the rule but does" })]
+    RuleExample {
+        /// The rule's name or `rules[i]`.
+        rule: String,
+        /// Which example (`examples.match[0]`).
+        example: String,
+        /// Whether the example was meant to match.
+        expected: bool,
+    },
+    /// The policy is not the expected shape.
+    #[error("{reason}")]
+    Malformed {
+        /// The deserializer's explanation.
+        reason: String,
+    },
 }
 
 impl ApprovalError {
@@ -205,6 +254,9 @@ impl ApprovalError {
             ApprovalError::AllowWithoutAllowlist { .. } => "approval.allow_without_allowlist",
             ApprovalError::BadTimeout { .. } => "approval.bad_timeout",
             ApprovalError::BadMode { .. } => "approval.bad_mode",
+            ApprovalError::BadRule { .. } => "approval.bad_rule",
+            ApprovalError::RuleExample { .. } => "approval.rule_example",
+            ApprovalError::Malformed { .. } => "approval.malformed",
         }
     }
 }
@@ -265,6 +317,8 @@ struct PolicyRepr {
     timeout_s: Option<f64>,
     #[serde(default)]
     default_decision: DefaultDecision,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    rules: Vec<RuleSpec>,
 }
 
 impl TryFrom<PolicyRepr> for Policy {
@@ -295,10 +349,17 @@ impl TryFrom<PolicyRepr> for Policy {
                     .map_err(|_| ApprovalError::BadTimeout { value })?,
             ),
         };
+        let rules = r
+            .rules
+            .into_iter()
+            .enumerate()
+            .map(|(i, spec)| Rule::compile(i, spec))
+            .collect::<Result<Vec<_>, _>>()?;
         Ok(Policy {
             mode,
             timeout,
             default_decision: r.default_decision,
+            rules,
         })
     }
 }
@@ -315,6 +376,7 @@ impl From<Policy> for PolicyRepr {
             allow,
             timeout_s: p.timeout.map(|d| d.as_secs_f64()),
             default_decision: p.default_decision,
+            rules: p.rules.into_iter().map(|r| r.spec).collect(),
         }
     }
 }

@@ -8,6 +8,7 @@
 #[macro_use]
 mod out;
 mod cassette;
+mod policy_cmd;
 mod progress;
 mod replay;
 mod review;
@@ -112,6 +113,32 @@ pub enum DecideArg {
         /// The call.
         #[arg(long)]
         call: String,
+    },
+    /// Only for a call interrupted by a restart: it happened; this is its result (JSON).
+    Done {
+        /// The call's result.
+        #[arg(long)]
+        result: String,
+    },
+}
+
+/// `dagloop policy` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum PolicyArg {
+    /// Which rule of the goal's approval policy decides a call (allow, ask or deny) and why,
+    /// with the rules passed over before it.
+    Explain {
+        /// The goal file.
+        goal: PathBuf,
+        /// The call, as JSON: `{"_tool": NAME, ...params}`.
+        #[arg(long)]
+        call: String,
+        /// Override the policy's mode, as `run --approve` does.
+        #[arg(long, value_enum)]
+        approve: Option<ApproveArg>,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -319,6 +346,10 @@ pub enum Command {
         /// Print JSON.
         #[arg(long)]
         json: bool,
+        /// List the run's decisions and grants instead: who, through which channel, when, and
+        /// the rule or grant each came from.
+        #[arg(long)]
+        audit: bool,
         /// Where the run is driven (`--engine temporal`: ask its workflow).
         #[command(flatten)]
         temporal: TemporalArgs,
@@ -338,6 +369,12 @@ pub enum Command {
     Replay {
         /// The run id.
         run: String,
+    },
+    /// The approval policy: `policy explain GOAL --call JSON` says which rule decides a call.
+    Policy {
+        /// What to do.
+        #[command(subcommand)]
+        what: PolicyArg,
     },
     /// Record a decision about a call of a stored run (checked against the run first).
     Decide {
@@ -581,6 +618,7 @@ pub async fn main(cli: Cli) -> i32 {
             run: id,
             json,
             temporal,
+            ..
         } if temporal.engine == EngineArg::Temporal => {
             temporal_cmd::show(&id, json, &temporal).await
         }
@@ -590,9 +628,24 @@ pub async fn main(cli: Cli) -> i32 {
         Command::Replay { run: id } => {
             required(existing()).and_then(|s| replay::replay(&*s.shared(), &id))
         }
+        Command::Show {
+            run: id,
+            json,
+            audit: true,
+            ..
+        } => required(existing()).and_then(|s| runs::audit(&s, &id, json)),
         Command::Show { run: id, json, .. } => {
             required(existing()).and_then(|s| runs::show(&s, &id, json))
         }
+        Command::Policy {
+            what:
+                PolicyArg::Explain {
+                    goal,
+                    call,
+                    approve,
+                    json,
+                },
+        } => policy_cmd::explain(&goal, &call, run::approve_name(approve), json),
         Command::Decide {
             run: id,
             call,
@@ -774,6 +827,9 @@ fn decision_of(d: DecideArg) -> Result<crate::protocol::Decision, CliError> {
                     "--params must be a JSON object",
                 ));
             }
+        },
+        DecideArg::Done { result } => Decision::Done {
+            result: json("result", &result)?,
         },
         DecideArg::Replace { call } => Decision::Replace {
             call: Box::new(
@@ -1065,6 +1121,7 @@ async fn serve(
         grants,
         agents,
         base_dir,
+        webhook: config.and_then(|c| c.notify.webhook.clone()),
     })
     .await
     .map_err(|e| CliError::new(e.code(), e))?;

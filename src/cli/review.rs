@@ -3,16 +3,17 @@
 //!
 //! One call is prompted at a time, on one line: its id, tool, resolved params (compact) and,
 //! when it had started before a restart, that it was interrupted. Answers: `a` approve, `A`
-//! approve every call of this tool for the rest of the run, `e` edit the params in `$EDITOR`
-//! (checked against the tool's schema, the changes shown before they are sent), `r` reject with
-//! a reason, `?` show the whole call. While a prompt is open the progress view does not redraw.
+//! approve every call of this tool for the rest of the run (a journaled grant, revocable through
+//! the API), `e` edit the params in `$EDITOR` (checked against the tool's schema, the changes
+//! shown before they are sent), `r` reject with a reason, `d` (an interrupted call only) mark it
+//! done with a result given as JSON, `?` show the whole call. While a prompt is open the progress view does not redraw.
 //! A prompt is withdrawn when the call is decided another way (the policy's timeout, another
 //! reviewer, cancel). Only call params are shown: tool definitions (and so header values) never.
 //!
 //! Stdin is read by a plain thread, line by line and only when a prompt asks for a line, so an
 //! unanswered prompt never keeps the process alive and never competes with `$EDITOR`.
 
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
 use std::io::{BufRead, Write};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -39,6 +40,7 @@ struct Pending {
 enum Waiting {
     Answer,
     Reason,
+    Result,
     Confirm(Map<String, Value>),
 }
 
@@ -111,7 +113,8 @@ pub(super) async fn serve(handle: RunHandle, tools: BTreeMap<String, Tool>, scre
     let mut queue: VecDeque<Pending> = VecDeque::new();
     let mut current: Option<Pending> = None;
     let mut waiting = Waiting::Answer;
-    let mut approve_all: BTreeSet<String> = BTreeSet::new();
+    // Tool grants in force (id → tool) whose calls are approved without a prompt.
+    let mut tool_grants: BTreeMap<String, String> = BTreeMap::new();
     let mut lines = Lines::new();
     loop {
         if current.is_none()
@@ -130,15 +133,20 @@ pub(super) async fn serve(handle: RunHandle, tools: BTreeMap<String, Tool>, scre
                 let Some(ev) = ev else { break };
                 match (&ev.kind, ev.call) {
                     (EventKind::ApprovalRequested { call, params_hash, interrupted, .. }, Some(id)) => {
-                        let p = Pending { id, call: Call::clone(call), hash: params_hash.clone(), interrupted: *interrupted };
-                        if approve_all.contains(&call.tool) && !interrupted {
-                            say(&format!("\r\x1b[2K  {id} {} approved (every call of this tool)\n", call.tool));
-                            decide(&handle, &p, Decision::Approve).await;
-                        } else {
-                            queue.push_back(p);
+                        // A call a tool grant covers is decided with it (its decision event
+                        // follows at once): it is not prompted.
+                        if !*interrupted && tool_grants.values().any(|t| *t == call.tool) {
+                            continue;
                         }
+                        queue.push_back(Pending { id, call: Call::clone(call), hash: params_hash.clone(), interrupted: *interrupted });
                     }
-                    (EventKind::Decision { decision, timed_out, .. }, Some(id)) => {
+                    (EventKind::Decision { decision, timed_out, grant, .. }, Some(id)) => {
+                        if let Some(g) = grant {
+                            match tool_grants.get(g) {
+                                Some(tool) => say(&format!("\r\x1b[2K  {id} {tool} approved (every call of this tool) by grant {g}\n")),
+                                None => say(&format!("\r\x1b[2K  {id} approved (as presented) by grant {g}\n")),
+                            }
+                        }
                         queue.retain(|p| p.id != id);
                         if current.as_ref().is_some_and(|p| p.id == id) {
                             let why = if *timed_out { " (the reviewer's time ran out)" } else { "" };
@@ -146,6 +154,12 @@ pub(super) async fn serve(handle: RunHandle, tools: BTreeMap<String, Tool>, scre
                             current = None;
                             screen.prompt_open.store(false, Ordering::SeqCst);
                         }
+                    }
+                    (EventKind::GrantAdded { id, grant: crate::protocol::GrantSpec::Tool { tool, when: None }, .. }, _) => {
+                        tool_grants.insert(id.clone(), tool.clone());
+                    }
+                    (EventKind::GrantRevoked { id, .. }, _) => {
+                        tool_grants.remove(id);
                     }
                     (EventKind::RunFinished { .. }, _) if ev.parent.is_none() => break,
                     _ => {}
@@ -160,18 +174,9 @@ pub(super) async fn serve(handle: RunHandle, tools: BTreeMap<String, Tool>, scre
                     continue;
                 };
                 let tool = tools.get(&p.call.tool);
-                match answer(&handle, &p, tool, &mut waiting, line.trim(), &mut approve_all).await {
+                match answer(&handle, &p, tool, &mut waiting, line.trim()).await {
                     Some(()) => screen.prompt_open.store(false, Ordering::SeqCst),
                     None => current = Some(p),
-                }
-                // Calls already waiting their turn for a tool now approved for good.
-                let (now, later): (VecDeque<Pending>, VecDeque<Pending>) = std::mem::take(&mut queue)
-                    .into_iter()
-                    .partition(|q| approve_all.contains(&q.call.tool) && !q.interrupted);
-                queue = later;
-                for q in now {
-                    say(&format!("\r\x1b[2K  {} {} approved (every call of this tool)\n", q.id, q.call.tool));
-                    decide(&handle, &q, Decision::Approve).await;
                 }
             }
         }
@@ -188,8 +193,9 @@ fn prompt(p: &Pending) {
     } else {
         ""
     };
+    let done = if p.interrupted { " [d]one" } else { "" };
     say(&format!(
-        "\r\x1b[2K\n  {} {} {}{flag}\n  [a]pprove [A]pprove all {} [e]dit [r]eject [?]show > ",
+        "\r\x1b[2K\n  {} {} {}{flag}\n  [a]pprove [A]pprove all {} [e]dit [r]eject{done} [?]show > ",
         p.id,
         p.call.tool,
         compact(&p.call.params, 120),
@@ -203,6 +209,7 @@ fn words(d: &Decision) -> String {
         Decision::Edit { .. } => "approved with edited params".into(),
         Decision::Replace { call } => format!("replaced by a call to {}", call.tool),
         Decision::Reject { reason } => format!("rejected ({reason})"),
+        Decision::Done { .. } => "marked done with a supplied result".into(),
     }
 }
 
@@ -225,7 +232,6 @@ async fn answer(
     tool: Option<&Tool>,
     waiting: &mut Waiting,
     line: &str,
-    approve_all: &mut BTreeSet<String>,
 ) -> Option<()> {
     match std::mem::replace(waiting, Waiting::Answer) {
         Waiting::Reason => {
@@ -237,6 +243,17 @@ async fn answer(
             decide(handle, p, Decision::Reject { reason }).await;
             return Some(());
         }
+        Waiting::Result => match serde_json::from_str::<Value>(line) {
+            Ok(result) => {
+                decide(handle, p, Decision::Done { result }).await;
+                return Some(());
+            }
+            Err(e) => {
+                say(&format!("  not JSON ({e})\n"));
+                prompt(p);
+                return None;
+            }
+        },
         Waiting::Confirm(params) => {
             if matches!(line, "y" | "yes") {
                 decide(handle, p, Decision::Edit { params }).await;
@@ -254,9 +271,27 @@ async fn answer(
             Some(())
         }
         "A" => {
-            approve_all.insert(p.call.tool.clone());
-            decide(handle, p, Decision::Approve).await;
+            // A grant: journaled, applied to this call and every later one of the tool (an
+            // interrupted call is not covered, so it is approved on its own).
+            let op = Op::Grant {
+                grant: crate::protocol::GrantSpec::Tool {
+                    tool: p.call.tool.clone(),
+                    when: None,
+                },
+                by: Some(super::me(crate::protocol::Actor::TERMINAL)),
+            };
+            if let Err(e) = handle.submit(op).await {
+                say(&format!("  grant not applied: {e} [{}]\n", e.code()));
+            }
+            if p.interrupted {
+                decide(handle, p, Decision::Approve).await;
+            }
             Some(())
+        }
+        "d" | "done" if p.interrupted => {
+            *waiting = Waiting::Result;
+            say("  the call's result (JSON) > ");
+            None
         }
         "r" | "reject" | "n" | "no" => {
             *waiting = Waiting::Reason;

@@ -69,8 +69,14 @@ fn scripted_decisions(goal: &Goal, model: Option<&str>) -> Option<PathBuf> {
     v.get("decisions").is_some().then_some(path)
 }
 
-/// `{"decisions": [{"tool": NAME} or {"call": ID}, plus a protocol Decision]}`.
-fn load_decisions(path: &FsPath) -> Result<crate::approval::ScriptedApprover, CliError> {
+/// Grants a decisions file gives (its `{"grant": {...}}` entries), journaled at the run's start.
+type FileGrants = Vec<(crate::protocol::GrantSpec, Option<crate::protocol::Actor>)>;
+
+/// `{"decisions": [{"tool": NAME} or {"call": ID}, plus a protocol Decision, or {"grant":
+/// GRANT}]}`.
+fn load_decisions(
+    path: &FsPath,
+) -> Result<(crate::approval::ScriptedApprover, FileGrants), CliError> {
     // A decisions file, or a scripted-model file carrying the same list beside its turns.
     #[derive(serde::Deserialize)]
     struct File {
@@ -86,7 +92,19 @@ fn load_decisions(path: &FsPath) -> Result<crate::approval::ScriptedApprover, Cl
             reason: "no decision was given for this call (--decisions)".into(),
         })
         .by(super::me(crate::protocol::Actor::DECISIONS_FILE));
+    let mut grants = Vec::new();
     for (i, mut d) in file.decisions.into_iter().enumerate() {
+        if let Some(g) = d.get("grant") {
+            let spec: crate::protocol::GrantSpec = serde_json::from_value(g.clone())
+                .map_err(|e| bad(format!("decisions[{i}].grant: {e}")))?;
+            crate::approval::grant::check(&spec, |_| true)
+                .map_err(|e| bad(format!("decisions[{i}].grant: {e}")))?;
+            grants.push((
+                spec,
+                Some(super::me(crate::protocol::Actor::DECISIONS_FILE)),
+            ));
+            continue;
+        }
         // `call` selects by id when it is a number; a replace carries its new call there.
         let (tool, call) = match d.as_object_mut() {
             Some(m) => {
@@ -113,7 +131,7 @@ fn load_decisions(path: &FsPath) -> Result<crate::approval::ScriptedApprover, Cl
             }
         };
     }
-    Ok(a)
+    Ok((a, grants))
 }
 
 pub(super) fn approve_name(a: Option<ApproveArg>) -> Option<ModeName> {
@@ -169,8 +187,14 @@ pub(super) async fn run(
         None if !interactive => scripted_decisions(goal, opts.model.as_deref()),
         None => None,
     };
+    let mut file_grants = Vec::new();
     let review = if let Some(path) = &decisions {
-        Review::Approver(Arc::new(load_decisions(path)?))
+        let (approver, grants) = load_decisions(path)?;
+        // A resumed run has its grants in its journal already.
+        if journal.is_none() {
+            file_grants = grants;
+        }
+        Review::Approver(Arc::new(approver))
     } else if display.detach || interactive {
         Review::External
     } else if display.reject_without_reviewer {
@@ -221,6 +245,7 @@ pub(super) async fn run(
             sink,
             mcp: None,
             tools_from: display.tools_from.clone(),
+            grants: file_grants,
         },
     );
     // Setting up can take long (MCP servers starting): SIGTERM stops it too (the servers

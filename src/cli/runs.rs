@@ -169,6 +169,29 @@ pub(super) fn show(store: &Store, run: &str, json_out: bool) -> Result<i32, CliE
     print_description(&out, stored.journal.len(), stored.result.as_ref(), json_out)
 }
 
+/// `dagloop show RUN --audit`: the run's decisions and grants (`runs::audit`), as JSON or lines.
+pub(super) fn audit(store: &Store, run: &str, json_out: bool) -> Result<i32, CliError> {
+    let stored = store.load(run).map_err(err)?;
+    let rb = rebuild(&stored)?;
+    let entries = crate::runs::audit::audit(&rb.events);
+    if json_out {
+        outln!(
+            "{}",
+            pretty(&json!({
+                "run_id": stored.record.id,
+                "audit": entries,
+                "grants": crate::runs::audit::grants(&rb.events),
+            }))
+        );
+        return Ok(0);
+    }
+    outln!("run {} · {} audit entries", stored.record.id, entries.len());
+    for l in crate::runs::audit::lines(&entries) {
+        outln!("{l}");
+    }
+    Ok(0)
+}
+
 /// Prints a run's description (`runs::describe`): JSON, or the timeline for people.
 pub(super) fn print_description(
     out: &Value,

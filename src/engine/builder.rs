@@ -118,6 +118,8 @@ pub struct AgentBuilder {
     model_spec: Option<String>,
     fallbacks: Vec<Arc<dyn Model>>,
     approver: Option<Arc<dyn Approver>>,
+    /// Grants given before the run starts (a decisions file's), journaled right after `start`.
+    grants: Vec<crate::machine::RunInput>,
     external_review: bool,
     policy: Option<Policy>,
     hooks: Hooks,
@@ -151,6 +153,7 @@ impl AgentBuilder {
             clock: None,
             run_id: None,
             cancel: CancellationToken::new(),
+            grants: Vec::new(),
             settings: Settings::default(),
             retry: RetryPolicy::default(),
             sanitize: SanitizeLimits::default(),
@@ -213,6 +216,20 @@ impl AgentBuilder {
     /// an adapter: it reads `approval_requested` events and submits `Decide` ops.
     pub fn approver(mut self, approver: Arc<dyn Approver>) -> Self {
         self.approver = Some(approver);
+        self
+    }
+
+    /// Grants that apply from the run's start (journaled right after it, before the model is
+    /// heard from), e.g. a decisions file's; a resumed run already has its grants in its journal
+    /// and ignores these.
+    pub fn grants(
+        mut self,
+        grants: impl IntoIterator<Item = (crate::protocol::GrantSpec, Option<crate::protocol::Actor>)>,
+    ) -> Self {
+        self.grants = grants
+            .into_iter()
+            .map(|(grant, by)| crate::machine::RunInput::Grant { grant, by })
+            .collect();
         self
     }
 
@@ -344,6 +361,7 @@ impl AgentBuilder {
             settings: self.settings,
             executor,
             approver: self.approver,
+            grants: self.grants,
             tools,
             asks,
             journal: self.journal,
@@ -538,6 +556,7 @@ pub struct Agent {
     pub(super) settings: Settings,
     pub(super) executor: Arc<dyn Executor>,
     approver: Option<Arc<dyn Approver>>,
+    grants: Vec<crate::machine::RunInput>,
     tools: BTreeMap<String, Arc<Tool>>,
     asks: Option<String>,
     journal: Option<Arc<dyn JournalSink>>,
@@ -628,7 +647,7 @@ impl Agent {
             commit: None,
             scratch: Default::default(),
         };
-        let task = tokio::spawn(driver.run(journal));
+        let task = tokio::spawn(driver.run(journal, self.grants));
         RunHandle {
             shared,
             _owner: Arc::new(Owner {

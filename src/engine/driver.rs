@@ -32,7 +32,7 @@ use crate::llm::{Request, Settings};
 use crate::machine::{
     Action, FrameKey, JournalEntry, RunError, RunInput, RunMachine, RunResult, RunStatus, Usage,
 };
-use crate::protocol::{CallId, Event, EventKind, Op};
+use crate::protocol::{CallId, Event, EventKind};
 use crate::scheduler::Outcome;
 use crate::tools::{Progress, ProgressSink};
 
@@ -149,14 +149,21 @@ enum Next {
 impl Driver {
     /// Runs to the end; publishes the result on the shared `done` channel. With `journal`, the
     /// run is rebuilt from it first (a resumed run) and told so with [`RunInput::Resumed`].
-    pub async fn run(mut self, journal: Option<Vec<JournalEntry>>) -> RunResult {
+    /// A new run's `grants` are journaled with its start.
+    pub async fn run(
+        mut self,
+        journal: Option<Vec<JournalEntry>>,
+        grants: Vec<RunInput>,
+    ) -> RunResult {
         match journal {
             Some(entries) if !entries.is_empty() => {
                 self.rebuild(entries);
                 self.feed(vec![RunInput::Resumed]).await;
             }
             _ => {
-                self.feed(vec![RunInput::Start]).await;
+                let mut first = vec![RunInput::Start];
+                first.extend(grants);
+                self.feed(first).await;
             }
         }
         self.lease.start();
@@ -428,12 +435,7 @@ impl Driver {
             let _ = req.reply.send(Err(e));
             return;
         }
-        let input = match req.op {
-            Op::Decide {
-                call, decision, by, ..
-            } => RunInput::Decided { call, decision, by },
-            Op::Cancel { reason, by } => RunInput::Cancel { reason, by },
-        };
+        let input = RunInput::from_op(req.op);
         let ok = self.feed(vec![input]).await;
         self.update_idle();
         let verdict = if ok {

@@ -76,6 +76,7 @@ impl Driver<'_> {
                     call,
                     tool,
                     timeout,
+                    ..
                 } => self.ask(ApprovalRequest::new(id, *call, tool), timeout),
                 Action::Abort { id } => self.activities.abort(id),
                 Action::Drained => {}

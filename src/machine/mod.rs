@@ -18,6 +18,7 @@
 
 mod config;
 mod frame;
+mod grants;
 mod ops;
 mod types;
 
@@ -60,6 +61,10 @@ pub struct RunMachine {
     /// Who cancelled the run, when its cancellation said so (put on its `run_finished`).
     cancelled_by: Option<crate::protocol::Actor>,
     keep_launched: bool,
+    /// The grants given in the run, in order (`g1` first).
+    grants: Vec<crate::approval::grant::ActiveGrant>,
+    /// Who the decisions being applied by the current input came from (cleared after it).
+    attribution: BTreeMap<CallId, grants::Attribution>,
     /// Scratch buffers (the work queue, a scheduler's actions), kept between inputs so that an
     /// input allocates nothing for them; see [`RunMachine::handle_into`].
     scratch: (Vec<Work>, Vec<scheduler::Action>),
@@ -92,6 +97,8 @@ impl RunMachine {
             finished: None,
             cancelled_by: None,
             keep_launched: false,
+            grants: Vec::new(),
+            attribution: BTreeMap::new(),
             scratch: Default::default(),
         }
     }
@@ -166,9 +173,6 @@ impl RunMachine {
             return;
         }
         let (mut work, buf) = std::mem::take(&mut self.scratch);
-        // The decision's author, put on the `decision` event the scheduler emits for it.
-        let mut decided_by: Option<(CallId, crate::protocol::Actor)> = None;
-        let first = out.len();
         match input {
             RunInput::Start => self.start(now, &mut work, out),
             RunInput::Call { frame, call } => {
@@ -301,7 +305,10 @@ impl RunMachine {
                 }
             }
             RunInput::Decided { call, decision, by } => {
-                decided_by = by.map(|b| (call, b));
+                // The decision's author, put on the `decision` event the scheduler emits.
+                let grant = None;
+                self.attribution
+                    .insert(call, grants::Attribution { by, grant });
                 if let Some(frame) = self.owner(call) {
                     out.push(Action::ClearTimer {
                         timer: Timer::Approval { call },
@@ -309,6 +316,8 @@ impl RunMachine {
                     work.push((frame, scheduler::Input::Decided { id: call, decision }));
                 }
             }
+            RunInput::Grant { grant, by } => self.grant(grant, by, now, &mut work, out),
+            RunInput::Revoke { grant, by } => self.revoke(&grant, by, now, out),
             RunInput::TimerFired { timer } => match timer {
                 Timer::Approval { call } => {
                     if let Some(frame) = self.owner(call) {
@@ -336,19 +345,7 @@ impl RunMachine {
             }
         }
         self.run_work(&mut work, buf, now, out);
-        if let Some((call, by)) = decided_by {
-            for a in out.iter_mut().skip(first) {
-                if let Action::Emit(Event {
-                    call: Some(c),
-                    kind: EventKind::Decision { by: b, .. },
-                    ..
-                }) = a
-                    && *c == call
-                {
-                    *b = Some(by.clone());
-                }
-            }
-        }
+        self.attribution.clear();
     }
 
     fn streaming(&self, frame: FrameKey) -> bool {
@@ -686,15 +683,35 @@ impl RunMachine {
                                 f.decisions.remove(&id);
                             }
                         }
-                        if let (EventKind::Decision { decision, .. }, Some(id), Some(f)) =
-                            (&kind, call, self.frames.get_mut(&key))
+                        if let (
+                            EventKind::Decision {
+                                decision,
+                                by,
+                                grant,
+                                ..
+                            },
+                            Some(id),
+                        ) = (&mut kind, call)
                         {
-                            f.decisions.insert(id, decision.clone());
+                            if let Some(a) = self.attribution.remove(&id) {
+                                if a.by.is_some() {
+                                    *by = a.by;
+                                }
+                                *grant = a.grant;
+                            }
+                            if let Some(f) = self.frames.get_mut(&key) {
+                                f.decisions.insert(id, decision.clone());
+                            }
                         }
                         self.emit(key, call, kind, now, out);
                     }
-                    scheduler::Action::Ask { id, timeout, .. } => {
-                        if let Some(t) = timeout {
+                    scheduler::Action::Ask {
+                        id, timeout, call, ..
+                    } => {
+                        // A grant in force approves the call at once (no reviewer, no timer).
+                        if let Some(g) = self.covering_grant(key, id, &call) {
+                            self.approve_by_grant(key, id, g, work);
+                        } else if let Some(t) = timeout {
                             let ms = u64::try_from(t.as_millis()).unwrap_or(u64::MAX);
                             out.push(Action::SetTimer {
                                 timer: Timer::Approval { call: id },

@@ -4,7 +4,7 @@
 use serde_json::{Map, Value};
 
 use super::RunMachine;
-use crate::protocol::{Call, CallId, Decision, Op, OpError, params_hash};
+use crate::protocol::{Call, CallId, Decision, GrantSpec, Op, OpError, params_hash};
 use crate::schema::ToolValidators;
 
 impl RunMachine {
@@ -18,14 +18,24 @@ impl RunMachine {
                 status: status.as_str().into(),
             });
         }
-        let Op::Decide {
-            call,
-            decision,
-            presented,
-            ..
-        } = op
-        else {
-            return Ok(());
+        let (call, decision, presented) = match op {
+            Op::Decide {
+                call,
+                decision,
+                presented,
+                ..
+            } => (call, decision, presented),
+            Op::Grant { grant, .. } => return self.check_grant(grant),
+            Op::Revoke { grant, .. } => {
+                return if self.grants.iter().any(|g| g.id == *grant && !g.revoked) {
+                    Ok(())
+                } else {
+                    Err(OpError::UnknownGrant {
+                        grant: grant.clone(),
+                    })
+                };
+            }
+            Op::Cancel { .. } => return Ok(()),
         };
         let call = *call;
         let frame_key = usize::try_from(call.0.wrapping_sub(1))
@@ -64,6 +74,10 @@ impl RunMachine {
         let invalid = |reason: String| OpError::InvalidDecision { call, reason };
         match decision {
             Decision::Approve | Decision::Reject { .. } => Ok(()),
+            Decision::Done { .. } if sched.is_interrupted(call) => Ok(()),
+            Decision::Done { .. } => Err(invalid(
+                "only a call interrupted by a restart can be marked done".into(),
+            )),
             Decision::Edit { params } => {
                 if let Some(t) = params.get("_tool")
                     && t.as_str() != Some(shown.tool.as_str())
@@ -95,6 +109,45 @@ impl RunMachine {
                 check_params(&f.cfg.params, replacement).map_err(invalid)
             }
         }
+    }
+
+    /// A grant applies when it names a tool of the run (with a `when` that is a schema) or lists
+    /// calls of the run.
+    fn check_grant(&self, grant: &GrantSpec) -> Result<(), OpError> {
+        let known = |name: &str| {
+            self.root.tools.iter().any(|t| t.name == name)
+                || self
+                    .frames
+                    .values()
+                    .any(|f| f.cfg.tools.iter().any(|t| t.name == name))
+        };
+        crate::approval::grant::check(grant, known)
+            .map_err(|reason| OpError::InvalidGrant { reason })?;
+        if let GrantSpec::Calls { calls } = grant {
+            for c in calls {
+                let i = usize::try_from(c.call.0.wrapping_sub(1)).ok();
+                if i.and_then(|i| self.owners.get(i)).is_none() {
+                    return Err(OpError::UnknownCall { call: c.call });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The calls awaiting a decision right now, across every agent of the run, by id, with
+    /// whether each was interrupted by a restart.
+    pub fn awaiting_interrupted(&self) -> Vec<(CallId, bool)> {
+        self.awaiting()
+            .into_iter()
+            .map(|(id, _)| {
+                let interrupted = self
+                    .owner(id)
+                    .and_then(|k| self.frames.get(&k))
+                    .and_then(|f| f.sched.as_ref())
+                    .is_some_and(|s| s.is_interrupted(id));
+                (id, interrupted)
+            })
+            .collect()
     }
 
     /// The calls awaiting a decision right now, across every agent of the run, by id.

@@ -167,6 +167,22 @@ pub enum RunInput {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         by: Option<Actor>,
     },
+    /// A reviewer's grant was accepted (it approves covered calls as they are presented).
+    Grant {
+        /// What it covers.
+        grant: crate::protocol::GrantSpec,
+        /// Who granted.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        by: Option<Actor>,
+    },
+    /// A grant was revoked.
+    Revoke {
+        /// The grant's id.
+        grant: String,
+        /// Who revoked.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        by: Option<Actor>,
+    },
     /// A timer fired.
     TimerFired {
         /// Which.
@@ -209,10 +225,27 @@ impl RunInput {
             RunInput::StreamClosed { .. } => "stream_closed",
             RunInput::Outcome { .. } => "outcome",
             RunInput::Decided { .. } => "decided",
+            RunInput::Grant { .. } => "grant",
+            RunInput::Revoke { .. } => "revoke",
             RunInput::TimerFired { .. } => "timer_fired",
             RunInput::Cancel { .. } => "cancel",
             RunInput::Resumed => "resumed",
             RunInput::Interrupted { .. } => "interrupted",
+        }
+    }
+}
+
+impl RunInput {
+    /// The input an accepted op becomes (the one conversion every driver uses).
+    pub fn from_op(op: crate::protocol::Op) -> RunInput {
+        use crate::protocol::Op;
+        match op {
+            Op::Decide {
+                call, decision, by, ..
+            } => RunInput::Decided { call, decision, by },
+            Op::Grant { grant, by } => RunInput::Grant { grant, by },
+            Op::Revoke { grant, by } => RunInput::Revoke { grant, by },
+            Op::Cancel { reason, by } => RunInput::Cancel { reason, by },
         }
     }
 }

@@ -112,6 +112,12 @@ pub enum Decision {
         /// Why, in the reviewer's words.
         reason: String,
     },
+    /// Only for a call interrupted by a restart: it did happen; this is its result (the
+    /// reviewer's receipt). The result is written as if the activity had returned it.
+    Done {
+        /// The call's result.
+        result: Value,
+    },
 }
 
 /// What happened. Serialised internally tagged with `type`, in snake_case.
@@ -158,6 +164,9 @@ pub enum EventKind {
         /// decides whether it runs again.
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         interrupted: bool,
+        /// The approval rule that asked (a rule's name, `_approval`, `policy:ask`...).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        rule: Option<String>,
     },
     /// A reviewer decided, or the policy default applied after a reviewer timeout.
     Decision {
@@ -167,6 +176,31 @@ pub enum EventKind {
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         timed_out: bool,
         /// Who decided, when the decision's op said so.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        by: Option<super::Actor>,
+        /// The approval rule the decision came from (a `deny` rule).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        rule: Option<String>,
+        /// The grant the decision came from (`g1`...).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        grant: Option<String>,
+    },
+    /// A reviewer granted approval ahead of the calls (journaled; applies until revoked or the
+    /// run ends).
+    GrantAdded {
+        /// The grant's id in the run (`g1`, `g2`... in the order they were given).
+        id: String,
+        /// What it covers.
+        grant: super::GrantSpec,
+        /// Who gave it.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        by: Option<super::Actor>,
+    },
+    /// A grant was revoked: it covers no call presented from now on.
+    GrantRevoked {
+        /// The grant's id.
+        id: String,
+        /// Who revoked it.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         by: Option<super::Actor>,
     },
@@ -290,13 +324,14 @@ pub enum EventKind {
 }
 
 impl Decision {
-    /// The decision's tag: `approve`, `edit`, `replace` or `reject`.
+    /// The decision's tag: `approve`, `edit`, `replace`, `reject` or `done`.
     pub fn name(&self) -> &'static str {
         match self {
             Decision::Approve => "approve",
             Decision::Edit { .. } => "edit",
             Decision::Replace { .. } => "replace",
             Decision::Reject { .. } => "reject",
+            Decision::Done { .. } => "done",
         }
     }
 }
@@ -319,6 +354,8 @@ impl EventKind {
             EventKind::Unblocked => "unblocked",
             EventKind::ApprovalRequested { .. } => "approval_requested",
             EventKind::Decision { .. } => "decision",
+            EventKind::GrantAdded { .. } => "grant_added",
+            EventKind::GrantRevoked { .. } => "grant_revoked",
             EventKind::Started { .. } => "started",
             EventKind::CallProgress { .. } => "call_progress",
             EventKind::Finished { .. } => "finished",
@@ -368,6 +405,7 @@ mod tests {
                 path: vec![CallId(1), CallId(4)],
                 params_hash: "00ff".into(),
                 interrupted: true,
+                rule: Some("policy:ask".into()),
             },
             EventKind::ModelRetry {
                 attempt: 1,
@@ -382,6 +420,42 @@ mod tests {
                     "alice",
                     crate::protocol::Actor::HTTP,
                 )),
+                rule: None,
+                grant: Some("g1".into()),
+            },
+            EventKind::Decision {
+                decision: Decision::Done {
+                    result: json!({"receipt": "R-1"}),
+                },
+                timed_out: false,
+                by: None,
+                rule: None,
+                grant: None,
+            },
+            EventKind::GrantAdded {
+                id: "g1".into(),
+                grant: crate::protocol::GrantSpec::Tool {
+                    tool: "fetch".into(),
+                    when: Some(json!({"type": "object"})),
+                },
+                by: None,
+            },
+            EventKind::GrantAdded {
+                id: "g2".into(),
+                grant: crate::protocol::GrantSpec::Calls {
+                    calls: vec![crate::protocol::GrantedCall {
+                        call: CallId(3),
+                        params_hash: "00ff".into(),
+                    }],
+                },
+                by: Some(crate::protocol::Actor::new(
+                    "alice",
+                    crate::protocol::Actor::TERMINAL,
+                )),
+            },
+            EventKind::GrantRevoked {
+                id: "g1".into(),
+                by: None,
             },
             EventKind::Decision {
                 decision: Decision::Edit {
@@ -389,6 +463,8 @@ mod tests {
                 },
                 timed_out: false,
                 by: None,
+                rule: None,
+                grant: None,
             },
             EventKind::Decision {
                 decision: Decision::Replace {
@@ -396,6 +472,8 @@ mod tests {
                 },
                 timed_out: false,
                 by: None,
+                rule: None,
+                grant: None,
             },
             EventKind::Decision {
                 decision: Decision::Reject {
@@ -403,6 +481,8 @@ mod tests {
                 },
                 timed_out: true,
                 by: None,
+                rule: Some("huge".into()),
+                grant: None,
             },
             EventKind::Started {
                 tool: "fetch".into(),

@@ -15,7 +15,7 @@ pub use call::{Call, OutputMethod, Tool, ToolApproval, collect_refs, json_type};
 pub use event::{Decision, Event, EventKind, FailKind};
 pub use message::{Message, Role, Solution};
 pub use meta::{CALL_META_KEYS, TOOL_META_KEYS, UnknownMetaKey, is_meta_key};
-pub use op::{Actor, Op, OpError, canonical, params_hash};
+pub use op::{Actor, GrantSpec, GrantedCall, Op, OpError, canonical, params_hash};
 pub use reference::{
     ASCII_MARKER, Combinator, Expression, MARKER, Path, Reference, ReferenceError, Segment,
     looks_like_reference, parse_expression,

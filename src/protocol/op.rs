@@ -35,6 +35,22 @@ pub enum Op {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         by: Option<Actor>,
     },
+    /// Approve calls ahead of their presentation (journaled; revocable while the run lasts).
+    Grant {
+        /// What it covers.
+        grant: GrantSpec,
+        /// Who granted, through which channel.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        by: Option<Actor>,
+    },
+    /// Withdraw a grant: calls presented from now on are no longer covered by it.
+    Revoke {
+        /// The grant's id (`g1`...).
+        grant: String,
+        /// Who revoked, through which channel.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        by: Option<Actor>,
+    },
     /// Stop the run: nothing more launches, running calls are aborted.
     Cancel {
         /// Why, in the canceller's words.
@@ -43,6 +59,40 @@ pub enum Op {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         by: Option<Actor>,
     },
+}
+
+/// What a grant approves ahead of time. A grant never covers a call interrupted by a restart
+/// (somebody must say whether it runs again).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "scope", rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum GrantSpec {
+    /// Every call of this tool presented while the grant lasts (those awaiting included),
+    /// optionally only those whose params satisfy `when` (a JSON Schema over the params, as an
+    /// approval rule's `when` sees them).
+    Tool {
+        /// The tool's name.
+        tool: String,
+        /// A JSON Schema the call must satisfy.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        when: Option<Value>,
+    },
+    /// Exactly these calls, each as it was presented: a call is covered only while its params
+    /// hash is the one listed (as presented, or as written for a call still blocked). A call
+    /// that is not listed (one added later) is not covered.
+    Calls {
+        /// The calls and their params hashes.
+        calls: Vec<GrantedCall>,
+    },
+}
+
+/// One call of a [`GrantSpec::Calls`] grant.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GrantedCall {
+    /// The call.
+    pub call: CallId,
+    /// Its params hash, as presented to the reviewer.
+    pub params_hash: String,
 }
 
 /// Who made a decision or a cancellation, and through which channel. Recorded in the journal
@@ -137,6 +187,18 @@ pub enum OpError {
         /// What is wrong.
         reason: String,
     },
+    /// No grant has this id in the run, or it was already revoked.
+    #[error("the run has no grant `{grant}` in force")]
+    UnknownGrant {
+        /// The id given.
+        grant: String,
+    },
+    /// The grant cannot apply (an unknown tool, a `when` that is not a schema, an empty list).
+    #[error("the grant cannot apply: {reason}")]
+    InvalidGrant {
+        /// What is wrong.
+        reason: String,
+    },
     /// The run has ended; it takes no more ops.
     #[error("the run has finished ({status})")]
     RunFinished {
@@ -161,6 +223,8 @@ impl OpError {
             OpError::Stale { .. } => "op.stale",
             OpError::EditChangesTool { .. } => "op.edit_changes_tool",
             OpError::InvalidDecision { .. } => "op.invalid_decision",
+            OpError::UnknownGrant { .. } => "op.unknown_grant",
+            OpError::InvalidGrant { .. } => "op.invalid_grant",
             OpError::RunFinished { .. } => "op.run_finished",
             OpError::Unavailable { .. } => "op.unavailable",
         }

@@ -59,6 +59,8 @@ pub struct Host {
     /// Answer the run's calls from this recording (`--tools-from`); with `true`, a call it does
     /// not hold runs for real instead of failing with `cassette.miss`.
     pub tools_from: Option<(Arc<super::Cassette>, bool)>,
+    /// Grants that apply from a new run's start (a decisions file's `grant` entries).
+    pub grants: Vec<(crate::protocol::GrantSpec, Option<crate::protocol::Actor>)>,
 }
 
 /// A run that is built and recorded, not yet started.
@@ -96,13 +98,14 @@ pub async fn prepare(
         sink,
         mcp: pool,
         tools_from,
+        grants,
     } = host;
     let opts = def.options();
     let record_goal = serde_json::to_value(def.goal()).unwrap_or(Value::Null);
     // Absolute, so that the run can be continued from any directory.
     let base_dir = absolute_dir(&def.goal().base_dir).display().to_string();
     let (builder, servers) = builder_for(registry, def, pool.as_ref()).await?;
-    let mut builder = builder.cancel_token(cancel);
+    let mut builder = builder.cancel_token(cancel).grants(grants);
     let mut nobody = None;
     builder = match review {
         Review::External => builder.external_review(),

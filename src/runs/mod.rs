@@ -9,6 +9,7 @@
 //! Deliberately not here: printing, terminals, HTTP (the front-ends), and any decision about
 //! a run (the machine takes them; this module only replays its journal).
 
+pub mod audit;
 mod cassette;
 mod def;
 mod launch;

@@ -144,6 +144,8 @@ pub struct RunView {
     pub critical_path: Vec<Span>,
     /// The calls awaiting a decision.
     pub awaiting: Vec<AwaitingCall>,
+    /// The grants added (and revoked) during the run, with the calls they covered.
+    pub grants: Vec<Value>,
     /// Turns that went to the next model of their agent's list.
     pub model_fallbacks: Vec<ModelFallback>,
     /// Tokens used, once the run ended.
@@ -199,6 +201,15 @@ pub struct CallView {
     /// Who decided.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub decided_by: Option<crate::protocol::Actor>,
+    /// The approval rule that asked a reviewer about it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub asked_by_rule: Option<String>,
+    /// The approval rule that decided it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub decided_by_rule: Option<String>,
+    /// The grant that decided it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub decided_by_grant: Option<String>,
     /// When it was decided.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub decided_ms: Option<u64>,
@@ -223,6 +234,17 @@ pub struct AwaitingCall {
     pub params_hash: String,
     /// It had started before the run stopped, and may have had effects.
     pub interrupted: bool,
+    /// The approval rule that asked for a reviewer.
+    pub rule: Option<String>,
+    /// How long a reviewer has (ms), when the policy sets a timeout.
+    pub timeout_ms: Option<u64>,
+    /// When the timeout's default applies (ms since the epoch), when there is one.
+    pub deadline_at: Option<u64>,
+    /// What happens when nobody decides in time (`reject` or `approve`).
+    pub default_decision: Value,
+    /// The calls waiting on this one, as presented (`call_id`, `params_hash`, `call`): what
+    /// "approve this call and the calls waiting on it" covers.
+    pub downstream: Vec<Value>,
     /// The tool's params schema (a JSON Schema), when the tool is the goal's.
     pub tool_schema: Option<Value>,
     /// The call with its references resolved.
@@ -360,6 +382,7 @@ pub fn describe_view(
         spans,
         critical_path: critical,
         awaiting,
+        grants: super::audit::grants(&rb.events),
         model_fallbacks: fallbacks,
         usage: result.map(|r| r.usage.clone()),
         state: result.map_or_else(|| rb.machine.state_view(), |r| Some(r.state.clone())),
@@ -385,6 +408,9 @@ impl CallView {
             interrupted: None,
             decision: None,
             decided_by: None,
+            asked_by_rule: None,
+            decided_by_rule: None,
+            decided_by_grant: None,
             decided_ms: None,
             decision_timed_out: None,
             started_ms: None,
@@ -424,7 +450,10 @@ fn call_event(
             c.waiting_on = Some(missing.clone());
         }
         EventKind::ApprovalRequested {
-            call, interrupted, ..
+            call,
+            interrupted,
+            rule,
+            ..
         } => {
             asked.insert(id, t);
             c.status = "awaiting_approval".into();
@@ -434,15 +463,26 @@ fn call_event(
             if *interrupted {
                 c.interrupted = Some(true);
             }
+            if let Some(r) = rule {
+                c.asked_by_rule = Some(r.clone());
+            }
         }
         EventKind::Decision {
             decision,
             timed_out,
             by,
+            rule,
+            grant,
         } => {
             c.decision = Some(decision.name().to_string());
             if let Some(by) = by {
                 c.decided_by = Some(by.clone());
+            }
+            if let Some(r) = rule {
+                c.decided_by_rule = Some(r.clone());
+            }
+            if let Some(g) = grant {
+                c.decided_by_grant = Some(g.clone());
             }
             c.decided_ms = Some(t);
             c.status = if decision.name() == "reject" {
@@ -501,12 +541,27 @@ fn awaiting(rb: &Rebuilt) -> Vec<AwaitingCall> {
         .awaiting()
         .into_iter()
         .map(|(id, call)| {
-            let interrupted = rb.events.iter().rev().find_map(|e| match &e.kind {
-                EventKind::ApprovalRequested { interrupted, .. } if e.call == Some(id) => {
-                    Some(*interrupted)
-                }
+            let asked = rb.events.iter().rev().find_map(|e| match &e.kind {
+                EventKind::ApprovalRequested {
+                    interrupted, rule, ..
+                } if e.call == Some(id) => Some((*interrupted, rule.clone(), e.at)),
                 _ => None,
             });
+            let interrupted = asked.as_ref().map(|a| a.0);
+            let policy = rb.machine.policy();
+            let timeout_ms = policy
+                .timeout
+                .map(|t| u64::try_from(t.as_millis()).unwrap_or(u64::MAX));
+            // Waiting on this call: what a reviewer approves with "this call and the calls
+            // waiting on it, as presented" (a calls grant quoting these hashes).
+            let downstream: Vec<Value> = rb
+                .machine
+                .downstream(id)
+                .into_iter()
+                .map(|(c, written)| {
+                    json!({"call_id": c, "params_hash": params_hash(&written), "call": written})
+                })
+                .collect();
             let schema = rb.goal.tools.iter().find(|t| t.name == call.tool).map(|t| {
                 // The params' schema only: tool configuration (`_http` URLs, headers) is
                 // the operator's, not the reviewer's.
@@ -518,6 +573,14 @@ fn awaiting(rb: &Rebuilt) -> Vec<AwaitingCall> {
                 call_id: id.0,
                 params_hash: params_hash(&call),
                 interrupted: interrupted.unwrap_or(false),
+                rule: asked.as_ref().and_then(|a| a.1.clone()),
+                timeout_ms,
+                deadline_at: timeout_ms
+                    .zip(asked.as_ref())
+                    .map(|(t, a)| a.2.saturating_add(t)),
+                default_decision: serde_json::to_value(policy.default_decision)
+                    .unwrap_or(Value::Null),
+                downstream,
                 tool_schema: schema,
                 call,
             }

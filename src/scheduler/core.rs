@@ -52,6 +52,7 @@ impl Entry {
             waiting_on: Vec::new(),
             watch: 0,
             presented: None,
+            interrupted: false,
             refs: Vec::new(),
             value: None,
         }

@@ -5,7 +5,7 @@ use serde_json::{Map, Value};
 
 use super::core::{emit, read_paths};
 use super::{Phase, Scheduler, ToolEntry, is_idempotent};
-use crate::approval::{DefaultDecision, Gate, assess};
+use crate::approval::{DefaultDecision, RuleDecision, evaluate};
 use crate::protocol::{Call, CallId, Decision, EventKind, FailKind, Millis, params_hash};
 use crate::scheduler::{Action, CallStatus, SchedulerError};
 
@@ -69,10 +69,41 @@ impl Scheduler {
             let value = call.params.get("_output").cloned().unwrap_or(Value::Null);
             return self.succeed(ix, value.into(), None, now, out);
         }
-        if approved || assess(&tool.tool, &self.policy) == Gate::Run {
+        if approved {
             return self.launch(ix, call, tool, out);
         }
-        self.present(ix, call, tool, false, out);
+        // The approval rules (first match wins; the old forms come last).
+        let verdict = evaluate(&tool.tool, &call, &self.policy);
+        match verdict.decision {
+            RuleDecision::Allow => self.launch(ix, call, tool, out),
+            RuleDecision::Ask => {
+                let rule = verdict.label(&self.policy);
+                self.present(ix, call, tool, false, Some(rule), out);
+            }
+            RuleDecision::Deny => {
+                let reason = verdict.reason(&self.policy, &tool.tool);
+                let rule = verdict.label(&self.policy);
+                self.entries[ix].decided = true;
+                emit(
+                    out,
+                    id,
+                    EventKind::Decision {
+                        decision: Decision::Reject {
+                            reason: reason.clone(),
+                        },
+                        timed_out: false,
+                        by: Some(crate::protocol::Actor::new(
+                            "dagloop",
+                            crate::protocol::Actor::POLICY,
+                        )),
+                        rule: Some(rule),
+                        grant: None,
+                    },
+                );
+                let err = SchedulerError::Rejected { reason }.to_value();
+                self.fail(ix, err.into(), FailKind::Rejected, None, now, out);
+            }
+        }
     }
 
     /// Puts the call before a reviewer: the event (with the params hash decisions quote), the
@@ -83,6 +114,7 @@ impl Scheduler {
         call: Box<Call>,
         tool: ToolEntry,
         interrupted: bool,
+        rule: Option<String>,
         out: &mut Vec<Action>,
     ) {
         let id = self.entries[ix].id;
@@ -94,15 +126,18 @@ impl Scheduler {
                 call: call.clone(),
                 path: Vec::new(),
                 interrupted,
+                rule,
             },
         );
         self.entries[ix].presented = Some(call.clone());
+        self.entries[ix].interrupted = interrupted;
         self.set_phase(ix, Phase::Asking);
         out.push(Action::Ask {
             id,
             call,
             tool: tool.tool,
             timeout: self.policy.timeout,
+            interrupted,
         });
     }
 
@@ -154,6 +189,7 @@ impl Scheduler {
             return;
         }
         self.entries[ix].decided = true;
+        let interrupted = std::mem::take(&mut self.entries[ix].interrupted);
         emit(
             out,
             id,
@@ -161,10 +197,12 @@ impl Scheduler {
                 decision: decision.clone(),
                 timed_out,
                 // A reviewer's time ran out: the policy's default decided (the machine names a
-                // reviewer's decision itself).
+                // reviewer's decision itself, and the grant it came from).
                 by: timed_out.then(|| {
                     crate::protocol::Actor::new("dagloop", crate::protocol::Actor::TIMEOUT)
                 }),
+                rule: None,
+                grant: None,
             },
         );
         let presented = self.entries[ix].presented.take();
@@ -185,6 +223,17 @@ impl Scheduler {
                     self.release(ix);
                 }
             },
+            // Only an interrupted call can be marked done (the machine refuses it otherwise).
+            Decision::Done { result } if interrupted => {
+                self.succeed(ix, result.into(), None, now, out);
+            }
+            Decision::Done { .. } => {
+                let err = SchedulerError::Rejected {
+                    reason: "only an interrupted call can be marked done".into(),
+                }
+                .to_value();
+                self.fail(ix, err.into(), FailKind::Rejected, None, now, out);
+            }
             Decision::Replace { call } => {
                 // Rule 21: a replacement by another tool goes through that tool's own gate.
                 let same_tool = self.entries[ix]
@@ -214,12 +263,40 @@ impl Scheduler {
         }
         self.entries[ix].decided = false;
         self.entries[ix].approved = false;
-        self.present(ix, call, tool, true, out);
+        self.present(ix, call, tool, true, None, out);
     }
 
     /// True once a decision (or the timeout default) was applied to the call.
     pub fn was_decided(&self, id: CallId) -> bool {
         self.ix(id).is_some_and(|ix| self.entries[ix].decided)
+    }
+
+    /// True while the call awaits a decision because it was interrupted by a restart (it may
+    /// be marked done).
+    pub fn is_interrupted(&self, id: CallId) -> bool {
+        self.ix(id).is_some_and(|ix| {
+            self.entries[ix].phase == Phase::Asking && self.entries[ix].interrupted
+        })
+    }
+
+    /// The calls that wait, directly or through others, on what `id` writes: blocked calls
+    /// reading a path it (or one of them) may write, sorted.
+    pub fn downstream(&self, id: CallId) -> Vec<CallId> {
+        let mut seen = std::collections::BTreeSet::new();
+        let mut todo = vec![id];
+        while let Some(c) = todo.pop() {
+            let Some(ix) = self.ix(c) else { continue };
+            let mut readers = std::collections::BTreeSet::new();
+            for p in super::core::write_paths(&self.entries[ix]) {
+                self.graph.readers_of(p, &mut readers);
+            }
+            for r in readers {
+                if r != id && seen.insert(r) {
+                    todo.push(r);
+                }
+            }
+        }
+        seen.into_iter().collect()
     }
 
     /// The current call with `params` in place of its params; meta fields in `params` override.

@@ -102,6 +102,8 @@ struct Entry {
     watch: usize,
     /// The resolved call shown to the reviewer.
     presented: Option<Box<Call>>,
+    /// It is presented because a restart interrupted it (it may be marked done).
+    interrupted: bool,
     /// The references in the current call's params, parsed once.
     refs: resolve::Refs,
     /// The result (status done) or the error object (any other finished status), shared with

@@ -70,6 +70,8 @@ pub enum Action {
         tool: Arc<Tool>,
         /// The policy's reviewer timeout.
         timeout: Option<Duration>,
+        /// It was interrupted by a restart (no grant covers it).
+        interrupted: bool,
     },
     /// Run a call's activity now; answer with [`Input::Finished`] unless `detached`.
     Launch {

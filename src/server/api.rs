@@ -39,7 +39,7 @@ pub(super) fn body(b: Result<Json<Value>, JsonRejection>) -> ApiResult<Value> {
 }
 
 /// 403 `auth.forbidden`: the caller's roles do not allow this.
-fn forbidden(what: &str) -> ApiError {
+pub(super) fn forbidden(what: &str) -> ApiError {
     ApiError::new(
         StatusCode::FORBIDDEN,
         "auth.forbidden",
@@ -48,7 +48,7 @@ fn forbidden(what: &str) -> ApiError {
 }
 
 /// The decision or cancellation's author: the principal, over HTTP.
-fn actor(who: &Principal) -> Option<Actor> {
+pub(super) fn actor(who: &Principal) -> Option<Actor> {
     Some(Actor::new(who.name.clone(), Actor::HTTP))
 }
 
@@ -568,7 +568,11 @@ pub(super) async fn cancel(
 }
 
 /// Applies an op to a live run, or records it (checked first) for a run nobody drives now.
-async fn submit(st: &Arc<AppState>, id: &str, op: Op) -> ApiResult<(StatusCode, Json<OpStatus>)> {
+pub(super) async fn submit(
+    st: &Arc<AppState>,
+    id: &str,
+    op: Op,
+) -> ApiResult<(StatusCode, Json<OpStatus>)> {
     if let Some(live) = st.live(id) {
         live.handle
             .submit(op)

@@ -31,6 +31,9 @@ pub enum ServerError {
     /// The store cannot be opened.
     #[error(transparent)]
     Store(#[from] crate::store::StoreError),
+    /// The operator's webhook cannot be used.
+    #[error(transparent)]
+    Notify(#[from] crate::notify::NotifyError),
     /// Serving failed.
     #[error("the server stopped: {reason}")]
     Serve {
@@ -47,6 +50,7 @@ impl ServerError {
             ServerError::Bind { .. } => "server.bind",
             ServerError::Principals(e) => e.code(),
             ServerError::Store(e) => e.code(),
+            ServerError::Notify(e) => e.code(),
             ServerError::Serve { .. } => "server.serve",
         }
     }
@@ -91,12 +95,12 @@ impl ApiError {
     pub fn from_op(e: &crate::protocol::OpError) -> Self {
         use crate::protocol::OpError as O;
         let status = match e {
-            O::UnknownCall { .. } => StatusCode::NOT_FOUND,
+            O::UnknownCall { .. } | O::UnknownGrant { .. } => StatusCode::NOT_FOUND,
             O::NotAwaiting { .. } | O::AlreadyDecided { .. } | O::Stale { .. } => {
                 StatusCode::CONFLICT
             }
             O::RunFinished { .. } => StatusCode::CONFLICT,
-            O::EditChangesTool { .. } | O::InvalidDecision { .. } => {
+            O::EditChangesTool { .. } | O::InvalidDecision { .. } | O::InvalidGrant { .. } => {
                 StatusCode::UNPROCESSABLE_ENTITY
             }
             _ => StatusCode::SERVICE_UNAVAILABLE,

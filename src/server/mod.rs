@@ -17,6 +17,7 @@
 mod api;
 mod auth;
 mod cassette;
+mod desk;
 mod error;
 mod guard;
 mod openapi;
@@ -65,6 +66,8 @@ pub struct ServeOptions {
     pub agents: std::collections::BTreeMap<String, PathBuf>,
     /// Where relative paths in submitted goals (scripted-model files) resolve.
     pub base_dir: PathBuf,
+    /// The operator's webhook for `approval_requested` notifications (`notify.webhook`).
+    pub webhook: Option<crate::notify::WebhookConfig>,
 }
 
 /// The API's routes and the OpenAPI document they describe. A route is added here, with
@@ -78,6 +81,9 @@ fn api_routes() -> (Router<Arc<AppState>>, utoipa::openapi::OpenApi) {
         .routes(utoipa_axum::routes!(api::approvals))
         .routes(utoipa_axum::routes!(api::decide))
         .routes(utoipa_axum::routes!(api::cancel))
+        .routes(utoipa_axum::routes!(desk::list_grants, desk::create_grant))
+        .routes(utoipa_axum::routes!(desk::revoke_grant))
+        .routes(utoipa_axum::routes!(desk::audit))
         .routes(utoipa_axum::routes!(cassette::cassette))
         .routes(utoipa_axum::routes!(auth::ticket))
         .split_for_parts()

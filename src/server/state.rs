@@ -52,6 +52,9 @@ pub(super) struct AppState {
     pub tickets: super::auth::Tickets,
     /// MCP servers shared by the server's runs: started once per configuration.
     pub mcp: crate::runs::Pool,
+    /// Posts `approval_requested` to the operator's webhook, with links to the page at `page`.
+    notifier: Option<crate::notify::Notifier>,
+    page: String,
     /// Triggered when the server stops: runs are no longer driven, and none is recorded as
     /// finished because of it.
     stopping: CancellationToken,
@@ -72,7 +75,13 @@ impl AppState {
         let principals =
             super::principals::Principals::new(&opts.principals, opts.token.as_deref())?;
         let store = Arc::new(SqliteStore::open(&opts.store)?);
+        let notifier = match &opts.webhook {
+            Some(w) => Some(crate::notify::Notifier::start(w)?),
+            None => None,
+        };
         Ok(Arc::new(AppState {
+            notifier,
+            page: format!("http://{listening}"),
             store,
             principals,
             hosts: super::guard::HostAllowlist::new(listening, &opts.allowed_hosts),
@@ -147,6 +156,7 @@ impl AppState {
         let record_goal = serde_json::to_value(def.goal()).unwrap_or(Value::Null);
         let base_dir = def.goal().base_dir.display().to_string();
         let opts = def.options();
+        let resume_flag = resume.is_some();
         let prepared = crate::runs::prepare(
             crate::tools::Registry::new(),
             def,
@@ -162,11 +172,20 @@ impl AppState {
         )
         .await?;
         let id = prepared.run_id().to_string();
+        // A resumed run's earlier requests were notified by the process that made them.
+        let since = if resume_flag {
+            crate::runs::now_ms()
+        } else {
+            0
+        };
         let launched = prepared.start().await?;
         for e in &launched.refused {
             tracing::warn!(run = %id, code = e.code(), "a recorded decision does not apply: {e}");
         }
         let handle = launched.handle;
+        if let Some(n) = &self.notifier {
+            n.watch(&handle, &self.page, since);
+        }
         let run_id = id.clone();
         let poller = crate::runs::spawn_op_poller(
             &handle,
@@ -361,6 +380,37 @@ impl AppState {
                     e,
                 )
             })?
+    }
+
+    /// `f` of the run rebuilt from its journal (off the async threads).
+    pub async fn with_rebuilt<T: Send + 'static>(
+        self: &Arc<Self>,
+        id: &str,
+        f: impl FnOnce(&crate::runs::Rebuilt) -> T + Send + 'static,
+    ) -> Result<T, ApiError> {
+        let me = self.clone();
+        let id = id.to_string();
+        tokio::task::spawn_blocking(move || {
+            let (record, journal) = match me.live(&id) {
+                Some(l) => (l.record.clone(), l.handle.journal()),
+                None => {
+                    let s = me.store.load(&id).map_err(|e| ApiError::from_store(&e))?;
+                    (s.record, s.journal)
+                }
+            };
+            let rb = crate::runs::rebuild(&record, &journal).map_err(|e| {
+                ApiError::new(axum::http::StatusCode::INTERNAL_SERVER_ERROR, e.code(), e)
+            })?;
+            Ok(f(&rb))
+        })
+        .await
+        .map_err(|e| {
+            ApiError::new(
+                axum::http::StatusCode::INTERNAL_SERVER_ERROR,
+                "server.internal",
+                e,
+            )
+        })?
     }
 
     fn describe_now(&self, id: &str) -> Result<crate::runs::RunView, ApiError> {

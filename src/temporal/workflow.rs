@@ -210,7 +210,7 @@ impl RunWorkflow {
                 self.inbox.push(RunInput::Decided { call, decision, by });
                 true
             }
-            Op::Cancel { .. } => false,
+            _ => false,
         }
     }
 

@@ -1,0 +1,148 @@
+//! Grants in the run machine: a reviewer's grant is journaled as an input, approves the calls
+//! awaiting a decision that it covers at once, and every covered call presented later, until it
+//! is revoked or the run ends. Replaying the journal gives the same approvals.
+//!
+//! Deliberately not here: what a grant covers (`crate::approval::grant`) or who may give one.
+
+use super::{Action, RunMachine, Timer, Work};
+use crate::approval::grant::ActiveGrant;
+use crate::protocol::{Actor, Call, CallId, Decision, EventKind, GrantSpec, Millis, Tool};
+use crate::scheduler;
+
+/// Who a decision about to be applied came from, put on its `decision` event.
+#[derive(Debug, Clone, Default)]
+pub(super) struct Attribution {
+    pub by: Option<Actor>,
+    pub grant: Option<String>,
+}
+
+impl RunMachine {
+    /// Records a grant and approves the awaiting calls it covers.
+    pub(super) fn grant(
+        &mut self,
+        spec: GrantSpec,
+        by: Option<Actor>,
+        now: Millis,
+        work: &mut Vec<Work>,
+        out: &mut Vec<Action>,
+    ) {
+        let g = ActiveGrant::new(self.grants.len() + 1, spec.clone(), by.clone());
+        let kind = EventKind::GrantAdded {
+            id: g.id.clone(),
+            grant: spec,
+            by,
+        };
+        self.emit(None, None, kind, now, out);
+        self.grants.push(g);
+        let ix = self.grants.len() - 1;
+        for (id, presented) in self.awaiting() {
+            let Some(key) = self.owner(id) else { continue };
+            if self.covered_by(ix, key, id, &presented) {
+                out.push(Action::ClearTimer {
+                    timer: Timer::Approval { call: id },
+                });
+                self.approve_by_grant(key, id, ix, work);
+            }
+        }
+    }
+
+    /// Revokes a grant (it covers no call presented from now on).
+    pub(super) fn revoke(
+        &mut self,
+        id: &str,
+        by: Option<Actor>,
+        now: Millis,
+        out: &mut Vec<Action>,
+    ) {
+        if let Some(g) = self.grants.iter_mut().find(|g| g.id == id && !g.revoked) {
+            g.revoked = true;
+            let kind = EventKind::GrantRevoked {
+                id: id.to_string(),
+                by,
+            };
+            self.emit(None, None, kind, now, out);
+        }
+    }
+
+    /// The first grant in force covering call `id` of frame `key`, presented as `presented`.
+    pub(super) fn covering_grant(
+        &self,
+        key: super::FrameKey,
+        id: CallId,
+        presented: &Call,
+    ) -> Option<usize> {
+        (0..self.grants.len()).find(|&ix| self.covered_by(ix, key, id, presented))
+    }
+
+    fn covered_by(&self, ix: usize, key: super::FrameKey, id: CallId, presented: &Call) -> bool {
+        let Some(g) = self.grants.get(ix) else {
+            return false;
+        };
+        let Some(f) = self.frames.get(&key) else {
+            return false;
+        };
+        let Some(sched) = f.sched.as_ref() else {
+            return false;
+        };
+        let fallback;
+        let tool = match f.cfg.tools.iter().find(|t| t.name == presented.tool) {
+            Some(t) => t,
+            None => {
+                fallback = Tool::new(presented.tool.clone());
+                &fallback
+            }
+        };
+        g.covers(
+            id,
+            presented,
+            sched.call_of(id),
+            tool,
+            sched.is_interrupted(id),
+        )
+    }
+
+    /// Queues the approval of call `id` by grant `ix`, attributed to the grant's author.
+    pub(super) fn approve_by_grant(
+        &mut self,
+        key: super::FrameKey,
+        id: CallId,
+        ix: usize,
+        work: &mut Vec<Work>,
+    ) {
+        let Some(g) = self.grants.get(ix) else { return };
+        self.attribution.insert(
+            id,
+            Attribution {
+                by: g.by.clone(),
+                grant: Some(g.id.clone()),
+            },
+        );
+        work.push((
+            key,
+            scheduler::Input::Decided {
+                id,
+                decision: Decision::Approve,
+            },
+        ));
+    }
+
+    /// The grants given in this run, in order (revoked ones included).
+    pub fn grants(&self) -> &[ActiveGrant] {
+        &self.grants
+    }
+
+    /// The calls that wait, directly or through others, on call `id` (blocked calls reading what
+    /// it writes), each as it stands (written, references unresolved), sorted by id.
+    pub fn downstream(&self, id: CallId) -> Vec<(CallId, Call)> {
+        let Some(f) = self.owner(id).and_then(|k| self.frames.get(&k)) else {
+            return Vec::new();
+        };
+        let Some(s) = f.sched.as_ref() else {
+            return Vec::new();
+        };
+        s.downstream(id)
+            .into_iter()
+            .filter_map(|c| s.call_of(c).map(|call| (c, call.clone())))
+            .collect()
+    }
+}

@@ -1,0 +1,145 @@
+//! The reviewer's desk over HTTP: grants (give, list, revoke) and the audit trail of a run.
+//!
+//! A grant is an op like a decision: checked against the run, journaled, applied on resume and
+//! recorded with its principal. Needs the `review` role to give or revoke; reading needs what
+//! reading the run needs.
+//!
+//! Deliberately not here: what a grant covers (`approval::grant`), the page.
+
+use std::sync::Arc;
+
+use axum::extract::rejection::JsonRejection;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::{Extension, Json};
+use serde_json::{Value, json};
+
+use super::api::{actor, body, forbidden, submit};
+use super::error::ApiError;
+use super::principals::{Principal, Role};
+use super::state::AppState;
+use crate::protocol::{GrantSpec, Op};
+
+type ApiResult<T> = Result<T, ApiError>;
+
+/// The run's grants, each with the calls it approved: `[{id, covers, by, at, revoked, calls}]`.
+#[utoipa::path(get, path = "/runs/{id}/grants", tag = "approvals",
+    params(("id" = String, Path, description = "The run id")),
+    responses((status = 200, description = "The run's grants", body = Object),
+              (status = 404, description = "No such run (or not one the caller may read)", body = ApiError)))]
+pub(super) async fn list_grants(
+    State(st): State<Arc<AppState>>,
+    Extension(who): Extension<Principal>,
+    Path(id): Path<String>,
+) -> ApiResult<Json<Value>> {
+    st.readable(&who, &id).await?;
+    let v = st
+        .with_rebuilt(&id, |rb| crate::runs::audit::grants(&rb.events))
+        .await?;
+    Ok(Json(json!(v)))
+}
+
+/// Gives a grant: `{"scope": "tool", "tool": NAME, "when"?: SCHEMA}` approves every call of the
+/// tool (whose params satisfy `when`) while the run lasts, those awaiting included;
+/// `{"scope": "calls", "calls": [{"call": ID, "params_hash": HASH}...]}` approves exactly those
+/// calls as presented (the hashes an awaiting call's `params_hash` and `downstream` show). The
+/// answer names the grant (`g1`...). Needs the `review` role.
+#[utoipa::path(post, path = "/runs/{id}/grants", tag = "approvals",
+    params(("id" = String, Path, description = "The run id")),
+    request_body(content = Object, description = "A grant: {scope: tool, tool, when?} or {scope: calls, calls: [{call, params_hash}]}"),
+    responses(
+        (status = 200, description = "Applied: {status: applied, grant: ID}", body = Object),
+        (status = 202, description = "Recorded for a run no process drives now: {status: recorded}", body = Object),
+        (status = 400, description = "Not a grant", body = ApiError),
+        (status = 403, description = "The caller may not grant", body = ApiError),
+        (status = 404, description = "No such run, or a listed call is unknown", body = ApiError),
+        (status = 409, description = "The run has finished", body = ApiError),
+        (status = 422, description = "The grant cannot apply (unknown tool, `when` not a schema)", body = ApiError)))]
+pub(super) async fn create_grant(
+    State(st): State<Arc<AppState>>,
+    Extension(who): Extension<Principal>,
+    Path(id): Path<String>,
+    b: Result<Json<Value>, JsonRejection>,
+) -> ApiResult<(StatusCode, Json<Value>)> {
+    if !who.may(Role::Review) {
+        return Err(forbidden("grant approvals"));
+    }
+    st.readable(&who, &id).await?;
+    let grant: GrantSpec = serde_json::from_value(body(b)?).map_err(|e| {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "op.bad_grant",
+            format!("not a grant: {e}"),
+        )
+    })?;
+    let before = st.with_rebuilt(&id, |rb| rb.machine.grants().len()).await?;
+    let (status, Json(mut v)) = submit(
+        &st,
+        &id,
+        Op::Grant {
+            grant,
+            by: actor(&who),
+        },
+    )
+    .await?;
+    // Grants are numbered in the order the run takes them.
+    let after = st
+        .with_rebuilt(&id, |rb| rb.machine.grants().last().map(|g| g.id.clone()))
+        .await?;
+    if status == StatusCode::OK
+        && let Some(g) = after
+    {
+        v["grant"] = json!(g);
+    } else {
+        v["grant"] = json!(format!("g{}", before + 1));
+    }
+    Ok((status, Json(v)))
+}
+
+/// Revokes a grant: calls presented from now on are no longer covered by it (those it already
+/// approved stay approved). Needs the `review` role.
+#[utoipa::path(delete, path = "/runs/{id}/grants/{grant}", tag = "approvals",
+    params(("id" = String, Path, description = "The run id"), ("grant" = String, Path, description = "The grant id (g1...)")),
+    responses(
+        (status = 200, description = "Revoked: {status: applied}", body = Object),
+        (status = 202, description = "Recorded for a run no process drives now: {status: recorded}", body = Object),
+        (status = 403, description = "The caller may not revoke", body = ApiError),
+        (status = 404, description = "No such run or grant in force", body = ApiError),
+        (status = 409, description = "The run has finished", body = ApiError)))]
+pub(super) async fn revoke_grant(
+    State(st): State<Arc<AppState>>,
+    Extension(who): Extension<Principal>,
+    Path((id, grant)): Path<(String, String)>,
+) -> ApiResult<(StatusCode, Json<Value>)> {
+    if !who.may(Role::Review) {
+        return Err(forbidden("revoke grants"));
+    }
+    st.readable(&who, &id).await?;
+    submit(
+        &st,
+        &id,
+        Op::Revoke {
+            grant,
+            by: actor(&who),
+        },
+    )
+    .await
+}
+
+/// The run's audit trail: every decision (who, channel, when, the rule or grant it came from),
+/// grant, revocation and cancellation, oldest first.
+#[utoipa::path(get, path = "/runs/{id}/audit", tag = "runs",
+    params(("id" = String, Path, description = "The run id")),
+    responses((status = 200, description = "The audit entries", body = Object),
+              (status = 404, description = "No such run (or not one the caller may read)", body = ApiError)))]
+pub(super) async fn audit(
+    State(st): State<Arc<AppState>>,
+    Extension(who): Extension<Principal>,
+    Path(id): Path<String>,
+) -> ApiResult<Json<Value>> {
+    st.readable(&who, &id).await?;
+    let v = st
+        .with_rebuilt(&id, |rb| crate::runs::audit::audit(&rb.events))
+        .await?;
+    Ok(Json(json!(v)))
+}
