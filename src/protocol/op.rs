@@ -64,6 +64,7 @@ pub enum Op {
 /// What a grant approves ahead of time. A grant never covers a call interrupted by a restart
 /// (somebody must say whether it runs again).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "server", derive(utoipa::ToSchema))]
 #[serde(tag = "scope", rename_all = "snake_case")]
 #[non_exhaustive]
 pub enum GrantSpec {
@@ -87,6 +88,7 @@ pub enum GrantSpec {
 }
 
 /// One call of a [`GrantSpec::Calls`] grant.
+#[cfg_attr(feature = "server", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct GrantedCall {
     /// The call.

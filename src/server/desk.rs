@@ -18,6 +18,7 @@ use super::api::{actor, body, forbidden, submit};
 use super::error::ApiError;
 use super::principals::{Principal, Role};
 use super::state::AppState;
+use super::wire::OpStatus;
 use crate::protocol::{GrantSpec, Op};
 
 type ApiResult<T> = Result<T, ApiError>;
@@ -25,7 +26,7 @@ type ApiResult<T> = Result<T, ApiError>;
 /// The run's grants, each with the calls it approved: `[{id, covers, by, at, revoked, calls}]`.
 #[utoipa::path(get, path = "/runs/{id}/grants", tag = "approvals",
     params(("id" = String, Path, description = "The run id")),
-    responses((status = 200, description = "The run's grants", body = Object),
+    responses((status = 200, description = "The run's grants", body = [Object]),
               (status = 404, description = "No such run (or not one the caller may read)", body = ApiError)))]
 pub(super) async fn list_grants(
     State(st): State<Arc<AppState>>,
@@ -46,10 +47,10 @@ pub(super) async fn list_grants(
 /// answer names the grant (`g1`...). Needs the `review` role.
 #[utoipa::path(post, path = "/runs/{id}/grants", tag = "approvals",
     params(("id" = String, Path, description = "The run id")),
-    request_body(content = Object, description = "A grant: {scope: tool, tool, when?} or {scope: calls, calls: [{call, params_hash}]}"),
+    request_body(content = GrantSpec, description = "A grant: {scope: tool, tool, when?} or {scope: calls, calls: [{call, params_hash}]}"),
     responses(
-        (status = 200, description = "Applied: {status: applied, grant: ID}", body = Object),
-        (status = 202, description = "Recorded for a run no process drives now: {status: recorded}", body = Object),
+        (status = 200, description = "Applied: {status: applied, grant: ID}", body = OpStatus),
+        (status = 202, description = "Recorded for a run no process drives now: {status: recorded}", body = OpStatus),
         (status = 400, description = "Not a grant", body = ApiError),
         (status = 403, description = "The caller may not grant", body = ApiError),
         (status = 404, description = "No such run, or a listed call is unknown", body = ApiError),
@@ -60,7 +61,7 @@ pub(super) async fn create_grant(
     Extension(who): Extension<Principal>,
     Path(id): Path<String>,
     b: Result<Json<Value>, JsonRejection>,
-) -> ApiResult<(StatusCode, Json<Value>)> {
+) -> ApiResult<(StatusCode, Json<OpStatus>)> {
     if !who.may(Role::Review) {
         return Err(forbidden("grant approvals"));
     }
@@ -89,9 +90,9 @@ pub(super) async fn create_grant(
     if status == StatusCode::OK
         && let Some(g) = after
     {
-        v["grant"] = json!(g);
+        v.grant = Some(g);
     } else {
-        v["grant"] = json!(format!("g{}", before + 1));
+        v.grant = Some(format!("g{}", before + 1));
     }
     Ok((status, Json(v)))
 }
@@ -101,8 +102,8 @@ pub(super) async fn create_grant(
 #[utoipa::path(delete, path = "/runs/{id}/grants/{grant}", tag = "approvals",
     params(("id" = String, Path, description = "The run id"), ("grant" = String, Path, description = "The grant id (g1...)")),
     responses(
-        (status = 200, description = "Revoked: {status: applied}", body = Object),
-        (status = 202, description = "Recorded for a run no process drives now: {status: recorded}", body = Object),
+        (status = 200, description = "Revoked: {status: applied}", body = OpStatus),
+        (status = 202, description = "Recorded for a run no process drives now: {status: recorded}", body = OpStatus),
         (status = 403, description = "The caller may not revoke", body = ApiError),
         (status = 404, description = "No such run or grant in force", body = ApiError),
         (status = 409, description = "The run has finished", body = ApiError)))]
@@ -110,7 +111,7 @@ pub(super) async fn revoke_grant(
     State(st): State<Arc<AppState>>,
     Extension(who): Extension<Principal>,
     Path((id, grant)): Path<(String, String)>,
-) -> ApiResult<(StatusCode, Json<Value>)> {
+) -> ApiResult<(StatusCode, Json<OpStatus>)> {
     if !who.may(Role::Review) {
         return Err(forbidden("revoke grants"));
     }
@@ -130,7 +131,7 @@ pub(super) async fn revoke_grant(
 /// grant, revocation and cancellation, oldest first.
 #[utoipa::path(get, path = "/runs/{id}/audit", tag = "runs",
     params(("id" = String, Path, description = "The run id")),
-    responses((status = 200, description = "The audit entries", body = Object),
+    responses((status = 200, description = "The audit entries", body = [Object]),
               (status = 404, description = "No such run (or not one the caller may read)", body = ApiError)))]
 pub(super) async fn audit(
     State(st): State<Arc<AppState>>,

@@ -86,6 +86,9 @@ pub struct OpStatus {
     /// `applied` (the run's process took it) or `recorded` (kept for a run nobody drives now,
     /// applied when it continues).
     pub status: String,
+    /// The grant's id (`g1`, `g2`, ...), in the answer to `POST /runs/{id}/grants`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grant: Option<String>,
 }
 
 impl OpStatus {
@@ -93,6 +96,7 @@ impl OpStatus {
     pub fn new(status: &str) -> OpStatus {
         OpStatus {
             status: status.to_string(),
+            grant: None,
         }
     }
 }
