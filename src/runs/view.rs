@@ -28,6 +28,9 @@ pub struct Rebuilt {
     pub streams_closed: Vec<(Option<u64>, u64)>,
     /// Who cancelled the run, when its cancellation said so.
     pub cancelled_by: Option<crate::protocol::Actor>,
+    /// The tools of the run's agent and of its nested agents (first of a name wins), to say
+    /// what a call awaiting a decision will do.
+    pub tools: Vec<crate::protocol::Tool>,
 }
 
 /// The machine of the run `record` describes after `journal`, without its events: what awaits
@@ -85,6 +88,8 @@ pub fn rebuild(record: &RunRecord, journal: &[JournalEntry]) -> Result<Rebuilt, 
         SanitizeLimits::default(),
         journal,
     );
+    let mut tools = Vec::new();
+    all_tools(&config, &mut tools);
     let machine = machine_after(record, config, policy, journal);
     let streams_closed = journal
         .iter()
@@ -105,7 +110,20 @@ pub fn rebuild(record: &RunRecord, journal: &[JournalEntry]) -> Result<Rebuilt, 
         events,
         streams_closed,
         cancelled_by,
+        tools,
     })
+}
+
+/// The tools of `config`'s agent, then of its nested agents (depth first, a name once).
+fn all_tools(config: &crate::machine::AgentConfig, out: &mut Vec<crate::protocol::Tool>) {
+    for t in &config.tools {
+        if !out.iter().any(|o| o.name == t.name) {
+            out.push(t.clone());
+        }
+    }
+    for d in config.delegates.values() {
+        all_tools(d, out);
+    }
 }
 
 /// One span of the run's timeline (ms from the run's start).
@@ -138,9 +156,14 @@ pub fn describe(
     for e in &rb.events {
         let t = rel(e.at);
         if let Some(id) = e.call.map(|c| c.0) {
-            let c = calls.entry(id).or_insert_with(
-                || json!({"id": id, "step": e.step, "depth": e.depth, "status": "pending"}),
-            );
+            let c = calls.entry(id).or_insert_with(|| {
+                let mut c = json!({"id": id, "step": e.step, "depth": e.depth, "status": "pending"});
+                if let Some(p) = e.parent {
+                    // The delegate call whose nested agent made this call.
+                    c["parent"] = json!(p.0);
+                }
+                c
+            });
             if let Some(span) = call_event(c, &e.kind, t, &mut asked, id) {
                 spans.push(span);
             }
@@ -239,6 +262,8 @@ fn call_event(
         EventKind::CallReceived { call } => {
             c["tool"] = json!(call.tool);
             c["params"] = json!(call.params);
+            // What the model proposed, kept when a decision or the references change `params`.
+            c["proposed"] = json!(call.params);
             c["received_ms"] = json!(t);
         }
         EventKind::CallRefused { reason, .. } => {
@@ -329,32 +354,75 @@ fn call_event(
 }
 
 /// The calls awaiting a decision, with what a reviewer needs: the resolved call, the
-/// fingerprint a decision may quote, whether it was interrupted, and the tool's params schema.
+/// fingerprint a decision may quote, whether it was interrupted, the tool's params schema and
+/// description, what the call will do (`action`, `crate::tools::describe_action`: no header
+/// values), where each param came from (`sources`), and the delegate calls above it (`path`).
 fn awaiting(rb: &Rebuilt) -> Vec<Value> {
     rb.machine
         .awaiting()
         .into_iter()
         .map(|(id, call)| {
-            let interrupted = rb.events.iter().rev().find_map(|e| match &e.kind {
-                EventKind::ApprovalRequested { interrupted, .. } if e.call == Some(id) => {
-                    Some(*interrupted)
-                }
+            let asked = rb.events.iter().rev().find_map(|e| match &e.kind {
+                EventKind::ApprovalRequested {
+                    interrupted, path, ..
+                } if e.call == Some(id) => Some((*interrupted, path.clone())),
                 _ => None,
             });
-            let schema = rb.goal.tools.iter().find(|t| t.name == call.tool).map(|t| {
+            let (interrupted, path) = asked.unwrap_or_default();
+            let proposed = rb.events.iter().find_map(|e| match &e.kind {
+                EventKind::CallReceived { call } if e.call == Some(id) => Some(&call.params),
+                _ => None,
+            });
+            let tool = rb.tools.iter().find(|t| t.name == call.tool);
+            let schema = tool.map(|t| {
                 // The params' schema only: tool configuration (`_http` URLs, headers) is
                 // the operator's, not the reviewer's.
                 let mut m = t.schema.clone();
                 m.retain(|k, _| !k.starts_with('_'));
                 Value::Object(m)
             });
+            let action = match tool {
+                Some(t) => json!(crate::tools::describe_action(t, &call.params)),
+                // MCP tools join the run when their servers start; they are not in the goal.
+                None if !rb.goal.mcp_servers.is_empty() => json!(crate::tools::Action::Mcp {
+                    server: match rb.goal.mcp_servers.as_slice() {
+                        [one] => Some(one.name().to_string()),
+                        _ => None,
+                    },
+                    tool: call.tool.clone(),
+                }),
+                None => Value::Null,
+            };
+            let description = tool
+                .and_then(|t| t.schema.get("description"))
+                .cloned()
+                .unwrap_or(Value::Null);
             json!({
                 "call_id": id,
                 "params_hash": params_hash(&call),
-                "interrupted": interrupted.unwrap_or(false),
+                "interrupted": interrupted,
                 "tool_schema": schema,
+                "description": description,
+                "action": action,
+                "sources": sources(proposed, &call.params),
+                "path": path.iter().map(|c| c.0).collect::<Vec<_>>(),
                 "call": call,
             })
+        })
+        .collect()
+}
+
+/// Where each resolved param came from: `reference` with what the model wrote when that was
+/// not the value itself (a reference, or a value holding references), else `model`.
+fn sources(
+    proposed: Option<&serde_json::Map<String, Value>>,
+    resolved: &serde_json::Map<String, Value>,
+) -> Vec<Value> {
+    resolved
+        .iter()
+        .map(|(k, v)| match proposed.and_then(|p| p.get(k)) {
+            Some(p) if p != v => json!({"param": k, "from": "reference", "wrote": p, "value": v}),
+            _ => json!({"param": k, "from": "model", "value": v}),
         })
         .collect()
 }
