@@ -43,6 +43,40 @@ pub fn rebuild_machine(
     Ok(machine_after(record, config, policy, journal))
 }
 
+/// What the driver would have noted for the run `record` describes after `journal`: how many
+/// calls await a decision and its earliest pending timer (for rows an older dagloop wrote).
+pub fn rebuild_note(
+    record: &RunRecord,
+    journal: &[JournalEntry],
+) -> Result<crate::engine::RunNote, RunsError> {
+    let (_, config, policy) = parts(record)?;
+    let mut machine =
+        RunMachine::replaying(record.id.clone(), config, policy, SanitizeLimits::default());
+    let mut timers = BTreeMap::new();
+    let mut actions = Vec::new();
+    for e in journal {
+        if let crate::machine::RunInput::TimerFired { timer } = &e.input {
+            timers.remove(timer);
+        }
+        machine.handle_into(e.input.clone(), e.at, &mut actions);
+        for a in actions.drain(..) {
+            match a {
+                crate::machine::Action::SetTimer { timer, at } => {
+                    timers.insert(timer, at);
+                }
+                crate::machine::Action::ClearTimer { timer } => {
+                    timers.remove(&timer);
+                }
+                _ => {}
+            }
+        }
+    }
+    Ok(crate::engine::RunNote {
+        awaiting: machine.awaiting().len() as u64,
+        wake_at: timers.into_values().min(),
+    })
+}
+
 fn parts(
     record: &RunRecord,
 ) -> Result<
@@ -223,12 +257,11 @@ pub fn describe(
     let end = rb.events.last().map_or(0, |e| rel(e.at));
     let critical = critical_path(&spans, end);
     let awaiting = awaiting(rb);
-    let status = match result {
-        Some(r) => r.status.as_str().to_string(),
-        None if !awaiting.is_empty() => "waiting".into(),
-        None if live => "running".into(),
-        None => "stopped".into(),
-    };
+    let status = crate::store::derive_status(
+        result.map(|r| r.status.as_str()),
+        awaiting.len() as u64,
+        live,
+    );
     let mut out = json!({
         "id": id,
         "status": status,

@@ -20,7 +20,6 @@ use crate::approval::ModeName;
 use crate::goal::Goal;
 use crate::protocol::{Actor, CallId, Decision, Op};
 use crate::runs::RunOptions;
-use crate::store::RunStore;
 
 type ApiResult<T> = Result<T, ApiError>;
 
@@ -52,47 +51,6 @@ fn actor(who: &Principal) -> Option<Actor> {
 
 /// Keys kept in memory at most; past that the memory is cleared and the store answers.
 const MAX_KEYS_IN_MEMORY: usize = 10_000;
-
-/// Stored runs the caller may see (a submitter: its own), newest first, with how many calls
-/// each has waiting for a decision.
-#[utoipa::path(get, path = "/runs", tag = "runs",
-    responses((status = 200, description = "Runs the caller may see, newest first: id, status, entries, created_at, updated_at, waiting, submitted_by", body = Object)))]
-pub(super) async fn list_runs(
-    State(st): State<Arc<AppState>>,
-    Extension(who): Extension<Principal>,
-) -> ApiResult<Json<Value>> {
-    let s = st.clone();
-    let (rows, owners) = tokio::task::spawn_blocking(move || {
-        Ok::<_, crate::store::StoreError>((s.store.list()?, s.store.submitters()?))
-    })
-    .await
-    .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server.internal", e))?
-    .map_err(|e| ApiError::from_store(&e))?;
-    let mut out = Vec::with_capacity(rows.len());
-    for row in rows {
-        let owner = owners.get(&row.id).cloned().flatten();
-        if !who.may_read(owner.as_deref()) {
-            continue;
-        }
-        let waiting = match st.live(&row.id) {
-            Some(l) => l.handle.awaiting().len(),
-            None => 0,
-        };
-        let status = if waiting > 0 {
-            "waiting".to_string()
-        } else {
-            row.status.clone()
-        };
-        let mut v = json!(row);
-        v["status"] = json!(status);
-        v["waiting"] = json!(waiting);
-        if let Some(o) = owner {
-            v["submitted_by"] = json!(o);
-        }
-        out.push(v);
-    }
-    Ok(Json(Value::Array(out)))
-}
 
 /// The longest `Idempotency-Key` accepted.
 const MAX_IDEMPOTENCY_KEY: usize = 255;

@@ -19,6 +19,7 @@ mod auth;
 mod cassette;
 mod error;
 mod guard;
+mod list;
 mod page;
 pub mod principals;
 mod sse;
@@ -79,7 +80,7 @@ struct ApiDoc;
 /// The API's routes and the OpenAPI document they describe.
 fn api_routes() -> (Router<Arc<AppState>>, utoipa::openapi::OpenApi) {
     OpenApiRouter::with_openapi(ApiDoc::openapi())
-        .routes(utoipa_axum::routes!(api::list_runs, api::create_run))
+        .routes(utoipa_axum::routes!(list::list_runs, api::create_run))
         .routes(utoipa_axum::routes!(api::get_run))
         .routes(utoipa_axum::routes!(sse::events))
         .routes(utoipa_axum::routes!(api::approvals))
