@@ -205,7 +205,10 @@ async fn a_card_shows_what_the_call_will_do_where_params_came_from_and_an_edit_a
         "the header value reached the page"
     );
     let (_, api) = send(client().get(d.server.url(&format!("/runs/{id}")))).await;
-    assert!(!api.to_string().contains(SECRET), "the API shows the header value");
+    assert!(
+        !api.to_string().contains(SECRET),
+        "the API shows the header value"
+    );
     save_screenshot(c, "desk-card-action.png").await;
 
     // The third call, once the first ran: its note came from a reference.
@@ -258,7 +261,11 @@ async fn a_card_shows_what_the_call_will_do_where_params_came_from_and_an_edit_a
     .await;
     assert_eq!(
         diff,
-        json!(["same   n: 2", "del - note: \"first\"", "add + note: \"changed\""])
+        json!([
+            "same   n: 2",
+            "del - note: \"first\"",
+            "add + note: \"changed\""
+        ])
     );
     save_screenshot(c, "desk-edit-diff.png").await;
     click(c, &format!("{} button.send-edit", card(step2))).await;
@@ -272,7 +279,10 @@ async fn a_card_shows_what_the_call_will_do_where_params_came_from_and_an_edit_a
     )
     .await;
     assert!(
-        summary.as_str().unwrap_or("").contains("+ note: \"changed\""),
+        summary
+            .as_str()
+            .unwrap_or("")
+            .contains("+ note: \"changed\""),
         "{summary}"
     );
     no_errors(c).await;
@@ -282,8 +292,7 @@ async fn a_card_shows_what_the_call_will_do_where_params_came_from_and_an_edit_a
 /// keeps following the run (bug: the nested `run_finished` closed the stream and the badge
 /// said "finished"); the nested call is shown inside its delegate call, and its card says so.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_nested_agents_end_does_not_end_the_runs_stream_and_its_calls_sit_inside_their_parent()
-{
+async fn a_nested_agents_end_does_not_end_the_runs_stream_and_its_calls_sit_inside_their_parent() {
     let Some(b) = browser::session().await else {
         return;
     };
@@ -433,7 +442,11 @@ async fn the_critical_path_marks_the_chained_calls_before_an_instant_last_step()
          return s.length > 0 && Array.from(s).map(function (e) { return Number(e.dataset.callId); })",
     )
     .await;
-    assert_eq!(marked, json!(ids), "the three calls are on the critical path");
+    assert_eq!(
+        marked,
+        json!(ids),
+        "the three calls are on the critical path"
+    );
     save_screenshot(c, "desk-critical-path.png").await;
     no_errors(c).await;
 }
@@ -531,7 +544,9 @@ async fn keyboard_shortcuts_decide_the_current_card_but_not_while_typing() {
     )
     .await;
 
-    // Following the stream, not polling: the run is fetched again only after an event of it.
+    // Following the stream, not polling: the run is fetched again only after an event of it
+    // (once the catch-up the stream's opening asks for has landed).
+    tokio::time::sleep(Duration::from_millis(1000)).await;
     eval(
         c,
         "window.__fetched = []; window.__seq = page.lastSeq; var f = window.fetch; \
@@ -554,16 +569,17 @@ async fn keyboard_shortcuts_decide_the_current_card_but_not_while_typing() {
         about_run <= events,
         "the run was fetched {about_run} times after {events} events: {fetched}"
     );
-    let lists = fetched
-        .as_array()
-        .map_or(0, |f| f.iter().filter(|u| u.as_str().is_some_and(|u| u.starts_with("/runs?"))).count());
+    let lists = fetched.as_array().map_or(0, |f| {
+        f.iter()
+            .filter(|u| u.as_str().is_some_and(|u| u.starts_with("/runs?")))
+            .count()
+    });
     assert!(
         lists <= 1 + events,
         "one light list poll in 4 s, or one after an event: {fetched}"
     );
 
-    let current =
-        "var c = document.querySelector('.approval.current'); return c ? Number(c.dataset.callId) : null";
+    let current = "var c = document.querySelector('.approval.current'); return c ? Number(c.dataset.callId) : null";
     press(c, "j").await;
     assert_eq!(until(c, "a current card", current).await, first);
     press(c, "?").await;

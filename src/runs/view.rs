@@ -191,7 +191,8 @@ pub fn describe(
         let t = rel(e.at);
         if let Some(id) = e.call.map(|c| c.0) {
             let c = calls.entry(id).or_insert_with(|| {
-                let mut c = json!({"id": id, "step": e.step, "depth": e.depth, "status": "pending"});
+                let mut c =
+                    json!({"id": id, "step": e.step, "depth": e.depth, "status": "pending"});
                 if let Some(p) = e.parent {
                     // The delegate call whose nested agent made this call.
                     c["parent"] = json!(p.0);

@@ -131,11 +131,7 @@ fn http(cfg: &HttpConfig, params: &Map<String, Value>) -> Action {
             .iter()
             .map(|(k, v)| {
                 let v = v.as_str().map_or_else(|| v.to_string(), str::to_string);
-                format!(
-                    "{}={}",
-                    super::percent_encode(k),
-                    super::percent_encode(&v)
-                )
+                format!("{}={}", super::percent_encode(k), super::percent_encode(&v))
             })
             .collect();
         if !query.is_empty() {
