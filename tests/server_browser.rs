@@ -12,72 +12,23 @@
 
 #[path = "common/bin.rs"]
 mod bin;
+#[path = "common/browser.rs"]
+mod browser;
 
 use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::path::Path;
+use std::process::Stdio;
+use std::time::Duration;
 
 use axum::Json;
 use axum::routing::post;
-use fantoccini::{Client, ClientBuilder, Locator};
+use browser::{
+    Killed, browser, browser_binaries, click, save_screenshot, start_driver, type_into, until,
+};
+use fantoccini::Client;
 use serde_json::{Value, json};
 
 const TOKEN: &str = "browser-test-token";
-
-/// Kills the child process when dropped.
-struct Killed(Child);
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// An executable at `fixed`, or else found on PATH under `name`.
-fn find_binary(fixed: &str, name: &str) -> Option<PathBuf> {
-    let p = PathBuf::from(fixed);
-    if p.is_file() {
-        return Some(p);
-    }
-    let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path)
-        .map(|d| d.join(name))
-        .find(|p| p.is_file())
-}
-
-/// Chromium and chromedriver, or None when the test is to be skipped.
-fn browser_binaries() -> Option<(PathBuf, PathBuf)> {
-    let chromium = find_binary("/usr/bin/chromium", "chromium");
-    let driver = find_binary("/usr/bin/chromedriver", "chromedriver");
-    match (chromium, driver) {
-        (Some(c), Some(d)) => Some((c, d)),
-        _ if std::env::var("DAGLOOP_SKIP_BROWSER").as_deref() == Ok("1") => {
-            println!(
-                "server_browser: SKIPPED (chromium or chromedriver missing; DAGLOOP_SKIP_BROWSER=1)"
-            );
-            None
-        }
-        _ => panic!(
-            "the browser test needs chromium and chromedriver (/usr/bin/chromium, /usr/bin/chromedriver): \
-             run scripts/setup-browser.sh, or set DAGLOOP_SKIP_BROWSER=1 to skip it"
-        ),
-    }
-}
-
-/// Where artifacts go: `<target dir>/dagloop-artifacts` (the target dir holds the binary).
-fn artifacts_dir() -> PathBuf {
-    let bin = PathBuf::from(env!("CARGO_BIN_EXE_dagloop"));
-    let target = bin
-        .parent()
-        .and_then(Path::parent)
-        .map(Path::to_path_buf)
-        .unwrap_or_else(|| PathBuf::from("target"));
-    let dir = target.join("dagloop-artifacts");
-    std::fs::create_dir_all(&dir).expect("artifacts dir");
-    dir
-}
 
 /// An HTTP service the `step` tool calls: it echoes the params it got.
 async fn echo_service() -> String {
@@ -161,76 +112,6 @@ fn start_server(store: &Path) -> (Killed, String) {
     try_start_server(store, "127.0.0.1:0").expect("dagloop serve listens")
 }
 
-/// chromedriver on a free port, answering.
-async fn start_driver(driver: &Path) -> (Killed, String) {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port();
-    let child = Command::new(driver)
-        .arg(format!("--port={port}"))
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("spawn chromedriver");
-    let child = Killed(child);
-    let url = format!("http://127.0.0.1:{port}");
-    let http = dagloop::net::client().expect("an HTTP client");
-    for _ in 0..600 {
-        if let Ok(r) = http.get(format!("{url}/status")).send().await
-            && r.status().is_success()
-        {
-            return (child, url);
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("chromedriver did not answer on {url}");
-}
-
-async fn browser(chromium: &Path, driver_url: &str, profile: &Path) -> Client {
-    let mut caps = serde_json::Map::new();
-    caps.insert(
-        "goog:chromeOptions".into(),
-        json!({
-            "binary": chromium.display().to_string(),
-            "args": ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                     "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                     "--disable-dev-shm-usage", "--window-size=1400,1250",
-                     format!("--user-data-dir={}", profile.display())],
-        }),
-    );
-    ClientBuilder::new(hyper_util::client::legacy::connect::HttpConnector::new())
-        .capabilities(caps)
-        .connect(driver_url)
-        .await
-        .expect("a chromedriver session")
-}
-
-/// Runs `script` in the page until it returns something other than null/false (bounded).
-async fn until(c: &Client, what: &str, script: &str) -> Value {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let v = c.execute(script, vec![]).await.expect("execute");
-        if !(v.is_null() || v == Value::Bool(false)) {
-            return v;
-        }
-        if Instant::now() > deadline {
-            let errors = c.execute("return window.__errors", vec![]).await.ok();
-            let _ = save_screenshot(c, &format!("failed-{}.png", what.replace(' ', "-"))).await;
-            panic!("the page never showed {what} (JavaScript errors: {errors:?})");
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
-async fn save_screenshot(c: &Client, name: &str) -> PathBuf {
-    let png = c.screenshot().await.expect("screenshot");
-    let path = artifacts_dir().join(name);
-    std::fs::write(&path, png).expect("write the screenshot");
-    println!("server_browser: screenshot {}", path.display());
-    path
-}
-
 async fn api_get(base: &str, path: &str) -> Value {
     let r = dagloop::net::client()
         .expect("an HTTP client")
@@ -249,24 +130,6 @@ fn call_with_n(awaiting: &[Value], n: u64) -> u64 {
         .find(|a| a["call"]["n"] == n)
         .and_then(|a| a["call_id"].as_u64())
         .unwrap_or_else(|| panic!("no call with n = {n} awaits: {awaiting:?}"))
-}
-
-async fn click(c: &Client, css: &str) {
-    c.find(Locator::Css(css))
-        .await
-        .unwrap_or_else(|e| panic!("no element {css}: {e}"))
-        .click()
-        .await
-        .unwrap_or_else(|e| panic!("cannot click {css}: {e}"));
-}
-
-async fn type_into(c: &Client, css: &str, text: &str) {
-    let e = c
-        .find(Locator::Css(css))
-        .await
-        .unwrap_or_else(|e| panic!("no element {css}: {e}"));
-    e.clear().await.expect("clear");
-    e.send_keys(text).await.expect("type");
 }
 
 /// Submits the goal and waits until its five calls await a decision; returns the run id and

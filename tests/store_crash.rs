@@ -734,6 +734,64 @@ async fn two_runs(dir: &Path, url: &str) -> (dagloop::store::StoredRun, dagloop:
     (done, waiting)
 }
 
+/// `dagloop runs` answers from the runs' rows with the list's query: `--status`, `--limit`,
+/// waiting runs first; a bad flag value is a coded refusal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runs_lists_by_status_and_limit_waiting_first() {
+    let (url, _) = counting_service().await;
+    let dir = tempfile::tempdir().expect("dir");
+    let store = dir.path().join("made.db");
+    let goal = write_goal(dir.path(), &url, None, false);
+    let waiting = run_id_of(&run_ok(&store, &goal, &["--approve", "ask", "--detach"]));
+    let done = run_id_of(&run_ok(&store, &goal, &[]));
+    let runs = |args: &[&str]| {
+        let out = dagloop(&store)
+            .args(["runs", "--json"])
+            .args(args)
+            .output()
+            .expect("runs");
+        (out.status.code(), json_of(&out))
+    };
+    let (code, all) = runs(&[]);
+    assert_eq!(code, Some(0));
+    let ids: Vec<&str> = all
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|r| r["id"].as_str())
+        .collect();
+    assert_eq!(
+        ids,
+        vec![waiting.as_str(), done.as_str()],
+        "waiting first: {all}"
+    );
+    assert_eq!(all[0]["status"], "waiting");
+    assert_eq!(all[0]["awaiting"], all[0]["waiting_approvals"]);
+    assert!(all[0]["awaiting"].as_u64() >= Some(1), "{all}");
+    assert!(
+        all[0]["title"].as_str().is_some_and(|t| !t.is_empty()),
+        "{all}"
+    );
+    assert_eq!(all[1]["status"], "succeeded");
+    let (_, finished) = runs(&["--status", "finished"]);
+    assert_eq!(finished.as_array().map(Vec::len), Some(1));
+    assert_eq!(finished[0]["id"], done.as_str());
+    let (_, one) = runs(&["--limit", "1"]);
+    assert_eq!(one.as_array().map(Vec::len), Some(1));
+    assert_eq!(one[0]["id"], waiting.as_str());
+    for (args, code) in [
+        (&["--status", "asleep"][..], "runs.bad_status"),
+        (&["--limit", "0"][..], "runs.bad_limit"),
+    ] {
+        let (exit, v) = runs(args);
+        assert_eq!(
+            (exit, v["error"]["code"].as_str()),
+            (Some(2), Some(code)),
+            "{v}"
+        );
+    }
+}
+
 /// A store written at schema version 1 is upgraded in place the first time this build opens
 /// it: its runs are listed and shown as before, and a run that was waiting is decided and
 /// resumed to its end.

@@ -330,7 +330,7 @@ pub enum Command {
         #[arg(long, value_enum)]
         mode: Option<ModeArg>,
     },
-    /// List stored runs.
+    /// List stored runs: waiting first, then newest.
     Runs {
         /// Prune instead of listing.
         #[command(subcommand)]
@@ -338,6 +338,16 @@ pub enum Command {
         /// Print a JSON array.
         #[arg(long)]
         json: bool,
+        /// Only runs with this status (comma-separated for several): waiting, running,
+        /// stopped, finished, or an ending (succeeded, cancelled, timeout...).
+        #[arg(long)]
+        status: Option<String>,
+        /// Only runs whose id or title contains this text.
+        #[arg(long)]
+        query: Option<String>,
+        /// At most this many runs (1 to 500; default 50).
+        #[arg(long)]
+        limit: Option<String>,
     },
     /// A stored run's timeline, critical path, state and output.
     Show {
@@ -609,8 +619,22 @@ pub async fn main(cli: Cli) -> i32 {
             };
             resume(&id, existing(), over, accept_changes, config, display).await
         }
-        Command::Runs { action, json } => match (required(existing()), action) {
-            (Ok(s), None) => runs::list(&s, json),
+        Command::Runs {
+            action,
+            json,
+            status,
+            query,
+            limit,
+        } => match (required(existing()), action) {
+            (Ok(s), None) => {
+                let mut params = Vec::new();
+                for (k, v) in [("status", status), ("q", query), ("limit", limit)] {
+                    if let Some(v) = v {
+                        params.push((k, v));
+                    }
+                }
+                runs::list(&s, &params, json)
+            }
             (Ok(s), Some(RunsAction::Prune { older_than })) => runs::prune(&s, &older_than),
             (Err(e), _) => Err(e),
         },

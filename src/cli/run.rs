@@ -534,6 +534,10 @@ impl crate::engine::JournalSink for CrashAfter {
     fn renew_lease<'a>(&'a self, run_id: &'a str) -> crate::engine::JournalFuture<'a> {
         self.store.renew_lease(run_id)
     }
+
+    fn note(&self, run_id: &str, note: crate::engine::RunNote) {
+        self.store.note(run_id, note);
+    }
 }
 
 pub(super) fn now_ms() -> u64 {

@@ -39,36 +39,23 @@ fn rebuild(stored: &StoredRun) -> Result<crate::runs::Rebuilt, CliError> {
         .map_err(|e| CliError::new(e.code(), e.to_string()))
 }
 
-pub(super) fn list(store: &Store, json_out: bool) -> Result<i32, CliError> {
-    let rows = store.list().map_err(err)?;
+/// `dagloop runs`: one page of runs from the store's rows (the query `GET /runs` answers),
+/// waiting first, then newest.
+pub(super) fn list(
+    store: &Store,
+    params: &[(&str, String)],
+    json_out: bool,
+) -> Result<i32, CliError> {
+    let q = crate::store::RunQuery::from_params(params.iter().map(|(k, v)| (*k, v.as_str())))
+        .map_err(|e| CliError::new(e.code(), e.to_string()))?;
+    let page =
+        crate::runs::list_runs(&**store, &q).map_err(|e| CliError::new(e.code(), e.to_string()))?;
     let now = super::run::now_ms();
     let mut out = Vec::new();
-    for r in rows {
-        let mut v = serde_json::to_value(&r).unwrap_or(Value::Null);
-        // A stopped run that waits for reviewers says so, with how many.
-        let mut waiting = 0usize;
-        let mut step = Value::Null;
-        if r.status == "stopped" || r.status == "running" {
-            if let Ok(stored) = store.load(&r.id)
-                && let Ok(rb) = rebuild(&stored)
-            {
-                waiting = rb.machine.awaiting().len();
-                step = json!(
-                    rb.events
-                        .iter()
-                        .filter(|e| e.parent.is_none())
-                        .map(|e| e.step)
-                        .max()
-                );
-            }
-            if r.status == "stopped" && waiting > 0 {
-                v["status"] = json!("waiting");
-            }
-        } else if let Ok(stored) = store.load(&r.id) {
-            step = json!(stored.result.map(|x| x.steps));
-        }
-        v["waiting_approvals"] = json!(waiting);
-        v["step"] = step;
+    for r in &page.runs {
+        let mut v = serde_json::to_value(r).unwrap_or(Value::Null);
+        // The name this list used before `awaiting`.
+        v["waiting_approvals"] = json!(r.awaiting);
         v["age_s"] = json!(now.saturating_sub(r.updated_at) / 1000);
         out.push(v);
     }
@@ -78,26 +65,29 @@ pub(super) fn list(store: &Store, json_out: bool) -> Result<i32, CliError> {
         outln!("no runs in {}", store.path().display());
     } else {
         outln!(
-            "{:<36} {:<14} {:>5} {:>8} {:>9}",
+            "{:<36} {:<14} {:>8} {:>8}  TITLE",
             "RUN",
             "STATUS",
-            "STEP",
             "AGE",
             "WAITING"
         );
         for v in &out {
             outln!(
-                "{:<36} {:<14} {:>5} {:>8} {:>9}",
+                "{:<36} {:<14} {:>8} {:>8}  {}",
                 v["id"].as_str().unwrap_or(""),
                 v["status"].as_str().unwrap_or(""),
-                v["step"]
-                    .as_u64()
-                    .map(|s| s.to_string())
-                    .unwrap_or_else(|| "-".into()),
                 age(v["age_s"].as_u64().unwrap_or(0)),
-                v["waiting_approvals"],
+                v["awaiting"],
+                v["title"].as_str().unwrap_or(""),
             );
         }
+    }
+    if page.next.is_some() && !json_out {
+        outln!(
+            "({} shown; more runs match: raise --limit (up to {}) or narrow with --status)",
+            page.runs.len(),
+            crate::store::MAX_LIMIT
+        );
     }
     Ok(0)
 }

@@ -25,7 +25,7 @@ use tokio_util::sync::CancellationToken;
 use super::activities::{Activities, Executor};
 use super::bus::Clock;
 use super::handle::{OpRequest, Shared};
-use super::journal::{Commit, JournalError, JournalSink, append_caught};
+use super::journal::{Commit, JournalError, JournalSink, RunNote, append_caught};
 use super::timers::Timers;
 use super::turns::{Models, TurnItem, Turns};
 use crate::llm::{Request, Settings};
@@ -74,6 +74,10 @@ pub(super) struct LeaseKeeper {
     /// When the next renewal is due (made when the run starts: it needs the runtime's timer).
     due: Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
     renewing: Option<Renewing>,
+    /// What the sink was last told about the run ([`JournalSink::note`]).
+    noted: Option<RunNote>,
+    /// The count of calls awaiting a decision may have changed since it was last noted.
+    recount: bool,
 }
 
 enum LeaseEvent {
@@ -88,6 +92,8 @@ impl LeaseKeeper {
             every: sink.and_then(|s| s.lease_every()).filter(|d| !d.is_zero()),
             due: None,
             renewing: None,
+            noted: None,
+            recount: true,
         }
     }
 
@@ -416,7 +422,8 @@ impl Driver {
     /// time limit) later can move the run on. Such a run can be parked: its timers are the
     /// machine's, rebuilt from the journal, and fire when the run is next driven, at the time
     /// they were set for.
-    fn update_idle(&self) {
+    fn update_idle(&mut self) {
+        self.note();
         let idle = self.result.is_none()
             && self.turns.is_empty()
             && self.activities.is_empty()
@@ -426,6 +433,25 @@ impl Driver {
         self.shared
             .idle
             .send_if_modified(|v| std::mem::replace(v, idle) != idle);
+    }
+
+    /// Tells the sink how many calls await a decision and when the earliest timer is due,
+    /// when either changed (the count is taken again only after events that can change it).
+    fn note(&mut self) {
+        let Some(sink) = &self.sink else { return };
+        let awaiting = match (self.lease.recount, self.lease.noted) {
+            (false, Some(n)) => n.awaiting,
+            _ => self.machine.awaiting().len() as u64,
+        };
+        self.lease.recount = false;
+        let note = RunNote {
+            awaiting: if self.result.is_some() { 0 } else { awaiting },
+            wake_at: self.timers.next_at(),
+        };
+        if self.lease.noted != Some(note) {
+            self.lease.noted = Some(note);
+            sink.note(&self.shared.run_id, note);
+        }
     }
 
     async fn op(&mut self, req: OpRequest) {
@@ -564,7 +590,15 @@ impl Driver {
                 self.machine.handle_into(input, at, &mut actions);
                 for a in actions.drain(..) {
                     match a {
-                        Action::Emit(ev) => self.shared.publish(&mut log, ev),
+                        Action::Emit(ev) => {
+                            // A call asked for a decision, or one that may have been waiting
+                            // for one moved on: count again before the next note.
+                            self.lease.recount |=
+                                matches!(ev.kind, EventKind::ApprovalRequested { .. })
+                                    || (ev.call.is_some()
+                                        && self.lease.noted.is_some_and(|n| n.awaiting > 0));
+                            self.shared.publish(&mut log, ev)
+                        }
                         other => rest.push(other),
                     }
                 }

@@ -77,6 +77,22 @@ pub trait JournalSink: Send + Sync {
     fn renew_lease<'a>(&'a self, _run_id: &'a str) -> JournalFuture<'a> {
         Box::pin(std::future::ready(Ok(())))
     }
+
+    /// Keeps what listing a run needs beside its journal: called (not awaited) after entries
+    /// were handled whenever the count of calls awaiting a decision or the earliest timer
+    /// changed. A store writes it after the appends already asked for; ignoring it (the
+    /// default) loses nothing the journal does not hold.
+    fn note(&self, _run_id: &str, _note: RunNote) {}
+}
+
+/// What the driver tells its sink about a run as it goes ([`JournalSink::note`]): how many
+/// calls await a decision, and its earliest deadline (what wakes the run when it is parked).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct RunNote {
+    /// Calls awaiting a decision.
+    pub awaiting: u64,
+    /// The earliest of its timers (milliseconds since the Unix epoch), if it has any.
+    pub wake_at: Option<crate::protocol::Millis>,
 }
 
 /// Appends through `sink`, turning a panic inside it into an error.

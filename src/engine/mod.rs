@@ -27,5 +27,5 @@ pub use activities::Executor;
 pub use builder::{Agent, AgentBuilder, AgentError, config_for};
 pub use exec::{AfterTool, BeforeTool, Hooks, OnError, RegistryExecutor};
 pub use handle::{RunHandle, Subscription};
-pub use journal::{JournalError, JournalFuture, JournalSink};
+pub use journal::{JournalError, JournalFuture, JournalSink, RunNote};
 pub use remote::{Parts, config_at, config_path};

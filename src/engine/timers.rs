@@ -44,6 +44,11 @@ impl Timers {
         self.queue.is_empty()
     }
 
+    /// When the earliest timer is due.
+    pub fn next_at(&self) -> Option<Millis> {
+        self.queue.first().map(|(at, _)| *at)
+    }
+
     /// Some timer is due at `now` (it fires as soon as the driver waits).
     pub fn due(&self, now: Millis) -> bool {
         self.queue.first().is_some_and(|(at, _)| *at <= now)

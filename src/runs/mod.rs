@@ -13,6 +13,7 @@ pub mod audit;
 mod cassette;
 mod def;
 mod launch;
+mod list;
 mod options;
 mod replay;
 mod view;
@@ -25,6 +26,7 @@ pub use launch::{
     Host, Launched, Pool, Prepared, Review, Servers, absolute_dir, absolute_model, builder_for,
     now_ms, prepare, spawn_op_poller, with_mcp_tools,
 };
+pub use list::{derive_missing, list_runs};
 pub use options::{RunOptions, policy_for};
 pub use replay::{Divergence, Replayed, replay_run};
 pub use view::{

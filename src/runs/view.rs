@@ -28,6 +28,43 @@ pub struct Rebuilt {
     pub streams_closed: Vec<(Option<u64>, u64)>,
     /// Who cancelled the run, when its cancellation said so.
     pub cancelled_by: Option<crate::protocol::Actor>,
+    /// The tools of the run's agent and of its nested agents (first of a name wins), to say
+    /// what a call awaiting a decision will do.
+    pub tools: Vec<crate::protocol::Tool>,
+}
+
+/// What the driver would have noted for the run `record` describes after `journal`: how many
+/// calls await a decision and its earliest pending timer (for rows an older dagloop wrote).
+pub fn rebuild_note(
+    record: &RunRecord,
+    journal: &[JournalEntry],
+) -> Result<crate::engine::RunNote, RunsError> {
+    let (_, config, policy) = parts(record)?;
+    let mut machine =
+        RunMachine::replaying(record.id.clone(), config, policy, SanitizeLimits::default());
+    let mut timers = BTreeMap::new();
+    let mut actions = Vec::new();
+    for e in journal {
+        if let crate::machine::RunInput::TimerFired { timer } = &e.input {
+            timers.remove(timer);
+        }
+        machine.handle_into(e.input.clone(), e.at, &mut actions);
+        for a in actions.drain(..) {
+            match a {
+                crate::machine::Action::SetTimer { timer, at } => {
+                    timers.insert(timer, at);
+                }
+                crate::machine::Action::ClearTimer { timer } => {
+                    timers.remove(&timer);
+                }
+                _ => {}
+            }
+        }
+    }
+    Ok(crate::engine::RunNote {
+        awaiting: machine.awaiting().len() as u64,
+        wake_at: timers.into_values().min(),
+    })
 }
 
 /// The machine of the run `record` describes after `journal`, without its events: what awaits
@@ -85,6 +122,8 @@ pub fn rebuild(record: &RunRecord, journal: &[JournalEntry]) -> Result<Rebuilt, 
         SanitizeLimits::default(),
         journal,
     );
+    let mut tools = Vec::new();
+    all_tools(&config, &mut tools);
     let machine = machine_after(record, config, policy, journal);
     let streams_closed = journal
         .iter()
@@ -105,7 +144,20 @@ pub fn rebuild(record: &RunRecord, journal: &[JournalEntry]) -> Result<Rebuilt, 
         events,
         streams_closed,
         cancelled_by,
+        tools,
     })
+}
+
+/// The tools of `config`'s agent, then of its nested agents (depth first, a name once).
+fn all_tools(config: &crate::machine::AgentConfig, out: &mut Vec<crate::protocol::Tool>) {
+    for t in &config.tools {
+        if !out.iter().any(|o| o.name == t.name) {
+            out.push(t.clone());
+        }
+    }
+    for d in config.delegates.values() {
+        all_tools(d, out);
+    }
 }
 
 /// One span of the run's timeline (ms from the run's start).
@@ -177,9 +229,15 @@ pub struct CallView {
     /// Its tool.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tool: Option<String>,
+    /// The delegate call whose nested agent made it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub parent: Option<u64>,
     /// Its params (resolved, once presented or started).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub params: Option<serde_json::Map<String, Value>>,
+    /// The params as the model proposed them (before references resolved or a decision).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub proposed: Option<serde_json::Map<String, Value>>,
     /// When it arrived from the model.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub received_ms: Option<u64>,
@@ -247,6 +305,15 @@ pub struct AwaitingCall {
     pub downstream: Vec<Value>,
     /// The tool's params schema (a JSON Schema), when the tool is the goal's.
     pub tool_schema: Option<Value>,
+    /// The tool's description.
+    pub description: Value,
+    /// What the call will do (`tools::describe_action`: method and URL, command line, MCP
+    /// server and tool; never header values), or null.
+    pub action: Value,
+    /// Where each param came from: `{param, from: model|reference, wrote?, value}`.
+    pub sources: Vec<Value>,
+    /// The delegate calls above it, outermost first (empty for the run's own agent).
+    pub path: Vec<u64>,
     /// The call with its references resolved.
     pub call: crate::protocol::Call,
 }
@@ -307,7 +374,7 @@ pub fn describe_view(
         if let Some(id) = e.call.map(|c| c.0) {
             let c = calls
                 .entry(id)
-                .or_insert_with(|| CallView::new(id, e.step, e.depth));
+                .or_insert_with(|| CallView::new(id, e.step, e.depth, e.parent.map(|p| p.0)));
             if let Some(span) = call_event(c, &e.kind, t, &mut asked, id) {
                 spans.push(span);
             }
@@ -367,15 +434,14 @@ pub fn describe_view(
     let end = rb.events.last().map_or(0, |e| rel(e.at));
     let critical = critical_path(&spans, end);
     let awaiting = awaiting(rb);
-    let status = match result {
-        Some(r) => r.status.as_str().to_string(),
-        None if !awaiting.is_empty() => "waiting".into(),
-        None if live => "running".into(),
-        None => "stopped".into(),
-    };
+    let status = crate::store::derive_status(
+        result.map(|r| r.status.as_str()),
+        awaiting.len() as u64,
+        live,
+    );
     RunView {
         id: id.to_string(),
-        status,
+        status: status.to_string(),
         duration_ms: end,
         journal_entries,
         calls: calls.into_values().collect(),
@@ -393,14 +459,16 @@ pub fn describe_view(
 }
 
 impl CallView {
-    fn new(id: u64, step: u32, depth: u32) -> CallView {
+    fn new(id: u64, step: u32, depth: u32, parent: Option<u64>) -> CallView {
         CallView {
             id,
             step,
             depth,
             status: "pending".into(),
             tool: None,
+            parent,
             params: None,
+            proposed: None,
             received_ms: None,
             error: None,
             waiting_on: None,
@@ -431,6 +499,8 @@ fn call_event(
         EventKind::CallReceived { call } => {
             c.tool = Some(call.tool.clone());
             c.params = Some(call.params.clone());
+            // What the model proposed, kept when a decision or the references change `params`.
+            c.proposed = Some(call.params.clone());
             c.received_ms = Some(t);
         }
         EventKind::CallRefused { reason, .. } => {
@@ -543,8 +613,11 @@ fn awaiting(rb: &Rebuilt) -> Vec<AwaitingCall> {
         .map(|(id, call)| {
             let asked = rb.events.iter().rev().find_map(|e| match &e.kind {
                 EventKind::ApprovalRequested {
-                    interrupted, rule, ..
-                } if e.call == Some(id) => Some((*interrupted, rule.clone(), e.at)),
+                    interrupted,
+                    rule,
+                    path,
+                    ..
+                } if e.call == Some(id) => Some((*interrupted, rule.clone(), e.at, path.clone())),
                 _ => None,
             });
             let interrupted = asked.as_ref().map(|a| a.0);
@@ -562,7 +635,28 @@ fn awaiting(rb: &Rebuilt) -> Vec<AwaitingCall> {
                     json!({"call_id": c, "params_hash": params_hash(&written), "call": written})
                 })
                 .collect();
-            let schema = rb.goal.tools.iter().find(|t| t.name == call.tool).map(|t| {
+            let proposed = rb.events.iter().find_map(|e| match &e.kind {
+                EventKind::CallReceived { call } if e.call == Some(id) => Some(&call.params),
+                _ => None,
+            });
+            let tool = rb.tools.iter().find(|t| t.name == call.tool);
+            let action = match tool {
+                Some(t) => json!(crate::tools::describe_action(t, &call.params)),
+                // MCP tools join the run when their servers start; they are not in the goal.
+                None if !rb.goal.mcp_servers.is_empty() => json!(crate::tools::Action::Mcp {
+                    server: match rb.goal.mcp_servers.as_slice() {
+                        [one] => Some(one.name().to_string()),
+                        _ => None,
+                    },
+                    tool: call.tool.clone(),
+                }),
+                None => Value::Null,
+            };
+            let description = tool
+                .and_then(|t| t.schema.get("description"))
+                .cloned()
+                .unwrap_or(Value::Null);
+            let schema = tool.map(|t| {
                 // The params' schema only: tool configuration (`_http` URLs, headers) is
                 // the operator's, not the reviewer's.
                 let mut m = t.schema.clone();
@@ -582,8 +676,30 @@ fn awaiting(rb: &Rebuilt) -> Vec<AwaitingCall> {
                     .unwrap_or(Value::Null),
                 downstream,
                 tool_schema: schema,
+                description,
+                action,
+                sources: sources(proposed, &call.params),
+                path: asked
+                    .as_ref()
+                    .map(|a| a.3.iter().map(|c| c.0).collect())
+                    .unwrap_or_default(),
                 call,
             }
+        })
+        .collect()
+}
+
+/// Where each resolved param came from: `reference` with what the model wrote when that was
+/// not the value itself (a reference, or a value holding references), else `model`.
+fn sources(
+    proposed: Option<&serde_json::Map<String, Value>>,
+    resolved: &serde_json::Map<String, Value>,
+) -> Vec<Value> {
+    resolved
+        .iter()
+        .map(|(k, v)| match proposed.and_then(|p| p.get(k)) {
+            Some(p) if p != v => json!({"param": k, "from": "reference", "wrote": p, "value": v}),
+            _ => json!({"param": k, "from": "model", "value": v}),
         })
         .collect()
 }

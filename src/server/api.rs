@@ -17,12 +17,11 @@ use super::error::{ApiError, Problem};
 use super::principals::{Principal, Role};
 use super::result::{RunOutcome, outcome, wait_duration};
 use super::state::AppState;
-use super::wire::{OpStatus, RunSummary};
+use super::wire::OpStatus;
 use crate::approval::ModeName;
 use crate::goal::Goal;
 use crate::protocol::{Actor, CallId, Decision, Op};
 use crate::runs::RunOptions;
-use crate::store::RunStore;
 
 type ApiResult<T> = Result<T, ApiError>;
 
@@ -54,43 +53,6 @@ pub(super) fn actor(who: &Principal) -> Option<Actor> {
 
 /// Keys kept in memory at most; past that the memory is cleared and the store answers.
 const MAX_KEYS_IN_MEMORY: usize = 10_000;
-
-/// Stored runs the caller may see (a submitter: its own), newest first, with how many calls
-/// each has waiting for a decision.
-#[utoipa::path(get, path = "/runs", tag = "runs",
-    responses((status = 200, description = "Runs the caller may see, newest first", body = Vec<RunSummary>)))]
-pub(super) async fn list_runs(
-    State(st): State<Arc<AppState>>,
-    Extension(who): Extension<Principal>,
-) -> ApiResult<Json<Vec<RunSummary>>> {
-    let s = st.clone();
-    let (rows, owners) = tokio::task::spawn_blocking(move || {
-        Ok::<_, crate::store::StoreError>((s.store.list()?, s.store.submitters()?))
-    })
-    .await
-    .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server.internal", e))?
-    .map_err(|e| ApiError::from_store(&e))?;
-    let mut out = Vec::with_capacity(rows.len());
-    for mut row in rows {
-        let owner = owners.get(&row.id).cloned().flatten();
-        if !who.may_read(owner.as_deref()) {
-            continue;
-        }
-        let waiting = match st.live(&row.id) {
-            Some(l) => l.handle.awaiting().len(),
-            None => 0,
-        };
-        if waiting > 0 {
-            row.status = "waiting".to_string();
-        }
-        out.push(RunSummary {
-            row,
-            waiting,
-            submitted_by: owner,
-        });
-    }
-    Ok(Json(out))
-}
 
 /// The longest `Idempotency-Key` accepted.
 const MAX_IDEMPOTENCY_KEY: usize = 255;

@@ -20,6 +20,7 @@ mod cassette;
 mod desk;
 mod error;
 mod guard;
+mod list;
 mod openapi;
 mod page;
 pub mod principals;
@@ -74,7 +75,7 @@ pub struct ServeOptions {
 /// `#[utoipa::path]` on its handler (docs/server.md, "Adding a route").
 fn api_routes() -> (Router<Arc<AppState>>, utoipa::openapi::OpenApi) {
     OpenApiRouter::with_openapi(openapi::ApiDoc::openapi())
-        .routes(utoipa_axum::routes!(api::list_runs, api::create_run))
+        .routes(utoipa_axum::routes!(list::list_runs, api::create_run))
         .routes(utoipa_axum::routes!(api::get_run))
         .routes(utoipa_axum::routes!(result::result))
         .routes(utoipa_axum::routes!(sse::events))

@@ -1,5 +1,6 @@
 //! The reviewer's page, served from the binary: plain HTML, CSS and JavaScript, no build step.
-//! It is public (no token); it asks for the token when the API answers 401.
+//! It is public (no token); it asks for the token when the API answers 401. The script is a
+//! few classic scripts sharing one scope (`page/app.js` lists them), so each stays readable.
 
 use std::sync::Arc;
 
@@ -10,26 +11,38 @@ use axum::routing::get;
 use super::state::AppState;
 
 const INDEX: &str = include_str!("page/index.html");
-const APP: &str = include_str!("page/app.js");
 const STYLE: &str = include_str!("page/style.css");
 
+/// The page's scripts, by path, in the order `index.html` loads them.
+const SCRIPTS: [(&str, &str); 6] = [
+    ("/app.js", include_str!("page/app.js")),
+    ("/runs.js", include_str!("page/runs.js")),
+    ("/calls.js", include_str!("page/calls.js")),
+    ("/cards.js", include_str!("page/cards.js")),
+    ("/keys.js", include_str!("page/keys.js")),
+    ("/start.js", include_str!("page/start.js")),
+];
+
 pub(super) fn routes() -> Router<Arc<AppState>> {
-    Router::new()
+    let mut r = Router::new()
         .route(
             "/",
             get(|| async { ([(header::CONTENT_TYPE, "text/html; charset=utf-8")], INDEX) }),
         )
         .route(
-            "/app.js",
-            get(|| async {
-                (
-                    [(header::CONTENT_TYPE, "text/javascript; charset=utf-8")],
-                    APP,
-                )
-            }),
-        )
-        .route(
             "/style.css",
             get(|| async { ([(header::CONTENT_TYPE, "text/css; charset=utf-8")], STYLE) }),
-        )
+        );
+    for (path, text) in SCRIPTS {
+        r = r.route(
+            path,
+            get(move || async move {
+                (
+                    [(header::CONTENT_TYPE, "text/javascript; charset=utf-8")],
+                    text,
+                )
+            }),
+        );
+    }
+    r
 }

@@ -72,12 +72,9 @@ pub enum DecisionName {
 pub struct RunSummary {
     /// The run as the store lists it (its `status` is `waiting` while calls await a decision).
     #[serde(flatten)]
-    pub row: crate::store::RunRow,
-    /// How many calls await a decision.
-    pub waiting: usize,
-    /// Who submitted it, when a principal did.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub submitted_by: Option<String>,
+    pub row: crate::store::RunSummary,
+    /// The same as `awaiting` (the name the page read first).
+    pub waiting: u64,
 }
 
 /// What became of a decision or a cancellation.

@@ -13,8 +13,14 @@
 //! Deliberately not here: deciding what a stored run means (the machine does, by replay) or
 //! running it (the engine does).
 
+mod query;
 #[cfg(feature = "sqlite")]
 mod sqlite;
+
+pub use query::{
+    Cursor, DEFAULT_LIMIT, MAX_LIMIT, QueryError, RunPage, RunQuery, RunSummary, STATUSES,
+    TITLE_CHARS, derive_status, title_of,
+};
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -233,6 +239,14 @@ pub trait RunStore: JournalSink {
     /// (`store.lease_lost` for another, so that a process that lost the run never takes the
     /// decisions meant for the one that drives it).
     fn take_ops(&self, id: &str) -> Result<Vec<Op>, StoreError>;
+    /// One page of runs from their rows (no journal is read): waiting first, then newest.
+    fn query(&self, q: &RunQuery) -> Result<RunPage, StoreError>;
+    /// Unfinished runs whose row does not say how many calls await a decision (rows an older
+    /// dagloop wrote): a front-end derives it once by replay and records it with
+    /// [`RunStore::set_derived`].
+    fn underived(&self) -> Result<Vec<String>, StoreError>;
+    /// Records what was derived for such a run (a row that says already is left alone).
+    fn set_derived(&self, id: &str, note: crate::engine::RunNote) -> Result<(), StoreError>;
 }
 
 /// A fresh owner id: 128 random bits as hex (what makes it unique), then the process id and

@@ -31,6 +31,8 @@ use std::time::Duration;
 use rusqlite::{Connection, OpenFlags, OptionalExtension, params};
 use tokio::sync::oneshot;
 
+mod query;
+
 use super::{RunRecord, RunRow, RunStore, StoreError, StoredRun};
 use crate::engine::{JournalError, JournalFuture, JournalSink};
 use crate::machine::{JournalEntry, RunInput, RunResult};
@@ -122,6 +124,24 @@ const MIGRATIONS: &[&str] = &[
     ALTER TABLE runs DROP COLUMN owner_pid;
     UPDATE runs SET result = NULL, status = 'stopped' WHERE status = 'journal_failed';
 ",
+    // 4: what listing needs, on the run's row (see `query`): the title (the goal's first line,
+    // cut), the submitter, the calls awaiting a decision (NULL: not known yet, for an
+    // unfinished run an older dagloop wrote; a front-end derives it once by replay) and the
+    // earliest journaled deadline; an index that covers the list.
+    "
+    ALTER TABLE runs ADD COLUMN title TEXT NOT NULL DEFAULT '';
+    ALTER TABLE runs ADD COLUMN submitted_by TEXT;
+    ALTER TABLE runs ADD COLUMN awaiting INTEGER;
+    ALTER TABLE runs ADD COLUMN wake_at INTEGER;
+    UPDATE runs SET
+        title = substr(trim(substr(ifnull(json_extract(record, '$.goal.goal'), ''), 1,
+            instr(ifnull(json_extract(record, '$.goal.goal'), '') || char(10), char(10)) - 1)), 1, 200),
+        submitted_by = json_extract(record, '$.options.submitted_by'),
+        awaiting = CASE WHEN result IS NOT NULL THEN 0 END;
+    CREATE INDEX runs_list ON runs(created_at DESC, id DESC, status, awaiting, owner,
+        lease_expires_at, updated_at, entries, submitted_by, title);
+    CREATE INDEX runs_wake ON runs(wake_at) WHERE wake_at IS NOT NULL;
+",
 ];
 
 /// Journal entries as the writer stores them: a batch to a row (see the module docs).
@@ -192,6 +212,11 @@ enum Write {
     TakeOps(String),
     /// The run's options (JSON), recorded anew (a definition accepted on resume).
     SetOptions(String, String),
+    /// What the driver noted (this owner's runs only).
+    Note(String, crate::engine::RunNote),
+    /// What a front-end derived by replay for a run whose row does not say (rows of an older
+    /// dagloop only).
+    Derived(String, crate::engine::RunNote),
 }
 
 enum Done {
@@ -619,11 +644,13 @@ fn apply(c: &Connection, me: &Me, w: &Write) -> Result<Done, StoreError> {
     match w {
         Write::Create(rec) => {
             let record = serde_json::to_string(rec).map_err(io)?;
+            let title = super::title_of(rec.goal["goal"].as_str().unwrap_or(""));
+            let by = rec.options["submitted_by"].as_str();
             let n = c
                 .execute(
-                    "INSERT OR IGNORE INTO runs (id, created_at, updated_at, record, status, owner, lease_expires_at)
-                     VALUES (?1, ?2, ?2, ?3, 'running', ?4, ?5)",
-                    params![rec.id, rec.created_at as i64, record, owner, until],
+                    "INSERT OR IGNORE INTO runs (id, created_at, updated_at, record, status, owner, lease_expires_at, title, submitted_by, awaiting)
+                     VALUES (?1, ?2, ?2, ?3, 'running', ?4, ?5, ?6, ?7, 0)",
+                    params![rec.id, rec.created_at as i64, record, owner, until, title, by],
                 )
                 .map_err(io)?;
             if n == 0 {
@@ -713,7 +740,8 @@ fn apply(c: &Connection, me: &Me, w: &Write) -> Result<Done, StoreError> {
         Write::Finish(id, status, text) => {
             let n = c
                 .execute(
-                    "UPDATE runs SET result = ?2, status = ?3, updated_at = ?4, owner = NULL, lease_expires_at = NULL
+                    "UPDATE runs SET result = ?2, status = ?3, updated_at = ?4, owner = NULL, lease_expires_at = NULL,
+                     awaiting = 0, wake_at = NULL
                      WHERE id = ?1 AND (owner IS NULL OR owner = ?5)",
                     params![id, text, status, now, owner],
                 )
@@ -744,6 +772,22 @@ fn apply(c: &Connection, me: &Me, w: &Write) -> Result<Done, StoreError> {
                 )
                 .map_err(io)?;
             Ok(Done::Count(runs))
+        }
+        Write::Note(id, note) => {
+            c.prepare_cached(
+                "UPDATE runs SET awaiting = ?3, wake_at = ?4 WHERE id = ?1 AND owner = ?2 AND result IS NULL",
+            )
+            .and_then(|mut s| s.execute(params![id, owner, note.awaiting as i64, note.wake_at.map(|w| w as i64)]))
+            .map_err(io)?;
+            Ok(Done::Unit)
+        }
+        Write::Derived(id, note) => {
+            c.execute(
+                "UPDATE runs SET awaiting = ?2, wake_at = ?3 WHERE id = ?1 AND awaiting IS NULL",
+                params![id, note.awaiting as i64, note.wake_at.map(|w| w as i64)],
+            )
+            .map_err(io)?;
+            Ok(Done::Unit)
         }
         Write::PushOp(id, op) => {
             let exists: Option<i64> = c
@@ -839,6 +883,10 @@ impl JournalSink for SqliteStore {
     fn renew_lease<'a>(&'a self, run_id: &'a str) -> JournalFuture<'a> {
         self.ask(Write::Renew(run_id.to_string()))
     }
+
+    fn note(&self, run_id: &str, note: crate::engine::RunNote) {
+        self.send(Write::Note(run_id.to_string(), note), Box::new(|_| {}));
+    }
 }
 
 /// The lease a `runs` row holds, when it has not expired at `now`.
@@ -851,6 +899,18 @@ fn live_lease(owner: Option<String>, expires: Option<i64>, now: Millis) -> Optio
 }
 
 impl RunStore for SqliteStore {
+    fn query(&self, q: &super::RunQuery) -> Result<super::RunPage, StoreError> {
+        self.query_page(q)
+    }
+
+    fn underived(&self) -> Result<Vec<String>, StoreError> {
+        self.underived_ids()
+    }
+
+    fn set_derived(&self, id: &str, note: crate::engine::RunNote) -> Result<(), StoreError> {
+        self.record_derived(id, note)
+    }
+
     fn set_options(&self, id: &str, options: &serde_json::Value) -> Result<(), StoreError> {
         self.call(Write::SetOptions(id.into(), options.to_string()))
             .map(|_| ())

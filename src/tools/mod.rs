@@ -10,6 +10,7 @@
 //!
 //! Deliberately not here: scheduling, approval, retries or writing results to state.
 
+mod action;
 mod check;
 mod context;
 mod group;
@@ -29,6 +30,7 @@ use serde_json::{Map, Value};
 
 use crate::protocol::{Call, Tool};
 
+pub use action::{Action, describe_action};
 pub use check::{KINDS, check_tool, kind_of};
 pub use context::{ActivityContext, Progress, ProgressSink};
 pub use group::kill_all as kill_process_groups;

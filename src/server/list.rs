@@ -1,0 +1,71 @@
+//! `GET /runs`: the run list, answered from the runs' rows in one query (no journal is read):
+//! filtered by status and text, waiting runs first then newest, a page at a time with a
+//! `Link: <...>; rel="next"` header while more follow.
+//!
+//! Deliberately not here: how a status is derived (`store::derive_status`) or the query's SQL
+//! (the store's).
+
+use std::sync::Arc;
+
+use axum::Extension;
+use axum::Json;
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Query, State};
+use axum::http::{HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use super::wire::RunSummary;
+
+use super::error::ApiError;
+use super::principals::{Principal, Role};
+use super::state::AppState;
+use crate::store::RunQuery;
+
+/// Runs the caller may see (a submitter: its own), waiting first then newest: `id`, `status`,
+/// `title`, `awaiting`, `created_at`, `updated_at`, `entries`, `submitted_by`.
+#[utoipa::path(get, path = "/runs", tag = "runs",
+    params(
+        ("status" = Option<String>, Query, description = "Only runs with this status (comma-separated for several): waiting, running, stopped, finished, or an ending (succeeded, failed ones by name)"),
+        ("q" = Option<String>, Query, description = "Only runs whose id or title contains this text"),
+        ("limit" = Option<u32>, Query, description = "Runs per page, 1 to 500 (default 50)"),
+        ("cursor" = Option<String>, Query, description = "Where the page starts: the cursor of the previous page's Link header")),
+    responses(
+        (status = 200, description = "A page of runs: [{id, status, title, awaiting, created_at, updated_at, entries, submitted_by?}]; `Link: </runs?...&cursor=...>; rel=\"next\"` while more follow", body = Vec<RunSummary>),
+        (status = 400, description = "A bad parameter (`runs.bad_status`, `runs.bad_limit`, `runs.bad_cursor`, `runs.bad_param`)", body = ApiError)))]
+pub(super) async fn list_runs(
+    State(st): State<Arc<AppState>>,
+    Extension(who): Extension<Principal>,
+    params: Result<Query<Vec<(String, String)>>, QueryRejection>,
+) -> Result<Response, ApiError> {
+    let Query(params) = params
+        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "runs.bad_param", e.body_text()))?;
+    let mut q = RunQuery::from_params(params.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, e.code(), &e))?;
+    if !who.may(Role::Review) {
+        if !who.may(Role::Submit) {
+            return Ok(Json(Vec::<RunSummary>::new()).into_response());
+        }
+        q.submitted_by = Some(who.name.clone());
+    }
+    let store = st.store.clone();
+    let query = q.clone();
+    let page = tokio::task::spawn_blocking(move || crate::runs::list_runs(&*store, &query))
+        .await
+        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server.internal", e))?
+        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.code(), &e))?;
+    let runs: Vec<RunSummary> = page
+        .runs
+        .into_iter()
+        .map(|row| RunSummary {
+            waiting: row.awaiting,
+            row,
+        })
+        .collect();
+    let mut resp = Json(runs).into_response();
+    if let Some(next) = &page.next {
+        let link = format!("</runs?{}>; rel=\"next\"", q.next_params(next));
+        if let Ok(h) = HeaderValue::from_str(&link) {
+            resp.headers_mut().insert("link", h);
+        }
+    }
+    Ok(resp)
+}
