@@ -28,6 +28,8 @@ pub struct Rebuilt {
     pub streams_closed: Vec<(Option<u64>, u64)>,
     /// Who cancelled the run, when its cancellation said so.
     pub cancelled_by: Option<crate::protocol::Actor>,
+    /// The run this one was forked from, and after which step (`dagloop fork`).
+    pub forked_from: Option<super::ForkedFrom>,
 }
 
 /// The machine of the run `record` describes after `journal`, without its events: what awaits
@@ -99,7 +101,11 @@ pub fn rebuild(record: &RunRecord, journal: &[JournalEntry]) -> Result<Rebuilt, 
         crate::machine::RunInput::Cancel { by, .. } => by.clone(),
         _ => None,
     });
+    let forked_from = super::RunOptions::from_stored(&record.options)
+        .ok()
+        .and_then(|o| o.forked_from);
     Ok(Rebuilt {
+        forked_from,
         goal,
         machine,
         events,
@@ -223,6 +229,9 @@ pub fn describe(
     });
     if let Some(by) = &rb.cancelled_by {
         out["cancelled_by"] = json!(by);
+    }
+    if let Some(f) = &rb.forked_from {
+        out["forked_from"] = json!(f);
     }
     out
 }

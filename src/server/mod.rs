@@ -17,6 +17,7 @@
 mod api;
 mod auth;
 mod cassette;
+mod fork;
 mod error;
 mod guard;
 mod page;
@@ -86,6 +87,7 @@ fn api_routes() -> (Router<Arc<AppState>>, utoipa::openapi::OpenApi) {
         .routes(utoipa_axum::routes!(api::decide))
         .routes(utoipa_axum::routes!(api::cancel))
         .routes(utoipa_axum::routes!(cassette::cassette))
+        .routes(utoipa_axum::routes!(fork::fork))
         .routes(utoipa_axum::routes!(auth::ticket))
         .split_for_parts()
 }
