@@ -122,9 +122,16 @@ fn fork_at_step_1_of_the_refund_example_reaches_its_output_from_step_2() {
     // `show` says where it comes from.
     let (code, shown, _) = dagloop(dir.path(), &db, &["show", fork_id, "--json"]);
     assert_eq!(code, 0);
-    assert_eq!(shown["forked_from"], json!({"run": id, "step": 1}), "{shown:#}");
+    assert_eq!(
+        shown["forked_from"],
+        json!({"run": id, "step": 1}),
+        "{shown:#}"
+    );
     let (_, _, text) = dagloop(dir.path(), &db, &["show", fork_id]);
-    assert!(text.contains(&format!("forked from {id} after step 1")), "{text}");
+    assert!(
+        text.contains(&format!("forked from {id} after step 1")),
+        "{text}"
+    );
 
     // A step the run never went past, and an input its schema refuses, are refused with codes
     // and leave no run behind.
@@ -134,7 +141,15 @@ fn fork_at_step_1_of_the_refund_example_reaches_its_output_from_step_2() {
     let (code, r, _) = dagloop(
         dir.path(),
         &db,
-        &["fork", id, "--at-step", "1", "--json", "--input", r#"{"amount": -1}"#],
+        &[
+            "fork",
+            id,
+            "--at-step",
+            "1",
+            "--json",
+            "--input",
+            r#"{"amount": -1}"#,
+        ],
     );
     assert_eq!(code, 2, "{r:#}");
     assert_eq!(r["error"]["code"], "goal.invalid", "{r:#}");
@@ -181,7 +196,12 @@ async fn the_api_forks_with_the_servers_grants_never_the_originals() {
     let (code, shelled, _) = dagloop(
         dir.path(),
         &db,
-        &["run", goal.to_str().expect("path"), "--json", "--allow-shell"],
+        &[
+            "run",
+            goal.to_str().expect("path"),
+            "--json",
+            "--allow-shell",
+        ],
     );
     assert_eq!(code, 0, "{shelled:#}");
     let shell_id = shelled["run_id"].as_str().expect("run_id");
@@ -273,9 +293,15 @@ fn dagloop_test_runs_the_examples_and_writes_junit() {
             "{out}"
         );
     }
-    assert!(out.contains("test result: ok. 3 passed; 0 failed;"), "{out}");
+    assert!(
+        out.contains("test result: ok. 3 passed; 0 failed;"),
+        "{out}"
+    );
     let xml = std::fs::read_to_string(&junit).expect("junit");
-    assert!(xml.contains(r#"<testsuite name="dagloop" tests="3" failures="0""#), "{xml}");
+    assert!(
+        xml.contains(r#"<testsuite name="dagloop" tests="3" failures="0""#),
+        "{xml}"
+    );
     assert!(xml.contains(r#"<testcase name="examples/refund""#), "{xml}");
 }
 
@@ -337,7 +363,10 @@ fn failed_expectations_and_invalid_cases_fail_the_summary_with_reasons() {
 fn crash_each_point_passes_on_the_examples() {
     let (code, out) = test_cmd(&["--crash-each-point", "examples"]);
     assert_eq!(code, 0, "{out}");
-    assert!(out.contains("test result: ok. 3 passed; 0 failed;"), "{out}");
+    assert!(
+        out.contains("test result: ok. 3 passed; 0 failed;"),
+        "{out}"
+    );
     let points: u64 = out
         .split(" kill points;")
         .next()
@@ -359,8 +388,7 @@ fn a_non_idempotent_tool_marked_idempotent_fails_the_crash_harness() {
     );
     std::fs::write(
         dir.path().join("test.json"),
-        json!({"goal": goal, "allow_shell": true, "expect": {"status": "succeeded"}})
-            .to_string(),
+        json!({"goal": goal, "allow_shell": true, "expect": {"status": "succeeded"}}).to_string(),
     )
     .expect("write");
     let (code, out) = test_cmd(&[dir.path().to_str().expect("path")]);

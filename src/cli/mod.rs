@@ -619,7 +619,9 @@ pub async fn main(cli: Cli) -> i32 {
                 temporal_cmd::run(&goal, opts, &display, &temporal).await
             } else {
                 match (store(), grants_for(config, allow_shell, false)) {
-                    (Ok(s), Ok(g)) => run::run(run::Start::New(goal, input), opts, g, display, s).await,
+                    (Ok(s), Ok(g)) => {
+                        run::run(run::Start::New(goal, input), opts, g, display, s).await
+                    }
                     (Err(e), _) | (_, Err(e)) => Err(e),
                 }
             }

@@ -87,7 +87,12 @@ async fn child(
     }
     let out = tokio::time::timeout(CHILD_LIMIT, cmd.output())
         .await
-        .map_err(|_| format!("`dagloop {}` took longer than {CHILD_LIMIT:?}", args.join(" ")))?
+        .map_err(|_| {
+            format!(
+                "`dagloop {}` took longer than {CHILD_LIMIT:?}",
+                args.join(" ")
+            )
+        })?
         .map_err(|e| format!("cannot start dagloop: {e}"))?;
     use std::os::unix::process::ExitStatusExt;
     Ok(Ran {
@@ -133,7 +138,10 @@ fn run_args(case: &Case, db: &Path) -> Vec<String> {
 fn stored(db: &Path) -> Result<crate::store::StoredRun, String> {
     let store = crate::store::SqliteStore::open(db).map_err(|e| e.to_string())?;
     let rows = store.list().map_err(|e| e.to_string())?;
-    let id = rows.first().map(|r| r.id.clone()).ok_or("no run was recorded")?;
+    let id = rows
+        .first()
+        .map(|r| r.id.clone())
+        .ok_or("no run was recorded")?;
     store.load(&id).map_err(|e| e.to_string())
 }
 
@@ -162,7 +170,10 @@ async fn run_case(
         match crash_at(case, config, &base.json, k).await {
             Ok(Some((at, f))) => {
                 covered.insert(at);
-                failures.extend(f.into_iter().map(|f| format!("killed after entry {at}: {f}")));
+                failures.extend(
+                    f.into_iter()
+                        .map(|f| format!("killed after entry {at}: {f}")),
+                );
             }
             Ok(None) => {}
             Err(e) => failures.push(format!("kill point {k}: {e}")),
@@ -235,9 +246,8 @@ async fn crash_at(
         return Err(format!("the resume failed: {}", resumed["error"]));
     }
     let after = stored(&db)?;
-    let judged =
-        crate::testcase::crash::judge(&after.record, &after.journal, &resumed, baseline)
-            .map_err(|e| e.to_string())?;
+    let judged = crate::testcase::crash::judge(&after.record, &after.journal, &resumed, baseline)
+        .map_err(|e| e.to_string())?;
     let at = judged.killed_after.unwrap_or(after.journal.len() as u64);
     Ok(Some((at, judged.failures)))
 }
@@ -289,10 +299,7 @@ pub(super) async fn test(
             failures,
         });
     }
-    let failed: Vec<&junit::Outcome> = outcomes
-        .iter()
-        .filter(|o| !o.failures.is_empty())
-        .collect();
+    let failed: Vec<&junit::Outcome> = outcomes.iter().filter(|o| !o.failures.is_empty()).collect();
     if !failed.is_empty() {
         outln!("\nfailures:");
         for o in &failed {

@@ -63,7 +63,9 @@ pub fn fork_point(
         machine.handle_into(e.input.clone(), e.at, &mut actions);
         for a in actions.drain(..) {
             if let Action::Request {
-                frame: None, step: s, ..
+                frame: None,
+                step: s,
+                ..
             } = a
             {
                 if s == step.saturating_add(1) {

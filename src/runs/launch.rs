@@ -132,9 +132,11 @@ pub async fn prepare(
                 for t in &def.effective_goal().tools {
                     if t.activity.as_deref() == Some("rust") && !builder.registry_mut().has(&t.name)
                     {
-                        builder.registry_mut().register_fn(&t.name, |_: Value| async {
-                            Err::<Value, String>("answered from the recording only".into())
-                        });
+                        builder
+                            .registry_mut()
+                            .register_fn(&t.name, |_: Value| async {
+                                Err::<Value, String>("answered from the recording only".into())
+                            });
                     }
                 }
             }

@@ -99,7 +99,10 @@ pub(super) async fn fork(
     )
     .map_err(runs_error)?;
     // The goal as a submitted one is checked: the published schema, then the loader.
-    check_goal(&fork.record.goal, std::path::Path::new(&fork.record.base_dir))?;
+    check_goal(
+        &fork.record.goal,
+        std::path::Path::new(&fork.record.base_dir),
+    )?;
     let def = crate::runs::define(fork.goal.clone(), fork.options.clone(), st.grants.clone())
         .map_err(runs_error)?;
     let seeded = crate::runs::seed(&*st.store, &fork)

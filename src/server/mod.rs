@@ -17,8 +17,8 @@
 mod api;
 mod auth;
 mod cassette;
-mod fork;
 mod error;
+mod fork;
 mod guard;
 mod page;
 pub mod principals;
