@@ -170,10 +170,15 @@ async fn run_case(
         match crash_at(case, config, &base.json, k).await {
             Ok(Some((at, f))) => {
                 covered.insert(at);
-                failures.extend(
-                    f.into_iter()
-                        .map(|f| format!("killed after entry {at}: {f}")),
-                );
+                // Two values of k can kill at the same point (one commit, several entries).
+                for f in f
+                    .into_iter()
+                    .map(|f| format!("killed after entry {at}: {f}"))
+                {
+                    if !failures.contains(&f) {
+                        failures.push(f);
+                    }
+                }
             }
             Ok(None) => {}
             Err(e) => failures.push(format!("kill point {k}: {e}")),
