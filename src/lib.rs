@@ -53,6 +53,7 @@ pub mod state;
 pub mod store;
 #[cfg(feature = "temporal")]
 pub mod temporal;
+pub mod testcase;
 pub mod tools;
 
 pub use approval::{Approver, Policy, ScriptedApprover};

@@ -8,6 +8,7 @@
 #[macro_use]
 mod out;
 mod cassette;
+mod fork;
 mod policy_cmd;
 mod progress;
 mod replay;
@@ -16,6 +17,7 @@ mod run;
 mod runs;
 mod schema_cmd;
 mod temporal_cmd;
+mod test_cmd;
 
 use std::path::{Path as FsPath, PathBuf};
 use std::sync::Arc;
@@ -277,6 +279,10 @@ pub enum Command {
         /// With --tools-from: a call the recording does not hold runs for real.
         #[arg(long, requires = "tools_from")]
         tools_from_passthrough: bool,
+        /// The run's input (JSON), in place of the goal's `input` (checked against its
+        /// `input_schema`).
+        #[arg(long, value_name = "JSON")]
+        input: Option<String>,
         /// Where the run is driven.
         #[command(flatten)]
         temporal: TemporalArgs,
@@ -320,6 +326,65 @@ pub enum Command {
         /// How the model returns its Solution (default: the goal's `mode`, else structured).
         #[arg(long, value_enum)]
         mode: Option<ModeArg>,
+        /// Answer the run's calls from a recording (see `run --tools-from`).
+        #[arg(long, value_name = "FILE")]
+        tools_from: Option<PathBuf>,
+        /// With --tools-from: a call the recording does not hold runs for real.
+        #[arg(long, requires = "tools_from")]
+        tools_from_passthrough: bool,
+    },
+    /// Start a new run from a stored run's state, plan and context after one of its steps
+    /// (the moment it asked its model for the next one), recorded as its fork; then continue
+    /// it (same output and exit codes as `run`).
+    Fork {
+        /// The run to fork.
+        run: String,
+        /// The step to fork after (0: right after the run's start).
+        #[arg(long, value_name = "N")]
+        at_step: u32,
+        /// The model from step N+1 on (default: the original's). A scripted model is read
+        /// from its turn N+1, as a resumed run reads it.
+        #[arg(long)]
+        model: Option<String>,
+        /// The input (JSON) in place of the original's: steps 1..N stand as recorded, the
+        /// model sees the new input from step N+1 on.
+        #[arg(long, value_name = "JSON")]
+        input: Option<String>,
+        /// Print only the result JSON.
+        #[arg(long)]
+        json: bool,
+        /// No progress lines on stderr.
+        #[arg(long, short)]
+        quiet: bool,
+        /// Allow tools that use the built-in shell activity.
+        #[arg(long)]
+        allow_shell: bool,
+        /// Decisions given up front (see `run --decisions`).
+        #[arg(long)]
+        decisions: Option<PathBuf>,
+        /// Without a terminal: `fail` or `reject` (see `run --on-no-reviewer`).
+        #[arg(long, value_enum, default_value = "fail")]
+        on_no_reviewer: NoReviewer,
+        /// Answer the fork's calls from a recording (see `run --tools-from`).
+        #[arg(long, value_name = "FILE")]
+        tools_from: Option<PathBuf>,
+        /// With --tools-from: a call the recording does not hold runs for real.
+        #[arg(long, requires = "tools_from")]
+        tools_from_passthrough: bool,
+    },
+    /// Run test cases (`test.json` files; a folder is searched for them): each runs its goal
+    /// offline and checks its expectations; prints a summary, exit 1 when one fails.
+    Test {
+        /// Test files, or folders to search for `test.json` (default: the current folder).
+        paths: Vec<PathBuf>,
+        /// Also kill each case once after every journal entry (SIGKILL, in a child process),
+        /// resume it, and check it reaches the same output and state, runs no completed call
+        /// again, and treats every interrupted call as its tool's policy says.
+        #[arg(long)]
+        crash_each_point: bool,
+        /// Write the results as JUnit XML to this file.
+        #[arg(long, value_name = "FILE")]
+        junit: Option<PathBuf>,
     },
     /// Print what the model is sent for a goal: the composed Solution schema (structured mode)
     /// or the native function definitions (tool mode), as JSON.
@@ -547,8 +612,22 @@ pub async fn main(cli: Cli) -> i32 {
             mode,
             tools_from,
             tools_from_passthrough,
+            input,
             temporal,
         } => 'run: {
+            let input = match input
+                .as_deref()
+                .map(serde_json::from_str::<Value>)
+                .transpose()
+            {
+                Ok(i) => i,
+                Err(e) => {
+                    break 'run Err(CliError::new(
+                        "cli.bad_input",
+                        format!("--input is not JSON: {e}"),
+                    ));
+                }
+            };
             let tools_from =
                 match cassette::load_tools(tools_from.as_deref(), tools_from_passthrough) {
                     Ok(t) => t,
@@ -578,10 +657,18 @@ pub async fn main(cli: Cli) -> i32 {
                 tools_from,
             };
             if temporal.engine == EngineArg::Temporal {
+                if input.is_some() {
+                    break 'run Err(CliError::new(
+                        "cli.usage",
+                        "--input works with the embedded engine only",
+                    ));
+                }
                 temporal_cmd::run(&goal, opts, &display, &temporal).await
             } else {
                 match (store(), grants_for(config, allow_shell, false)) {
-                    (Ok(s), Ok(g)) => run::run(run::Start::New(goal), opts, g, display, s).await,
+                    (Ok(s), Ok(g)) => {
+                        run::run(run::Start::New(goal, input), opts, g, display, s).await
+                    }
                     (Err(e), _) | (_, Err(e)) => Err(e),
                 }
             }
@@ -599,7 +686,14 @@ pub async fn main(cli: Cli) -> i32 {
             accept_changes,
             on_no_reviewer,
             mode,
-        } => {
+            tools_from,
+            tools_from_passthrough,
+        } => 'resume: {
+            let tools_from =
+                match cassette::load_tools(tools_from.as_deref(), tools_from_passthrough) {
+                    Ok(t) => t,
+                    Err(e) => break 'resume Err(e),
+                };
             let display = run::Display {
                 json_only: json,
                 quiet,
@@ -607,7 +701,7 @@ pub async fn main(cli: Cli) -> i32 {
                 detach,
                 decisions,
                 reject_without_reviewer: on_no_reviewer == NoReviewer::Reject,
-                tools_from: None,
+                tools_from,
             };
             let over = run::RunOptions {
                 server: false,
@@ -618,6 +712,57 @@ pub async fn main(cli: Cli) -> i32 {
                 ..Default::default()
             };
             resume(&id, existing(), over, accept_changes, config, display).await
+        }
+        Command::Fork {
+            run: id,
+            at_step,
+            model,
+            input,
+            json,
+            quiet,
+            allow_shell,
+            decisions,
+            on_no_reviewer,
+            tools_from,
+            tools_from_passthrough,
+        } => 'fork: {
+            let tools_from =
+                match cassette::load_tools(tools_from.as_deref(), tools_from_passthrough) {
+                    Ok(t) => t,
+                    Err(e) => break 'fork Err(e),
+                };
+            let display = run::Display {
+                json_only: json,
+                quiet,
+                events: None,
+                detach: false,
+                decisions,
+                reject_without_reviewer: on_no_reviewer == NoReviewer::Reject,
+                tools_from,
+            };
+            let over = fork::Over {
+                at_step,
+                model,
+                input,
+                allow_shell,
+            };
+            match required(existing()) {
+                Ok(s) => fork::fork(s, &id, over, config, display).await,
+                Err(e) => Err(e),
+            }
+        }
+        Command::Test {
+            paths,
+            crash_each_point,
+            junit,
+        } => {
+            test_cmd::test(
+                &paths,
+                crash_each_point,
+                junit.as_deref(),
+                cli.config.as_deref(),
+            )
+            .await
         }
         Command::Runs {
             action,

@@ -144,7 +144,8 @@ pub(super) fn approve_name(a: Option<ApproveArg>) -> Option<ModeName> {
 
 /// A run to start, or one to continue.
 pub(super) enum Start {
-    New(PathBuf),
+    /// A goal file, with the input that replaces its own (`--input`).
+    New(PathBuf, Option<Value>),
     Resume(Box<crate::store::StoredRun>),
 }
 
@@ -159,8 +160,13 @@ pub(super) async fn run(
     // Listening from here on: a SIGTERM while the run is being set up stops it once it starts.
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
     let (goal, run_id, journal) = match start {
-        Start::New(path) => {
-            let goal = Goal::load(&path).map_err(|e| CliError::new(e.code(), &e))?;
+        Start::New(path, input) => {
+            let mut goal = Goal::load(&path).map_err(|e| CliError::new(e.code(), &e))?;
+            if input.is_some() {
+                let doc = serde_json::to_value(&goal).unwrap_or(Value::Null);
+                goal = crate::runs::goal_with_input(&doc, input, &path, goal.base_dir.clone())
+                    .map_err(|e| CliError::new(e.code(), &e))?;
+            }
             (goal, None, None)
         }
         Start::Resume(stored) => {

@@ -200,6 +200,12 @@ pub(super) fn print_description(
         out["duration_ms"],
         entries
     );
+    if let (Some(run), Some(step)) = (
+        out["forked_from"]["run"].as_str(),
+        out["forked_from"]["step"].as_u64(),
+    ) {
+        outln!("forked from {run} after step {step}");
+    }
     if let (Some(p), Some(ch)) = (
         out["cancelled_by"]["principal"].as_str(),
         out["cancelled_by"]["channel"].as_str(),

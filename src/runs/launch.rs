@@ -129,6 +129,20 @@ pub async fn prepare(
                         .with_run_id(id.clone()),
                 ) as Arc<dyn crate::engine::Executor>
             });
+            if !passthrough {
+                // Every call is answered from the recording: a Rust tool needs no function in
+                // this process (the command line has none), only a name for the builder's check.
+                for t in &def.effective_goal().tools {
+                    if t.activity.as_deref() == Some("rust") && !builder.registry_mut().has(&t.name)
+                    {
+                        builder
+                            .registry_mut()
+                            .register_fn(&t.name, |_: Value| async {
+                                Err::<Value, String>("answered from the recording only".into())
+                            });
+                    }
+                }
+            }
             builder = builder.executor(Arc::new(super::CassetteExecutor::new(cassette, inner)));
             Some(id)
         }

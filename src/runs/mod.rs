@@ -12,6 +12,7 @@
 pub mod audit;
 mod cassette;
 mod def;
+mod fork;
 mod launch;
 mod list;
 mod options;
@@ -22,13 +23,14 @@ pub use cassette::{
     Cassette, CassetteError, CassetteExecutor, Exported, Recorded, canonical, export, params_key,
 };
 pub use def::{RunDef, define};
+pub use fork::{Fork, ForkedFrom, fork, fork_point, goal_with_input, seed};
 pub use launch::{
     Host, Launched, Pool, Prepared, Review, Servers, absolute_dir, absolute_model, builder_for,
     now_ms, prepare, spawn_op_poller, with_mcp_tools,
 };
 pub use list::{derive_missing, list_runs};
 pub use options::{RunOptions, policy_for};
-pub use replay::{Divergence, Replayed, replay_run};
+pub use replay::{Divergence, Replayed, fresh_machine, replay_run};
 pub use view::{
     AwaitingCall, CallView, ModelFallback, Rebuilt, RunView, Span, describe, describe_view,
     rebuild, rebuild_machine,
@@ -78,6 +80,20 @@ pub enum RunsError {
     /// The goal asks for something the process does not grant.
     #[error(transparent)]
     Grant(#[from] crate::grants::GrantError),
+    /// A fork names a step the run never went past (`fork.no_such_step`).
+    #[error(
+        "run {run} cannot be forked after step {step}: it never asked its model for step {} (it can be forked after steps 0 to {})",
+        step + 1,
+        last.saturating_sub(1)
+    )]
+    NoSuchStep {
+        /// The run.
+        run: String,
+        /// The step asked for.
+        step: u32,
+        /// The last step the run asked its model for.
+        last: u32,
+    },
     /// A tool source (an MCP server) could not start.
     #[error("{message}")]
     Tools {
@@ -101,6 +117,7 @@ impl RunsError {
             RunsError::Approval(e) => e.code(),
             RunsError::Options { .. } => "runs.bad_options",
             RunsError::Tools { code, .. } => code,
+            RunsError::NoSuchStep { .. } => "fork.no_such_step",
         }
     }
 }

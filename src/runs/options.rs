@@ -32,6 +32,9 @@ pub struct RunOptions {
     /// (`run.definition_changed`) unless told to accept the changes.
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub definition: std::collections::BTreeMap<String, String>,
+    /// The run is a fork of another (`dagloop fork`): which run, after which of its steps.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub forked_from: Option<super::ForkedFrom>,
 }
 
 impl RunOptions {

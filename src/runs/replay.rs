@@ -215,10 +215,9 @@ impl Expect {
     }
 }
 
-/// The goal, options and machine configuration of a stored run, as `rebuild` reads them.
-pub(super) fn fresh_machine(
-    record: &crate::store::RunRecord,
-) -> Result<(Goal, RunMachine), RunsError> {
+/// The goal of a stored run and a fresh machine for it, built as `rebuild` builds it (nothing
+/// consumed yet): what replay, fork and the crash checks feed its journal through.
+pub fn fresh_machine(record: &crate::store::RunRecord) -> Result<(Goal, RunMachine), RunsError> {
     let goal = Goal::from_json(
         &record.goal.to_string(),
         FsPath::new(&record.id),

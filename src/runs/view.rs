@@ -31,6 +31,8 @@ pub struct Rebuilt {
     /// The tools of the run's agent and of its nested agents (first of a name wins), to say
     /// what a call awaiting a decision will do.
     pub tools: Vec<crate::protocol::Tool>,
+    /// The run this one was forked from, and after which step (`dagloop fork`).
+    pub forked_from: Option<super::ForkedFrom>,
 }
 
 /// What the driver would have noted for the run `record` describes after `journal`: how many
@@ -138,7 +140,11 @@ pub fn rebuild(record: &RunRecord, journal: &[JournalEntry]) -> Result<Rebuilt, 
         crate::machine::RunInput::Cancel { by, .. } => by.clone(),
         _ => None,
     });
+    let forked_from = super::RunOptions::from_stored(&record.options)
+        .ok()
+        .and_then(|o| o.forked_from);
     Ok(Rebuilt {
+        forked_from,
         goal,
         machine,
         events,
@@ -211,6 +217,9 @@ pub struct RunView {
     /// Who cancelled it, when its cancellation said so.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cancelled_by: Option<crate::protocol::Actor>,
+    /// The run this one was forked from, and after which step.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub forked_from: Option<super::ForkedFrom>,
 }
 
 /// One call of a run and what became of it (times in ms from the run's start).
@@ -455,6 +464,7 @@ pub fn describe_view(
         output: result.map(|r| r.output.clone()),
         error: result.and_then(|r| r.error.clone()),
         cancelled_by: rb.cancelled_by.clone(),
+        forked_from: rb.forked_from.clone(),
     }
 }
 

@@ -24,17 +24,20 @@ pub enum Document {
     ScriptedModel,
     /// The operator's configuration (`schemas/config.schema.json`).
     Config,
+    /// A `dagloop test` case (`schemas/test-case.schema.json`).
+    TestCase,
 }
 
 impl Document {
     /// Every document type.
-    pub const ALL: [Document; 6] = [
+    pub const ALL: [Document; 7] = [
         Document::Goal,
         Document::Solution,
         Document::Call,
         Document::Tool,
         Document::ScriptedModel,
         Document::Config,
+        Document::TestCase,
     ];
 
     /// The schema's file name under `schemas/`.
@@ -46,6 +49,7 @@ impl Document {
             Document::Tool => "tool.schema.json",
             Document::ScriptedModel => "scripted-model.schema.json",
             Document::Config => "config.schema.json",
+            Document::TestCase => "test-case.schema.json",
         }
     }
 
@@ -58,6 +62,7 @@ impl Document {
             Document::Tool => include_str!("../../schemas/tool.schema.json"),
             Document::ScriptedModel => include_str!("../../schemas/scripted-model.schema.json"),
             Document::Config => include_str!("../../schemas/config.schema.json"),
+            Document::TestCase => include_str!("../../schemas/test-case.schema.json"),
         }
     }
 
@@ -77,8 +82,8 @@ impl Document {
 
     /// Checks `doc` against the schema (compiled once per process, on first use).
     pub fn validate(self, doc: &Value) -> Result<Vec<Violation>, SchemaError> {
-        static COMPILED: [std::sync::OnceLock<Result<OutputValidator, SchemaError>>; 6] =
-            [const { std::sync::OnceLock::new() }; 6];
+        static COMPILED: [std::sync::OnceLock<Result<OutputValidator, SchemaError>>; 7] =
+            [const { std::sync::OnceLock::new() }; 7];
         let slot = Document::ALL.iter().position(|d| *d == self).unwrap_or(0);
         match COMPILED[slot].get_or_init(|| self.validator()) {
             Ok(v) => Ok(v.validate(doc)),

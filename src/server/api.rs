@@ -199,7 +199,7 @@ async fn start_run(st: &Arc<AppState>, who: &Principal, v: Value) -> ApiResult<S
 }
 
 /// A run that could not be defined or started, as an API error (grants with their pointer).
-fn runs_error(e: crate::runs::RunsError) -> ApiError {
+pub(super) fn runs_error(e: crate::runs::RunsError) -> ApiError {
     use crate::runs::RunsError;
     let status = match e {
         RunsError::Store(_) => StatusCode::INTERNAL_SERVER_ERROR,
@@ -346,7 +346,7 @@ fn problems(errors: Vec<Problem>) -> ApiError {
 
 /// The goal checked against the published schema (every violation, by pointer), then by the
 /// same loader `dagloop run` uses.
-fn check_goal(doc: &Value, base: &std::path::Path) -> ApiResult<Goal> {
+pub(super) fn check_goal(doc: &Value, base: &std::path::Path) -> ApiResult<Goal> {
     let origin = std::path::Path::new("the submitted goal");
     // A misspelt meta key first: the schema would refuse it too, without the suggestion.
     Goal::check_meta_keys(doc, origin).map_err(goal_error)?;

@@ -19,6 +19,7 @@ mod auth;
 mod cassette;
 mod desk;
 mod error;
+mod fork;
 mod guard;
 mod list;
 mod openapi;
@@ -86,6 +87,7 @@ fn api_routes() -> (Router<Arc<AppState>>, utoipa::openapi::OpenApi) {
         .routes(utoipa_axum::routes!(desk::revoke_grant))
         .routes(utoipa_axum::routes!(desk::audit))
         .routes(utoipa_axum::routes!(cassette::cassette))
+        .routes(utoipa_axum::routes!(fork::fork))
         .routes(utoipa_axum::routes!(auth::ticket))
         .split_for_parts()
 }

@@ -1,0 +1,128 @@
+//! `POST /runs/{id}/fork`: a new run from a stored run's state, plan and context after one of
+//! its steps (`runs::fork` says what that means), recorded as its fork and driven by this
+//! server. The caller needs the `submit` role and must be able to read the original; the fork
+//! is the caller's, and it may touch what this server grants — never more because of what the
+//! original's record says (its `allow_shell`, its submitter are not carried over).
+
+use std::sync::Arc;
+
+use axum::extract::rejection::JsonRejection;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::{Extension, Json};
+use serde_json::{Value, json};
+
+use super::api::{body, check_goal, runs_error};
+use super::error::{ApiError, Problem};
+use super::principals::{Principal, Role};
+use super::state::AppState;
+use crate::runs::RunOptions;
+use crate::store::RunStore;
+
+/// The body: `{"at_step": N, "model"?: SPEC, "input"?: JSON}`.
+#[derive(serde::Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(super) struct ForkRequest {
+    /// The step to fork after (0: right after the run's start).
+    at_step: u32,
+    /// The model from step N+1 on (default: the original's).
+    #[serde(default)]
+    model: Option<String>,
+    /// The input in place of the original's (steps 1..N stand as recorded).
+    #[serde(default)]
+    #[schema(value_type = Object)]
+    input: Option<Value>,
+}
+
+/// Forks a run after step `at_step` and starts the fork; follow it with
+/// `/runs/{new id}/events`. Its description (`GET /runs/{id}`) says `forked_from`.
+#[utoipa::path(post, path = "/runs/{id}/fork", tag = "runs",
+    params(("id" = String, Path, description = "The run to fork")),
+    request_body(content = ForkRequest, description = "{at_step, model?, input?}"),
+    responses(
+        (status = 201, description = "The fork was created and started: {id, status, forked_from}", body = Object),
+        (status = 400, description = "Not {at_step, model?, input?}; a step the run never went past (`fork.no_such_step`); an input the goal refuses; something this server does not grant (`grant.*`)", body = ApiError),
+        (status = 403, description = "The caller may not submit runs", body = ApiError),
+        (status = 404, description = "No such run (or not one the caller may read)", body = ApiError),
+        (status = 415, description = "Not application/json", body = ApiError)))]
+pub(super) async fn fork(
+    State(st): State<Arc<AppState>>,
+    Extension(who): Extension<Principal>,
+    Path(id): Path<String>,
+    b: Result<Json<Value>, JsonRejection>,
+) -> Result<Response, ApiError> {
+    if !who.may(Role::Submit) {
+        return Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            "auth.forbidden",
+            "this principal's roles do not allow it to fork runs",
+        ));
+    }
+    st.readable(&who, &id).await?;
+    let req: ForkRequest = serde_json::from_value(body(b)?).map_err(|e| {
+        let mut err = ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "http.bad_body",
+            format!("expected {{\"at_step\": N, \"model\"?, \"input\"?}}: {e}"),
+        );
+        err.errors.push(Problem {
+            pointer: String::new(),
+            message: e.to_string(),
+        });
+        err
+    })?;
+    let store = st.store.clone();
+    let run = id.clone();
+    let stored = tokio::task::spawn_blocking(move || store.load(&run))
+        .await
+        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server.internal", e))?
+        .map_err(|e| ApiError::from_store(&e))?;
+    let original = RunOptions::from_stored(&stored.record.options).map_err(runs_error)?;
+    // The server's grants and the caller, as for `POST /runs`; the policy and mode go on.
+    let opts = RunOptions {
+        model: original.model,
+        approve: original.approve,
+        mode: original.mode,
+        allow_shell: st.grants.allows_shell(),
+        server: true,
+        submitted_by: Some(who.name.clone()),
+        ..RunOptions::default()
+    };
+    let fork = crate::runs::fork(
+        &stored,
+        req.at_step,
+        req.model,
+        req.input,
+        opts,
+        crate::runs::now_ms(),
+    )
+    .map_err(runs_error)?;
+    // The goal as a submitted one is checked: the published schema, then the loader.
+    check_goal(
+        &fork.record.goal,
+        std::path::Path::new(&fork.record.base_dir),
+    )?;
+    let def = crate::runs::define(fork.goal.clone(), fork.options.clone(), st.grants.clone())
+        .map_err(runs_error)?;
+    let seeded = crate::runs::seed(&*st.store, &fork)
+        .await
+        .map_err(runs_error)?;
+    let new_id = fork.record.id.clone();
+    if let Err(e) = st
+        .launch_defined(&def, Some((new_id.clone(), seeded.journal)))
+        .await
+    {
+        let _ = st.store.release(&new_id);
+        return Err(runs_error(e));
+    }
+    Ok((
+        StatusCode::CREATED,
+        Json(json!({
+            "id": new_id,
+            "status": "running",
+            "forked_from": {"run": id, "step": req.at_step},
+        })),
+    )
+        .into_response())
+}
