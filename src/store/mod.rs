@@ -26,7 +26,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 #[cfg(feature = "sqlite")]
-pub use sqlite::{SCHEMA_VERSION, SqliteStore};
+pub use sqlite::{SCHEMA_VERSION, SqliteStore, Watch};
 
 use crate::engine::JournalSink;
 use crate::machine::{JournalEntry, RunResult};
@@ -218,6 +218,10 @@ pub trait RunStore: JournalSink {
     /// Gives the lease up (when this owner holds it): the run stays as it is, for the next
     /// process to continue.
     fn release(&self, id: &str) -> Result<(), StoreError>;
+    /// Gives the lease up on a run that waits only for decisions and deadlines and marks it
+    /// parked: nobody need drive it until a decision is recorded or its earliest deadline
+    /// (what the driver noted) passes; a server's watcher wakes it then.
+    fn park(&self, id: &str) -> Result<(), StoreError>;
     /// Records the result and gives the lease up; the run is finished. Refused with
     /// `store.lease_lost` when another owner holds the lease.
     fn finish(&self, id: &str, result: &RunResult) -> Result<(), StoreError>;

@@ -31,7 +31,10 @@ use std::time::Duration;
 use rusqlite::{Connection, OpenFlags, OptionalExtension, params};
 use tokio::sync::oneshot;
 
+mod park;
 mod query;
+
+pub use park::Watch;
 
 use super::{RunRecord, RunRow, RunStore, StoreError, StoredRun};
 use crate::engine::{JournalError, JournalFuture, JournalSink};
@@ -126,13 +129,16 @@ const MIGRATIONS: &[&str] = &[
 ",
     // 4: what listing needs, on the run's row (see `query`): the title (the goal's first line,
     // cut), the submitter, the calls awaiting a decision (NULL: not known yet, for an
-    // unfinished run an older dagloop wrote; a front-end derives it once by replay) and the
-    // earliest journaled deadline; an index that covers the list.
+    // unfinished run an older dagloop wrote; a front-end derives it once by replay), the
+    // earliest journaled deadline, and whether its process parked it (`park`: it waits for a
+    // decision or a deadline, nobody drives it, a server's watcher wakes it); an index that
+    // covers the list, and the indexes the watcher's poll reads.
     "
     ALTER TABLE runs ADD COLUMN title TEXT NOT NULL DEFAULT '';
     ALTER TABLE runs ADD COLUMN submitted_by TEXT;
     ALTER TABLE runs ADD COLUMN awaiting INTEGER;
     ALTER TABLE runs ADD COLUMN wake_at INTEGER;
+    ALTER TABLE runs ADD COLUMN parked INTEGER NOT NULL DEFAULT 0;
     UPDATE runs SET
         title = substr(trim(substr(ifnull(json_extract(record, '$.goal.goal'), ''), 1,
             instr(ifnull(json_extract(record, '$.goal.goal'), '') || char(10), char(10)) - 1)), 1, 200),
@@ -141,6 +147,7 @@ const MIGRATIONS: &[&str] = &[
     CREATE INDEX runs_list ON runs(created_at DESC, id DESC, status, awaiting, owner,
         lease_expires_at, updated_at, entries, submitted_by, title);
     CREATE INDEX runs_wake ON runs(wake_at) WHERE wake_at IS NOT NULL;
+    CREATE INDEX runs_active ON runs(parked) WHERE status IN ('running', 'stopped');
 ",
 ];
 
@@ -214,6 +221,8 @@ enum Write {
     SetOptions(String, String),
     /// What the driver noted (this owner's runs only).
     Note(String, crate::engine::RunNote),
+    /// Gives the lease up on a run that waits only for decisions and deadlines.
+    Park(String),
     /// What a front-end derived by replay for a run whose row does not say (rows of an older
     /// dagloop only).
     Derived(String, crate::engine::RunNote),
@@ -675,7 +684,7 @@ fn apply(c: &Connection, me: &Me, w: &Write) -> Result<Done, StoreError> {
             // between a check and a write.
             let n = c
                 .execute(
-                    "UPDATE runs SET owner = ?2, lease_expires_at = ?3 WHERE id = ?1
+                    "UPDATE runs SET owner = ?2, lease_expires_at = ?3, parked = 0 WHERE id = ?1
                      AND (owner IS NULL OR owner = ?2 OR lease_expires_at IS NULL OR lease_expires_at < ?4)",
                     params![id, owner, until, now],
                 )
@@ -781,6 +790,7 @@ fn apply(c: &Connection, me: &Me, w: &Write) -> Result<Done, StoreError> {
             .map_err(io)?;
             Ok(Done::Unit)
         }
+        Write::Park(id) => park::park(c, owner, id),
         Write::Derived(id, note) => {
             c.execute(
                 "UPDATE runs SET awaiting = ?2, wake_at = ?3 WHERE id = ?1 AND awaiting IS NULL",
@@ -899,6 +909,10 @@ fn live_lease(owner: Option<String>, expires: Option<i64>, now: Millis) -> Optio
 }
 
 impl RunStore for SqliteStore {
+    fn park(&self, id: &str) -> Result<(), StoreError> {
+        self.call(Write::Park(id.to_string())).map(|_| ())
+    }
+
     fn query(&self, q: &super::RunQuery) -> Result<super::RunPage, StoreError> {
         self.query_page(q)
     }
