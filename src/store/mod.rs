@@ -26,7 +26,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 #[cfg(feature = "sqlite")]
-pub use sqlite::{SCHEMA_VERSION, SqliteStore, Watch};
+pub use sqlite::{SCHEMA_VERSION, SqliteStore, StoreStats, Watch};
 
 use crate::engine::JournalSink;
 use crate::machine::{JournalEntry, RunResult};
@@ -240,6 +240,8 @@ pub trait RunStore: JournalSink {
     /// (`store.lease_lost` for another, so that a process that lost the run never takes the
     /// decisions meant for the one that drives it).
     fn take_ops(&self, id: &str) -> Result<Vec<Op>, StoreError>;
+    /// The store's size and contents (`dagloop runs --stats`), as JSON.
+    fn stats(&self) -> Result<serde_json::Value, StoreError>;
     /// One page of runs from their rows (no journal is read): waiting first, then newest.
     fn query(&self, q: &RunQuery) -> Result<RunPage, StoreError>;
     /// Unfinished runs whose row does not say how many calls await a decision (rows an older

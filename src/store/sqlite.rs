@@ -33,8 +33,10 @@ use tokio::sync::oneshot;
 
 mod park;
 mod query;
+mod stats;
 
 pub use park::Watch;
+pub use stats::StoreStats;
 
 use super::{RunRecord, RunRow, RunStore, StoreError, StoredRun};
 use crate::engine::{JournalError, JournalFuture, JournalSink};
@@ -368,12 +370,20 @@ impl SqliteStore {
         // Checkpoints run on a connection and a thread of their own, beside the writer: a
         // PASSIVE checkpoint lets the writer go on committing meanwhile.
         let cc = connect(path, OpenFlags::SQLITE_OPEN_READ_WRITE)?;
-        let (ctx, crx) = mpsc::sync_channel::<()>(1);
+        // A checkpoint that resets the WAL leaves the file at most this long (SQLite truncates
+        // it after the reset).
+        c.pragma_update(None, "journal_size_limit", WAL_LIMIT_BYTES)
+            .map_err(io)?;
+        let (ctx, crx) = mpsc::sync_channel::<Checkpoint>(1);
         let checkpointer = std::thread::Builder::new()
             .name("dagloop-store-checkpoint".into())
             .spawn(move || {
-                while crx.recv().is_ok() {
-                    let _ = cc.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()));
+                while let Ok(mode) = crx.recv() {
+                    let sql = match mode {
+                        Checkpoint::Passive => "PRAGMA wal_checkpoint(PASSIVE)",
+                        Checkpoint::Truncate => "PRAGMA wal_checkpoint(TRUNCATE)",
+                    };
+                    let _ = cc.query_row(sql, [], |_| Ok(()));
                 }
             })
             .map_err(io)?;
@@ -481,6 +491,25 @@ impl SqliteStore {
 /// whichever commit crossed it, on the writer's thread).
 const CHECKPOINT_PAGES: i32 = 1000;
 
+/// The WAL is kept under about this size: past it the checkpoint resets it, and a reset WAL
+/// file is cut back to it.
+const WAL_LIMIT_BYTES: i64 = 64 << 20;
+
+/// [`WAL_LIMIT_BYTES`] in pages of the default size (4 KiB), less a margin for the frames
+/// written while a checkpoint runs.
+const WAL_LIMIT_PAGES: i32 = 12_000;
+
+/// After this long without a write, the WAL is copied into the database and truncated.
+const IDLE_TRUNCATE: Duration = Duration::from_secs(2);
+
+/// What the checkpoint thread is asked to do.
+enum Checkpoint {
+    /// Copy what it can beside the writer.
+    Passive,
+    /// Copy everything and truncate the WAL file (waits for readers to move on).
+    Truncate,
+}
+
 thread_local! {
     /// Pages in the WAL after the last commit of this thread's connection (the writer's).
     static WAL_PAGES: std::cell::Cell<i32> = const { std::cell::Cell::new(0) };
@@ -497,14 +526,29 @@ fn writer(
     path: &Path,
     me: &Me,
     checkpoint_at: i32,
-    checkpoint: mpsc::SyncSender<()>,
+    checkpoint: mpsc::SyncSender<Checkpoint>,
 ) {
     // Checkpoints happen beside the writer, not inside its commits (this hook replaces SQLite's
     // automatic checkpoint): a run waiting for its journal never waits for one.
     c.wal_hook(Some(note_wal_pages));
     // The WAL's size when a checkpoint was last asked for.
     let mut asked_at = 0;
-    while let Ok(first) = rx.recv() {
+    // Something was committed since the WAL was last truncated.
+    let mut dirty = false;
+    loop {
+        let first = match rx.recv_timeout(IDLE_TRUNCATE) {
+            Ok(first) => first,
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                // Idle: the WAL is copied into the database and truncated to nothing.
+                if dirty {
+                    dirty = false;
+                    let _ = checkpoint.try_send(Checkpoint::Truncate);
+                }
+                continue;
+            }
+            Err(mpsc::RecvTimeoutError::Disconnected) => break,
+        };
+        dirty = true;
         let mut batch = vec![first];
         while let Ok(more) = rx.try_recv() {
             batch.push(more);
@@ -552,7 +596,13 @@ fn writer(
         if pages - asked_at >= checkpoint_at {
             asked_at = pages;
             // At most one request waits; the checkpoint thread takes it when it is free.
-            let _ = checkpoint.try_send(());
+            // Past the bound, the checkpoint resets the WAL (it waits for readers to move on).
+            let mode = if pages >= WAL_LIMIT_PAGES {
+                Checkpoint::Truncate
+            } else {
+                Checkpoint::Passive
+            };
+            let _ = checkpoint.try_send(mode);
         }
     }
 }
@@ -909,6 +959,10 @@ fn live_lease(owner: Option<String>, expires: Option<i64>, now: Millis) -> Optio
 }
 
 impl RunStore for SqliteStore {
+    fn stats(&self) -> Result<serde_json::Value, StoreError> {
+        SqliteStore::stats(self).and_then(|s| serde_json::to_value(s).map_err(io))
+    }
+
     fn park(&self, id: &str) -> Result<(), StoreError> {
         self.call(Write::Park(id.to_string())).map(|_| ())
     }
