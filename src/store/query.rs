@@ -20,7 +20,7 @@ use crate::protocol::Millis;
 /// mirrors it in SQL, and a test checks that the two agree): the ending of a finished run;
 /// else `waiting` when calls await a decision; else `running` while some process holds its
 /// lease; else `stopped` (nobody drives it; it can be resumed).
-pub fn derive_status<'a>(finished: Option<&'a str>, awaiting: u64, leased: bool) -> &'a str {
+pub fn derive_status(finished: Option<&str>, awaiting: u64, leased: bool) -> &str {
     match finished {
         Some(s) => s,
         None if awaiting > 0 => "waiting",
