@@ -413,6 +413,10 @@ pub enum Command {
         /// At most this many runs (1 to 500; default 50).
         #[arg(long)]
         limit: Option<String>,
+        /// Print the store's size instead: database and WAL files, runs by status, journal
+        /// bytes.
+        #[arg(long)]
+        stats: bool,
     },
     /// A stored run's timeline, critical path, state and output.
     Show {
@@ -770,7 +774,15 @@ pub async fn main(cli: Cli) -> i32 {
             status,
             query,
             limit,
+            stats,
         } => match (required(existing()), action) {
+            (Ok(s), None) if stats => s
+                .stats()
+                .map(|v| {
+                    outln!("{}", pretty(&v));
+                    0
+                })
+                .map_err(|e| CliError::new(e.code(), e)),
             (Ok(s), None) => {
                 let mut params = Vec::new();
                 for (k, v) in [("status", status), ("q", query), ("limit", limit)] {

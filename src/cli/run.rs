@@ -412,7 +412,7 @@ pub(super) async fn run(
         drop(handle);
         // Parked: the next process to continue it takes the lease at once.
         if let Some(s) = &store
-            && let Err(e) = s.release(&id)
+            && let Err(e) = s.park(&id)
         {
             errln!("dagloop: could not release the run's lease: {e}");
         }

@@ -398,6 +398,17 @@ impl RunHandle {
         }
     }
 
+    /// True while the run can only move on when somebody submits an op or one of its timers
+    /// fires (see [`RunHandle::wait_or_idle`]).
+    pub fn is_idle(&self) -> bool {
+        *self.shared.idle.borrow()
+    }
+
+    /// How many subscribers follow the run's events now.
+    pub fn watchers(&self) -> usize {
+        self.shared.tx.receiver_count()
+    }
+
     /// The calls awaiting a decision now, with the fingerprint a decision may quote.
     pub fn awaiting(&self) -> Vec<(crate::protocol::CallId, crate::protocol::Call, String)> {
         let journal = self.journal();

@@ -535,7 +535,14 @@ pub(super) async fn submit(
     id: &str,
     op: Op,
 ) -> ApiResult<(StatusCode, Json<OpStatus>)> {
-    if let Some(live) = st.live(id) {
+    // A parked run of this server is woken to take the op itself (another process's run, or
+    // one being parked right now, gets it recorded: its driver takes it when next driven).
+    let live = match st.live(id) {
+        Some(l) => Some(l),
+        None if st.wake(id).await => st.live(id),
+        None => None,
+    };
+    if let Some(live) = live {
         live.handle
             .submit(op)
             .await

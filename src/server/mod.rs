@@ -24,6 +24,7 @@ mod guard;
 mod list;
 mod openapi;
 mod page;
+mod park;
 pub mod principals;
 mod result;
 mod sse;
@@ -127,8 +128,10 @@ pub async fn serve(opts: ServeOptions) -> Result<(), ServerError> {
         stop_signal(term).await;
         signalled.cancel();
     });
-    let resumed = state.resume_stored().await;
-    let takeover = state.spawn_takeover();
+    // The runs to continue are found by one indexed read; they are continued in the
+    // background, so the listener answers at once.
+    let resumed = state.wakeable().await;
+    let takeover = state.spawn_watcher(resumed.clone());
     // A closed stdout must not stop the server (`println!` would panic).
     let _ = writeln!(
         std::io::stdout(),

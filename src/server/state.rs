@@ -45,10 +45,12 @@ pub(super) struct AppState {
     /// Goal files the operator publishes by name.
     pub agents: BTreeMap<String, PathBuf>,
     pub base_dir: PathBuf,
-    live: Mutex<BTreeMap<String, Arc<LiveRun>>>,
+    pub(super) live: Mutex<BTreeMap<String, Arc<LiveRun>>>,
     /// Stored runs this server does not continue: started by `dagloop run` (not submitted to a
     /// server), or that could not be continued here once already.
-    skip: Mutex<std::collections::BTreeSet<String>>,
+    pub(super) skip: Mutex<std::collections::BTreeSet<String>>,
+    /// Held while a run is woken, so one process never launches a run twice.
+    pub(super) waking: tokio::sync::Mutex<()>,
     pub tickets: super::auth::Tickets,
     /// MCP servers shared by the server's runs: started once per configuration.
     pub mcp: crate::runs::Pool,
@@ -57,10 +59,10 @@ pub(super) struct AppState {
     page: String,
     /// Triggered when the server stops: runs are no longer driven, and none is recorded as
     /// finished because of it.
-    stopping: CancellationToken,
+    pub(super) stopping: CancellationToken,
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+pub(super) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     match m.lock() {
         Ok(g) => g,
         Err(p) => p.into_inner(),
@@ -92,6 +94,7 @@ impl AppState {
             base_dir: opts.base_dir.clone(),
             live: Mutex::new(BTreeMap::new()),
             skip: Mutex::new(Default::default()),
+            waking: tokio::sync::Mutex::new(()),
             tickets: Default::default(),
             mcp: Default::default(),
             stopping: CancellationToken::new(),
@@ -209,33 +212,7 @@ impl AppState {
             poller,
         });
         lock(&self.live).insert(id.clone(), live);
-        let me = self.clone();
-        let run = id.clone();
-        let stopping = self.stopping.clone();
-        tokio::spawn(async move {
-            let result = tokio::select! {
-                r = handle.wait() => r,
-                // The server stops: the run is left as the store has it (resumed at the next
-                // start), and this task lets go of its handle.
-                () = stopping.cancelled() => return,
-            };
-            let store = me.store.clone();
-            let rid = run.clone();
-            // Only an ending the run decided is recorded; a run that stopped (its journal could
-            // not be written, its lease was lost) is left as it is, to be resumed.
-            let recorded = tokio::task::spawn_blocking(move || {
-                if result.status.is_final() {
-                    store.finish(&rid, &result)
-                } else {
-                    store.release(&rid)
-                }
-            })
-            .await;
-            if !matches!(recorded, Ok(Ok(()))) {
-                tracing::error!(run = %run, "could not record the run's end");
-            }
-            lock(&me.live).remove(&run);
-        });
+        tokio::spawn(self.clone().keep(id.clone(), handle));
         Ok(id)
     }
 
@@ -254,102 +231,6 @@ impl AppState {
                 tracing::warn!(run = %id, "could not release the run's lease: {e}");
             }
         }
-    }
-
-    /// Continues every run submitted to a server that nobody drives (no unexpired lease: its
-    /// server stopped, or crashed and its lease ran out); returns their ids.
-    pub async fn resume_stored(self: &Arc<Self>) -> Vec<String> {
-        let me = self.clone();
-        let rows = match tokio::task::spawn_blocking(move || me.store.list()).await {
-            Ok(Ok(r)) => r,
-            Ok(Err(e)) => {
-                tracing::error!("cannot list stored runs: {e}");
-                return Vec::new();
-            }
-            Err(e) => {
-                tracing::error!("cannot list stored runs: {e}");
-                return Vec::new();
-            }
-        };
-        let mut resumed = Vec::new();
-        for row in rows.into_iter().filter(|r| r.status == "stopped") {
-            if self.live(&row.id).is_some() || lock(&self.skip).contains(&row.id) {
-                continue;
-            }
-            let Ok(stored) = self.store.load(&row.id) else {
-                continue;
-            };
-            let opts = match RunOptions::from_stored(&stored.record.options) {
-                Ok(o) => o,
-                Err(e) => {
-                    tracing::error!("run {}: not resumed: {e} [{}]", row.id, e.code());
-                    lock(&self.skip).insert(row.id.clone());
-                    continue;
-                }
-            };
-            if !opts.server {
-                lock(&self.skip).insert(row.id.clone());
-                continue;
-            }
-            if stored.result.is_some() {
-                continue;
-            }
-            // The lease decides who continues it (another server on the same store may have
-            // taken it since the listing); the journal is read again once it is ours.
-            if let Err(e) = self.store.claim(&row.id) {
-                tracing::info!(run = %row.id, code = e.code(), "not continued here: {e}");
-                continue;
-            }
-            let stored = match self.store.load(&row.id) {
-                Ok(s) if s.result.is_none() => s,
-                _ => {
-                    let _ = self.store.release(&row.id);
-                    continue;
-                }
-            };
-            let goal = match Goal::from_json(
-                &stored.record.goal.to_string(),
-                std::path::Path::new(&stored.record.id),
-                PathBuf::from(&stored.record.base_dir),
-            ) {
-                Ok(g) => g,
-                Err(e) => {
-                    tracing::error!(run = %row.id, "cannot continue: {e}");
-                    let _ = self.store.release(&row.id);
-                    lock(&self.skip).insert(row.id.clone());
-                    continue;
-                }
-            };
-            match self
-                .launch(goal, opts, Some((row.id.clone(), stored.journal)))
-                .await
-            {
-                Ok(id) => resumed.push(id),
-                Err(e) => {
-                    tracing::error!(run = %row.id, "cannot continue: {e}");
-                    let _ = self.store.release(&row.id);
-                    lock(&self.skip).insert(row.id.clone());
-                }
-            }
-        }
-        resumed
-    }
-
-    /// Takes over, as their leases run out, the server runs nobody drives: a server started
-    /// again soon after a crash (its old leases still running), or one beside another server
-    /// on the same store that stopped. Looks every half lease.
-    pub fn spawn_takeover(self: &Arc<Self>) -> tokio::task::JoinHandle<()> {
-        let me = self.clone();
-        let every = (me.store.lease() / 2).max(std::time::Duration::from_millis(50));
-        tokio::spawn(async move {
-            loop {
-                tokio::time::sleep(every).await;
-                let taken = me.resume_stored().await;
-                if !taken.is_empty() {
-                    tracing::info!(runs = ?taken, "continued runs whose leases had run out");
-                }
-            }
-        })
     }
 
     /// The run described (calls, timeline, critical path, awaiting, result), live or stored.

@@ -26,7 +26,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 #[cfg(feature = "sqlite")]
-pub use sqlite::{SCHEMA_VERSION, SqliteStore};
+pub use sqlite::{SCHEMA_VERSION, SqliteStore, StoreStats, Watch};
 
 use crate::engine::JournalSink;
 use crate::machine::{JournalEntry, RunResult};
@@ -221,6 +221,10 @@ pub trait RunStore: JournalSink {
     /// Gives the lease up (when this owner holds it): the run stays as it is, for the next
     /// process to continue.
     fn release(&self, id: &str) -> Result<(), StoreError>;
+    /// Gives the lease up on a run that waits only for decisions and deadlines and marks it
+    /// parked: nobody need drive it until a decision is recorded or its earliest deadline
+    /// (what the driver noted) passes; a server's watcher wakes it then.
+    fn park(&self, id: &str) -> Result<(), StoreError>;
     /// Records the result and gives the lease up; the run is finished. Refused with
     /// `store.lease_lost` when another owner holds the lease.
     fn finish(&self, id: &str, result: &RunResult) -> Result<(), StoreError>;
@@ -239,6 +243,8 @@ pub trait RunStore: JournalSink {
     /// (`store.lease_lost` for another, so that a process that lost the run never takes the
     /// decisions meant for the one that drives it).
     fn take_ops(&self, id: &str) -> Result<Vec<Op>, StoreError>;
+    /// The store's size and contents (`dagloop runs --stats`), as JSON.
+    fn stats(&self) -> Result<serde_json::Value, StoreError>;
     /// One page of runs from their rows (no journal is read): waiting first, then newest.
     fn query(&self, q: &RunQuery) -> Result<RunPage, StoreError>;
     /// Unfinished runs whose row does not say how many calls await a decision (rows an older

@@ -31,7 +31,12 @@ use std::time::Duration;
 use rusqlite::{Connection, OpenFlags, OptionalExtension, params};
 use tokio::sync::oneshot;
 
+mod park;
 mod query;
+mod stats;
+
+pub use park::Watch;
+pub use stats::StoreStats;
 
 use super::{RunRecord, RunRow, RunStore, StoreError, StoredRun};
 use crate::engine::{JournalError, JournalFuture, JournalSink};
@@ -126,13 +131,16 @@ const MIGRATIONS: &[&str] = &[
 ",
     // 4: what listing needs, on the run's row (see `query`): the title (the goal's first line,
     // cut), the submitter, the calls awaiting a decision (NULL: not known yet, for an
-    // unfinished run an older dagloop wrote; a front-end derives it once by replay) and the
-    // earliest journaled deadline; an index that covers the list.
+    // unfinished run an older dagloop wrote; a front-end derives it once by replay), the
+    // earliest journaled deadline, and whether its process parked it (`park`: it waits for a
+    // decision or a deadline, nobody drives it, a server's watcher wakes it); an index that
+    // covers the list, and the indexes the watcher's poll reads.
     "
     ALTER TABLE runs ADD COLUMN title TEXT NOT NULL DEFAULT '';
     ALTER TABLE runs ADD COLUMN submitted_by TEXT;
     ALTER TABLE runs ADD COLUMN awaiting INTEGER;
     ALTER TABLE runs ADD COLUMN wake_at INTEGER;
+    ALTER TABLE runs ADD COLUMN parked INTEGER NOT NULL DEFAULT 0;
     UPDATE runs SET
         title = substr(trim(substr(ifnull(json_extract(record, '$.goal.goal'), ''), 1,
             instr(ifnull(json_extract(record, '$.goal.goal'), '') || char(10), char(10)) - 1)), 1, 200),
@@ -141,6 +149,7 @@ const MIGRATIONS: &[&str] = &[
     CREATE INDEX runs_list ON runs(created_at DESC, id DESC, status, awaiting, owner,
         lease_expires_at, updated_at, entries, submitted_by, title);
     CREATE INDEX runs_wake ON runs(wake_at) WHERE wake_at IS NOT NULL;
+    CREATE INDEX runs_active ON runs(parked) WHERE status IN ('running', 'stopped');
 ",
 ];
 
@@ -214,6 +223,8 @@ enum Write {
     SetOptions(String, String),
     /// What the driver noted (this owner's runs only).
     Note(String, crate::engine::RunNote),
+    /// Gives the lease up on a run that waits only for decisions and deadlines.
+    Park(String),
     /// What a front-end derived by replay for a run whose row does not say (rows of an older
     /// dagloop only).
     Derived(String, crate::engine::RunNote),
@@ -359,12 +370,20 @@ impl SqliteStore {
         // Checkpoints run on a connection and a thread of their own, beside the writer: a
         // PASSIVE checkpoint lets the writer go on committing meanwhile.
         let cc = connect(path, OpenFlags::SQLITE_OPEN_READ_WRITE)?;
-        let (ctx, crx) = mpsc::sync_channel::<()>(1);
+        // A checkpoint that resets the WAL leaves the file at most this long (SQLite truncates
+        // it after the reset).
+        c.pragma_update(None, "journal_size_limit", WAL_LIMIT_BYTES)
+            .map_err(io)?;
+        let (ctx, crx) = mpsc::sync_channel::<Checkpoint>(1);
         let checkpointer = std::thread::Builder::new()
             .name("dagloop-store-checkpoint".into())
             .spawn(move || {
-                while crx.recv().is_ok() {
-                    let _ = cc.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()));
+                while let Ok(mode) = crx.recv() {
+                    let sql = match mode {
+                        Checkpoint::Passive => "PRAGMA wal_checkpoint(PASSIVE)",
+                        Checkpoint::Truncate => "PRAGMA wal_checkpoint(TRUNCATE)",
+                    };
+                    let _ = cc.query_row(sql, [], |_| Ok(()));
                 }
             })
             .map_err(io)?;
@@ -472,6 +491,25 @@ impl SqliteStore {
 /// whichever commit crossed it, on the writer's thread).
 const CHECKPOINT_PAGES: i32 = 1000;
 
+/// The WAL is kept under about this size: past it the checkpoint resets it, and a reset WAL
+/// file is cut back to it.
+const WAL_LIMIT_BYTES: i64 = 64 << 20;
+
+/// [`WAL_LIMIT_BYTES`] in pages of the default size (4 KiB), less a margin for the frames
+/// written while a checkpoint runs.
+const WAL_LIMIT_PAGES: i32 = 12_000;
+
+/// After this long without a write, the WAL is copied into the database and truncated.
+const IDLE_TRUNCATE: Duration = Duration::from_secs(2);
+
+/// What the checkpoint thread is asked to do.
+enum Checkpoint {
+    /// Copy what it can beside the writer.
+    Passive,
+    /// Copy everything and truncate the WAL file (waits for readers to move on).
+    Truncate,
+}
+
 thread_local! {
     /// Pages in the WAL after the last commit of this thread's connection (the writer's).
     static WAL_PAGES: std::cell::Cell<i32> = const { std::cell::Cell::new(0) };
@@ -488,14 +526,29 @@ fn writer(
     path: &Path,
     me: &Me,
     checkpoint_at: i32,
-    checkpoint: mpsc::SyncSender<()>,
+    checkpoint: mpsc::SyncSender<Checkpoint>,
 ) {
     // Checkpoints happen beside the writer, not inside its commits (this hook replaces SQLite's
     // automatic checkpoint): a run waiting for its journal never waits for one.
     c.wal_hook(Some(note_wal_pages));
     // The WAL's size when a checkpoint was last asked for.
     let mut asked_at = 0;
-    while let Ok(first) = rx.recv() {
+    // Something was committed since the WAL was last truncated.
+    let mut dirty = false;
+    loop {
+        let first = match rx.recv_timeout(IDLE_TRUNCATE) {
+            Ok(first) => first,
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                // Idle: the WAL is copied into the database and truncated to nothing.
+                if dirty {
+                    dirty = false;
+                    let _ = checkpoint.try_send(Checkpoint::Truncate);
+                }
+                continue;
+            }
+            Err(mpsc::RecvTimeoutError::Disconnected) => break,
+        };
+        dirty = true;
         let mut batch = vec![first];
         while let Ok(more) = rx.try_recv() {
             batch.push(more);
@@ -543,7 +596,13 @@ fn writer(
         if pages - asked_at >= checkpoint_at {
             asked_at = pages;
             // At most one request waits; the checkpoint thread takes it when it is free.
-            let _ = checkpoint.try_send(());
+            // Past the bound, the checkpoint resets the WAL (it waits for readers to move on).
+            let mode = if pages >= WAL_LIMIT_PAGES {
+                Checkpoint::Truncate
+            } else {
+                Checkpoint::Passive
+            };
+            let _ = checkpoint.try_send(mode);
         }
     }
 }
@@ -675,7 +734,7 @@ fn apply(c: &Connection, me: &Me, w: &Write) -> Result<Done, StoreError> {
             // between a check and a write.
             let n = c
                 .execute(
-                    "UPDATE runs SET owner = ?2, lease_expires_at = ?3 WHERE id = ?1
+                    "UPDATE runs SET owner = ?2, lease_expires_at = ?3, parked = 0 WHERE id = ?1
                      AND (owner IS NULL OR owner = ?2 OR lease_expires_at IS NULL OR lease_expires_at < ?4)",
                     params![id, owner, until, now],
                 )
@@ -781,6 +840,7 @@ fn apply(c: &Connection, me: &Me, w: &Write) -> Result<Done, StoreError> {
             .map_err(io)?;
             Ok(Done::Unit)
         }
+        Write::Park(id) => park::park(c, owner, id),
         Write::Derived(id, note) => {
             c.execute(
                 "UPDATE runs SET awaiting = ?2, wake_at = ?3 WHERE id = ?1 AND awaiting IS NULL",
@@ -899,6 +959,14 @@ fn live_lease(owner: Option<String>, expires: Option<i64>, now: Millis) -> Optio
 }
 
 impl RunStore for SqliteStore {
+    fn stats(&self) -> Result<serde_json::Value, StoreError> {
+        SqliteStore::stats(self).and_then(|s| serde_json::to_value(s).map_err(io))
+    }
+
+    fn park(&self, id: &str) -> Result<(), StoreError> {
+        self.call(Write::Park(id.to_string())).map(|_| ())
+    }
+
     fn query(&self, q: &super::RunQuery) -> Result<super::RunPage, StoreError> {
         self.query_page(q)
     }

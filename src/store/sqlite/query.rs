@@ -16,7 +16,7 @@ use crate::store::{Cursor, DEFAULT_LIMIT, MAX_LIMIT, RunPage, RunQuery, RunSumma
 
 /// `derive_status` in SQL, over a `runs` row; `?1` is now. An unfinished run's `status`
 /// column is `running` or `stopped`; a finished one's is its ending.
-const STATUS: &str = "CASE WHEN status NOT IN ('running', 'stopped') THEN status
+pub(super) const STATUS: &str = "CASE WHEN status NOT IN ('running', 'stopped') THEN status
     WHEN ifnull(awaiting, 0) > 0 THEN 'waiting'
     WHEN owner IS NOT NULL AND lease_expires_at >= ?1 THEN 'running'
     ELSE 'stopped' END";

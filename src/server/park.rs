@@ -1,0 +1,246 @@
+//! Waiting runs cost a row, not a task: a server run that can only move on when somebody
+//! decides or a deadline passes is parked (its driver stops, its lease is given up, its row
+//! says when it must wake), and one watcher per process wakes parked runs: at once for a
+//! decision made through this server's API, within [`POLL`] for one recorded by another
+//! process (`dagloop decide`, another server), and at its earliest journaled deadline. The same
+//! poll takes over runs whose process stopped mid-work (their leases ran out).
+//!
+//! A run that some client follows over SSE is not parked while it does (its events stay live).
+//!
+//! Deliberately not here: what a run does when woken (its journal is replayed and its timers
+//! fire as they were set, `engine`), or when a run counts as idle (its driver says).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::state::{AppState, lock};
+use crate::engine::RunHandle;
+use crate::goal::Goal;
+use crate::runs::RunOptions;
+use crate::store::RunStore;
+
+/// How often the watcher looks for decisions that other processes recorded, runs whose
+/// process stopped, and due deadlines.
+pub(super) const POLL: Duration = Duration::from_millis(200);
+
+/// How long a watched (SSE) idle run is looked at again, to park it once nobody follows it.
+const WATCHED: Duration = Duration::from_secs(5);
+
+impl AppState {
+    /// Keeps a launched run until it ends (its result recorded) or waits only for decisions
+    /// and deadlines (parked).
+    pub(super) async fn keep(self: Arc<Self>, id: String, handle: RunHandle) {
+        let stopping = self.stopping.clone();
+        loop {
+            let r = tokio::select! {
+                r = handle.wait_or_idle() => r,
+                // The server stops: the run is left as the store has it.
+                () = stopping.cancelled() => return,
+            };
+            if let Some(result) = r {
+                self.record_end(&id, result).await;
+                return;
+            }
+            if handle.watchers() == 0 && self.try_park(&id, &handle).await {
+                return;
+            }
+            // Followed, or busy again: look again later (or as soon as it ends).
+            tokio::select! {
+                r = handle.wait() => {
+                    self.record_end(&id, r).await;
+                    return;
+                }
+                () = tokio::time::sleep(WATCHED) => {}
+                () = stopping.cancelled() => return,
+            }
+        }
+    }
+
+    /// Records the ending the run decided; a run that stopped (its journal could not be
+    /// written, its lease was lost) is left as it is, to be resumed.
+    async fn record_end(&self, id: &str, result: crate::machine::RunResult) {
+        let store = self.store.clone();
+        let rid = id.to_string();
+        let recorded = tokio::task::spawn_blocking(move || {
+            if result.status.is_final() {
+                store.finish(&rid, &result)
+            } else {
+                store.release(&rid)
+            }
+        })
+        .await;
+        if !matches!(recorded, Ok(Ok(()))) {
+            tracing::error!(run = %id, "could not record the run's end");
+        }
+        lock(&self.live).remove(id);
+    }
+
+    /// Parks an idle run: out of the live map first (so no request reaches its handle), then,
+    /// once no request holds it and it is still idle, its driver stops and its lease is given
+    /// up with the row marked parked. False (and the run stays live) when it got busy again.
+    async fn try_park(&self, id: &str, handle: &RunHandle) -> bool {
+        let Some(live) = lock(&self.live).remove(id) else {
+            return false;
+        };
+        // Requests that found the run before it left the map finish with it first.
+        for _ in 0..100 {
+            if Arc::strong_count(&live) == 1 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        if Arc::strong_count(&live) > 1 || !handle.is_idle() || handle.result().is_some() {
+            lock(&self.live).insert(id.to_string(), live);
+            return false;
+        }
+        drop(live);
+        let store = self.store.clone();
+        let rid = id.to_string();
+        match tokio::task::spawn_blocking(move || store.park(&rid)).await {
+            Ok(Ok(())) => true,
+            _ => {
+                tracing::warn!(run = %id, "could not park the run; it is taken over once its lease runs out");
+                true
+            }
+        }
+    }
+
+    /// Wakes (continues) a server run nobody drives, if this process may take it: claims it,
+    /// reads its journal again, launches it (decisions recorded meanwhile apply first).
+    /// Returns whether it is live here now.
+    pub(super) async fn wake(self: &Arc<Self>, id: &str) -> bool {
+        let _one = self.waking.lock().await;
+        if self.live(id).is_some() {
+            return true;
+        }
+        if lock(&self.skip).contains(id) {
+            return false;
+        }
+        let me = self.clone();
+        let run = id.to_string();
+        let loaded = tokio::task::spawn_blocking(move || {
+            let stored = me.store.load(&run)?;
+            let opts = RunOptions::from_stored(&stored.record.options).map_err(|e| {
+                crate::store::StoreError::Io {
+                    reason: format!("{e} [{}]", e.code()),
+                }
+            })?;
+            if !opts.server || stored.result.is_some() {
+                return Ok(None);
+            }
+            // The lease decides who continues it; the journal is read again once it is ours.
+            me.store.claim(&run)?;
+            let stored = me.store.load(&run)?;
+            Ok::<_, crate::store::StoreError>(Some((opts, stored)))
+        })
+        .await;
+        let (opts, stored) = match loaded {
+            Ok(Ok(Some(x))) => x,
+            Ok(Ok(None)) => {
+                lock(&self.skip).insert(id.to_string());
+                return false;
+            }
+            Ok(Err(e)) => {
+                if e.code() != "store.busy" {
+                    tracing::info!(run = %id, code = e.code(), "not continued here: {e}");
+                }
+                return false;
+            }
+            Err(_) => return false,
+        };
+        let refuse = |e: &dyn std::fmt::Display| {
+            tracing::error!(run = %id, "cannot continue: {e}");
+            let _ = self.store.release(id);
+            lock(&self.skip).insert(id.to_string());
+            false
+        };
+        if stored.result.is_some() {
+            let _ = self.store.release(id);
+            return false;
+        }
+        let goal = match Goal::from_json(
+            &stored.record.goal.to_string(),
+            std::path::Path::new(&stored.record.id),
+            PathBuf::from(&stored.record.base_dir),
+        ) {
+            Ok(g) => g,
+            Err(e) => return refuse(&e),
+        };
+        match self
+            .launch(goal, opts, Some((id.to_string(), stored.journal)))
+            .await
+        {
+            Ok(_) => true,
+            Err(e) => refuse(&e),
+        }
+    }
+
+    /// The server runs nobody drives that need a driver now (see [`crate::store::Watch`]).
+    pub(super) async fn wakeable(self: &Arc<Self>) -> Vec<String> {
+        let store = self.store.clone();
+        let found = tokio::task::spawn_blocking(move || {
+            store
+                .watch()
+                .and_then(|w| w.wakeable(crate::runs::now_ms()))
+        })
+        .await;
+        match found {
+            Ok(Ok(ids)) => ids
+                .into_iter()
+                .filter(|id| self.live(id).is_none() && !lock(&self.skip).contains(id))
+                .collect(),
+            Ok(Err(e)) => {
+                tracing::error!("cannot read the stored runs: {e}");
+                Vec::new()
+            }
+            Err(_) => Vec::new(),
+        }
+    }
+
+    /// The one watcher: wakes `first` (what the server found to continue at its start) in the
+    /// background, then polls: decisions other processes recorded, runs whose process stopped
+    /// (their leases ran out), and parked runs' deadlines, each at its time.
+    pub(super) fn spawn_watcher(
+        self: &Arc<Self>,
+        first: Vec<String>,
+    ) -> tokio::task::JoinHandle<()> {
+        let me = self.clone();
+        tokio::spawn(async move {
+            for id in first {
+                me.wake(&id).await;
+            }
+            let store = me.store.clone();
+            let watch = match tokio::task::spawn_blocking(move || store.watch()).await {
+                Ok(Ok(w)) => Arc::new(std::sync::Mutex::new(w)),
+                _ => {
+                    tracing::error!(
+                        "the watcher cannot read the store; parked runs wake only when decided here"
+                    );
+                    return;
+                }
+            };
+            loop {
+                let w = watch.clone();
+                let polled = tokio::task::spawn_blocking(move || {
+                    let w = lock(&w);
+                    let now = crate::runs::now_ms();
+                    Ok::<_, crate::store::StoreError>((w.wakeable(now)?, w.next_wake(now)?, now))
+                })
+                .await;
+                let mut delay = POLL;
+                if let Ok(Ok((ids, next, now))) = polled {
+                    for id in ids {
+                        if me.live(&id).is_none() && !lock(&me.skip).contains(&id) {
+                            me.wake(&id).await;
+                        }
+                    }
+                    if let Some(at) = next {
+                        delay = delay.min(Duration::from_millis(at.saturating_sub(now)));
+                    }
+                }
+                tokio::time::sleep(delay.max(Duration::from_millis(1))).await;
+            }
+        })
+    }
+}
