@@ -5,6 +5,7 @@
 //! What a model provider does with these messages (how it renders them) is the provider's job.
 
 pub mod correction;
+pub mod compact;
 pub mod sanitize;
 mod signature;
 

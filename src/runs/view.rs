@@ -135,6 +135,10 @@ pub fn describe(
     let mut asked: BTreeMap<u64, u64> = BTreeMap::new();
     // Turns that went to the next model of their agent's list, as journaled.
     let mut fallbacks: Vec<Value> = Vec::new();
+    // Turns re-asked without streaming after their stream broke, and contexts compacted after
+    // the provider refused them as too long.
+    let mut reasks: Vec<Value> = Vec::new();
+    let mut compactions: Vec<Value> = Vec::new();
     for e in &rb.events {
         let t = rel(e.at);
         if let Some(id) = e.call.map(|c| c.0) {
@@ -165,6 +169,31 @@ pub fn describe(
                 "to": to,
                 "code": code,
                 "error": error,
+            })),
+            EventKind::StreamReasked {
+                model,
+                code,
+                calls_kept,
+                ..
+            } => reasks.push(json!({
+                "step": e.step,
+                "depth": e.depth,
+                "at_ms": t,
+                "model": model,
+                "code": code,
+                "calls_kept": calls_kept,
+            })),
+            EventKind::ContextCompacted {
+                chars,
+                level,
+                refused_chars,
+            } => compactions.push(json!({
+                "step": e.step,
+                "depth": e.depth,
+                "at_ms": t,
+                "level": level,
+                "chars": chars,
+                "refused_chars": refused_chars,
             })),
             EventKind::Solution { .. } => {
                 if let Some(s) = turns.remove(&frame) {
@@ -216,6 +245,8 @@ pub fn describe(
         "critical_path": critical,
         "awaiting": awaiting,
         "model_fallbacks": fallbacks,
+        "stream_reasks": reasks,
+        "context_compactions": compactions,
         "usage": result.map(|r| r.usage.clone()),
         "state": result.map_or_else(|| rb.machine.state_view(), |r| Some(r.state.clone())),
         "output": result.map(|r| r.output.clone()),
