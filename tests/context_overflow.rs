@@ -42,7 +42,11 @@ async fn a_context_that_never_fits_ends_the_run_context_overflow() {
             dagloop_chars(&q.body)
         })
         .collect();
-    assert_eq!(sizes.len(), 4, "the full context, then levels 1 to 3: {sizes:?}");
+    assert_eq!(
+        sizes.len(),
+        4,
+        "the full context, then levels 1 to 3: {sizes:?}"
+    );
     let refused = &r["error"]["cause"]["refused_chars"];
     assert_eq!(refused.as_array().map(Vec::len), Some(4), "{r:#}");
     let message = r["error"]["message"].as_str().unwrap_or_default();
@@ -113,7 +117,6 @@ async fn a_context_overflow_is_asked_again_compacted_and_the_run_succeeds() {
     assert!(last.contains("The context was too long"), "{last}");
 }
 
-
 /// The tiny goal with a large state of many members (30 notes of about 600 characters, each
 /// its own member, written in order), saved in `dir`.
 fn long_goal(dir: &std::path::Path) -> String {
@@ -124,7 +127,10 @@ fn long_goal(dir: &std::path::Path) -> String {
     .expect("goal JSON");
     let mut state = serde_json::Map::new();
     for i in 0..30 {
-        state.insert(format!("note{i:02}"), json!(format!("note {i}: {}", "lorem ipsum ".repeat(50))));
+        state.insert(
+            format!("note{i:02}"),
+            json!(format!("note {i}: {}", "lorem ipsum ".repeat(50))),
+        );
     }
     goal["state"] = Value::Object(state);
     let path = dir.join("long.goal.json");
@@ -153,12 +159,21 @@ async fn a_long_run_compacts_step_by_step_until_it_fits_and_succeeds() {
         r["output"],
         json!({"name": "Ada", "greeting": "Hello, Ada!"})
     );
-    let sizes: Vec<usize> = server.requests().iter().map(|q| dagloop_chars(&q.body)).collect();
+    let sizes: Vec<usize> = server
+        .requests()
+        .iter()
+        .map(|q| dagloop_chars(&q.body))
+        .collect();
     let evs = events_of(&events);
     let compacted: Vec<(u64, u64)> = evs
         .iter()
         .filter(|e| e["type"] == "context_compacted")
-        .map(|e| (e["step"].as_u64().unwrap_or(0), e["level"].as_u64().unwrap_or(0)))
+        .map(|e| {
+            (
+                e["step"].as_u64().unwrap_or(0),
+                e["level"].as_u64().unwrap_or(0),
+            )
+        })
         .collect();
     assert_eq!(
         compacted,
@@ -168,12 +183,21 @@ async fn a_long_run_compacts_step_by_step_until_it_fits_and_succeeds() {
     // Three requests a step: refused, refused (level 1), answered (level 2); each smaller.
     assert_eq!(sizes.len(), 6, "{sizes:?}");
     for step in sizes.chunks(3) {
-        assert!(step[0] > LIMIT && step[1] > LIMIT && step[2] <= LIMIT, "{sizes:?}");
+        assert!(
+            step[0] > LIMIT && step[1] > LIMIT && step[2] <= LIMIT,
+            "{sizes:?}"
+        );
         assert!(step[1] < step[0] && step[2] < step[1], "{sizes:?}");
     }
     // Level 1 replaced the oldest notes and kept the newest.
     let level1 = server.requests()[1].body["messages"].to_string();
     assert!(level1.contains("[not shown: "), "{level1}");
-    assert!(level1.contains("†state.note00"), "the oldest note went first");
-    assert!(level1.contains("note 29: lorem"), "the newest note stays at level 1");
+    assert!(
+        level1.contains("†state.note00"),
+        "the oldest note went first"
+    );
+    assert!(
+        level1.contains("note 29: lorem"),
+        "the newest note stays at level 1"
+    );
 }

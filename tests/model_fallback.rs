@@ -351,7 +351,11 @@ async fn a_stream_that_breaks_after_content_is_asked_again_without_streaming() {
         json!({"name": "Ada", "greeting": "Hello, Ada!"})
     );
     assert_eq!(r["steps"], 1, "{r:#}");
-    assert_eq!(r["calls"].as_array().map(Vec::len), Some(1), "one greet call: {r:#}");
+    assert_eq!(
+        r["calls"].as_array().map(Vec::len),
+        Some(1),
+        "one greet call: {r:#}"
+    );
     assert_eq!(
         asked(&server),
         vec![(json!(true), json!("a")), (json!(false), json!("a"))],

@@ -443,9 +443,12 @@ async fn dagloop_runs_goals_on_the_local_model() {
     );
 }
 
-/// A goal whose context exceeds SmolLM2's window: the tiny goal with 12 notes of about 1,200
-/// characters in its state, against a server started with a 1,024-token window. llama.cpp's own
-/// answer ("exceed context window") comes back as `llm.context_overflow`, the run compacts its
+/// A goal whose context exceeds SmolLM2's window: the tiny goal (without its tool) with 12 notes
+/// of about 1,200 characters in its state, against a server started with a 1,024-token window.
+/// In tool-call mode, which llama-cpp-python is asked without streaming, its own answer (a 400
+/// `context_length_exceeded`, "This model's maximum context length is 1024 tokens") comes back
+/// as `llm.context_overflow` (a streamed request it refuses mid-stream instead, as an incomplete
+/// stream with nothing to recognise), the run compacts its
 /// context (`context_compacted` events, oldest notes first) and asks again; it must then end
 /// with a result whose status has its own code (success, or `run.context_overflow` if even the
 /// most compacted context does not fit, or a limit the model reached).
@@ -454,7 +457,8 @@ async fn a_context_larger_than_the_window_is_compacted() {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
     let dir = tempfile::tempdir().unwrap();
     let mut goal: Value = serde_json::from_str(
-        &std::fs::read_to_string(root.join("tests/fixtures/real_model/tiny.goal.json")).unwrap(),
+        &std::fs::read_to_string(root.join("tests/fixtures/real_model/tiny-output.goal.json"))
+            .unwrap(),
     )
     .unwrap();
     let mut notes = serde_json::Map::new();
@@ -466,7 +470,7 @@ async fn a_context_larger_than_the_window_is_compacted() {
     let goal_path = dir.path().join("long.goal.json");
     std::fs::write(&goal_path, goal.to_string()).unwrap();
     let events = dir.path().join("events.jsonl");
-    let server = start_server_with_window(None, 1024).await;
+    let server = start_server_with_window(Some("chatml-function-calling"), 1024).await;
     let (goal_arg, events_arg) = (
         goal_path.display().to_string(),
         events.display().to_string(),
@@ -475,7 +479,7 @@ async fn a_context_larger_than_the_window_is_compacted() {
         run_dagloop(
             &server,
             &goal_arg,
-            "structured",
+            "tools",
             &["--no-store", "--events", &events_arg],
         )
     });
@@ -514,7 +518,7 @@ async fn a_context_larger_than_the_window_is_compacted() {
     if r.status == "succeeded" {
         assert!(
             output_validates(
-                "tests/fixtures/real_model/tiny.goal.json",
+                "tests/fixtures/real_model/tiny-output.goal.json",
                 &r.result["output"]
             ),
             "{}",
@@ -524,8 +528,14 @@ async fn a_context_larger_than_the_window_is_compacted() {
         let code = format!("run.{}", r.status);
         assert_eq!(r.result["error"]["code"], code.as_str(), "{}", r.result);
         assert!(
-            ["context_overflow", "max_steps", "empty_turns", "doom_loop", "invalid_output"]
-                .contains(&r.status.as_str()),
+            [
+                "context_overflow",
+                "max_steps",
+                "empty_turns",
+                "doom_loop",
+                "invalid_output"
+            ]
+            .contains(&r.status.as_str()),
             "{}",
             r.result
         );

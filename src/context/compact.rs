@@ -191,7 +191,12 @@ mod tests {
         let view = s.view("state").unwrap();
         let one = state(view.clone(), s.log(), 1);
         // Half of ~1,230 characters: `a` and `c` (the oldest) go, `d` stays.
-        assert!(one["a"].as_str().unwrap().starts_with("[not shown: 402 characters at †state.a"));
+        assert!(
+            one["a"]
+                .as_str()
+                .unwrap()
+                .starts_with("[not shown: 402 characters at †state.a")
+        );
         assert!(one["c"].as_str().unwrap().starts_with("[not shown"));
         assert_eq!(one["d"], view["d"]);
         assert_eq!(one["b"], "small");
@@ -214,7 +219,13 @@ mod tests {
             missing: vec!["state.x".into()],
         };
         let b = brief(&e);
-        assert_eq!(b.call, json!({"_tool": "fetch", "_outputPath": "†state.page"}));
-        assert_eq!((b.status.as_str(), b.result, b.error), ("failed", None, None));
+        assert_eq!(
+            b.call,
+            json!({"_tool": "fetch", "_outputPath": "†state.page"})
+        );
+        assert_eq!(
+            (b.status.as_str(), b.result, b.error),
+            ("failed", None, None)
+        );
     }
 }

@@ -313,7 +313,10 @@ mod tests {
         let only = Fallback::new(Arc::new(Breaking), Vec::new());
         let (evs, err) = events(only.stream_turn(Arc::new(req()), 0, true)).await;
         assert!(evs.is_empty(), "{evs:?}");
-        assert!(matches!(err, Some(LlmError::HttpStatus { status: 503, .. })));
+        assert!(matches!(
+            err,
+            Some(LlmError::HttpStatus { status: 503, .. })
+        ));
     }
 
     #[tokio::test]

@@ -76,7 +76,6 @@ pub fn overflow() -> Canned {
     )
 }
 
-
 /// A streamed answer that stops after its first `keep` characters of `solution`'s text: the
 /// connection drops mid-answer (after content arrived).
 pub fn broken(solution: &Value, keep: usize) -> Canned {
@@ -86,6 +85,9 @@ pub fn broken(solution: &Value, keep: usize) -> Canned {
         oa_delta(json!({"role": "assistant", "content": ""})),
         oa_text(&head),
     ]);
+    // Let the content reach the client before the drop.
+    c.pieces
+        .push(Piece::Sleep(std::time::Duration::from_millis(200)));
     c.pieces.push(Piece::Break);
     c
 }
