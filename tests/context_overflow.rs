@@ -75,18 +75,10 @@ async fn a_context_overflow_is_asked_again_compacted_and_the_run_succeeds() {
     .await;
     // The tiny goal with a large state: 60 notes of 300 characters.
     let dir = tempfile::tempdir().expect("dir");
-    let mut goal: Value = serde_json::from_str(
-        &std::fs::read_to_string(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(TINY))
-            .expect("tiny goal"),
-    )
-    .expect("goal JSON");
     let notes: Vec<String> = (0..60)
         .map(|i| format!("note {i}: {}", "lorem ipsum ".repeat(25)))
         .collect();
-    goal["state"] = json!({ "notes": notes });
-    let goal_path = dir.path().join("big.goal.json");
-    std::fs::write(&goal_path, goal.to_string()).expect("write goal");
-    let goal_arg = format!("goal={}", goal_path.display());
+    let goal_arg = tiny_goal_with_state(dir.path(), json!({ "notes": notes }));
     let events = dir.path().join("events.jsonl");
     let (code, r, stderr) = run(&server, "openai:a", &["--no-store", &goal_arg], &events).await;
     assert_eq!(code, Some(0), "{r:#}\n{stderr}");
@@ -117,25 +109,30 @@ async fn a_context_overflow_is_asked_again_compacted_and_the_run_succeeds() {
     assert!(last.contains("The context was too long"), "{last}");
 }
 
-/// The tiny goal with a large state of many members (30 notes of about 600 characters, each
-/// its own member, written in order), saved in `dir`.
-fn long_goal(dir: &std::path::Path) -> String {
+/// The tiny goal with `state` as its initial state, saved in `dir`; the `goal=` argument of
+/// `run`.
+fn tiny_goal_with_state(dir: &std::path::Path, state: Value) -> String {
     let mut goal: Value = serde_json::from_str(
         &std::fs::read_to_string(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(TINY))
             .expect("tiny goal"),
     )
     .expect("goal JSON");
-    let mut state = serde_json::Map::new();
-    for i in 0..30 {
-        state.insert(
-            format!("note{i:02}"),
-            json!(format!("note {i}: {}", "lorem ipsum ".repeat(50))),
-        );
-    }
-    goal["state"] = Value::Object(state);
-    let path = dir.join("long.goal.json");
+    goal["state"] = state;
+    let path = dir.join("big.goal.json");
     std::fs::write(&path, goal.to_string()).expect("write goal");
     format!("goal={}", path.display())
+}
+
+/// The tiny goal with a large state of many members (30 notes of about 600 characters, each
+/// its own member, written in order), saved in `dir`.
+fn long_goal(dir: &std::path::Path) -> String {
+    let state: serde_json::Map<String, Value> = (0..30)
+        .map(|i| {
+            let note = format!("note {i}: {}", "lorem ipsum ".repeat(50));
+            (format!("note{i:02}"), json!(note))
+        })
+        .collect();
+    tiny_goal_with_state(dir, Value::Object(state))
 }
 
 /// A model whose window is smaller than the run's context: every request longer than the

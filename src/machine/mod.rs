@@ -244,14 +244,7 @@ impl RunMachine {
                         code,
                         error,
                     };
-                    self.emit(frame, None, kind, now, out);
-                    self.emit(
-                        frame,
-                        None,
-                        EventKind::RequestStarted { attempt: 1 },
-                        now,
-                        out,
-                    );
+                    self.turn_restarted(frame, kind, now, out);
                 }
             }
             RunInput::Reask {

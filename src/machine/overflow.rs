@@ -15,6 +15,24 @@ use crate::context::compact::MAX_LEVEL;
 use crate::protocol::{EventKind, Millis};
 
 impl RunMachine {
+    /// Publishes why the current turn starts over (`kind`), then its new first request.
+    pub(super) fn turn_restarted(
+        &mut self,
+        frame: FrameKey,
+        kind: EventKind,
+        now: Millis,
+        out: &mut Vec<Action>,
+    ) {
+        self.emit(frame, None, kind, now, out);
+        self.emit(
+            frame,
+            None,
+            EventKind::RequestStarted { attempt: 1 },
+            now,
+            out,
+        );
+    }
+
     /// A turn the provider refused because its context does not fit the window
     /// (`llm.context_overflow`), before anything of it arrived, is asked again of the same
     /// model with its context compacted one level further ([`super::Frame::compacted_messages`]);
@@ -81,14 +99,7 @@ impl RunMachine {
             level,
             refused_chars: refused,
         };
-        self.emit(frame, None, kind, now, out);
-        self.emit(
-            frame,
-            None,
-            EventKind::RequestStarted { attempt: 1 },
-            now,
-            out,
-        );
+        self.turn_restarted(frame, kind, now, out);
         out.push(Action::Request {
             frame,
             step,
@@ -127,13 +138,6 @@ impl RunMachine {
             error,
             calls_kept,
         };
-        self.emit(frame, None, kind, now, out);
-        self.emit(
-            frame,
-            None,
-            EventKind::RequestStarted { attempt: 1 },
-            now,
-            out,
-        );
+        self.turn_restarted(frame, kind, now, out);
     }
 }
