@@ -8,72 +8,12 @@
 #[path = "common/bin.rs"]
 mod bin;
 mod common;
+#[path = "common/model_runs.rs"]
+mod model_runs;
 
 use common::*;
+use model_runs::*;
 use serde_json::{Value, json};
-
-const TINY: &str = "tests/fixtures/real_model/tiny.goal.json";
-
-/// A 503 the client may retry at once (`Retry-After: 0`), so the test waits for no backoff.
-fn unavailable() -> Canned {
-    Canned::status(503, r#"{"error": {"message": "upstream overloaded"}}"#)
-        .header("retry-after", "0")
-}
-
-fn answer(solution: Value) -> Canned {
-    Canned::sse(&oa_stream(&solution.to_string()))
-}
-
-fn greet_call() -> Value {
-    json!({"calls": [{"_tool": "greet", "name": "Ada", "_output": {"greeting": "Hello, Ada!"},
-                      "_outputPath": "†state.greeting"}], "output": null})
-}
-
-fn final_output() -> Value {
-    json!({"calls": [], "output": {"name": "Ada", "greeting": "†state.greeting.greeting"}})
-}
-
-fn events_of(path: &std::path::Path) -> Vec<Value> {
-    std::fs::read_to_string(path)
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| serde_json::from_str(l).ok())
-        .collect()
-}
-
-async fn run(
-    server: &TestServer,
-    models: &str,
-    extra: &[&str],
-    events: &std::path::Path,
-) -> (Option<i32>, Value, String) {
-    let goal = extra
-        .iter()
-        .find_map(|a| a.strip_prefix("goal="))
-        .unwrap_or(TINY)
-        .to_string();
-    let extra: Vec<&str> = extra
-        .iter()
-        .copied()
-        .filter(|a| !a.starts_with("goal="))
-        .collect();
-    let out = bin::dagloop_tokio()
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .args(["run", &goal, "--json", "--model", models])
-        .args(extra)
-        .arg("--events")
-        .arg(events)
-        .env("OPENAI_BASE_URL", server.openai_base())
-        .env_remove("OPENAI_API_KEY")
-        .output()
-        .await
-        .expect("run");
-    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
-    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
-    let v = serde_json::from_str(&stdout)
-        .unwrap_or_else(|e| panic!("not JSON ({e}): {stdout}{stderr}"));
-    (out.status.code(), v, stderr)
-}
 
 /// Step 1 is answered by the first model; at step 2 it answers 503 to every attempt, so after
 /// its four attempts the turn goes to the second model, which answers: the run succeeds, the
@@ -298,99 +238,6 @@ async fn resume_after_a_kill_mid_fallback_keeps_the_journaled_model() {
     );
 }
 
-fn overflow() -> Canned {
-    Canned::status(
-        400,
-        r#"{"error": {"message": "This model's maximum context length is 8192 tokens. However, your messages resulted in 9120 tokens.", "type": "invalid_request_error", "param": "messages", "code": "context_length_exceeded"}}"#,
-    )
-}
-
-/// A "context length exceeded" answer is its own error code, `llm.context_overflow`: an error
-/// of the request, so it neither retries nor falls back. The turn is asked again once, of the
-/// same model, with a compacted context; a model that refuses that too ends the run, whose
-/// error names the overflow as its cause.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_context_overflow_is_its_own_code_and_does_not_fall_back() {
-    let server = serve(vec![overflow()]).await;
-    let dir = tempfile::tempdir().expect("dir");
-    let events = dir.path().join("events.jsonl");
-    let (code, r, stderr) = run(&server, "openai:a,openai:b", &["--no-store"], &events).await;
-    assert_eq!(code, Some(1), "{r:#}\n{stderr}");
-    assert_eq!(r["status"], "model_error", "{r:#}");
-    assert_eq!(r["error"]["cause"]["code"], "llm.context_overflow", "{r:#}");
-    let asked: Vec<Value> = server
-        .requests()
-        .iter()
-        .map(|q| q.body["model"].clone())
-        .collect();
-    assert_eq!(
-        asked,
-        vec![json!("a"), json!("a")],
-        "asked once more, compacted, of the same model"
-    );
-    let evs = events_of(&events);
-    assert_eq!(
-        evs.iter()
-            .filter(|e| e["type"] == "context_compacted")
-            .count(),
-        1
-    );
-    assert!(!evs.iter().any(|e| e["type"] == "model_fallback"));
-}
-
-/// A model that answers "context length exceeded" once gets the turn again with a smaller
-/// context (the `context_compacted` event, a shorter request), and the run succeeds.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_context_overflow_is_asked_again_compacted_and_the_run_succeeds() {
-    let server = serve(vec![
-        overflow(),
-        answer(greet_call()),
-        answer(final_output()),
-    ])
-    .await;
-    // The tiny goal with a large state: 60 notes of 300 characters.
-    let dir = tempfile::tempdir().expect("dir");
-    let mut goal: Value = serde_json::from_str(
-        &std::fs::read_to_string(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(TINY))
-            .expect("tiny goal"),
-    )
-    .expect("goal JSON");
-    let notes: Vec<String> = (0..60)
-        .map(|i| format!("note {i}: {}", "lorem ipsum ".repeat(25)))
-        .collect();
-    goal["state"] = json!({ "notes": notes });
-    let goal_path = dir.path().join("big.goal.json");
-    std::fs::write(&goal_path, goal.to_string()).expect("write goal");
-    let goal_arg = format!("goal={}", goal_path.display());
-    let events = dir.path().join("events.jsonl");
-    let (code, r, stderr) = run(&server, "openai:a", &["--no-store", &goal_arg], &events).await;
-    assert_eq!(code, Some(0), "{r:#}\n{stderr}");
-    assert_eq!(
-        r["output"],
-        json!({"name": "Ada", "greeting": "Hello, Ada!"})
-    );
-    let sizes: Vec<usize> = server
-        .requests()
-        .iter()
-        .map(|q| q.body["messages"].to_string().len())
-        .collect();
-    assert_eq!(sizes.len(), 3);
-    assert!(
-        sizes[1] * 2 < sizes[0],
-        "the compacted context is much smaller: {sizes:?}"
-    );
-    let evs = events_of(&events);
-    let compacted: Vec<&Value> = evs
-        .iter()
-        .filter(|e| e["type"] == "context_compacted")
-        .collect();
-    assert_eq!(compacted.len(), 1, "{evs:#?}");
-    assert_eq!(compacted[0]["step"], 1);
-    assert!(compacted[0]["chars"].as_u64().is_some_and(|c| c > 0));
-    let last = server.requests()[1].body["messages"].to_string();
-    assert!(last.contains("The context was too long"), "{last}");
-}
-
 /// A goal file's `model` may be an array: here two scripted models, their paths relative to the
 /// goal file; the first answers 503 to every attempt, the second answers, and `dagloop validate`
 /// accepts the list.
@@ -463,4 +310,131 @@ async fn a_goal_files_model_array_falls_back_between_scripted_models() {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// The greet call and the output in one answer.
+fn greet_and_output() -> Value {
+    let mut s = greet_call();
+    s["output"] = final_output()["output"].clone();
+    s
+}
+
+/// Where in the answer's text its first call has been written whole (the stream breaks just
+/// after it, so the run has taken the call before the break).
+fn after_first_call(solution: &Value) -> usize {
+    let text = solution.to_string();
+    text.find("]").map_or(text.len(), |i| i + 1)
+}
+
+/// A stream that drops after its answer started (the greet call already taken) is asked again
+/// of the same model without streaming: the whole answer's first call is the one already taken
+/// (skipped, not run twice), its output ends the run. A `stream_reasked` event says so, no
+/// model falls back, and a replay of the journal reproduces the run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_that_breaks_after_content_is_asked_again_without_streaming() {
+    let s = greet_and_output();
+    let server = serve(vec![broken(&s, after_first_call(&s)), whole(&s)]).await;
+    let dir = tempfile::tempdir().expect("dir");
+    let store = dir.path().join("runs.db");
+    let events = dir.path().join("events.jsonl");
+    let store_arg = store.display().to_string();
+    let (code, r, stderr) = run(
+        &server,
+        "openai:a,openai:b",
+        &["--store", &store_arg],
+        &events,
+    )
+    .await;
+    assert_eq!(code, Some(0), "{r:#}\n{stderr}");
+    assert_eq!(
+        r["output"],
+        json!({"name": "Ada", "greeting": "Hello, Ada!"})
+    );
+    assert_eq!(r["steps"], 1, "{r:#}");
+    assert_eq!(
+        r["calls"].as_array().map(Vec::len),
+        Some(1),
+        "one greet call: {r:#}"
+    );
+    assert_eq!(
+        asked(&server),
+        vec![(json!(true), json!("a")), (json!(false), json!("a"))],
+        "streamed, then asked again whole, of the same model"
+    );
+    let evs = events_of(&events);
+    let reasked: Vec<&Value> = evs
+        .iter()
+        .filter(|e| e["type"] == "stream_reasked")
+        .collect();
+    assert_eq!(reasked.len(), 1, "{evs:#?}");
+    assert_eq!(reasked[0]["model"], "openai:a");
+    assert_eq!(reasked[0]["calls_kept"], 1, "{}", reasked[0]);
+    assert!(!evs.iter().any(|e| e["type"] == "model_fallback"));
+    assert_eq!(
+        evs.iter().filter(|e| e["type"] == "call_received").count(),
+        1,
+        "the call is not taken twice"
+    );
+
+    let out = bin::dagloop()
+        .env("DAGLOOP_STORE", &store)
+        .args(["runs", "--json"])
+        .output()
+        .expect("runs");
+    let listed: Value = serde_json::from_slice(&out.stdout).expect("runs JSON");
+    let id = listed[0]["id"].as_str().expect("id").to_string();
+    let out = bin::dagloop()
+        .env("DAGLOOP_STORE", &store)
+        .args(["replay", &id])
+        .output()
+        .expect("replay");
+    let replayed: Value = serde_json::from_slice(&out.stdout).expect("replay JSON");
+    assert_eq!(replayed["status"], "identical", "{replayed:#}");
+}
+
+/// When the whole request fails too (a 503 on every attempt), the turn falls back to the next
+/// model, which streams the answer; the call taken before the break is not taken again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broken_stream_whose_reask_fails_falls_back_to_the_next_model() {
+    let s = greet_and_output();
+    let server = serve(vec![
+        broken(&s, after_first_call(&s)),
+        unavailable(),
+        unavailable(),
+        unavailable(),
+        unavailable(),
+        answer(s.clone()),
+    ])
+    .await;
+    let dir = tempfile::tempdir().expect("dir");
+    let events = dir.path().join("events.jsonl");
+    let (code, r, stderr) = run(&server, "openai:a,openai:b", &["--no-store"], &events).await;
+    assert_eq!(code, Some(0), "{r:#}\n{stderr}");
+    assert_eq!(
+        r["output"],
+        json!({"name": "Ada", "greeting": "Hello, Ada!"})
+    );
+    assert_eq!(r["calls"].as_array().map(Vec::len), Some(1), "{r:#}");
+    let (t, f) = (json!(true), json!(false));
+    let (a, b) = (json!("a"), json!("b"));
+    assert_eq!(
+        asked(&server),
+        vec![
+            (t.clone(), a.clone()),
+            (f.clone(), a.clone()),
+            (f.clone(), a.clone()),
+            (f.clone(), a.clone()),
+            (f, a),
+            (t, b)
+        ]
+    );
+    let evs = events_of(&events);
+    let kinds: Vec<&str> = evs
+        .iter()
+        .filter_map(|e| e["type"].as_str())
+        .filter(|t| ["stream_reasked", "model_fallback"].contains(t))
+        .collect();
+    assert_eq!(kinds, ["stream_reasked", "model_fallback"], "{evs:#?}");
+    // Only the second model's answer reported usage (the broken stream reported none).
+    assert_eq!(r["usage"]["input_tokens"], 10, "{r:#}");
 }

@@ -57,6 +57,11 @@ fn env_path(var: &str) -> PathBuf {
 
 /// Starts `python -m llama_cpp.server` and waits (at most 180 s) until it answers.
 async fn start_server(chat_format: Option<&str>) -> Server {
+    start_server_with_window(chat_format, 2048).await
+}
+
+/// [`start_server`] with a context window of `n_ctx` tokens.
+async fn start_server_with_window(chat_format: Option<&str>, n_ctx: u32) -> Server {
     let python = env_path("DAGLOOP_LLAMA_PYTHON");
     let gguf = env_path("DAGLOOP_LLAMA_GGUF");
     assert!(
@@ -80,7 +85,7 @@ async fn start_server(chat_format: Option<&str>) -> Server {
             "--host",
             "127.0.0.1",
             "--n_ctx",
-            "2048",
+            &n_ctx.to_string(),
         ])
         .stdin(Stdio::null())
         .stdout(out.try_clone().unwrap())
@@ -321,7 +326,7 @@ struct RunOutcome {
     result: Value,
 }
 
-fn run_dagloop(server: &Server, goal: &str, mode: &str) -> RunOutcome {
+fn run_dagloop(server: &Server, goal: &str, mode: &str, extra: &[&str]) -> RunOutcome {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
     let started = Instant::now();
     let out = bin::dagloop()
@@ -335,6 +340,7 @@ fn run_dagloop(server: &Server, goal: &str, mode: &str) -> RunOutcome {
             mode,
             "--json",
         ])
+        .args(extra)
         .env("OPENAI_BASE_URL", &server.base_url)
         .env_remove("OPENAI_API_KEY")
         .env("OPENAI_RESPONSE_FORMAT", "auto")
@@ -406,7 +412,7 @@ async fn dagloop_runs_goals_on_the_local_model() {
         let server = start_server(chat_format).await;
         for &(goal, must_succeed) in runs {
             let server_ref = &server;
-            let r = tokio::task::block_in_place(|| run_dagloop(server_ref, goal, mode));
+            let r = tokio::task::block_in_place(|| run_dagloop(server_ref, goal, mode, &[]));
             table.push(format!(
                 "| {goal} | {mode} | {} | {} | {:.1} s |",
                 r.status,
@@ -435,4 +441,103 @@ async fn dagloop_runs_goals_on_the_local_model() {
         failures.join("\n"),
         table.join("\n")
     );
+}
+
+/// A goal whose context exceeds SmolLM2's window: the tiny goal (without its tool) with 12 notes
+/// of about 1,200 characters in its state, against a server started with a 1,024-token window.
+/// In tool-call mode, which llama-cpp-python is asked without streaming, its own answer (a 400
+/// `context_length_exceeded`, "This model's maximum context length is 1024 tokens") comes back
+/// as `llm.context_overflow` (a streamed request it refuses mid-stream instead, as an incomplete
+/// stream with nothing to recognise), the run compacts its
+/// context (`context_compacted` events, oldest notes first) and asks again; it must then end
+/// with a result whose status has its own code (success, or `run.context_overflow` if even the
+/// most compacted context does not fit, or a limit the model reached).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_context_larger_than_the_window_is_compacted() {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let dir = tempfile::tempdir().unwrap();
+    let mut goal: Value = serde_json::from_str(
+        &std::fs::read_to_string(root.join("tests/fixtures/real_model/tiny-output.goal.json"))
+            .unwrap(),
+    )
+    .unwrap();
+    let mut notes = serde_json::Map::new();
+    for i in 0..12 {
+        let text = format!("Note {i}: the meeting about the garden moved to another day. ");
+        notes.insert(format!("note{i:02}"), json!(text.repeat(20)));
+    }
+    goal["state"] = Value::Object(notes);
+    let goal_path = dir.path().join("long.goal.json");
+    std::fs::write(&goal_path, goal.to_string()).unwrap();
+    let events = dir.path().join("events.jsonl");
+    let server = start_server_with_window(Some("chatml-function-calling"), 1024).await;
+    let (goal_arg, events_arg) = (
+        goal_path.display().to_string(),
+        events.display().to_string(),
+    );
+    let r = tokio::task::block_in_place(|| {
+        run_dagloop(
+            &server,
+            &goal_arg,
+            "tools",
+            &["--no-store", "--events", &events_arg],
+        )
+    });
+    let evs: Vec<Value> = std::fs::read_to_string(&events)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    let compacted: Vec<&Value> = evs
+        .iter()
+        .filter(|e| e["type"] == "context_compacted")
+        .collect();
+    eprintln!(
+        "status {} after {} step(s) in {:.1} s; compactions (step, level, chars, refused): {:?}",
+        r.status,
+        r.steps,
+        r.wall.as_secs_f64(),
+        compacted
+            .iter()
+            .map(|e| (
+                e["step"].clone(),
+                e["level"].clone(),
+                e["chars"].clone(),
+                e["refused_chars"].clone()
+            ))
+            .collect::<Vec<_>>()
+    );
+    assert!(
+        !compacted.is_empty(),
+        "no compaction: {}\n{}",
+        r.result,
+        server.log_tail()
+    );
+    assert_eq!(compacted[0]["step"], 1, "{}", compacted[0]);
+    assert_eq!(compacted[0]["level"], 1, "{}", compacted[0]);
+    if r.status == "succeeded" {
+        assert!(
+            output_validates(
+                "tests/fixtures/real_model/tiny-output.goal.json",
+                &r.result["output"]
+            ),
+            "{}",
+            r.result
+        );
+    } else {
+        let code = format!("run.{}", r.status);
+        assert_eq!(r.result["error"]["code"], code.as_str(), "{}", r.result);
+        assert!(
+            [
+                "context_overflow",
+                "max_steps",
+                "empty_turns",
+                "doom_loop",
+                "invalid_output"
+            ]
+            .contains(&r.status.as_str()),
+            "{}",
+            r.result
+        );
+    }
 }

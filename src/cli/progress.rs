@@ -290,6 +290,16 @@ pub(super) async fn show(mut events: Subscription, tty: bool, screen: Arc<Screen
                 "step {}: {from} failed after its retries ({error}); asking {to}",
                 ev.step
             )),
+            EventKind::StreamReasked { model, error, .. } => Some(format!(
+                "step {}: {model}'s stream broke after its answer had started ({error}); asking \
+                 it again without streaming",
+                ev.step
+            )),
+            EventKind::ContextCompacted { chars, level, .. } => Some(format!(
+                "step {}: the context was too long for the model; asking again compacted (level \
+                 {level}, {chars} characters)",
+                ev.step
+            )),
             EventKind::OutputInvalid { errors } => Some(format!(
                 "step {}: the output did not validate ({})",
                 ev.step,

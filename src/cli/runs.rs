@@ -268,6 +268,35 @@ pub(super) fn print_description(
             );
         }
     }
+    let listed = |key: &str| out[key].as_array().cloned().unwrap_or_default();
+    let reasks = listed("stream_reasks");
+    if !reasks.is_empty() {
+        outln!("\nstreams asked again without streaming:");
+        for r in &reasks {
+            outln!(
+                "  step {:<3} {:>6} ms  {}  ({}; {} call(s) kept)",
+                r["step"],
+                r["at_ms"],
+                r["model"].as_str().unwrap_or("?"),
+                r["code"].as_str().unwrap_or(""),
+                r["calls_kept"]
+            );
+        }
+    }
+    let compactions = listed("context_compactions");
+    if !compactions.is_empty() {
+        outln!("\ncontexts compacted (too long for the model):");
+        for c in &compactions {
+            outln!(
+                "  step {:<3} {:>6} ms  level {}  {} → {} chars",
+                c["step"],
+                c["at_ms"],
+                c["level"],
+                c["refused_chars"],
+                c["chars"]
+            );
+        }
+    }
     if let Some(r) = result
         && !r.usage.models.is_empty()
     {

@@ -4,6 +4,7 @@
 //! Pure functions over the goal, the state and the previous step's report: no IO, no clock.
 //! What a model provider does with these messages (how it renders them) is the provider's job.
 
+pub mod compact;
 pub mod correction;
 pub mod sanitize;
 mod signature;

@@ -303,7 +303,7 @@ impl Driver {
                 RunInput::TimerFired { timer } => {
                     timers.remove(timer);
                 }
-                RunInput::Retry { frame, .. } => {
+                RunInput::Retry { frame, .. } | RunInput::Reask { frame, .. } => {
                     let model = frame_model.get(frame).cloned().unwrap_or_default();
                     *attempts.entry(model).or_default() += 1;
                 }
@@ -621,6 +621,7 @@ impl Driver {
                 config,
                 skip_calls,
                 model: first,
+                whole,
             } => {
                 let model = self.models.get(config.model.as_deref());
                 let mut settings = self.settings.clone();
@@ -633,7 +634,7 @@ impl Driver {
                     tools: config.tools.clone(),
                     settings,
                 });
-                let stream = model.stream_from(req.clone(), first);
+                let stream = model.stream_turn(req.clone(), first, whole);
                 let name = model.name_at(first);
                 self.turns
                     .open(frame, step, skip_calls, config, &req, stream, name);

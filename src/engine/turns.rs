@@ -46,8 +46,11 @@ struct Reader {
     parser: SolutionParser,
     saw_text: bool,
     step: u32,
-    /// Calls still to drop (already taken before a restart).
+    /// Calls at the start of the answer the run already took (before a restart, or from a
+    /// stream that broke and was re-asked): that many are dropped.
     skip: usize,
+    /// Calls (readable or not) the current answer gave so far, dropped ones included.
+    seen: usize,
     /// The provider reported usage for this turn.
     usage_seen: bool,
     /// Prompt-cache (read, write) tokens the provider reported, until they go with the usage.
@@ -210,6 +213,7 @@ impl Turns {
                 saw_text: false,
                 step,
                 skip,
+                seen: 0,
                 usage_seen: false,
                 cache: None,
                 request: req.clone(),
@@ -272,17 +276,15 @@ impl Turns {
     ) -> Vec<RunInput> {
         let mut out = Vec::new();
         self.read_into(frame, item, delta, &mut out);
-        // A turn asked again after a restart: drop the calls already taken.
-        if let Some(reader) = self.readers.get_mut(&frame)
-            && reader.skip > 0
-        {
+        // A turn asked again (after a restart, or after its stream broke): drop the calls
+        // already taken.
+        if let Some(reader) = self.readers.get_mut(&frame) {
             out.retain(|i| {
-                let call = matches!(i, RunInput::Call { .. } | RunInput::Unreadable { .. });
-                if call && reader.skip > 0 {
-                    reader.skip -= 1;
-                    return false;
+                if !matches!(i, RunInput::Call { .. } | RunInput::Unreadable { .. }) {
+                    return true;
                 }
-                true
+                reader.seen += 1;
+                reader.seen > reader.skip
             });
         }
         out
@@ -398,6 +400,8 @@ impl Turns {
                 // The next model starts the turn over: what the failed one parsed is
                 // discarded (none of it was content).
                 reader.restart();
+                reader.skip = reader.skip.max(reader.seen);
+                reader.seen = 0;
                 reader.usage_seen = false;
                 reader.out_chars = 0;
                 reader.model.clone_from(&to);
@@ -406,6 +410,22 @@ impl Turns {
                     from,
                     to,
                     index,
+                    code,
+                    error,
+                });
+            }
+            Some(Ok(StreamEvent::Reask { model, code, error })) => {
+                // The same model answers again, whole: what the broken stream parsed is
+                // discarded, except the calls the run already took (the answer's first ones
+                // are dropped in their place).
+                reader.restart();
+                reader.skip = reader.skip.max(reader.seen);
+                reader.seen = 0;
+                reader.usage_seen = false;
+                reader.out_chars = 0;
+                out.push(RunInput::Reask {
+                    frame,
+                    model,
                     code,
                     error,
                 });
@@ -429,7 +449,13 @@ impl Turns {
             Some(Ok(_)) => {}
             Some(Err(e)) => {
                 let mut err = RunError::new("run.model_error", format!("the model failed: {e}"));
-                err.cause = Some(json!({"code": e.code(), "message": e.to_string()}));
+                let mut cause = json!({"code": e.code(), "message": e.to_string()});
+                if matches!(e, LlmError::ContextOverflow { .. }) {
+                    // The size of what was refused, for the run's error if it never fits.
+                    cause["request_chars"] =
+                        json!(crate::llm::wire::json_chars(&reader.request.messages));
+                }
+                err.cause = Some(cause);
                 out.push(RunInput::StreamClosed {
                     frame,
                     error: Some(Box::new(err)),

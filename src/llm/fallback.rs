@@ -8,10 +8,17 @@
 //! unchanged, to that model. Errors of the request itself (a 400, a schema refusal, a missing
 //! key) end the turn on the model that gave them.
 //!
-//! Each turn starts from the model the caller names ([`Fallback::stream_from`]): the first of
-//! the list for a new turn, the one the journal says answered for a turn asked again after a
-//! restart. Deliberately not here: remembering which model answered (the run machine does, from
-//! the journal).
+//! A stream that breaks after its content had started (an error another provider could fix,
+//! arriving mid-answer) is not fallen back from at once: the same model is asked once more
+//! without streaming ([`Model::stream_whole`]), and a [`StreamEvent::Reask`] says so (the
+//! engine journals it). Only when that whole request fails too, before its content, does the
+//! turn go to the next model; a second break after content ends the turn.
+//!
+//! Each turn starts from the model the caller names ([`Fallback::stream_turn`]): the first of
+//! the list for a new turn, the one the journal says answered (and whether it was being
+//! re-asked without streaming) for a turn asked again after a restart. Deliberately not here:
+//! remembering which model answered (the run machine does, from the journal), and which calls
+//! of a re-asked answer the run already took (the engine's turn reader skips them).
 
 use std::sync::Arc;
 
@@ -65,6 +72,13 @@ impl Fallback {
     /// Asks `req` of the model at `start` (clamped to the list), falling back to the next ones
     /// as the module docs say.
     pub fn stream_from(&self, req: Arc<Request>, start: usize) -> EventStream {
+        self.stream_turn(req, start, false)
+    }
+
+    /// Like [`Fallback::stream_from`]; with `whole`, the turn was already being re-asked of
+    /// that model without streaming (a journaled [`StreamEvent::Reask`]): it is asked so again,
+    /// and is not re-asked a second time.
+    pub fn stream_turn(&self, req: Arc<Request>, start: usize, whole: bool) -> EventStream {
         let start = start.min(self.models.len().saturating_sub(1));
         let state = State {
             models: self.models.clone(),
@@ -73,6 +87,8 @@ impl Fallback {
             current: None,
             content_seen: false,
             finished: false,
+            whole,
+            reasked: whole,
         };
         futures::stream::unfold(state, |mut s| async move {
             if s.finished {
@@ -82,13 +98,37 @@ impl Fallback {
                 Some(stream) => stream,
                 None => {
                     let model = s.models.get(s.index)?.clone();
-                    s.current.insert(model.stream_shared(s.req.clone()))
+                    let attempt = if s.whole {
+                        model.stream_whole(s.req.clone())
+                    } else {
+                        model.stream_shared(s.req.clone())
+                    };
+                    s.current.insert(attempt)
                 }
             };
             match stream.next().await {
                 None => None,
                 Some(Ok(ev)) => {
                     s.content_seen |= ev.is_content();
+                    Some((Ok(ev), s))
+                }
+                Some(Err(e)) if s.content_seen && !s.reasked && e.falls_back() => {
+                    let model = s.models[s.index].name();
+                    tracing::warn!(
+                        model = %model,
+                        code = e.code(),
+                        error = %e,
+                        "the stream broke after its content had started; asking again without streaming"
+                    );
+                    let ev = StreamEvent::Reask {
+                        model,
+                        code: e.code().to_string(),
+                        error: e.to_string(),
+                    };
+                    s.reasked = true;
+                    s.whole = true;
+                    s.content_seen = false;
+                    s.current = None;
                     Some((Ok(ev), s))
                 }
                 Some(Err(e)) => {
@@ -115,6 +155,8 @@ impl Fallback {
                     };
                     s.index = next;
                     s.current = None;
+                    // The next model is asked as any turn is (streamed).
+                    s.whole = false;
                     Some((Ok(ev), s))
                 }
             }
@@ -130,6 +172,10 @@ struct State {
     current: Option<EventStream>,
     content_seen: bool,
     finished: bool,
+    /// The current model is asked without streaming.
+    whole: bool,
+    /// The turn was re-asked without streaming once already (never twice).
+    reasked: bool,
 }
 
 impl Model for Fallback {
@@ -215,6 +261,61 @@ mod tests {
         assert!(matches!(
             err,
             Some(LlmError::HttpStatus { status: 400, .. })
+        ));
+    }
+
+    /// Streams some text then breaks; asked whole, answers 503.
+    struct Breaking;
+
+    impl Model for Breaking {
+        fn stream(&self, _req: &Request) -> EventStream {
+            futures::stream::iter(vec![
+                Ok(StreamEvent::TextDelta("{\"calls\": [".into())),
+                Err(LlmError::Transport {
+                    message: "connection reset".into(),
+                }),
+            ])
+            .boxed()
+        }
+        fn stream_whole(&self, _req: Arc<Request>) -> EventStream {
+            futures::stream::iter(vec![Err(LlmError::HttpStatus {
+                status: 503,
+                retry_after: None,
+                message: "down".into(),
+            })])
+            .boxed()
+        }
+        fn name(&self) -> String {
+            "breaking".into()
+        }
+    }
+
+    #[tokio::test]
+    async fn a_stream_broken_after_content_is_asked_again_whole_then_falls_back() {
+        let f = Fallback::new(
+            Arc::new(Breaking),
+            vec![scripted(serde_json::json!([solution()]))],
+        );
+        let (evs, err) = events(f.stream(&req())).await;
+        assert_eq!(err, None);
+        assert!(matches!(&evs[0], StreamEvent::TextDelta(_)));
+        assert!(
+            matches!(&evs[1], StreamEvent::Reask { model, code, .. }
+                if model == "breaking" && code == "llm.transport"),
+            "{evs:?}"
+        );
+        assert!(
+            matches!(&evs[2], StreamEvent::Fallback { index: 1, code, .. } if code == "llm.http_status"),
+            "{evs:?}"
+        );
+        assert!(evs[3..].iter().any(StreamEvent::is_content));
+        // Asked whole again after a restart: a second break is not re-asked.
+        let only = Fallback::new(Arc::new(Breaking), Vec::new());
+        let (evs, err) = events(only.stream_turn(Arc::new(req()), 0, true)).await;
+        assert!(evs.is_empty(), "{evs:?}");
+        assert!(matches!(
+            err,
+            Some(LlmError::HttpStatus { status: 503, .. })
         ));
     }
 

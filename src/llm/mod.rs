@@ -69,6 +69,12 @@ pub trait Model: Send + Sync {
     fn stream_shared(&self, req: Arc<Request>) -> EventStream {
         self.stream(&req)
     }
+    /// Asks `req` without streaming: one whole answer, turned into the events a stream gives.
+    /// Used once to re-ask a turn whose stream broke after its content had started
+    /// ([`Fallback`]). A provider that has no such request streams again (the default).
+    fn stream_whole(&self, req: Arc<Request>) -> EventStream {
+        self.stream_shared(req)
+    }
     /// A display name for logs and events (`openai:gpt-4o-mini`); never contains a secret.
     fn name(&self) -> String;
     /// A resumed run already made `attempts` requests of this model in an earlier process. A
@@ -86,6 +92,9 @@ impl<M: Model + ?Sized> Model for Arc<M> {
     fn stream_shared(&self, req: Arc<Request>) -> EventStream {
         (**self).stream_shared(req)
     }
+    fn stream_whole(&self, req: Arc<Request>) -> EventStream {
+        (**self).stream_whole(req)
+    }
     fn name(&self) -> String {
         (**self).name()
     }
@@ -100,6 +109,9 @@ impl<M: Model + ?Sized> Model for Box<M> {
     }
     fn stream_shared(&self, req: Arc<Request>) -> EventStream {
         (**self).stream_shared(req)
+    }
+    fn stream_whole(&self, req: Arc<Request>) -> EventStream {
+        (**self).stream_whole(req)
     }
     fn name(&self) -> String {
         (**self).name()
@@ -290,6 +302,20 @@ pub enum StreamEvent {
         /// The position of `to` in the list (from 0).
         index: usize,
         /// The stable code of the error that caused it (`llm.http_status`...).
+        code: String,
+        /// The error, in words.
+        error: String,
+    },
+    /// The model's stream broke after its content had started (a transport error, an idle
+    /// timeout, a stream cut short): the same request is asked once more of the same model
+    /// without streaming ([`Model::stream_whole`]), before any fallback (emitted by
+    /// [`Fallback`]; the engine journals and publishes it). What the broken stream delivered is
+    /// dropped, except the calls the run already took (the whole answer's first ones are
+    /// skipped in their place).
+    Reask {
+        /// The display name of the model asked again.
+        model: String,
+        /// The stable code of the error that broke the stream (`llm.transport`...).
         code: String,
         /// The error, in words.
         error: String,

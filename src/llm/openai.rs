@@ -502,6 +502,11 @@ impl Model for OpenAi {
         .boxed()
     }
 
+    /// `stream: false`, in either mode: the whole answer as the events a stream gives.
+    fn stream_whole(&self, req: Arc<Request>) -> EventStream {
+        self.whole(&req)
+    }
+
     fn name(&self) -> String {
         format!("openai:{}", self.model)
     }

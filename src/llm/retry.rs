@@ -173,6 +173,8 @@ impl<M: Model + ?Sized + 'static> Retrying<M> {
 
 struct State<M: ?Sized> {
     inner: Arc<M>,
+    /// Each attempt is asked without streaming ([`Model::stream_whole`]).
+    whole: bool,
     req: Arc<Request>,
     policy: RetryPolicy,
     attempts: Arc<AtomicU64>,
@@ -190,7 +192,27 @@ impl<M: Model + ?Sized + 'static> Model for Retrying<M> {
     }
 
     fn stream_shared(&self, req: Arc<Request>) -> EventStream {
+        self.retrying(req, false)
+    }
+
+    fn stream_whole(&self, req: Arc<Request>) -> EventStream {
+        self.retrying(req, true)
+    }
+
+    fn name(&self) -> String {
+        self.inner.name()
+    }
+
+    fn resume_after(&self, attempts: usize) {
+        self.inner.resume_after(attempts);
+    }
+}
+
+impl<M: Model + ?Sized + 'static> Retrying<M> {
+    /// Attempts `req` under the policy, each attempt streamed or (`whole`) not.
+    fn retrying(&self, req: Arc<Request>, whole: bool) -> EventStream {
         let state = State {
+            whole,
             inner: self.inner.clone(),
             req,
             policy: self.policy.clone(),
@@ -215,7 +237,12 @@ impl<M: Model + ?Sized + 'static> Model for Retrying<M> {
                     None => {
                         s.attempt += 1;
                         s.attempts.fetch_add(1, Ordering::SeqCst);
-                        s.current.insert(s.inner.stream_shared(s.req.clone()))
+                        let attempt = if s.whole {
+                            s.inner.stream_whole(s.req.clone())
+                        } else {
+                            s.inner.stream_shared(s.req.clone())
+                        };
+                        s.current.insert(attempt)
                     }
                 };
                 match stream.next().await {
@@ -268,14 +295,6 @@ impl<M: Model + ?Sized + 'static> Model for Retrying<M> {
             }
         })
         .boxed()
-    }
-
-    fn name(&self) -> String {
-        self.inner.name()
-    }
-
-    fn resume_after(&self, attempts: usize) {
-        self.inner.resume_after(attempts);
     }
 }
 

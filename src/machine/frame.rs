@@ -14,7 +14,7 @@ use serde_json::{Map, Value, json};
 use super::config::AgentConfig;
 use super::types::{CallSummary, FrameKey, RunError, RunResult, RunStatus, Usage};
 use crate::context::{
-    self, ContextInput, PlanEntry, SanitizeLimits, Stop, TurnTracker, correction,
+    self, ContextInput, PlanEntry, SanitizeLimits, Stop, TurnTracker, compact, correction,
 };
 use crate::protocol::{Call, CallId, Decision, Message, Path};
 use crate::scheduler::{Scheduler, StepReport};
@@ -34,8 +34,14 @@ pub(super) struct Turn {
     /// The position, in the agent's model list, of the model answering the turn (moved on by
     /// a journaled fallback).
     pub model: usize,
-    /// The turn was asked again with a compacted context after a context overflow.
-    pub compacted: bool,
+    /// The compaction level the turn is asked at (0: not compacted; one level more after each
+    /// context overflow the provider answered).
+    pub compaction: u8,
+    /// The sizes (characters of the messages as JSON) of the contexts the provider refused as
+    /// too long, in order.
+    pub refused: Vec<u64>,
+    /// The turn is asked without streaming (a journaled re-ask after a broken stream).
+    pub whole: bool,
 }
 
 #[derive(Debug)]
@@ -68,6 +74,9 @@ pub(super) struct Frame {
     pub last_fault: Option<Fault>,
     pub retries_left: u32,
     pub plan: Vec<PlanEntry>,
+    /// The previous step's calls as a compacted context shows them (tool, status and output
+    /// path: `context::compact::brief`).
+    pub brief: Vec<PlanEntry>,
     pub calls: Vec<CallSummary>,
     pub decisions: BTreeMap<CallId, Decision>,
     pub usage: Usage,
@@ -156,6 +165,7 @@ impl Frame {
             last_fault: None,
             retries_left,
             plan: Vec::new(),
+            brief: Vec::new(),
             calls: Vec::new(),
             decisions: BTreeMap::new(),
             usage: Usage::default(),
@@ -188,41 +198,26 @@ impl Frame {
         })
     }
 
-    /// The current turn's context, compacted to fit a smaller window (after the provider said
-    /// `llm.context_overflow`): the previous step's calls summarised to their tool and status,
-    /// the state and input shown under much tighter size caps (results past them replaced by
-    /// truncation markers, the full values staying in state), and a note saying so.
+    /// The current turn's context compacted to `level` (after the provider said
+    /// `llm.context_overflow`; see `context::compact` for what each level drops).
     /// Deterministic: a replay of the same journal compacts the same way.
-    pub fn compacted_messages(&self) -> Vec<Message> {
-        let tight = SanitizeLimits {
-            blob_min_chars: 64,
-            max_string_chars: 200,
-            max_array_items: 10,
-            max_total_bytes: 2 * 1024,
-        };
+    pub fn compacted_messages(&self, level: u8, usual: SanitizeLimits) -> Vec<Message> {
+        let limits = compact::limits(level, usual);
         let cfg = &self.cfg;
-        let state_view = self
+        let state = self
             .sched
             .as_ref()
             .map(Scheduler::state)
-            .or(self.state.as_ref())
-            .and_then(|s| s.view("state"))
-            .unwrap_or(Value::Null);
-        let input = self.input.as_ref().map(|v| context::sanitize(v, &tight));
+            .or(self.state.as_ref());
+        let state_view = match state {
+            Some(s) => compact::state(s.view("state").unwrap_or(Value::Null), s.log(), level),
+            None => Value::Null,
+        };
+        let input = self
+            .input
+            .as_ref()
+            .map(|v| context::sanitize_owned(compact::input(v.clone(), level), &limits));
         let input_schema = cfg.input.as_ref().and_then(|(_, s)| s.as_ref());
-        let plan: Vec<PlanEntry> = self
-            .calls
-            .iter()
-            .filter(|c| c.step + 1 == self.step)
-            .map(|c| PlanEntry {
-                id: c.id,
-                call: json!({"_tool": c.tool}),
-                status: c.status.as_str().to_string(),
-                result: None,
-                error: None,
-                missing: Vec::new(),
-            })
-            .collect();
         let mut extra = cfg.context.clone();
         extra.extend(self.extra.iter().cloned());
         let mut out = context::assemble(ContextInput {
@@ -231,15 +226,14 @@ impl Frame {
             extra: &extra,
             input: input.as_ref().map(|v| (v, input_schema)),
             state: Some((state_view, cfg.state.1.as_ref())),
-            plan,
+            plan: self.brief.clone(),
             output_errors: &self.output_errors,
             model_errors: &self.problems,
-            limits: tight,
+            limits,
         });
         out.push(Message::Text {
             role: crate::protocol::Role::User,
-            text: "The context was too long for the model and was shortened: earlier calls show                    only their tool and status, and long values in state are cut. The full values                    are still in state; refer to them with references (†state.path) instead of                    copying them."
-                .to_string(),
+            text: compact::note(level),
             extra: Map::new(),
         });
         out
@@ -248,6 +242,7 @@ impl Frame {
     /// Folds a drained step's report into the plan the next Request shows and the run's call
     /// list.
     pub fn absorb(&mut self, step: u32, report: &StepReport) {
+        self.brief.clear();
         self.plan = report
             .calls
             .iter()
@@ -261,7 +256,7 @@ impl Frame {
                     decision: self.decisions.get(&c.id).map(|d| d.name().to_string()),
                     error: c.error.as_deref().cloned(),
                 });
-                PlanEntry {
+                let entry = PlanEntry {
                     id: c.id,
                     call: call.map(Call::to_value).unwrap_or(Value::Null),
                     status: c.status.as_str().to_string(),
@@ -270,7 +265,9 @@ impl Frame {
                         .and(c.result.as_deref().cloned()),
                     error: c.error.as_deref().cloned(),
                     missing: c.missing.clone(),
-                }
+                };
+                self.brief.push(compact::brief(&entry));
+                entry
             })
             .collect();
     }
@@ -289,7 +286,12 @@ impl Frame {
             return Next::Finish(status, None, Value::Null);
         }
         if let Some(err) = turn.fatal {
-            return Next::Finish(RunStatus::ModelError, Some(Box::new(err)), Value::Null);
+            let status = if err.code == "run.context_overflow" {
+                RunStatus::ContextOverflow
+            } else {
+                RunStatus::ModelError
+            };
+            return Next::Finish(status, Some(Box::new(err)), Value::Null);
         }
         self.last_fault = Fault::of(self.step, &turn.problems, report);
         self.problems = turn

@@ -20,6 +20,7 @@ mod config;
 mod frame;
 mod grants;
 mod ops;
+mod overflow;
 mod types;
 
 #[cfg(test)]
@@ -239,6 +240,7 @@ impl RunMachine {
                     if let Some(f) = self.frames.get_mut(&frame) {
                         f.turn.model = index;
                         f.turn.attempt = 1;
+                        f.turn.whole = false;
                     }
                     let kind = EventKind::ModelFallback {
                         from,
@@ -246,16 +248,15 @@ impl RunMachine {
                         code,
                         error,
                     };
-                    self.emit(frame, None, kind, now, out);
-                    self.emit(
-                        frame,
-                        None,
-                        EventKind::RequestStarted { attempt: 1 },
-                        now,
-                        out,
-                    );
+                    self.turn_restarted(frame, kind, now, out);
                 }
             }
+            RunInput::Reask {
+                frame,
+                model,
+                code,
+                error,
+            } => self.reask(frame, model, code, error, now, out),
             RunInput::Retry {
                 frame,
                 attempt,
@@ -284,8 +285,8 @@ impl RunMachine {
                     );
                 }
             }
-            RunInput::StreamClosed { frame, error } => {
-                if let Some(e) = &error
+            RunInput::StreamClosed { frame, mut error } => {
+                if let Some(e) = error.as_mut()
                     && self.compact(frame, e, now, out)
                 {
                     // Asked again with a smaller context: the turn goes on.
@@ -522,63 +523,8 @@ impl RunMachine {
             config,
             skip_calls: 0,
             model: 0,
+            whole: false,
         });
-    }
-
-    /// A turn the provider refused because its context does not fit the window
-    /// (`llm.context_overflow`), before anything of it arrived, is asked again once with a
-    /// compacted context ([`Frame::compacted_messages`]); true when it was. A second overflow
-    /// of the same turn ends the agent (`run.model_error`, the compacted size in its message).
-    fn compact(
-        &mut self,
-        frame: FrameKey,
-        error: &RunError,
-        now: Millis,
-        out: &mut Vec<Action>,
-    ) -> bool {
-        let overflow = error
-            .cause
-            .as_ref()
-            .and_then(|c| c.get("code"))
-            .and_then(Value::as_str)
-            == Some("llm.context_overflow");
-        let keep = self.keep_launched;
-        let Some(f) = self.frames.get_mut(&frame) else {
-            return false;
-        };
-        if !overflow
-            || !f.streaming
-            || f.turn.calls > 0
-            || !f.turn.output.is_null()
-            || f.turn.compacted
-        {
-            return false;
-        }
-        let messages = f.compacted_messages();
-        let chars = crate::llm::wire::json_chars(&messages) as u64;
-        f.turn.compacted = true;
-        f.turn.attempt = 1;
-        if keep {
-            f.messages.clone_from(&messages);
-        }
-        let (step, config, model) = (f.step, f.cfg.clone(), f.turn.model);
-        self.emit(frame, None, EventKind::ContextCompacted { chars }, now, out);
-        self.emit(
-            frame,
-            None,
-            EventKind::RequestStarted { attempt: 1 },
-            now,
-            out,
-        );
-        out.push(Action::Request {
-            frame,
-            step,
-            messages,
-            config,
-            skip_calls: 0,
-            model,
-        });
-        true
     }
 
     /// After a restart: turns that were streaming are asked again, running calls interrupted.
@@ -592,6 +538,7 @@ impl RunMachine {
                     config: f.cfg.clone(),
                     skip_calls: f.turn.calls,
                     model: f.turn.model,
+                    whole: f.turn.whole,
                 });
             }
             if let Some(s) = &f.sched {

@@ -126,6 +126,21 @@ pub enum RunInput {
         /// The error, in words.
         error: String,
     },
+    /// The model's stream broke after its content had started: the same request is asked once
+    /// more of the same model without streaming (the calls already taken are not taken twice).
+    /// Journaled, so that a replay says so and a turn asked again after a restart is asked the
+    /// same way.
+    Reask {
+        /// The agent.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        frame: FrameKey,
+        /// The display name of the model asked again.
+        model: String,
+        /// The stable code of the error that broke the stream (`llm.transport`...).
+        code: String,
+        /// The error, in words.
+        error: String,
+    },
     /// An attempt at the model failed and is retried.
     Retry {
         /// The agent.
@@ -222,6 +237,7 @@ impl RunInput {
             RunInput::Usage { .. } => "usage",
             RunInput::Retry { .. } => "retry",
             RunInput::Fallback { .. } => "fallback",
+            RunInput::Reask { .. } => "reask",
             RunInput::StreamClosed { .. } => "stream_closed",
             RunInput::Outcome { .. } => "outcome",
             RunInput::Decided { .. } => "decided",
@@ -283,6 +299,9 @@ pub enum Action {
         /// The position, in the agent's model list, of the model to ask first: 0 for a new
         /// turn, the model a journaled [`RunInput::Fallback`] moved to for a turn asked again.
         model: usize,
+        /// Ask that model without streaming: a turn asked again after a restart that a
+        /// journaled [`RunInput::Reask`] had moved to a whole (non-streamed) request.
+        whole: bool,
     },
     /// Stop reading an agent's model stream (the agent was cancelled or timed out).
     CloseStream {
@@ -349,6 +368,9 @@ pub enum RunStatus {
     InvalidOutput,
     /// The model could not be reached or kept failing after retries.
     ModelError,
+    /// The provider kept saying the context does not fit the model's window, even at the most
+    /// compacted level.
+    ContextOverflow,
     /// Not an ending: the run's journal could not be written (or this process lost the run's
     /// lease), so the run stopped rather than go on unrecorded. Its journal is intact and it
     /// can be resumed; no result is recorded for it. The error says why (`store.journal_write`,
@@ -369,6 +391,7 @@ impl RunStatus {
             RunStatus::Cancelled => "cancelled",
             RunStatus::InvalidOutput => "invalid_output",
             RunStatus::ModelError => "model_error",
+            RunStatus::ContextOverflow => "context_overflow",
             RunStatus::Stopped => "stopped",
         }
     }
@@ -385,6 +408,7 @@ impl RunStatus {
             RunStatus::Cancelled => Some("run.cancelled"),
             RunStatus::InvalidOutput => Some("run.invalid_output"),
             RunStatus::ModelError => Some("run.model_error"),
+            RunStatus::ContextOverflow => Some("run.context_overflow"),
             RunStatus::Stopped => Some("run.stopped"),
         }
     }

@@ -292,10 +292,31 @@ pub enum EventKind {
         error: String,
     },
     /// The provider said the turn's context does not fit the model's window
-    /// (`llm.context_overflow`): the turn is asked again once with a compacted context.
+    /// (`llm.context_overflow`): the turn is asked again with a context compacted one level
+    /// further.
     ContextCompacted {
         /// The size of the compacted context (characters of its messages as JSON).
         chars: u64,
+        /// The compaction level (from 1; each level drops more than the one before).
+        #[serde(default)]
+        level: u8,
+        /// The size of the context the provider refused (characters of its messages as JSON),
+        /// when known.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        refused_chars: Option<u64>,
+    },
+    /// The model's stream broke after its content had started: the turn is asked once more of
+    /// the same model without streaming (the calls already received are kept).
+    StreamReasked {
+        /// The display name of the model asked again.
+        model: String,
+        /// The stable code of the error that broke the stream (`llm.transport`...).
+        code: String,
+        /// The error, in words.
+        error: String,
+        /// Calls of the turn received before the break (the whole answer's first ones are
+        /// skipped in their place).
+        calls_kept: u64,
     },
     /// The model streamed more text. Live only: never journaled, carries the sequence number of
     /// the event before it, and is not replayed to late subscribers.
@@ -369,6 +390,7 @@ impl EventKind {
             EventKind::ModelRetry { .. } => "model_retry",
             EventKind::ModelFallback { .. } => "model_fallback",
             EventKind::ContextCompacted { .. } => "context_compacted",
+            EventKind::StreamReasked { .. } => "stream_reasked",
             EventKind::ModelDelta { .. } => "model_delta",
             EventKind::Solution { .. } => "solution",
             EventKind::OutputInvalid { .. } => "output_invalid",

@@ -112,6 +112,8 @@ impl Expect {
             | RunInput::Output { frame, .. }
             | RunInput::Problem { frame, .. }
             | RunInput::Usage { frame, .. }
+            | RunInput::Fallback { frame, .. }
+            | RunInput::Reask { frame, .. }
             | RunInput::Retry { frame, .. } => {
                 if !self.open.contains(frame) && !self.dropped.contains(frame) {
                     return Err((

@@ -206,6 +206,12 @@ pub struct RunView {
     pub grants: Vec<Value>,
     /// Turns that went to the next model of their agent's list.
     pub model_fallbacks: Vec<ModelFallback>,
+    /// Turns asked again without streaming after their stream broke: `{step, depth, at_ms,
+    /// model, code, calls_kept}`.
+    pub stream_reasks: Vec<Value>,
+    /// Contexts compacted after the provider refused them as too long: `{step, depth, at_ms,
+    /// level, chars, refused_chars}`.
+    pub context_compactions: Vec<Value>,
     /// Tokens used, once the run ended.
     pub usage: Option<crate::machine::Usage>,
     /// The run's state (the final one once it ended); any JSON value.
@@ -378,6 +384,10 @@ pub fn describe_view(
     let mut asked: BTreeMap<u64, u64> = BTreeMap::new();
     // Turns that went to the next model of their agent's list, as journaled.
     let mut fallbacks: Vec<ModelFallback> = Vec::new();
+    // Turns re-asked without streaming after their stream broke, and contexts compacted after
+    // the provider refused them as too long.
+    let mut reasks: Vec<Value> = Vec::new();
+    let mut compactions: Vec<Value> = Vec::new();
     for e in &rb.events {
         let t = rel(e.at);
         if let Some(id) = e.call.map(|c| c.0) {
@@ -409,6 +419,31 @@ pub fn describe_view(
                 code: code.clone(),
                 error: error.clone(),
             }),
+            EventKind::StreamReasked {
+                model,
+                code,
+                calls_kept,
+                ..
+            } => reasks.push(json!({
+                "step": e.step,
+                "depth": e.depth,
+                "at_ms": t,
+                "model": model,
+                "code": code,
+                "calls_kept": calls_kept,
+            })),
+            EventKind::ContextCompacted {
+                chars,
+                level,
+                refused_chars,
+            } => compactions.push(json!({
+                "step": e.step,
+                "depth": e.depth,
+                "at_ms": t,
+                "level": level,
+                "chars": chars,
+                "refused_chars": refused_chars,
+            })),
             EventKind::Solution { .. } => {
                 if let Some(s) = turns.remove(&frame) {
                     // The model's part of the step ends when its stream closes; the calls
@@ -459,6 +494,8 @@ pub fn describe_view(
         awaiting,
         grants: super::audit::grants(&rb.events),
         model_fallbacks: fallbacks,
+        stream_reasks: reasks,
+        context_compactions: compactions,
         usage: result.map(|r| r.usage.clone()),
         state: result.map_or_else(|| rb.machine.state_view(), |r| Some(r.state.clone())),
         output: result.map(|r| r.output.clone()),

@@ -114,6 +114,7 @@ impl Performer {
                 // A lost turn is asked again from the agent's first model (the worker's turn
                 // activity falls back within itself).
                 model: _,
+                whole: _,
             } => self.request(ctx, frame, step, messages, &config, skip_calls),
             Action::CloseStream { frame } => {
                 ctx.state_mut(|s| {

@@ -93,6 +93,11 @@ pub struct Recorded {
 struct ServerState {
     responses: Vec<Canned>,
     hits: AtomicUsize,
+    /// Canned responses given so far (requests refused by `limit` take none).
+    served: AtomicUsize,
+    /// Requests whose `messages` (as JSON) are longer than this many bytes get this answer
+    /// instead of the next canned response (a model's window, for context-overflow tests).
+    limit: Option<(usize, Canned)>,
     requests: Mutex<Vec<Recorded>>,
 }
 
@@ -136,9 +141,20 @@ pub fn heartbeat() {
 /// Serves the canned responses in order; requests past the end get the last one. Also starts
 /// the [`heartbeat`].
 pub async fn serve(responses: Vec<Canned>) -> TestServer {
+    serve_with_limit(responses, None).await
+}
+
+/// Like [`serve`], but a request whose `messages` serialise to more than `limit.0` bytes gets
+/// `limit.1` (a "context length exceeded" answer) and takes no canned response.
+pub async fn serve_with_limit(
+    responses: Vec<Canned>,
+    limit: Option<(usize, Canned)>,
+) -> TestServer {
     heartbeat();
     let state = Arc::new(ServerState {
         responses,
+        served: AtomicUsize::new(0),
+        limit,
         hits: AtomicUsize::new(0),
         requests: Mutex::new(Vec::new()),
     });
@@ -157,13 +173,24 @@ async fn handle(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    let n = st.hits.fetch_add(1, Ordering::SeqCst);
+    st.hits.fetch_add(1, Ordering::SeqCst);
+    let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    let too_long = st
+        .limit
+        .as_ref()
+        .filter(|(max, _)| body["messages"].to_string().len() > *max);
     st.requests.lock().unwrap().push(Recorded {
         path: uri.path().to_string(),
         headers,
-        body: serde_json::from_slice(&body).unwrap_or(Value::Null),
+        body,
     });
-    let canned = st.responses[n.min(st.responses.len() - 1)].clone();
+    let canned = match too_long {
+        Some((_, refusal)) => refusal.clone(),
+        None => {
+            let n = st.served.fetch_add(1, Ordering::SeqCst);
+            st.responses[n.min(st.responses.len() - 1)].clone()
+        }
+    };
     if let Some(d) = canned.head_delay {
         tokio::time::sleep(d).await;
     }

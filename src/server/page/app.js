@@ -20,7 +20,7 @@ const DEBOUNCE_MS = 100;
 const LIVE = ["running", "waiting"];
 const EVENT_TYPES = ["call_received", "call_refused", "blocked", "unblocked", "approval_requested",
   "decision", "started", "finished", "failed", "written", "unresolved", "cancelled", "step_drained",
-  "run_started", "request_started", "model_retry", "model_fallback", "context_compacted", "solution",
+  "run_started", "request_started", "model_retry", "model_fallback", "stream_reasked", "context_compacted", "solution",
   "output_invalid", "run_finished"];
 const STATUS_LABEL = {
   pending: "pending", blocked: "blocked", awaiting_approval: "awaiting approval", running: "running",
@@ -321,6 +321,7 @@ function render(run) {
   $("#output").classList.toggle("empty", run.output === null || run.output === undefined);
   $("#state").textContent = run.state === null || run.state === undefined ? "—" : pretty(run.state);
   $("#state").classList.toggle("empty", run.state === null || run.state === undefined);
+  renderUsage(run.usage);
   const err = $("#run-error");
   err.hidden = !run.error;
   err.textContent = run.error ? pretty(run.error) : "";
@@ -328,6 +329,19 @@ function render(run) {
     if (page.es) closeStream();
     setConn("finished");
   }
+}
+
+// Tokens used, and the same figures for each model when more than one answered (fallback
+// models, a delegate's own model).
+function renderUsage(usage) {
+  const box = $("#run-usage");
+  box.hidden = !usage;
+  if (!usage) return;
+  const line = (u) => (u.input_tokens || 0) + " in · " + (u.output_tokens || 0) + " out tokens" +
+    (u.estimated ? " (estimated)" : "");
+  const models = Object.entries(usage.models || {});
+  box.replaceChildren(el("div", { text: "usage: " + line(usage) }),
+    ...models.map(([m, u]) => el("div", { class: "usage-model" }, el("code", { text: m }), " " + line(u))));
 }
 
 function statusLabel(s) {

@@ -1,0 +1,113 @@
+//! Helpers for tests that run a goal through the binary against an OpenAI-compatible canned
+//! server (`common::serve`): the canned answers, the run itself, and its events file.
+#![allow(dead_code)]
+
+use crate::bin;
+use crate::common::*;
+use serde_json::{Value, json};
+
+pub const TINY: &str = "tests/fixtures/real_model/tiny.goal.json";
+
+/// A 503 the client may retry at once (`Retry-After: 0`), so the test waits for no backoff.
+pub fn unavailable() -> Canned {
+    Canned::status(503, r#"{"error": {"message": "upstream overloaded"}}"#)
+        .header("retry-after", "0")
+}
+
+pub fn answer(solution: Value) -> Canned {
+    Canned::sse(&oa_stream(&solution.to_string()))
+}
+
+pub fn greet_call() -> Value {
+    json!({"calls": [{"_tool": "greet", "name": "Ada", "_output": {"greeting": "Hello, Ada!"},
+                      "_outputPath": "†state.greeting"}], "output": null})
+}
+
+pub fn final_output() -> Value {
+    json!({"calls": [], "output": {"name": "Ada", "greeting": "†state.greeting.greeting"}})
+}
+
+pub fn events_of(path: &std::path::Path) -> Vec<Value> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect()
+}
+
+pub async fn run(
+    server: &TestServer,
+    models: &str,
+    extra: &[&str],
+    events: &std::path::Path,
+) -> (Option<i32>, Value, String) {
+    let goal = extra
+        .iter()
+        .find_map(|a| a.strip_prefix("goal="))
+        .unwrap_or(TINY)
+        .to_string();
+    let extra: Vec<&str> = extra
+        .iter()
+        .copied()
+        .filter(|a| !a.starts_with("goal="))
+        .collect();
+    let out = bin::dagloop_tokio()
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .args(["run", &goal, "--json", "--model", models])
+        .args(extra)
+        .arg("--events")
+        .arg(events)
+        .env("OPENAI_BASE_URL", server.openai_base())
+        .env_remove("OPENAI_API_KEY")
+        .output()
+        .await
+        .expect("run");
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+    let v = serde_json::from_str(&stdout)
+        .unwrap_or_else(|e| panic!("not JSON ({e}): {stdout}{stderr}"));
+    (out.status.code(), v, stderr)
+}
+
+pub fn overflow() -> Canned {
+    Canned::status(
+        400,
+        r#"{"error": {"message": "This model's maximum context length is 8192 tokens. However, your messages resulted in 9120 tokens.", "type": "invalid_request_error", "param": "messages", "code": "context_length_exceeded"}}"#,
+    )
+}
+
+/// A streamed answer that stops after its first `keep` characters of `solution`'s text: the
+/// connection drops mid-answer (after content arrived).
+pub fn broken(solution: &Value, keep: usize) -> Canned {
+    let text = solution.to_string();
+    let head: String = text.chars().take(keep).collect();
+    let mut c = Canned::sse(&[
+        oa_delta(json!({"role": "assistant", "content": ""})),
+        oa_text(&head),
+    ]);
+    // Let the content reach the client before the drop.
+    c.pieces
+        .push(Piece::Sleep(std::time::Duration::from_millis(200)));
+    c.pieces.push(Piece::Break);
+    c
+}
+
+/// A whole (`stream: false`) chat-completions answer with `solution` as its text.
+pub fn whole(solution: &Value) -> Canned {
+    let body = json!({
+        "id": "c2", "object": "chat.completion", "created": 1, "model": "m",
+        "choices": [{"index": 0, "finish_reason": "stop",
+                     "message": {"role": "assistant", "content": solution.to_string()}}],
+        "usage": {"prompt_tokens": 10, "completion_tokens": 3, "total_tokens": 13}
+    });
+    Canned::status(200, &body.to_string())
+}
+
+/// The requests' `stream` flags and model names, in order.
+pub fn asked(server: &TestServer) -> Vec<(Value, Value)> {
+    server
+        .requests()
+        .iter()
+        .map(|q| (q.body["stream"].clone(), q.body["model"].clone()))
+        .collect()
+}

@@ -1,0 +1,200 @@
+//! Context overflow through the binary against an in-process OpenAI-compatible server on
+//! 127.0.0.1: a "context length exceeded" answer makes the run ask the turn again compacted one
+//! level further (oldest large values first), until it fits or the most compacted level is
+//! refused too (`run.context_overflow`).
+#![cfg(feature = "server")]
+
+#[path = "common/bin.rs"]
+mod bin;
+mod common;
+#[path = "common/model_runs.rs"]
+mod model_runs;
+
+use common::*;
+use model_runs::*;
+use serde_json::{Value, json};
+
+/// The size of a request's messages as the limited server measures them (bytes of JSON).
+fn dagloop_chars(body: &Value) -> usize {
+    body["messages"].to_string().len()
+}
+
+/// A "context length exceeded" answer is its own error code, `llm.context_overflow`: an error
+/// of the request, so it neither retries nor falls back. The turn is asked again of the same
+/// model, compacted one level further each time; a model that refuses the most compacted
+/// context too ends the run `run.context_overflow` (a status of its own), whose message gives
+/// the size of each refused context.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_context_that_never_fits_ends_the_run_context_overflow() {
+    let server = serve(vec![overflow()]).await;
+    let dir = tempfile::tempdir().expect("dir");
+    let events = dir.path().join("events.jsonl");
+    let (code, r, stderr) = run(&server, "openai:a,openai:b", &["--no-store"], &events).await;
+    assert_eq!(code, Some(1), "{r:#}\n{stderr}");
+    assert_eq!(r["status"], "context_overflow", "{r:#}");
+    assert_eq!(r["error"]["code"], "run.context_overflow", "{r:#}");
+    assert_eq!(r["error"]["cause"]["code"], "llm.context_overflow", "{r:#}");
+    let sizes: Vec<usize> = server
+        .requests()
+        .iter()
+        .map(|q| {
+            assert_eq!(q.body["model"], "a", "never fallen back from");
+            dagloop_chars(&q.body)
+        })
+        .collect();
+    assert_eq!(
+        sizes.len(),
+        4,
+        "the full context, then levels 1 to 3: {sizes:?}"
+    );
+    let refused = &r["error"]["cause"]["refused_chars"];
+    assert_eq!(refused.as_array().map(Vec::len), Some(4), "{r:#}");
+    let message = r["error"]["message"].as_str().unwrap_or_default();
+    for n in refused.as_array().into_iter().flatten() {
+        assert!(message.contains(&n.to_string()), "{message}");
+    }
+    let evs = events_of(&events);
+    let levels: Vec<u64> = evs
+        .iter()
+        .filter(|e| e["type"] == "context_compacted")
+        .filter_map(|e| e["level"].as_u64())
+        .collect();
+    assert_eq!(levels, [1, 2, 3], "{evs:#?}");
+    assert!(!evs.iter().any(|e| e["type"] == "model_fallback"));
+}
+
+/// A model that answers "context length exceeded" once gets the turn again with a smaller
+/// context (the `context_compacted` event, a shorter request), and the run succeeds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_context_overflow_is_asked_again_compacted_and_the_run_succeeds() {
+    let server = serve(vec![
+        overflow(),
+        answer(greet_call()),
+        answer(final_output()),
+    ])
+    .await;
+    // The tiny goal with a large state: 60 notes of 300 characters.
+    let dir = tempfile::tempdir().expect("dir");
+    let notes: Vec<String> = (0..60)
+        .map(|i| format!("note {i}: {}", "lorem ipsum ".repeat(25)))
+        .collect();
+    let goal_arg = tiny_goal_with_state(dir.path(), json!({ "notes": notes }));
+    let events = dir.path().join("events.jsonl");
+    let (code, r, stderr) = run(&server, "openai:a", &["--no-store", &goal_arg], &events).await;
+    assert_eq!(code, Some(0), "{r:#}\n{stderr}");
+    assert_eq!(
+        r["output"],
+        json!({"name": "Ada", "greeting": "Hello, Ada!"})
+    );
+    let sizes: Vec<usize> = server
+        .requests()
+        .iter()
+        .map(|q| q.body["messages"].to_string().len())
+        .collect();
+    assert_eq!(sizes.len(), 3);
+    assert!(
+        sizes[1] * 2 < sizes[0],
+        "the compacted context is much smaller: {sizes:?}"
+    );
+    let evs = events_of(&events);
+    let compacted: Vec<&Value> = evs
+        .iter()
+        .filter(|e| e["type"] == "context_compacted")
+        .collect();
+    assert_eq!(compacted.len(), 1, "{evs:#?}");
+    assert_eq!(compacted[0]["step"], 1);
+    assert_eq!(compacted[0]["level"], 1);
+    assert!(compacted[0]["chars"].as_u64().is_some_and(|c| c > 0));
+    let last = server.requests()[1].body["messages"].to_string();
+    assert!(last.contains("The context was too long"), "{last}");
+}
+
+/// The tiny goal with `state` as its initial state, saved in `dir`; the `goal=` argument of
+/// `run`.
+fn tiny_goal_with_state(dir: &std::path::Path, state: Value) -> String {
+    let mut goal: Value = serde_json::from_str(
+        &std::fs::read_to_string(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(TINY))
+            .expect("tiny goal"),
+    )
+    .expect("goal JSON");
+    goal["state"] = state;
+    let path = dir.join("big.goal.json");
+    std::fs::write(&path, goal.to_string()).expect("write goal");
+    format!("goal={}", path.display())
+}
+
+/// The tiny goal with a large state of many members (30 notes of about 600 characters, each
+/// its own member, written in order), saved in `dir`.
+fn long_goal(dir: &std::path::Path) -> String {
+    let state: serde_json::Map<String, Value> = (0..30)
+        .map(|i| {
+            let note = format!("note {i}: {}", "lorem ipsum ".repeat(50));
+            (format!("note{i:02}"), json!(note))
+        })
+        .collect();
+    tiny_goal_with_state(dir, Value::Object(state))
+}
+
+/// A model whose window is smaller than the run's context: every request longer than the
+/// limit is refused with "context length exceeded". Each turn is compacted step by step (level
+/// 1 replaces the oldest notes, level 2 more of them under tighter caps) until it fits, and the
+/// run succeeds; what reached the model always fit, and the oldest notes went first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_run_compacts_step_by_step_until_it_fits_and_succeeds() {
+    const LIMIT: usize = 9_000;
+    let server = serve_with_limit(
+        vec![answer(greet_call()), answer(final_output())],
+        Some((LIMIT, overflow())),
+    )
+    .await;
+    let dir = tempfile::tempdir().expect("dir");
+    let goal_arg = long_goal(dir.path());
+    let events = dir.path().join("events.jsonl");
+    let (code, r, stderr) = run(&server, "openai:a", &["--no-store", &goal_arg], &events).await;
+    assert_eq!(code, Some(0), "{r:#}\n{stderr}");
+    assert_eq!(
+        r["output"],
+        json!({"name": "Ada", "greeting": "Hello, Ada!"})
+    );
+    let sizes: Vec<usize> = server
+        .requests()
+        .iter()
+        .map(|q| dagloop_chars(&q.body))
+        .collect();
+    let evs = events_of(&events);
+    let compacted: Vec<(u64, u64)> = evs
+        .iter()
+        .filter(|e| e["type"] == "context_compacted")
+        .map(|e| {
+            (
+                e["step"].as_u64().unwrap_or(0),
+                e["level"].as_u64().unwrap_or(0),
+            )
+        })
+        .collect();
+    assert_eq!(
+        compacted,
+        [(1, 1), (1, 2), (2, 1), (2, 2)],
+        "each step needs two levels: {sizes:?}"
+    );
+    // Three requests a step: refused, refused (level 1), answered (level 2); each smaller.
+    assert_eq!(sizes.len(), 6, "{sizes:?}");
+    for step in sizes.chunks(3) {
+        assert!(
+            step[0] > LIMIT && step[1] > LIMIT && step[2] <= LIMIT,
+            "{sizes:?}"
+        );
+        assert!(step[1] < step[0] && step[2] < step[1], "{sizes:?}");
+    }
+    // Level 1 replaced the oldest notes and kept the newest.
+    let level1 = server.requests()[1].body["messages"].to_string();
+    assert!(level1.contains("[not shown: "), "{level1}");
+    assert!(
+        level1.contains("†state.note00"),
+        "the oldest note went first"
+    );
+    assert!(
+        level1.contains("note 29: lorem"),
+        "the newest note stays at level 1"
+    );
+}
