@@ -113,6 +113,8 @@ pub async fn serve(opts: ServeOptions) -> Result<(), ServerError> {
         addr: opts.addr,
         reason: e.to_string(),
     })?;
+    // `/metrics` counts what the runs driven from now on do.
+    crate::telemetry::metrics::enable();
     let state = AppState::open(&opts, local)?;
     // Listening for SIGTERM before anybody can be told the server is up.
     let term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
@@ -197,6 +199,7 @@ fn router(state: Arc<AppState>) -> Router {
     let (api, doc) = api_routes();
     let doc = Arc::new(doc.to_pretty_json().unwrap_or_default());
     let api = api
+        .route("/metrics", axum::routing::get(api::metrics))
         .route(
             "/openapi.json",
             axum::routing::get(move || {
