@@ -22,7 +22,10 @@ fn parse(text: &str) -> BTreeMap<String, f64> {
         let (series, value) = line.rsplit_once(' ').expect("a sample line");
         let value: f64 = value.parse().unwrap_or_else(|_| panic!("a number: {line}"));
         assert!(
-            series.chars().next().is_some_and(|c| c.is_ascii_alphabetic()),
+            series
+                .chars()
+                .next()
+                .is_some_and(|c| c.is_ascii_alphabetic()),
             "{line}"
         );
         out.insert(series.to_string(), value);
@@ -36,7 +39,10 @@ async fn metrics_count_runs_calls_approvals_model_turns_and_commits() {
     let (url, _) = counting_service().await;
     let s = Server::start(&dir.path().join("runs.db"), None);
     let id = create(&s, &goal(dir.path(), &url, "ask")).await;
-    let v = until(&s, &id, |v| v["awaiting"].as_array().is_some_and(|a| a.len() == 2)).await;
+    let v = until(&s, &id, |v| {
+        v["awaiting"].as_array().is_some_and(|a| a.len() == 2)
+    })
+    .await;
     let text = client()
         .get(s.url("/metrics"))
         .send()
@@ -46,8 +52,16 @@ async fn metrics_count_runs_calls_approvals_model_turns_and_commits() {
         .await
         .expect("body");
     let m = parse(&text);
-    assert_eq!(m.get("dagloop_runs_waiting_for_reviewer"), Some(&1.0), "{text}");
-    assert_eq!(m.get("dagloop_runs{status=\"waiting\"}"), Some(&1.0), "{text}");
+    assert_eq!(
+        m.get("dagloop_runs_waiting_for_reviewer"),
+        Some(&1.0),
+        "{text}"
+    );
+    assert_eq!(
+        m.get("dagloop_runs{status=\"waiting\"}"),
+        Some(&1.0),
+        "{text}"
+    );
     for c in v["awaiting"].as_array().expect("awaiting") {
         let call = c["call_id"].as_u64().expect("call id");
         let r = client()
@@ -56,7 +70,11 @@ async fn metrics_count_runs_calls_approvals_model_turns_and_commits() {
             .send()
             .await
             .expect("decide");
-        assert!(r.status().is_success(), "{}", r.text().await.unwrap_or_default());
+        assert!(
+            r.status().is_success(),
+            "{}",
+            r.text().await.unwrap_or_default()
+        );
     }
     until(&s, &id, |v| v["status"] == "succeeded").await;
     let text = client()
@@ -68,8 +86,16 @@ async fn metrics_count_runs_calls_approvals_model_turns_and_commits() {
         .await
         .expect("body");
     let m = parse(&text);
-    assert_eq!(m.get("dagloop_runs{status=\"succeeded\"}"), Some(&1.0), "{text}");
-    assert_eq!(m.get("dagloop_runs_waiting_for_reviewer"), Some(&0.0), "{text}");
+    assert_eq!(
+        m.get("dagloop_runs{status=\"succeeded\"}"),
+        Some(&1.0),
+        "{text}"
+    );
+    assert_eq!(
+        m.get("dagloop_runs_waiting_for_reviewer"),
+        Some(&0.0),
+        "{text}"
+    );
     assert_eq!(
         m.get("dagloop_runs_finished_total{status=\"succeeded\"}"),
         Some(&1.0),
@@ -92,11 +118,14 @@ async fn metrics_count_runs_calls_approvals_model_turns_and_commits() {
     );
     assert!(
         m.iter()
-            .any(|(k, v)| k.starts_with("dagloop_model_tokens_sum{") && k.contains("input") && *v > 0.0),
+            .any(|(k, v)| k.starts_with("dagloop_model_tokens_sum{")
+                && k.contains("input")
+                && *v > 0.0),
         "{text}"
     );
     assert!(
-        m.get("dagloop_journal_commit_seconds_count").is_some_and(|n| *n > 0.0),
+        m.get("dagloop_journal_commit_seconds_count")
+            .is_some_and(|n| *n > 0.0),
         "{text}"
     );
 }

@@ -171,14 +171,21 @@ fn runs_export_their_trace_to_phoenix_delegate_rejected_failed_and_resumed() {
         .current_dir(repo("examples/delegate"))
         .output()
         .expect("run");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let run = json_of(&out);
     let spans = p.spans(&trace_of(&run), |s| {
         s.iter().any(|x| x["name"] == "invoke_workflow")
     });
     let root = one(&spans, "invoke_workflow");
     assert!(root["parent_id"].is_null(), "{root}");
-    assert_eq!(root["attributes"]["gen_ai.operation.name"], "invoke_workflow");
+    assert_eq!(
+        root["attributes"]["gen_ai.operation.name"],
+        "invoke_workflow"
+    );
     let delegate = one(&spans, "execute_tool translateReply");
     let a = &delegate["attributes"];
     assert_eq!(a["gen_ai.tool.name"], "translateReply");
@@ -186,10 +193,19 @@ fn runs_export_their_trace_to_phoenix_delegate_rejected_failed_and_resumed() {
     assert_eq!(a["dagloop.activity"], "delegate");
     assert!(a["gen_ai.tool.call.id"].is_string(), "{a}");
     let step = parent(&spans, delegate).expect("the call's step");
-    assert!(step["name"].as_str().unwrap_or("").starts_with("step "), "{step}");
-    assert_eq!(parent(&spans, step).expect("the run")["name"], "invoke_workflow");
+    assert!(
+        step["name"].as_str().unwrap_or("").starts_with("step "),
+        "{step}"
+    );
+    assert_eq!(
+        parent(&spans, step).expect("the run")["name"],
+        "invoke_workflow"
+    );
     let nested = one(&spans, "invoke_agent translateReply");
-    assert_eq!(parent(&spans, nested).expect("parent")["name"], "execute_tool translateReply");
+    assert_eq!(
+        parent(&spans, nested).expect("parent")["name"],
+        "execute_tool translateReply"
+    );
     let chats: Vec<&Value> = spans
         .iter()
         .filter(|s| s["name"].as_str().unwrap_or("").starts_with("chat"))
@@ -208,7 +224,11 @@ fn runs_export_their_trace_to_phoenix_delegate_rejected_failed_and_resumed() {
             .is_some_and(|a| a["name"] == "invoke_agent translateReply")
     }));
     // Nothing of the content is recorded without DAGLOOP_OTEL_CONTENT=on.
-    assert!(!serde_json::to_string(&spans).expect("json").contains("Camille"));
+    assert!(
+        !serde_json::to_string(&spans)
+            .expect("json")
+            .contains("Camille")
+    );
 
     // 2. A rejected call and a failed one.
     let goal_dir = tempfile::tempdir().expect("dir");
@@ -241,7 +261,14 @@ fn runs_export_their_trace_to_phoenix_delegate_rejected_failed_and_resumed() {
     )
     .expect("decisions");
     let out = dagloop(&p, &store)
-        .args(["run", "--json", "--allow-shell", "--approve", "ask", "--decisions"])
+        .args([
+            "run",
+            "--json",
+            "--allow-shell",
+            "--approve",
+            "ask",
+            "--decisions",
+        ])
         .arg(&decisions)
         .arg(&goal)
         .current_dir(goal_dir.path())
@@ -255,10 +282,19 @@ fn runs_export_their_trace_to_phoenix_delegate_rejected_failed_and_resumed() {
     assert_eq!(wire["attributes"]["dagloop.call.status"], "rejected");
     assert_eq!(wire["status_code"], "ERROR");
     let approval = one(&spans, "approval wire");
-    assert_eq!(approval["attributes"]["dagloop.approval.decision"], "reject");
+    assert_eq!(
+        approval["attributes"]["dagloop.approval.decision"],
+        "reject"
+    );
     assert_eq!(approval["attributes"]["dagloop.approval.timed_out"], false);
-    assert_eq!(approval["attributes"]["dagloop.approval.channel"], "decisions_file");
-    assert_eq!(parent(&spans, approval).expect("parent")["name"], "execute_tool wire");
+    assert_eq!(
+        approval["attributes"]["dagloop.approval.channel"],
+        "decisions_file"
+    );
+    assert_eq!(
+        parent(&spans, approval).expect("parent")["name"],
+        "execute_tool wire"
+    );
     let broken = one(&spans, "execute_tool broken");
     assert_eq!(broken["attributes"]["dagloop.call.status"], "error");
     assert!(broken["attributes"]["error.type"].is_string(), "{broken}");
@@ -274,10 +310,18 @@ fn runs_export_their_trace_to_phoenix_delegate_rejected_failed_and_resumed() {
         .output()
         .expect("run");
     assert!(!out.status.success(), "the run was to be killed");
-    let listed = json_of(&dagloop(&p, &store).args(["runs", "--json"]).output().expect("runs"));
+    let listed = json_of(
+        &dagloop(&p, &store)
+            .args(["runs", "--json"])
+            .output()
+            .expect("runs"),
+    );
     let crashed = listed
         .as_array()
-        .and_then(|rows| rows.iter().find(|r| r["status"] != "succeeded" && r["status"] != "failed"))
+        .and_then(|rows| {
+            rows.iter()
+                .find(|r| r["status"] != "succeeded" && r["status"] != "failed")
+        })
         .and_then(|r| r["id"].as_str())
         .expect("the crashed run")
         .to_string();
@@ -286,11 +330,13 @@ fn runs_export_their_trace_to_phoenix_delegate_rejected_failed_and_resumed() {
         .args(["resume", &crashed, "--json"])
         .output()
         .expect("resume");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let trace = dagloop::telemetry::trace_id(&crashed).to_string();
-    let spans = p.spans(&trace, |s| {
-        s.iter().any(|x| x["name"] == "invoke_workflow")
-    });
+    let spans = p.spans(&trace, |s| s.iter().any(|x| x["name"] == "invoke_workflow"));
     let root = one(&spans, "invoke_workflow");
     assert_eq!(root["attributes"]["dagloop.run.resumed"], true, "{root}");
     let mut executed: BTreeMap<String, usize> = BTreeMap::new();

@@ -3,7 +3,7 @@
 
 #![cfg(feature = "otel")]
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use dagloop::engine::{AgentBuilder, RunStatus};
@@ -46,7 +46,7 @@ fn value(v: &OtelValue) -> Value {
 /// The spans as a stable shape: ids replaced by the names of the spans they point at, attributes
 /// sorted, times left out (they are the run's own, not stable).
 fn shape(spans: &[SpanData]) -> Value {
-    let names: BTreeMap<_, _> = spans
+    let names: HashMap<_, _> = spans
         .iter()
         .map(|s| (s.span_context.span_id(), s.name.to_string()))
         .collect();
@@ -94,7 +94,10 @@ fn shape(spans: &[SpanData]) -> Value {
 #[tokio::test(start_paused = true)]
 async fn a_run_exports_the_genai_spans_with_parents_attributes_and_links() {
     let exporter = InMemorySpanExporter::default();
-    assert!(dagloop::telemetry::install_exporter(exporter.clone(), false));
+    assert!(dagloop::telemetry::install_exporter(
+        exporter.clone(),
+        false
+    ));
     let turns = vec![
         turn(json!({"calls": [
             {"_tool": "double", "x": "†input.n", "_outputPath": "†state.a"},
@@ -112,8 +115,10 @@ async fn a_run_exports_the_genai_spans_with_parents_attributes_and_links() {
             let x = p["x"].as_i64().ok_or("x must be an integer")?;
             Ok::<_, String>(x * 2)
         });
-    b.registry_mut()
-        .register_fn("boom", |_p: Value| async move { Err::<Value, _>("it broke") });
+    b.registry_mut().register_fn(
+        "boom",
+        |_p: Value| async move { Err::<Value, _>("it broke") },
+    );
     let result = b.build().expect("agent").run().await;
     assert_eq!(result.status, RunStatus::Succeeded, "{:?}", result.error);
     dagloop::telemetry::flush();

@@ -156,12 +156,7 @@ pub(super) fn decide(store: &Store, run: &str, op: Op) -> Result<i32, CliError> 
     Ok(0)
 }
 
-pub(super) fn show(
-    store: &Store,
-    run: &str,
-    json_out: bool,
-    trace: bool,
-) -> Result<i32, CliError> {
+pub(super) fn show(store: &Store, run: &str, json_out: bool, trace: bool) -> Result<i32, CliError> {
     let stored = store.load(run).map_err(err)?;
     let rb = rebuild(&stored)?;
     let out = crate::runs::describe(
@@ -198,7 +193,9 @@ fn print_trace(out: &Value, json_out: bool) -> Result<i32, CliError> {
     if json_out {
         outln!(
             "{}",
-            pretty(&json!({"run_id": id, "trace_id": trace_id, "duration_ms": out["duration_ms"], "critical_path": path}))
+            pretty(
+                &json!({"run_id": id, "trace_id": trace_id, "duration_ms": out["duration_ms"], "critical_path": path})
+            )
         );
         return Ok(0);
     }
@@ -213,7 +210,10 @@ fn print_trace(out: &Value, json_out: bool) -> Result<i32, CliError> {
             "  {:>6} → {:>6}  {:>6} ms  {}{call}",
             s["start_ms"],
             s["end_ms"],
-            s["end_ms"].as_u64().unwrap_or(0).saturating_sub(s["start_ms"].as_u64().unwrap_or(0)),
+            s["end_ms"]
+                .as_u64()
+                .unwrap_or(0)
+                .saturating_sub(s["start_ms"].as_u64().unwrap_or(0)),
             s["span"].as_str().unwrap_or("")
         );
     }

@@ -590,8 +590,14 @@ pub(super) async fn metrics(State(st): State<Arc<AppState>>) -> ApiResult<impl I
         .map_err(|e| ApiError::from_store(&e))?;
     let mut by_status: std::collections::BTreeMap<String, u64> = Default::default();
     for row in rows {
-        let waiting = st.live(&row.id).is_some_and(|l| !l.handle.awaiting().is_empty());
-        let status = if waiting { "waiting".into() } else { row.status };
+        let waiting = st
+            .live(&row.id)
+            .is_some_and(|l| !l.handle.awaiting().is_empty());
+        let status = if waiting {
+            "waiting".into()
+        } else {
+            row.status
+        };
         *by_status.entry(status).or_default() += 1;
     }
     let runs: Vec<(String, u64)> = by_status.into_iter().collect();

@@ -19,7 +19,9 @@ use opentelemetry::trace::{
 use opentelemetry::{InstrumentationScope, KeyValue};
 use opentelemetry_http::{Bytes, HttpClient, HttpError, Request, Response};
 use opentelemetry_otlp::{Protocol, WithExportConfig, WithHttpConfig};
-use opentelemetry_sdk::trace::{BatchSpanProcessor, SpanData, SpanEvents, SpanLinks, SpanProcessor};
+use opentelemetry_sdk::trace::{
+    BatchSpanProcessor, SpanData, SpanEvents, SpanLinks, SpanProcessor,
+};
 
 use super::record::{self, SpanRecord};
 use super::{Pipeline, SpanExport, TelemetryError, ids};
@@ -130,7 +132,9 @@ pub(super) fn convert(s: SpanRecord, scope: &InstrumentationScope) -> SpanData {
         .collect();
     SpanData {
         span_context: context(trace, s.id),
-        parent_span_id: s.parent.map_or(SpanId::INVALID, |p| SpanId::from_bytes(p.0)),
+        parent_span_id: s
+            .parent
+            .map_or(SpanId::INVALID, |p| SpanId::from_bytes(p.0)),
         parent_span_is_remote: false,
         span_kind: match s.kind {
             record::Kind::Internal => SpanKind::Internal,

@@ -40,7 +40,11 @@ fn add(name: &'static str, labels: Vec<(&'static str, String)>, value: f64) {
 
 /// A run ended with `status`.
 pub fn run_finished(status: &str) {
-    add("dagloop_runs_finished_total", vec![("status", status.into())], 1.0);
+    add(
+        "dagloop_runs_finished_total",
+        vec![("status", status.into())],
+        1.0,
+    );
 }
 
 /// A call ended with `status` (`ok`, `error`, `timeout`, `rejected`...).
@@ -122,7 +126,10 @@ pub fn render(runs: &[(String, u64)]) -> String {
     for (status, n) in runs {
         let _ = writeln!(out, "dagloop_runs{{status=\"{}\"}} {n}", escape(status));
     }
-    let _ = writeln!(out, "# HELP dagloop_runs_waiting_for_reviewer Runs with a call awaiting a decision.");
+    let _ = writeln!(
+        out,
+        "# HELP dagloop_runs_waiting_for_reviewer Runs with a call awaiting a decision."
+    );
     let _ = writeln!(out, "# TYPE dagloop_runs_waiting_for_reviewer gauge");
     let _ = writeln!(
         out,

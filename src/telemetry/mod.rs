@@ -133,9 +133,7 @@ pub(crate) fn for_run(
     stored: Option<&[JournalEntry]>,
 ) -> Option<Box<RunSpans>> {
     let metrics = metrics::enabled();
-    let pipeline = PIPELINE
-        .get()
-        .filter(|p| (p.sample)(ids::trace_id(run_id)));
+    let pipeline = PIPELINE.get().filter(|p| (p.sample)(ids::trace_id(run_id)));
     if pipeline.is_none() && !metrics {
         return None;
     }

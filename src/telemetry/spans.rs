@@ -46,6 +46,8 @@ struct CallState {
     started: Option<Millis>,
     asked: Option<(Millis, bool)>,
     waiting_on: Vec<String>,
+    /// The calls whose writes it read, fixed when it started.
+    read_from: Option<Vec<u64>>,
     params: Option<Json>,
     interrupted: bool,
     replayed: bool,
@@ -248,7 +250,9 @@ impl RunSpans {
             return;
         }
         match &e.kind {
-            EventKind::RequestStarted { attempt } => self.turn_started(frame, e, *attempt, replayed),
+            EventKind::RequestStarted { attempt } => {
+                self.turn_started(frame, e, *attempt, replayed)
+            }
             EventKind::ModelRetry {
                 attempt,
                 status,
@@ -285,7 +289,10 @@ impl RunSpans {
                 }
             }
             EventKind::Solution { .. } => self.turn_ended(frame, e.at, None),
-            EventKind::RunFinished { status, .. } if !replayed => self.run_finished(e.at, status),
+            // A nested agent's end is its delegate call's (closed with the call).
+            EventKind::RunFinished { status, .. } if !replayed && frame == 0 => {
+                self.run_finished(e.at, status)
+            }
             _ => {}
         }
     }
@@ -450,9 +457,17 @@ impl RunSpans {
                 if !replayed {
                     self.step_span(frame, e.step, e.at, replayed);
                 }
+                let waiting_on = call
+                    .references()
+                    .unwrap_or_default()
+                    .into_iter()
+                    .flat_map(|(_, x)| x.refs)
+                    .map(|r| r.path.to_string())
+                    .collect();
                 self.calls.insert(
                     id,
                     CallState {
+                        waiting_on,
                         tool: call.tool.clone(),
                         frame,
                         step: e.step,
@@ -464,9 +479,16 @@ impl RunSpans {
                     },
                 );
             }
-            EventKind::Blocked { waiting_on } | EventKind::Unresolved { missing: waiting_on } => {
+            EventKind::Blocked { waiting_on }
+            | EventKind::Unresolved {
+                missing: waiting_on,
+            } => {
                 if let Some(c) = self.calls.get_mut(&id) {
-                    c.waiting_on.clone_from(waiting_on);
+                    for w in waiting_on {
+                        if !c.waiting_on.contains(w) {
+                            c.waiting_on.push(w.clone());
+                        }
+                    }
                 }
             }
             EventKind::ApprovalRequested {
@@ -495,7 +517,9 @@ impl RunSpans {
                 by,
             } => self.decided(id, e, decision.name(), *timed_out, by.as_ref(), replayed),
             EventKind::Started { .. } => {
+                let read_from = self.read_from(id);
                 if let Some(c) = self.calls.get_mut(&id) {
+                    c.read_from = Some(read_from);
                     c.started = Some(e.at);
                     if !replayed {
                         c.replayed = false;
@@ -518,9 +542,14 @@ impl RunSpans {
                 let result = self.content.then(|| Json::clone(error));
                 self.call_ended(id, e.at, kind.as_str(), Some(code), result, replayed);
             }
-            EventKind::Cancelled => {
-                self.call_ended(id, e.at, "cancelled", Some("cancelled".into()), None, replayed)
-            }
+            EventKind::Cancelled => self.call_ended(
+                id,
+                e.at,
+                "cancelled",
+                Some("cancelled".into()),
+                None,
+                replayed,
+            ),
             EventKind::CallRefused { .. } => {
                 self.call_ended(id, e.at, "refused", Some("refused".into()), None, replayed)
             }
@@ -574,8 +603,10 @@ impl RunSpans {
             ("dagloop.approval.timed_out", Value::Bool(timed_out)),
         ]);
         if let Some(b) = by {
-            s.attrs
-                .push(("dagloop.approval.principal", Value::from(b.principal.as_str())));
+            s.attrs.push((
+                "dagloop.approval.principal",
+                Value::from(b.principal.as_str()),
+            ));
             s.attrs
                 .push(("dagloop.approval.channel", Value::from(b.channel.as_str())));
         }
@@ -598,9 +629,11 @@ impl RunSpans {
             return;
         };
         // The nested agent a delegate call ran ends with it.
-        if let Some(open) = self.nested.remove(&id) {
+        if self.nested.contains_key(&id) {
             self.turn_ended(id, at, Some("ended"));
             self.close_step(id, at);
+        }
+        if let Some(open) = self.nested.remove(&id) {
             let agent = self.agents.get(&c.tool).cloned().unwrap_or(c.tool.clone());
             let mut s = self.span(
                 format!("invoke_agent {agent}"),
@@ -634,7 +667,10 @@ impl RunSpans {
             replayed,
         };
         let mut s = self.span(format!("execute_tool {}", c.tool), Some(parent), &open, at);
-        let activity = self.activities.get(&c.tool).map_or("latent", String::as_str);
+        let activity = self
+            .activities
+            .get(&c.tool)
+            .map_or("latent", String::as_str);
         s.attrs.extend([
             ("gen_ai.operation.name", Value::from("execute_tool")),
             ("gen_ai.tool.name", Value::from(c.tool.as_str())),
@@ -649,13 +685,12 @@ impl RunSpans {
             s.error = Some(code.clone());
         }
         if c.interrupted {
-            s.attrs.push(("dagloop.call.interrupted", Value::Bool(true)));
+            s.attrs
+                .push(("dagloop.call.interrupted", Value::Bool(true)));
         }
         if let Some(p) = c.params {
-            s.attrs.push((
-                "gen_ai.tool.call.arguments",
-                Value::from(p.to_string()),
-            ));
+            s.attrs
+                .push(("gen_ai.tool.call.arguments", Value::from(p.to_string())));
         }
         if let Some(r) = result {
             s.attrs
@@ -674,14 +709,10 @@ impl RunSpans {
                 attrs: vec![("dagloop.link.type", Value::from("original"))],
             });
         }
-        let mut linked = Vec::new();
-        for path in &c.waiting_on {
-            for (written, writer) in &self.writers {
-                if covers(written, path) && *writer != id && !linked.contains(writer) {
-                    linked.push(*writer);
-                }
-            }
-        }
+        let linked = match c.read_from {
+            Some(r) => r,
+            None => self.links_for(id, &c.waiting_on),
+        };
         for w in linked {
             s.links.push(Link {
                 span: self.writer_span(w),
@@ -695,6 +726,26 @@ impl RunSpans {
             metrics::call(&c.tool, status);
         }
         self.emit(s);
+    }
+
+    /// The calls whose writes call `id` reads now (at its launch).
+    fn read_from(&self, id: u64) -> Vec<u64> {
+        match self.calls.get(&id) {
+            Some(c) => self.links_for(id, &c.waiting_on),
+            None => Vec::new(),
+        }
+    }
+
+    fn links_for(&self, id: u64, paths: &[String]) -> Vec<u64> {
+        let mut linked = Vec::new();
+        for path in paths {
+            for (written, writer) in &self.writers {
+                if covers(written, path) && *writer != id && !linked.contains(writer) {
+                    linked.push(*writer);
+                }
+            }
+        }
+        linked
     }
 
     /// The span of a call that wrote a path (its own incarnation's).
@@ -810,7 +861,9 @@ fn collect_tools(
 ) {
     for t in &config.tools {
         if let Some(a) = &t.activity {
-            activities.entry(t.name.clone()).or_insert_with(|| a.clone());
+            activities
+                .entry(t.name.clone())
+                .or_insert_with(|| a.clone());
         }
     }
     for (name, nested) in &config.delegates {
