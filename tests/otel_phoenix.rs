@@ -256,8 +256,11 @@ fn runs_export_their_trace_to_phoenix_delegate_rejected_failed_and_resumed() {
     let decisions = goal_dir.path().join("decisions.json");
     std::fs::write(
         &decisions,
-        json!({"decisions": [{"tool": "wire", "decision": "reject", "reason": "not today"}]})
-            .to_string(),
+        json!({"decisions": [
+            {"tool": "wire", "decision": "reject", "reason": "not today"},
+            {"tool": "broken", "decision": "approve"}
+        ]})
+        .to_string(),
     )
     .expect("decisions");
     let out = dagloop(&p, &store)
