@@ -60,7 +60,15 @@ fn shape(spans: &[SpanData]) -> Value {
                 .attributes
                 .iter()
                 .filter(|kv| kv.key.as_str() != "dagloop.run.id")
-                .map(|kv| (kv.key.to_string(), value(&kv.value)))
+                .map(|kv| {
+                    // Durations are the run's own; only their presence is pinned.
+                    let v = if kv.key.as_str().ends_with("_ms") {
+                        json!("<ms>")
+                    } else {
+                        value(&kv.value)
+                    };
+                    (kv.key.to_string(), v)
+                })
                 .collect();
             let parent = names
                 .get(&s.parent_span_id)
