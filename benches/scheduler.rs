@@ -592,6 +592,7 @@ fn main() {
                 json!({"workload": "core", "fanout0_us_per_call": f, "chain0_us_per_hop": c})
             );
         }
+        otel_rows(&want).await;
         if want("streamed") {
             let dag = layered(7);
             let r = median(|| run(dag.calls(), 5)).await;
@@ -609,3 +610,45 @@ fn main() {
         }
     });
 }
+
+/// fanout0 and chain0 again with every run's spans exported over OTLP/HTTP (sampling 100%) to a
+/// local sink that accepts and drops them: the cost of tracing per call (`docs/observability.md`).
+/// Last, because the span pipeline is the process's for good once installed.
+#[cfg(all(feature = "otel", feature = "server"))]
+async fn otel_rows(want: &dyn Fn(&str) -> bool) {
+    if !want("fanout0_otel") && !want("chain0_otel") {
+        return;
+    }
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("sink");
+    let addr = listener.local_addr().expect("addr");
+    let sink = axum::Router::new().route(
+        "/v1/traces",
+        axum::routing::post(|body: axum::body::Bytes| async move {
+            std::hint::black_box(body.len());
+            ""
+        }),
+    );
+    tokio::spawn(async move { axum::serve(listener, sink).await });
+    // SAFETY of the environment: set before any thread reads it (the exporter is built below).
+    unsafe {
+        std::env::set_var("OTEL_EXPORTER_OTLP_ENDPOINT", format!("http://{addr}"));
+        std::env::set_var("OTEL_TRACES_SAMPLER", "always_on");
+        // Large enough that no span of a run is dropped: every one is exported.
+        std::env::set_var("OTEL_BSP_MAX_QUEUE_SIZE", "1000000");
+    }
+    assert!(dagloop::telemetry::init_from_env().expect("otel"));
+    if want("fanout0_otel") {
+        let n = env_n(100_000);
+        zero_line("fanout0_otel", fanout_calls(n, 0), &fanout_dag(n, 0)).await;
+    }
+    if want("chain0_otel") {
+        let n = env_n(10_000);
+        zero_line("chain0_otel", chain_calls(n, 0), &chain_dag(n, 0)).await;
+    }
+    dagloop::telemetry::flush();
+}
+
+#[cfg(not(all(feature = "otel", feature = "server")))]
+async fn otel_rows(_want: &dyn Fn(&str) -> bool) {}

@@ -51,6 +51,7 @@ pub mod schema;
 pub mod server;
 pub mod state;
 pub mod store;
+pub mod telemetry;
 #[cfg(feature = "temporal")]
 pub mod temporal;
 pub mod testcase;

@@ -21,6 +21,8 @@ fn main() -> anyhow::Result<()> {
     // Every task's destructors run here (a run's shell tools and MCP servers are killed);
     // whatever process group is left goes before the process does.
     drop(runtime);
+    // Spans still buffered are sent before the process goes (Ctrl-C ends the command first).
+    dagloop::telemetry::flush();
     dagloop::tools::kill_process_groups();
     std::process::exit(code);
 }

@@ -54,6 +54,18 @@ pub struct Cli {
     /// the working directory.
     #[arg(long, global = true)]
     pub config: Option<PathBuf>,
+    /// How logs are written on stderr when `RUST_LOG` asks for them: `text` or `json`.
+    #[arg(long, global = true, value_enum, default_value_t = LogFormatArg::Text)]
+    pub log_format: LogFormatArg,
+}
+
+/// `--log-format`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormatArg {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object a line.
+    Json,
 }
 
 /// The operator's configuration, when `--config` names one.
@@ -429,6 +441,10 @@ pub enum Command {
         /// the rule or grant each came from.
         #[arg(long)]
         audit: bool,
+        /// Print the run's trace: its OpenTelemetry trace id and critical path, named as the
+        /// exported spans are (`docs/observability.md`).
+        #[arg(long)]
+        trace: bool,
         /// Where the run is driven (`--engine temporal`: ask its workflow).
         #[command(flatten)]
         temporal: TemporalArgs,
@@ -589,7 +605,14 @@ pub async fn main(cli: Cli) -> i32 {
     // `show`, `runs`, `decide` and `resume` only read or continue runs: a store file that does
     // not exist is refused (`store.not_found`), not created empty at a mistyped path.
     let existing = || open_store(cli.store.as_deref(), cli.no_store, true);
-    let config = match load_config(cli.config.as_deref()) {
+    crate::telemetry::logs::init(match cli.log_format {
+        LogFormatArg::Text => crate::telemetry::logs::LogFormat::Text,
+        LogFormatArg::Json => crate::telemetry::logs::LogFormat::Json,
+    });
+    let config = match crate::telemetry::init_from_env()
+        .map_err(|e| CliError::new(e.code(), e))
+        .and_then(|_| load_config(cli.config.as_deref()))
+    {
         Ok(c) => c,
         Err(e) => {
             outln!("{}", pretty(&e.to_json()));
@@ -815,9 +838,12 @@ pub async fn main(cli: Cli) -> i32 {
             audit: true,
             ..
         } => required(existing()).and_then(|s| runs::audit(&s, &id, json)),
-        Command::Show { run: id, json, .. } => {
-            required(existing()).and_then(|s| runs::show(&s, &id, json))
-        }
+        Command::Show {
+            run: id,
+            json,
+            trace,
+            ..
+        } => required(existing()).and_then(|s| runs::show(&s, &id, json, trace)),
         Command::Policy {
             what:
                 PolicyArg::Explain {

@@ -146,7 +146,7 @@ pub(super) fn decide(store: &Store, run: &str, op: Op) -> Result<i32, CliError> 
     Ok(0)
 }
 
-pub(super) fn show(store: &Store, run: &str, json_out: bool) -> Result<i32, CliError> {
+pub(super) fn show(store: &Store, run: &str, json_out: bool, trace: bool) -> Result<i32, CliError> {
     let stored = store.load(run).map_err(err)?;
     let rb = rebuild(&stored)?;
     let out = crate::runs::describe(
@@ -156,6 +156,9 @@ pub(super) fn show(store: &Store, run: &str, json_out: bool) -> Result<i32, CliE
         stored.result.as_ref(),
         stored.lease.is_some(),
     );
+    if trace {
+        return print_trace(&out, json_out);
+    }
     print_description(&out, stored.journal.len(), stored.result.as_ref(), json_out)
 }
 
@@ -178,6 +181,54 @@ pub(super) fn audit(store: &Store, run: &str, json_out: bool) -> Result<i32, Cli
     outln!("run {} · {} audit entries", stored.record.id, entries.len());
     for l in crate::runs::audit::lines(&entries) {
         outln!("{l}");
+    }
+    Ok(0)
+}
+
+/// Prints a run's trace: the trace id its spans are exported under and its critical path (the
+/// description's, one computation for the page, `show` and this), each piece named as the span
+/// a trace viewer shows for it.
+fn print_trace(out: &Value, json_out: bool) -> Result<i32, CliError> {
+    let id = out["id"].as_str().unwrap_or("");
+    let trace_id = crate::telemetry::trace_id(id).to_string();
+    let path: Vec<Value> = out["critical_path"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|s| {
+            let mut s = s.clone();
+            s["span"] = json!(crate::telemetry::spans::span_name_for(
+                s["what"].as_str().unwrap_or("")
+            ));
+            s
+        })
+        .collect();
+    if json_out {
+        outln!(
+            "{}",
+            pretty(
+                &json!({"run_id": id, "trace_id": trace_id, "duration_ms": out["duration_ms"], "critical_path": path})
+            )
+        );
+        return Ok(0);
+    }
+    outln!("run {id} · trace {trace_id} · {} ms", out["duration_ms"]);
+    outln!("critical path (what set the run's duration):");
+    for s in &path {
+        let call = s["call_id"]
+            .as_u64()
+            .map(|c| format!("  (call {c})"))
+            .unwrap_or_default();
+        outln!(
+            "  {:>6} → {:>6}  {:>6} ms  {}{call}",
+            s["start_ms"],
+            s["end_ms"],
+            s["end_ms"]
+                .as_u64()
+                .unwrap_or(0)
+                .saturating_sub(s["start_ms"].as_u64().unwrap_or(0)),
+            s["span"].as_str().unwrap_or("")
+        );
     }
     Ok(0)
 }

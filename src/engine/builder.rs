@@ -613,7 +613,10 @@ impl Agent {
             root: self.config.clone(),
             policy: self.policy.clone(),
             sanitize: self.sanitize,
-            log: Mutex::new(Log::default()),
+            log: Mutex::new(Log {
+                spans: crate::telemetry::for_run(&self.run_id, &self.config, journal.as_deref()),
+                ..Log::default()
+            }),
             tx,
             capacity: self.event_capacity,
             ops: ops_tx,

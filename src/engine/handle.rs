@@ -71,11 +71,16 @@ pub(super) struct Log {
     /// Sends left before the ring may be full of events its slowest subscriber has not read
     /// (0: ask the ring).
     pub room: usize,
+    /// The run's spans and metrics, when telemetry is on (None: one branch per event).
+    pub spans: Option<Box<crate::telemetry::RunSpans>>,
 }
 
 impl Shared {
     /// Publishes events under the log lock (so a new subscriber's cut is consistent).
     pub fn publish(&self, log: &mut Log, event: Event) {
+        if let Some(spans) = &mut log.spans {
+            spans.observe(&log.journal, &event);
+        }
         let ephemeral = event.kind.is_ephemeral();
         if !ephemeral {
             log.last_seq = event.seq;

@@ -101,6 +101,20 @@ pub(super) async fn append_caught(
     run_id: &str,
     entries: &[JournalEntry],
 ) -> Result<(), JournalError> {
+    // Commit latency for `/metrics`, timed only when something counts it.
+    let timed = crate::telemetry::metrics::enabled().then(std::time::Instant::now);
+    let r = append_unwound(sink, run_id, entries).await;
+    if let Some(t) = timed {
+        crate::telemetry::metrics::journal_commit(t.elapsed().as_secs_f64());
+    }
+    r
+}
+
+async fn append_unwound(
+    sink: &dyn JournalSink,
+    run_id: &str,
+    entries: &[JournalEntry],
+) -> Result<(), JournalError> {
     let fut = match std::panic::catch_unwind(AssertUnwindSafe(|| sink.append(run_id, entries))) {
         Ok(f) => f,
         Err(_) => {

@@ -119,6 +119,8 @@ pub async fn serve(opts: ServeOptions) -> Result<(), ServerError> {
         addr: opts.addr,
         reason: e.to_string(),
     })?;
+    // `/metrics` counts what the runs driven from now on do.
+    crate::telemetry::metrics::enable();
     let state = AppState::open(&opts, local)?;
     // Listening for SIGTERM before anybody can be told the server is up.
     let term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
@@ -205,6 +207,7 @@ fn router(state: Arc<AppState>) -> Router {
     let (api, _) = api_routes();
     let doc = Arc::new(openapi_json());
     let api = api
+        .route("/metrics", axum::routing::get(api::metrics))
         .route(
             "/openapi.json",
             axum::routing::get(move || {

@@ -1,0 +1,305 @@
+//! OTLP export of dagloop's spans through the OpenTelemetry SDK: the standard variables pick the
+//! endpoint (`OTEL_EXPORTER_OTLP_ENDPOINT`), protocol (`OTEL_EXPORTER_OTLP_PROTOCOL`), service
+//! name (`OTEL_SERVICE_NAME`, `OTEL_RESOURCE_ATTRIBUTES`) and sampler (`OTEL_TRACES_SAMPLER`,
+//! `OTEL_TRACES_SAMPLER_ARG`); the SDK's batch processor (`OTEL_BSP_*`) sends them from its own
+//! thread over the project's reqwest and rustls.
+//!
+//! Deliberately not here: gRPC (`OTEL_EXPORTER_OTLP_PROTOCOL=grpc` is refused with a clear
+//! error: tonic's transport would be a second HTTP stack), or building spans (`spans`).
+
+use std::borrow::Cow;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use opentelemetry::trace::{
+    SpanContext, SpanId, SpanKind, Status, TraceFlags, TraceId, TraceState,
+};
+use opentelemetry::{InstrumentationScope, KeyValue};
+use opentelemetry_http::{Bytes, HttpClient, HttpError, Request, Response};
+use opentelemetry_otlp::{Protocol, WithExportConfig, WithHttpConfig};
+use opentelemetry_sdk::trace::{
+    BatchSpanProcessor, SpanData, SpanEvents, SpanLinks, SpanProcessor,
+};
+
+use super::record::{self, SpanRecord};
+use super::{Pipeline, SpanExport, TelemetryError, ids};
+
+/// OTLP over HTTP through the project's reqwest client. The batch processor calls it from its
+/// own thread, outside any tokio runtime: the client runs on a small runtime of its own, made
+/// on first use.
+#[derive(Debug, Default)]
+struct Client {
+    inner: OnceLock<Option<(tokio::runtime::Runtime, reqwest::Client)>>,
+}
+
+impl Client {
+    async fn send(&self, request: Request<Bytes>) -> Result<Response<Bytes>, HttpError> {
+        let Some((rt, client)) = self.inner.get_or_init(|| {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .ok()?;
+            let client = crate::net::builder()
+                .timeout(Duration::from_secs(10))
+                .build()
+                .ok()?;
+            Some((rt, client))
+        }) else {
+            return Err("the OTLP HTTP client could not be built".into());
+        };
+        let request = reqwest::Request::try_from(request.map(reqwest::Body::from))?;
+        let response = rt.block_on(async {
+            let r = client.execute(request).await?;
+            let status = r.status();
+            let body = r.bytes().await?;
+            Ok::<_, reqwest::Error>((status, body))
+        })?;
+        Ok(Response::builder().status(response.0).body(response.1)?)
+    }
+}
+
+impl HttpClient for Client {
+    fn send_bytes<'a, 'b>(
+        &'a self,
+        request: Request<Bytes>,
+    ) -> Pin<Box<dyn Future<Output = Result<Response<Bytes>, HttpError>> + Send + 'b>>
+    where
+        'a: 'b,
+        Self: 'b,
+    {
+        Box::pin(self.send(request))
+    }
+}
+
+struct Batch {
+    processor: BatchSpanProcessor,
+    scope: InstrumentationScope,
+}
+
+impl SpanExport for Batch {
+    fn export(&self, span: SpanRecord) {
+        self.processor.on_end(convert(span, &self.scope));
+    }
+}
+
+fn time(ms: u64) -> SystemTime {
+    UNIX_EPOCH + Duration::from_millis(ms)
+}
+
+fn kv(attrs: record::Attrs) -> Vec<KeyValue> {
+    attrs
+        .into_iter()
+        .map(|(k, v)| match v {
+            record::Value::Str(s) => KeyValue::new(k, s),
+            record::Value::Int(n) => KeyValue::new(k, n),
+            record::Value::Bool(b) => KeyValue::new(k, b),
+            record::Value::Strs(list) => KeyValue::new(
+                k,
+                opentelemetry::Value::Array(opentelemetry::Array::String(
+                    list.into_iter().map(Into::into).collect(),
+                )),
+            ),
+        })
+        .collect()
+}
+
+fn context(trace: ids::TraceId, span: ids::SpanId) -> SpanContext {
+    SpanContext::new(
+        TraceId::from_bytes(trace.0),
+        SpanId::from_bytes(span.0),
+        TraceFlags::SAMPLED,
+        false,
+        TraceState::NONE,
+    )
+}
+
+/// A dagloop span as the SDK's exporters take it.
+pub(super) fn convert(s: SpanRecord, scope: &InstrumentationScope) -> SpanData {
+    let trace = s.trace;
+    let mut events = SpanEvents::default();
+    events.events = s
+        .events
+        .into_iter()
+        .map(|e| opentelemetry::trace::Event::new(e.name, time(e.at), kv(e.attrs), 0))
+        .collect();
+    let mut links = SpanLinks::default();
+    links.links = s
+        .links
+        .into_iter()
+        .map(|l| opentelemetry::trace::Link::new(context(trace, l.span), kv(l.attrs), 0))
+        .collect();
+    SpanData {
+        span_context: context(trace, s.id),
+        parent_span_id: s
+            .parent
+            .map_or(SpanId::INVALID, |p| SpanId::from_bytes(p.0)),
+        parent_span_is_remote: false,
+        span_kind: match s.kind {
+            record::Kind::Internal => SpanKind::Internal,
+            record::Kind::Client => SpanKind::Client,
+        },
+        name: Cow::Owned(s.name),
+        start_time: time(s.start),
+        end_time: time(s.end),
+        attributes: kv(s.attrs),
+        dropped_attributes_count: 0,
+        events,
+        links,
+        status: match s.error {
+            Some(e) => Status::Error {
+                description: Cow::Owned(e),
+            },
+            None => Status::Unset,
+        },
+        instrumentation_scope: scope.clone(),
+    }
+}
+
+/// The instrumentation scope of dagloop's spans.
+pub(super) fn scope() -> InstrumentationScope {
+    InstrumentationScope::builder("dagloop")
+        .with_version(env!("CARGO_PKG_VERSION"))
+        .build()
+}
+
+fn bad(var: &'static str, value: &str, reason: &str) -> TelemetryError {
+    TelemetryError::BadVariable {
+        var,
+        value: value.to_string(),
+        reason: reason.to_string(),
+    }
+}
+
+/// `OTEL_TRACES_SAMPLER` (and its `_ARG`) as a decision on a trace id. A run is a whole trace
+/// (its spans have no remote parent), so the parent-based samplers decide as their root one.
+fn sampler() -> Result<Box<dyn Fn(ids::TraceId) -> bool + Send + Sync>, TelemetryError> {
+    let name = std::env::var("OTEL_TRACES_SAMPLER").unwrap_or_default();
+    let arg = std::env::var("OTEL_TRACES_SAMPLER_ARG").unwrap_or_default();
+    let ratio = || -> Result<f64, TelemetryError> {
+        if arg.trim().is_empty() {
+            return Ok(1.0);
+        }
+        arg.trim()
+            .parse::<f64>()
+            .ok()
+            .filter(|r| r.is_finite())
+            .map(|r| r.clamp(0.0, 1.0))
+            .ok_or_else(|| bad("OTEL_TRACES_SAMPLER_ARG", &arg, "not a number from 0 to 1"))
+    };
+    Ok(match name.trim() {
+        "" | "always_on" | "parentbased_always_on" => Box::new(|_| true),
+        "always_off" | "parentbased_always_off" => Box::new(|_| false),
+        "traceidratio" | "parentbased_traceidratio" => {
+            let r = ratio()?;
+            Box::new(move |t| keep(t, r))
+        }
+        other => {
+            return Err(bad(
+                "OTEL_TRACES_SAMPLER",
+                other,
+                "dagloop knows always_on, always_off, traceidratio and their parentbased_ forms",
+            ));
+        }
+    })
+}
+
+/// The trace-id ratio rule of the OpenTelemetry SDKs: the id's low 8 bytes, as a number below
+/// 2^63, under `ratio` of that range.
+pub(super) fn keep(t: ids::TraceId, ratio: f64) -> bool {
+    let mut low = [0u8; 8];
+    low.copy_from_slice(&t.0[8..]);
+    let n = u64::from_be_bytes(low) >> 1;
+    (n as f64) < ratio * (1u64 << 63) as f64
+}
+
+/// The pipeline the standard variables describe.
+pub(super) fn from_env() -> Result<Pipeline, TelemetryError> {
+    let protocol = std::env::var("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
+        .or_else(|_| std::env::var("OTEL_EXPORTER_OTLP_PROTOCOL"))
+        .unwrap_or_default();
+    match protocol.trim() {
+        "" | "http/protobuf" => {}
+        other => {
+            return Err(bad(
+                "OTEL_EXPORTER_OTLP_PROTOCOL",
+                other,
+                "dagloop exports http/protobuf only (gRPC is not built in)",
+            ));
+        }
+    }
+    let sample = sampler()?;
+    let exporter = opentelemetry_otlp::SpanExporter::builder()
+        .with_http()
+        .with_http_client(Client::default())
+        .with_protocol(Protocol::HttpBinary)
+        .build()
+        .map_err(|e| TelemetryError::Exporter(e.to_string()))?;
+    let mut processor = BatchSpanProcessor::builder(exporter).build();
+    let resource = opentelemetry_sdk::Resource::builder()
+        .with_service_name(std::env::var("OTEL_SERVICE_NAME").unwrap_or_else(|_| "dagloop".into()))
+        .build();
+    processor.set_resource(&resource);
+    let processor = Arc::new(Batch {
+        processor,
+        scope: scope(),
+    });
+    let flusher = processor.clone();
+    Ok(Pipeline {
+        export: processor,
+        sample,
+        content: super::content_from_env(),
+        flush: Box::new(move || {
+            if let Err(e) = flusher.processor.force_flush() {
+                tracing::warn!("OpenTelemetry spans could not be sent: {e}");
+            }
+        }),
+    })
+}
+
+/// Spans straight into `exporter`, one at a time (tests use the SDK's in-memory exporter).
+pub(super) fn with_exporter<E: opentelemetry_sdk::trace::SpanExporter + 'static>(
+    exporter: E,
+    content: bool,
+) -> Pipeline {
+    let processor = Arc::new(Simple {
+        processor: opentelemetry_sdk::trace::SimpleSpanProcessor::new(exporter),
+        scope: scope(),
+    });
+    let flusher = processor.clone();
+    Pipeline {
+        export: processor,
+        sample: Box::new(|_| true),
+        content,
+        flush: Box::new(move || {
+            let _ = flusher.processor.force_flush();
+        }),
+    }
+}
+
+struct Simple<E: opentelemetry_sdk::trace::SpanExporter> {
+    processor: opentelemetry_sdk::trace::SimpleSpanProcessor<E>,
+    scope: InstrumentationScope,
+}
+
+impl<E: opentelemetry_sdk::trace::SpanExporter + 'static> SpanExport for Simple<E> {
+    fn export(&self, span: SpanRecord) {
+        self.processor.on_end(convert(span, &self.scope));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_ratio_sampler_keeps_about_its_share_and_is_stable() {
+        let kept = (0..2000)
+            .filter(|i| keep(ids::trace_id(&format!("run-{i}")), 0.25))
+            .count();
+        assert!((350..650).contains(&kept), "{kept}");
+        assert!(keep(ids::trace_id("run-x"), 1.0));
+        assert!(!keep(ids::trace_id("run-x"), 0.0));
+    }
+}

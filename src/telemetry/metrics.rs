@@ -1,0 +1,158 @@
+//! Process-wide counters for `GET /metrics` in the Prometheus text format, fed by the runs'
+//! span builders (`spans`) and the journal: runs by status, calls by tool and status, approval
+//! waits, model turns by model, journal commit latency, runs waiting for a reviewer.
+//!
+//! Hand-rolled (a map behind a mutex and a text writer) rather than a metrics crate: a dozen
+//! series do not need one. Nothing is counted until [`enable`] is called (the server does).
+//!
+//! Deliberately not here: labels from anything a user wrote other than tool and model names
+//! (never params, results or principals).
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+
+static ENABLED: AtomicBool = AtomicBool::new(false);
+static WAITING: AtomicI64 = AtomicI64::new(0);
+
+/// (metric name, labels) → (count, sum).
+type Series = BTreeMap<(&'static str, Vec<(&'static str, String)>), (u64, f64)>;
+static SERIES: Mutex<Series> = Mutex::new(BTreeMap::new());
+
+/// Starts counting (the server calls it once).
+pub fn enable() {
+    ENABLED.store(true, Ordering::Relaxed);
+}
+
+/// Whether anything is counted.
+pub fn enabled() -> bool {
+    ENABLED.load(Ordering::Relaxed)
+}
+
+fn add(name: &'static str, labels: Vec<(&'static str, String)>, value: f64) {
+    if let Ok(mut s) = SERIES.lock() {
+        let e = s.entry((name, labels)).or_insert((0, 0.0));
+        e.0 += 1;
+        e.1 += value;
+    }
+}
+
+/// A run ended with `status`.
+pub fn run_finished(status: &str) {
+    add(
+        "dagloop_runs_finished_total",
+        vec![("status", status.into())],
+        1.0,
+    );
+}
+
+/// A call ended with `status` (`ok`, `error`, `timeout`, `rejected`...).
+pub fn call(tool: &str, status: &str) {
+    add(
+        "dagloop_calls_total",
+        vec![("tool", tool.into()), ("status", status.into())],
+        1.0,
+    );
+}
+
+/// A reviewer (or the policy) answered after `ms`.
+pub fn approval_wait(ms: u64, decision: &str) {
+    add(
+        "dagloop_approval_wait_seconds",
+        vec![("decision", decision.into())],
+        ms as f64 / 1000.0,
+    );
+}
+
+/// A model turn took `ms` and these tokens.
+pub fn model_turn(model: &str, ms: u64, input: u64, output: u64) {
+    add(
+        "dagloop_model_turn_seconds",
+        vec![("model", model.into())],
+        ms as f64 / 1000.0,
+    );
+    add(
+        "dagloop_model_tokens",
+        vec![("model", model.into()), ("type", "input".into())],
+        input as f64,
+    );
+    add(
+        "dagloop_model_tokens",
+        vec![("model", model.into()), ("type", "output".into())],
+        output as f64,
+    );
+}
+
+/// A journal batch was committed in `secs`.
+pub fn journal_commit(secs: f64) {
+    if enabled() {
+        add("dagloop_journal_commit_seconds", Vec::new(), secs);
+    }
+}
+
+/// A run started (+1) or stopped (-1) waiting for a reviewer.
+pub fn waiting_run(delta: i64) {
+    WAITING.fetch_add(delta, Ordering::Relaxed);
+}
+
+fn labels(l: &[(&'static str, String)], extra: Option<(&str, &str)>) -> String {
+    let mut parts: Vec<String> = l
+        .iter()
+        .map(|(k, v)| format!("{k}=\"{}\"", escape(v)))
+        .collect();
+    if let Some((k, v)) = extra {
+        parts.push(format!("{k}=\"{v}\""));
+    }
+    if parts.is_empty() {
+        String::new()
+    } else {
+        format!("{{{}}}", parts.join(","))
+    }
+}
+
+fn escape(v: &str) -> String {
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+/// The metrics in the Prometheus text exposition format (0.0.4); `runs` are the runs the
+/// caller knows by status (the server's store), as a gauge.
+pub fn render(runs: &[(String, u64)]) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "# HELP dagloop_runs Runs by status.");
+    let _ = writeln!(out, "# TYPE dagloop_runs gauge");
+    for (status, n) in runs {
+        let _ = writeln!(out, "dagloop_runs{{status=\"{}\"}} {n}", escape(status));
+    }
+    let _ = writeln!(
+        out,
+        "# HELP dagloop_runs_waiting_for_reviewer Runs with a call awaiting a decision."
+    );
+    let _ = writeln!(out, "# TYPE dagloop_runs_waiting_for_reviewer gauge");
+    let _ = writeln!(
+        out,
+        "dagloop_runs_waiting_for_reviewer {}",
+        WAITING.load(Ordering::Relaxed).max(0)
+    );
+    let Ok(series) = SERIES.lock() else {
+        return out;
+    };
+    let mut last = "";
+    for ((name, l), (count, sum)) in series.iter() {
+        let counter = name.ends_with("_total");
+        if *name != last {
+            let kind = if counter { "counter" } else { "summary" };
+            let _ = writeln!(out, "# TYPE {name} {kind}");
+            last = name;
+        }
+        if counter {
+            let _ = writeln!(out, "{name}{} {count}", labels(l, None));
+        } else {
+            let _ = writeln!(out, "{name}_count{} {count}", labels(l, None));
+            let _ = writeln!(out, "{name}_sum{} {sum}", labels(l, None));
+        }
+    }
+    out
+}

@@ -1,0 +1,132 @@
+//! A finished span as dagloop describes it, independent of any OpenTelemetry crate: what the
+//! span builder produces, what the OTLP exporter converts and what tests read.
+//!
+//! Deliberately not here: building spans from a run (`spans`) or sending them (`export`).
+
+use super::ids::{SpanId, TraceId};
+use crate::protocol::Millis;
+
+/// An attribute value.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[serde(untagged)]
+pub enum Value {
+    /// A string.
+    Str(String),
+    /// An integer.
+    Int(i64),
+    /// A boolean.
+    Bool(bool),
+    /// Several strings.
+    Strs(Vec<String>),
+}
+
+impl From<&str> for Value {
+    fn from(s: &str) -> Self {
+        Value::Str(s.to_string())
+    }
+}
+impl From<String> for Value {
+    fn from(s: String) -> Self {
+        Value::Str(s)
+    }
+}
+impl From<u64> for Value {
+    fn from(n: u64) -> Self {
+        Value::Int(i64::try_from(n).unwrap_or(i64::MAX))
+    }
+}
+impl From<u32> for Value {
+    fn from(n: u32) -> Self {
+        Value::Int(i64::from(n))
+    }
+}
+impl From<bool> for Value {
+    fn from(b: bool) -> Self {
+        Value::Bool(b)
+    }
+}
+
+/// Attributes in the order they were set.
+pub type Attrs = Vec<(&'static str, Value)>;
+
+/// Something that happened during a span (a retry, a fallback).
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct SpanEvent {
+    /// Its name.
+    pub name: &'static str,
+    /// When.
+    pub at: Millis,
+    /// Its attributes.
+    pub attrs: Attrs,
+}
+
+/// A link to another span of the same trace.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct Link {
+    /// The span linked to.
+    #[serde(serialize_with = "display")]
+    pub span: SpanId,
+    /// What the link means (`dagloop.link.type`: `waited_on`, `resumed_from`, `original`).
+    pub attrs: Attrs,
+}
+
+/// The span's kind, as OpenTelemetry names them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Kind {
+    /// Work inside dagloop.
+    Internal,
+    /// A request to another service (a model provider).
+    Client,
+}
+
+/// One finished span.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct SpanRecord {
+    /// The trace (the run's).
+    #[serde(serialize_with = "display")]
+    pub trace: TraceId,
+    /// Its id.
+    #[serde(serialize_with = "display")]
+    pub id: SpanId,
+    /// Its parent, when it has one.
+    #[serde(serialize_with = "display_opt")]
+    pub parent: Option<SpanId>,
+    /// The name (`invoke_agent dagloop`, `chat gpt-4o-mini`, `execute_tool fetch`...).
+    pub name: String,
+    /// Its kind.
+    pub kind: Kind,
+    /// Start and end, in milliseconds since the Unix epoch (the journal's times).
+    pub start: Millis,
+    /// The end.
+    pub end: Millis,
+    /// Attributes.
+    pub attrs: Attrs,
+    /// Events.
+    pub events: Vec<SpanEvent>,
+    /// Links.
+    pub links: Vec<Link>,
+    /// The error that ended it, when it failed.
+    pub error: Option<String>,
+}
+
+impl SpanRecord {
+    /// The attribute named `key`, if set.
+    pub fn attr(&self, key: &str) -> Option<&Value> {
+        self.attrs.iter().find(|(k, _)| *k == key).map(|(_, v)| v)
+    }
+}
+
+fn display<T: std::fmt::Display, S: serde::Serializer>(v: &T, s: S) -> Result<S::Ok, S::Error> {
+    s.collect_str(v)
+}
+
+fn display_opt<T: std::fmt::Display, S: serde::Serializer>(
+    v: &Option<T>,
+    s: S,
+) -> Result<S::Ok, S::Error> {
+    match v {
+        Some(v) => s.collect_str(v),
+        None => s.serialize_none(),
+    }
+}

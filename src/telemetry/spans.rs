@@ -1,0 +1,873 @@
+//! A run's spans, derived from what it already records: fed every published event and the
+//! journal beside it, [`RunSpans`] opens and closes the spans of the OpenTelemetry GenAI
+//! conventions (the run, each step, each model turn, each call, each approval wait, nested
+//! agents) and hands each finished one to its exporter, with the journal's own times.
+//!
+//! Ids are derived from the run id ([`super::ids`]), so a resumed run writes into the same
+//! trace and links to the spans of the process before it. Events replayed from the journal on a
+//! resume make spans marked `dagloop.replayed = true`, linked to the original: nothing is
+//! reported as executed twice.
+//!
+//! Deliberately not here: IO of any kind (the exporter sends), clocks (events carry their
+//! times), or recording content unless the pipeline says the operator opted in.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use serde_json::Value as Json;
+
+use super::ids::{self, SpanId, TraceId};
+use super::metrics;
+use super::record::{Attrs, Kind, Link, SpanEvent, SpanRecord, Value};
+use crate::machine::{AgentConfig, JournalEntry, RunInput};
+use crate::protocol::{Event, EventKind, Millis};
+
+/// Where finished spans go.
+pub trait SpanExport: Send + Sync {
+    /// Takes one finished span (never blocks on the network).
+    fn export(&self, span: SpanRecord);
+}
+
+/// The key of an agent's frame: 0 for the run's own agent, else its delegate call.
+type Frame = u64;
+
+struct Open {
+    id: SpanId,
+    start: Millis,
+    replayed: bool,
+}
+
+#[derive(Default)]
+struct CallState {
+    tool: String,
+    frame: Frame,
+    step: u32,
+    received: Millis,
+    started: Option<Millis>,
+    asked: Option<(Millis, bool)>,
+    waiting_on: Vec<String>,
+    /// The calls whose writes it read, fixed when it started.
+    read_from: Option<Vec<u64>>,
+    params: Option<Json>,
+    interrupted: bool,
+    replayed: bool,
+    incarnation: u32,
+}
+
+struct Turn {
+    open: Open,
+    step: u32,
+    attempt: u32,
+    first_call: Option<Millis>,
+    events: Vec<SpanEvent>,
+    usage: Option<(u64, u64, bool)>,
+    model: Option<String>,
+}
+
+/// The spans of one run in progress.
+pub struct RunSpans {
+    run_id: Arc<str>,
+    trace: TraceId,
+    export: Option<Arc<dyn SpanExport>>,
+    metrics: bool,
+    content: bool,
+    /// Journal entries up to this seq were recorded by an earlier process (replayed here).
+    replayed_upto: u64,
+    /// Resumes seen in the journal so far: the incarnation of what is replayed now.
+    incarnation: u32,
+    /// The incarnation of this process (0 for a new run, n after the n-th resume).
+    own: u32,
+    /// The incarnation each finished call ran in.
+    done: BTreeMap<u64, u32>,
+    /// Journal entries already looked at.
+    scanned: usize,
+    root: Option<Open>,
+    workflow: bool,
+    agents: BTreeMap<String, String>,
+    activities: BTreeMap<String, String>,
+    /// Nested agents' spans, by their delegate call.
+    nested: BTreeMap<Frame, Open>,
+    steps: BTreeMap<Frame, (u32, Open)>,
+    turns: BTreeMap<Frame, Turn>,
+    calls: BTreeMap<u64, CallState>,
+    /// The last call that wrote each path.
+    writers: BTreeMap<String, u64>,
+    /// Usage reported for each frame since its turn was last closed.
+    usage: BTreeMap<Frame, (u64, u64, bool, Option<String>)>,
+    awaiting: usize,
+}
+
+fn frame_of(e: &Event) -> Frame {
+    e.parent.map_or(0, |p| p.0)
+}
+
+fn frame_key(f: crate::machine::FrameKey) -> Frame {
+    f.map_or(0, |c| c.0)
+}
+
+impl RunSpans {
+    /// The spans of `run_id`, whose agent is `config`; `stored` is the journal a resumed run
+    /// starts from (empty for a new run). `export` None: metrics only.
+    pub fn new(
+        run_id: &str,
+        config: &AgentConfig,
+        stored: &[JournalEntry],
+        export: Option<Arc<dyn SpanExport>>,
+        metrics: bool,
+        content: bool,
+    ) -> Self {
+        let mut agents = BTreeMap::new();
+        let mut activities = BTreeMap::new();
+        collect_tools(config, &mut agents, &mut activities);
+        RunSpans {
+            run_id: Arc::from(run_id),
+            trace: ids::trace_id(run_id),
+            export,
+            metrics,
+            content,
+            replayed_upto: stored.last().map_or(0, |e| e.seq),
+            incarnation: 0,
+            own: if stored.is_empty() {
+                0
+            } else {
+                1 + stored
+                    .iter()
+                    .filter(|e| matches!(e.input, RunInput::Resumed))
+                    .count() as u32
+            },
+            done: BTreeMap::new(),
+            scanned: 0,
+            root: None,
+            workflow: !config.delegates.is_empty(),
+            agents,
+            activities,
+            nested: BTreeMap::new(),
+            steps: BTreeMap::new(),
+            turns: BTreeMap::new(),
+            calls: BTreeMap::new(),
+            writers: BTreeMap::new(),
+            usage: BTreeMap::new(),
+            awaiting: 0,
+        }
+    }
+
+    /// The run's trace id.
+    pub fn trace_id(&self) -> TraceId {
+        self.trace
+    }
+
+    fn id(&self, what: &str, key: &[u64], incarnation: u32) -> SpanId {
+        ids::span_id(&self.run_id, what, key, incarnation)
+    }
+
+    fn emit(&self, span: SpanRecord) {
+        // Spans replayed from the journal were exported by the process that made them; only
+        // calls are reported again (marked, under a span id of their own).
+        if span.attr("dagloop.replayed").is_some() && !span.name.starts_with("execute_tool") {
+            return;
+        }
+        if let Some(x) = &self.export {
+            x.export(span);
+        }
+    }
+
+    fn span(&self, name: String, parent: Option<SpanId>, open: &Open, end: Millis) -> SpanRecord {
+        let mut attrs: Attrs = vec![("dagloop.run.id", Value::from(&*self.run_id))];
+        if open.replayed {
+            attrs.push(("dagloop.replayed", Value::Bool(true)));
+        }
+        SpanRecord {
+            trace: self.trace,
+            id: open.id,
+            parent,
+            name,
+            kind: Kind::Internal,
+            start: open.start,
+            end: end.max(open.start),
+            attrs,
+            events: Vec::new(),
+            links: Vec::new(),
+            error: None,
+        }
+    }
+
+    /// Looks at the journal entries added since the last event (usage, interruptions, resumes).
+    fn scan(&mut self, journal: &[JournalEntry]) {
+        let Some(new) = journal.get(self.scanned..) else {
+            return;
+        };
+        for e in new {
+            match &e.input {
+                RunInput::Resumed => self.incarnation += 1,
+                RunInput::Interrupted { call } => {
+                    if let Some(c) = self.calls.get_mut(&call.0) {
+                        c.interrupted = true;
+                    }
+                }
+                RunInput::Usage {
+                    frame,
+                    input_tokens,
+                    output_tokens,
+                    estimated,
+                    model,
+                    ..
+                } => {
+                    let u = self.usage.entry(frame_key(*frame)).or_default();
+                    u.0 += input_tokens;
+                    u.1 += output_tokens;
+                    u.2 |= estimated;
+                    if model.is_some() {
+                        u.3.clone_from(model);
+                    }
+                }
+                _ => {}
+            }
+        }
+        self.scanned = journal.len();
+    }
+
+    fn replaying(&self, journal: &[JournalEntry]) -> bool {
+        journal.last().is_some_and(|e| e.seq <= self.replayed_upto)
+    }
+
+    /// Takes one published event; `journal` is the run's journal as handled so far.
+    pub fn observe(&mut self, journal: &[JournalEntry], e: &Event) {
+        if e.kind.is_ephemeral() {
+            return;
+        }
+        self.scan(journal);
+        let replayed = self.replaying(journal);
+        if self.root.is_none() && !replayed {
+            self.root = Some(Open {
+                id: self.root_id(),
+                start: e.at,
+                replayed: false,
+            });
+        }
+        let frame = frame_of(e);
+        if let Some(call) = e.call {
+            self.call_event(call.0, frame, e, replayed);
+            return;
+        }
+        match &e.kind {
+            EventKind::RequestStarted { attempt } => {
+                self.turn_started(frame, e, *attempt, replayed)
+            }
+            EventKind::ModelRetry {
+                attempt,
+                status,
+                wait_ms,
+                error,
+            } => {
+                if let Some(t) = self.turns.get_mut(&frame) {
+                    let mut attrs: Attrs = vec![
+                        ("dagloop.attempt", Value::from(*attempt)),
+                        ("dagloop.retry.wait_ms", Value::from(*wait_ms)),
+                        ("error.type", Value::from(error_type(error))),
+                    ];
+                    if let Some(s) = status {
+                        attrs.push(("http.response.status_code", Value::from(u32::from(*s))));
+                    }
+                    t.events.push(SpanEvent {
+                        name: "gen_ai.retry",
+                        at: e.at,
+                        attrs,
+                    });
+                }
+            }
+            EventKind::ModelFallback { from, to, code, .. } => {
+                if let Some(t) = self.turns.get_mut(&frame) {
+                    t.events.push(SpanEvent {
+                        name: "gen_ai.fallback",
+                        at: e.at,
+                        attrs: vec![
+                            ("dagloop.model.from", Value::from(from.as_str())),
+                            ("dagloop.model.to", Value::from(to.as_str())),
+                            ("error.type", Value::from(code.as_str())),
+                        ],
+                    });
+                }
+            }
+            EventKind::Solution { .. } => self.turn_ended(frame, e.at, None),
+            // A nested agent's end is its delegate call's (closed with the call).
+            EventKind::RunFinished { status, .. } if !replayed && frame == 0 => {
+                self.run_finished(e.at, status)
+            }
+            _ => {}
+        }
+    }
+
+    /// This process's span of the run (a resumed run's starts when it was resumed: its past is
+    /// the earlier process's, linked).
+    fn root_id(&self) -> SpanId {
+        self.id("run", &[], self.own)
+    }
+
+    /// The span a frame's steps hang under: the run's, or the nested agent's.
+    fn agent_span(&mut self, frame: Frame, at: Millis, replayed: bool) -> Option<SpanId> {
+        if frame == 0 {
+            return Some(self.root_id());
+        }
+        let inc = self.live_incarnation(replayed);
+        let id = self.id("agent", &[frame], inc);
+        Some(
+            self.nested
+                .entry(frame)
+                .or_insert(Open {
+                    id,
+                    start: at,
+                    replayed,
+                })
+                .id,
+        )
+    }
+
+    fn live_incarnation(&self, replayed: bool) -> u32 {
+        if replayed { self.incarnation } else { self.own }
+    }
+
+    /// The span of `step` of a frame, opened when it is the frame's newest (steps only move
+    /// forward: a call of an earlier step that ends late still hangs under its own step).
+    fn step_span(&mut self, frame: Frame, step: u32, at: Millis, replayed: bool) -> Option<SpanId> {
+        let inc = self.live_incarnation(replayed);
+        let id = self.id("step", &[frame, u64::from(step)], inc);
+        if let Some((s, open)) = self.steps.get(&frame)
+            && *s >= step
+        {
+            return Some(if *s == step { open.id } else { id });
+        }
+        self.close_step(frame, at);
+        self.agent_span(frame, at, replayed)?;
+        self.steps.insert(
+            frame,
+            (
+                step,
+                Open {
+                    id,
+                    start: at,
+                    replayed,
+                },
+            ),
+        );
+        Some(id)
+    }
+
+    fn close_step(&mut self, frame: Frame, at: Millis) {
+        if let Some((step, open)) = self.steps.remove(&frame) {
+            let parent = if frame == 0 {
+                Some(self.root_id())
+            } else {
+                self.nested.get(&frame).map(|o| o.id)
+            };
+            let mut s = self.span(format!("step {step}"), parent, &open, at);
+            s.attrs.push(("dagloop.step", Value::from(step)));
+            if frame != 0 {
+                s.attrs.push(("dagloop.delegate_call", Value::from(frame)));
+            }
+            self.emit(s);
+        }
+    }
+
+    fn turn_started(&mut self, frame: Frame, e: &Event, attempt: u32, replayed: bool) {
+        self.turn_ended(frame, e.at, Some("superseded"));
+        if self.step_span(frame, e.step, e.at, replayed).is_none() {
+            return;
+        }
+        let inc = self.live_incarnation(replayed);
+        let id = self.id("chat", &[frame, u64::from(e.step), u64::from(attempt)], inc);
+        self.usage.remove(&frame);
+        self.turns.insert(
+            frame,
+            Turn {
+                open: Open {
+                    id,
+                    start: e.at,
+                    replayed,
+                },
+                step: e.step,
+                attempt,
+                first_call: None,
+                events: Vec::new(),
+                usage: None,
+                model: None,
+            },
+        );
+    }
+
+    fn turn_ended(&mut self, frame: Frame, at: Millis, error: Option<&str>) {
+        let Some(mut t) = self.turns.remove(&frame) else {
+            return;
+        };
+        if let Some((i, o, est, model)) = self.usage.remove(&frame) {
+            t.usage = Some((i, o, est));
+            t.model = model;
+        }
+        let (provider, model) = match t.model.as_deref().and_then(|m| m.split_once(':')) {
+            Some((p, m)) => (p.to_string(), m.to_string()),
+            None => ("unknown".into(), t.model.clone().unwrap_or_default()),
+        };
+        let parent = self.steps.get(&frame).map(|(_, o)| o.id);
+        let name = if model.is_empty() {
+            "chat".to_string()
+        } else {
+            format!("chat {model}")
+        };
+        let mut s = self.span(name, parent, &t.open, at);
+        s.kind = Kind::Client;
+        s.attrs.extend([
+            ("gen_ai.operation.name", Value::from("chat")),
+            ("gen_ai.provider.name", Value::from(provider)),
+            ("gen_ai.request.model", Value::from(model.as_str())),
+            ("dagloop.step", Value::from(t.step)),
+            ("dagloop.attempt", Value::from(t.attempt)),
+        ]);
+        if let Some((i, o, est)) = t.usage {
+            s.attrs.push(("gen_ai.usage.input_tokens", Value::from(i)));
+            s.attrs.push(("gen_ai.usage.output_tokens", Value::from(o)));
+            if est {
+                s.attrs.push(("dagloop.usage.estimated", Value::Bool(true)));
+            }
+            if self.metrics && !t.open.replayed {
+                metrics::model_turn(&model, at.saturating_sub(t.open.start), i, o);
+            }
+        }
+        if let Some(first) = t.first_call {
+            s.attrs.push((
+                "dagloop.time_to_first_call_ms",
+                Value::from(first.saturating_sub(t.open.start)),
+            ));
+        }
+        s.events = t.events;
+        s.error = error.map(str::to_string);
+        self.emit(s);
+    }
+
+    fn call_event(&mut self, id: u64, frame: Frame, e: &Event, replayed: bool) {
+        match &e.kind {
+            EventKind::CallReceived { call } => {
+                if let Some(t) = self.turns.get_mut(&frame)
+                    && t.first_call.is_none()
+                {
+                    t.first_call = Some(e.at);
+                }
+                let params = self
+                    .content
+                    .then(|| serde_json::to_value(&call.params).unwrap_or(Json::Null));
+                let incarnation = self.live_incarnation(replayed);
+                if !replayed {
+                    self.step_span(frame, e.step, e.at, replayed);
+                }
+                let waiting_on = call
+                    .references()
+                    .unwrap_or_default()
+                    .into_iter()
+                    .flat_map(|(_, x)| x.refs)
+                    .map(|r| r.path.to_string())
+                    .collect();
+                self.calls.insert(
+                    id,
+                    CallState {
+                        waiting_on,
+                        tool: call.tool.clone(),
+                        frame,
+                        step: e.step,
+                        received: e.at,
+                        params,
+                        replayed,
+                        incarnation,
+                        ..CallState::default()
+                    },
+                );
+            }
+            EventKind::Blocked { waiting_on }
+            | EventKind::Unresolved {
+                missing: waiting_on,
+            } => {
+                if let Some(c) = self.calls.get_mut(&id) {
+                    for w in waiting_on {
+                        if !c.waiting_on.contains(w) {
+                            c.waiting_on.push(w.clone());
+                        }
+                    }
+                }
+            }
+            EventKind::ApprovalRequested {
+                call, interrupted, ..
+            } => {
+                let c = self.calls.entry(id).or_insert_with(|| CallState {
+                    tool: call.tool.clone(),
+                    frame,
+                    step: e.step,
+                    received: e.at,
+                    replayed,
+                    ..CallState::default()
+                });
+                c.asked = Some((e.at, replayed));
+                c.interrupted |= *interrupted;
+                if !replayed {
+                    self.awaiting += 1;
+                    if self.awaiting == 1 && self.metrics {
+                        metrics::waiting_run(1);
+                    }
+                }
+            }
+            EventKind::Decision {
+                decision,
+                timed_out,
+                by,
+            } => self.decided(id, e, decision.name(), *timed_out, by.as_ref(), replayed),
+            EventKind::Started { .. } => {
+                let read_from = self.read_from(id);
+                if let Some(c) = self.calls.get_mut(&id) {
+                    c.read_from = Some(read_from);
+                    c.started = Some(e.at);
+                    if !replayed {
+                        c.replayed = false;
+                    }
+                }
+            }
+            EventKind::Written { path, .. } => {
+                self.writers.insert(path.clone(), id);
+            }
+            EventKind::Finished { result } => {
+                let result = self.content.then(|| Json::clone(result));
+                self.call_ended(id, e.at, "ok", None, result, replayed);
+            }
+            EventKind::Failed { error, kind } => {
+                let code = error
+                    .get("code")
+                    .and_then(Json::as_str)
+                    .unwrap_or(kind.as_str())
+                    .to_string();
+                let result = self.content.then(|| Json::clone(error));
+                self.call_ended(id, e.at, kind.as_str(), Some(code), result, replayed);
+            }
+            EventKind::Cancelled => self.call_ended(
+                id,
+                e.at,
+                "cancelled",
+                Some("cancelled".into()),
+                None,
+                replayed,
+            ),
+            EventKind::CallRefused { .. } => {
+                self.call_ended(id, e.at, "refused", Some("refused".into()), None, replayed)
+            }
+            _ => {}
+        }
+    }
+
+    fn decided(
+        &mut self,
+        id: u64,
+        e: &Event,
+        decision: &str,
+        timed_out: bool,
+        by: Option<&crate::protocol::Actor>,
+        replayed: bool,
+    ) {
+        let Some(c) = self.calls.get_mut(&id) else {
+            return;
+        };
+        let Some((asked, asked_replayed)) = c.asked.take() else {
+            return;
+        };
+        let tool = c.tool.clone();
+        let inc = c.incarnation;
+        if !asked_replayed {
+            self.awaiting = self.awaiting.saturating_sub(1);
+            if self.awaiting == 0 && self.metrics {
+                metrics::waiting_run(-1);
+            }
+        }
+        if self.metrics && !replayed {
+            metrics::approval_wait(e.at.saturating_sub(asked), decision);
+        }
+        let span_inc = self.live_incarnation(replayed);
+        let open = Open {
+            id: self.id("approval", &[id], span_inc),
+            start: asked,
+            replayed,
+        };
+        let parent = self.id("call", &[id], inc);
+        let mut s = self.span(format!("approval {tool}"), Some(parent), &open, e.at);
+        let source = if timed_out || by.is_some_and(|b| b.channel == "policy") {
+            "policy"
+        } else {
+            "reviewer"
+        };
+        s.attrs.extend([
+            ("gen_ai.tool.call.id", Value::from(id)),
+            ("dagloop.approval.decision", Value::from(decision)),
+            ("dagloop.approval.source", Value::from(source)),
+            ("dagloop.approval.timed_out", Value::Bool(timed_out)),
+        ]);
+        if let Some(b) = by {
+            s.attrs.push((
+                "dagloop.approval.principal",
+                Value::from(b.principal.as_str()),
+            ));
+            s.attrs
+                .push(("dagloop.approval.channel", Value::from(b.channel.as_str())));
+        }
+        if decision == "reject" {
+            s.error = Some("rejected".into());
+        }
+        self.emit(s);
+    }
+
+    fn call_ended(
+        &mut self,
+        id: u64,
+        at: Millis,
+        status: &str,
+        code: Option<String>,
+        result: Option<Json>,
+        replayed: bool,
+    ) {
+        let Some(c) = self.calls.remove(&id) else {
+            return;
+        };
+        // The nested agent a delegate call ran ends with it.
+        if self.nested.contains_key(&id) {
+            self.turn_ended(id, at, Some("ended"));
+            self.close_step(id, at);
+        }
+        if let Some(open) = self.nested.remove(&id) {
+            let agent = self.agents.get(&c.tool).cloned().unwrap_or(c.tool.clone());
+            let mut s = self.span(
+                format!("invoke_agent {agent}"),
+                Some(self.id("call", &[id], c.incarnation)),
+                &open,
+                at,
+            );
+            s.attrs.extend([
+                ("gen_ai.operation.name", Value::from("invoke_agent")),
+                ("gen_ai.agent.name", Value::from(agent)),
+            ]);
+            self.emit(s);
+        }
+        let parent = if replayed && c.replayed {
+            self.root_id()
+        } else {
+            self.id("step", &[c.frame, u64::from(c.step)], c.incarnation)
+        };
+        self.done.insert(id, c.incarnation);
+        let replayed = replayed && c.replayed;
+        // A call replayed from the journal is reported again, never as executed again: its
+        // span is marked and linked to the one the process that ran it made.
+        let own = if replayed {
+            self.id("call-replayed", &[id], self.own)
+        } else {
+            self.id("call", &[id], c.incarnation)
+        };
+        let open = Open {
+            id: own,
+            start: c.received,
+            replayed,
+        };
+        let mut s = self.span(format!("execute_tool {}", c.tool), Some(parent), &open, at);
+        let activity = self
+            .activities
+            .get(&c.tool)
+            .map_or("latent", String::as_str);
+        s.attrs.extend([
+            ("gen_ai.operation.name", Value::from("execute_tool")),
+            ("gen_ai.tool.name", Value::from(c.tool.as_str())),
+            ("gen_ai.tool.call.id", Value::from(id.to_string())),
+            ("gen_ai.tool.type", Value::from(tool_type(activity))),
+            ("dagloop.activity", Value::from(activity)),
+            ("dagloop.call.status", Value::from(status)),
+            ("dagloop.step", Value::from(c.step)),
+        ]);
+        if let Some(code) = &code {
+            s.attrs.push(("error.type", Value::from(code.as_str())));
+            s.error = Some(code.clone());
+        }
+        if c.interrupted {
+            s.attrs
+                .push(("dagloop.call.interrupted", Value::Bool(true)));
+        }
+        if let Some(p) = c.params {
+            s.attrs
+                .push(("gen_ai.tool.call.arguments", Value::from(p.to_string())));
+        }
+        if let Some(r) = result {
+            s.attrs
+                .push(("gen_ai.tool.call.result", Value::from(r.to_string())));
+        }
+        if let Some(started) = c.started {
+            s.events.push(SpanEvent {
+                name: "dagloop.call.started",
+                at: started,
+                attrs: Vec::new(),
+            });
+        }
+        if replayed {
+            s.links.push(Link {
+                span: self.id("call", &[id], c.incarnation),
+                attrs: vec![("dagloop.link.type", Value::from("original"))],
+            });
+        }
+        let linked = match c.read_from {
+            Some(r) => r,
+            None => self.links_for(id, &c.waiting_on),
+        };
+        for w in linked {
+            s.links.push(Link {
+                span: self.writer_span(w),
+                attrs: vec![
+                    ("dagloop.link.type", Value::from("waited_on")),
+                    ("gen_ai.tool.call.id", Value::from(w.to_string())),
+                ],
+            });
+        }
+        if self.metrics && !replayed {
+            metrics::call(&c.tool, status);
+        }
+        self.emit(s);
+    }
+
+    /// The calls whose writes call `id` reads now (at its launch).
+    fn read_from(&self, id: u64) -> Vec<u64> {
+        match self.calls.get(&id) {
+            Some(c) => self.links_for(id, &c.waiting_on),
+            None => Vec::new(),
+        }
+    }
+
+    fn links_for(&self, id: u64, paths: &[String]) -> Vec<u64> {
+        let mut linked = Vec::new();
+        for path in paths {
+            for (written, writer) in &self.writers {
+                if covers(written, path) && *writer != id && !linked.contains(writer) {
+                    linked.push(*writer);
+                }
+            }
+        }
+        linked
+    }
+
+    /// The span of a call that wrote a path (its own incarnation's).
+    fn writer_span(&self, call: u64) -> SpanId {
+        let inc = self.done.get(&call).copied().unwrap_or(0);
+        self.id("call", &[call], inc)
+    }
+
+    fn run_finished(&mut self, at: Millis, status: &str) {
+        let frames: Vec<Frame> = self.turns.keys().copied().collect();
+        for f in frames {
+            self.turn_ended(f, at, Some("run ended"));
+        }
+        let frames: Vec<Frame> = self.steps.keys().copied().rev().collect();
+        for f in frames {
+            self.close_step(f, at);
+        }
+        let Some(root) = self.root.take() else {
+            return;
+        };
+        let name = if self.workflow {
+            "invoke_workflow".to_string()
+        } else {
+            "invoke_agent dagloop".to_string()
+        };
+        let mut s = self.span(name, None, &root, at);
+        s.attrs.extend([
+            (
+                "gen_ai.operation.name",
+                Value::from(if self.workflow {
+                    "invoke_workflow"
+                } else {
+                    "invoke_agent"
+                }),
+            ),
+            ("gen_ai.agent.name", Value::from("dagloop")),
+            ("dagloop.run.status", Value::from(status)),
+        ]);
+        let inc = self.own;
+        if inc > 0 {
+            s.attrs.push(("dagloop.run.resumed", Value::Bool(true)));
+            s.links.push(Link {
+                span: self.id("run", &[], inc - 1),
+                attrs: vec![("dagloop.link.type", Value::from("resumed_from"))],
+            });
+        }
+        if status != "succeeded" {
+            s.error = Some(status.to_string());
+        }
+        if self.metrics && !root.replayed {
+            metrics::run_finished(status);
+        }
+        self.emit(s);
+    }
+}
+
+impl Drop for RunSpans {
+    fn drop(&mut self) {
+        if self.awaiting > 0 && self.metrics {
+            metrics::waiting_run(-1);
+        }
+    }
+}
+
+/// The exported span's name for a piece of a run's timeline as `runs::describe` names it
+/// (`call fetch`, `model step 2`, `reviewer`).
+pub fn span_name_for(what: &str) -> String {
+    if let Some(tool) = what.strip_prefix("call ") {
+        format!("execute_tool {tool}")
+    } else if let Some(step) = what.strip_prefix("model step ") {
+        format!("chat (step {step})")
+    } else if what == "reviewer" {
+        "approval".to_string()
+    } else {
+        what.to_string()
+    }
+}
+
+/// True when a write to `written` can satisfy a wait on `waited` (one is a prefix of the other
+/// at a path boundary).
+fn covers(written: &str, waited: &str) -> bool {
+    let prefix = |a: &str, b: &str| {
+        b.strip_prefix(a)
+            .is_some_and(|rest| rest.is_empty() || rest.starts_with(['.', '[']))
+    };
+    prefix(written, waited) || prefix(waited, written)
+}
+
+/// `gen_ai.tool.type`: `function` for tools dagloop runs, `extension` for MCP servers'
+/// tools, `datastore` never; latent tools (the model fills in the result) are `function` too.
+fn tool_type(activity: &str) -> &'static str {
+    match activity {
+        "mcp" => "extension",
+        _ => "function",
+    }
+}
+
+/// The stable part of a model error for `error.type` (its first word, when it is a code).
+fn error_type(error: &str) -> String {
+    error
+        .split_whitespace()
+        .next()
+        .filter(|w| w.contains('.'))
+        .unwrap_or("model_error")
+        .trim_end_matches(':')
+        .to_string()
+}
+
+fn collect_tools(
+    config: &AgentConfig,
+    agents: &mut BTreeMap<String, String>,
+    activities: &mut BTreeMap<String, String>,
+) {
+    for t in &config.tools {
+        if let Some(a) = &t.activity {
+            activities
+                .entry(t.name.clone())
+                .or_insert_with(|| a.clone());
+        }
+    }
+    for (name, nested) in &config.delegates {
+        agents.entry(name.clone()).or_insert_with(|| name.clone());
+        collect_tools(nested, agents, activities);
+    }
+}
