@@ -569,23 +569,14 @@ pub(super) async fn submit(
 /// `GET /metrics`: the Prometheus text exposition of runs by status and what the runs driven by
 /// this process did (`crate::telemetry::metrics`).
 pub(super) async fn metrics(State(st): State<Arc<AppState>>) -> ApiResult<impl IntoResponse> {
+    // Runs by status as the store derives it (`store::derive_status`, one rule for the list,
+    // `show` and this).
     let s = st.clone();
-    let rows = tokio::task::spawn_blocking(move || s.store.list())
+    let stats = tokio::task::spawn_blocking(move || s.store.stats())
         .await
         .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server.internal", e))?
         .map_err(|e| ApiError::from_store(&e))?;
-    let mut by_status: std::collections::BTreeMap<String, u64> = Default::default();
-    for row in rows {
-        let waiting = st
-            .live(&row.id)
-            .is_some_and(|l| !l.handle.awaiting().is_empty());
-        let status = if waiting {
-            "waiting".into()
-        } else {
-            row.status
-        };
-        *by_status.entry(status).or_default() += 1;
-    }
+    let by_status = stats.runs;
     let runs: Vec<(String, u64)> = by_status.into_iter().collect();
     Ok((
         [("content-type", "text/plain; version=0.0.4")],

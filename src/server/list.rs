@@ -7,13 +7,13 @@
 
 use std::sync::Arc;
 
+use super::wire::RunSummary;
 use axum::Extension;
 use axum::Json;
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Query, State};
 use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use super::wire::RunSummary;
 
 use super::error::ApiError;
 use super::principals::{Principal, Role};

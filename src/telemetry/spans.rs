@@ -515,6 +515,7 @@ impl RunSpans {
                 decision,
                 timed_out,
                 by,
+                ..
             } => self.decided(id, e, decision.name(), *timed_out, by.as_ref(), replayed),
             EventKind::Started { .. } => {
                 let read_from = self.read_from(id);
