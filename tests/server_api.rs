@@ -711,8 +711,8 @@ fn the_contract_check_catches_answers_that_do_not_match_the_document() {
     let doc = serve::contract::document();
     let ok =
         |m: &str, p: &str, st: u16, body: Value| check_in(doc, m, p, st, "application/json", &body);
-    let summary = json!({"id": "run-1", "status": "running", "entries": 3, "created_at": 1,
-        "updated_at": 2, "waiting": 0});
+    let summary = json!({"id": "run-1", "status": "running", "title": "a goal", "awaiting": 0,
+        "entries": 3, "created_at": 1, "updated_at": 2, "waiting": 0});
     assert_eq!(ok("GET", "/runs", 200, json!([summary])), Ok(()));
     // `GET /runs` answering an object, a summary without its status, a status of the wrong
     // type, an undeclared success, a refusal without a code: each is caught.

@@ -586,6 +586,10 @@ async fn a_submitter_sees_and_cancels_only_its_own_runs() {
         format!("/runs/{a}"),
         format!("/runs/{a}/approvals"),
         format!("/runs/{a}/events"),
+        format!("/runs/{a}/cassette"),
+        format!("/runs/{a}/audit"),
+        format!("/runs/{a}/grants"),
+        format!("/runs/{a}/result"),
     ] {
         refused(
             send_no_stream(client().get(s.url(&path)).bearer_auth(OTHER)).await,

@@ -652,7 +652,8 @@ async fn concurrent_runs_and_processes_share_one_store() {
     }
     let listed = json_of(
         &dagloop(&path)
-            .args(["runs", "--json"])
+            // `runs` lists 50 by default (`--limit`, up to 500).
+            .args(["runs", "--json", "--limit", "500"])
             .output()
             .expect("runs"),
     );

@@ -4,12 +4,13 @@
 
 use std::sync::Arc;
 
-use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
+use axum::{Extension, Json};
 use serde_json::json;
 
 use super::error::ApiError;
+use super::principals::Principal;
 use super::state::AppState;
 use crate::store::RunStore;
 
@@ -17,11 +18,14 @@ use crate::store::RunStore;
 #[utoipa::path(get, path = "/runs/{id}/cassette", tag = "runs",
     params(("id" = String, Path, description = "The run id")),
     responses((status = 200, description = "{model, tools}: a scripted-model file of the run's own agent's turns and its tool results keyed by tool and resolved params (for `dagloop run --model scripted:... --tools-from ...`)", body = super::wire::Cassette),
-              (status = 404, description = "No such run", body = ApiError)))]
+              (status = 404, description = "No such run (or not one the caller may read)", body = ApiError)))]
 pub(super) async fn cassette(
     State(st): State<Arc<AppState>>,
+    Extension(who): Extension<Principal>,
     Path(id): Path<String>,
 ) -> Result<Json<super::wire::Cassette>, ApiError> {
+    // A run's model turns and tool results are as private as the run itself.
+    st.readable(&who, &id).await?;
     let internal =
         |e: String| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server.internal", e);
     tokio::task::spawn_blocking(move || {

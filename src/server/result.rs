@@ -77,6 +77,10 @@ impl RunOutcome {
     }
 }
 
+/// How often a wait looks again at a run no driver of this process holds (parked, or another
+/// process's).
+const PARKED_RECHECK: Duration = Duration::from_millis(200);
+
 /// `wait` as a duration: a number of seconds from 0 to [`MAX_WAIT_SECONDS`]; anything else is
 /// 400 `http.bad_wait`.
 pub fn wait_duration(v: &Value) -> Result<Duration, ApiError> {
@@ -97,11 +101,21 @@ pub fn wait_duration(v: &Value) -> Result<Duration, ApiError> {
 
 /// Waits up to `wait` for the run to end (on its end signal), then says where it stands.
 pub async fn outcome(st: &Arc<AppState>, id: &str, wait: Duration) -> Result<RunOutcome, ApiError> {
-    if let Some(live) = st.live(id) {
-        let _ = tokio::time::timeout(wait, live.handle.wait()).await;
-    }
-    let view = st.describe_view(id).await?;
-    // A description has usage exactly when the run has its result.
+    let deadline = tokio::time::Instant::now() + wait;
+    let view = loop {
+        if let Some(live) = st.live(id) {
+            let _ = tokio::time::timeout_at(deadline, live.handle.wait()).await;
+        }
+        let view = st.describe_view(id).await?;
+        // A description has usage exactly when the run has its result.
+        if view.usage.is_some() || tokio::time::Instant::now() >= deadline {
+            break view;
+        }
+        // Its driver stopped without an ending: the run was parked (a decision wakes it, on this
+        // server or another) or another process drives it. Look again as often as the parking
+        // watcher does.
+        tokio::time::sleep_until(deadline.min(tokio::time::Instant::now() + PARKED_RECHECK)).await;
+    };
     let finished = view.usage.is_some();
     Ok(RunOutcome {
         id: view.id,

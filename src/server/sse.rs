@@ -51,7 +51,14 @@ pub(super) async fn events(
         .and_then(|v| v.trim().parse::<u64>().ok())
         .or(q.after)
         .unwrap_or(0);
-    let stream: BoxStream<'static, Result<SseEvent, Infallible>> = match st.live(&id) {
+    // A run this server parked is woken for its follower: a followed run is not parked, so the
+    // stream stays live (spec/server.md H19).
+    let live = match st.live(&id) {
+        Some(l) => Some(l),
+        None if st.wake(&id).await => st.live(&id),
+        None => None,
+    };
+    let stream: BoxStream<'static, Result<SseEvent, Infallible>> = match live {
         Some(live) => {
             let sub = live.handle.subscribe_from(after);
             stream::unfold(sub, |mut sub| async move {

@@ -11,10 +11,9 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 static ENABLED: AtomicBool = AtomicBool::new(false);
-static WAITING: AtomicI64 = AtomicI64::new(0);
 
 /// (metric name, labels) → (count, sum).
 type Series = BTreeMap<(&'static str, Vec<(&'static str, String)>), (u64, f64)>;
@@ -91,11 +90,6 @@ pub fn journal_commit(secs: f64) {
     }
 }
 
-/// A run started (+1) or stopped (-1) waiting for a reviewer.
-pub fn waiting_run(delta: i64) {
-    WAITING.fetch_add(delta, Ordering::Relaxed);
-}
-
 fn labels(l: &[(&'static str, String)], extra: Option<(&str, &str)>) -> String {
     let mut parts: Vec<String> = l
         .iter()
@@ -134,7 +128,10 @@ pub fn render(runs: &[(String, u64)]) -> String {
     let _ = writeln!(
         out,
         "dagloop_runs_waiting_for_reviewer {}",
-        WAITING.load(Ordering::Relaxed).max(0)
+        // The store's `waiting` runs (parked ones and other processes' included).
+        runs.iter()
+            .find(|(status, _)| status == "waiting")
+            .map_or(0, |(_, n)| *n)
     );
     let Ok(series) = SERIES.lock() else {
         return out;

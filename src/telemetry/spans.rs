@@ -94,7 +94,6 @@ pub struct RunSpans {
     writers: BTreeMap<String, u64>,
     /// Usage reported for each frame since its turn was last closed.
     usage: BTreeMap<Frame, (u64, u64, bool, Option<String>)>,
-    awaiting: usize,
 }
 
 fn frame_of(e: &Event) -> Frame {
@@ -147,7 +146,6 @@ impl RunSpans {
             calls: BTreeMap::new(),
             writers: BTreeMap::new(),
             usage: BTreeMap::new(),
-            awaiting: 0,
         }
     }
 
@@ -504,12 +502,6 @@ impl RunSpans {
                 });
                 c.asked = Some((e.at, replayed));
                 c.interrupted |= *interrupted;
-                if !replayed {
-                    self.awaiting += 1;
-                    if self.awaiting == 1 && self.metrics {
-                        metrics::waiting_run(1);
-                    }
-                }
             }
             EventKind::Decision {
                 decision,
@@ -570,17 +562,11 @@ impl RunSpans {
         let Some(c) = self.calls.get_mut(&id) else {
             return;
         };
-        let Some((asked, asked_replayed)) = c.asked.take() else {
+        let Some((asked, _)) = c.asked.take() else {
             return;
         };
         let tool = c.tool.clone();
         let inc = c.incarnation;
-        if !asked_replayed {
-            self.awaiting = self.awaiting.saturating_sub(1);
-            if self.awaiting == 0 && self.metrics {
-                metrics::waiting_run(-1);
-            }
-        }
         if self.metrics && !replayed {
             metrics::approval_wait(e.at.saturating_sub(asked), decision);
         }
@@ -800,14 +786,6 @@ impl RunSpans {
             metrics::run_finished(status);
         }
         self.emit(s);
-    }
-}
-
-impl Drop for RunSpans {
-    fn drop(&mut self) {
-        if self.awaiting > 0 && self.metrics {
-            metrics::waiting_run(-1);
-        }
     }
 }
 
