@@ -17,7 +17,6 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 
 use super::CliError;
-use crate::store::RunStore;
 use crate::testcase::{Case, junit};
 
 /// How long one child process may take.
@@ -134,8 +133,17 @@ fn run_args(case: &Case, db: &Path) -> Vec<String> {
     a
 }
 
+/// The only run of the store at `db`, with its journal (the crash harness reads the store the
+/// child runs wrote: it needs the `sqlite` feature).
+#[cfg(not(feature = "sqlite"))]
+fn stored(_db: &Path) -> Result<crate::store::StoredRun, String> {
+    Err("`dagloop test` reads its runs' store: this build has no `sqlite` feature".into())
+}
+
 /// The only run of the store at `db`, with its journal.
+#[cfg(feature = "sqlite")]
 fn stored(db: &Path) -> Result<crate::store::StoredRun, String> {
+    use crate::store::RunStore;
     let store = crate::store::SqliteStore::open(db).map_err(|e| e.to_string())?;
     let rows = store.list().map_err(|e| e.to_string())?;
     let id = rows
