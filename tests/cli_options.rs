@@ -6,13 +6,11 @@
 mod harness;
 
 use std::ffi::OsStr;
-use std::process::Stdio;
 
 use harness::{
-    DEADLINE, ToolServer, Workspace, call_statuses, command, dagloop, finish, fixture, run_goal,
+    MockLlm, ToolServer, Workspace, call_statuses, command, dagloop, finish, fixture, run_goal,
 };
 use serde_json::{Value, json};
-use tokio::io::{AsyncBufReadExt, BufReader};
 
 fn probe(server: &ToolServer, script: &str, patch: impl FnOnce(&mut Value)) -> Workspace {
     Workspace::new(
@@ -24,12 +22,7 @@ fn probe(server: &ToolServer, script: &str, patch: impl FnOnce(&mut Value)) -> W
 }
 
 fn lookup(server: &ToolServer) -> Workspace {
-    Workspace::new(
-        "lookup.goal.json",
-        "lookup.script.json",
-        &server.base,
-        |_| {},
-    )
+    Workspace::lookup(&server)
 }
 
 const LOOKUP_OUTPUT: &str = r#"{"name": "Ada", "tier": "gold", "risk": 0.2, "summary": "Ada is a long-standing gold customer."}"#;
@@ -289,48 +282,6 @@ async fn approve_allowlist_on_a_goal_without_one_asks_about_everything() {
     assert_eq!(run.code, 0);
     assert_eq!(call_statuses(&run.json()), ["rejected"]);
     assert_eq!(server.hits("/ping"), 0);
-}
-
-/// `dagloop mock-llm` as a child process; killed when dropped.
-struct MockLlm {
-    child: tokio::process::Child,
-    base_url: String,
-}
-
-impl MockLlm {
-    async fn start(script: &std::path::Path) -> MockLlm {
-        let mut child = command([
-            OsStr::new("mock-llm"),
-            OsStr::new("--script"),
-            script.as_os_str(),
-            OsStr::new("--port"),
-            OsStr::new("0"),
-        ])
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start dagloop mock-llm");
-        let stdout = child.stdout.take().expect("stdout");
-        let mut lines = BufReader::new(stdout).lines();
-        let line = tokio::time::timeout(DEADLINE, lines.next_line())
-            .await
-            .expect("mock-llm did not say it listens")
-            .expect("read stdout")
-            .expect("a first line");
-        let hello: Value = serde_json::from_str(&line).expect("a JSON line");
-        assert_eq!(hello["status"], "listening", "{hello}");
-        let base_url = hello["base_url"].as_str().expect("base_url").to_string();
-        assert!(
-            base_url.starts_with("http://127.0.0.1:") && base_url.ends_with("/v1"),
-            "{base_url}"
-        );
-        MockLlm { child, base_url }
-    }
-}
-
-impl Drop for MockLlm {
-    fn drop(&mut self) {
-        let _ = self.child.start_kill();
-    }
 }
 
 #[tokio::test]

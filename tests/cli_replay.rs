@@ -9,7 +9,7 @@ mod harness;
 
 use std::path::{Path, PathBuf};
 
-use harness::{ToolServer, Workspace};
+use harness::{MockLlm, ToolServer, Workspace};
 use serde_json::Value;
 
 fn example(name: &str) -> PathBuf {
@@ -154,12 +154,7 @@ async fn the_delegate_example_replays_identical_and_an_edited_journal_diverges()
 #[tokio::test]
 async fn an_http_run_replays_identical_and_a_dropped_outcome_is_named() {
     let server = ToolServer::start().await;
-    let ws = Workspace::new(
-        "lookup.goal.json",
-        "lookup.script.json",
-        &server.base,
-        |_| {},
-    );
+    let ws = Workspace::lookup(&server);
     let db = ws.path("runs.db");
     let id = run(&db, &ws.goal).await;
     let (code, r) = dagloop(&db, &["replay", &id]).await;
@@ -208,6 +203,19 @@ async fn replay_of_an_unknown_run_is_a_store_error() {
     }
 }
 
+/// `dagloop export RUN --cassette DIR`, which must succeed; the `model.json` it wrote.
+async fn export(db: &Path, run: &str, cas: &Path) -> Value {
+    let (code, r) = dagloop(
+        db,
+        &["export", run, "--cassette", cas.to_str().expect("path")],
+    )
+    .await;
+    assert_eq!(code, 0, "{r:#}");
+    assert_eq!(r["status"], "exported", "{r:#}");
+    serde_json::from_str(&std::fs::read_to_string(cas.join("model.json")).expect("model.json"))
+        .expect("model.json is JSON")
+}
+
 /// `dagloop --store DB run GOAL --json --model scripted:DIR/model.json --tools-from
 /// DIR/tools.json EXTRA...`.
 async fn run_cassette(db: &Path, goal: &Path, cas: &Path, extra: &[&str]) -> (i32, Value) {
@@ -229,28 +237,14 @@ async fn run_cassette(db: &Path, goal: &Path, cas: &Path, extra: &[&str]) -> (i3
 #[tokio::test]
 async fn an_exported_cassette_reruns_offline_and_a_changed_param_is_a_cassette_miss() {
     let server = ToolServer::start().await;
-    let ws = Workspace::new(
-        "lookup.goal.json",
-        "lookup.script.json",
-        &server.base,
-        |_| {},
-    );
+    let ws = Workspace::lookup(&server);
     let db = ws.path("runs.db");
     let (code, original) = dagloop(&db, &["run", ws.goal.to_str().expect("path"), "--json"]).await;
     assert_eq!(code, 0, "{original:#}");
     let id = original["run_id"].as_str().expect("run_id");
 
     let cas = ws.path("cassette");
-    let (code, r) = dagloop(
-        &db,
-        &["export", id, "--cassette", cas.to_str().expect("path")],
-    )
-    .await;
-    assert_eq!(code, 0, "{r:#}");
-    assert_eq!(r["status"], "exported", "{r:#}");
-    let model: Value =
-        serde_json::from_str(&std::fs::read_to_string(cas.join("model.json")).expect("model.json"))
-            .expect("model.json is JSON");
+    let model = export(&db, id, &cas).await;
     let violations = dagloop::schema::published::Document::ScriptedModel
         .validator()
         .expect("schema")
@@ -335,16 +329,80 @@ async fn an_exported_cassette_reruns_offline_and_a_changed_param_is_a_cassette_m
     );
 }
 
+/// `dagloop --store DB run ARGS... --json` with the OpenAI-compatible provider at `base_url`.
+async fn with_provider(db: &Path, args: &[&str], base_url: &str) -> harness::Run {
+    let mut all = vec!["--store", db.to_str().expect("path"), "run", "--json"];
+    all.extend(args);
+    let mut cmd = harness::command(all);
+    cmd.env("OPENAI_BASE_URL", base_url)
+        .env("OPENAI_API_KEY", "dummy");
+    harness::finish(cmd.spawn().expect("start dagloop")).await
+}
+
+/// The run a user records is one against a real provider: here the OpenAI-compatible
+/// `dagloop mock-llm` in a process of its own, spoken to over HTTP. Its cassette re-runs with
+/// the model server and the tool service both gone, and the provider's address pointing at a
+/// port nothing listens on: no request can leave, and the output is the same.
+#[tokio::test]
+async fn a_run_against_the_openai_compatible_mock_replays_from_its_cassette_with_no_network() {
+    let server = ToolServer::start().await;
+    let ws = Workspace::lookup(&server);
+    let mock = MockLlm::start(&harness::fixture("lookup.script.json")).await;
+    let db = ws.path("runs.db");
+    let goal = ws.goal.to_str().expect("path");
+    let online = with_provider(&db, &[goal, "--model", "openai:test"], &mock.base_url).await;
+    assert_eq!(online.code, 0, "{}\n{}", online.stdout, online.stderr);
+    let original = online.json();
+    assert_eq!(original["status"], "succeeded", "{original:#}");
+    let id = original["run_id"].as_str().expect("run_id");
+    assert_eq!(server.hits("/customers/c1"), 1, "{original:#}");
+
+    let cas = ws.path("cassette");
+    let model = export(&db, id, &cas).await;
+    assert_eq!(
+        model["turns"].as_array().map(Vec::len),
+        Some(2),
+        "the two turns the mock streamed: {model:#}"
+    );
+
+    // Nothing to talk to any more.
+    drop(mock);
+    drop(server);
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let dead = format!("http://{}/v1", closed.local_addr().expect("addr"));
+    drop(closed);
+    let model_spec = format!("scripted:{}", cas.join("model.json").display());
+    let tools = cas.join("tools.json");
+    let offline = with_provider(
+        &db,
+        &[
+            goal,
+            "--model",
+            &model_spec,
+            "--tools-from",
+            tools.to_str().expect("path"),
+        ],
+        &dead,
+    )
+    .await;
+    assert_eq!(offline.code, 0, "{}\n{}", offline.stdout, offline.stderr);
+    let again = offline.json();
+    assert_eq!(again["status"], "succeeded", "{again:#}");
+    assert_eq!(again["output"], original["output"], "{again:#}");
+    assert_eq!(again["state"], original["state"], "{again:#}");
+    assert_eq!(
+        harness::call_statuses(&again),
+        harness::call_statuses(&original),
+        "{again:#}"
+    );
+    assert_ne!(again["run_id"], original["run_id"]);
+}
+
 #[tokio::test]
 async fn the_server_serves_a_run_as_the_cassette_export_writes() {
     use tokio::io::AsyncBufReadExt;
     let server = ToolServer::start().await;
-    let ws = Workspace::new(
-        "lookup.goal.json",
-        "lookup.script.json",
-        &server.base,
-        |_| {},
-    );
+    let ws = Workspace::lookup(&server);
     let db = ws.path("runs.db");
     let id = run(&db, &ws.goal).await;
     let cas = ws.path("cassette");
@@ -465,12 +523,7 @@ async fn a_run_killed_and_resumed_replays_identical_at_every_kill_point_tried() 
 #[tokio::test]
 async fn decisions_replay_and_travel_in_the_cassette() {
     let server = ToolServer::start().await;
-    let ws = Workspace::new(
-        "lookup.goal.json",
-        "lookup.script.json",
-        &server.base,
-        |_| {},
-    );
+    let ws = Workspace::lookup(&server);
     let decisions = ws.path("decisions.json");
     std::fs::write(
         &decisions,

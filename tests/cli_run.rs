@@ -40,12 +40,7 @@ fn probe(server: &ToolServer, script: &str, patch: impl FnOnce(&mut Value)) -> W
 #[tokio::test]
 async fn succeeded_with_http_and_latent_tools() {
     let server = ToolServer::start().await;
-    let ws = Workspace::new(
-        "lookup.goal.json",
-        "lookup.script.json",
-        &server.base,
-        |_| {},
-    );
+    let ws = Workspace::lookup(&server);
     let run = run_goal(&ws, &[]).await;
     assert_eq!(
         run.code, 0,
