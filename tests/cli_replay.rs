@@ -99,6 +99,29 @@ fn edit_journal(db: &Path, run: &str, needle: &str, edit: impl Fn(&str) -> Optio
     }
 }
 
+/// Every example that runs offline (its tools answered from its `tools.json` where it has one)
+/// replays `identical`: the check a user runs after upgrading dagloop.
+#[tokio::test]
+async fn every_example_replays_identical() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = dir.path().join("runs.db");
+    for name in ["delegate", "refund", "research"] {
+        let goal = example(&format!("{name}/goal.json"));
+        let tools = example(&format!("{name}/tools.json"));
+        let mut args = vec!["run", goal.to_str().expect("path"), "--json"];
+        if tools.exists() {
+            args.extend(["--tools-from", tools.to_str().expect("path")]);
+        }
+        let (code, r) = dagloop(&db, &args).await;
+        assert_eq!(code, 0, "{name}: {r:#}");
+        assert_eq!(r["status"], "succeeded", "{name}: {r:#}");
+        let id = r["run_id"].as_str().expect("run_id");
+        let (code, replayed) = dagloop(&db, &["replay", id]).await;
+        assert_eq!(code, 0, "{name}: {replayed:#}");
+        assert_eq!(replayed["status"], "identical", "{name}: {replayed:#}");
+    }
+}
+
 #[tokio::test]
 async fn the_delegate_example_replays_identical_and_an_edited_journal_diverges() {
     let dir = tempfile::tempdir().expect("tempdir");
