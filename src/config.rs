@@ -38,6 +38,8 @@ pub enum ConfigError {
     },
 }
 
+crate::codes::has_code!(ConfigError);
+
 impl ConfigError {
     /// A stable code.
     pub fn code(&self) -> &'static str {

@@ -25,6 +25,8 @@ pub struct DurationError {
     pub value: f64,
 }
 
+crate::codes::has_code!(DurationError);
+
 impl DurationError {
     /// A stable code for programs that react to failures.
     pub fn code(&self) -> &'static str {

@@ -315,6 +315,8 @@ pub enum GoalError {
     },
 }
 
+crate::codes::has_code!(GoalError);
+
 impl GoalError {
     /// A stable code for programs that react to failures.
     pub fn code(&self) -> &'static str {

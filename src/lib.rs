@@ -30,6 +30,7 @@ pub mod check;
 /// The `dagloop` binary's front-end. Not part of the library API: it may change at any time.
 #[doc(hidden)]
 pub mod cli;
+pub mod codes;
 pub mod config;
 pub mod context;
 pub mod duration;

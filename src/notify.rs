@@ -64,6 +64,8 @@ pub enum NotifyError {
     },
 }
 
+crate::codes::has_code!(NotifyError);
+
 impl NotifyError {
     /// A stable code.
     pub fn code(&self) -> &'static str {

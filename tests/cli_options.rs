@@ -22,7 +22,7 @@ fn probe(server: &ToolServer, script: &str, patch: impl FnOnce(&mut Value)) -> W
 }
 
 fn lookup(server: &ToolServer) -> Workspace {
-    Workspace::lookup(&server)
+    Workspace::lookup(server)
 }
 
 const LOOKUP_OUTPUT: &str = r#"{"name": "Ada", "tier": "gold", "risk": 0.2, "summary": "Ada is a long-standing gold customer."}"#;

@@ -247,6 +247,8 @@ pub enum ApprovalError {
     },
 }
 
+crate::codes::has_code!(ApprovalError);
+
 impl ApprovalError {
     /// A stable code for programs that react to failures.
     pub fn code(&self) -> &'static str {

@@ -8,6 +8,7 @@
 #[macro_use]
 mod out;
 mod cassette;
+mod codes_cmd;
 mod fork;
 mod policy_cmd;
 mod progress;
@@ -397,6 +398,14 @@ pub enum Command {
         /// Write the results as JUnit XML to this file.
         #[arg(long, value_name = "FILE")]
         junit: Option<PathBuf>,
+    },
+    /// Explain an error code (`store.busy`, `approval.no_reviewer`...), or list them all.
+    Codes {
+        /// The code to explain; without it every code is listed, by area.
+        code: Option<String>,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
     },
     /// Print what the model is sent for a goal: the composed Solution schema (structured mode)
     /// or the native function definitions (tool mode), as JSON.
@@ -893,6 +902,7 @@ pub async fn main(cli: Cli) -> i32 {
             (Err(e), _) | (_, Err(e)) => Err(e),
         },
         Command::Schema { goal, mode } => schema_cmd::schema(&goal, mode),
+        Command::Codes { code, json } => codes_cmd::codes(code.as_deref(), json),
         Command::Validate {
             file,
             goal,

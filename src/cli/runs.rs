@@ -7,31 +7,12 @@ use serde_json::{Value, json};
 
 use super::Store;
 use super::{CliError, pretty};
+use crate::codes::HasCode;
 use crate::protocol::Op;
 use crate::store::StoredRun;
 
 fn err(e: impl std::fmt::Display + HasCode) -> CliError {
     CliError::new(e.code(), e.to_string())
-}
-
-/// Errors that carry a stable code.
-pub(super) trait HasCode {
-    fn code(&self) -> &'static str;
-}
-impl HasCode for crate::store::StoreError {
-    fn code(&self) -> &'static str {
-        crate::store::StoreError::code(self)
-    }
-}
-impl HasCode for crate::engine::AgentError {
-    fn code(&self) -> &'static str {
-        crate::engine::AgentError::code(self)
-    }
-}
-impl HasCode for crate::goal::GoalError {
-    fn code(&self) -> &'static str {
-        crate::goal::GoalError::code(self)
-    }
 }
 
 fn rebuild(stored: &StoredRun) -> Result<crate::runs::Rebuilt, CliError> {

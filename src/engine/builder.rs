@@ -73,6 +73,8 @@ pub enum AgentError {
     NoApprover,
 }
 
+crate::codes::has_code!(AgentError);
+
 impl AgentError {
     /// A stable code for programs that react to failures.
     pub fn code(&self) -> &'static str {

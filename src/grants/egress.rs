@@ -102,6 +102,8 @@ pub enum EgressError {
     },
 }
 
+crate::codes::has_code!(EgressError);
+
 impl EgressError {
     /// A stable code.
     pub fn code(&self) -> &'static str {

@@ -137,6 +137,8 @@ pub enum GrantError {
     },
 }
 
+crate::codes::has_code!(GrantError);
+
 impl GrantError {
     /// A stable code.
     pub fn code(&self) -> &'static str {

@@ -59,6 +59,8 @@ fn cycle_text(cycle: &[CallId]) -> String {
     s.join(" -> ")
 }
 
+crate::codes::has_code!(GraphError);
+
 impl GraphError {
     /// A stable code for programs that react to failures.
     pub fn code(&self) -> &'static str {

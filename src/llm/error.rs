@@ -149,6 +149,8 @@ fn missing_key_hint(var: &str) -> &'static str {
     }
 }
 
+crate::codes::has_code!(LlmError);
+
 impl LlmError {
     /// A stable code for programs that react to failures.
     pub fn code(&self) -> &'static str {

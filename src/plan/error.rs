@@ -85,6 +85,8 @@ pub enum ParseErrorKind {
     },
 }
 
+crate::codes::has_code!(ParseErrorKind);
+
 impl ParseErrorKind {
     /// A stable code for programs that react to failures.
     pub fn code(&self) -> &'static str {
@@ -119,6 +121,8 @@ pub struct ParseError {
     /// The index in `calls` of the element being read when the error occurred, if any.
     pub call_index: Option<usize>,
 }
+
+crate::codes::has_code!(ParseError);
 
 impl ParseError {
     /// A stable code for programs that react to failures (the kind's code).

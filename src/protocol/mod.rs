@@ -115,6 +115,8 @@ pub enum ProtocolError {
     },
 }
 
+crate::codes::has_code!(ProtocolError);
+
 impl ProtocolError {
     /// A stable code for programs that react to failures.
     pub fn code(&self) -> &'static str {

@@ -215,6 +215,8 @@ pub enum OpError {
     },
 }
 
+crate::codes::has_code!(OpError);
+
 impl OpError {
     /// A stable code for programs that react to refusals.
     pub fn code(&self) -> &'static str {

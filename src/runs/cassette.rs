@@ -43,6 +43,8 @@ pub enum CassetteError {
     },
 }
 
+crate::codes::has_code!(CassetteError);
+
 impl CassetteError {
     /// A stable code.
     pub fn code(&self) -> &'static str {

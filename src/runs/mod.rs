@@ -104,6 +104,8 @@ pub enum RunsError {
     },
 }
 
+crate::codes::has_code!(RunsError);
+
 impl RunsError {
     /// A stable code.
     pub fn code(&self) -> &'static str {

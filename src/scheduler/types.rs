@@ -358,6 +358,8 @@ pub enum SchedulerError {
     },
 }
 
+crate::codes::has_code!(SchedulerError);
+
 impl SchedulerError {
     /// A stable code for programs that react to failures.
     pub fn code(&self) -> &'static str {

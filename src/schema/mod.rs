@@ -110,6 +110,8 @@ fn at(pointer: &str) -> String {
     }
 }
 
+crate::codes::has_code!(SchemaError);
+
 impl SchemaError {
     /// A stable code for programs that react to failures.
     pub fn code(&self) -> &'static str {

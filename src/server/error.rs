@@ -42,6 +42,8 @@ pub enum ServerError {
     },
 }
 
+crate::codes::has_code!(ServerError);
+
 impl ServerError {
     /// A stable code.
     pub fn code(&self) -> &'static str {

@@ -76,6 +76,8 @@ pub enum PrincipalError {
     },
 }
 
+crate::codes::has_code!(PrincipalError);
+
 impl PrincipalError {
     /// A stable code.
     pub fn code(&self) -> &'static str {

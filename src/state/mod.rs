@@ -57,6 +57,8 @@ pub enum StateError {
     Reference(#[from] crate::protocol::ReferenceError),
 }
 
+crate::codes::has_code!(StateError);
+
 impl StateError {
     /// A stable code for programs that react to failures.
     pub fn code(&self) -> &'static str {

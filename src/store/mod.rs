@@ -184,6 +184,8 @@ pub enum StoreError {
     },
 }
 
+crate::codes::has_code!(StoreError);
+
 impl StoreError {
     /// A stable code.
     pub fn code(&self) -> &'static str {

@@ -101,6 +101,8 @@ pub enum QueryError {
     },
 }
 
+crate::codes::has_code!(QueryError);
+
 impl QueryError {
     /// A stable code.
     pub fn code(&self) -> &'static str {

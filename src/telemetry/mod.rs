@@ -70,6 +70,8 @@ pub enum TelemetryError {
     Exporter(String),
 }
 
+crate::codes::has_code!(TelemetryError);
+
 impl TelemetryError {
     /// The stable error code.
     pub fn code(&self) -> &'static str {

@@ -139,6 +139,8 @@ pub enum TemporalError {
     },
 }
 
+crate::codes::has_code!(TemporalError);
+
 impl TemporalError {
     /// A stable code.
     pub fn code(&self) -> &str {

@@ -45,6 +45,8 @@ pub enum CaseError {
     },
 }
 
+crate::codes::has_code!(CaseError);
+
 impl CaseError {
     /// A stable code.
     pub fn code(&self) -> &'static str {

@@ -116,6 +116,8 @@ pub enum ActivityError {
     },
 }
 
+crate::codes::has_code!(ActivityError);
+
 impl ActivityError {
     /// A stable code for programs that react to failures.
     pub fn code(&self) -> &'static str {

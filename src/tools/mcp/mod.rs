@@ -133,6 +133,8 @@ pub enum McpError {
     },
 }
 
+crate::codes::has_code!(McpError);
+
 impl McpError {
     /// A stable code for programs that react to failures.
     pub fn code(&self) -> &'static str {
