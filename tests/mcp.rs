@@ -457,9 +457,7 @@ async fn the_mcp_files_example_goal_starts_its_server_and_its_calls_work() {
     }
     let goal = dagloop::goal::Goal::load("examples/mcp-files/goal.json".as_ref())
         .unwrap_or_else(|e| panic!("{e}"));
-    let (tools, activities, servers) = dagloop::tools::mcp::start_for_goal(&goal, None)
-        .await
-        .unwrap_or_else(|e| panic!("{}: {e}", e.code()));
+    let (tools, activities, servers) = start_goal_servers(&goal).await;
     let write = tools.iter().find(|t| t.name == "write_file");
     assert_eq!(
         write.and_then(|t| t.approval),
@@ -621,9 +619,7 @@ async fn mcp_progress_notifications_become_call_progress_events() {
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
     let goal = dagloop::goal::Goal::load(&long_running_goal(dir.path(), &npm))
         .unwrap_or_else(|e| panic!("{e}"));
-    let (tools, activities, servers) = dagloop::tools::mcp::start_for_goal(&goal, None)
-        .await
-        .unwrap_or_else(|e| panic!("{}: {e}", e.code()));
+    let (tools, activities, servers) = start_goal_servers(&goal).await;
     let mut activities: std::collections::BTreeMap<_, _> = activities.into_iter().collect();
     let mut builder = dagloop::AgentBuilder::new(goal);
     for t in tools {
@@ -800,4 +796,25 @@ async fn a_param_named_like_a_meta_key_is_renamed_and_restored() {
         .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(echoed, json!({"_tag": "a", "p_tag": "b", "text": "hi"}));
     servers.shutdown().await;
+}
+
+/// A goal's MCP servers started as a library user starts them: its own tools' names kept clear,
+/// then the tools they offer and their activities.
+async fn start_goal_servers(
+    goal: &dagloop::goal::Goal,
+) -> (
+    Vec<dagloop::protocol::Tool>,
+    Vec<(String, std::sync::Arc<dyn dagloop::tools::Activity>)>,
+    McpServers,
+) {
+    let reserved: Vec<String> = goal.tools.iter().map(|t| t.name.clone()).collect();
+    let servers = McpServers::start_with(&goal.mcp_servers, &reserved, None)
+        .await
+        .unwrap_or_else(|e| panic!("{}: {e}", e.code()));
+    let (tools, activities) = servers
+        .tools()
+        .into_iter()
+        .map(|(t, a)| (t.clone(), (t.name, a)))
+        .unzip();
+    (tools, activities, servers)
 }

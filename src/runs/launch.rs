@@ -337,13 +337,20 @@ async fn start_mcp(goal: &Goal, pool: Option<&Pool>) -> Result<Option<McpStart>,
     if goal.mcp_servers.is_empty() {
         return Ok(None);
     }
-    crate::tools::mcp::start_for_goal_in(goal, None, pool)
+    // MCP tools whose names clash with the goal's own are prefixed.
+    let reserved: Vec<String> = goal.tools.iter().map(|t| t.name.clone()).collect();
+    let servers = crate::tools::mcp::McpServers::start_in(&goal.mcp_servers, &reserved, None, pool)
         .await
-        .map(Some)
         .map_err(|e| RunsError::Tools {
             code: e.code(),
             message: e.to_string(),
-        })
+        })?;
+    let (tools, activities) = servers
+        .tools()
+        .into_iter()
+        .map(|(t, a)| (t.clone(), (t.name, a)))
+        .unzip();
+    Ok(Some((tools, activities, servers)))
 }
 
 #[cfg(not(feature = "mcp"))]

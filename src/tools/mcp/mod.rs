@@ -36,6 +36,7 @@ mod config;
 mod mapping;
 #[cfg(feature = "mcp")]
 mod pool;
+mod server;
 
 use std::collections::BTreeMap;
 
@@ -46,9 +47,10 @@ use crate::protocol::{Tool, ToolApproval};
 pub use config::{HttpServer, McpServerConfig, StdioServer};
 
 #[cfg(feature = "mcp")]
-pub use client::{McpServers, ProgressFn, ProgressUpdate, start_for_goal, start_for_goal_in};
+pub use client::McpServers;
 #[cfg(feature = "mcp")]
 pub use pool::McpPool;
+pub use server::{ProgressFn, ProgressUpdate};
 
 /// Joins a server name and a tool name when tool names clash: `files__read_file`.
 pub const SEPARATOR: &str = "__";

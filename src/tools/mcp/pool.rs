@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
 use super::McpServerConfig;
-use super::client::Server;
+use super::server::Server;
 
 /// Servers by configuration, shared by every run that is started with the pool.
 #[derive(Clone, Default)]
