@@ -161,3 +161,159 @@ async fn metrics_count_runs_calls_approvals_model_turns_and_commits() {
         "{text}"
     );
 }
+
+/// What an OTLP/HTTP receiver got: (path, content type, body).
+type Received = std::sync::Arc<std::sync::Mutex<Vec<(String, String, Vec<u8>)>>>;
+
+/// A small OTLP/HTTP receiver on loopback: takes every POST and keeps it.
+async fn otlp_receiver() -> (String, Received) {
+    use axum::extract::{OriginalUri, State};
+    let got: Received = Default::default();
+    let app = axum::Router::new()
+        .fallback(axum::routing::post(
+            |State(got): State<Received>,
+             OriginalUri(uri): OriginalUri,
+             headers: axum::http::HeaderMap,
+             body: axum::body::Bytes| async move {
+                let kind = headers
+                    .get("content-type")
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or("")
+                    .to_string();
+                got.lock()
+                    .expect("received")
+                    .push((uri.path().to_string(), kind, body.to_vec()));
+                ""
+            },
+        ))
+        .with_state(got.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let url = format!("http://{}", listener.local_addr().expect("addr"));
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (url, got)
+}
+
+/// `dagloop run` with `goal` in `dir`, exporting to `endpoint` with these extra variables.
+async fn run_exporting(
+    dir: &std::path::Path,
+    goal: &serde_json::Value,
+    endpoint: &str,
+    vars: &[(&str, &str)],
+) -> std::process::Output {
+    let path = dir.join("goal.json");
+    std::fs::write(&path, goal.to_string()).expect("goal");
+    let mut c = bin::dagloop();
+    c.arg("--config")
+        .arg(bin::open_config())
+        .args(["run", "--json"])
+        .arg(&path)
+        .current_dir(dir)
+        .env("DAGLOOP_STORE", dir.join("runs.db"))
+        .env("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint)
+        .env_remove("OTEL_SDK_DISABLED")
+        .env_remove("OTEL_EXPORTER_OTLP_PROTOCOL")
+        .env_remove("OTEL_METRICS_EXPORTER");
+    for (k, v) in vars {
+        c.env(k, v);
+    }
+    tokio::task::spawn_blocking(move || c.output().expect("run"))
+        .await
+        .expect("join")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_go_over_otlp_http_when_the_variables_say_so() {
+    use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequest;
+    use opentelemetry_proto::tonic::metrics::v1::metric::Data;
+    use prost::Message;
+    let dir = tempfile::tempdir().expect("tmp");
+    let (url, _) = counting_service().await;
+    let (endpoint, got) = otlp_receiver().await;
+    let out = run_exporting(dir.path(), &goal(dir.path(), &url, "auto"), &endpoint, &[]).await;
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Sent on exit (the periodic reader's interval is a minute); cumulative, so the last
+    // request has everything.
+    let got = got.lock().expect("received").clone();
+    let (_, kind, body) = got
+        .iter()
+        .rev()
+        .find(|(path, _, _)| path == "/v1/metrics")
+        .unwrap_or_else(|| panic!("no POST /v1/metrics: {got:?}"));
+    assert_eq!(kind, "application/x-protobuf");
+    let req = ExportMetricsServiceRequest::decode(body.as_slice()).expect("OTLP metrics");
+    let metrics: BTreeMap<String, Data> = req
+        .resource_metrics
+        .iter()
+        .flat_map(|r| &r.scope_metrics)
+        .flat_map(|s| &s.metrics)
+        .filter_map(|m| Some((m.name.clone(), m.data.clone()?)))
+        .collect();
+    let attr = |attrs: &[opentelemetry_proto::tonic::common::v1::KeyValue], key: &str| {
+        attrs
+            .iter()
+            .find(|kv| kv.key == key)
+            .and_then(|kv| kv.value.as_ref())
+            .and_then(|v| v.value.clone())
+            .map(|v| format!("{v:?}"))
+            .unwrap_or_default()
+    };
+    // Two model turns, by model, and their tokens by type.
+    let Some(Data::Histogram(turns)) = metrics.get("gen_ai.client.operation.duration") else {
+        panic!("no model turn histogram: {metrics:#?}");
+    };
+    assert_eq!(turns.data_points.len(), 1, "{turns:?}");
+    assert_eq!(turns.data_points[0].count, 2);
+    assert!(attr(&turns.data_points[0].attributes, "gen_ai.request.model").contains("s.json"));
+    let Some(Data::Histogram(tokens)) = metrics.get("gen_ai.client.token.usage") else {
+        panic!("no token histogram: {metrics:#?}");
+    };
+    let types: Vec<String> = tokens
+        .data_points
+        .iter()
+        .map(|p| attr(&p.attributes, "gen_ai.token.type"))
+        .collect();
+    assert!(types.iter().any(|t| t.contains("input")), "{types:?}");
+    assert!(types.iter().any(|t| t.contains("output")), "{types:?}");
+    assert!(tokens.data_points.iter().all(|p| p.sum.unwrap_or(0.0) > 0.0));
+    // Two calls of `step`, ok; one run, succeeded; journal commits.
+    let Some(Data::Sum(calls)) = metrics.get("dagloop.calls") else {
+        panic!("no calls counter: {metrics:#?}");
+    };
+    assert_eq!(calls.data_points.len(), 1, "{calls:?}");
+    assert!(attr(&calls.data_points[0].attributes, "gen_ai.tool.name").contains("step"));
+    assert!(attr(&calls.data_points[0].attributes, "dagloop.status").contains("ok"));
+    assert!(
+        format!("{:?}", calls.data_points[0].value).contains("AsInt(2)"),
+        "{calls:?}"
+    );
+    assert!(metrics.contains_key("dagloop.runs.finished"), "{metrics:#?}");
+    assert!(
+        metrics.contains_key("dagloop.journal.commit.duration"),
+        "{metrics:#?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unsupported_otlp_protocol_is_refused_with_a_code() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let (endpoint, got) = otlp_receiver().await;
+    let out = run_exporting(
+        dir.path(),
+        &goal(dir.path(), "http://127.0.0.1:9/step", "auto"),
+        &endpoint,
+        &[("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json")],
+    )
+    .await;
+    assert_eq!(out.status.code(), Some(2));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("telemetry.bad_variable"), "{stdout}");
+    assert!(stdout.contains("OTEL_EXPORTER_OTLP_PROTOCOL"), "{stdout}");
+    assert!(got.lock().expect("received").is_empty());
+}
