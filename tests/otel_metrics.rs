@@ -281,7 +281,12 @@ async fn metrics_go_over_otlp_http_when_the_variables_say_so() {
         .collect();
     assert!(types.iter().any(|t| t.contains("input")), "{types:?}");
     assert!(types.iter().any(|t| t.contains("output")), "{types:?}");
-    assert!(tokens.data_points.iter().all(|p| p.sum.unwrap_or(0.0) > 0.0));
+    assert!(
+        tokens
+            .data_points
+            .iter()
+            .all(|p| p.sum.unwrap_or(0.0) > 0.0)
+    );
     // Two calls of `step`, ok; one run, succeeded; journal commits.
     let Some(Data::Sum(calls)) = metrics.get("dagloop.calls") else {
         panic!("no calls counter: {metrics:#?}");
@@ -293,7 +298,10 @@ async fn metrics_go_over_otlp_http_when_the_variables_say_so() {
         format!("{:?}", calls.data_points[0].value).contains("AsInt(2)"),
         "{calls:?}"
     );
-    assert!(metrics.contains_key("dagloop.runs.finished"), "{metrics:#?}");
+    assert!(
+        metrics.contains_key("dagloop.runs.finished"),
+        "{metrics:#?}"
+    );
     assert!(
         metrics.contains_key("dagloop.journal.commit.duration"),
         "{metrics:#?}"

@@ -31,8 +31,8 @@ const SECONDS: [f64; 14] = [
 ];
 /// Tokens, in powers of 4 (the GenAI conventions' advice).
 const TOKENS: [f64; 13] = [
-    1.0, 4.0, 16.0, 64.0, 256.0, 1024.0, 4096.0, 16384.0, 65536.0, 262144.0, 1048576.0,
-    4194304.0, 16777216.0,
+    1.0, 4.0, 16.0, 64.0, 256.0, 1024.0, 4096.0, 16384.0, 65536.0, 262144.0, 1048576.0, 4194304.0,
+    16777216.0,
 ];
 
 /// The OTLP name, unit and description of a series of `metrics` (None: not exported).
