@@ -5,6 +5,8 @@
 
 #[path = "common/bin.rs"]
 mod bin;
+#[path = "common/browser.rs"]
+mod browser;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -398,6 +400,7 @@ fn spans_reach_phoenix_over_grpc() {
     });
     let root = one(&spans, "invoke_workflow");
     assert!(root["parent_id"].is_null(), "{root}");
+    screenshot_trace(&p, &trace_of(&run));
     let delegate = one(&spans, "execute_tool translateReply");
     assert_eq!(delegate["attributes"]["dagloop.activity"], "delegate");
     let nested = one(&spans, "invoke_agent translateReply");
@@ -412,4 +415,33 @@ fn spans_reach_phoenix_over_grpc() {
                 && s["attributes"]["gen_ai.usage.input_tokens"].is_number()),
         "{spans:#?}"
     );
+}
+
+/// Opens Phoenix's page of `trace` in headless Chromium, waits until it shows the run's spans by
+/// name (not an error page) and saves it as `phoenix-trace.png` among the test artifacts.
+fn screenshot_trace(p: &Phoenix, trace: &str) {
+    let project = get(&p.url("/v1/projects"))
+        .and_then(|v| {
+            v["data"]
+                .as_array()?
+                .iter()
+                .find(|x| x["name"] == "dagloop-test" || x["name"] == "default")
+                .and_then(|x| x["id"].as_str().map(str::to_string))
+        })
+        .expect("the project");
+    let url = p.url(&format!("/projects/{project}/traces/{trace}"));
+    tokio::runtime::Runtime::new().expect("rt").block_on(async {
+        let Some(b) = browser::session().await else {
+            return;
+        };
+        b.c.goto(&url).await.expect("open the trace page");
+        browser::until(
+            &b.c,
+            "the trace's spans",
+            "const t = document.body.innerText; \
+             return t.includes('invoke_workflow') && t.includes('execute_tool translateReply')",
+        )
+        .await;
+        browser::save_screenshot(&b.c, "phoenix-trace.png").await;
+    });
 }
