@@ -1,10 +1,12 @@
 //! The binary's spans against a real collector: Arize Phoenix (`scripts/setup-phoenix.sh`,
 //! `DAGLOOP_PHOENIX`), started on 127.0.0.1, receives OTLP/HTTP from `dagloop run` and `resume`;
 //! the spans are read back through Phoenix's REST API. Without `DAGLOOP_PHOENIX` the test prints
-//! SKIPPED. (Phoenix's API does not return span links: tests/otel_spans.rs pins those.)
+//! SKIPPED. A second test sends the spans over OTLP/gRPC to Phoenix's gRPC port. (Phoenix's API does not return span links: tests/otel_spans.rs pins those.)
 
 #[path = "common/bin.rs"]
 mod bin;
+#[path = "common/browser.rs"]
+mod browser;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -16,6 +18,8 @@ use serde_json::{Value, json};
 struct Phoenix {
     child: Child,
     port: u16,
+    /// Where Phoenix takes OTLP over gRPC.
+    grpc_port: u16,
     _dir: tempfile::TempDir,
 }
 
@@ -48,11 +52,12 @@ impl Phoenix {
     fn start(phoenix: &str) -> Phoenix {
         let dir = tempfile::tempdir().expect("dir");
         let port = free_port();
+        let grpc_port = free_port();
         let child = Command::new(phoenix)
             .arg("serve")
             .env("PHOENIX_HOST", "127.0.0.1")
             .env("PHOENIX_PORT", port.to_string())
-            .env("PHOENIX_GRPC_PORT", free_port().to_string())
+            .env("PHOENIX_GRPC_PORT", grpc_port.to_string())
             .env("PHOENIX_WORKING_DIR", dir.path())
             .env("PHOENIX_TELEMETRY_ENABLED", "false")
             .stdout(Stdio::null())
@@ -62,6 +67,7 @@ impl Phoenix {
         let p = Phoenix {
             child,
             port,
+            grpc_port,
             _dir: dir,
         };
         // Phoenix takes a while to start on a busy machine: wait for its API, not a fixed time.
@@ -363,4 +369,79 @@ fn runs_export_their_trace_to_phoenix_delegate_rejected_failed_and_resumed() {
     );
     assert_eq!(shown["trace_id"], trace.as_str());
     assert!(!shown["critical_path"].as_array().expect("path").is_empty());
+}
+
+#[test]
+fn spans_reach_phoenix_over_grpc() {
+    let Some(phoenix) = phoenix_or_skip() else {
+        return;
+    };
+    let p = Phoenix::start(&phoenix);
+    let dir = tempfile::tempdir().expect("dir");
+    let out = dagloop(&p, &dir.path().join("runs.db"))
+        .env("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")
+        .env(
+            "OTEL_EXPORTER_OTLP_ENDPOINT",
+            format!("http://127.0.0.1:{}", p.grpc_port),
+        )
+        .args(["run", "--json"])
+        .arg(repo("examples/delegate/goal.json"))
+        .current_dir(repo("examples/delegate"))
+        .output()
+        .expect("run");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let run = json_of(&out);
+    let spans = p.spans(&trace_of(&run), |s| {
+        s.iter().any(|x| x["name"] == "invoke_workflow")
+    });
+    let root = one(&spans, "invoke_workflow");
+    assert!(root["parent_id"].is_null(), "{root}");
+    screenshot_trace(&p, &trace_of(&run));
+    let delegate = one(&spans, "execute_tool translateReply");
+    assert_eq!(delegate["attributes"]["dagloop.activity"], "delegate");
+    let nested = one(&spans, "invoke_agent translateReply");
+    assert_eq!(
+        parent(&spans, nested).expect("parent")["name"],
+        "execute_tool translateReply"
+    );
+    assert!(
+        spans
+            .iter()
+            .any(|s| s["name"].as_str().unwrap_or("").starts_with("chat")
+                && s["attributes"]["gen_ai.usage.input_tokens"].is_number()),
+        "{spans:#?}"
+    );
+}
+
+/// Opens Phoenix's page of `trace` in headless Chromium, waits until it shows the run's spans by
+/// name (not an error page) and saves it as `phoenix-trace.png` among the test artifacts.
+fn screenshot_trace(p: &Phoenix, trace: &str) {
+    let project = get(&p.url("/v1/projects"))
+        .and_then(|v| {
+            v["data"]
+                .as_array()?
+                .iter()
+                .find(|x| x["name"] == "dagloop-test" || x["name"] == "default")
+                .and_then(|x| x["id"].as_str().map(str::to_string))
+        })
+        .expect("the project");
+    let url = p.url(&format!("/projects/{project}/traces/{trace}"));
+    tokio::runtime::Runtime::new().expect("rt").block_on(async {
+        let Some(b) = browser::session().await else {
+            return;
+        };
+        b.c.goto(&url).await.expect("open the trace page");
+        browser::until(
+            &b.c,
+            "the trace's spans",
+            "const t = document.body.innerText; \
+             return t.includes('invoke_workflow') && t.includes('execute_tool translateReply')",
+        )
+        .await;
+        browser::save_screenshot(&b.c, "phoenix-trace.png").await;
+    });
 }

@@ -1,11 +1,12 @@
-//! OTLP export of dagloop's spans through the OpenTelemetry SDK: the standard variables pick the
-//! endpoint (`OTEL_EXPORTER_OTLP_ENDPOINT`), protocol (`OTEL_EXPORTER_OTLP_PROTOCOL`), service
-//! name (`OTEL_SERVICE_NAME`, `OTEL_RESOURCE_ATTRIBUTES`) and sampler (`OTEL_TRACES_SAMPLER`,
-//! `OTEL_TRACES_SAMPLER_ARG`); the SDK's batch processor (`OTEL_BSP_*`) sends them from its own
-//! thread over the project's reqwest and rustls.
+//! OTLP export of dagloop's spans (and metrics, `export_metrics`) through the OpenTelemetry SDK:
+//! the standard variables pick the endpoint (`OTEL_EXPORTER_OTLP_ENDPOINT`), protocol
+//! (`OTEL_EXPORTER_OTLP_PROTOCOL`: `http/protobuf` over the project's reqwest and rustls, or
+//! `grpc` through tonic, plaintext HTTP/2), service name (`OTEL_SERVICE_NAME`,
+//! `OTEL_RESOURCE_ATTRIBUTES`) and sampler (`OTEL_TRACES_SAMPLER`, `OTEL_TRACES_SAMPLER_ARG`);
+//! the SDK's batch processor (`OTEL_BSP_*`) sends spans from its own thread.
 //!
-//! Deliberately not here: gRPC (`OTEL_EXPORTER_OTLP_PROTOCOL=grpc` is refused with a clear
-//! error: tonic's transport would be a second HTTP stack), or building spans (`spans`).
+//! Deliberately not here: `http/json`, gRPC over TLS (both refused with
+//! `telemetry.bad_variable`), or building spans (`spans`).
 
 use std::borrow::Cow;
 use std::future::Future;
@@ -214,32 +215,112 @@ pub(super) fn keep(t: ids::TraceId, ratio: f64) -> bool {
     (n as f64) < ratio * (1u64 << 63) as f64
 }
 
-/// The pipeline the standard variables describe.
-pub(super) fn from_env() -> Result<Pipeline, TelemetryError> {
-    let protocol = std::env::var("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
-        .or_else(|_| std::env::var("OTEL_EXPORTER_OTLP_PROTOCOL"))
-        .unwrap_or_default();
-    match protocol.trim() {
-        "" | "http/protobuf" => {}
-        other => {
-            return Err(bad(
-                "OTEL_EXPORTER_OTLP_PROTOCOL",
-                other,
-                "dagloop exports http/protobuf only (gRPC is not built in)",
-            ));
+/// How OTLP is sent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Transport {
+    /// `http/protobuf`.
+    Http,
+    /// `grpc` (plaintext HTTP/2).
+    Grpc,
+}
+
+/// The transport of a signal: its own `OTEL_EXPORTER_OTLP_{SIGNAL}_PROTOCOL`, else the general
+/// one; an unknown value is refused, never ignored.
+fn transport(signal: &'static str) -> Result<Transport, TelemetryError> {
+    let (var, value) = match std::env::var(signal) {
+        Ok(v) if !v.trim().is_empty() => (signal, v),
+        _ => (
+            "OTEL_EXPORTER_OTLP_PROTOCOL",
+            std::env::var("OTEL_EXPORTER_OTLP_PROTOCOL").unwrap_or_default(),
+        ),
+    };
+    match value.trim() {
+        "" | "http/protobuf" => Ok(Transport::Http),
+        "grpc" => {
+            let endpoint = std::env::var("OTEL_EXPORTER_OTLP_ENDPOINT").unwrap_or_default();
+            if endpoint.trim().starts_with("https:") {
+                return Err(bad(
+                    "OTEL_EXPORTER_OTLP_ENDPOINT",
+                    &endpoint,
+                    "dagloop's gRPC export is plaintext (http://) only; use http/protobuf for TLS",
+                ));
+            }
+            Ok(Transport::Grpc)
         }
+        other => Err(bad(
+            var,
+            other,
+            "dagloop exports http/protobuf and grpc (not http/json)",
+        )),
     }
+}
+
+/// The runtime tonic's channels live on: their own (one thread), so export works from the
+/// SDK's threads and on exit, after the program's runtime has gone.
+fn grpc_runtime() -> Result<&'static tokio::runtime::Runtime, TelemetryError> {
+    static RT: OnceLock<Option<tokio::runtime::Runtime>> = OnceLock::new();
+    RT.get_or_init(|| {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("dagloop-otlp-grpc")
+            .enable_all()
+            .build()
+            .ok()
+    })
+    .as_ref()
+    .ok_or_else(|| TelemetryError::Exporter("no runtime for the gRPC exporter".into()))
+}
+
+fn built<T>(r: Result<T, opentelemetry_otlp::ExporterBuildError>) -> Result<T, TelemetryError> {
+    r.map_err(|e| TelemetryError::Exporter(e.to_string()))
+}
+
+fn span_exporter(t: Transport) -> Result<opentelemetry_otlp::SpanExporter, TelemetryError> {
+    let b = opentelemetry_otlp::SpanExporter::builder();
+    built(match t {
+        Transport::Http => b
+            .with_http()
+            .with_http_client(Client::default())
+            .with_protocol(Protocol::HttpBinary)
+            .build(),
+        Transport::Grpc => {
+            let _rt = grpc_runtime()?.enter();
+            b.with_tonic().build()
+        }
+    })
+}
+
+fn metric_exporter(t: Transport) -> Result<opentelemetry_otlp::MetricExporter, TelemetryError> {
+    let b = opentelemetry_otlp::MetricExporter::builder();
+    built(match t {
+        Transport::Http => b
+            .with_http()
+            .with_http_client(Client::default())
+            .with_protocol(Protocol::HttpBinary)
+            .build(),
+        Transport::Grpc => {
+            let _rt = grpc_runtime()?.enter();
+            b.with_tonic().build()
+        }
+    })
+}
+
+/// The pipeline the standard variables describe; metrics go over OTLP as well unless
+/// `OTEL_METRICS_EXPORTER=none`.
+pub(super) fn from_env() -> Result<Pipeline, TelemetryError> {
+    let traces = transport("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")?;
     let sample = sampler()?;
-    let exporter = opentelemetry_otlp::SpanExporter::builder()
-        .with_http()
-        .with_http_client(Client::default())
-        .with_protocol(Protocol::HttpBinary)
-        .build()
-        .map_err(|e| TelemetryError::Exporter(e.to_string()))?;
-    let mut processor = BatchSpanProcessor::builder(exporter).build();
     let resource = opentelemetry_sdk::Resource::builder()
         .with_service_name(std::env::var("OTEL_SERVICE_NAME").unwrap_or_else(|_| "dagloop".into()))
         .build();
+    let metrics_off =
+        std::env::var("OTEL_METRICS_EXPORTER").is_ok_and(|v| v.trim().eq_ignore_ascii_case("none"));
+    if !metrics_off {
+        let t = transport("OTEL_EXPORTER_OTLP_METRICS_PROTOCOL")?;
+        super::export_metrics::install(metric_exporter(t)?, resource.clone())?;
+    }
+    let exporter = span_exporter(traces)?;
+    let mut processor = BatchSpanProcessor::builder(exporter).build();
     processor.set_resource(&resource);
     let processor = Arc::new(Batch {
         processor,
@@ -254,6 +335,7 @@ pub(super) fn from_env() -> Result<Pipeline, TelemetryError> {
             if let Err(e) = flusher.processor.force_flush() {
                 tracing::warn!("OpenTelemetry spans could not be sent: {e}");
             }
+            super::export_metrics::flush();
         }),
     })
 }

@@ -3,15 +3,17 @@
 //! waits, model turns by model, journal commit latency, runs waiting for a reviewer.
 //!
 //! Hand-rolled (a map behind a mutex and a text writer) rather than a metrics crate: a dozen
-//! series do not need one. Nothing is counted until [`enable`] is called (the server does).
+//! series do not need one. Nothing is counted until [`enable`] is called (the server does, and
+//! so does any process exporting over OTLP). Every value counted here is also handed to the
+//! [`Sink`] when one is set (the OTLP metrics exporter, `export_metrics`).
 //!
 //! Deliberately not here: labels from anything a user wrote other than tool and model names
 //! (never params, results or principals).
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, OnceLock};
 
 static ENABLED: AtomicBool = AtomicBool::new(false);
 
@@ -29,7 +31,19 @@ pub fn enabled() -> bool {
     ENABLED.load(Ordering::Relaxed)
 }
 
+/// Takes every value counted: (metric name, labels, value).
+pub type Sink = Box<dyn Fn(&'static str, &[(&'static str, String)], f64) + Send + Sync>;
+static SINK: OnceLock<Sink> = OnceLock::new();
+
+/// Hands every value counted from now on to `sink` as well (once; false when one was set).
+pub fn set_sink(sink: Sink) -> bool {
+    SINK.set(sink).is_ok()
+}
+
 fn add(name: &'static str, labels: Vec<(&'static str, String)>, value: f64) {
+    if let Some(sink) = SINK.get() {
+        sink(name, &labels, value);
+    }
     if let Ok(mut s) = SERIES.lock() {
         let e = s.entry((name, labels)).or_insert((0, 0.0));
         e.0 += 1;

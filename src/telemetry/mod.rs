@@ -1,7 +1,8 @@
 //! Telemetry: every run is a trace. A run's spans are derived from its own events and journal
 //! (`spans`), with ids derived from the run id (`ids`), and exported over OTLP when the standard
 //! `OTEL_*` variables say so (`export`, feature `otel`); the server's `/metrics` counts the same
-//! things (`metrics`); `logs` sets up `RUST_LOG`-filtered logs on stderr.
+//! things (`metrics`), which go over OTLP as well (`export_metrics`); `logs` sets up
+//! `RUST_LOG`-filtered logs on stderr.
 //!
 //! Nothing here runs unless asked: with no exporter installed and metrics off, a run gets no
 //! span builder at all, and publishing an event costs one branch more.
@@ -18,6 +19,8 @@ pub mod spans;
 
 #[cfg(feature = "otel")]
 mod export;
+#[cfg(feature = "otel")]
+mod export_metrics;
 
 use std::sync::{Arc, OnceLock};
 

@@ -62,6 +62,9 @@ struct Turn {
     events: Vec<SpanEvent>,
     usage: Option<(u64, u64, bool)>,
     model: Option<String>,
+    /// When the model's stream for it closed (the journal's `stream_closed`): the end of the
+    /// model's work, while the turn itself lasts until its step drains.
+    closed: Option<Millis>,
 }
 
 /// The spans of one run in progress.
@@ -202,6 +205,11 @@ impl RunSpans {
                         c.interrupted = true;
                     }
                 }
+                RunInput::StreamClosed { frame, .. } => {
+                    if let Some(t) = self.turns.get_mut(&frame_key(*frame)) {
+                        t.closed = Some(e.at);
+                    }
+                }
                 RunInput::Usage {
                     frame,
                     input_tokens,
@@ -286,7 +294,7 @@ impl RunSpans {
                     });
                 }
             }
-            EventKind::Solution { .. } => self.turn_ended(frame, e.at, None),
+            EventKind::Solution { .. } => self.turn_ended(frame, e.at, None, replayed),
             // A nested agent's end is its delegate call's (closed with the call).
             EventKind::RunFinished { status, .. } if !replayed && frame == 0 => {
                 self.run_finished(e.at, status)
@@ -334,7 +342,7 @@ impl RunSpans {
         {
             return Some(if *s == step { open.id } else { id });
         }
-        self.close_step(frame, at);
+        self.close_step(frame, at, replayed);
         self.agent_span(frame, at, replayed)?;
         self.steps.insert(
             frame,
@@ -350,8 +358,12 @@ impl RunSpans {
         Some(id)
     }
 
-    fn close_step(&mut self, frame: Frame, at: Millis) {
-        if let Some((step, open)) = self.steps.remove(&frame) {
+    /// Closes the open step of a frame; `replayed`: the close itself is replayed (a step that
+    /// ends live is reported here even when it began before a resume: the process that began
+    /// it stopped before its end, so it never reported it).
+    fn close_step(&mut self, frame: Frame, at: Millis, replayed: bool) {
+        if let Some((step, mut open)) = self.steps.remove(&frame) {
+            open.replayed &= replayed;
             let parent = if frame == 0 {
                 Some(self.root_id())
             } else {
@@ -367,7 +379,7 @@ impl RunSpans {
     }
 
     fn turn_started(&mut self, frame: Frame, e: &Event, attempt: u32, replayed: bool) {
-        self.turn_ended(frame, e.at, Some("superseded"));
+        self.turn_ended(frame, e.at, Some("superseded"), replayed);
         if self.step_span(frame, e.step, e.at, replayed).is_none() {
             return;
         }
@@ -388,14 +400,19 @@ impl RunSpans {
                 events: Vec::new(),
                 usage: None,
                 model: None,
+                closed: None,
             },
         );
     }
 
-    fn turn_ended(&mut self, frame: Frame, at: Millis, error: Option<&str>) {
+    /// Ends a frame's model turn; `replayed`: its end is replayed. A turn that ends live is
+    /// reported (span and metrics) even when it began before a resume or a wake from parking:
+    /// the process that began it stopped before its end, so it never reported it.
+    fn turn_ended(&mut self, frame: Frame, at: Millis, error: Option<&str>, replayed: bool) {
         let Some(mut t) = self.turns.remove(&frame) else {
             return;
         };
+        t.open.replayed &= replayed;
         if let Some((i, o, est, model)) = self.usage.remove(&frame) {
             t.usage = Some((i, o, est));
             t.model = model;
@@ -410,7 +427,7 @@ impl RunSpans {
         } else {
             format!("chat {model}")
         };
-        let mut s = self.span(name, parent, &t.open, at);
+        let mut s = self.span(name, parent, &t.open, t.closed.unwrap_or(at));
         s.kind = Kind::Client;
         s.attrs.extend([
             ("gen_ai.operation.name", Value::from("chat")),
@@ -426,7 +443,8 @@ impl RunSpans {
                 s.attrs.push(("dagloop.usage.estimated", Value::Bool(true)));
             }
             if self.metrics && !t.open.replayed {
-                metrics::model_turn(&model, at.saturating_sub(t.open.start), i, o);
+                let latency = t.closed.unwrap_or(at).saturating_sub(t.open.start);
+                metrics::model_turn(&model, latency, i, o);
             }
         }
         if let Some(first) = t.first_call {
@@ -617,10 +635,11 @@ impl RunSpans {
         };
         // The nested agent a delegate call ran ends with it.
         if self.nested.contains_key(&id) {
-            self.turn_ended(id, at, Some("ended"));
-            self.close_step(id, at);
+            self.turn_ended(id, at, Some("ended"), replayed);
+            self.close_step(id, at, replayed);
         }
-        if let Some(open) = self.nested.remove(&id) {
+        if let Some(mut open) = self.nested.remove(&id) {
+            open.replayed &= replayed;
             let agent = self.agents.get(&c.tool).cloned().unwrap_or(c.tool.clone());
             let mut s = self.span(
                 format!("invoke_agent {agent}"),
@@ -744,11 +763,11 @@ impl RunSpans {
     fn run_finished(&mut self, at: Millis, status: &str) {
         let frames: Vec<Frame> = self.turns.keys().copied().collect();
         for f in frames {
-            self.turn_ended(f, at, Some("run ended"));
+            self.turn_ended(f, at, Some("run ended"), false);
         }
         let frames: Vec<Frame> = self.steps.keys().copied().rev().collect();
         for f in frames {
-            self.close_step(f, at);
+            self.close_step(f, at, false);
         }
         let Some(root) = self.root.take() else {
             return;
