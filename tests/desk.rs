@@ -15,88 +15,78 @@ use std::path::Path;
 use std::time::Duration;
 
 use serde_json::{Value, json};
+use desk::{chain_goal, ids, run_id, turn, write};
 use serve::{Server, awaiting, client, create, send, until};
 
-fn write(dir: &Path, name: &str, v: &Value) -> std::path::PathBuf {
-    let p = dir.join(name);
-    std::fs::write(&p, v.to_string()).expect("write");
-    p
-}
-
-fn turn(calls: Value, output: Value) -> Value {
-    json!({"solution": {"calls": calls, "output": output}, "chunk_chars": 40, "chunk_delay_ms": 1})
-}
-
-fn run_id(stderr: &[u8]) -> String {
-    String::from_utf8_lossy(stderr)
-        .lines()
-        .find_map(|l| {
-            serde_json::from_str::<Value>(l).ok()?["run_id"]
-                .as_str()
-                .map(String::from)
-        })
-        .expect("the run id on stderr")
-}
-
-/// R6: the terminal's "approve every call of this tool", given as a decisions-file grant, is
-/// journaled: after SIGKILL mid-call and `resume` with no reviewer (anything not covered would
-/// be rejected), a later call of the tool is approved by that grant.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_run_wide_grant_survives_kill_9_and_resume() {
-    let svc = desk::gated_service().await;
-    let dir = tempfile::tempdir().expect("dir");
+/// The goal of the kill-9 tests: step 1 (ask), the gate (ask, idempotent; it hangs the first
+/// time) reading step 1; then step 2; the output is step 2's result.
+fn gated_goal(dir: &Path, svc: &desk::Gated) -> std::path::PathBuf {
     let script = json!({"turns": [
         turn(json!([{"_tool": "step", "n": 1, "_outputPath": "†state.a"},
                     {"_tool": "gate", "after": "†state.a", "_outputPath": "†state.g"}]), Value::Null),
         turn(json!([{"_tool": "step", "n": 2, "_outputPath": "†state.b"}]), Value::Null),
         turn(json!([]), json!({"total": "†state.b"}))
     ]});
-    let s = write(dir.path(), "s.json", &script);
-    let goal = write(
-        dir.path(),
+    let s = write(dir, "s.json", &script);
+    write(
+        dir,
         "goal.json",
         &json!({"goal": "grant", "model": format!("scripted:{}", s.display()),
         "output_schema": {"type": "object", "required": ["total"]},
         "tools": [desk::http_tool("step", &format!("{}/step", svc.base), false),
                   desk::http_tool("gate", &format!("{}/gate", svc.base), true)],
         "approval": {"policy": "ask"}}),
+    )
+}
+
+/// `dagloop ARGS` on `store`, its stdout as JSON (asserting the exit code is `code`).
+fn cli(store: &Path, args: &[&str], code: i32) -> Value {
+    let out = bin::dagloop()
+        .env("DAGLOOP_STORE", store)
+        .args(args)
+        .output()
+        .expect("dagloop");
+    assert_eq!(
+        out.status.code(),
+        Some(code),
+        "dagloop {args:?}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
     );
-    let decisions = write(
-        dir.path(),
-        "decisions.json",
-        &json!({"decisions": [
-            {"grant": {"scope": "tool", "tool": "step"}},
-            {"tool": "gate", "decision": "approve"}
-        ]}),
-    );
-    let store = dir.path().join("runs.db");
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "dagloop {args:?} printed no JSON ({e}): {}",
+            String::from_utf8_lossy(&out.stdout)
+        )
+    })
+}
+
+/// Starts `dagloop ARGS` on `store` (a 200 ms lease), SIGKILLs it once the gate hangs; returns
+/// what it printed on stderr. Waits until its lease ran out.
+async fn killed_at_the_gate(store: &Path, svc: &desk::Gated, args: &[&std::ffi::OsStr]) -> Vec<u8> {
     let mut child = bin::dagloop()
-        .env("DAGLOOP_STORE", &store)
+        .env("DAGLOOP_STORE", store)
         .env("DAGLOOP_LEASE_MS", "200")
-        .args(["run"])
-        .arg(&goal)
-        .args(["--json", "--decisions"])
-        .arg(&decisions)
+        .args(args)
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
-        .expect("run");
-    desk::gate_hit(&svc).await;
+        .expect("dagloop");
+    desk::gate_hit(svc).await;
     child.kill().expect("SIGKILL");
     let out = child.wait_with_output().expect("wait");
-    let id = run_id(&out.stderr);
     tokio::time::sleep(Duration::from_millis(300)).await; // the lease runs out
-    let out = bin::dagloop()
-        .env("DAGLOOP_STORE", &store)
-        .args(["resume", &id, "--json", "--on-no-reviewer", "reject"])
-        .output()
-        .expect("resume");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    out.stderr
+}
+
+/// Resumes the run with no reviewer (anything no grant covers would be rejected): it ends with
+/// step 2's result, and each step ran once.
+fn resumed_to_the_end(store: &Path, svc: &desk::Gated, id: &str) {
+    let result = cli(
+        store,
+        &["resume", id, "--json", "--on-no-reviewer", "reject"],
+        0,
     );
-    let result: Value = serde_json::from_slice(&out.stdout).expect("json");
     assert_eq!(
         result["output"]["total"],
         json!({"n": 2, "v": 20}),
@@ -108,24 +98,50 @@ async fn a_run_wide_grant_survives_kill_9_and_resume() {
         (Some(&1), Some(&1)),
         "{counts:?}"
     );
-    let out = bin::dagloop()
-        .env("DAGLOOP_STORE", &store)
-        .args(["show", &id, "--audit", "--json"])
-        .output()
-        .expect("show");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+}
+
+/// The audit's entries of one kind (`what`), with the JSON of the whole audit.
+fn entries<'a>(audit: &'a Value, what: &str) -> Vec<&'a Value> {
+    audit["audit"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|e| e["what"] == what)
+        .collect()
+}
+
+/// R6: the terminal's "approve every call of this tool", given as a decisions-file grant, is
+/// journaled: after SIGKILL mid-call and `resume` with no reviewer (anything not covered would
+/// be rejected), a later call of the tool is approved by that grant.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_wide_grant_survives_kill_9_and_resume() {
+    let svc = desk::gated_service().await;
+    let dir = tempfile::tempdir().expect("dir");
+    let goal = gated_goal(dir.path(), &svc);
+    let decisions = write(
+        dir.path(),
+        "decisions.json",
+        &json!({"decisions": [
+            {"grant": {"scope": "tool", "tool": "step"}},
+            {"tool": "gate", "decision": "approve"}
+        ]}),
     );
-    let audit: Value = serde_json::from_slice(&out.stdout).expect("json");
-    let entries = audit["audit"].as_array().cloned().unwrap_or_default();
-    let grants: Vec<&Value> = entries.iter().filter(|e| e["what"] == "grant").collect();
+    let store = dir.path().join("runs.db");
+    let stderr = killed_at_the_gate(
+        &store,
+        &svc,
+        &["run".as_ref(), goal.as_os_str(), "--json".as_ref(), "--decisions".as_ref(), decisions.as_os_str()],
+    )
+    .await;
+    let id = run_id(&stderr);
+    resumed_to_the_end(&store, &svc, &id);
+    let audit = cli(&store, &["show", &id, "--audit", "--json"], 0);
+    let grants = entries(&audit, "grant");
     assert_eq!(grants.len(), 1, "the grant is journaled once: {audit}");
     assert_eq!(grants[0]["channel"], "decisions_file", "{audit}");
-    let steps: Vec<&Value> = entries
-        .iter()
-        .filter(|e| e["what"] == "decision" && e["tool"] == "step")
+    let steps: Vec<&Value> = entries(&audit, "decision")
+        .into_iter()
+        .filter(|e| e["tool"] == "step")
         .collect();
     assert_eq!(steps.len(), 2, "{audit}");
     for d in steps {
@@ -154,25 +170,101 @@ async fn a_run_wide_grant_survives_kill_9_and_resume() {
     );
 }
 
-fn chain_goal(dir: &Path, url: &str) -> Value {
-    let script = json!({"turns": [
-        turn(json!([
-            {"_tool": "step", "n": 1, "_outputPath": "†state.a"},
-            {"_tool": "step", "n": 2, "after": "†state.a.v", "_outputPath": "†state.b"},
-            {"_tool": "step", "n": 3, "after": "†state.b.v", "_outputPath": "†state.c"},
-            {"_tool": "step", "n": 9, "_outputPath": "†state.z"}
-        ]), Value::Null),
-        turn(json!([{"_tool": "step", "n": 4, "after": "†state.c.v", "_outputPath": "†state.d"}]), Value::Null),
-        turn(json!([]), json!({"d": "†state.d.v"}))
-    ]});
-    let s = write(dir, "s.json", &script);
-    json!({"goal": "chain", "model": format!("scripted:{}", s.display()),
-        "output_schema": {"type": "object", "required": ["d"]},
-        "tools": [desk::http_tool("step", url, false)], "approval": {"policy": "ask"}})
-}
+/// R13: grants from the command line. A detached run waits on step 1; `dagloop grant --tool
+/// step --when SCHEMA` and `dagloop grant --call 1 --with-dependents` (step 1 and the gate
+/// blocked on it, as they stand) are recorded; the resumed run applies them (step 1 and the
+/// gate run without a reviewer) and is SIGKILLed in the gate; `dagloop revoke` takes the
+/// sub-graph grant back; resumed with no reviewer, step 2 is approved by the tool grant. The
+/// audit lists both grants and the revocation with channel `cli`; refusals carry their codes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grants_from_the_command_line_are_applied_journaled_and_survive_kill_9() {
+    let svc = desk::gated_service().await;
+    let dir = tempfile::tempdir().expect("dir");
+    let goal = gated_goal(dir.path(), &svc);
+    let store = dir.path().join("runs.db");
+    let goal_arg = goal.display().to_string();
+    let waiting = cli(&store, &["run", &goal_arg, "--json", "--detach"], 0);
+    assert_eq!(waiting["status"], "waiting", "{waiting}");
+    let id = waiting["run_id"].as_str().expect("run id").to_string();
+    assert_eq!(ids(waiting["awaiting"].as_array().unwrap()), [1], "{waiting}");
+    // Refused before anything is recorded: an unknown tool, a schema that is not one, a call
+    // seen with other params, a grant that does not exist.
+    for (args, code) in [
+        (vec!["--tool", "nope"], "op.invalid_grant"),
+        (vec!["--tool", "step", "--when", r#"{"type": 7}"#], "op.invalid_grant"),
+        (vec!["--tool", "step", "--when", "{not json"], "cli.bad_grant"),
+        (vec!["--call", "1", "--with-dependents", "--presented", "0000"], "op.stale"),
+        (vec!["--call", "2", "--with-dependents"], "op.not_awaiting"),
+    ] {
+        let mut a = vec!["grant", id.as_str()];
+        a.extend(args);
+        // A refused op exits 1, a bad command line 2.
+        let e = cli(&store, &a, if code.starts_with("op.") { 1 } else { 2 });
+        assert_eq!(e["error"]["code"], code, "{a:?}: {e}");
+    }
+    let e = cli(&store, &["revoke", &id, "g1"], 1);
+    assert_eq!(e["error"]["code"], "op.unknown_grant", "{e}");
 
-fn ids(list: &[Value]) -> Vec<u64> {
-    list.iter().filter_map(|a| a["call_id"].as_u64()).collect()
+    let g1 = cli(
+        &store,
+        &["grant", &id, "--tool", "step", "--when", r#"{"properties": {"n": {"maximum": 5}}}"#],
+        0,
+    );
+    assert_eq!(
+        (g1["status"].as_str(), g1["covers"]["scope"].as_str()),
+        (Some("recorded"), Some("tool")),
+        "{g1}"
+    );
+    let g2 = cli(&store, &["grant", &id, "--call", "1", "--with-dependents"], 0);
+    let listed: Vec<u64> = g2["covers"]["calls"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|c| c["call"].as_u64())
+        .collect();
+    assert_eq!(listed, [1, 2], "the call and the gate waiting on it: {g2}");
+
+    // Resumed (nobody to answer: only the grants can approve), killed while the gate runs.
+    killed_at_the_gate(
+        &store,
+        &svc,
+        &["resume".as_ref(), id.as_ref(), "--json".as_ref(), "--detach".as_ref()],
+    )
+    .await;
+    let r = cli(&store, &["revoke", &id, "g2"], 0);
+    assert_eq!(r["status"], "recorded", "{r}");
+    resumed_to_the_end(&store, &svc, &id);
+
+    let audit = cli(&store, &["show", &id, "--audit", "--json"], 0);
+    let given: Vec<(&str, &str)> = entries(&audit, "grant")
+        .iter()
+        .map(|g| (g["grant"].as_str().unwrap_or(""), g["channel"].as_str().unwrap_or("")))
+        .collect();
+    assert_eq!(given, [("g1", "cli"), ("g2", "cli")], "{audit}");
+    let revoked = entries(&audit, "revoke");
+    assert_eq!(
+        (revoked.len(), revoked[0]["grant"].as_str(), revoked[0]["channel"].as_str()),
+        (1, Some("g2"), Some("cli")),
+        "{audit}"
+    );
+    let decided: Vec<(u64, &str, &str)> = entries(&audit, "decision")
+        .iter()
+        .map(|d| {
+            (
+                d["call_id"].as_u64().unwrap_or(0),
+                d["decision"].as_str().unwrap_or(""),
+                d["grant"].as_str().unwrap_or("-"),
+            )
+        })
+        .collect();
+    assert_eq!(
+        decided,
+        [(1, "approve", "g1"), (2, "approve", "g2"), (3, "approve", "g1")],
+        "{audit}"
+    );
+    assert_eq!(audit["grants"][0]["calls"], json!([1, 3]), "{audit}");
+    assert_eq!(audit["grants"][1]["calls"], json!([2]), "{audit}");
+    assert_eq!(audit["grants"][1]["revoked"], true, "{audit}");
 }
 
 /// R7-R9: "approve this call and the calls waiting on it, as presented" through the API covers

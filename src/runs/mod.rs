@@ -13,6 +13,7 @@ pub mod audit;
 mod cassette;
 mod def;
 mod fork;
+mod grant;
 mod launch;
 mod list;
 mod options;
@@ -23,6 +24,7 @@ pub use cassette::{
     Cassette, CassetteError, CassetteExecutor, Exported, Recorded, canonical, export, params_key,
 };
 pub use def::{RunDef, define};
+pub use grant::{GrantRequest, grant_op};
 pub use fork::{Fork, ForkedFrom, fork, fork_point, goal_with_input, seed};
 pub use launch::{
     Host, Launched, Pool, Prepared, Review, Servers, absolute_dir, absolute_model, builder_for,

@@ -3,7 +3,7 @@
 // description, where each param came from, and the decision buttons. An edit or a
 // replacement is shown as a diff against what was presented. When somebody else decides a call
 // while this reviewer has its editor or reason open, the card stays, says who decided what,
-// and keeps the typed text.
+// and keeps the typed text. The grant buttons open panels from grants.js.
 "use strict";
 
 const PAST = { approve: "approved", edit: "edited", replace: "replaced", reject: "rejected" };
@@ -193,6 +193,23 @@ function approvalCard(runId, a, key) {
     }
   };
 
+  // A grant from this card (grants.js): the card's call is among those it approves.
+  const give = async (body, what) => {
+    showErrors([]);
+    setBusy(true);
+    try {
+      const r = await api("POST", "/runs/" + encodeURIComponent(runId) + "/grants", body);
+      card.classList.add("sent");
+      card.classList.remove("current");
+      notice("Grant " + (r.grant || "") + " given: " + what + ".", "ok");
+      scheduleRefresh();
+      loadRuns();
+    } catch (e) {
+      setBusy(false);
+      showErrors([{ message: (e.code ? e.code + ": " : "") + e.message }]);
+    }
+  };
+
   const open = (what, content) => {
     showErrors([]);
     if (panel.dataset.open === what) {
@@ -314,6 +331,15 @@ function approvalCard(runId, a, key) {
     el("button", { type: "button", class: "edit", text: "Edit…", onclick: () => open("edit", editPanel) }),
     el("button", { type: "button", class: "replace", text: "Replace…", onclick: () => open("replace", replacePanel) }),
     el("button", { type: "button", class: "reject danger", text: "Reject…", onclick: () => open("reject", rejectPanel) }),
+    el("button", { type: "button", class: "grant-tool", text: "Approve every " + call._tool + " call…",
+      title: "a grant: this call and every later call of the tool (optionally only those matching a schema)",
+      onclick: () => open("grant-tool", () => grantToolPanel(call, give, showErrors)) }),
+    a.downstream && a.downstream.length
+      ? el("button", { type: "button", class: "grant-calls",
+        text: "Approve with the " + a.downstream.length + " waiting on it…",
+        title: "a grant: this call and the calls waiting on it, exactly as shown",
+        onclick: () => open("grant-calls", () => grantCallsPanel(a, give)) })
+      : null,
   );
 
   const above = (a.path || []).slice(0, -1);
