@@ -545,6 +545,109 @@ async fn an_interrupted_call_is_marked_done_and_the_webhook_hears_of_requests() 
     }
 }
 
+/// The operator's config (the tests' open one) with `notify.webhook` = `webhook`, written in `dir`.
+fn config_with(dir: &Path, name: &str, webhook: Value) -> std::path::PathBuf {
+    let mut config: Value =
+        serde_json::from_str(&std::fs::read_to_string(bin::open_config()).expect("config"))
+            .expect("json");
+    config["notify"] = json!({ "webhook": webhook });
+    write(dir, name, &config)
+}
+
+/// The calls of the deliveries a receiver answered (every one but the first `refused`), with
+/// their links, after checking each is an `approval_requested` of `run`.
+fn delivered(hook: &desk::Receiver, refused: usize, run: &str) -> Vec<(u64, Value)> {
+    let got = hook.got.lock().expect("got").clone();
+    got.iter()
+        .skip(refused)
+        .map(|(_, b)| {
+            assert_eq!(
+                (b["event"].as_str(), b["run_id"].as_str(), b["tool"].as_str()),
+                (Some("approval_requested"), Some(run), Some("step")),
+                "{b}"
+            );
+            (b["call_id"].as_u64().unwrap_or(0), b["link"].clone())
+        })
+        .collect()
+}
+
+/// R12 beyond `serve`: `dagloop run` and `resume` given an operator config with
+/// `notify.webhook` post each call they present (retried after a refusal) before the process
+/// ends; with no `page_url` the body has no link, with one it links to that page.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_and_resume_tell_the_operators_webhook() {
+    let svc = desk::gated_service().await;
+    let hook = desk::receiver(1).await;
+    let dir = tempfile::tempdir().expect("dir");
+    let goal = write(
+        dir.path(),
+        "goal.json",
+        &chain_goal(dir.path(), &format!("{}/step", svc.base)),
+    );
+    let store = dir.path().join("runs.db");
+    let plain = config_with(
+        dir.path(),
+        "plain.json",
+        json!({"url": hook.url, "backoff_ms": 50}),
+    );
+    let (plain, goal) = (plain.display().to_string(), goal.display().to_string());
+    let waiting = cli(
+        &store,
+        &["--config", &plain, "run", &goal, "--json", "--detach"],
+        0,
+    );
+    let id = waiting["run_id"].as_str().expect("run id").to_string();
+    assert_eq!(ids(waiting["awaiting"].as_array().unwrap()), [1, 4], "{waiting}");
+    // Delivered before the process ended (the first try refused, then tried again).
+    let mut first = delivered(&hook, 1, &id);
+    first.sort_by_key(|d| d.0);
+    assert_eq!(
+        first,
+        [(1, Value::Null), (4, Value::Null)],
+        "no page, no link: {:?}",
+        hook.got.lock().expect("got")
+    );
+    let text = hook.got.lock().expect("got")[1].1["text"].clone();
+    assert!(
+        text.as_str().is_some_and(|t| t.contains(&id) && t.contains("dagloop decide")),
+        "{text}"
+    );
+    let linked = config_with(
+        dir.path(),
+        "linked.json",
+        json!({"url": hook.url, "backoff_ms": 50, "page_url": "http://desk.example/"}),
+    );
+    let decisions = write(
+        dir.path(),
+        "decisions.json",
+        &json!({"decisions": [{"tool": "step", "decision": "approve"}]}),
+    );
+    let before = hook.got.lock().expect("got").len();
+    let done = cli(
+        &store,
+        &[
+            "--config",
+            &linked.display().to_string(),
+            "resume",
+            &id,
+            "--json",
+            "--decisions",
+            &decisions.display().to_string(),
+        ],
+        0,
+    );
+    assert_eq!(done["output"], json!({"d": 40}), "{done}");
+    let later: std::collections::BTreeMap<u64, Value> =
+        delivered(&hook, before, &id).into_iter().collect();
+    for c in [2, 3, 5] {
+        assert_eq!(
+            later.get(&c),
+            Some(&json!(format!("http://desk.example/?run={id}&call={c}"))),
+            "call {c} presented after resuming: {later:?}"
+        );
+    }
+}
+
 /// Waits (bounded) until the webhook receiver got `n` deliveries.
 async fn hook_got(hook: &desk::Receiver, n: usize) {
     for _ in 0..1200 {

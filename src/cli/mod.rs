@@ -689,6 +689,7 @@ pub async fn main(cli: Cli) -> i32 {
                 decisions,
                 reject_without_reviewer: on_no_reviewer == NoReviewer::Reject,
                 tools_from,
+                webhook: config.and_then(|c| c.notify.webhook.clone()),
             };
             if temporal.engine == EngineArg::Temporal {
                 if input.is_some() {
@@ -736,6 +737,7 @@ pub async fn main(cli: Cli) -> i32 {
                 decisions,
                 reject_without_reviewer: on_no_reviewer == NoReviewer::Reject,
                 tools_from,
+                webhook: config.and_then(|c| c.notify.webhook.clone()),
             };
             let over = run::RunOptions {
                 server: false,
@@ -773,6 +775,7 @@ pub async fn main(cli: Cli) -> i32 {
                 decisions,
                 reject_without_reviewer: on_no_reviewer == NoReviewer::Reject,
                 tools_from,
+                webhook: config.and_then(|c| c.notify.webhook.clone()),
             };
             let over = fork::Over {
                 at_step,
