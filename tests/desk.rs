@@ -347,17 +347,38 @@ async fn a_subgraph_approval_covers_exactly_the_calls_presented() {
         422,
         "op.invalid_grant",
     );
+    // Call 4 by a `subgraph` grant (the calls grant the server reads off the run: call 4 as
+    // presented, nothing waits on it), after refusals: a hash it was not presented with, a
+    // call that does not await a decision.
+    let v = until(&s, &id, |v| ids(&awaiting(v)) == [4]).await;
+    let grants = s.url(&format!("/runs/{id}/grants"));
+    serve::refused(
+        send(client().post(&grants).json(
+            &json!({"scope": "subgraph", "call": 4, "presented": "0000000000000000"}),
+        ))
+        .await,
+        409,
+        "op.stale",
+    );
+    serve::refused(
+        send(client().post(&grants).json(&json!({"scope": "subgraph", "call": 1}))).await,
+        409,
+        "op.already_decided",
+    );
+    let (st, g) = send(client().post(&grants).json(
+        &json!({"scope": "subgraph", "call": 4, "presented": awaiting(&v)[0]["params_hash"]}),
+    ))
+    .await;
+    assert_eq!((st, g["grant"].as_str()), (200, Some("g4")), "{g}");
     // Call 5, added by the model later, waits for a reviewer: no grant covers it.
-    for c in [4, 5] {
-        until(&s, &id, |v| ids(&awaiting(v)) == [c]).await;
-        let (st, r) = send(
-            client()
-                .post(s.url(&format!("/runs/{id}/approvals/{c}")))
-                .json(&json!({"decision": "approve"})),
-        )
-        .await;
-        assert_eq!(st, 200, "{r}");
-    }
+    until(&s, &id, |v| ids(&awaiting(v)) == [5]).await;
+    let (st, r) = send(
+        client()
+            .post(s.url(&format!("/runs/{id}/approvals/5")))
+            .json(&json!({"decision": "approve"})),
+    )
+    .await;
+    assert_eq!(st, 200, "{r}");
     let v = until(&s, &id, |v| v["status"] == "succeeded").await;
     assert_eq!(v["output"], json!({"d": 40}), "{v}");
     let (st, audit) = send(client().get(s.url(&format!("/runs/{id}/audit")))).await;
@@ -389,7 +410,7 @@ async fn a_subgraph_approval_covers_exactly_the_calls_presented() {
             (1, g2.clone(), "approve".into()),
             (2, g2.clone(), "approve".into()),
             (3, g2, "approve".into()),
-            (4, None, "approve".into()),
+            (4, Some("g4".to_string()), "approve".into()),
             (5, None, "approve".into()),
         ],
         "{audit}"
@@ -402,7 +423,7 @@ async fn a_subgraph_approval_covers_exactly_the_calls_presented() {
         .collect();
     assert_eq!(
         whats.iter().filter(|w| **w == "grant").count(),
-        3,
+        4,
         "{audit}"
     );
     assert_eq!(
