@@ -14,8 +14,8 @@ mod serve;
 use std::path::Path;
 use std::time::Duration;
 
-use serde_json::{Value, json};
 use desk::{chain_goal, ids, run_id, turn, write};
+use serde_json::{Value, json};
 use serve::{Server, awaiting, client, create, send, until};
 
 /// The goal of the kill-9 tests: step 1 (ask), the gate (ask, idempotent; it hangs the first
@@ -130,7 +130,13 @@ async fn a_run_wide_grant_survives_kill_9_and_resume() {
     let stderr = killed_at_the_gate(
         &store,
         &svc,
-        &["run".as_ref(), goal.as_os_str(), "--json".as_ref(), "--decisions".as_ref(), decisions.as_os_str()],
+        &[
+            "run".as_ref(),
+            goal.as_os_str(),
+            "--json".as_ref(),
+            "--decisions".as_ref(),
+            decisions.as_os_str(),
+        ],
     )
     .await;
     let id = run_id(&stderr);
@@ -186,14 +192,27 @@ async fn grants_from_the_command_line_are_applied_journaled_and_survive_kill_9()
     let waiting = cli(&store, &["run", &goal_arg, "--json", "--detach"], 0);
     assert_eq!(waiting["status"], "waiting", "{waiting}");
     let id = waiting["run_id"].as_str().expect("run id").to_string();
-    assert_eq!(ids(waiting["awaiting"].as_array().unwrap()), [1], "{waiting}");
+    assert_eq!(
+        ids(waiting["awaiting"].as_array().unwrap()),
+        [1],
+        "{waiting}"
+    );
     // Refused before anything is recorded: an unknown tool, a schema that is not one, a call
     // seen with other params, a grant that does not exist.
     for (args, code) in [
         (vec!["--tool", "nope"], "op.invalid_grant"),
-        (vec!["--tool", "step", "--when", r#"{"type": 7}"#], "op.invalid_grant"),
-        (vec!["--tool", "step", "--when", "{not json"], "cli.bad_grant"),
-        (vec!["--call", "1", "--with-dependents", "--presented", "0000"], "op.stale"),
+        (
+            vec!["--tool", "step", "--when", r#"{"type": 7}"#],
+            "op.invalid_grant",
+        ),
+        (
+            vec!["--tool", "step", "--when", "{not json"],
+            "cli.bad_grant",
+        ),
+        (
+            vec!["--call", "1", "--with-dependents", "--presented", "0000"],
+            "op.stale",
+        ),
         (vec!["--call", "2", "--with-dependents"], "op.not_awaiting"),
     ] {
         let mut a = vec!["grant", id.as_str()];
@@ -207,7 +226,14 @@ async fn grants_from_the_command_line_are_applied_journaled_and_survive_kill_9()
 
     let g1 = cli(
         &store,
-        &["grant", &id, "--tool", "step", "--when", r#"{"properties": {"n": {"maximum": 5}}}"#],
+        &[
+            "grant",
+            &id,
+            "--tool",
+            "step",
+            "--when",
+            r#"{"properties": {"n": {"maximum": 5}}}"#,
+        ],
         0,
     );
     assert_eq!(
@@ -215,7 +241,11 @@ async fn grants_from_the_command_line_are_applied_journaled_and_survive_kill_9()
         (Some("recorded"), Some("tool")),
         "{g1}"
     );
-    let g2 = cli(&store, &["grant", &id, "--call", "1", "--with-dependents"], 0);
+    let g2 = cli(
+        &store,
+        &["grant", &id, "--call", "1", "--with-dependents"],
+        0,
+    );
     let listed: Vec<u64> = g2["covers"]["calls"]
         .as_array()
         .into_iter()
@@ -228,7 +258,12 @@ async fn grants_from_the_command_line_are_applied_journaled_and_survive_kill_9()
     killed_at_the_gate(
         &store,
         &svc,
-        &["resume".as_ref(), id.as_ref(), "--json".as_ref(), "--detach".as_ref()],
+        &[
+            "resume".as_ref(),
+            id.as_ref(),
+            "--json".as_ref(),
+            "--detach".as_ref(),
+        ],
     )
     .await;
     let r = cli(&store, &["revoke", &id, "g2"], 0);
@@ -238,12 +273,21 @@ async fn grants_from_the_command_line_are_applied_journaled_and_survive_kill_9()
     let audit = cli(&store, &["show", &id, "--audit", "--json"], 0);
     let given: Vec<(&str, &str)> = entries(&audit, "grant")
         .iter()
-        .map(|g| (g["grant"].as_str().unwrap_or(""), g["channel"].as_str().unwrap_or("")))
+        .map(|g| {
+            (
+                g["grant"].as_str().unwrap_or(""),
+                g["channel"].as_str().unwrap_or(""),
+            )
+        })
         .collect();
     assert_eq!(given, [("g1", "cli"), ("g2", "cli")], "{audit}");
     let revoked = entries(&audit, "revoke");
     assert_eq!(
-        (revoked.len(), revoked[0]["grant"].as_str(), revoked[0]["channel"].as_str()),
+        (
+            revoked.len(),
+            revoked[0]["grant"].as_str(),
+            revoked[0]["channel"].as_str()
+        ),
         (1, Some("g2"), Some("cli")),
         "{audit}"
     );
@@ -259,7 +303,11 @@ async fn grants_from_the_command_line_are_applied_journaled_and_survive_kill_9()
         .collect();
     assert_eq!(
         decided,
-        [(1, "approve", "g1"), (2, "approve", "g2"), (3, "approve", "g1")],
+        [
+            (1, "approve", "g1"),
+            (2, "approve", "g2"),
+            (3, "approve", "g1")
+        ],
         "{audit}"
     );
     assert_eq!(audit["grants"][0]["calls"], json!([1, 3]), "{audit}");
@@ -353,15 +401,22 @@ async fn a_subgraph_approval_covers_exactly_the_calls_presented() {
     let v = until(&s, &id, |v| ids(&awaiting(v)) == [4]).await;
     let grants = s.url(&format!("/runs/{id}/grants"));
     serve::refused(
-        send(client().post(&grants).json(
-            &json!({"scope": "subgraph", "call": 4, "presented": "0000000000000000"}),
-        ))
+        send(
+            client()
+                .post(&grants)
+                .json(&json!({"scope": "subgraph", "call": 4, "presented": "0000000000000000"})),
+        )
         .await,
         409,
         "op.stale",
     );
     serve::refused(
-        send(client().post(&grants).json(&json!({"scope": "subgraph", "call": 1}))).await,
+        send(
+            client()
+                .post(&grants)
+                .json(&json!({"scope": "subgraph", "call": 1})),
+        )
+        .await,
         409,
         "op.already_decided",
     );
@@ -372,13 +427,7 @@ async fn a_subgraph_approval_covers_exactly_the_calls_presented() {
     assert_eq!((st, g["grant"].as_str()), (200, Some("g4")), "{g}");
     // Call 5, added by the model later, waits for a reviewer: no grant covers it.
     until(&s, &id, |v| ids(&awaiting(v)) == [5]).await;
-    let (st, r) = send(
-        client()
-            .post(s.url(&format!("/runs/{id}/approvals/5")))
-            .json(&json!({"decision": "approve"})),
-    )
-    .await;
-    assert_eq!(st, 200, "{r}");
+    serve::approve(&s, &id, 5).await;
     let v = until(&s, &id, |v| v["status"] == "succeeded").await;
     assert_eq!(v["output"], json!({"d": 40}), "{v}");
     let (st, audit) = send(client().get(s.url(&format!("/runs/{id}/audit")))).await;
@@ -480,13 +529,7 @@ async fn an_interrupted_call_is_marked_done_and_the_webhook_hears_of_requests() 
         until(&s, &id, |v| ids(&awaiting(v)) == [c]).await;
         // The request reached the webhook (for call 1 after two refused tries) while it waits.
         hook_got(&hook, delivered).await;
-        let (st, r) = send(
-            client()
-                .post(s.url(&format!("/runs/{id}/approvals/{c}")))
-                .json(&json!({"decision": "approve"})),
-        )
-        .await;
-        assert_eq!(st, 200, "{r}");
+        serve::approve(&s, &id, c).await;
     }
     desk::gate_hit(&svc).await;
     s.kill(); // SIGKILL while the gate call runs
@@ -583,7 +626,11 @@ fn delivered(hook: &desk::Receiver, refused: usize, run: &str) -> Vec<(u64, Valu
         .skip(refused)
         .map(|(_, b)| {
             assert_eq!(
-                (b["event"].as_str(), b["run_id"].as_str(), b["tool"].as_str()),
+                (
+                    b["event"].as_str(),
+                    b["run_id"].as_str(),
+                    b["tool"].as_str()
+                ),
                 (Some("approval_requested"), Some(run), Some("step")),
                 "{b}"
             );
@@ -618,7 +665,11 @@ async fn run_and_resume_tell_the_operators_webhook() {
         0,
     );
     let id = waiting["run_id"].as_str().expect("run id").to_string();
-    assert_eq!(ids(waiting["awaiting"].as_array().unwrap()), [1, 4], "{waiting}");
+    assert_eq!(
+        ids(waiting["awaiting"].as_array().unwrap()),
+        [1, 4],
+        "{waiting}"
+    );
     // Delivered before the process ended (the first try refused, then tried again).
     let mut first = delivered(&hook, 1, &id);
     first.sort_by_key(|d| d.0);
@@ -630,7 +681,8 @@ async fn run_and_resume_tell_the_operators_webhook() {
     );
     let text = hook.got.lock().expect("got")[1].1["text"].clone();
     assert!(
-        text.as_str().is_some_and(|t| t.contains(&id) && t.contains("dagloop decide")),
+        text.as_str()
+            .is_some_and(|t| t.contains(&id) && t.contains("dagloop decide")),
         "{text}"
     );
     let linked = config_with(

@@ -21,7 +21,7 @@ mod serve;
 use browser::{click, eval, no_errors, open_page_at_run, save_screenshot, until};
 use desk::{chain_goal, ids, turn, write};
 use serde_json::{Value, json};
-use serve::{Server, awaiting, client, create, send};
+use serve::{Server, approve, awaiting, client, create, send};
 
 fn card(call: u64) -> String {
     format!(".approval[data-call-id=\"{call}\"]")
@@ -29,16 +29,6 @@ fn card(call: u64) -> String {
 
 fn grant_row(g: &str) -> String {
     format!("#grants li[data-grant-id=\"{g}\"]")
-}
-
-async fn approve(s: &Server, id: &str, call: u64) {
-    let (status, v) = send(
-        client()
-            .post(s.url(&format!("/runs/{id}/approvals/{call}")))
-            .json(&json!({"decision": "approve"})),
-    )
-    .await;
-    assert_eq!(status, 200, "{v}");
 }
 
 /// The call `id` of the run as the API describes it.
@@ -63,9 +53,10 @@ async fn page_lists(c: &fantoccini::Client, g: &str, calls: &str) {
     .await;
 }
 
-/// "Approve every step call…" with a schema typed in (`n` at most 10): the card's call and a
+/// "Approve every step call…" (opened with the `A` shortcut) with a schema typed in (`n` at most 10): the card's call and a
 /// later call of the tool that satisfies it are approved by the grant without a prompt, one
 /// that does not is asked about; after the page's revoke button, the next call is asked about.
+/// A grant whose schema leaves the card's own call out leaves the card usable.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_tool_grant_button_approves_later_calls_until_revoked() {
     let Some(b) = browser::session().await else {
@@ -98,7 +89,8 @@ async fn the_tool_grant_button_approves_later_calls_until_revoked() {
         &format!("return document.querySelector('{button}') !== null"),
     )
     .await;
-    click(c, &button).await;
+    // Shift-a on the current (first) card opens the panel, as the terminal's `A` grants.
+    browser::press(c, "A").await;
     // "only calls with exactly these params" fills in a schema of this call's params.
     click(c, &format!("{} button.grant-exact", card(1))).await;
     let when = format!("{} textarea.grant-when", card(1));
@@ -151,7 +143,18 @@ async fn the_tool_grant_button_approves_later_calls_until_revoked() {
         ),
     )
     .await;
-    approve(&s, &id, 4).await;
+    // A grant whose schema leaves the card's own call out: the card stays, and still decides.
+    click(c, &format!("{} button.grant-tool", card(4))).await;
+    browser::type_into(
+        c,
+        &format!("{} textarea.grant-when", card(4)),
+        r#"{"properties": {"n": {"maximum": 0}}}"#,
+    )
+    .await;
+    click(c, &format!("{} button.send-grant-tool", card(4))).await;
+    serve::until(&s, &id, |v| v["grants"].as_array().map(Vec::len) == Some(2)).await;
+    page_lists(c, "g2", "").await;
+    click(c, &format!("{} button.approve", card(4))).await;
     serve::until(&s, &id, |v| ids(&awaiting(v)) == [5]).await;
     approve(&s, &id, 5).await;
     let run = serve::until(&s, &id, |v| v["status"] == "succeeded").await;
@@ -171,7 +174,11 @@ async fn the_tool_grant_button_approves_later_calls_until_revoked() {
             )
         })
         .collect();
-    assert_eq!(given, [("grant", "http"), ("revoke", "http")], "{audit}");
+    assert_eq!(
+        given,
+        [("grant", "http"), ("revoke", "http"), ("grant", "http")],
+        "{audit}"
+    );
     no_errors(c).await;
 }
 
@@ -239,8 +246,7 @@ async fn the_subgraph_button_approves_exactly_the_calls_it_shows() {
 
     // 1-3 ran without a reviewer; 4 still waits.
     let run = serve::until(&s, &id, |v| {
-        ids(&awaiting(v)) == [4]
-            && (1..=3).all(|n| call_of(v, n)["status"] == "done")
+        ids(&awaiting(v)) == [4] && (1..=3).all(|n| call_of(v, n)["status"] == "done")
     })
     .await;
     assert_eq!(
@@ -252,7 +258,18 @@ async fn the_subgraph_button_approves_exactly_the_calls_it_shows() {
     page_lists(c, "g1", "1,2,3").await;
     save_screenshot(c, "desk-grant-subgraph-list.png").await;
     // Call 5, added later, reads call 3: no grant covers it.
-    approve(&s, &id, 4).await;
+    // A grant whose schema leaves the card's own call out: the card stays, and still decides.
+    click(c, &format!("{} button.grant-tool", card(4))).await;
+    browser::type_into(
+        c,
+        &format!("{} textarea.grant-when", card(4)),
+        r#"{"properties": {"n": {"maximum": 0}}}"#,
+    )
+    .await;
+    click(c, &format!("{} button.send-grant-tool", card(4))).await;
+    serve::until(&s, &id, |v| v["grants"].as_array().map(Vec::len) == Some(2)).await;
+    page_lists(c, "g2", "").await;
+    click(c, &format!("{} button.approve", card(4))).await;
     serve::until(&s, &id, |v| ids(&awaiting(v)) == [5]).await;
     approve(&s, &id, 5).await;
     let run = serve::until(&s, &id, |v| v["status"] == "succeeded").await;

@@ -634,7 +634,9 @@ async fn grants_and_revokes_reach_a_temporal_run_by_update() {
         "--when",
         r#"{"properties": {"n": {"maximum": 1}}}"#,
     ]));
-    until("call 1 approved by g1", &|v| v["grants"][0]["calls"] == json!([1]));
+    until("call 1 approved by g1", &|v| {
+        v["grants"][0]["calls"] == json!([1])
+    });
     ok(cmd(&["revoke", &id, "g1"]));
     until("g1 revoked", &|v| v["grants"][0]["revoked"] == true);
     ok(cmd(&["grant", &id, "--call", "2", "--with-dependents"]));
@@ -651,7 +653,12 @@ async fn grants_and_revokes_reach_a_temporal_run_by_update() {
     }
     // The run is over: a revoke is refused with the op's code.
     let late = cmd(&["revoke", &id, "g2"]);
-    assert_eq!(late.status.code(), Some(1), "{}", String::from_utf8_lossy(&late.stdout));
+    assert_eq!(
+        late.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&late.stdout)
+    );
     replays(&conn, &id).await;
 }
 

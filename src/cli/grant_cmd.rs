@@ -80,7 +80,10 @@ fn refused(e: &crate::protocol::OpError) -> CliError {
 }
 
 /// Gives the grant; prints what it covers and its id.
-pub(super) async fn grant(a: GrantArgs, store: Result<Option<Store>, CliError>) -> Result<i32, CliError> {
+pub(super) async fn grant(
+    a: GrantArgs,
+    store: Result<Option<Store>, CliError>,
+) -> Result<i32, CliError> {
     let req = request(&a)?;
     let by = Some(me(Actor::CLI));
     if a.temporal.engine == EngineArg::Temporal {
@@ -108,7 +111,10 @@ pub(super) async fn grant(a: GrantArgs, store: Result<Option<Store>, CliError>) 
 }
 
 /// Revokes a grant.
-pub(super) async fn revoke(a: RevokeArgs, store: Result<Option<Store>, CliError>) -> Result<i32, CliError> {
+pub(super) async fn revoke(
+    a: RevokeArgs,
+    store: Result<Option<Store>, CliError>,
+) -> Result<i32, CliError> {
     let op = Op::Revoke {
         grant: a.grant,
         by: Some(me(Actor::CLI)),

@@ -186,9 +186,9 @@ pub(super) async fn run(
     // presents from now on (as `serve` does).
     let notify_since = if journal.is_some() { now_ms() } else { 0 };
     let notifier = match &display.webhook {
-        Some(w) => Some(
-            crate::notify::Notifier::start_owned(w).map_err(|e| CliError::new(e.code(), &e))?,
-        ),
+        Some(w) => {
+            Some(crate::notify::Notifier::start_owned(w).map_err(|e| CliError::new(e.code(), &e))?)
+        }
         None => None,
     };
     let goal = def.effective_goal();

@@ -100,8 +100,8 @@ mod on {
         let snap = conn.snapshot(run).await.map_err(err)?;
         let rb = crate::runs::rebuild(&snap.spec.record(), &snap.journal)
             .map_err(|e| CliError::new(e.code(), e))?;
-        let op = crate::runs::grant_op(&rb.machine, req, by)
-            .map_err(|e| CliError::new(e.code(), e))?;
+        let op =
+            crate::runs::grant_op(&rb.machine, req, by).map_err(|e| CliError::new(e.code(), e))?;
         let covers = match &op {
             Op::Grant { grant, .. } => json!(grant),
             _ => Value::Null,
@@ -109,8 +109,10 @@ mod on {
         conn.decide(run, op).await.map_err(err)?;
         outln!(
             "{}",
-            pretty(&json!({"status": "recorded", "run_id": run, "covers": covers,
-                "next": "the run applies it now"}))
+            pretty(
+                &json!({"status": "recorded", "run_id": run, "covers": covers,
+                "next": "the run applies it now"})
+            )
         );
         Ok(0)
     }

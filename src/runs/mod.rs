@@ -24,8 +24,8 @@ pub use cassette::{
     Cassette, CassetteError, CassetteExecutor, Exported, Recorded, canonical, export, params_key,
 };
 pub use def::{RunDef, define};
-pub use grant::{GrantRequest, grant_op};
 pub use fork::{Fork, ForkedFrom, fork, fork_point, goal_with_input, seed};
+pub use grant::{GrantRequest, grant_op};
 pub use launch::{
     Host, Launched, Pool, Prepared, Review, Servers, absolute_dir, absolute_model, builder_for,
     now_ms, prepare, spawn_op_poller, with_mcp_tools,

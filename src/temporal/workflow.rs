@@ -182,8 +182,11 @@ impl RunWorkflow {
         _ctx: &WorkflowContextView,
         op: &Op,
     ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
-        if !matches!(op, Op::Decide { .. }) {
-            return Err("only decisions are updates: cancel the workflow to cancel the run".into());
+        if matches!(op, Op::Cancel { .. }) {
+            return Err(
+                "decisions, grants and revokes are updates: cancel the workflow to cancel the run"
+                    .into(),
+            );
         }
         if let Some(r) = &self.result {
             return Err(format!(

@@ -37,7 +37,7 @@ function renderApprovals(run) {
   for (const card of Array.from(box.children)) {
     if (keep.has(card.dataset.key) || card.classList.contains("decided")) continue;
     const id = Number(card.dataset.callId);
-    if (card.classList.contains("sent")) {
+    if (card.classList.contains("sent") || card.dataset.granted) {
       card.remove();
     } else if (card.dataset.open) {
       // The reviewer was writing something here: keep it, say what happened.
@@ -199,8 +199,13 @@ function approvalCard(runId, a, key) {
     setBusy(true);
     try {
       const r = await api("POST", "/runs/" + encodeURIComponent(runId) + "/grants", body);
-      card.classList.add("sent");
-      card.classList.remove("current");
+      // A schema may leave this very call out: the card stays usable until the run says the
+      // call was approved, and then goes without a "decided by somebody" notice.
+      card.dataset.granted = "1";
+      card.dataset.open = "";
+      panel.dataset.open = "";
+      panel.replaceChildren();
+      setBusy(false);
       notice("Grant " + (r.grant || "") + " given: " + what + ".", "ok");
       scheduleRefresh();
       loadRuns();
