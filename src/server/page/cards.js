@@ -330,7 +330,9 @@ function approvalCard(runId, a, key) {
     return [input, sendBtn];
   };
 
-  buttons.append(
+  // (`append` writes a null as the text "null": the optional pieces are left out instead.)
+  const present = (...parts) => parts.filter((p) => p !== null && p !== undefined);
+  buttons.append(...present(
     el("button", { type: "button", class: "approve primary", text: "Approve",
       onclick: () => send({ decision: "approve" }) }),
     el("button", { type: "button", class: "edit", text: "Edit…", onclick: () => open("edit", editPanel) }),
@@ -345,10 +347,10 @@ function approvalCard(runId, a, key) {
         title: "a grant: this call and the calls waiting on it, exactly as shown",
         onclick: () => open("grant-calls", () => grantCallsPanel(a, give)) })
       : null,
-  );
+  ));
 
   const above = (a.path || []).slice(0, -1);
-  card.append(
+  card.append(...present(
     el("div", { class: "approval-head" },
       el("strong", { text: call._tool }),
       el("span", { class: "muted", text: "call #" + a.call_id }),
@@ -361,7 +363,7 @@ function approvalCard(runId, a, key) {
     sourcesView(a, call),
     el("details", { class: "as-json" }, el("summary", { class: "muted small", text: "params as JSON" }),
       el("pre", { class: "json params", text: pretty(editableParams(call)) })),
-    buttons, panel, errors);
+    buttons, panel, errors));
   return card;
 }
 
