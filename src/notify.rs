@@ -88,6 +88,25 @@ pub struct Notifier {
     page: Option<String>,
 }
 
+/// The delivery task of a [`Notifier`] started by [`Notifier::start_owned`]: a process that
+/// ends with its run waits on it so that the notifications already queued go out.
+#[derive(Debug)]
+pub struct Deliveries(tokio::task::JoinHandle<()>);
+
+impl Deliveries {
+    /// Waits (at most `within`) until every queued notification was delivered or given up;
+    /// every [`Notifier`] clone and watcher must be gone for it to end. False when cut short.
+    pub async fn finish(mut self, within: Duration) -> bool {
+        match tokio::time::timeout(within, &mut self.0).await {
+            Ok(_) => true,
+            Err(_) => {
+                self.0.abort();
+                false
+            }
+        }
+    }
+}
+
 impl WebhookConfig {
     /// Checks the settings (the URL's scheme, the timeout).
     pub fn check(&self) -> Result<(), NotifyError> {
@@ -114,6 +133,11 @@ impl WebhookConfig {
 impl Notifier {
     /// Starts the delivery task (needs a tokio runtime).
     pub fn start(cfg: &WebhookConfig) -> Result<Notifier, NotifyError> {
+        Notifier::start_owned(cfg).map(|(n, _)| n)
+    }
+
+    /// Starts the delivery task and returns it too, for a process that waits for it to end.
+    pub fn start_owned(cfg: &WebhookConfig) -> Result<(Notifier, Deliveries), NotifyError> {
         cfg.check()?;
         let timeout = cfg
             .timeout_s
@@ -129,14 +153,18 @@ impl Notifier {
         let (tx, rx) = mpsc::channel(QUEUE);
         let attempts = cfg.attempts.unwrap_or(5).max(1);
         let backoff = Duration::from_millis(cfg.backoff_ms.unwrap_or(500));
-        tokio::spawn(deliver(client, cfg.url.clone(), rx, attempts, backoff));
-        Ok(Notifier {
-            tx,
-            page: cfg.page_url.clone(),
-        })
+        let task = tokio::spawn(deliver(client, cfg.url.clone(), rx, attempts, backoff));
+        Ok((
+            Notifier {
+                tx,
+                page: cfg.page_url.clone(),
+            },
+            Deliveries(task),
+        ))
     }
 
-    /// The page's address: the configured `page_url`, else `default`.
+    /// The page's address: the configured `page_url`, else `default` (empty: no page, so the
+    /// notifications carry no link).
     pub fn page<'a>(&'a self, default: &'a str) -> &'a str {
         self.page.as_deref().unwrap_or(default)
     }
@@ -180,7 +208,8 @@ impl Notifier {
     }
 }
 
-/// The Slack-compatible body of one `approval_requested` notification.
+/// The Slack-compatible body of one `approval_requested` notification; `page` empty: no link
+/// (a run driven by `dagloop run` with no `page_url` configured).
 pub fn approval_body(
     run: &str,
     call: u64,
@@ -189,7 +218,7 @@ pub fn approval_body(
     rule: Option<&str>,
     page: &str,
 ) -> Value {
-    let link = format!("{page}/?run={run}&call={call}");
+    let link = (!page.is_empty()).then(|| format!("{page}/?run={run}&call={call}"));
     let mut text = format!("dagloop: call c{call} (`{tool}`) of run {run} awaits approval");
     if interrupted {
         text.push_str(" (interrupted by a restart)");
@@ -197,11 +226,21 @@ pub fn approval_body(
     if let Some(r) = rule {
         text.push_str(&format!(", asked by {r}"));
     }
+    let (plain, mrkdwn) = match &link {
+        Some(l) => (
+            format!("{text}: {l}"),
+            format!("{text}\n<{l}|Open the reviewer's page>"),
+        ),
+        None => (
+            format!("{text} (decide with `dagloop decide {run} {call} ...`)"),
+            format!("{text}\n`dagloop decide {run} {call} approve`"),
+        ),
+    };
     json!({
-        "text": format!("{text}: {link}"),
+        "text": plain,
         "blocks": [{
             "type": "section",
-            "text": {"type": "mrkdwn", "text": format!("{text}\n<{link}|Open the reviewer's page>")}
+            "text": {"type": "mrkdwn", "text": mrkdwn}
         }],
         "event": "approval_requested",
         "run_id": run,

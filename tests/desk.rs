@@ -14,89 +14,79 @@ mod serve;
 use std::path::Path;
 use std::time::Duration;
 
+use desk::{chain_goal, ids, run_id, turn, write};
 use serde_json::{Value, json};
 use serve::{Server, awaiting, client, create, send, until};
 
-fn write(dir: &Path, name: &str, v: &Value) -> std::path::PathBuf {
-    let p = dir.join(name);
-    std::fs::write(&p, v.to_string()).expect("write");
-    p
-}
-
-fn turn(calls: Value, output: Value) -> Value {
-    json!({"solution": {"calls": calls, "output": output}, "chunk_chars": 40, "chunk_delay_ms": 1})
-}
-
-fn run_id(stderr: &[u8]) -> String {
-    String::from_utf8_lossy(stderr)
-        .lines()
-        .find_map(|l| {
-            serde_json::from_str::<Value>(l).ok()?["run_id"]
-                .as_str()
-                .map(String::from)
-        })
-        .expect("the run id on stderr")
-}
-
-/// R6: the terminal's "approve every call of this tool", given as a decisions-file grant, is
-/// journaled: after SIGKILL mid-call and `resume` with no reviewer (anything not covered would
-/// be rejected), a later call of the tool is approved by that grant.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_run_wide_grant_survives_kill_9_and_resume() {
-    let svc = desk::gated_service().await;
-    let dir = tempfile::tempdir().expect("dir");
+/// The goal of the kill-9 tests: step 1 (ask), the gate (ask, idempotent; it hangs the first
+/// time) reading step 1; then step 2; the output is step 2's result.
+fn gated_goal(dir: &Path, svc: &desk::Gated) -> std::path::PathBuf {
     let script = json!({"turns": [
         turn(json!([{"_tool": "step", "n": 1, "_outputPath": "†state.a"},
                     {"_tool": "gate", "after": "†state.a", "_outputPath": "†state.g"}]), Value::Null),
         turn(json!([{"_tool": "step", "n": 2, "_outputPath": "†state.b"}]), Value::Null),
         turn(json!([]), json!({"total": "†state.b"}))
     ]});
-    let s = write(dir.path(), "s.json", &script);
-    let goal = write(
-        dir.path(),
+    let s = write(dir, "s.json", &script);
+    write(
+        dir,
         "goal.json",
         &json!({"goal": "grant", "model": format!("scripted:{}", s.display()),
         "output_schema": {"type": "object", "required": ["total"]},
         "tools": [desk::http_tool("step", &format!("{}/step", svc.base), false),
                   desk::http_tool("gate", &format!("{}/gate", svc.base), true)],
         "approval": {"policy": "ask"}}),
+    )
+}
+
+/// `dagloop ARGS` on `store`, its stdout as JSON (asserting the exit code is `code`).
+fn cli(store: &Path, args: &[&str], code: i32) -> Value {
+    let out = bin::dagloop()
+        .env("DAGLOOP_STORE", store)
+        .args(args)
+        .output()
+        .expect("dagloop");
+    assert_eq!(
+        out.status.code(),
+        Some(code),
+        "dagloop {args:?}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
     );
-    let decisions = write(
-        dir.path(),
-        "decisions.json",
-        &json!({"decisions": [
-            {"grant": {"scope": "tool", "tool": "step"}},
-            {"tool": "gate", "decision": "approve"}
-        ]}),
-    );
-    let store = dir.path().join("runs.db");
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "dagloop {args:?} printed no JSON ({e}): {}",
+            String::from_utf8_lossy(&out.stdout)
+        )
+    })
+}
+
+/// Starts `dagloop ARGS` on `store` (a 200 ms lease), SIGKILLs it once the gate hangs; returns
+/// what it printed on stderr. Waits until its lease ran out.
+async fn killed_at_the_gate(store: &Path, svc: &desk::Gated, args: &[&std::ffi::OsStr]) -> Vec<u8> {
     let mut child = bin::dagloop()
-        .env("DAGLOOP_STORE", &store)
+        .env("DAGLOOP_STORE", store)
         .env("DAGLOOP_LEASE_MS", "200")
-        .args(["run"])
-        .arg(&goal)
-        .args(["--json", "--decisions"])
-        .arg(&decisions)
+        .args(args)
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
-        .expect("run");
-    desk::gate_hit(&svc).await;
+        .expect("dagloop");
+    desk::gate_hit(svc).await;
     child.kill().expect("SIGKILL");
     let out = child.wait_with_output().expect("wait");
-    let id = run_id(&out.stderr);
     tokio::time::sleep(Duration::from_millis(300)).await; // the lease runs out
-    let out = bin::dagloop()
-        .env("DAGLOOP_STORE", &store)
-        .args(["resume", &id, "--json", "--on-no-reviewer", "reject"])
-        .output()
-        .expect("resume");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    out.stderr
+}
+
+/// Resumes the run with no reviewer (anything no grant covers would be rejected): it ends with
+/// step 2's result, and each step ran once.
+fn resumed_to_the_end(store: &Path, svc: &desk::Gated, id: &str) {
+    let result = cli(
+        store,
+        &["resume", id, "--json", "--on-no-reviewer", "reject"],
+        0,
     );
-    let result: Value = serde_json::from_slice(&out.stdout).expect("json");
     assert_eq!(
         result["output"]["total"],
         json!({"n": 2, "v": 20}),
@@ -108,24 +98,56 @@ async fn a_run_wide_grant_survives_kill_9_and_resume() {
         (Some(&1), Some(&1)),
         "{counts:?}"
     );
-    let out = bin::dagloop()
-        .env("DAGLOOP_STORE", &store)
-        .args(["show", &id, "--audit", "--json"])
-        .output()
-        .expect("show");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+}
+
+/// The audit's entries of one kind (`what`), with the JSON of the whole audit.
+fn entries<'a>(audit: &'a Value, what: &str) -> Vec<&'a Value> {
+    audit["audit"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|e| e["what"] == what)
+        .collect()
+}
+
+/// R6: the terminal's "approve every call of this tool", given as a decisions-file grant, is
+/// journaled: after SIGKILL mid-call and `resume` with no reviewer (anything not covered would
+/// be rejected), a later call of the tool is approved by that grant.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_wide_grant_survives_kill_9_and_resume() {
+    let svc = desk::gated_service().await;
+    let dir = tempfile::tempdir().expect("dir");
+    let goal = gated_goal(dir.path(), &svc);
+    let decisions = write(
+        dir.path(),
+        "decisions.json",
+        &json!({"decisions": [
+            {"grant": {"scope": "tool", "tool": "step"}},
+            {"tool": "gate", "decision": "approve"}
+        ]}),
     );
-    let audit: Value = serde_json::from_slice(&out.stdout).expect("json");
-    let entries = audit["audit"].as_array().cloned().unwrap_or_default();
-    let grants: Vec<&Value> = entries.iter().filter(|e| e["what"] == "grant").collect();
+    let store = dir.path().join("runs.db");
+    let stderr = killed_at_the_gate(
+        &store,
+        &svc,
+        &[
+            "run".as_ref(),
+            goal.as_os_str(),
+            "--json".as_ref(),
+            "--decisions".as_ref(),
+            decisions.as_os_str(),
+        ],
+    )
+    .await;
+    let id = run_id(&stderr);
+    resumed_to_the_end(&store, &svc, &id);
+    let audit = cli(&store, &["show", &id, "--audit", "--json"], 0);
+    let grants = entries(&audit, "grant");
     assert_eq!(grants.len(), 1, "the grant is journaled once: {audit}");
     assert_eq!(grants[0]["channel"], "decisions_file", "{audit}");
-    let steps: Vec<&Value> = entries
-        .iter()
-        .filter(|e| e["what"] == "decision" && e["tool"] == "step")
+    let steps: Vec<&Value> = entries(&audit, "decision")
+        .into_iter()
+        .filter(|e| e["tool"] == "step")
         .collect();
     assert_eq!(steps.len(), 2, "{audit}");
     for d in steps {
@@ -154,25 +176,143 @@ async fn a_run_wide_grant_survives_kill_9_and_resume() {
     );
 }
 
-fn chain_goal(dir: &Path, url: &str) -> Value {
-    let script = json!({"turns": [
-        turn(json!([
-            {"_tool": "step", "n": 1, "_outputPath": "†state.a"},
-            {"_tool": "step", "n": 2, "after": "†state.a.v", "_outputPath": "†state.b"},
-            {"_tool": "step", "n": 3, "after": "†state.b.v", "_outputPath": "†state.c"},
-            {"_tool": "step", "n": 9, "_outputPath": "†state.z"}
-        ]), Value::Null),
-        turn(json!([{"_tool": "step", "n": 4, "after": "†state.c.v", "_outputPath": "†state.d"}]), Value::Null),
-        turn(json!([]), json!({"d": "†state.d.v"}))
-    ]});
-    let s = write(dir, "s.json", &script);
-    json!({"goal": "chain", "model": format!("scripted:{}", s.display()),
-        "output_schema": {"type": "object", "required": ["d"]},
-        "tools": [desk::http_tool("step", url, false)], "approval": {"policy": "ask"}})
-}
+/// R13: grants from the command line. A detached run waits on step 1; `dagloop grant --tool
+/// step --when SCHEMA` and `dagloop grant --call 1 --with-dependents` (step 1 and the gate
+/// blocked on it, as they stand) are recorded; the resumed run applies them (step 1 and the
+/// gate run without a reviewer) and is SIGKILLed in the gate; `dagloop revoke` takes the
+/// sub-graph grant back; resumed with no reviewer, step 2 is approved by the tool grant. The
+/// audit lists both grants and the revocation with channel `cli`; refusals carry their codes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grants_from_the_command_line_are_applied_journaled_and_survive_kill_9() {
+    let svc = desk::gated_service().await;
+    let dir = tempfile::tempdir().expect("dir");
+    let goal = gated_goal(dir.path(), &svc);
+    let store = dir.path().join("runs.db");
+    let goal_arg = goal.display().to_string();
+    let waiting = cli(&store, &["run", &goal_arg, "--json", "--detach"], 0);
+    assert_eq!(waiting["status"], "waiting", "{waiting}");
+    let id = waiting["run_id"].as_str().expect("run id").to_string();
+    assert_eq!(
+        ids(waiting["awaiting"].as_array().unwrap()),
+        [1],
+        "{waiting}"
+    );
+    // Refused before anything is recorded: an unknown tool, a schema that is not one, a call
+    // seen with other params, a grant that does not exist.
+    for (args, code) in [
+        (vec!["--tool", "nope"], "op.invalid_grant"),
+        (
+            vec!["--tool", "step", "--when", r#"{"type": 7}"#],
+            "op.invalid_grant",
+        ),
+        (
+            vec!["--tool", "step", "--when", "{not json"],
+            "cli.bad_grant",
+        ),
+        (
+            vec!["--call", "1", "--with-dependents", "--presented", "0000"],
+            "op.stale",
+        ),
+        (vec!["--call", "2", "--with-dependents"], "op.not_awaiting"),
+    ] {
+        let mut a = vec!["grant", id.as_str()];
+        a.extend(args);
+        // A refused op exits 1, a bad command line 2.
+        let e = cli(&store, &a, if code.starts_with("op.") { 1 } else { 2 });
+        assert_eq!(e["error"]["code"], code, "{a:?}: {e}");
+    }
+    let e = cli(&store, &["revoke", &id, "g1"], 1);
+    assert_eq!(e["error"]["code"], "op.unknown_grant", "{e}");
 
-fn ids(list: &[Value]) -> Vec<u64> {
-    list.iter().filter_map(|a| a["call_id"].as_u64()).collect()
+    let g1 = cli(
+        &store,
+        &[
+            "grant",
+            &id,
+            "--tool",
+            "step",
+            "--when",
+            r#"{"properties": {"n": {"maximum": 5}}}"#,
+        ],
+        0,
+    );
+    assert_eq!(
+        (g1["status"].as_str(), g1["covers"]["scope"].as_str()),
+        (Some("recorded"), Some("tool")),
+        "{g1}"
+    );
+    let g2 = cli(
+        &store,
+        &["grant", &id, "--call", "1", "--with-dependents"],
+        0,
+    );
+    let listed: Vec<u64> = g2["covers"]["calls"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|c| c["call"].as_u64())
+        .collect();
+    assert_eq!(listed, [1, 2], "the call and the gate waiting on it: {g2}");
+
+    // Resumed (nobody to answer: only the grants can approve), killed while the gate runs.
+    killed_at_the_gate(
+        &store,
+        &svc,
+        &[
+            "resume".as_ref(),
+            id.as_ref(),
+            "--json".as_ref(),
+            "--detach".as_ref(),
+        ],
+    )
+    .await;
+    let r = cli(&store, &["revoke", &id, "g2"], 0);
+    assert_eq!(r["status"], "recorded", "{r}");
+    resumed_to_the_end(&store, &svc, &id);
+
+    let audit = cli(&store, &["show", &id, "--audit", "--json"], 0);
+    let given: Vec<(&str, &str)> = entries(&audit, "grant")
+        .iter()
+        .map(|g| {
+            (
+                g["grant"].as_str().unwrap_or(""),
+                g["channel"].as_str().unwrap_or(""),
+            )
+        })
+        .collect();
+    assert_eq!(given, [("g1", "cli"), ("g2", "cli")], "{audit}");
+    let revoked = entries(&audit, "revoke");
+    assert_eq!(
+        (
+            revoked.len(),
+            revoked[0]["grant"].as_str(),
+            revoked[0]["channel"].as_str()
+        ),
+        (1, Some("g2"), Some("cli")),
+        "{audit}"
+    );
+    let decided: Vec<(u64, &str, &str)> = entries(&audit, "decision")
+        .iter()
+        .map(|d| {
+            (
+                d["call_id"].as_u64().unwrap_or(0),
+                d["decision"].as_str().unwrap_or(""),
+                d["grant"].as_str().unwrap_or("-"),
+            )
+        })
+        .collect();
+    assert_eq!(
+        decided,
+        [
+            (1, "approve", "g1"),
+            (2, "approve", "g2"),
+            (3, "approve", "g1")
+        ],
+        "{audit}"
+    );
+    assert_eq!(audit["grants"][0]["calls"], json!([1, 3]), "{audit}");
+    assert_eq!(audit["grants"][1]["calls"], json!([2]), "{audit}");
+    assert_eq!(audit["grants"][1]["revoked"], true, "{audit}");
 }
 
 /// R7-R9: "approve this call and the calls waiting on it, as presented" through the API covers
@@ -255,17 +395,39 @@ async fn a_subgraph_approval_covers_exactly_the_calls_presented() {
         422,
         "op.invalid_grant",
     );
-    // Call 5, added by the model later, waits for a reviewer: no grant covers it.
-    for c in [4, 5] {
-        until(&s, &id, |v| ids(&awaiting(v)) == [c]).await;
-        let (st, r) = send(
+    // Call 4 by a `subgraph` grant (the calls grant the server reads off the run: call 4 as
+    // presented, nothing waits on it), after refusals: a hash it was not presented with, a
+    // call that does not await a decision.
+    let v = until(&s, &id, |v| ids(&awaiting(v)) == [4]).await;
+    let grants = s.url(&format!("/runs/{id}/grants"));
+    serve::refused(
+        send(
             client()
-                .post(s.url(&format!("/runs/{id}/approvals/{c}")))
-                .json(&json!({"decision": "approve"})),
+                .post(&grants)
+                .json(&json!({"scope": "subgraph", "call": 4, "presented": "0000000000000000"})),
         )
-        .await;
-        assert_eq!(st, 200, "{r}");
-    }
+        .await,
+        409,
+        "op.stale",
+    );
+    serve::refused(
+        send(
+            client()
+                .post(&grants)
+                .json(&json!({"scope": "subgraph", "call": 1})),
+        )
+        .await,
+        409,
+        "op.already_decided",
+    );
+    let (st, g) = send(client().post(&grants).json(
+        &json!({"scope": "subgraph", "call": 4, "presented": awaiting(&v)[0]["params_hash"]}),
+    ))
+    .await;
+    assert_eq!((st, g["grant"].as_str()), (200, Some("g4")), "{g}");
+    // Call 5, added by the model later, waits for a reviewer: no grant covers it.
+    until(&s, &id, |v| ids(&awaiting(v)) == [5]).await;
+    serve::approve(&s, &id, 5).await;
     let v = until(&s, &id, |v| v["status"] == "succeeded").await;
     assert_eq!(v["output"], json!({"d": 40}), "{v}");
     let (st, audit) = send(client().get(s.url(&format!("/runs/{id}/audit")))).await;
@@ -297,7 +459,7 @@ async fn a_subgraph_approval_covers_exactly_the_calls_presented() {
             (1, g2.clone(), "approve".into()),
             (2, g2.clone(), "approve".into()),
             (3, g2, "approve".into()),
-            (4, None, "approve".into()),
+            (4, Some("g4".to_string()), "approve".into()),
             (5, None, "approve".into()),
         ],
         "{audit}"
@@ -310,7 +472,7 @@ async fn a_subgraph_approval_covers_exactly_the_calls_presented() {
         .collect();
     assert_eq!(
         whats.iter().filter(|w| **w == "grant").count(),
-        3,
+        4,
         "{audit}"
     );
     assert_eq!(
@@ -367,13 +529,7 @@ async fn an_interrupted_call_is_marked_done_and_the_webhook_hears_of_requests() 
         until(&s, &id, |v| ids(&awaiting(v)) == [c]).await;
         // The request reached the webhook (for call 1 after two refused tries) while it waits.
         hook_got(&hook, delivered).await;
-        let (st, r) = send(
-            client()
-                .post(s.url(&format!("/runs/{id}/approvals/{c}")))
-                .json(&json!({"decision": "approve"})),
-        )
-        .await;
-        assert_eq!(st, 200, "{r}");
+        serve::approve(&s, &id, c).await;
     }
     desk::gate_hit(&svc).await;
     s.kill(); // SIGKILL while the gate call runs
@@ -450,6 +606,118 @@ async fn an_interrupted_call_is_marked_done_and_the_webhook_hears_of_requests() 
         } else {
             panic!("the webhook got {got:?}");
         }
+    }
+}
+
+/// The operator's config (the tests' open one) with `notify.webhook` = `webhook`, written in `dir`.
+fn config_with(dir: &Path, name: &str, webhook: Value) -> std::path::PathBuf {
+    let mut config: Value =
+        serde_json::from_str(&std::fs::read_to_string(bin::open_config()).expect("config"))
+            .expect("json");
+    config["notify"] = json!({ "webhook": webhook });
+    write(dir, name, &config)
+}
+
+/// The calls of the deliveries a receiver answered (every one but the first `refused`), with
+/// their links, after checking each is an `approval_requested` of `run`.
+fn delivered(hook: &desk::Receiver, refused: usize, run: &str) -> Vec<(u64, Value)> {
+    let got = hook.got.lock().expect("got").clone();
+    got.iter()
+        .skip(refused)
+        .map(|(_, b)| {
+            assert_eq!(
+                (
+                    b["event"].as_str(),
+                    b["run_id"].as_str(),
+                    b["tool"].as_str()
+                ),
+                (Some("approval_requested"), Some(run), Some("step")),
+                "{b}"
+            );
+            (b["call_id"].as_u64().unwrap_or(0), b["link"].clone())
+        })
+        .collect()
+}
+
+/// R12 beyond `serve`: `dagloop run` and `resume` given an operator config with
+/// `notify.webhook` post each call they present (retried after a refusal) before the process
+/// ends; with no `page_url` the body has no link, with one it links to that page.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_and_resume_tell_the_operators_webhook() {
+    let svc = desk::gated_service().await;
+    let hook = desk::receiver(1).await;
+    let dir = tempfile::tempdir().expect("dir");
+    let goal = write(
+        dir.path(),
+        "goal.json",
+        &chain_goal(dir.path(), &format!("{}/step", svc.base)),
+    );
+    let store = dir.path().join("runs.db");
+    let plain = config_with(
+        dir.path(),
+        "plain.json",
+        json!({"url": hook.url, "backoff_ms": 50}),
+    );
+    let (plain, goal) = (plain.display().to_string(), goal.display().to_string());
+    let waiting = cli(
+        &store,
+        &["--config", &plain, "run", &goal, "--json", "--detach"],
+        0,
+    );
+    let id = waiting["run_id"].as_str().expect("run id").to_string();
+    assert_eq!(
+        ids(waiting["awaiting"].as_array().unwrap()),
+        [1, 4],
+        "{waiting}"
+    );
+    // Delivered before the process ended (the first try refused, then tried again).
+    let mut first = delivered(&hook, 1, &id);
+    first.sort_by_key(|d| d.0);
+    assert_eq!(
+        first,
+        [(1, Value::Null), (4, Value::Null)],
+        "no page, no link: {:?}",
+        hook.got.lock().expect("got")
+    );
+    let text = hook.got.lock().expect("got")[1].1["text"].clone();
+    assert!(
+        text.as_str()
+            .is_some_and(|t| t.contains(&id) && t.contains("dagloop decide")),
+        "{text}"
+    );
+    let linked = config_with(
+        dir.path(),
+        "linked.json",
+        json!({"url": hook.url, "backoff_ms": 50, "page_url": "http://desk.example/"}),
+    );
+    let decisions = write(
+        dir.path(),
+        "decisions.json",
+        &json!({"decisions": [{"tool": "step", "decision": "approve"}]}),
+    );
+    let before = hook.got.lock().expect("got").len();
+    let done = cli(
+        &store,
+        &[
+            "--config",
+            &linked.display().to_string(),
+            "resume",
+            &id,
+            "--json",
+            "--decisions",
+            &decisions.display().to_string(),
+        ],
+        0,
+    );
+    assert_eq!(done["output"], json!({"d": 40}), "{done}");
+    let later: std::collections::BTreeMap<u64, Value> =
+        delivered(&hook, before, &id).into_iter().collect();
+    for c in [2, 3, 5] {
+        assert_eq!(
+            later.get(&c),
+            Some(&json!(format!("http://desk.example/?run={id}&call={c}"))),
+            "call {c} presented after resuming: {later:?}"
+        );
     }
 }
 

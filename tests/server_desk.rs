@@ -26,7 +26,7 @@ use axum::routing::post;
 use browser::{ESCAPE, click, eval, no_errors, open_page_at_run, press, save_screenshot, until};
 use fantoccini::Client;
 use serde_json::{Value, json};
-use serve::{Server, awaiting, client, create, send};
+use serve::{Server, approve, awaiting, client, create, send};
 
 /// A header value that must never reach the page.
 const SECRET: &str = "sk-desk-secret-4711";
@@ -102,16 +102,6 @@ fn call_id(awaiting: &[Value], pred: impl Fn(&Value) -> bool) -> u64 {
         .find(|a| pred(&a["call"]))
         .and_then(|a| a["call_id"].as_u64())
         .unwrap_or_else(|| panic!("no such call awaits: {awaiting:?}"))
-}
-
-async fn approve(s: &Server, id: &str, call: u64) {
-    let (status, v) = send(
-        client()
-            .post(s.url(&format!("/runs/{id}/approvals/{call}")))
-            .json(&json!({"decision": "approve"})),
-    )
-    .await;
-    assert_eq!(status, 200, "{v}");
 }
 
 fn card(call: u64) -> String {

@@ -576,6 +576,92 @@ async fn an_approval_is_decided_by_update_after_the_worker_restarted() {
     replays(&conn, &id).await;
 }
 
+/// Grants reach a Temporal run by update (spec/approval.md R13): `dagloop grant --engine
+/// temporal --tool step --when SCHEMA` approves call 1 only; `revoke` is journaled; `grant
+/// --call 2 --with-dependents` approves call 2 and the run ends. Each step ran once, and the
+/// workflow's history replays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grants_and_revokes_reach_a_temporal_run_by_update() {
+    let Some(s) = server() else { return };
+    let conn = s.connect().await;
+    let dir = tempfile::tempdir().expect("dir");
+    let (url, seen) = counting_service(10).await;
+    let calls = json!([{"_tool": "step", "n": 1, "_outputPath": "†state.a"},
+                       {"_tool": "step", "n": 2, "_outputPath": "†state.b"}]);
+    let goal = step_goal(dir.path(), &url, Some("ask"), calls);
+    let _worker = WorkerProcess::start(bin::dagloop(), &s, "grants");
+    let out = run_temporal(&s, "grants", &goal, &["--detach"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let id = run_id(&out);
+    let cmd = |args: &[&str]| {
+        bin::dagloop()
+            .args(args)
+            .args(["--engine", "temporal", "--temporal", &s.address])
+            .output()
+            .expect("dagloop")
+    };
+    let until = |what: &str, pred: &dyn Fn(&Value) -> bool| {
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            let v = json_of(&cmd(&["show", &id, "--json"]));
+            if pred(&v) {
+                return v;
+            }
+            assert!(std::time::Instant::now() < deadline, "never {what}: {v}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    until("two calls awaiting", &|v| {
+        v["awaiting"].as_array().map(Vec::len) == Some(2)
+    });
+    let ok = |out: std::process::Output| {
+        assert!(
+            out.status.success(),
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    ok(cmd(&[
+        "grant",
+        &id,
+        "--tool",
+        "step",
+        "--when",
+        r#"{"properties": {"n": {"maximum": 1}}}"#,
+    ]));
+    until("call 1 approved by g1", &|v| {
+        v["grants"][0]["calls"] == json!([1])
+    });
+    ok(cmd(&["revoke", &id, "g1"]));
+    until("g1 revoked", &|v| v["grants"][0]["revoked"] == true);
+    ok(cmd(&["grant", &id, "--call", "2", "--with-dependents"]));
+    let r = tokio::time::timeout(Duration::from_secs(120), conn.result(&id))
+        .await
+        .expect("ended")
+        .expect("result");
+    assert!(r.succeeded(), "{r:?}");
+    let decided: Vec<Option<&str>> = r.calls.iter().map(|c| c.decision.as_deref()).collect();
+    assert_eq!(decided, [Some("approve"), Some("approve")], "{r:?}");
+    {
+        let seen = seen.lock().expect("seen");
+        assert_eq!((seen[&1].len(), seen[&2].len()), (1, 1));
+    }
+    // The run is over: a revoke is refused with the op's code.
+    let late = cmd(&["revoke", &id, "g2"]);
+    assert_eq!(
+        late.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&late.stdout)
+    );
+    replays(&conn, &id).await;
+}
+
 /// A history's events in order, as (event id, kind, attributes, seconds into the day), the kind
 /// being the name of the attributes' variant in lower camel case
 /// (`activityTaskScheduledEventAttributes`). The history JSON is the SDK's serde form;

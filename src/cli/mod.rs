@@ -1,5 +1,5 @@
-//! The `dagloop` command line: `run`, `resume`, `runs`, `show`, `decide`, `validate`, `graph`,
-//! `mock-llm`.
+//! The `dagloop` command line: `run`, `resume`, `runs`, `show`, `decide`, `grant`, `revoke`,
+//! `validate`, `graph`, `mock-llm`.
 //!
 //! A front-end over `engine`, `goal` and `llm`: it parses arguments, prints results and errors
 //! (always JSON with a stable `code` on failure), shows progress, and turns Ctrl-C into
@@ -10,6 +10,7 @@ mod out;
 mod cassette;
 mod codes_cmd;
 mod fork;
+mod grant_cmd;
 mod policy_cmd;
 mod progress;
 mod replay;
@@ -493,6 +494,12 @@ pub enum Command {
         #[command(flatten)]
         temporal: TemporalArgs,
     },
+    /// Give a grant in a stored run (checked against the run first): approve every call of a
+    /// tool (`--tool NAME [--when SCHEMA]`), or a call awaiting a decision and the calls
+    /// waiting on it, as they stand now (`--call ID --with-dependents`).
+    Grant(grant_cmd::GrantArgs),
+    /// Revoke a grant of a stored run: calls presented from now on are no longer covered by it.
+    Revoke(grant_cmd::RevokeArgs),
     /// Run workflows and activities of runs started with `--engine temporal` (until Ctrl-C or
     /// SIGTERM; build feature `temporal`).
     Worker {
@@ -691,6 +698,7 @@ pub async fn main(cli: Cli) -> i32 {
                 decisions,
                 reject_without_reviewer: on_no_reviewer == NoReviewer::Reject,
                 tools_from,
+                webhook: config.and_then(|c| c.notify.webhook.clone()),
             };
             if temporal.engine == EngineArg::Temporal {
                 if input.is_some() {
@@ -738,6 +746,7 @@ pub async fn main(cli: Cli) -> i32 {
                 decisions,
                 reject_without_reviewer: on_no_reviewer == NoReviewer::Reject,
                 tools_from,
+                webhook: config.and_then(|c| c.notify.webhook.clone()),
             };
             let over = run::RunOptions {
                 server: false,
@@ -775,6 +784,7 @@ pub async fn main(cli: Cli) -> i32 {
                 decisions,
                 reject_without_reviewer: on_no_reviewer == NoReviewer::Reject,
                 tools_from,
+                webhook: config.and_then(|c| c.notify.webhook.clone()),
             };
             let over = fork::Over {
                 at_step,
@@ -901,6 +911,8 @@ pub async fn main(cli: Cli) -> i32 {
             ),
             (Err(e), _) | (_, Err(e)) => Err(e),
         },
+        Command::Grant(a) => grant_cmd::grant(a, existing()).await,
+        Command::Revoke(a) => grant_cmd::revoke(a, existing()).await,
         Command::Schema { goal, mode } => schema_cmd::schema(&goal, mode),
         Command::Codes { code, json } => codes_cmd::codes(code.as_deref(), json),
         Command::Validate {

@@ -39,6 +39,8 @@ pub(super) struct Display {
     pub reject_without_reviewer: bool,
     /// Answer calls from a tools recording (`--tools-from`), with passthrough or not.
     pub tools_from: Option<(Arc<crate::runs::Cassette>, bool)>,
+    /// The operator's webhook (`notify.webhook` in `--config`): told of each call presented.
+    pub webhook: Option<crate::notify::WebhookConfig>,
 }
 
 /// True when the stored run, continued now, presents calls to a reviewer at once: calls that
@@ -180,6 +182,15 @@ pub(super) async fn run(
     };
     let def =
         crate::runs::define(goal, opts.clone(), grants).map_err(|e| CliError::new(e.code(), &e))?;
+    // The webhook is checked before anything is recorded. A resumed run notifies only what it
+    // presents from now on (as `serve` does).
+    let notify_since = if journal.is_some() { now_ms() } else { 0 };
+    let notifier = match &display.webhook {
+        Some(w) => {
+            Some(crate::notify::Notifier::start_owned(w).map_err(|e| CliError::new(e.code(), &e))?)
+        }
+        None => None,
+    };
     let goal = def.effective_goal();
     let cancel = CancellationToken::new();
     let interactive = std::io::stdin().is_terminal() && !display.detach;
@@ -306,6 +317,11 @@ pub(super) async fn run(
     }
     let servers = launched.servers;
     let handle = launched.handle;
+    // No page here: links only when the config names one (`page_url`).
+    let notifications = notifier.map(|(n, d)| {
+        let watcher = n.watch(&handle, "", notify_since);
+        Notifications(n, d, watcher)
+    });
     // Tells the events writer to write what it has been sent and stop.
     let stop_writer = CancellationToken::new();
     let writer = events_out.map(|file| spawn_writer(&handle, file, stop_writer.clone()));
@@ -374,6 +390,7 @@ pub(super) async fn run(
         if let Some(t) = writer {
             let _ = tokio::time::timeout(STOP_WAIT, t).await;
         }
+        flush(notifications).await;
         // The lease goes with the process: `dagloop resume` may take the run at once.
         if let Some(s) = &store
             && let Err(e) = s.release(&id)
@@ -410,6 +427,7 @@ pub(super) async fn run(
             let _ = tokio::time::timeout(STOP_WAIT, t).await;
         }
         drop(handle);
+        flush(notifications).await;
         // Parked: the next process to continue it takes the lease at once.
         if let Some(s) = &store
             && let Err(e) = s.park(&id)
@@ -446,12 +464,43 @@ pub(super) async fn run(
         }
     }
     drop(handle);
+    flush(notifications).await;
     let mut value = serde_json::to_value(&result).unwrap_or(Value::Null);
     if store.is_some() {
         value["run_id"] = json!(id);
     }
     outln!("{}", pretty(&value));
     Ok(if result.succeeded() { 0 } else { 1 })
+}
+
+/// The webhook of a run this process drives: the notifier, its delivery task, the run's watcher.
+struct Notifications(
+    crate::notify::Notifier,
+    crate::notify::Deliveries,
+    tokio::task::JoinHandle<()>,
+);
+
+/// How long an ending process waits for the webhook to take the notifications queued.
+const NOTIFY_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// The process is about to end: the watcher reads the run's last events (it ends with them;
+/// a parked run's stream does not end, so the wait is short), then the queued notifications
+/// go out (bounded: a receiver that keeps refusing does not hold the process for long).
+async fn flush(n: Option<Notifications>) {
+    let Some(Notifications(notifier, deliveries, mut watcher)) = n else {
+        return;
+    };
+    if tokio::time::timeout(std::time::Duration::from_secs(1), &mut watcher)
+        .await
+        .is_err()
+    {
+        watcher.abort();
+        let _ = watcher.await;
+    }
+    drop(notifier);
+    if !deliveries.finish(NOTIFY_WAIT).await {
+        errln!("dagloop: the webhook did not take every notification in time");
+    }
 }
 
 /// The exit code of `run` and `resume` stopped by SIGTERM (128 + 15): the run is not over; the

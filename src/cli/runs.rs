@@ -112,18 +112,25 @@ pub(super) fn prune(store: &Store, older_than: &str) -> Result<i32, CliError> {
 }
 
 pub(super) fn decide(store: &Store, run: &str, op: Op) -> Result<i32, CliError> {
+    record(store, run, op, json!({}))
+}
+
+/// Records `op` for a stored run (checked against it first) and prints `{status: recorded,
+/// run_id, next}` with the fields of `extra`.
+pub(super) fn record(store: &Store, run: &str, op: Op, extra: Value) -> Result<i32, CliError> {
     let live = crate::runs::record_op(&**store, run, &op).map_err(|e| match e {
         crate::runs::Refused::Op(e) => CliError::new(e.code(), e.to_string()),
         crate::runs::Refused::Runs(e) => CliError::new(e.code(), e.to_string()),
     })?;
-    outln!(
-        "{}",
-        pretty(&json!({
-            "status": "recorded",
-            "run_id": run,
-            "next": if live { "the process running it applies the decision now" } else { "run `dagloop resume` to continue" },
-        }))
-    );
+    let mut v = json!({
+        "status": "recorded",
+        "run_id": run,
+        "next": if live { "the process running it applies the decision now" } else { "run `dagloop resume` to continue" },
+    });
+    if let (Some(m), Value::Object(x)) = (v.as_object_mut(), extra) {
+        m.extend(x);
+    }
+    outln!("{}", pretty(&v));
     Ok(0)
 }
 

@@ -88,6 +88,35 @@ mod on {
         Ok(0)
     }
 
+    /// A grant to a Temporal run: its journal (a query) rebuilt here turns the request into
+    /// the op (`runs::grant_op`, as for a stored run), sent as an update.
+    pub async fn grant(
+        run: &str,
+        req: crate::runs::GrantRequest,
+        by: Option<crate::protocol::Actor>,
+        t: &TemporalArgs,
+    ) -> Result<i32, CliError> {
+        let conn = connect(t).await?;
+        let snap = conn.snapshot(run).await.map_err(err)?;
+        let rb = crate::runs::rebuild(&snap.spec.record(), &snap.journal)
+            .map_err(|e| CliError::new(e.code(), e))?;
+        let op =
+            crate::runs::grant_op(&rb.machine, req, by).map_err(|e| CliError::new(e.code(), e))?;
+        let covers = match &op {
+            Op::Grant { grant, .. } => json!(grant),
+            _ => Value::Null,
+        };
+        conn.decide(run, op).await.map_err(err)?;
+        outln!(
+            "{}",
+            pretty(
+                &json!({"status": "recorded", "run_id": run, "covers": covers,
+                "next": "the run applies it now"})
+            )
+        );
+        Ok(0)
+    }
+
     /// Describes a run as its workflow describes it (a query running the embedded engine's
     /// code over the journal it holds): only the description crosses the network.
     pub async fn show(run: &str, json_out: bool, t: &TemporalArgs) -> Result<i32, CliError> {
@@ -182,6 +211,22 @@ pub(super) async fn decide(
     #[cfg(not(feature = "temporal"))]
     {
         let _ = (run, op, t);
+        Err(disabled())
+    }
+}
+
+/// `grant --engine temporal`.
+pub(super) async fn grant(
+    run: &str,
+    req: crate::runs::GrantRequest,
+    by: Option<crate::protocol::Actor>,
+    t: &TemporalArgs,
+) -> Result<i32, CliError> {
+    #[cfg(feature = "temporal")]
+    return on::grant(run, req, by, t).await;
+    #[cfg(not(feature = "temporal"))]
+    {
+        let _ = (run, req, by, t);
         Err(disabled())
     }
 }

@@ -13,6 +13,7 @@ pub mod audit;
 mod cassette;
 mod def;
 mod fork;
+mod grant;
 mod launch;
 mod list;
 mod options;
@@ -24,6 +25,7 @@ pub use cassette::{
 };
 pub use def::{RunDef, define};
 pub use fork::{Fork, ForkedFrom, fork, fork_point, goal_with_input, seed};
+pub use grant::{GrantRequest, grant_op};
 pub use launch::{
     Host, Launched, Pool, Prepared, Review, Servers, absolute_dir, absolute_model, builder_for,
     now_ms, prepare, spawn_op_poller, with_mcp_tools,

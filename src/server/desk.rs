@@ -19,7 +19,8 @@ use super::error::ApiError;
 use super::principals::{Principal, Role};
 use super::state::AppState;
 use super::wire::OpStatus;
-use crate::protocol::{GrantSpec, Op};
+use crate::protocol::Op;
+use crate::runs::GrantRequest;
 
 type ApiResult<T> = Result<T, ApiError>;
 
@@ -43,18 +44,20 @@ pub(super) async fn list_grants(
 /// Gives a grant: `{"scope": "tool", "tool": NAME, "when"?: SCHEMA}` approves every call of the
 /// tool (whose params satisfy `when`) while the run lasts, those awaiting included;
 /// `{"scope": "calls", "calls": [{"call": ID, "params_hash": HASH}...]}` approves exactly those
-/// calls as presented (the hashes an awaiting call's `params_hash` and `downstream` show). The
-/// answer names the grant (`g1`...). Needs the `review` role.
+/// calls as presented (the hashes an awaiting call's `params_hash` and `downstream` show);
+/// `{"scope": "subgraph", "call": ID, "presented"?: HASH}` is the calls grant of that awaiting
+/// call and the calls waiting on it, as they stand now. The answer names the grant (`g1`...).
+/// Needs the `review` role.
 #[utoipa::path(post, path = "/runs/{id}/grants", tag = "approvals",
     params(("id" = String, Path, description = "The run id")),
-    request_body(content = GrantSpec, description = "A grant: {scope: tool, tool, when?} or {scope: calls, calls: [{call, params_hash}]}"),
+    request_body(content = GrantRequest, description = "A grant: {scope: tool, tool, when?}, {scope: calls, calls: [{call, params_hash}]} or {scope: subgraph, call, presented?}"),
     responses(
         (status = 200, description = "Applied: {status: applied, grant: ID}", body = OpStatus),
         (status = 202, description = "Recorded for a run no process drives now: {status: recorded}", body = OpStatus),
         (status = 400, description = "Not a grant", body = ApiError),
         (status = 403, description = "The caller may not grant", body = ApiError),
         (status = 404, description = "No such run, or a listed call is unknown", body = ApiError),
-        (status = 409, description = "The run has finished", body = ApiError),
+        (status = 409, description = "The run has finished; a subgraph's call does not await a decision, or was presented with other params", body = ApiError),
         (status = 422, description = "The grant cannot apply (unknown tool, `when` not a schema)", body = ApiError)))]
 pub(super) async fn create_grant(
     State(st): State<Arc<AppState>>,
@@ -66,23 +69,25 @@ pub(super) async fn create_grant(
         return Err(forbidden("grant approvals"));
     }
     st.readable(&who, &id).await?;
-    let grant: GrantSpec = serde_json::from_value(body(b)?).map_err(|e| {
+    let req: GrantRequest = serde_json::from_value(body(b)?).map_err(|e| {
         ApiError::new(
             StatusCode::BAD_REQUEST,
             "op.bad_grant",
             format!("not a grant: {e}"),
         )
     })?;
-    let before = st.with_rebuilt(&id, |rb| rb.machine.grants().len()).await?;
-    let (status, Json(mut v)) = submit(
-        &st,
-        &id,
-        Op::Grant {
-            grant,
-            by: actor(&who),
-        },
-    )
-    .await?;
+    // One conversion for every front-end (`dagloop grant` calls it too).
+    let by = actor(&who);
+    let (before, op) = st
+        .with_rebuilt(&id, move |rb| {
+            (
+                rb.machine.grants().len(),
+                crate::runs::grant_op(&rb.machine, req, by),
+            )
+        })
+        .await?;
+    let op = op.map_err(|e| ApiError::from_op(&e))?;
+    let (status, Json(mut v)) = submit(&st, &id, op).await?;
     // Grants are numbered in the order the run takes them.
     let after = st
         .with_rebuilt(&id, |rb| rb.machine.grants().last().map(|g| g.id.clone()))

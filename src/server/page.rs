@@ -14,11 +14,12 @@ const INDEX: &str = include_str!("page/index.html");
 const STYLE: &str = include_str!("page/style.css");
 
 /// The page's scripts, by path, in the order `index.html` loads them.
-const SCRIPTS: [(&str, &str); 6] = [
+const SCRIPTS: [(&str, &str); 7] = [
     ("/app.js", include_str!("page/app.js")),
     ("/runs.js", include_str!("page/runs.js")),
     ("/calls.js", include_str!("page/calls.js")),
     ("/cards.js", include_str!("page/cards.js")),
+    ("/grants.js", include_str!("page/grants.js")),
     ("/keys.js", include_str!("page/keys.js")),
     ("/start.js", include_str!("page/start.js")),
 ];

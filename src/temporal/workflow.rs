@@ -182,8 +182,11 @@ impl RunWorkflow {
         _ctx: &WorkflowContextView,
         op: &Op,
     ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
-        if !matches!(op, Op::Decide { .. }) {
-            return Err("only decisions are updates: cancel the workflow to cancel the run".into());
+        if matches!(op, Op::Cancel { .. }) {
+            return Err(
+                "decisions, grants and revokes are updates: cancel the workflow to cancel the run"
+                    .into(),
+            );
         }
         if let Some(r) = &self.result {
             return Err(format!(
@@ -200,17 +203,16 @@ impl RunWorkflow {
         }
     }
 
-    /// A reviewer's decision (checked by the validator first: rule 21).
+    /// A reviewer's decision, grant or revocation (checked by the validator first: rule 21).
+    /// A cancellation goes through the workflow's cancellation instead.
     #[update]
     pub fn decide(&mut self, _ctx: &mut SyncWorkflowContext<Self>, op: Op) -> bool {
         match op {
-            Op::Decide {
-                call, decision, by, ..
-            } => {
-                self.inbox.push(RunInput::Decided { call, decision, by });
+            Op::Cancel { .. } => false,
+            op => {
+                self.inbox.push(RunInput::from_op(op));
                 true
             }
-            _ => false,
         }
     }
 

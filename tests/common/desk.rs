@@ -129,3 +129,52 @@ pub fn http_tool(name: &str, url: &str, idempotent: bool) -> Value {
     }
     t
 }
+
+/// Writes `v` as `dir/name`; returns the path.
+pub fn write(dir: &std::path::Path, name: &str, v: &Value) -> std::path::PathBuf {
+    let p = dir.join(name);
+    std::fs::write(&p, v.to_string()).expect("write");
+    p
+}
+
+/// One scripted model turn: these calls, then this output.
+pub fn turn(calls: Value, output: Value) -> Value {
+    json!({"solution": {"calls": calls, "output": output}, "chunk_chars": 40, "chunk_delay_ms": 1})
+}
+
+/// The run id the binary prints on stderr with `--json`.
+pub fn run_id(stderr: &[u8]) -> String {
+    String::from_utf8_lossy(stderr)
+        .lines()
+        .find_map(|l| {
+            serde_json::from_str::<Value>(l).ok()?["run_id"]
+                .as_str()
+                .map(String::from)
+        })
+        .expect("the run id on stderr")
+}
+
+/// A goal (policy `ask`, one http tool `step` posting to `url`) whose first turn writes a
+/// chain 1 → 2 → 3 (each reads the one before) and an independent call 4 (`n: 9`); its second
+/// turn adds call 5 (`n: 4`) reading 3; its output is `{"d": 40}`.
+pub fn chain_goal(dir: &std::path::Path, url: &str) -> Value {
+    let script = json!({"turns": [
+        turn(json!([
+            {"_tool": "step", "n": 1, "_outputPath": "†state.a"},
+            {"_tool": "step", "n": 2, "after": "†state.a.v", "_outputPath": "†state.b"},
+            {"_tool": "step", "n": 3, "after": "†state.b.v", "_outputPath": "†state.c"},
+            {"_tool": "step", "n": 9, "_outputPath": "†state.z"}
+        ]), Value::Null),
+        turn(json!([{"_tool": "step", "n": 4, "after": "†state.c.v", "_outputPath": "†state.d"}]), Value::Null),
+        turn(json!([]), json!({"d": "†state.d.v"}))
+    ]});
+    let s = write(dir, "s.json", &script);
+    json!({"goal": "chain", "model": format!("scripted:{}", s.display()),
+        "output_schema": {"type": "object", "required": ["d"]},
+        "tools": [http_tool("step", url, false)], "approval": {"policy": "ask"}})
+}
+
+/// The call ids of a list of awaiting calls.
+pub fn ids(list: &[Value]) -> Vec<u64> {
+    list.iter().filter_map(|a| a["call_id"].as_u64()).collect()
+}

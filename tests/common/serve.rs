@@ -209,6 +209,17 @@ pub fn refused(got: (u16, Value), status: u16, code: &str) {
     );
 }
 
+/// Approves call `call` of run `id` through the API (asserting it applied).
+pub async fn approve(s: &Server, id: &str, call: u64) {
+    let (status, v) = send(
+        client()
+            .post(s.url(&format!("/runs/{id}/approvals/{call}")))
+            .json(&json!({"decision": "approve"})),
+    )
+    .await;
+    assert_eq!(status, 200, "{v}");
+}
+
 pub fn awaiting(v: &Value) -> Vec<Value> {
     v["awaiting"].as_array().cloned().unwrap_or_default()
 }

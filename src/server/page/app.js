@@ -7,6 +7,7 @@
 //   runs.js  the run list: filter, search, pages
 //   calls.js the calls (nested agents' calls inside their parent) and the timeline
 //   cards.js the cards awaiting a decision: what the call will do, sources, edit diff
+//   grants.js grants from a card (a tool, a call and those waiting on it) and the run's grants
 //   keys.js  keyboard shortcuts and their help
 //   start.js wiring and the light list poll
 "use strict";
@@ -315,6 +316,7 @@ function render(run) {
   $("#run-duration").textContent = fmtMs(run.duration_ms) + " · " + run.journal_entries + " journal entries";
   $("#cancel-run").hidden = finished(run);
   renderApprovals(run);
+  renderGrants(run);
   renderCalls(run);
   renderGantt(run);
   $("#output").textContent = run.output === null || run.output === undefined ? "—" : pretty(run.output);

@@ -3,7 +3,7 @@
 // description, where each param came from, and the decision buttons. An edit or a
 // replacement is shown as a diff against what was presented. When somebody else decides a call
 // while this reviewer has its editor or reason open, the card stays, says who decided what,
-// and keeps the typed text.
+// and keeps the typed text. The grant buttons open panels from grants.js.
 "use strict";
 
 const PAST = { approve: "approved", edit: "edited", replace: "replaced", reject: "rejected" };
@@ -37,7 +37,7 @@ function renderApprovals(run) {
   for (const card of Array.from(box.children)) {
     if (keep.has(card.dataset.key) || card.classList.contains("decided")) continue;
     const id = Number(card.dataset.callId);
-    if (card.classList.contains("sent")) {
+    if (card.classList.contains("sent") || card.dataset.granted) {
       card.remove();
     } else if (card.dataset.open) {
       // The reviewer was writing something here: keep it, say what happened.
@@ -193,6 +193,28 @@ function approvalCard(runId, a, key) {
     }
   };
 
+  // A grant from this card (grants.js): the card's call is among those it approves.
+  const give = async (body, what) => {
+    showErrors([]);
+    setBusy(true);
+    try {
+      const r = await api("POST", "/runs/" + encodeURIComponent(runId) + "/grants", body);
+      // A schema may leave this very call out: the card stays usable until the run says the
+      // call was approved, and then goes without a "decided by somebody" notice.
+      card.dataset.granted = "1";
+      card.dataset.open = "";
+      panel.dataset.open = "";
+      panel.replaceChildren();
+      setBusy(false);
+      notice("Grant " + (r.grant || "") + " given: " + what + ".", "ok");
+      scheduleRefresh();
+      loadRuns();
+    } catch (e) {
+      setBusy(false);
+      showErrors([{ message: (e.code ? e.code + ": " : "") + e.message }]);
+    }
+  };
+
   const open = (what, content) => {
     showErrors([]);
     if (panel.dataset.open === what) {
@@ -308,16 +330,27 @@ function approvalCard(runId, a, key) {
     return [input, sendBtn];
   };
 
-  buttons.append(
+  // (`append` writes a null as the text "null": the optional pieces are left out instead.)
+  const present = (...parts) => parts.filter((p) => p !== null && p !== undefined);
+  buttons.append(...present(
     el("button", { type: "button", class: "approve primary", text: "Approve",
       onclick: () => send({ decision: "approve" }) }),
     el("button", { type: "button", class: "edit", text: "Edit…", onclick: () => open("edit", editPanel) }),
     el("button", { type: "button", class: "replace", text: "Replace…", onclick: () => open("replace", replacePanel) }),
     el("button", { type: "button", class: "reject danger", text: "Reject…", onclick: () => open("reject", rejectPanel) }),
-  );
+    el("button", { type: "button", class: "grant-tool", text: "Approve every " + call._tool + " call…",
+      title: "a grant: this call and every later call of the tool (optionally only those matching a schema)",
+      onclick: () => open("grant-tool", () => grantToolPanel(call, give, showErrors)) }),
+    a.downstream && a.downstream.length
+      ? el("button", { type: "button", class: "grant-calls",
+        text: "Approve with the " + a.downstream.length + " waiting on it…",
+        title: "a grant: this call and the calls waiting on it, exactly as shown",
+        onclick: () => open("grant-calls", () => grantCallsPanel(a, give)) })
+      : null,
+  ));
 
   const above = (a.path || []).slice(0, -1);
-  card.append(
+  card.append(...present(
     el("div", { class: "approval-head" },
       el("strong", { text: call._tool }),
       el("span", { class: "muted", text: "call #" + a.call_id }),
@@ -330,7 +363,7 @@ function approvalCard(runId, a, key) {
     sourcesView(a, call),
     el("details", { class: "as-json" }, el("summary", { class: "muted small", text: "params as JSON" }),
       el("pre", { class: "json params", text: pretty(editableParams(call)) })),
-    buttons, panel, errors);
+    buttons, panel, errors));
   return card;
 }
 
