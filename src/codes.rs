@@ -146,6 +146,7 @@ codes! {
     "cli.bad_decision" => "A decision given on the command line is not valid JSON or not a decision.",
     "cli.bad_decisions" => "The `--decisions` file cannot be read or is not a decisions file.",
     "cli.bad_duration" => "A duration argument (like `--older-than`) is not a number with a unit (s, m, h, d).",
+    "cli.bad_grant" => "`dagloop grant`'s arguments do not make a grant (`--tool` or `--call ID --with-dependents`; `--when` must be a JSON Schema).",
     "cli.bad_input" => "`--input` is not JSON.",
     "cli.bad_principals" => "The server's principals file cannot be read or is malformed.",
     "cli.bind" => "The server cannot listen on the address given.",
