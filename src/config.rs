@@ -91,7 +91,9 @@ pub struct StoreConfig {
 
 impl StoreConfig {
     /// The policy, its ages read (`retain`, `compact_after`: the field that is not an age).
-    pub fn retention(&self) -> Result<crate::store::Retention, (&'static str, crate::duration::AgeError)> {
+    pub fn retention(
+        &self,
+    ) -> Result<crate::store::Retention, (&'static str, crate::duration::AgeError)> {
         let age = |field: &'static str, v: &Option<String>| {
             v.as_deref()
                 .map(crate::duration::age_ms)

@@ -73,7 +73,10 @@ pub fn age_ms(text: &str) -> Result<u64, AgeError> {
     let bad = || AgeError {
         text: text.to_string(),
     };
-    let (num, unit) = text.split_at(text.trim_end_matches(|c: char| c.is_ascii_alphabetic()).len());
+    let (num, unit) = text.split_at(
+        text.trim_end_matches(|c: char| c.is_ascii_alphabetic())
+            .len(),
+    );
     if num.is_empty() || !num.bytes().all(|b| b.is_ascii_digit()) {
         return Err(bad());
     }
@@ -101,8 +104,19 @@ mod tests {
         assert_eq!(age_ms("45m"), Ok(45 * 60_000));
         assert_eq!(age_ms("0s"), Ok(0));
         for bad in [
-            "", "d", "30", "30x", "-1d", "+1d", " 1d", "1.5d", "1d2h", "30D", "99999999999999999999d",
-            "36501d", "soon",
+            "",
+            "d",
+            "30",
+            "30x",
+            "-1d",
+            "+1d",
+            " 1d",
+            "1.5d",
+            "1d2h",
+            "30D",
+            "99999999999999999999d",
+            "36501d",
+            "soon",
         ] {
             assert_eq!(age_ms(bad), Err(AgeError { text: bad.into() }), "{bad}");
         }

@@ -164,10 +164,21 @@ fn retention_deletes_exactly_the_finished_runs_older_than_the_limit() {
     assert_eq!(before.len(), 4, "{before:?}");
 
     // Bad ages and no policy at all are refused, and nothing is touched.
-    for bad in ["30", "30x", "-1d", "1.5d", "", "soon", "99999999999999999999d"] {
+    for bad in [
+        "30",
+        "30x",
+        "-1d",
+        "1.5d",
+        "",
+        "soon",
+        "99999999999999999999d",
+    ] {
         let o = out_of(&["runs", "prune", &format!("--retain={bad}")], &store);
         assert_eq!(code(&o), (Some(2), json!("cli.bad_duration")), "{bad}");
-        let o = out_of(&["runs", "prune", &format!("--compact-after={bad}")], &store);
+        let o = out_of(
+            &["runs", "prune", &format!("--compact-after={bad}")],
+            &store,
+        );
         assert_eq!(code(&o), (Some(2), json!("cli.bad_duration")), "{bad}");
     }
     let o = out_of(&["runs", "prune"], &store);
@@ -212,7 +223,11 @@ fn retention_deletes_exactly_the_finished_runs_older_than_the_limit() {
         &["runs", "prune", "--retain", "0s", "--compact-after", "0s"],
         &store,
     ));
-    assert_eq!((done["deleted"].clone(), done["compacted"].clone()), (json!(1), json!(0)), "{done}");
+    assert_eq!(
+        (done["deleted"].clone(), done["compacted"].clone()),
+        (json!(1), json!(0)),
+        "{done}"
+    );
     let mut want = vec![
         (waiting.clone(), "waiting".to_string()),
         (stopped.clone(), "stopped".to_string()),
@@ -258,7 +273,10 @@ fn a_compacted_run_shows_as_before_and_refuses_what_needs_its_journal() {
     ];
     let before: Vec<String> = views.iter().map(|a| text(&out_of(a, &store))).collect();
     let replayed = json_out(&out_of(&["replay", &id], &store));
-    assert_eq!(replayed["status"], "identical", "replayable before: {replayed}");
+    assert_eq!(
+        replayed["status"], "identical",
+        "replayable before: {replayed}"
+    );
 
     let done = json_out(&out_of(&["runs", "compact", &id], &store));
     assert_eq!(done["status"], "compacted", "{done}");
@@ -283,7 +301,12 @@ fn a_compacted_run_shows_as_before_and_refuses_what_needs_its_journal() {
     for args in [
         vec!["replay", &id],
         vec!["fork", &id, "--at-step", "0", "--json"],
-        vec!["export", &id, "--cassette", cassette.to_str().expect("path")],
+        vec![
+            "export",
+            &id,
+            "--cassette",
+            cassette.to_str().expect("path"),
+        ],
     ] {
         let o = out_of(&args, &store);
         let v = json_out(&o);
@@ -309,7 +332,10 @@ fn a_compacted_run_shows_as_before_and_refuses_what_needs_its_journal() {
         stats["compacted_journal_bytes"], c["journal_bytes_dropped"],
         "{stats}"
     );
-    assert!(stats["compacted_snapshot_bytes"].as_u64() > Some(0), "{stats}");
+    assert!(
+        stats["compacted_snapshot_bytes"].as_u64() > Some(0),
+        "{stats}"
+    );
     // The listing is unchanged by compaction.
     assert!(statuses(&store).contains(&(id.clone(), "succeeded".into())));
     assert!(statuses(&store).contains(&(waiting, "waiting".into())));
@@ -360,7 +386,10 @@ async fn serve_applies_the_configs_retention_at_start_and_serves_compacted_runs(
     }
     let (status, got) = serve::send(c.get(s.url(&format!("/runs/{kept}")))).await;
     assert_eq!(status, 200, "{got}");
-    assert_eq!(got, shown, "GET /runs/{{id}} of a compacted run is its description as before");
+    assert_eq!(
+        got, shown,
+        "GET /runs/{{id}} of a compacted run is its description as before"
+    );
     let (status, got) = serve::send(c.get(s.url(&format!("/runs/{kept}/audit")))).await;
     assert_eq!((status, &got), (200, &audit["audit"]));
     let (status, got) = serve::send(c.get(s.url(&format!("/runs/{kept}/result")))).await;

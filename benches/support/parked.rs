@@ -124,9 +124,7 @@ async fn one_parked(c: &reqwest::Client, base: &str, store: &Path, goal: &Value)
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let parked: i64 = rusqlite::Connection::open(store)
-            .and_then(|c| {
-                c.query_row("SELECT parked FROM runs WHERE id = ?1", [&id], |r| r.get(0))
-            })
+            .and_then(|c| c.query_row("SELECT parked FROM runs WHERE id = ?1", [&id], |r| r.get(0)))
             .unwrap_or(0);
         if parked == 1 {
             return id;
@@ -173,10 +171,7 @@ async fn first_answer(c: &reqwest::Client, dir: &Path, store: &Path) -> (Duratio
     let t = Instant::now();
     let server = start_at(dir, store);
     loop {
-        if let Ok(r) = c
-            .get(format!("{}/runs?limit=1", server.base))
-            .send()
-            .await
+        if let Ok(r) = c.get(format!("{}/runs?limit=1", server.base)).send().await
             && r.status().is_success()
         {
             return (t.elapsed(), server);
@@ -217,7 +212,10 @@ pub async fn rows(c: &reqwest::Client, dir: &Path, auto: &Value, ask: &Value) {
     clone_run(&seeded, &parked_id, parked_n - 1, "p");
     clone_run(&mixed, &parked_id, parked_n / 2 - 1, "p");
     clone_run(&mixed, &finished_id, parked_n / 2 - 1, "f");
-    eprintln!("(seeded {parked_n} parked runs, and a store of half parked, half finished, in {:.1} s)", t.elapsed().as_secs_f64());
+    eprintln!(
+        "(seeded {parked_n} parked runs, and a store of half parked, half finished, in {:.1} s)",
+        t.elapsed().as_secs_f64()
+    );
 
     // First answer over 10,000 stored runs, half waiting.
     let (t_mixed, mixed_server) = first_answer(c, dir, &mixed).await;

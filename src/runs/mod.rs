@@ -147,11 +147,13 @@ pub fn record_op(
     let stored = match store.load(id) {
         // Only finished runs are compacted.
         Err(crate::store::StoreError::Compacted { .. }) => {
-            let status = store
-                .compacted(id)
-                .map_err(RunsError::from)?
-                .map_or_else(|| "finished".into(), |c| c.result.status.as_str().to_string());
-            return Err(Refused::Op(crate::protocol::OpError::RunFinished { status }));
+            let status = store.compacted(id).map_err(RunsError::from)?.map_or_else(
+                || "finished".into(),
+                |c| c.result.status.as_str().to_string(),
+            );
+            return Err(Refused::Op(crate::protocol::OpError::RunFinished {
+                status,
+            }));
         }
         other => other.map_err(RunsError::from)?,
     };

@@ -1055,13 +1055,29 @@ impl RunStore for SqliteStore {
 
     fn load(&self, id: &str) -> Result<StoredRun, StoreError> {
         let c = self.reader()?;
-        type Row = (String, Option<String>, Option<String>, Option<i64>, bool, i64);
+        type Row = (
+            String,
+            Option<String>,
+            Option<String>,
+            Option<i64>,
+            bool,
+            i64,
+        );
         let row: Option<Row> = c
             .query_row(
                 "SELECT record, result, owner, lease_expires_at, compacted IS NOT NULL, entries
                  FROM runs WHERE id = ?1",
                 params![id],
-                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?)),
+                |r| {
+                    Ok((
+                        r.get(0)?,
+                        r.get(1)?,
+                        r.get(2)?,
+                        r.get(3)?,
+                        r.get(4)?,
+                        r.get(5)?,
+                    ))
+                },
             )
             .optional()
             .map_err(io)?;
@@ -1127,7 +1143,12 @@ impl RunStore for SqliteStore {
         self.finished_ids(before)
     }
 
-    fn compact(&self, id: &str, snapshot: &serde_json::Value, entries: u64) -> Result<u64, StoreError> {
+    fn compact(
+        &self,
+        id: &str,
+        snapshot: &serde_json::Value,
+        entries: u64,
+    ) -> Result<u64, StoreError> {
         let text = serde_json::to_string(snapshot).map_err(io)?;
         match self.call(Write::Compact(id.into(), text, entries))? {
             Done::Bytes(n) => Ok(n),
