@@ -66,7 +66,7 @@ fn start_at(dir: &std::path::Path, store: &std::path::Path) -> Server {
     let config = dir.join("config.json");
     std::fs::write(
         &config,
-        r#"{"grants": {"egress": {"private": true}, "files": ["/"]}}"#,
+        r#"{"grants": {"tools": ["http", "delegate", "mcp", "shell"], "egress": {"private": true}, "files": ["/"]}}"#,
     )
     .expect("config");
     let mut child = Command::new(env!("CARGO_BIN_EXE_dagloop"))
@@ -193,9 +193,19 @@ fn main() {
             "live_runs={n} rss_before_kib={before} rss_after_kib={after} kib_per_live_run={:.1}",
             after.saturating_sub(before) as f64 / n as f64
         );
-        // A run that waits for a decision on its one call, then finishes.
-        let mut ask = auto.clone();
-        ask["approval"]["policy"] = json!("ask");
+        // A run that waits for a decision on its one call (a shell command: calls that carry
+        // their own `_output` are never presented), then finishes.
+        let script = json!({"turns": [
+            {"solution": {"calls": [{"_tool": "echo", "_outputPath": "†state.g"}], "output": null}},
+            {"solution": {"calls": [], "output": {"greeting": "†state.g.stdout"}}}
+        ]});
+        let p = dir.path().join("ask.json");
+        std::fs::write(&p, script.to_string()).expect("script");
+        let echo = json!({"_tool": "echo", "_activity": "shell", "_shell": {"command": ["echo", "Hello Ada"]},
+            "type": "object"});
+        let ask = json!({"goal": "greet after a decision", "model": format!("scripted:{}", p.display()),
+            "output_schema": {"type": "object", "required": ["greeting"]}, "tools": [echo],
+            "approval": {"policy": "ask"}});
         parked::rows(&c, dir.path(), &auto, &ask).await;
     });
 }
