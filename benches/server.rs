@@ -2,7 +2,13 @@
 //! Each client submits a run (a scripted model, a latent call and an output that reads it),
 //! follows its SSE stream until `run_finished`, and starts the next. Prints runs/s and p50/p99
 //! submit→finished latency at 1, 10 and 100 clients, and the server's resident memory per live
-//! run (runs held waiting for a reviewer).
+//! run (runs held waiting for a reviewer). Then the bounded-store rows (support/parked.rs):
+//! idle cost of 10,000 parked runs, first answer over 10,000 stored runs, decision latency among
+//! them, WAL and database sizes after 20,000 runs (`DAGLOOP_BENCH_PARKED`,
+//! `DAGLOOP_BENCH_STORED` change the counts).
+
+#[path = "support/parked.rs"]
+mod parked;
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
@@ -50,19 +56,24 @@ impl Drop for Server {
 }
 
 fn start(dir: &std::path::Path) -> Server {
+    start_at(dir, &dir.join("runs.db"))
+}
+
+/// `dagloop serve` over the store `store` (the config in `dir`).
+fn start_at(dir: &std::path::Path, store: &std::path::Path) -> Server {
     // The goals' scripted models live in a temporary folder and their tool on loopback: the
     // operator grants both.
     let config = dir.join("config.json");
     std::fs::write(
         &config,
-        r#"{"grants": {"egress": {"private": true}, "files": ["/"]}}"#,
+        r#"{"grants": {"tools": ["http", "delegate", "mcp", "shell"], "egress": {"private": true}, "files": ["/"]}}"#,
     )
     .expect("config");
     let mut child = Command::new(env!("CARGO_BIN_EXE_dagloop"))
         .arg("--config")
         .arg(&config)
         .args(["serve", "--addr", "127.0.0.1:0", "--store"])
-        .arg(dir.join("runs.db"))
+        .arg(store)
         .env_remove("DAGLOOP_TOKEN")
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
@@ -182,5 +193,19 @@ fn main() {
             "live_runs={n} rss_before_kib={before} rss_after_kib={after} kib_per_live_run={:.1}",
             after.saturating_sub(before) as f64 / n as f64
         );
+        // A run that waits for a decision on its one call (a shell command: calls that carry
+        // their own `_output` are never presented), then finishes.
+        let script = json!({"turns": [
+            {"solution": {"calls": [{"_tool": "echo", "_outputPath": "†state.g"}], "output": null}},
+            {"solution": {"calls": [], "output": {"greeting": "†state.g.stdout"}}}
+        ]});
+        let p = dir.path().join("ask.json");
+        std::fs::write(&p, script.to_string()).expect("script");
+        let echo = json!({"_tool": "echo", "_activity": "shell", "_shell": {"command": ["echo", "Hello Ada"]},
+            "type": "object"});
+        let ask = json!({"goal": "greet after a decision", "model": format!("scripted:{}", p.display()),
+            "output_schema": {"type": "object", "required": ["greeting"]}, "tools": [echo],
+            "approval": {"policy": "ask"}});
+        parked::rows(&c, dir.path(), &auto, &ask).await;
     });
 }

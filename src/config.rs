@@ -77,6 +77,38 @@ pub struct GrantsConfig {
     pub files: Option<Vec<PathBuf>>,
 }
 
+/// How long finished runs are kept (`[store]`): ages as `30d`, `12h`, `45m`, `10s`. `dagloop
+/// serve` applies it at start and every hour; `dagloop runs prune` applies it once.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StoreConfig {
+    /// Finished runs not updated for this long are deleted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retain: Option<String>,
+    /// Finished runs not updated for this long are compacted to their result, decisions and a
+    /// final snapshot.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compact_after: Option<String>,
+}
+
+impl StoreConfig {
+    /// The policy, its ages read (`retain`, `compact_after`: the field that is not an age).
+    pub fn retention(
+        &self,
+    ) -> Result<crate::store::Retention, (&'static str, crate::duration::AgeError)> {
+        let age = |field: &'static str, v: &Option<String>| {
+            v.as_deref()
+                .map(crate::duration::age_ms)
+                .transpose()
+                .map_err(|e| (field, e))
+        };
+        Ok(crate::store::Retention {
+            retain_ms: age("retain", &self.retain)?,
+            compact_after_ms: age("compact_after", &self.compact_after)?,
+        })
+    }
+}
+
 /// An agent the operator publishes: a goal file clients start by name.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -115,9 +147,16 @@ pub struct Config {
     /// Notifications (`notify.webhook = {url, ...}`): where `approval_requested` is posted.
     #[serde(default, skip_serializing_if = "is_default_notify")]
     pub notify: crate::notify::NotifyConfig,
+    /// Retention of finished runs (`[store] retain`, `compact_after`).
+    #[serde(default, skip_serializing_if = "is_default_store")]
+    pub store: StoreConfig,
     /// The folder relative paths resolve against (the file's folder).
     #[serde(skip)]
     pub base_dir: PathBuf,
+}
+
+fn is_default_store(s: &StoreConfig) -> bool {
+    *s == StoreConfig::default()
 }
 
 fn is_default_notify(n: &crate::notify::NotifyConfig) -> bool {
@@ -155,6 +194,10 @@ impl Config {
             w.check()
                 .map_err(|e| invalid(format!("{} [{}]", e, e.code())))?;
         }
+        config
+            .store
+            .retention()
+            .map_err(|(field, e)| invalid(format!("store.{field}: {e}")))?;
         config.grants(Path::new(".")).map_err(|e| match e {
             ConfigError::Invalid { reason, .. } => invalid(reason),
             other => other,

@@ -1,5 +1,6 @@
 //! Checked conversion of a number of seconds (from a goal file, a tool's config or a provider's
-//! header) into a [`Duration`].
+//! header) into a [`Duration`], and of an age as people write it (`30d`, `12h`, `45m`, `10s`:
+//! retention in the config and on the command line) into milliseconds.
 //!
 //! It only converts and bounds; it does not decide defaults or what a limit means. Every
 //! float-to-duration conversion on input goes through [`seconds`], so no input can panic
@@ -56,9 +57,72 @@ pub fn seconds(field: &str, v: f64) -> Result<Duration, DurationError> {
     Duration::try_from_secs_f64(v).map_err(|_| err())
 }
 
+/// An age that cannot be read (`cli.bad_duration` on the command line, `config.invalid` in a
+/// config file).
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("`{text}` is not an age: write a whole number and a unit, e.g. 30d, 12h, 45m, 10s (at most {max_days} days)", max_days = MAX_AGE_DAYS)]
+pub struct AgeError {
+    /// What was written.
+    pub text: String,
+}
+
+/// The longest age accepted, in days (a hundred years).
+pub const MAX_AGE_DAYS: u64 = 36_500;
+
+/// `30d`, `12h`, `45m`, `10s` (a whole number and one unit) as milliseconds; anything else,
+/// or more than [`MAX_AGE_DAYS`], is refused.
+pub fn age_ms(text: &str) -> Result<u64, AgeError> {
+    let bad = || AgeError {
+        text: text.to_string(),
+    };
+    let (num, unit) = text.split_at(
+        text.trim_end_matches(|c: char| c.is_ascii_alphabetic())
+            .len(),
+    );
+    if num.is_empty() || !num.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(bad());
+    }
+    let n: u64 = num.parse().map_err(|_| bad())?;
+    let per: u64 = match unit {
+        "d" => 86_400_000,
+        "h" => 3_600_000,
+        "m" => 60_000,
+        "s" => 1000,
+        _ => return Err(bad()),
+    };
+    n.checked_mul(per)
+        .filter(|ms| *ms <= MAX_AGE_DAYS * 86_400_000)
+        .ok_or_else(bad)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ages_read_as_people_write_them_and_nothing_else() {
+        assert_eq!(age_ms("30d"), Ok(30 * 86_400_000));
+        assert_eq!(age_ms("12h"), Ok(12 * 3_600_000));
+        assert_eq!(age_ms("45m"), Ok(45 * 60_000));
+        assert_eq!(age_ms("0s"), Ok(0));
+        for bad in [
+            "",
+            "d",
+            "30",
+            "30x",
+            "-1d",
+            "+1d",
+            " 1d",
+            "1.5d",
+            "1d2h",
+            "30D",
+            "99999999999999999999d",
+            "36501d",
+            "soon",
+        ] {
+            assert_eq!(age_ms(bad), Err(AgeError { text: bad.into() }), "{bad}");
+        }
+    }
 
     #[test]
     fn accepts_the_range_and_refuses_the_rest() {

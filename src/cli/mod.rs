@@ -99,11 +99,23 @@ fn grants_for(
 /// What to do with stored runs.
 #[derive(Debug, Subcommand)]
 pub enum RunsAction {
-    /// Forget finished runs not updated for this long (`30d`, `12h`, `45m`).
+    /// Apply a retention policy once: forget finished runs not updated for `--retain`, compact
+    /// those not updated for `--compact-after` (without either: the config's `[store]`). Runs
+    /// that are running, waiting or stopped are never touched.
     Prune {
-        /// The age.
-        #[arg(long)]
-        older_than: String,
+        /// Delete finished runs not updated for this long (`30d`, `12h`, `45m`, `10s`).
+        #[arg(long, visible_alias = "older-than", value_name = "AGE")]
+        retain: Option<String>,
+        /// Compact finished runs not updated for this long to their result, decisions and a
+        /// final snapshot (`show` keeps working; replay, fork and cassettes need the journal).
+        #[arg(long, value_name = "AGE")]
+        compact_after: Option<String>,
+    },
+    /// Compact these finished runs now (see `prune --compact-after`).
+    Compact {
+        /// The run ids.
+        #[arg(required = true)]
+        runs: Vec<String>,
     },
 }
 
@@ -834,7 +846,14 @@ pub async fn main(cli: Cli) -> i32 {
                 }
                 runs::list(&s, &params, json)
             }
-            (Ok(s), Some(RunsAction::Prune { older_than })) => runs::prune(&s, &older_than),
+            (
+                Ok(s),
+                Some(RunsAction::Prune {
+                    retain,
+                    compact_after,
+                }),
+            ) => runs::prune(&s, retain.as_deref(), compact_after.as_deref(), config),
+            (Ok(s), Some(RunsAction::Compact { runs: ids })) => runs::compact(&s, &ids),
             (Err(e), _) => Err(e),
         },
         Command::Show {
@@ -1084,7 +1103,17 @@ async fn resume(
         outln!("{}", pretty(&v));
         Ok(if r.succeeded() { 0 } else { 1 })
     };
-    let stored = s.load(id).map_err(|e| CliError::new(e.code(), e))?;
+    let stored = match s.load(id) {
+        // A compacted run is finished: its result is kept.
+        Err(crate::store::StoreError::Compacted { .. }) => {
+            if let Some(c) = s.compacted(id).map_err(|e| CliError::new(e.code(), e))? {
+                return finished(&c.result);
+            }
+            s.load(id)
+        }
+        other => other,
+    }
+    .map_err(|e| CliError::new(e.code(), e))?;
     if let Some(r) = &stored.result {
         return finished(r);
     }
@@ -1351,6 +1380,9 @@ async fn serve(
         agents,
         base_dir,
         webhook: config.and_then(|c| c.notify.webhook.clone()),
+        retention: config
+            .and_then(|c| c.store.retention().ok())
+            .unwrap_or_default(),
     })
     .await
     .map_err(|e| CliError::new(e.code(), e))?;

@@ -15,6 +15,11 @@ fn err(e: impl std::fmt::Display + HasCode) -> CliError {
     CliError::new(e.code(), e.to_string())
 }
 
+/// What a compacted run kept (None: it is not compacted; its journal is read as usual).
+fn compacted(store: &Store, run: &str) -> Result<Option<crate::store::Compacted>, CliError> {
+    store.compacted(run).map_err(err)
+}
+
 fn rebuild(stored: &StoredRun) -> Result<crate::runs::Rebuilt, CliError> {
     crate::runs::rebuild(&stored.record, &stored.journal)
         .map_err(|e| CliError::new(e.code(), e.to_string()))
@@ -82,32 +87,56 @@ fn age(s: u64) -> String {
     }
 }
 
-/// `30d`, `12h`, `45m`, `10s` as milliseconds.
+/// `30d`, `12h`, `45m`, `10s` as milliseconds (`cli.bad_duration` otherwise).
 pub(super) fn parse_age(s: &str) -> Result<u64, CliError> {
-    let bad = || {
-        CliError::new(
-            "cli.bad_duration",
-            format!("`{s}` is not a duration: write a number and a unit, e.g. 30d, 12h, 45m, 10s"),
-        )
-    };
-    let (num, unit) = s.split_at(s.trim_end_matches(|c: char| c.is_ascii_alphabetic()).len());
-    let n: u64 = num.parse().map_err(|_| bad())?;
-    let per = match unit {
-        "d" => 86_400_000,
-        "h" => 3_600_000,
-        "m" => 60_000,
-        "s" => 1000,
-        _ => return Err(bad()),
-    };
-    n.checked_mul(per).ok_or_else(bad)
+    crate::duration::age_ms(s).map_err(|e| CliError::new("cli.bad_duration", e))
 }
 
-pub(super) fn prune(store: &Store, older_than: &str) -> Result<i32, CliError> {
-    let age = parse_age(older_than)?;
-    let n = store
-        .prune(super::run::now_ms().saturating_sub(age))
-        .map_err(err)?;
-    outln!("{}", pretty(&json!({"status": "pruned", "runs": n})));
+/// `dagloop runs prune`: the retention policy (`--retain`, `--compact-after`, else the config's
+/// `[store]`) applied once: finished runs older than `retain` are deleted, those older than
+/// `compact_after` compacted. Runs that are not finished are never touched.
+pub(super) fn prune(
+    store: &Store,
+    retain: Option<&str>,
+    compact_after: Option<&str>,
+    config: Option<&crate::config::Config>,
+) -> Result<i32, CliError> {
+    let from_config = config.map(|c| c.store.clone()).unwrap_or_default();
+    let policy = crate::store::Retention {
+        retain_ms: retain
+            .or(from_config.retain.as_deref())
+            .map(parse_age)
+            .transpose()?,
+        compact_after_ms: compact_after
+            .or(from_config.compact_after.as_deref())
+            .map(parse_age)
+            .transpose()?,
+    };
+    if policy.is_empty() {
+        return Err(CliError::new(
+            "runs.no_retention",
+            "nothing to prune by: give --retain AGE and/or --compact-after AGE, or set [store] retain / compact_after in the config",
+        ));
+    }
+    let done = crate::runs::apply_retention(&**store, &policy, super::run::now_ms())
+        .map_err(|e| CliError::new(e.code(), e.to_string()))?;
+    let mut v = serde_json::to_value(&done).unwrap_or(Value::Null);
+    v["status"] = json!("pruned");
+    // The name this answer used for the deleted runs before compaction.
+    v["runs"] = json!(done.deleted);
+    outln!("{}", pretty(&v));
+    Ok(0)
+}
+
+/// `dagloop runs compact RUN...`: compacts each named finished run now.
+pub(super) fn compact(store: &Store, ids: &[String]) -> Result<i32, CliError> {
+    let mut out = Vec::new();
+    for id in ids {
+        let c = crate::runs::compact(&**store, id)
+            .map_err(|e| CliError::new(e.code(), e.to_string()))?;
+        out.push(serde_json::to_value(&c).unwrap_or(Value::Null));
+    }
+    outln!("{}", pretty(&json!({"status": "compacted", "runs": out})));
     Ok(0)
 }
 
@@ -135,6 +164,13 @@ pub(super) fn record(store: &Store, run: &str, op: Op, extra: Value) -> Result<i
 }
 
 pub(super) fn show(store: &Store, run: &str, json_out: bool, trace: bool) -> Result<i32, CliError> {
+    if let Some(c) = compacted(store, run)? {
+        let out = &c.snapshot["view"];
+        if trace {
+            return print_trace(out, json_out);
+        }
+        return print_description(out, c.entries as usize, Some(&c.result), json_out);
+    }
     let stored = store.load(run).map_err(err)?;
     let rb = rebuild(&stored)?;
     let out = crate::runs::describe(
@@ -152,21 +188,34 @@ pub(super) fn show(store: &Store, run: &str, json_out: bool, trace: bool) -> Res
 
 /// `dagloop show RUN --audit`: the run's decisions and grants (`runs::audit`), as JSON or lines.
 pub(super) fn audit(store: &Store, run: &str, json_out: bool) -> Result<i32, CliError> {
-    let stored = store.load(run).map_err(err)?;
-    let rb = rebuild(&stored)?;
-    let entries = crate::runs::audit::audit(&rb.events);
+    let (id, entries, grants) = match compacted(store, run)? {
+        Some(c) => (
+            c.record.id,
+            c.snapshot["audit"].as_array().cloned().unwrap_or_default(),
+            c.snapshot["grants"].clone(),
+        ),
+        None => {
+            let stored = store.load(run).map_err(err)?;
+            let rb = rebuild(&stored)?;
+            (
+                stored.record.id,
+                crate::runs::audit::audit(&rb.events),
+                json!(crate::runs::audit::grants(&rb.events)),
+            )
+        }
+    };
     if json_out {
         outln!(
             "{}",
             pretty(&json!({
-                "run_id": stored.record.id,
+                "run_id": id,
                 "audit": entries,
-                "grants": crate::runs::audit::grants(&rb.events),
+                "grants": grants,
             }))
         );
         return Ok(0);
     }
-    outln!("run {} · {} audit entries", stored.record.id, entries.len());
+    outln!("run {} · {} audit entries", id, entries.len());
     for l in crate::runs::audit::lines(&entries) {
         outln!("{l}");
     }

@@ -11,6 +11,7 @@
 
 pub mod audit;
 mod cassette;
+mod compact;
 mod def;
 mod fork;
 mod grant;
@@ -23,6 +24,7 @@ mod view;
 pub use cassette::{
     Cassette, CassetteError, CassetteExecutor, Exported, Recorded, canonical, export, params_key,
 };
+pub use compact::{CompactedRun, Retained, apply_retention, compact};
 pub use def::{RunDef, define};
 pub use fork::{Fork, ForkedFrom, fork, fork_point, goal_with_input, seed};
 pub use grant::{GrantRequest, grant_op};
@@ -146,7 +148,19 @@ pub fn record_op(
     id: &str,
     op: &crate::protocol::Op,
 ) -> Result<bool, Refused> {
-    let stored = store.load(id).map_err(RunsError::from)?;
+    let stored = match store.load(id) {
+        // Only finished runs are compacted.
+        Err(crate::store::StoreError::Compacted { .. }) => {
+            let status = store.compacted(id).map_err(RunsError::from)?.map_or_else(
+                || "finished".into(),
+                |c| c.result.status.as_str().to_string(),
+            );
+            return Err(Refused::Op(crate::protocol::OpError::RunFinished {
+                status,
+            }));
+        }
+        other => other.map_err(RunsError::from)?,
+    };
     if let Some(r) = &stored.result {
         return Err(Refused::Op(crate::protocol::OpError::RunFinished {
             status: r.status.as_str().to_string(),

@@ -167,7 +167,7 @@ fn all_tools(config: &crate::machine::AgentConfig, out: &mut Vec<crate::protocol
 }
 
 /// One span of the run's timeline (ms from the run's start).
-#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 #[cfg_attr(feature = "server", derive(utoipa::ToSchema))]
 pub struct Span {
     /// `model step N`, `call TOOL` or `reviewer`.
@@ -182,7 +182,7 @@ pub struct Span {
 }
 
 /// A run described: what `dagloop show --json` prints and `GET /runs/{id}` returns.
-#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 #[cfg_attr(feature = "server", derive(utoipa::ToSchema))]
 pub struct RunView {
     /// The run id.
@@ -229,7 +229,7 @@ pub struct RunView {
 }
 
 /// One call of a run and what became of it (times in ms from the run's start).
-#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 #[cfg_attr(feature = "server", derive(utoipa::ToSchema))]
 pub struct CallView {
     /// The call id.
@@ -298,7 +298,7 @@ pub struct CallView {
 }
 
 /// A call awaiting a decision, with what a reviewer needs to decide it.
-#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 #[cfg_attr(feature = "server", derive(utoipa::ToSchema))]
 pub struct AwaitingCall {
     /// The call id (`POST /runs/{id}/approvals/{call_id}`).
@@ -334,7 +334,7 @@ pub struct AwaitingCall {
 }
 
 /// A model turn that went to the next model of its agent's list.
-#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 #[cfg_attr(feature = "server", derive(utoipa::ToSchema))]
 pub struct ModelFallback {
     /// The step.

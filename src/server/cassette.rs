@@ -18,7 +18,8 @@ use crate::store::RunStore;
 #[utoipa::path(get, path = "/runs/{id}/cassette", tag = "runs",
     params(("id" = String, Path, description = "The run id")),
     responses((status = 200, description = "{model, tools}: a scripted-model file of the run's own agent's turns and its tool results keyed by tool and resolved params (for `dagloop run --model scripted:... --tools-from ...`)", body = super::wire::Cassette),
-              (status = 404, description = "No such run (or not one the caller may read)", body = ApiError)))]
+              (status = 404, description = "No such run (or not one the caller may read)", body = ApiError),
+              (status = 410, description = "The run was compacted: its journal is gone (`store.compacted`)", body = ApiError)))]
 pub(super) async fn cassette(
     State(st): State<Arc<AppState>>,
     Extension(who): Extension<Principal>,

@@ -12,7 +12,7 @@ use axum::extract::rejection::JsonRejection;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::{Extension, Json};
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use super::api::{actor, body, forbidden, submit};
 use super::error::ApiError;
@@ -36,9 +36,9 @@ pub(super) async fn list_grants(
 ) -> ApiResult<Json<Value>> {
     st.readable(&who, &id).await?;
     let v = st
-        .with_rebuilt(&id, |rb| crate::runs::audit::grants(&rb.events))
+        .rebuilt_or_kept(&id, "grants", |rb| crate::runs::audit::grants(&rb.events))
         .await?;
-    Ok(Json(json!(v)))
+    Ok(Json(v))
 }
 
 /// Gives a grant: `{"scope": "tool", "tool": NAME, "when"?: SCHEMA}` approves every call of the
@@ -145,7 +145,7 @@ pub(super) async fn audit(
 ) -> ApiResult<Json<Value>> {
     st.readable(&who, &id).await?;
     let v = st
-        .with_rebuilt(&id, |rb| crate::runs::audit::audit(&rb.events))
+        .rebuilt_or_kept(&id, "audit", |rb| crate::runs::audit::audit(&rb.events))
         .await?;
-    Ok(Json(json!(v)))
+    Ok(Json(v))
 }

@@ -110,12 +110,13 @@ impl ApiError {
         ApiError::new(status, e.code(), e)
     }
 
-    /// A store failure: unknown runs are 404, the rest 500.
+    /// A store failure: unknown runs are 404, a compacted run's journal 410, the rest 500.
     pub fn from_store(e: &crate::store::StoreError) -> Self {
         let status = match e {
             crate::store::StoreError::UnknownRun { .. } => StatusCode::NOT_FOUND,
             crate::store::StoreError::Busy { .. } => StatusCode::CONFLICT,
             crate::store::StoreError::Locked { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            crate::store::StoreError::Compacted { .. } => StatusCode::GONE,
             _ => StatusCode::INTERNAL_SERVER_ERROR,
         };
         ApiError::new(status, e.code(), e)

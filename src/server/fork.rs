@@ -45,6 +45,7 @@ pub(super) struct ForkRequest {
         (status = 400, description = "Not {at_step, model?, input?}; a step the run never went past (`fork.no_such_step`); an input the goal refuses; something this server does not grant (`grant.*`)", body = ApiError),
         (status = 403, description = "The caller may not submit runs", body = ApiError),
         (status = 404, description = "No such run (or not one the caller may read)", body = ApiError),
+        (status = 410, description = "The run was compacted: its journal is gone (`store.compacted`)", body = ApiError),
         (status = 415, description = "Not application/json", body = ApiError)))]
 pub(super) async fn fork(
     State(st): State<Arc<AppState>>,

@@ -27,6 +27,7 @@ mod page;
 mod park;
 pub mod principals;
 mod result;
+mod retain;
 mod sse;
 mod state;
 mod wire;
@@ -71,7 +72,13 @@ pub struct ServeOptions {
     pub base_dir: PathBuf,
     /// The operator's webhook for `approval_requested` notifications (`notify.webhook`).
     pub webhook: Option<crate::notify::WebhookConfig>,
+    /// How long finished runs are kept (`[store]` of the config), applied at start and every
+    /// [`RETENTION_EVERY`].
+    pub retention: crate::store::Retention,
 }
+
+/// How often `dagloop serve` applies its retention policy (besides once at start).
+pub const RETENTION_EVERY: std::time::Duration = std::time::Duration::from_secs(3600);
 
 /// The API's routes and the OpenAPI document they describe. A route is added here, with
 /// `#[utoipa::path]` on its handler (docs/server.md, "Adding a route").
@@ -134,6 +141,7 @@ pub async fn serve(opts: ServeOptions) -> Result<(), ServerError> {
     // background, so the listener answers at once.
     let resumed = state.wakeable().await;
     let takeover = state.spawn_watcher(resumed.clone());
+    let retention = state.spawn_retention(opts.retention);
     // A closed stdout must not stop the server (`println!` would panic).
     let _ = writeln!(
         std::io::stdout(),
@@ -168,6 +176,9 @@ pub async fn serve(opts: ServeOptions) -> Result<(), ServerError> {
     });
     signals.abort();
     takeover.abort();
+    if let Some(r) = retention {
+        r.abort();
+    }
     state.stop_runs();
     // The tasks that held the runs' handles end at once when next scheduled; give them that
     // moment, so the runs' drivers are stopped (their calls in flight dropped, nothing more

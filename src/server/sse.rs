@@ -36,7 +36,8 @@ fn frame(e: &Event) -> Result<SseEvent, Infallible> {
            ("ticket" = Option<String>, Query, description = "A ticket from POST /tickets, for clients that cannot send headers")),
     responses((status = 200, description = "text/event-stream: `id` = sequence number, `event` = event type, `data` = the event as JSON", content_type = "text/event-stream", body = crate::protocol::Event),
               (status = 401, description = "No or wrong token, or a ticket for another run", body = ApiError),
-              (status = 404, description = "No such run (or not one the caller may read)", body = ApiError)))]
+              (status = 404, description = "No such run (or not one the caller may read)", body = ApiError),
+              (status = 410, description = "The run was compacted: its journal is gone (`store.compacted`)", body = ApiError)))]
 pub(super) async fn events(
     State(st): State<Arc<AppState>>,
     Extension(who): Extension<Principal>,

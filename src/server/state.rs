@@ -294,6 +294,56 @@ impl AppState {
         })?
     }
 
+    /// What a compacted run kept under `key` of its snapshot (`view`, `audit`, `grants`);
+    /// `e` (the store's `store.compacted`) when it kept nothing there.
+    pub(super) fn kept(
+        &self,
+        id: &str,
+        key: &str,
+        e: &crate::store::StoreError,
+    ) -> Result<Value, ApiError> {
+        match self.store.compacted(id) {
+            Ok(Some(c)) if !c.snapshot[key].is_null() => Ok(c.snapshot[key].clone()),
+            Ok(_) => Err(ApiError::from_store(e)),
+            Err(e) => Err(ApiError::from_store(&e)),
+        }
+    }
+
+    /// [`AppState::with_rebuilt`], or what a compacted run kept under `key` of its snapshot.
+    pub async fn rebuilt_or_kept<T: serde::Serialize + Send + 'static>(
+        self: &Arc<Self>,
+        id: &str,
+        key: &'static str,
+        f: impl FnOnce(&crate::runs::Rebuilt) -> T + Send + 'static,
+    ) -> Result<Value, ApiError> {
+        match self.with_rebuilt(id, f).await {
+            Ok(v) => Ok(serde_json::to_value(v).unwrap_or(Value::Null)),
+            Err(e) if e.code == "store.compacted" => {
+                let me = self.clone();
+                let id = id.to_string();
+                tokio::task::spawn_blocking(move || {
+                    me.kept(
+                        &id,
+                        key,
+                        &crate::store::StoreError::Compacted {
+                            id: id.clone(),
+                            entries: 0,
+                        },
+                    )
+                })
+                .await
+                .map_err(|e| {
+                    ApiError::new(
+                        axum::http::StatusCode::INTERNAL_SERVER_ERROR,
+                        "server.internal",
+                        e,
+                    )
+                })?
+            }
+            Err(e) => Err(e),
+        }
+    }
+
     fn describe_now(&self, id: &str) -> Result<crate::runs::RunView, ApiError> {
         let (record, journal, result, live) = match self.live(id) {
             Some(l) => (
@@ -302,11 +352,25 @@ impl AppState {
                 l.handle.result(),
                 true,
             ),
-            None => {
-                let s = self.store.load(id).map_err(|e| ApiError::from_store(&e))?;
-                let live = s.lease.is_some();
-                (s.record, s.journal, s.result, live)
-            }
+            None => match self.store.load(id) {
+                Ok(s) => {
+                    let live = s.lease.is_some();
+                    (s.record, s.journal, s.result, live)
+                }
+                // A compacted run: the description it kept.
+                Err(e @ crate::store::StoreError::Compacted { .. }) => {
+                    return self.kept(id, "view", &e).and_then(|v| {
+                        serde_json::from_value(v).map_err(|e| {
+                            ApiError::new(
+                                axum::http::StatusCode::INTERNAL_SERVER_ERROR,
+                                "server.internal",
+                                e,
+                            )
+                        })
+                    });
+                }
+                Err(e) => return Err(ApiError::from_store(&e)),
+            },
         };
         let rb = crate::runs::rebuild(&record, &journal).map_err(|e| {
             ApiError::new(axum::http::StatusCode::INTERNAL_SERVER_ERROR, e.code(), e)

@@ -92,6 +92,40 @@ pub struct StoredRun {
     pub lease: Option<Lease>,
 }
 
+/// A retention policy (the config's `[store]`, `runs prune --retain`): how long finished runs
+/// are kept whole, and kept at all (milliseconds since their last
+/// update); `None`: never.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Retention {
+    /// Finished runs not updated for this long are deleted.
+    pub retain_ms: Option<u64>,
+    /// Finished runs not updated for this long are compacted.
+    pub compact_after_ms: Option<u64>,
+}
+
+impl Retention {
+    /// Neither deletes nor compacts anything.
+    pub fn is_empty(&self) -> bool {
+        self.retain_ms.is_none() && self.compact_after_ms.is_none()
+    }
+}
+
+/// What a compacted run keeps in place of its journal (see [`RunStore::compact`]): its record,
+/// its result, and the snapshot the front-end wrote when it compacted it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Compacted {
+    /// How it was started.
+    pub record: RunRecord,
+    /// Its result (only finished runs are compacted).
+    pub result: RunResult,
+    /// The journal entries it had.
+    pub entries: u64,
+    /// What the front-end kept (`runs::compact`: the run's description, its audit and grants).
+    pub snapshot: Value,
+    /// Bytes of journal text dropped.
+    pub journal_bytes: u64,
+}
+
 /// The store failed or holds something it cannot use. Nothing is overwritten on error.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 #[non_exhaustive]
@@ -170,6 +204,24 @@ pub enum StoreError {
         /// What SQLite said.
         reason: String,
     },
+    /// The run was compacted: its journal was dropped and only its result, decisions and a
+    /// final snapshot kept; what needs the journal (replay, fork, a cassette, its events) is
+    /// refused.
+    #[error(
+        "run {id} was compacted: its journal ({entries} entries: model turns, tool calls and results, events) was dropped, and only its result, decisions and final snapshot were kept; `show` and `show --audit` still work, but replay, fork, cassettes and event streams need the journal"
+    )]
+    Compacted {
+        /// The run.
+        id: String,
+        /// The journal entries it had.
+        entries: u64,
+    },
+    /// Only a finished run can be compacted.
+    #[error("run {id} is not finished: only finished runs are compacted or pruned")]
+    NotFinished {
+        /// The run.
+        id: String,
+    },
     /// A run with this id exists already.
     #[error("a run `{id}` exists already")]
     Exists {
@@ -201,6 +253,8 @@ impl StoreError {
             StoreError::LeaseLost { .. } => "store.lease_lost",
             StoreError::Locked { .. } => "store.locked",
             StoreError::Io { .. } => "store.io",
+            StoreError::Compacted { .. } => "store.compacted",
+            StoreError::NotFinished { .. } => "store.not_finished",
         }
     }
 }
@@ -232,10 +286,22 @@ pub trait RunStore: JournalSink {
     fn finish(&self, id: &str, result: &RunResult) -> Result<(), StoreError>;
     /// Every run, newest first.
     fn list(&self) -> Result<Vec<RunRow>, StoreError>;
-    /// One run, journal included.
+    /// One run, journal included (`store.compacted` for a compacted run).
     fn load(&self, id: &str) -> Result<StoredRun, StoreError>;
-    /// Forgets finished runs last updated before `before`; returns how many.
+    /// Forgets finished runs last updated before `before`; returns how many. Runs that are not
+    /// finished (running, waiting, stopped) are never touched.
     fn prune(&self, before: Millis) -> Result<usize, StoreError>;
+    /// Finished runs last updated before `before` that are not compacted yet, oldest first.
+    fn finished_before(&self, before: Millis) -> Result<Vec<String>, StoreError>;
+    /// Compacts a finished run: drops its journal and queued ops and keeps `snapshot` (what the
+    /// front-end derived from it) beside its record and result, in one transaction. `entries`
+    /// is the journal length the snapshot was made from (a run whose journal changed since is
+    /// refused). Returns the bytes of journal text dropped (0 if it was compacted already).
+    /// From then on [`RunStore::load`] answers `store.compacted`; [`RunStore::compacted`] reads
+    /// what was kept.
+    fn compact(&self, id: &str, snapshot: &Value, entries: u64) -> Result<u64, StoreError>;
+    /// What a compacted run kept (None: the run is not compacted).
+    fn compacted(&self, id: &str) -> Result<Option<Compacted>, StoreError>;
     /// Queues an op for the run (a decision taken while no process runs it, or for the process
     /// that does to pick up).
     fn push_op(&self, id: &str, op: &Op) -> Result<(), StoreError>;

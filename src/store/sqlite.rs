@@ -31,6 +31,7 @@ use std::time::Duration;
 use rusqlite::{Connection, OpenFlags, OptionalExtension, params};
 use tokio::sync::oneshot;
 
+mod compact;
 mod park;
 mod query;
 mod stats;
@@ -151,6 +152,12 @@ const MIGRATIONS: &[&str] = &[
     CREATE INDEX runs_wake ON runs(wake_at) WHERE wake_at IS NOT NULL;
     CREATE INDEX runs_active ON runs(parked) WHERE status IN ('running', 'stopped');
 ",
+    // 5: compaction (see `compact`): a finished run's journal can be dropped for a snapshot of
+    // what `show` and the audit print (`compacted`, JSON) and the journal bytes it dropped.
+    "
+    ALTER TABLE runs ADD COLUMN compacted TEXT;
+    ALTER TABLE runs ADD COLUMN compacted_bytes INTEGER;
+",
 ];
 
 /// Journal entries as the writer stores them: a batch to a row (see the module docs).
@@ -228,11 +235,14 @@ enum Write {
     /// What a front-end derived by replay for a run whose row does not say (rows of an older
     /// dagloop only).
     Derived(String, crate::engine::RunNote),
+    /// Drops a finished run's journal for a snapshot (JSON) made from `entries` entries.
+    Compact(String, String, u64),
 }
 
 enum Done {
     Unit,
     Count(usize),
+    Bytes(u64),
     Ops(Vec<String>),
 }
 
@@ -841,6 +851,7 @@ fn apply(c: &Connection, me: &Me, w: &Write) -> Result<Done, StoreError> {
             Ok(Done::Unit)
         }
         Write::Park(id) => park::park(c, owner, id),
+        Write::Compact(id, snapshot, entries) => compact::compact(c, id, snapshot, *entries),
         Write::Derived(id, note) => {
             c.execute(
                 "UPDATE runs SET awaiting = ?2, wake_at = ?3 WHERE id = ?1 AND awaiting IS NULL",
@@ -1044,18 +1055,41 @@ impl RunStore for SqliteStore {
 
     fn load(&self, id: &str) -> Result<StoredRun, StoreError> {
         let c = self.reader()?;
-        type Row = (String, Option<String>, Option<String>, Option<i64>);
+        type Row = (
+            String,
+            Option<String>,
+            Option<String>,
+            Option<i64>,
+            bool,
+            i64,
+        );
         let row: Option<Row> = c
             .query_row(
-                "SELECT record, result, owner, lease_expires_at FROM runs WHERE id = ?1",
+                "SELECT record, result, owner, lease_expires_at, compacted IS NOT NULL, entries
+                 FROM runs WHERE id = ?1",
                 params![id],
-                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
+                |r| {
+                    Ok((
+                        r.get(0)?,
+                        r.get(1)?,
+                        r.get(2)?,
+                        r.get(3)?,
+                        r.get(4)?,
+                        r.get(5)?,
+                    ))
+                },
             )
             .optional()
             .map_err(io)?;
-        let Some((record, result, owner, expires)) = row else {
+        let Some((record, result, owner, expires, compacted, entries)) = row else {
             return Err(StoreError::UnknownRun { id: id.into() });
         };
+        if compacted {
+            return Err(StoreError::Compacted {
+                id: id.into(),
+                entries: entries.max(0) as u64,
+            });
+        }
         let record: RunRecord = serde_json::from_str(&record).map_err(io)?;
         let result: Option<RunResult> = result
             .map(|r| serde_json::from_str(&r))
@@ -1103,6 +1137,27 @@ impl RunStore for SqliteStore {
             Done::Count(n) => Ok(n),
             _ => Ok(0),
         }
+    }
+
+    fn finished_before(&self, before: Millis) -> Result<Vec<String>, StoreError> {
+        self.finished_ids(before)
+    }
+
+    fn compact(
+        &self,
+        id: &str,
+        snapshot: &serde_json::Value,
+        entries: u64,
+    ) -> Result<u64, StoreError> {
+        let text = serde_json::to_string(snapshot).map_err(io)?;
+        match self.call(Write::Compact(id.into(), text, entries))? {
+            Done::Bytes(n) => Ok(n),
+            _ => Ok(0),
+        }
+    }
+
+    fn compacted(&self, id: &str) -> Result<Option<super::Compacted>, StoreError> {
+        self.compacted_run(id)
     }
 
     fn push_op(&self, id: &str, op: &Op) -> Result<(), StoreError> {

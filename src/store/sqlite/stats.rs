@@ -2,7 +2,7 @@
 //! files' sizes, runs by status, and the bytes their journals take.
 //!
 //! Deliberately not here: shrinking anything (checkpoints are the writer's; forgetting runs is
-//! `prune`).
+//! `prune`, compacting them `compact`).
 
 use std::collections::BTreeMap;
 
@@ -26,6 +26,15 @@ pub struct StoreStats {
     pub journal_entries: u64,
     /// Decisions queued for runs nobody drives.
     pub queued_ops: u64,
+    /// Finished runs compacted to their result, decisions and a final snapshot.
+    pub compacted_runs: u64,
+    /// Bytes of journal text their compaction dropped.
+    pub compacted_journal_bytes: u64,
+    /// Bytes of the snapshots kept in their place.
+    pub compacted_snapshot_bytes: u64,
+    /// What compaction saved: the journal bytes dropped less the snapshots kept (negative
+    /// when the snapshots are larger, as for very short runs).
+    pub compaction_saved_bytes: i64,
 }
 
 impl SqliteStore {
@@ -61,6 +70,15 @@ impl SqliteStore {
         let queued_ops: i64 = c
             .query_row("SELECT count(*) FROM ops", [], |r| r.get(0))
             .map_err(io)?;
+        let (compacted_runs, dropped, kept): (i64, i64, i64) = c
+            .query_row(
+                "SELECT count(*), ifnull(sum(compacted_bytes), 0),
+                        ifnull(sum(length(CAST(compacted AS BLOB))), 0)
+                 FROM runs WHERE compacted IS NOT NULL",
+                [],
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+            )
+            .map_err(io)?;
         Ok(StoreStats {
             path: self.path.display().to_string(),
             db_bytes: size(&self.path),
@@ -69,6 +87,10 @@ impl SqliteStore {
             journal_bytes: journal_bytes.max(0) as u64,
             journal_entries: journal_entries.max(0) as u64,
             queued_ops: queued_ops.max(0) as u64,
+            compacted_runs: compacted_runs.max(0) as u64,
+            compacted_journal_bytes: dropped.max(0) as u64,
+            compacted_snapshot_bytes: kept.max(0) as u64,
+            compaction_saved_bytes: dropped - kept,
         })
     }
 }
