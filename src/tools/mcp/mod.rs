@@ -36,6 +36,7 @@ mod config;
 mod mapping;
 #[cfg(feature = "mcp")]
 mod pool;
+#[cfg(feature = "mcp")]
 mod server;
 
 use std::collections::BTreeMap;
@@ -50,6 +51,7 @@ pub use config::{HttpServer, McpServerConfig, StdioServer};
 pub use client::McpServers;
 #[cfg(feature = "mcp")]
 pub use pool::McpPool;
+#[cfg(feature = "mcp")]
 pub use server::{ProgressFn, ProgressUpdate};
 
 /// Joins a server name and a tool name when tool names clash: `files__read_file`.
