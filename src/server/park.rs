@@ -42,8 +42,17 @@ impl AppState {
                 self.record_end(&id, result).await;
                 return;
             }
-            if handle.watchers() == 0 && self.try_park(&id, &handle).await {
-                return;
+            if handle.watchers() == 0 {
+                // Parking and waking take turns: a request that wakes this run while it is
+                // being parked would claim the lease the park is about to give up, and the
+                // new driver would stop at its first append (`store.lease_lost`). The old
+                // driver stops (its last handle dropped) before a wake may begin.
+                let turn = self.waking.lock().await;
+                if self.try_park(&id, &handle).await {
+                    drop(handle);
+                    drop(turn);
+                    return;
+                }
             }
             // Followed, or busy again: look again later (or as soon as it ends).
             tokio::select! {
