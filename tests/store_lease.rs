@@ -979,14 +979,31 @@ async fn two_servers_on_one_store_never_both_drive_a_run() {
         a.post(&path, approve.clone()),
         b.post(&path, approve.clone())
     );
-    let applied = [sa, sb].iter().filter(|s| **s == 200).count();
-    assert_eq!(applied, 1, "{sa}: {va} / {sb}: {vb}");
+    // One server wakes the run and applies the decision (200). The other either finds the
+    // decision taken (409 op.already_decided) or, while the waking server holds the lease,
+    // records it (202), in which case the woken driver applies the recorded copy first and the
+    // waking server's own answer is the 409. Never two applications.
     assert!(
         [sa, sb].iter().all(|s| [200, 202, 409].contains(s)),
         "{sa}: {va} / {sb}: {vb}"
     );
+    assert!(
+        [sa, sb].iter().filter(|s| **s == 200).count() <= 1,
+        "{sa}: {va} / {sb}: {vb}"
+    );
+    assert!(
+        [sa, sb].iter().any(|s| *s != 409),
+        "neither took the decision: {sa}: {va} / {sb}: {vb}"
+    );
+    for (s, v) in [(sa, &va), (sb, &vb)] {
+        if s == 409 {
+            assert_eq!(v["code"], "op.already_decided", "{v}");
+        }
+    }
     a.until(&run, awaits(2)).await;
-    let other = if sa == 200 { &b } else { &a };
+    // The server that woke the run answered 200, or 409 when the other one's copy was recorded.
+    let a_drives = sa == 200 || (sa == 409 && sb == 202);
+    let other = if a_drives { &b } else { &a };
     let (st, v) = other
         .post(&format!("/runs/{run}/approvals/2"), approve.clone())
         .await;
