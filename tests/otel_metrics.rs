@@ -3,6 +3,8 @@
 
 #[path = "common/bin.rs"]
 mod bin;
+#[path = "common/otlp.rs"]
+mod otlp;
 #[path = "common/serve.rs"]
 mod serve;
 
@@ -162,39 +164,6 @@ async fn metrics_count_runs_calls_approvals_model_turns_and_commits() {
     );
 }
 
-/// What an OTLP/HTTP receiver got: (path, content type, body).
-type Received = std::sync::Arc<std::sync::Mutex<Vec<(String, String, Vec<u8>)>>>;
-
-/// A small OTLP/HTTP receiver on loopback: takes every POST and keeps it.
-async fn otlp_receiver() -> (String, Received) {
-    use axum::extract::{OriginalUri, State};
-    let got: Received = Default::default();
-    let app = axum::Router::new()
-        .fallback(axum::routing::post(
-            |State(got): State<Received>,
-             OriginalUri(uri): OriginalUri,
-             headers: axum::http::HeaderMap,
-             body: axum::body::Bytes| async move {
-                let kind = headers
-                    .get("content-type")
-                    .and_then(|v| v.to_str().ok())
-                    .unwrap_or("")
-                    .to_string();
-                got.lock()
-                    .expect("received")
-                    .push((uri.path().to_string(), kind, body.to_vec()));
-                ""
-            },
-        ))
-        .with_state(got.clone());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let url = format!("http://{}", listener.local_addr().expect("addr"));
-    tokio::spawn(async move { axum::serve(listener, app).await });
-    (url, got)
-}
-
 /// `dagloop run` with `goal` in `dir`, exporting to `endpoint` with these extra variables.
 async fn run_exporting(
     dir: &std::path::Path,
@@ -230,7 +199,7 @@ async fn metrics_go_over_otlp_http_when_the_variables_say_so() {
     use prost::Message;
     let dir = tempfile::tempdir().expect("tmp");
     let (url, _) = counting_service().await;
-    let (endpoint, got) = otlp_receiver().await;
+    let (endpoint, got) = otlp::receiver().await;
     let out = run_exporting(dir.path(), &goal(dir.path(), &url, "auto"), &endpoint, &[]).await;
     assert!(
         out.status.success(),
@@ -311,7 +280,7 @@ async fn metrics_go_over_otlp_http_when_the_variables_say_so() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unsupported_otlp_protocol_is_refused_with_a_code() {
     let dir = tempfile::tempdir().expect("tmp");
-    let (endpoint, got) = otlp_receiver().await;
+    let (endpoint, got) = otlp::receiver().await;
     let out = run_exporting(
         dir.path(),
         &goal(dir.path(), "http://127.0.0.1:9/step", "auto"),

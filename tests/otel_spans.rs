@@ -39,6 +39,9 @@ fn value(v: &OtelValue) -> Value {
         OtelValue::I64(n) => json!(n),
         OtelValue::F64(f) => json!(f),
         OtelValue::String(s) => json!(s.as_str()),
+        OtelValue::Array(opentelemetry::Array::String(v)) => {
+            json!(v.iter().map(|s| s.as_str()).collect::<Vec<_>>())
+        }
         other => json!(other.to_string()),
     }
 }

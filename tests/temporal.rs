@@ -6,6 +6,8 @@
 
 #[path = "common/bin.rs"]
 mod bin;
+#[path = "common/otlp.rs"]
+mod otlp;
 #[path = "../examples/refund/tools.rs"]
 mod refund_tools;
 #[path = "../examples/research/tools.rs"]
@@ -389,7 +391,19 @@ async fn a_worker_killed_mid_run_is_replaced_and_no_completed_call_runs_twice() 
     let dir = tempfile::tempdir().expect("dir");
     let (url, seen) = counting_service(3_000).await;
     let goal = step_goal(dir.path(), &url, None, four_calls());
-    let mut first = WorkerProcess::start(bin::dagloop(), &s, "crash");
+    // Both workers export spans to one collector: the run's trace is one, whichever worker
+    // ran what.
+    let (collector, got) = otlp::receiver().await;
+    let exporting = || {
+        let mut c = bin::dagloop();
+        c.env("OTEL_EXPORTER_OTLP_ENDPOINT", &collector)
+            .env("OTEL_BSP_SCHEDULE_DELAY", "100")
+            .env("OTEL_METRICS_EXPORTER", "none")
+            .env_remove("OTEL_SDK_DISABLED")
+            .env_remove("OTEL_EXPORTER_OTLP_PROTOCOL");
+        c
+    };
+    let mut first = WorkerProcess::start(exporting(), &s, "crash");
     let out = run_temporal(&s, "crash", &goal, &["--detach"]);
     assert!(
         out.status.success(),
@@ -409,7 +423,7 @@ async fn a_worker_killed_mid_run_is_replaced_and_no_completed_call_runs_twice() 
     }
     tokio::time::sleep(Duration::from_millis(200)).await;
     first.kill();
-    let _second = WorkerProcess::start(bin::dagloop(), &s, "crash");
+    let _second = WorkerProcess::start(exporting(), &s, "crash");
     let result = tokio::time::timeout(Duration::from_secs(120), conn.result(&id))
         .await
         .expect("the run ended")
@@ -433,6 +447,76 @@ async fn a_worker_killed_mid_run_is_replaced_and_no_completed_call_runs_twice() 
         .count();
     assert_eq!(interrupted, 1);
     replays(&conn, &id).await;
+    trace_reported_once(&got, &id).await;
+}
+
+/// The run's trace as the worker that ended it reported it: one trace (the run's id), a tree
+/// (every parent is a span of it), the run's span succeeded, each call's `execute_tool` span
+/// once and call 1 marked interrupted, each model turn with its finish reason.
+async fn trace_reported_once(got: &otlp::Received, run: &str) {
+    let trace = dagloop::telemetry::trace_id(run).to_string();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let spans = loop {
+        let spans = otlp::spans(got);
+        if spans.iter().any(|s| s.name.starts_with("invoke_agent")) {
+            break spans;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no run span reached the collector: {spans:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(spans.iter().all(|s| s.trace == trace), "{spans:?}");
+    let ids: std::collections::BTreeSet<&str> = spans.iter().map(|s| s.id.as_str()).collect();
+    assert_eq!(ids.len(), spans.len(), "a span reported twice: {spans:?}");
+    let roots: Vec<_> = spans.iter().filter(|s| s.parent.is_empty()).collect();
+    assert_eq!(roots.len(), 1, "{roots:?}");
+    assert_eq!(
+        roots[0].attrs["dagloop.run.status"], "succeeded",
+        "{roots:?}"
+    );
+    assert!(
+        spans
+            .iter()
+            .all(|s| s.parent.is_empty() || ids.contains(s.parent.as_str())),
+        "a span whose parent is not in the trace: {spans:?}"
+    );
+    let calls: BTreeMap<String, &otlp::Span> = spans
+        .iter()
+        .filter(|s| s.name == "execute_tool step")
+        .map(|s| (s.attrs["gen_ai.tool.call.id"].to_string(), s))
+        .collect();
+    assert_eq!(
+        calls.len(),
+        spans
+            .iter()
+            .filter(|s| s.name == "execute_tool step")
+            .count(),
+        "a call reported twice: {spans:?}"
+    );
+    assert_eq!(calls.len(), 4, "{spans:?}");
+    assert!(
+        calls
+            .values()
+            .all(|s| s.attrs["dagloop.call.status"] == "ok")
+    );
+    let interrupted: Vec<_> = calls
+        .values()
+        .filter(|s| s.attrs.get("dagloop.call.interrupted") == Some(&json!(true)))
+        .collect();
+    assert_eq!(interrupted.len(), 1, "{spans:?}");
+    let chats: Vec<_> = spans
+        .iter()
+        .filter(|s| s.name.starts_with("chat"))
+        .collect();
+    assert_eq!(chats.len(), 2, "{spans:?}");
+    assert!(
+        chats
+            .iter()
+            .all(|s| s.attrs["gen_ai.response.finish_reasons"] == json!(["stop"])),
+        "{chats:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -306,6 +306,10 @@ impl Turns {
                 reason: FinishReason::Length
             }))
         );
+        let finish_reason = match &item {
+            Some(Ok(StreamEvent::Finish { reason })) => Some(reason.as_str().to_string()),
+            _ => None,
+        };
         match item {
             // A stream ends with `Finish` (a provider may keep the connection open after it).
             None | Some(Ok(StreamEvent::Finish { .. })) => {
@@ -325,7 +329,11 @@ impl Turns {
                         model: Some(reader.model.clone()),
                     });
                 }
-                out.push(RunInput::StreamClosed { frame, error: None });
+                out.push(RunInput::StreamClosed {
+                    frame,
+                    error: None,
+                    finish_reason,
+                });
                 self.close(frame);
             }
             Some(Ok(StreamEvent::TextDelta(t))) => {
@@ -459,6 +467,7 @@ impl Turns {
                 out.push(RunInput::StreamClosed {
                     frame,
                     error: Some(Box::new(err)),
+                    finish_reason: None,
                 });
                 self.close(frame);
             }

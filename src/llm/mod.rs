@@ -222,6 +222,20 @@ impl FinishReason {
             other => FinishReason::Other(other.to_string()),
         }
     }
+
+    /// The reason as the OpenTelemetry GenAI conventions spell it
+    /// (`gen_ai.response.finish_reasons`): `stop`, `length`, `tool_calls`, `content_filter`, or
+    /// the provider's own word (`other` when it named none).
+    pub fn as_str(&self) -> &str {
+        match self {
+            FinishReason::Stop => "stop",
+            FinishReason::Length => "length",
+            FinishReason::ToolCalls => "tool_calls",
+            FinishReason::ContentFilter => "content_filter",
+            FinishReason::Other(s) if s.is_empty() => "other",
+            FinishReason::Other(s) => s,
+        }
+    }
 }
 
 /// One normalised event of a model's response stream.

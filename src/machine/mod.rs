@@ -285,7 +285,9 @@ impl RunMachine {
                     );
                 }
             }
-            RunInput::StreamClosed { frame, mut error } => {
+            RunInput::StreamClosed {
+                frame, mut error, ..
+            } => {
                 if let Some(e) = error.as_mut()
                     && self.compact(frame, e, now, out)
                 {

@@ -55,6 +55,7 @@ fn turn(m: &mut RunMachine, calls: &[Value], output: Value, now: Millis) -> Vec<
         RunInput::StreamClosed {
             frame: None,
             error: None,
+            finish_reason: None,
         },
         now,
         &mut out,
@@ -285,6 +286,7 @@ fn rule17_a_model_failure_ends_the_run_with_its_cause() {
         RunInput::StreamClosed {
             frame: None,
             error: Some(Box::new(err)),
+            finish_reason: None,
         },
         2,
     );
@@ -413,6 +415,7 @@ fn the_same_journal_gives_the_same_events() {
         RunInput::StreamClosed {
             frame: None,
             error: None,
+            finish_reason: None,
         },
         RunInput::Outcome {
             call: CallId(2),

@@ -164,6 +164,11 @@ pub enum RunInput {
         /// A model failure that ends the run (after retries).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         error: Option<Box<RunError>>,
+        /// Why the model stopped, as the provider said (`stop`, `length`, `tool_calls`,
+        /// `content_filter` or its own word); None when the stream ended without saying, or
+        /// failed. Journals written before it was recorded have none.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        finish_reason: Option<String>,
     },
     /// An activity ended.
     Outcome {

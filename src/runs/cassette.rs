@@ -186,7 +186,9 @@ pub fn export(
                 error,
                 ..
             } => turns.push(json!({"error": {"status": status.unwrap_or(503), "message": error}})),
-            RunInput::StreamClosed { frame: None, error } => {
+            RunInput::StreamClosed {
+                frame: None, error, ..
+            } => {
                 let acc = std::mem::take(&mut turn);
                 turns.push(match error {
                     Some(err) => json!({"error": {"status": 500, "message": err.message}}),

@@ -130,6 +130,39 @@ pub fn trace_id(run_id: &str) -> ids::TraceId {
     ids::trace_id(run_id)
 }
 
+/// Reports a whole run from its journal: the journal goes through a fresh machine, whose events
+/// make the spans (and metrics) a live run's would, with the journal's times. For runs whose
+/// driver publishes no events: a Temporal run is reported this way when it ends, by the worker
+/// that ends it. Nothing is marked replayed (no process reported any of it before). False when
+/// nothing would use it (no pipeline or the trace not sampled, and metrics off).
+pub fn report_journal(
+    run_id: &str,
+    config: std::sync::Arc<AgentConfig>,
+    policy: crate::approval::Policy,
+    journal: &[JournalEntry],
+) -> bool {
+    let Some(mut spans) = for_run(run_id, &config, None) else {
+        return false;
+    };
+    let mut machine = crate::machine::RunMachine::replaying(
+        run_id,
+        config,
+        policy,
+        crate::context::SanitizeLimits::default(),
+    );
+    let mut out = Vec::new();
+    for (i, e) in journal.iter().enumerate() {
+        machine.handle_into(e.input.clone(), e.at, &mut out);
+        let upto = journal.get(..=i).unwrap_or(journal);
+        for a in out.drain(..) {
+            if let crate::machine::Action::Emit(ev) = a {
+                spans.observe(upto, &ev);
+            }
+        }
+    }
+    true
+}
+
 /// The span builder of a new or resumed run, or None when nothing would use it (no pipeline or
 /// the trace not sampled, and metrics off): the engine then does no telemetry work at all.
 pub(crate) fn for_run(

@@ -65,6 +65,8 @@ struct Turn {
     /// When the model's stream for it closed (the journal's `stream_closed`): the end of the
     /// model's work, while the turn itself lasts until its step drains.
     closed: Option<Millis>,
+    /// Why the model stopped, as the journal's `stream_closed` says.
+    finish_reason: Option<String>,
 }
 
 /// The spans of one run in progress.
@@ -205,9 +207,14 @@ impl RunSpans {
                         c.interrupted = true;
                     }
                 }
-                RunInput::StreamClosed { frame, .. } => {
+                RunInput::StreamClosed {
+                    frame,
+                    finish_reason,
+                    ..
+                } => {
                     if let Some(t) = self.turns.get_mut(&frame_key(*frame)) {
                         t.closed = Some(e.at);
+                        t.finish_reason.clone_from(finish_reason);
                     }
                 }
                 RunInput::Usage {
@@ -401,6 +408,7 @@ impl RunSpans {
                 usage: None,
                 model: None,
                 closed: None,
+                finish_reason: None,
             },
         );
     }
@@ -446,6 +454,10 @@ impl RunSpans {
                 let latency = t.closed.unwrap_or(at).saturating_sub(t.open.start);
                 metrics::model_turn(&model, latency, i, o);
             }
+        }
+        if let Some(r) = t.finish_reason.take() {
+            s.attrs
+                .push(("gen_ai.response.finish_reasons", Value::Strs(vec![r])));
         }
         if let Some(first) = t.first_call {
             s.attrs.push((

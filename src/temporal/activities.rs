@@ -64,6 +64,15 @@ pub struct CallTask {
     pub timeout_ms: Option<u64>,
 }
 
+/// A finished run to report to this worker's OpenTelemetry pipeline.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TraceTask {
+    /// The run.
+    pub spec: RunSpec,
+    /// Its whole journal.
+    pub journal: Vec<crate::machine::JournalEntry>,
+}
+
 /// The activities a worker runs: built-in activity kinds, plus the Rust activities of
 /// `registry`, and MCP servers shared between the runs the worker serves.
 pub struct DagloopActivities {
@@ -178,8 +187,27 @@ impl DagloopActivities {
         let closed = closed.unwrap_or(RunInput::StreamClosed {
             frame: task.frame,
             error: None,
+            finish_reason: None,
         });
         Ok(TurnDone { sent, closed })
+    }
+
+    /// Reports a finished run's spans and metrics from its journal through this worker's
+    /// OpenTelemetry pipeline (`telemetry::report_journal`); true when something used them. The
+    /// trace id is the run's, so the trace is one whichever workers ran its activities.
+    #[activity]
+    pub async fn report_trace(
+        self: Arc<Self>,
+        _ctx: ActivityContext,
+        task: TraceTask,
+    ) -> Result<bool, ActivityError> {
+        let (config, policy) = super::workflow::definition(&task.spec).map_err(fail)?;
+        Ok(crate::telemetry::report_journal(
+            &task.spec.run_id,
+            config,
+            policy,
+            &task.journal,
+        ))
     }
 
     /// Runs one call, saying it is alive while it runs.

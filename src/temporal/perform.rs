@@ -332,6 +332,7 @@ impl Performer {
                             RunInput::StreamClosed {
                                 frame,
                                 error: Some(Box::new(err)),
+                                finish_reason: None,
                             },
                         )
                     }

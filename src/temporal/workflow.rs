@@ -11,7 +11,10 @@ use futures::{FutureExt, select_biased};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use temporalio_macros::{workflow, workflow_methods};
-use temporalio_sdk::{SyncWorkflowContext, WorkflowContext, WorkflowContextView, WorkflowResult};
+use temporalio_sdk::{
+    LocalActivityOptions, SyncWorkflowContext, WorkflowContext, WorkflowContextView, WorkflowResult,
+};
+use temporalio_workflow::RetryPolicy;
 
 use super::RunSpec;
 use super::perform::Performer;
@@ -125,6 +128,7 @@ impl RunWorkflow {
                 p.perform(ctx, a, now);
             }
             if let Some(r) = ctx.state(|s| s.result.clone()) {
+                report(ctx).await;
                 return Ok(r);
             }
             let idle = p.pending.is_empty();
@@ -283,9 +287,7 @@ impl RunWorkflow {
 /// The run's machine, built from its spec alone (no model, no activity: nothing the workflow
 /// must not do). Delegate goal files are read here: they must not change while the run lives.
 fn machine_for(spec: &RunSpec) -> Result<RunMachine, crate::runs::RunsError> {
-    let goal = spec.goal()?;
-    let policy = crate::runs::policy_for(&goal, spec.options.approve);
-    let config = crate::engine::config_for(&goal)?;
+    let (config, policy) = definition(spec)?;
     let mut m = RunMachine::new(
         spec.run_id.clone(),
         config,
@@ -294,6 +296,39 @@ fn machine_for(spec: &RunSpec) -> Result<RunMachine, crate::runs::RunsError> {
     );
     m.keep_launched(true);
     Ok(m)
+}
+
+/// The agent's config and the approval policy a run's machine is built with, from its spec.
+pub(super) fn definition(
+    spec: &RunSpec,
+) -> Result<
+    (
+        std::sync::Arc<crate::machine::AgentConfig>,
+        crate::approval::Policy,
+    ),
+    crate::runs::RunsError,
+> {
+    let goal = spec.goal()?;
+    let policy = crate::runs::policy_for(&goal, spec.options.approve);
+    let config = crate::engine::config_for(&goal)?;
+    Ok((config, policy))
+}
+
+/// Has the run's trace reported by the worker that ends it (a local activity: the journal is
+/// not sent to Temporal's server, and a replay does not report it again). Telemetry never
+/// fails a run: an error here is ignored.
+async fn report(ctx: &mut WorkflowContext<RunWorkflow>) {
+    let task = ctx.state(|s| super::activities::TraceTask {
+        spec: s.spec.clone(),
+        journal: s.journal.clone(),
+    });
+    let opts = LocalActivityOptions::builder()
+        .start_to_close_timeout(Duration::from_secs(30))
+        .retry_policy(RetryPolicy::builder().maximum_attempts(1).build())
+        .build();
+    let _ = ctx
+        .execute_local_activity(super::DagloopActivities::report_trace, task, opts)
+        .await;
 }
 
 pub(super) fn now_ms(ctx: &WorkflowContext<RunWorkflow>) -> u64 {
