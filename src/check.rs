@@ -296,13 +296,22 @@ fn check_literal_params(c: &Call, t: &Tool, i: usize, out: &mut Vec<Finding>) {
 pub fn check_goal(goal: &Goal) -> Vec<Finding> {
     let mut out = Vec::new();
     for t in &goal.tools {
-        if let Err(e) = crate::tools::check_tool(t, &goal.base_dir) {
+        let problem = match crate::tools::check_tool(t, &goal.base_dir) {
+            Err(e) => Some(e.to_string()),
+            // The goal file a delegate names must load (the builder reads it the same way).
+            Ok(()) => goal.delegate_file(t).and_then(|path| {
+                Goal::load(&path)
+                    .err()
+                    .map(|e| format!("tool `{}` is misconfigured: `_delegate`: {e}", t.name))
+            }),
+        };
+        if let Some(message) = problem {
             out.push(Finding {
                 code: "tool.activity",
                 call: None,
                 tool: Some(t.name.clone()),
                 turn: None,
-                message: e.to_string(),
+                message,
             });
         }
     }

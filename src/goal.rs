@@ -545,6 +545,21 @@ impl Goal {
             .transpose()
     }
 
+    /// The goal file a delegate tool of this goal names (`_delegate`, relative to the goal's
+    /// folder); None for an `anonymous` delegate and for a tool that is not one (or whose
+    /// `_delegate` is not a string: the tool check refuses that). Delegate goal files are read
+    /// only by their loaders (the builder, the grants, `validate`) through this and
+    /// [`Goal::load`]; the activity kinds never read goal files.
+    pub fn delegate_file(&self, tool: &Tool) -> Option<PathBuf> {
+        if crate::tools::kind_of(tool) != Some("delegate") {
+            return None;
+        }
+        match tool.schema.get("_delegate").and_then(Value::as_str) {
+            Some("anonymous") | None => None,
+            Some(target) => Some(self.resolve_path(target)),
+        }
+    }
+
     /// Resolves a path written in the goal file against the goal's folder.
     pub fn resolve_path(&self, p: &str) -> PathBuf {
         let path = FsPath::new(p);

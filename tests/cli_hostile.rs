@@ -140,15 +140,18 @@ fn the_activity_check_refuses_what_the_activity_refuses() {
             "`_activity` is not set",
         ),
         (
-            serde_json::json!({"_tool": "a", "_delegate": "nowhere.goal.json"}),
-            "nowhere.goal.json",
+            serde_json::json!({"_tool": "a", "_delegate": 3}),
+            "`_delegate` must be a goal file path",
         ),
     ] {
         let e = dagloop::tools::check_tool(&tool(t.clone()), dir).expect_err(&t.to_string());
         assert_eq!(e.code(), "activity.config", "{t}");
         assert!(e.to_string().contains(text), "{t}: {e}");
     }
+    // The goal file a delegate names is read by the goal's loaders, not the activity check
+    // (`validate` reports a missing one: `validate_refuses_tools_and_models_the_run_cannot_use`).
     for ok in [
+        serde_json::json!({"_tool": "a", "_delegate": "nowhere.goal.json"}),
         serde_json::json!({"_tool": "a"}),
         serde_json::json!({"_tool": "a", "_activity": "rust"}),
         serde_json::json!({"_tool": "a", "_activity": "http", "_http": {"url": "http://x/{id}", "method": "get", "body": "query", "timeout_s": 2, "max_bytes": 10}}),

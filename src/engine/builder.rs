@@ -418,9 +418,9 @@ fn check_activities(goal: &Goal, registry: &Registry) -> Result<(), AgentError> 
     Ok(())
 }
 
-/// True when the tool runs a nested agent.
+/// True when the tool runs a nested agent (the registry's answer: `tools::kind_of`).
 fn is_delegate(t: &Tool) -> bool {
-    t.schema.contains_key("_delegate") || t.activity.as_deref() == Some("delegate")
+    crate::tools::kind_of(t) == Some("delegate")
 }
 
 /// The configuration of `goal`'s agent, its delegates' goals read (no model is built): what
@@ -495,7 +495,7 @@ fn load_config(
                     .map_err(|e| fail(e.to_string()))?;
                 (g, false)
             } else {
-                let g = Goal::load(&goal.base_dir.join(target)).map_err(|e| fail(e.to_string()))?;
+                let g = Goal::load(&goal.resolve_path(target)).map_err(|e| fail(e.to_string()))?;
                 let own = g.model.is_some();
                 (g, own)
             };
