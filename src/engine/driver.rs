@@ -283,38 +283,17 @@ impl Driver {
     }
 
     /// Replays a stored journal through the machine without performing anything (its events are
-    /// published), keeping what is still pending: timers, and how many requests each model
-    /// already answered.
+    /// published); then arms the timers the machine says are pending and tells each model how
+    /// many requests it already answered (`RunMachine::timers`, `requests_answered`).
     fn rebuild(&mut self, entries: Vec<JournalEntry>) {
         self.machine.keep_launched(true);
         let mut actions = Vec::new();
-        // Requests made of each model: (the agent's model list, the position in it).
-        type ModelKey = (Option<String>, usize);
-        let mut attempts: std::collections::BTreeMap<ModelKey, usize> = Default::default();
-        let mut frame_model: std::collections::BTreeMap<FrameKey, ModelKey> = Default::default();
-        let mut timers = std::collections::BTreeMap::new();
         let mut log = match self.shared.log.lock() {
             Ok(l) => l,
             Err(p) => p.into_inner(),
         };
         for e in entries {
             self.journal_seq = self.journal_seq.max(e.seq);
-            match &e.input {
-                RunInput::TimerFired { timer } => {
-                    timers.remove(timer);
-                }
-                RunInput::Retry { frame, .. } | RunInput::Reask { frame, .. } => {
-                    let model = frame_model.get(frame).cloned().unwrap_or_default();
-                    *attempts.entry(model).or_default() += 1;
-                }
-                RunInput::Fallback { frame, index, .. } => {
-                    let list = frame_model.get(frame).and_then(|m| m.0.clone());
-                    let model = (list, *index);
-                    *attempts.entry(model.clone()).or_default() += 1;
-                    frame_model.insert(*frame, model);
-                }
-                _ => {}
-            }
             self.machine
                 .handle_into(e.input.clone(), e.at, &mut actions);
             log.journal.push(e);
@@ -325,41 +304,19 @@ impl Driver {
                     // journal and would otherwise never see the run's past, such as a call
                     // that was waiting for a decision when the process stopped.
                     Action::Emit(ev) => self.shared.publish(&mut log, ev),
-                    Action::SetTimer { timer, at } => {
-                        timers.insert(timer, at);
-                    }
-                    Action::ClearTimer { timer } => {
-                        timers.remove(&timer);
-                    }
-                    Action::Request {
-                        frame,
-                        config,
-                        model,
-                        ..
-                    } => {
-                        let key = (config.model.clone(), model);
-                        *attempts.entry(key.clone()).or_default() += 1;
-                        frame_model.insert(frame, key);
-                    }
                     Action::Finished(r) => self.result = Some(*r),
                     _ => {}
                 }
             }
         }
         drop(log);
-        // A turn that was streaming when the process stopped is asked again: it is not an
-        // answer the model moved past.
-        for (_, list, index) in self.machine.streaming_frames() {
-            if let Some(n) = attempts.get_mut(&(list, index)) {
-                *n = n.saturating_sub(1);
-            }
-        }
-        for ((list, index), n) in attempts {
+        for ((list, index), n) in self.machine.requests_answered() {
             if let Some(m) = self.models.get(list.as_deref()).models().get(index) {
                 m.resume_after(n);
             }
         }
-        for (timer, at) in timers {
+        let pending: Vec<_> = self.machine.timers().collect();
+        for (timer, at) in pending {
             self.timers.set(timer, at);
         }
     }

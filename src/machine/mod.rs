@@ -21,6 +21,7 @@ mod frame;
 mod grants;
 mod ops;
 mod overflow;
+mod pending;
 mod types;
 
 #[cfg(test)]
@@ -32,6 +33,7 @@ use std::sync::Arc;
 use serde_json::{Map, Value};
 
 pub use config::{AgentConfig, CheckedLimits, ConfigError, MAX_SECONDS, checked_ms};
+pub use pending::ModelKey;
 pub use types::{
     Action, CallSummary, FrameKey, JournalEntry, RunError, RunInput, RunResult, RunStatus, Timer,
     Usage,
@@ -66,6 +68,8 @@ pub struct RunMachine {
     grants: Vec<crate::approval::grant::ActiveGrant>,
     /// Who the decisions being applied by the current input came from (cleared after it).
     attribution: BTreeMap<CallId, grants::Attribution>,
+    /// Timers pending and requests made, for a driver rebuilding the run.
+    pending: pending::Pending,
     /// Scratch buffers (the work queue, a scheduler's actions), kept between inputs so that an
     /// input allocates nothing for them; see [`RunMachine::handle_into`].
     scratch: (Vec<Work>, Vec<scheduler::Action>),
@@ -100,6 +104,7 @@ impl RunMachine {
             keep_launched: false,
             grants: Vec::new(),
             attribution: BTreeMap::new(),
+            pending: Default::default(),
             scratch: Default::default(),
         }
     }
@@ -156,6 +161,31 @@ impl RunMachine {
             .collect()
     }
 
+    /// The timers set and not yet fired or cleared, with when each is due: what a driver arms
+    /// after replaying a journal (the journal's `timer_fired` entries already taken).
+    pub fn timers(&self) -> impl Iterator<Item = (Timer, Millis)> + '_ {
+        self.pending.timers()
+    }
+
+    /// When the earliest pending timer is due (None: no timer is set).
+    pub fn poll_timeout(&self) -> Option<Millis> {
+        self.pending.timers().map(|(_, at)| at).min()
+    }
+
+    /// How many requests each model (its agent's model list, the position in it) has answered
+    /// so far, retries, re-asks and fallbacks included: what a rebuilt run's models are told
+    /// they already answered, so that a scripted or replayed model goes on where it was. A turn
+    /// streaming now is not counted: it is asked again when the run is driven again.
+    pub fn requests_answered(&self) -> Vec<(pending::ModelKey, usize)> {
+        let mut counts = self.pending.requests().clone();
+        for (_, list, index) in self.streaming_frames() {
+            if let Some(n) = counts.get_mut(&(list, index)) {
+                *n = n.saturating_sub(1);
+            }
+        }
+        counts.into_iter().collect()
+    }
+
     /// The approval policy of the run (every agent of it).
     pub fn policy(&self) -> &Policy {
         &self.policy
@@ -173,6 +203,13 @@ impl RunMachine {
         if self.finished.is_some() {
             return;
         }
+        let from = out.len();
+        self.pending.input(&input);
+        self.handle_input(input, now, out);
+        self.pending.actions(out.get(from..).unwrap_or_default());
+    }
+
+    fn handle_input(&mut self, input: RunInput, now: Millis, out: &mut Vec<Action>) {
         let (mut work, buf) = std::mem::take(&mut self.scratch);
         match input {
             RunInput::Start => self.start(now, &mut work, out),

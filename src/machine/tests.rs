@@ -490,3 +490,39 @@ fn an_interrupted_call_reruns_when_idempotent_and_is_presented_again_otherwise()
         "the other goes back to a reviewer, flagged, whatever the policy: {a:?}"
     );
 }
+
+#[test]
+fn the_machine_keeps_its_pending_timers_and_the_requests_each_model_answered() {
+    let mut m = machine(json!({"limits": {"timeout_s": 2}}), Policy::auto());
+    assert_eq!(m.poll_timeout(), None);
+    m.handle(RunInput::Start, 1000);
+    let deadline = Timer::Deadline { frame: None };
+    assert_eq!(m.timers().collect::<Vec<_>>(), vec![(deadline, 3000)]);
+    assert_eq!(m.poll_timeout(), Some(3000));
+    // The first turn streams: not yet answered (it is asked again after a restart).
+    assert_eq!(m.requests_answered(), vec![((None, 0), 0)]);
+    // A retry inside the turn asked the model once more.
+    m.handle(
+        RunInput::Retry {
+            frame: None,
+            attempt: 1,
+            status: Some(503),
+            wait_ms: 10,
+            error: "busy".into(),
+        },
+        1100,
+    );
+    assert_eq!(m.requests_answered(), vec![((None, 0), 1)]);
+    // A turn that ends asks the next one (counted once it has streamed).
+    turn(
+        &mut m,
+        &[json!({"_tool": "note", "_output": "x"})],
+        Value::Null,
+        1200,
+    );
+    assert_eq!(m.requests_answered(), vec![((None, 0), 2)]);
+    // A fired timer is no longer pending.
+    m.handle(RunInput::TimerFired { timer: deadline }, 3000);
+    assert_eq!(m.timers().count(), 0);
+    assert_eq!(m.poll_timeout(), None);
+}

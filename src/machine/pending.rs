@@ -1,0 +1,80 @@
+//! What a run waits on that a driver needs after replaying its journal: the timers set and not
+//! yet fired or cleared, and how many requests each model has been asked. The machine keeps both
+//! from its own inputs and actions, so a driver that rebuilds a run reads them off the machine
+//! instead of deriving them again from the actions of the replay.
+//!
+//! Deliberately not here: arming a sleep for the next timer or asking a model (the driver's), or
+//! deciding anything (the count is bookkeeping, read only when a run is rebuilt).
+
+use std::collections::BTreeMap;
+
+use super::{Action, FrameKey, RunInput, Timer};
+use crate::protocol::Millis;
+
+/// A model of a run: its agent's model list (None: the run's own) and its position in it.
+pub type ModelKey = (Option<String>, usize);
+
+#[derive(Debug, Default)]
+pub(super) struct Pending {
+    timers: BTreeMap<Timer, Millis>,
+    requests: BTreeMap<ModelKey, usize>,
+    /// The model each agent was last asked.
+    frame_model: BTreeMap<FrameKey, ModelKey>,
+}
+
+impl Pending {
+    /// Takes an input before the machine handles it.
+    pub(super) fn input(&mut self, input: &RunInput) {
+        match input {
+            RunInput::TimerFired { timer } => {
+                self.timers.remove(timer);
+            }
+            // A retry or a re-ask inside a turn asked the same model once more.
+            RunInput::Retry { frame, .. } | RunInput::Reask { frame, .. } => {
+                let model = self.frame_model.get(frame).cloned().unwrap_or_default();
+                *self.requests.entry(model).or_default() += 1;
+            }
+            // The turn moved to the next model of its list, which was asked.
+            RunInput::Fallback { frame, index, .. } => {
+                let list = self.frame_model.get(frame).and_then(|m| m.0.clone());
+                let model = (list, *index);
+                *self.requests.entry(model.clone()).or_default() += 1;
+                self.frame_model.insert(*frame, model);
+            }
+            _ => {}
+        }
+    }
+
+    /// Takes the actions the machine returned for an input.
+    pub(super) fn actions(&mut self, actions: &[Action]) {
+        for a in actions {
+            match a {
+                Action::SetTimer { timer, at } => {
+                    self.timers.insert(*timer, *at);
+                }
+                Action::ClearTimer { timer } => {
+                    self.timers.remove(timer);
+                }
+                Action::Request {
+                    frame,
+                    config,
+                    model,
+                    ..
+                } => {
+                    let key = (config.model.clone(), *model);
+                    *self.requests.entry(key.clone()).or_default() += 1;
+                    self.frame_model.insert(*frame, key);
+                }
+                _ => {}
+            }
+        }
+    }
+
+    pub(super) fn timers(&self) -> impl Iterator<Item = (Timer, Millis)> + '_ {
+        self.timers.iter().map(|(t, at)| (*t, *at))
+    }
+
+    pub(super) fn requests(&self) -> &BTreeMap<ModelKey, usize> {
+        &self.requests
+    }
+}
