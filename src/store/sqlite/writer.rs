@@ -1,0 +1,418 @@
+//! The store's writer thread: it takes every request waiting in its channel, commits them in
+//! one `BEGIN IMMEDIATE` transaction (each request in its own savepoint, a lease checked per
+//! append) and answers each; and the checkpoint thread's thresholds that keep the WAL small.
+//!
+//! Deliberately not here: opening the store and reading it (`sqlite.rs` and its readers).
+
+use super::*;
+
+/// The WAL holds this many pages or more after a commit: the checkpoint thread is asked to copy
+/// it into the database file (SQLite's own threshold, which it would otherwise apply inside
+/// whichever commit crossed it, on the writer's thread).
+pub(super) const CHECKPOINT_PAGES: i32 = 1000;
+
+/// The WAL is kept under about this size: past it the checkpoint resets it, and a reset WAL
+/// file is cut back to it.
+pub(super) const WAL_LIMIT_BYTES: i64 = 64 << 20;
+
+/// [`WAL_LIMIT_BYTES`] in pages of the default size (4 KiB), less a margin for the frames
+/// written while a checkpoint runs.
+pub(super) const WAL_LIMIT_PAGES: i32 = 12_000;
+
+/// After this long without a write, the WAL is copied into the database and truncated.
+pub(super) const IDLE_TRUNCATE: Duration = Duration::from_secs(2);
+
+/// What the checkpoint thread is asked to do.
+pub(super) enum Checkpoint {
+    /// Copy what it can beside the writer.
+    Passive,
+    /// Copy everything and truncate the WAL file (waits for readers to move on).
+    Truncate,
+}
+
+thread_local! {
+    /// Pages in the WAL after the last commit of this thread's connection (the writer's).
+    static WAL_PAGES: std::cell::Cell<i32> = const { std::cell::Cell::new(0) };
+}
+
+pub(super) fn note_wal_pages(
+    _: &rusqlite::hooks::Wal,
+    pages: std::ffi::c_int,
+) -> rusqlite::Result<()> {
+    WAL_PAGES.with(|p| p.set(pages));
+    Ok(())
+}
+
+pub(super) fn writer(
+    mut c: Connection,
+    rx: mpsc::Receiver<(Write, Reply)>,
+    path: &Path,
+    me: &Me,
+    checkpoint_at: i32,
+    checkpoint: mpsc::SyncSender<Checkpoint>,
+) {
+    // Checkpoints happen beside the writer, not inside its commits (this hook replaces SQLite's
+    // automatic checkpoint): a run waiting for its journal never waits for one.
+    c.wal_hook(Some(note_wal_pages));
+    // The WAL's size when a checkpoint was last asked for.
+    let mut asked_at = 0;
+    // Something was committed since the WAL was last truncated.
+    let mut dirty = false;
+    loop {
+        let first = match rx.recv_timeout(IDLE_TRUNCATE) {
+            Ok(first) => first,
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                // Idle: the WAL is copied into the database and truncated to nothing.
+                if dirty {
+                    dirty = false;
+                    let _ = checkpoint.try_send(Checkpoint::Truncate);
+                }
+                continue;
+            }
+            Err(mpsc::RecvTimeoutError::Disconnected) => break,
+        };
+        dirty = true;
+        let mut batch = vec![first];
+        while let Ok(more) = rx.try_recv() {
+            batch.push(more);
+            if batch.len() >= 512 {
+                break;
+            }
+        }
+        let full = batch.iter().any(|(w, _)| match w {
+            Write::Finish(..) | Write::PushOp(..) => true,
+            Write::Append(_, rows) => rows.decision,
+            _ => false,
+        });
+        let results = if full {
+            // Never commit a decision or a run's end with less than FULL.
+            match c.pragma_update(None, "synchronous", "FULL") {
+                Ok(()) => {
+                    let r = commit_retrying(&mut c, &batch, path, me);
+                    let _ = c.pragma_update(None, "synchronous", "NORMAL");
+                    r
+                }
+                Err(e) => Err(io(e)),
+            }
+        } else {
+            commit_retrying(&mut c, &batch, path, me)
+        };
+        match results {
+            Ok(done) => {
+                for ((_, reply), d) in batch.into_iter().zip(done) {
+                    reply(d);
+                }
+            }
+            Err(e) => {
+                for (_, reply) in batch {
+                    reply(Err(e.clone()));
+                }
+            }
+        }
+        // Once per `checkpoint_at` pages the WAL grew by, not after every commit: a WAL that
+        // cannot start over yet (frames were added while the last checkpoint ran) stays above
+        // the threshold, and checkpointing after each commit would only add fsyncs.
+        let pages = WAL_PAGES.with(|p| p.get());
+        if pages < asked_at {
+            asked_at = 0; // the WAL started over
+        }
+        if pages - asked_at >= checkpoint_at {
+            asked_at = pages;
+            // At most one request waits; the checkpoint thread takes it when it is free.
+            // Past the bound, the checkpoint resets the WAL (it waits for readers to move on).
+            let mode = if pages >= WAL_LIMIT_PAGES {
+                Checkpoint::Truncate
+            } else {
+                Checkpoint::Passive
+            };
+            let _ = checkpoint.try_send(mode);
+        }
+    }
+}
+
+pub(super) fn now_ms() -> Millis {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// [`commit`], tried again after a pause while another connection keeps the store locked past
+/// the busy timeout ([`BUSY_RETRIES`]), then refused with `store.locked`.
+pub(super) fn commit_retrying(
+    c: &mut Connection,
+    batch: &[(Write, Reply)],
+    path: &Path,
+    me: &Me,
+) -> Result<Vec<Result<Done, StoreError>>, StoreError> {
+    let mut pauses = BUSY_RETRIES.iter();
+    loop {
+        match commit(c, batch, path, me) {
+            Err(StoreError::Locked { reason }) => match pauses.next() {
+                Some(p) => {
+                    tracing::warn!(
+                        "the run store is locked by another process ({reason}); trying again"
+                    );
+                    std::thread::sleep(*p);
+                }
+                None => return Err(StoreError::Locked { reason }),
+            },
+            other => return other,
+        }
+    }
+}
+
+pub(super) fn locked_or(path: &Path, e: rusqlite::Error) -> StoreError {
+    match e.sqlite_error_code() {
+        Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked) => {
+            StoreError::Locked {
+                reason: e.to_string(),
+            }
+        }
+        _ => classify(path, e),
+    }
+}
+
+/// One transaction for the whole batch; each request in a savepoint of its own, so that a
+/// request that fails (a duplicate id, a lost lease) is answered alone and leaves nothing
+/// behind, without undoing the others.
+pub(super) fn commit(
+    c: &mut Connection,
+    batch: &[(Write, Reply)],
+    path: &Path,
+    me: &Me,
+) -> Result<Vec<Result<Done, StoreError>>, StoreError> {
+    let mut tx = c
+        .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+        .map_err(|e| locked_or(path, e))?;
+    if let [(w, _)] = batch {
+        // One request: the transaction is its savepoint (dropped without a commit, it rolls
+        // back).
+        let r = apply(&tx, me, w);
+        if r.is_ok() {
+            tx.commit().map_err(|e| locked_or(path, e))?;
+        }
+        return Ok(vec![r]);
+    }
+    let mut out = Vec::with_capacity(batch.len());
+    for (w, _) in batch {
+        let sp = tx.savepoint().map_err(|e| locked_or(path, e))?;
+        let r = apply(&sp, me, w);
+        if r.is_ok() {
+            sp.commit().map_err(|e| locked_or(path, e))?;
+        }
+        // Dropped without a commit, a savepoint rolls back.
+        out.push(r);
+    }
+    tx.commit().map_err(|e| locked_or(path, e))?;
+    Ok(out)
+}
+
+/// The lease of run `id` as it stands: `UnknownRun`, or who holds it until when.
+pub(super) fn holder(
+    c: &Connection,
+    id: &str,
+) -> Result<(Option<String>, Option<i64>), StoreError> {
+    c.query_row(
+        "SELECT owner, lease_expires_at FROM runs WHERE id = ?1",
+        params![id],
+        |r| Ok((r.get(0)?, r.get(1)?)),
+    )
+    .optional()
+    .map_err(io)?
+    .ok_or_else(|| StoreError::UnknownRun { id: id.into() })
+}
+
+pub(super) fn apply(c: &Connection, me: &Me, w: &Write) -> Result<Done, StoreError> {
+    let now = now_ms() as i64;
+    let until = now.saturating_add(me.lease_ms);
+    let owner: &str = &me.owner;
+    match w {
+        Write::Create(rec) => {
+            let record = serde_json::to_string(rec).map_err(io)?;
+            let title = crate::store::title_of(rec.goal["goal"].as_str().unwrap_or(""));
+            let by = rec.options["submitted_by"].as_str();
+            let n = c
+                .execute(
+                    "INSERT OR IGNORE INTO runs (id, created_at, updated_at, record, status, owner, lease_expires_at, title, submitted_by, awaiting)
+                     VALUES (?1, ?2, ?2, ?3, 'running', ?4, ?5, ?6, ?7, 0)",
+                    params![rec.id, rec.created_at as i64, record, owner, until, title, by],
+                )
+                .map_err(io)?;
+            if n == 0 {
+                return Err(StoreError::Exists { id: rec.id.clone() });
+            }
+            Ok(Done::Unit)
+        }
+        Write::SetOptions(id, options) => {
+            let n = c
+                .execute(
+                    "UPDATE runs SET record = json_set(record, '$.options', json(?2)) WHERE id = ?1",
+                    params![id, options],
+                )
+                .map_err(io)?;
+            if n == 0 {
+                return Err(StoreError::UnknownRun { id: id.clone() });
+            }
+            Ok(Done::Unit)
+        }
+        Write::Claim(id) => {
+            // One atomic update decides who drives the run: nobody else can take a lease
+            // between a check and a write.
+            let n = c
+                .execute(
+                    "UPDATE runs SET owner = ?2, lease_expires_at = ?3, parked = 0 WHERE id = ?1
+                     AND (owner IS NULL OR owner = ?2 OR lease_expires_at IS NULL OR lease_expires_at < ?4)",
+                    params![id, owner, until, now],
+                )
+                .map_err(io)?;
+            if n == 0 {
+                let (holder, expires) = holder(c, id)?;
+                return Err(StoreError::Busy {
+                    id: id.clone(),
+                    owner: holder.unwrap_or_default(),
+                    expires_at: expires.map_or(0, |e| e.max(0) as u64),
+                });
+            }
+            Ok(Done::Unit)
+        }
+        Write::Renew(id) => {
+            let n = c
+                .execute(
+                    "UPDATE runs SET lease_expires_at = ?3 WHERE id = ?1 AND owner = ?2",
+                    params![id, owner, until],
+                )
+                .map_err(io)?;
+            if n == 0 {
+                holder(c, id)?;
+                return Err(StoreError::LeaseLost { id: id.clone() });
+            }
+            Ok(Done::Unit)
+        }
+        Write::Release(id) => {
+            c.execute(
+                "UPDATE runs SET owner = NULL, lease_expires_at = NULL WHERE id = ?1 AND owner = ?2",
+                params![id, owner],
+            )
+            .map_err(io)?;
+            Ok(Done::Unit)
+        }
+        Write::Append(id, rows) => {
+            // Ownership first, in the append's own transaction: an owner that lost the lease
+            // never appends. The append renews the lease too.
+            let n = c
+                .prepare_cached(
+                    "UPDATE runs SET entries = entries + ?2, updated_at = ?3, lease_expires_at = ?5
+                     WHERE id = ?1 AND owner = ?4",
+                )
+                .and_then(|mut s| s.execute(params![id, rows.len() as i64, now, owner, until]))
+                .map_err(io)?;
+            if n == 0 {
+                holder(c, id)?;
+                return Err(StoreError::LeaseLost { id: id.clone() });
+            }
+            let mut stmt = c
+                .prepare_cached(
+                    "INSERT INTO journal (run_id, seq, n, at, inputs) VALUES (?1, ?2, ?3, ?4, ?5)",
+                )
+                .map_err(io)?;
+            for (seq, n, at, range) in &rows.rows {
+                let text = rows.text.get(range.clone()).unwrap_or_default();
+                stmt.execute(params![id, *seq as i64, *n as i64, *at as i64, text])
+                    .map_err(io)?;
+            }
+            Ok(Done::Unit)
+        }
+        Write::Finish(id, status, text) => {
+            let n = c
+                .execute(
+                    "UPDATE runs SET result = ?2, status = ?3, updated_at = ?4, owner = NULL, lease_expires_at = NULL,
+                     awaiting = 0, wake_at = NULL
+                     WHERE id = ?1 AND (owner IS NULL OR owner = ?5)",
+                    params![id, text, status, now, owner],
+                )
+                .map_err(io)?;
+            if n == 0 {
+                holder(c, id)?;
+                return Err(StoreError::LeaseLost { id: id.clone() });
+            }
+            Ok(Done::Unit)
+        }
+        Write::Prune(before) => {
+            let n = c
+                .execute(
+                    "DELETE FROM journal WHERE run_id IN (SELECT id FROM runs WHERE result IS NOT NULL AND updated_at < ?1)",
+                    params![*before as i64],
+                )
+                .map_err(io)?;
+            let _ = n;
+            c.execute(
+                "DELETE FROM ops WHERE run_id IN (SELECT id FROM runs WHERE result IS NOT NULL AND updated_at < ?1)",
+                params![*before as i64],
+            )
+            .map_err(io)?;
+            let runs = c
+                .execute(
+                    "DELETE FROM runs WHERE result IS NOT NULL AND updated_at < ?1",
+                    params![*before as i64],
+                )
+                .map_err(io)?;
+            Ok(Done::Count(runs))
+        }
+        Write::Note(id, note) => {
+            c.prepare_cached(
+                "UPDATE runs SET awaiting = ?3, wake_at = ?4 WHERE id = ?1 AND owner = ?2 AND result IS NULL",
+            )
+            .and_then(|mut s| s.execute(params![id, owner, note.awaiting as i64, note.wake_at.map(|w| w as i64)]))
+            .map_err(io)?;
+            Ok(Done::Unit)
+        }
+        Write::Park(id) => park::park(c, owner, id),
+        Write::Compact(id, snapshot, entries) => compact::compact(c, id, snapshot, *entries),
+        Write::Derived(id, note) => {
+            c.execute(
+                "UPDATE runs SET awaiting = ?2, wake_at = ?3 WHERE id = ?1 AND awaiting IS NULL",
+                params![id, note.awaiting as i64, note.wake_at.map(|w| w as i64)],
+            )
+            .map_err(io)?;
+            Ok(Done::Unit)
+        }
+        Write::PushOp(id, op) => {
+            let exists: Option<i64> = c
+                .query_row("SELECT 1 FROM runs WHERE id = ?1", params![id], |r| {
+                    r.get(0)
+                })
+                .optional()
+                .map_err(io)?;
+            if exists.is_none() {
+                return Err(StoreError::UnknownRun { id: id.clone() });
+            }
+            c.execute(
+                "INSERT INTO ops (run_id, op) VALUES (?1, ?2)",
+                params![id, op],
+            )
+            .map_err(io)?;
+            Ok(Done::Unit)
+        }
+        Write::TakeOps(id) => {
+            let mut stmt = c
+                .prepare_cached("SELECT op FROM ops WHERE run_id = ?1 ORDER BY id")
+                .map_err(io)?;
+            let ops: Vec<String> = stmt
+                .query_map(params![id], |r| r.get(0))
+                .map_err(io)?
+                .collect::<Result<_, _>>()
+                .map_err(io)?;
+            if ops.is_empty() {
+                return Ok(Done::Ops(ops));
+            }
+            // Only the lease holder takes a run's decisions: a process that lost the run must
+            // not take (and lose) those meant for the one that drives it now.
+            if holder(c, id)?.0.as_deref() != Some(owner) {
+                return Err(StoreError::LeaseLost { id: id.clone() });
+            }
+            c.execute("DELETE FROM ops WHERE run_id = ?1", params![id])
+                .map_err(io)?;
+            Ok(Done::Ops(ops))
+        }
+    }
+}
