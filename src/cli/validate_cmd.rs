@@ -1,0 +1,114 @@
+//! `dagloop validate` and `dagloop graph`: a plan, a goal or a scripted-model file checked by
+//! the run's own rules (`crate::check`), and a plan's call graph drawn.
+//!
+//! Deliberately not here: the rules themselves (`crate::check`).
+
+use super::*;
+
+/// Reads a plan file: a Solution object, an array of calls, or a goal's `plan`.
+pub(super) fn load_plan(file: &FsPath) -> Result<(Vec<Call>, Option<Goal>), CliError> {
+    let text = std::fs::read_to_string(file).map_err(|e| {
+        let code = if e.kind() == std::io::ErrorKind::NotFound {
+            "cli.not_found"
+        } else {
+            "cli.unreadable"
+        };
+        CliError::new(code, format!("cannot read {}: {e}", file.display()))
+    })?;
+    let v: Value = serde_json::from_str(&text)
+        .map_err(|e| CliError::new("plan.invalid_json", format!("{}: {e}", file.display())))?;
+    if v.get("output_schema").is_some() {
+        let goal = Goal::load(file).map_err(|e| CliError::new(e.code(), &e))?;
+        return Ok((goal.plan.clone(), Some(goal)));
+    }
+    if !(v.is_array() || v.get("calls").is_some()) {
+        return Err(CliError::new(
+            "plan.not_a_plan",
+            format!(
+                "{} is not a plan: expected a goal file, a Solution with `calls`, or an array of calls",
+                file.display()
+            ),
+        ));
+    }
+    let calls = match v {
+        Value::Array(items) => Solution::from_value(json!({"calls": items})),
+        other => Solution::from_value(other),
+    }
+    .map_err(|e| CliError::new(e.code(), format!("{}: {e}", file.display())))?
+    .calls;
+    Ok((calls, None))
+}
+
+pub(super) fn validate(
+    file: &FsPath,
+    goal: Option<&FsPath>,
+    grants: Arc<crate::grants::Grants>,
+) -> Result<i32, CliError> {
+    let other_goal = goal
+        .map(|p| Goal::load(p).map_err(|e| CliError::new(e.code(), &e)))
+        .transpose()?;
+    if is_script_file(file) {
+        let findings = check::check_script_file(file, other_goal.as_ref().map(|g| &g.tools[..]));
+        return Ok(report(json!({"kind": "scripted-model"}), findings));
+    }
+    let (calls, own_goal) = load_plan(file)?;
+    let (kind, findings) = match (own_goal, other_goal) {
+        (Some(g), _) => {
+            // The grants first, as `run` checks them: nothing the goal names outside them is
+            // opened.
+            if let Err(e) = crate::runs::define(g.clone(), run::RunOptions::default(), grants) {
+                let finding = check::Finding {
+                    code: e.code(),
+                    call: None,
+                    tool: None,
+                    turn: None,
+                    message: e.to_string(),
+                };
+                return Ok(report(
+                    json!({"kind": "goal", "calls": calls.len()}),
+                    vec![finding],
+                ));
+            }
+            ("goal", check::check_goal(&g))
+        }
+        (None, Some(g)) => (
+            "plan",
+            check::check_plan(&calls, Some(&g.tools), &check::initial_data(&g)),
+        ),
+        (None, None) => (
+            "plan",
+            check::check_plan(&calls, None, &serde_json::Map::new()),
+        ),
+    };
+    Ok(report(
+        json!({"kind": kind, "calls": calls.len()}),
+        findings,
+    ))
+}
+
+/// True when `file` is a JSON object with a `turns` key (a scripted-model file).
+pub(super) fn is_script_file(file: &FsPath) -> bool {
+    std::fs::read_to_string(file)
+        .ok()
+        .and_then(|t| serde_json::from_str::<Value>(&t).ok())
+        .is_some_and(|v| v.get("turns").is_some())
+}
+
+/// Prints a validation report (`head` plus status and findings); exit 0 when there are none.
+pub(super) fn report(mut head: Value, findings: Vec<check::Finding>) -> i32 {
+    let ok = findings.is_empty();
+    head["status"] = json!(if ok { "valid" } else { "invalid" });
+    head["findings"] = json!(findings);
+    outln!("{}", pretty(&head));
+    if ok { 0 } else { 1 }
+}
+
+pub(super) fn graph(file: &FsPath, format: GraphFormat) -> Result<i32, CliError> {
+    let (calls, goal) = load_plan(file)?;
+    let text = match format {
+        GraphFormat::Mermaid => check::mermaid(&calls, goal.as_ref()),
+        GraphFormat::Dot => check::dot(&calls, goal.as_ref()),
+    };
+    out!("{text}");
+    Ok(0)
+}
