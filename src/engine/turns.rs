@@ -1,26 +1,16 @@
-//! Reading model turns: each agent's stream of normalised model events becomes machine inputs
-//! (calls the moment their array element closes, the output, usage, retries, problems, and the
-//! stream's end).
+//! The model streams of a run: each agent's open stream, polled in turn, its items handed to
+//! that turn's [`TurnReader`] (the sans-IO core's), which makes them machine inputs.
 //!
-//! Calls and outputs of an answer constrained by OpenAI strict mode (the provider says so with
-//! `StreamEvent::Strict`) lose here, before they are journaled, the `null`s strict mode made the
-//! model write for what it left out (`llm::drop_strict_nulls`, driven by the agent's composed
-//! schema). Deliberately not here: what the inputs mean (the machine decides).
+//! Deliberately not here: what an item means (the reader's) or what the inputs mean (the
+//! machine's).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use futures::StreamExt;
-use serde_json::{Value, json};
 
-use crate::context::correction::{self, Received};
-use crate::llm::{
-    FINAL_OUTPUT_TOOL, Fallback, FinishReason, LlmError, StreamEvent, ToolCallOutcome,
-    call_from_tool_call, drop_strict_nulls_in_call, drop_strict_nulls_in_output,
-};
-use crate::machine::{AgentConfig, FrameKey, RunError, RunInput};
-use crate::plan::{ParseErrorKind, ParseEvent, SolutionParser};
-use crate::protocol::Call;
+use crate::llm::{Fallback, LlmError, StreamEvent};
+use crate::machine::{AgentConfig, FrameKey, RunInput, TurnReader};
 
 /// One item of some agent's model stream (`None`: the stream ended).
 pub(super) type TurnItem = (FrameKey, Option<Result<StreamEvent, LlmError>>);
@@ -41,153 +31,20 @@ impl Models {
     }
 }
 
-struct Reader {
-    stream: crate::llm::EventStream,
-    parser: SolutionParser,
-    saw_text: bool,
-    step: u32,
-    /// Calls at the start of the answer the run already took (before a restart, or from a
-    /// stream that broke and was re-asked): that many are dropped.
-    skip: usize,
-    /// Calls (readable or not) the current answer gave so far, dropped ones included.
-    seen: usize,
-    /// The provider reported usage for this turn.
-    usage_seen: bool,
-    /// Prompt-cache (read, write) tokens the provider reported, until they go with the usage.
-    cache: Option<(u64, u64)>,
-    /// What was sent, measured only for an estimate when the provider reports no usage (a
-    /// large step's Request runs to megabytes), and the characters received.
-    request: Arc<crate::llm::Request>,
-    out_chars: usize,
-    /// The agent: its composed schema is what strict mode transformed.
-    config: Arc<AgentConfig>,
-    /// What the attempt said was sent strict: the Solution schema (structured mode), and the
-    /// functions (tool-call mode).
-    strict_solution: bool,
-    strict_functions: Vec<String>,
-    /// The turn is asked in tool-call mode (text is commentary unless it holds a Solution).
-    tool_mode: bool,
-    /// The start of the text, for what the model is told when it was not a Solution.
-    received: Received,
-    /// Something came of the answer: a call (readable or not) or the output.
-    yielded: bool,
-    /// Top-level members a Solution does not have.
-    unknown: Vec<(String, Value)>,
-    /// The display name of the model answering (journaled with the turn's usage).
-    model: String,
-}
-
-impl Reader {
-    /// Forgets what a failed attempt sent (a retry starts over; none of it was content).
-    fn restart(&mut self) {
-        self.parser = SolutionParser::new().streaming();
-        self.saw_text = false;
-        self.cache = None;
-        self.strict_solution = false;
-        self.strict_functions.clear();
-        self.received = Received::default();
-        self.yielded = false;
-        self.unknown.clear();
-    }
-
-    /// The end of the answer: the last parsed pieces, then what was wrong with it as a whole,
-    /// if anything (the model is told, see `context::correction`).
-    fn finish_answer(&mut self, frame: FrameKey, at_token_limit: bool, out: &mut Vec<RunInput>) {
-        let error = if self.saw_text {
-            match std::mem::take(&mut self.parser).finish() {
-                Ok(evs) => {
-                    self.parsed(frame, evs, out);
-                    None
-                }
-                Err(e) => Some(e),
-            }
-        } else {
-            None
-        };
-        let blank = self.received.is_blank();
-        let problem = if self.tool_mode {
-            match error {
-                _ if self.yielded => None,
-                _ if blank => Some(correction::empty(true)),
-                Some(e) if e.kind != ParseErrorKind::NoSolution => {
-                    Some(correction::parse_error(&e, &self.received, at_token_limit))
-                }
-                _ => Some(correction::no_tool_call(&self.received)),
-            }
-        } else {
-            match error {
-                _ if blank && !self.yielded => Some(correction::empty(false)),
-                Some(e) => Some(correction::parse_error(&e, &self.received, at_token_limit)),
-                None => None,
-            }
-        };
-        let unknown = (!self.unknown.is_empty()).then(|| correction::unknown_fields(&self.unknown));
-        for p in problem.into_iter().chain(unknown) {
-            out.push(RunInput::Problem {
-                frame,
-                problem: p.message,
-                code: Some(p.code.to_string()),
-            });
-        }
-    }
-
-    /// A call the model wrote, strict mode's nulls dropped when its schema was sent strict.
-    fn call(&self, frame: FrameKey, mut call: Call, from_function: bool) -> RunInput {
-        let strict = if from_function {
-            self.strict_functions.contains(&call.tool)
-        } else {
-            self.strict_solution
-        };
-        if strict {
-            drop_strict_nulls_in_call(&self.config.composed, &mut call);
-        }
-        RunInput::Call {
-            frame,
-            call: Arc::new(call),
-        }
-    }
-
-    /// The output the model wrote, likewise.
-    fn output(&self, frame: FrameKey, mut output: Value, from_function: bool) -> RunInput {
-        let strict = if from_function {
-            self.strict_functions.iter().any(|f| f == FINAL_OUTPUT_TOOL)
-        } else {
-            self.strict_solution
-        };
-        if strict {
-            drop_strict_nulls_in_output(&self.config.composed, &mut output);
-        }
-        RunInput::Output { frame, output }
-    }
-
-    /// The inputs a piece of parsed Solution text gives.
-    fn parsed(&mut self, frame: FrameKey, events: Vec<ParseEvent>, out: &mut Vec<RunInput>) {
-        for ev in events {
-            self.yielded |= matches!(ev, ParseEvent::Call { .. } | ParseEvent::Output(_));
-            match ev {
-                ParseEvent::Call { call: Ok(call), .. } => out.push(self.call(frame, call, false)),
-                ParseEvent::Call {
-                    call: Err(e), raw, ..
-                } => out.push(RunInput::Unreadable {
-                    frame,
-                    raw: raw.to_string(),
-                    reason: e.to_string(),
-                }),
-                ParseEvent::Output(output) => out.push(self.output(frame, output, false)),
-                ParseEvent::UnknownField { key, value } => self.unknown.push((key, value)),
-                _ => {}
-            }
-        }
-    }
-}
-
 /// Every open model stream of a run, read concurrently. Closing one drops it at once (which
 /// closes its connection).
 #[derive(Default)]
 pub(super) struct Turns {
-    readers: BTreeMap<FrameKey, Reader>,
+    open: BTreeMap<FrameKey, Open>,
     /// Where the next poll starts (round robin between agents).
     cursor: usize,
+}
+
+/// One agent's open turn: its stream, its step and its reader.
+struct Open {
+    stream: crate::llm::EventStream,
+    step: u32,
+    reader: TurnReader,
 }
 
 impl Turns {
@@ -204,56 +61,41 @@ impl Turns {
         stream: crate::llm::EventStream,
         model: String,
     ) {
-        let tool_mode = req.settings.mode == crate::llm::Mode::ToolCalls;
-        self.readers.insert(
+        let reader = TurnReader::new(skip, config, req.clone(), model);
+        self.open.insert(
             frame,
-            Reader {
+            Open {
                 stream,
-                parser: SolutionParser::new().streaming(),
-                saw_text: false,
                 step,
-                skip,
-                seen: 0,
-                usage_seen: false,
-                cache: None,
-                request: req.clone(),
-                out_chars: 0,
-                config,
-                strict_solution: false,
-                strict_functions: Vec::new(),
-                tool_mode,
-                received: Received::default(),
-                yielded: false,
-                unknown: Vec::new(),
-                model,
+                reader,
             },
         );
     }
 
     /// Stops reading an agent's stream; the stream is dropped now.
     pub fn close(&mut self, frame: FrameKey) {
-        self.readers.remove(&frame);
+        self.open.remove(&frame);
     }
 
     pub fn is_empty(&self) -> bool {
-        self.readers.is_empty()
+        self.open.is_empty()
     }
 
     /// The next item of any open stream (`None` in the item: that stream ended). Pending while
     /// every stream is.
     pub async fn next(&mut self) -> Option<TurnItem> {
-        if self.readers.is_empty() {
+        if self.open.is_empty() {
             return std::future::pending().await;
         }
         futures::future::poll_fn(|cx| {
-            let n = self.readers.len();
+            let n = self.open.len();
             let start = self.cursor % n.max(1);
             let order: Vec<usize> = (start..n).chain(0..start).collect();
             for i in order {
-                let Some((frame, r)) = self.readers.iter_mut().nth(i) else {
+                let Some((frame, o)) = self.open.iter_mut().nth(i) else {
                     continue;
                 };
-                if let std::task::Poll::Ready(item) = r.stream.poll_next_unpin(cx) {
+                if let std::task::Poll::Ready(item) = o.stream.poll_next_unpin(cx) {
                     self.cursor = i + 1;
                     return std::task::Poll::Ready(Some((*frame, item)));
                 }
@@ -265,212 +107,23 @@ impl Turns {
 
     /// The step of the turn an agent is streaming.
     pub fn step(&self, frame: FrameKey) -> u32 {
-        self.readers.get(&frame).map_or(0, |r| r.step)
+        self.open.get(&frame).map_or(0, |o| o.step)
     }
 
     /// Turns one stream item into machine inputs; `delta` is told of each text delta's size.
+    /// A turn the item ended is closed.
     pub fn read(
         &mut self,
         (frame, item): TurnItem,
         delta: &mut dyn FnMut(FrameKey, u64),
     ) -> Vec<RunInput> {
-        let mut out = Vec::new();
-        self.read_into(frame, item, delta, &mut out);
-        // A turn asked again (after a restart, or after its stream broke): drop the calls
-        // already taken.
-        if let Some(reader) = self.readers.get_mut(&frame) {
-            out.retain(|i| {
-                if !matches!(i, RunInput::Call { .. } | RunInput::Unreadable { .. }) {
-                    return true;
-                }
-                reader.seen += 1;
-                reader.seen > reader.skip
-            });
+        let Some(o) = self.open.get_mut(&frame) else {
+            return Vec::new();
+        };
+        let (out, ended) = o.reader.read(frame, item, delta);
+        if ended {
+            self.close(frame);
         }
         out
-    }
-
-    fn read_into(
-        &mut self,
-        frame: FrameKey,
-        item: Option<Result<StreamEvent, LlmError>>,
-        delta: &mut dyn FnMut(FrameKey, u64),
-        out: &mut Vec<RunInput>,
-    ) {
-        let Some(reader) = self.readers.get_mut(&frame) else {
-            return;
-        };
-        let at_token_limit = matches!(
-            item,
-            Some(Ok(StreamEvent::Finish {
-                reason: FinishReason::Length
-            }))
-        );
-        let finish_reason = match &item {
-            Some(Ok(StreamEvent::Finish { reason })) => Some(reason.as_str().to_string()),
-            _ => None,
-        };
-        match item {
-            // A stream ends with `Finish` (a provider may keep the connection open after it).
-            None | Some(Ok(StreamEvent::Finish { .. })) => {
-                reader.finish_answer(frame, at_token_limit, out);
-                if !reader.usage_seen {
-                    // Honest accounting: the budget holds even when the server says nothing.
-                    let (cache_read_tokens, cache_write_tokens) =
-                        reader.cache.take().unwrap_or_default();
-                    out.push(RunInput::Usage {
-                        frame,
-                        input_tokens: crate::llm::wire::json_chars(&reader.request.messages)
-                            .div_ceil(4) as u64,
-                        output_tokens: reader.out_chars.div_ceil(4) as u64,
-                        estimated: true,
-                        cache_read_tokens,
-                        cache_write_tokens,
-                        model: Some(reader.model.clone()),
-                    });
-                }
-                out.push(RunInput::StreamClosed {
-                    frame,
-                    error: None,
-                    finish_reason,
-                });
-                self.close(frame);
-            }
-            Some(Ok(StreamEvent::TextDelta(t))) => {
-                reader.saw_text = true;
-                reader.received.push(&t);
-                reader.out_chars += t.chars().count();
-                delta(frame, t.chars().count() as u64);
-                let evs = reader.parser.feed(&t);
-                reader.parsed(frame, evs, out);
-            }
-            Some(Ok(StreamEvent::Strict {
-                solution,
-                functions,
-            })) => {
-                reader.strict_solution = solution;
-                reader.strict_functions = functions;
-            }
-            Some(Ok(StreamEvent::ToolCallDone {
-                name, arguments, ..
-            })) => {
-                reader.yielded = true;
-                match call_from_tool_call(&name, &arguments) {
-                    Ok(ToolCallOutcome::Call(call)) => {
-                        reader.out_chars += arguments.chars().count();
-                        out.push(reader.call(frame, call, true))
-                    }
-                    Ok(ToolCallOutcome::Output(output)) => {
-                        out.push(reader.output(frame, output, true))
-                    }
-                    Err(e) => out.push(RunInput::Unreadable {
-                        frame,
-                        raw: arguments,
-                        reason: e.to_string(),
-                    }),
-                }
-            }
-            Some(Ok(StreamEvent::CacheUsage {
-                read_tokens,
-                write_tokens,
-            })) => {
-                // Providers send it before `Usage`; it is journaled with it.
-                let (r, w) = reader.cache.unwrap_or_default();
-                reader.cache = Some((
-                    r.saturating_add(read_tokens),
-                    w.saturating_add(write_tokens),
-                ));
-            }
-            Some(Ok(StreamEvent::Usage {
-                input_tokens,
-                output_tokens,
-            })) => {
-                reader.usage_seen = true;
-                let (cache_read_tokens, cache_write_tokens) =
-                    reader.cache.take().unwrap_or_default();
-                out.push(RunInput::Usage {
-                    frame,
-                    input_tokens,
-                    output_tokens,
-                    estimated: false,
-                    cache_read_tokens,
-                    cache_write_tokens,
-                    model: Some(reader.model.clone()),
-                });
-            }
-            Some(Ok(StreamEvent::Fallback {
-                from,
-                to,
-                index,
-                code,
-                error,
-            })) => {
-                // The next model starts the turn over: what the failed one parsed is
-                // discarded (none of it was content).
-                reader.restart();
-                reader.skip = reader.skip.max(reader.seen);
-                reader.seen = 0;
-                reader.usage_seen = false;
-                reader.out_chars = 0;
-                reader.model.clone_from(&to);
-                out.push(RunInput::Fallback {
-                    frame,
-                    from,
-                    to,
-                    index,
-                    code,
-                    error,
-                });
-            }
-            Some(Ok(StreamEvent::Reask { model, code, error })) => {
-                // The same model answers again, whole: what the broken stream parsed is
-                // discarded, except the calls the run already took (the answer's first ones
-                // are dropped in their place).
-                reader.restart();
-                reader.skip = reader.skip.max(reader.seen);
-                reader.seen = 0;
-                reader.usage_seen = false;
-                reader.out_chars = 0;
-                out.push(RunInput::Reask {
-                    frame,
-                    model,
-                    code,
-                    error,
-                });
-            }
-            Some(Ok(StreamEvent::Retry {
-                attempt,
-                status,
-                wait,
-                error,
-            })) => {
-                // A retried attempt starts over: what it parsed is discarded (none was content).
-                reader.restart();
-                out.push(RunInput::Retry {
-                    frame,
-                    attempt,
-                    status,
-                    wait_ms: u64::try_from(wait.as_millis()).unwrap_or(u64::MAX),
-                    error,
-                });
-            }
-            Some(Ok(_)) => {}
-            Some(Err(e)) => {
-                let mut err = RunError::new("run.model_error", format!("the model failed: {e}"));
-                let mut cause = json!({"code": e.code(), "message": e.to_string()});
-                if matches!(e, LlmError::ContextOverflow { .. }) {
-                    // The size of what was refused, for the run's error if it never fits.
-                    cause["request_chars"] =
-                        json!(crate::llm::wire::json_chars(&reader.request.messages));
-                }
-                err.cause = Some(cause);
-                out.push(RunInput::StreamClosed {
-                    frame,
-                    error: Some(Box::new(err)),
-                    finish_reason: None,
-                });
-                self.close(frame);
-            }
-        }
     }
 }

@@ -22,6 +22,7 @@ mod grants;
 mod ops;
 mod overflow;
 mod pending;
+mod reader;
 mod replay;
 mod steps;
 mod types;
@@ -36,6 +37,7 @@ use serde_json::{Map, Value};
 
 pub use config::{AgentConfig, CheckedLimits, ConfigError, MAX_SECONDS, checked_ms};
 pub use pending::ModelKey;
+pub use reader::TurnReader;
 pub use replay::{Replayer, replay};
 pub use types::{
     Action, CallSummary, FrameKey, JournalEntry, RunError, RunInput, RunResult, RunStatus, Timer,
