@@ -29,9 +29,7 @@ use super::journal::{Commit, JournalError, JournalSink, RunNote, append_caught};
 use super::timers::Timers;
 use super::turns::{Models, TurnItem, Turns};
 use crate::llm::{Request, Settings};
-use crate::machine::{
-    Action, FrameKey, JournalEntry, RunError, RunInput, RunMachine, RunResult, RunStatus, Usage,
-};
+use crate::machine::{Action, FrameKey, JournalEntry, RunError, RunInput, RunMachine, RunResult};
 use crate::protocol::{CallId, Event, EventKind};
 use crate::scheduler::Outcome;
 use crate::tools::{Progress, ProgressSink};
@@ -236,17 +234,13 @@ impl Driver {
         self.turns = Turns::default();
         self.activities.shutdown().await;
         self.aux.shutdown().await;
-        let result = self.result.take().unwrap_or_else(|| RunResult {
-            status: RunStatus::Cancelled,
-            output: serde_json::Value::Null,
-            state: serde_json::Value::Null,
-            steps: 0,
-            usage: Usage::default(),
-            calls: Vec::new(),
-            error: Some(RunError::new(
+        // Nothing runs and nothing here can decide what waits: the run stops, resumable (a
+        // decision recorded later, then `resume`, moves it on). Not an ending.
+        let result = self.result.take().unwrap_or_else(|| {
+            RunResult::stopped(RunError::new(
                 "run.stalled",
-                "the run stopped: nothing was running and nobody could decide",
-            )),
+                "the run stopped and can be resumed: nothing was running and nobody could decide",
+            ))
         });
         self.shared
             .done
@@ -638,13 +632,5 @@ async fn committed(commit: &mut Option<Commit>) -> (Vec<JournalEntry>, Result<()
 fn stopped(e: JournalError) -> RunResult {
     let mut err = RunError::new(e.code(), format!("the run stopped and can be resumed: {e}"));
     err.cause = Some(serde_json::json!({"code": e.code(), "message": e.reason}));
-    RunResult {
-        status: RunStatus::Stopped,
-        output: serde_json::Value::Null,
-        state: serde_json::Value::Null,
-        steps: 0,
-        usage: Usage::default(),
-        calls: Vec::new(),
-        error: Some(err),
-    }
+    RunResult::stopped(err)
 }

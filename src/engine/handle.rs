@@ -446,17 +446,8 @@ impl RunHandle {
 }
 
 fn driver_lost() -> RunResult {
-    use crate::machine::{RunError, RunStatus, Usage};
-    RunResult {
-        status: RunStatus::Cancelled,
-        output: serde_json::Value::Null,
-        state: serde_json::Value::Null,
-        steps: 0,
-        usage: Usage::default(),
-        calls: Vec::new(),
-        error: Some(RunError::new(
-            "run.driver_lost",
-            "the run's driver stopped without a result (the runtime shut down or it panicked)",
-        )),
-    }
+    RunResult::stopped(crate::machine::RunError::new(
+        "run.driver_lost",
+        "the run's driver stopped without a result (the runtime shut down or it panicked); the run can be resumed",
+    ))
 }

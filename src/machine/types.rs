@@ -569,6 +569,23 @@ pub struct RunResult {
 }
 
 impl RunResult {
+    /// A run that stopped without ending. Every ending is the machine's; a driver's only
+    /// outcome of its own is this: its journal could not be written, its lease was lost,
+    /// nothing in this process could move the run on, or the driver itself died. The machine
+    /// decided nothing, so nothing is recorded as the run's result and it can be resumed
+    /// ([`RunStatus::Stopped`], not final).
+    pub fn stopped(error: RunError) -> RunResult {
+        RunResult {
+            status: RunStatus::Stopped,
+            output: serde_json::Value::Null,
+            state: serde_json::Value::Null,
+            steps: 0,
+            usage: Usage::default(),
+            calls: Vec::new(),
+            error: Some(error),
+        }
+    }
+
     /// True when the run produced a valid output.
     pub fn succeeded(&self) -> bool {
         self.status == RunStatus::Succeeded
