@@ -23,7 +23,8 @@ use std::time::Duration;
 use axum::Json;
 use axum::routing::post;
 use browser::{
-    Killed, browser, browser_binaries, click, save_screenshot, start_driver, type_into, until,
+    Killed, Profile, browser, browser_binaries, click, save_screenshot, start_driver, type_into,
+    until,
 };
 use fantoccini::Client;
 use serde_json::{Value, json};
@@ -221,7 +222,7 @@ struct OpenRun {
     id: String,
     awaiting: Vec<Value>,
     _driver: Killed,
-    _profile: tempfile::TempDir,
+    _profile: Profile,
     _server: Killed,
     _dir: tempfile::TempDir,
 }
@@ -234,7 +235,7 @@ async fn open_submitted_run() -> Option<OpenRun> {
     let (server, base) = start_server(&dir.path().join("runs.db"));
     let (id, awaiting) = submit(&base, dir.path(), &url).await;
     let (driver, driver_url) = start_driver(&driver).await;
-    let profile = tempfile::tempdir().expect("profile dir");
+    let profile = Profile::new();
     let c = browser(&chromium, &driver_url, profile.path()).await;
     open_run(&c, &base, &id).await;
     Some(OpenRun {
@@ -592,7 +593,7 @@ async fn the_page_reconnects_by_itself_when_the_server_restarts() {
     let (id, awaiting) = submit(&base, dir.path(), &url).await;
 
     let (_driver, driver_url) = start_driver(&driver).await;
-    let profile = tempfile::tempdir().expect("profile dir");
+    let profile = Profile::new();
     let c = browser(&chromium, &driver_url, profile.path()).await;
     open_run(&c, &base, &id).await;
 
@@ -701,7 +702,7 @@ fetch("{cancel}", {{method: "POST", mode: "no-cors", headers: {{"Content-Type": 
     tokio::spawn(async move { axum::serve(listener, app).await });
 
     let (_driver, driver_url) = start_driver(&driver).await;
-    let profile = tempfile::tempdir().expect("profile dir");
+    let profile = Profile::new();
     let c = browser(&chromium, &driver_url, profile.path()).await;
     c.goto(&other).await.expect("open the other origin's page");
     let results = until(

@@ -23,6 +23,35 @@ impl Drop for Killed {
     }
 }
 
+/// A browser profile directory that ends the browser using it when dropped. Killing
+/// chromedriver leaves the Chromium it started running (reparented to init, its page's timers
+/// and event streams still going), so every process started with this profile is killed, then
+/// the directory removed.
+pub struct Profile(tempfile::TempDir);
+
+impl Profile {
+    pub fn new() -> Profile {
+        Profile(tempfile::tempdir().expect("profile dir"))
+    }
+
+    pub fn path(&self) -> &Path {
+        self.0.path()
+    }
+}
+
+impl Drop for Profile {
+    fn drop(&mut self) {
+        let _ = Command::new("pkill")
+            .arg("-KILL")
+            .arg("-f")
+            .arg("--")
+            .arg(format!("--user-data-dir={}", self.0.path().display()))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+    }
+}
+
 /// An executable at `fixed`, or else found on PATH under `name`.
 fn find_binary(fixed: &str, name: &str) -> Option<PathBuf> {
     let p = PathBuf::from(fixed);
@@ -116,7 +145,7 @@ pub async fn browser(chromium: &Path, driver_url: &str, profile: &Path) -> Clien
 pub struct Session {
     pub c: Client,
     _driver: Killed,
-    _profile: tempfile::TempDir,
+    _profile: Profile,
 }
 
 /// A fresh [`Session`], or None when the browser binaries are missing (the test then says
@@ -124,7 +153,7 @@ pub struct Session {
 pub async fn session() -> Option<Session> {
     let (chromium, driver) = browser_binaries()?;
     let (driver, driver_url) = start_driver(&driver).await;
-    let profile = tempfile::tempdir().expect("profile dir");
+    let profile = Profile::new();
     let c = browser(&chromium, &driver_url, profile.path()).await;
     Some(Session {
         c,
