@@ -352,9 +352,28 @@ fn runs_export_their_trace_to_phoenix_delegate_rejected_failed_and_resumed() {
         String::from_utf8_lossy(&out.stderr)
     );
     let trace = dagloop::telemetry::trace_id(&crashed).to_string();
-    let spans = p.spans(&trace, |s| s.iter().any(|x| x["name"] == "invoke_workflow"));
-    let root = one(&spans, "invoke_workflow");
-    assert_eq!(root["attributes"]["dagloop.run.resumed"], true, "{root}");
+    let spans = p.spans(&trace, |s| {
+        s.iter().any(|x| {
+            x["name"] == "invoke_workflow" && x["attributes"]["dagloop.run.resumed"] == true
+        })
+    });
+    // Two run spans: the killed process's, reported by the resumed one (it never ended its
+    // own), and the resumed process's.
+    let runs = named(&spans, "invoke_workflow");
+    assert_eq!(runs.len(), 2, "{runs:#?}");
+    let root = runs
+        .iter()
+        .find(|s| s["attributes"]["dagloop.run.resumed"] == true)
+        .expect("the resumed process's run span");
+    assert_eq!(
+        root["attributes"]["dagloop.run.status"], "succeeded",
+        "{root}"
+    );
+    assert!(
+        runs.iter()
+            .any(|s| s["attributes"]["dagloop.run.status"] == "stopped"),
+        "{runs:#?}"
+    );
     let mut executed: BTreeMap<String, usize> = BTreeMap::new();
     for s in &spans {
         if s["name"].as_str().unwrap_or("").starts_with("execute_tool")

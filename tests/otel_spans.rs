@@ -102,13 +102,34 @@ fn shape(spans: &[SpanData]) -> Value {
     json!(out)
 }
 
+/// The process's span pipeline, an in-memory exporter installed once for every test here (the
+/// pipeline is the process's); each test reads its own run's trace.
+fn exporter() -> InMemorySpanExporter {
+    static EXPORTER: std::sync::OnceLock<InMemorySpanExporter> = std::sync::OnceLock::new();
+    EXPORTER
+        .get_or_init(|| {
+            let e = InMemorySpanExporter::default();
+            assert!(dagloop::telemetry::install_exporter(e.clone(), false));
+            e
+        })
+        .clone()
+}
+
+/// The finished spans of `run`'s trace.
+fn spans_of(exporter: &InMemorySpanExporter, run: &str) -> Vec<SpanData> {
+    dagloop::telemetry::flush();
+    let trace = dagloop::telemetry::trace_id(run).to_string();
+    exporter
+        .get_finished_spans()
+        .expect("spans")
+        .into_iter()
+        .filter(|s| s.span_context.trace_id().to_string() == trace)
+        .collect()
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_run_exports_the_genai_spans_with_parents_attributes_and_links() {
-    let exporter = InMemorySpanExporter::default();
-    assert!(dagloop::telemetry::install_exporter(
-        exporter.clone(),
-        false
-    ));
+    let exporter = exporter();
     let turns = vec![
         turn(json!({"calls": [
             {"_tool": "double", "x": "†input.n", "_outputPath": "†state.a"},
@@ -130,12 +151,97 @@ async fn a_run_exports_the_genai_spans_with_parents_attributes_and_links() {
         "boom",
         |_p: Value| async move { Err::<Value, _>("it broke") },
     );
-    let result = b.build().expect("agent").run().await;
+    let result = b.run_id("otel-spans-a").build().expect("agent").run().await;
     assert_eq!(result.status, RunStatus::Succeeded, "{:?}", result.error);
-    dagloop::telemetry::flush();
-    let spans = exporter.get_finished_spans().expect("spans");
+    let spans = spans_of(&exporter, "otel-spans-a");
     let shaped = shape(&spans);
     // Params and results are not recorded without DAGLOOP_OTEL_CONTENT=on.
     assert!(!shaped.to_string().contains("gen_ai.tool.call.arguments"));
     insta::assert_json_snapshot!(shaped);
+}
+
+/// A run whose process stopped while a call waited for a decision, resumed by another: the
+/// stopped process never ended its run span, so the resumed one reports it (status `stopped`),
+/// and its own run span's `resumed_from` link points at it.
+#[tokio::test(start_paused = true)]
+async fn a_resumed_run_reports_the_stopped_process_run_span_its_link_points_at() {
+    let exporter = exporter();
+    let mut doc = serde_json::to_value(goal()).expect("goal");
+    doc["approval"] = json!({"policy": "ask"});
+    let g = Goal::from_json(&doc.to_string(), "test.json".as_ref(), ".".into()).expect("goal");
+    let turns = vec![
+        turn(
+            json!({"calls": [{"_tool": "double", "x": 4, "_outputPath": "†state.a"}], "output": null}),
+        ),
+        turn(json!({"calls": [], "output": {"answer": "†state.a"}})),
+    ];
+    let script = Script::parse(&json!({"turns": turns}).to_string(), "test").expect("script");
+    let build = || {
+        let mut b = AgentBuilder::new(g.clone())
+            .model(Arc::new(ScriptedModel::new(script.clone())))
+            .external_review()
+            .run_id("otel-spans-resumed");
+        b.registry_mut()
+            .register_fn("double", |p: Value| async move {
+                let x = p["x"].as_i64().ok_or("x must be an integer")?;
+                Ok::<_, String>(x * 2)
+            });
+        b.registry_mut().register_fn(
+            "boom",
+            |_p: Value| async move { Err::<Value, _>("it broke") },
+        );
+        b
+    };
+    let first = build().build().expect("agent").start();
+    while first.awaiting().is_empty() {
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    let journal = first.journal();
+    drop(first);
+    let second = build().build().expect("agent").resume(journal);
+    while second.awaiting().is_empty() {
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    let (call, _, _) = second.awaiting()[0].clone();
+    second
+        .submit(dagloop::protocol::Op::Decide {
+            call,
+            decision: dagloop::protocol::Decision::Approve,
+            presented: None,
+            by: None,
+        })
+        .await
+        .expect("approve");
+    let result = second.wait().await;
+    assert_eq!(result.status, RunStatus::Succeeded, "{:?}", result.error);
+    assert_eq!(result.output, json!({"answer": 8}));
+    let spans = spans_of(&exporter, "otel-spans-resumed");
+    let status = |s: &SpanData| {
+        s.attributes
+            .iter()
+            .find(|kv| kv.key.as_str() == "dagloop.run.status")
+            .map(|kv| kv.value.to_string())
+    };
+    // The run's spans (`invoke_workflow`: the goal has a delegate tool).
+    let runs: Vec<&SpanData> = spans.iter().filter(|s| status(s).is_some()).collect();
+    assert!(
+        runs.iter().all(|s| s.name == "invoke_workflow"),
+        "{runs:#?}"
+    );
+    assert_eq!(runs.len(), 2, "{runs:#?}");
+    let stopped = runs
+        .iter()
+        .find(|s| status(s).as_deref() == Some("stopped"))
+        .expect("the stopped process's run span");
+    let resumed = runs
+        .iter()
+        .find(|s| status(s).as_deref() == Some("succeeded"))
+        .expect("the resumed process's run span");
+    assert!(stopped.links.is_empty(), "{stopped:#?}");
+    assert_eq!(resumed.links.len(), 1, "{resumed:#?}");
+    assert_eq!(
+        resumed.links[0].span_context.span_id(),
+        stopped.span_context.span_id(),
+        "resumed_from points at the stopped process's run span"
+    );
 }

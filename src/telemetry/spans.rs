@@ -123,7 +123,7 @@ impl RunSpans {
         let mut agents = BTreeMap::new();
         let mut activities = BTreeMap::new();
         collect_tools(config, &mut agents, &mut activities);
-        RunSpans {
+        let spans = RunSpans {
             run_id: Arc::from(run_id),
             trace: ids::trace_id(run_id),
             export,
@@ -151,6 +151,68 @@ impl RunSpans {
             calls: BTreeMap::new(),
             writers: BTreeMap::new(),
             usage: BTreeMap::new(),
+        };
+        spans.predecessor(stored);
+        spans
+    }
+
+    /// A resumed run: reports the run span of the process before this one, which never ended
+    /// it (it was killed, or parked its run), so that this process's `resumed_from` link points
+    /// at a span that exists. It lasts from that process's start (the run's start, or the
+    /// `resumed` entry it journaled) to its last journal entry, with status `stopped`.
+    fn predecessor(&self, stored: &[JournalEntry]) {
+        if self.own == 0 || self.export.is_none() {
+            return;
+        }
+        let inc = self.own - 1;
+        let start = if inc == 0 {
+            stored.first().map(|e| e.at)
+        } else {
+            stored
+                .iter()
+                .filter(|e| matches!(e.input, RunInput::Resumed))
+                .nth(inc as usize - 1)
+                .map(|e| e.at)
+        };
+        let (Some(start), Some(end)) = (start, stored.last().map(|e| e.at)) else {
+            return;
+        };
+        let open = Open {
+            id: self.id("run", &[], inc),
+            start,
+            replayed: false,
+        };
+        let mut s = self.span(self.root_name(), None, &open, end);
+        s.attrs.extend([
+            ("gen_ai.operation.name", Value::from(self.operation())),
+            ("gen_ai.agent.name", Value::from("dagloop")),
+            ("dagloop.run.status", Value::from("stopped")),
+        ]);
+        if inc > 0 {
+            s.attrs.push(("dagloop.run.resumed", Value::Bool(true)));
+            s.links.push(Link {
+                span: self.id("run", &[], inc - 1),
+                attrs: vec![("dagloop.link.type", Value::from("resumed_from"))],
+            });
+        }
+        self.emit(s);
+    }
+
+    /// The name of the run's span.
+    fn root_name(&self) -> String {
+        if self.workflow {
+            "invoke_workflow".to_string()
+        } else {
+            "invoke_agent dagloop".to_string()
+        }
+    }
+
+    /// The run span's `gen_ai.operation.name`.
+    fn operation(&self) -> &'static str {
+        if self.workflow {
+            "invoke_workflow"
+        } else {
+            "invoke_agent"
         }
     }
 
@@ -784,21 +846,9 @@ impl RunSpans {
         let Some(root) = self.root.take() else {
             return;
         };
-        let name = if self.workflow {
-            "invoke_workflow".to_string()
-        } else {
-            "invoke_agent dagloop".to_string()
-        };
-        let mut s = self.span(name, None, &root, at);
+        let mut s = self.span(self.root_name(), None, &root, at);
         s.attrs.extend([
-            (
-                "gen_ai.operation.name",
-                Value::from(if self.workflow {
-                    "invoke_workflow"
-                } else {
-                    "invoke_agent"
-                }),
-            ),
+            ("gen_ai.operation.name", Value::from(self.operation())),
             ("gen_ai.agent.name", Value::from("dagloop")),
             ("dagloop.run.status", Value::from(status)),
         ]);
