@@ -511,6 +511,8 @@ async fn trace_reported_once(got: &otlp::Received, run: &str) {
         .filter(|s| s.name.starts_with("chat"))
         .collect();
     assert_eq!(chats.len(), 2, "{spans:?}");
+    // A script is named by its file, not by its path on the worker's disk.
+    assert!(chats.iter().all(|s| s.name == "chat s.json"), "{chats:?}");
     assert!(
         chats
             .iter()

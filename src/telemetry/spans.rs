@@ -488,6 +488,14 @@ impl RunSpans {
             t.model = model;
         }
         let (provider, model) = match t.model.as_deref().and_then(|m| m.split_once(':')) {
+            // A script is named by its file, not by where it lies on this machine (the path
+            // would name the span, label metrics and tell the collector about the disk).
+            Some(("scripted", path)) => (
+                "scripted".to_string(),
+                std::path::Path::new(path)
+                    .file_name()
+                    .map_or_else(|| path.to_string(), |f| f.to_string_lossy().into_owned()),
+            ),
             Some((p, m)) => (p.to_string(), m.to_string()),
             None => ("unknown".into(), t.model.clone().unwrap_or_default()),
         };
