@@ -29,6 +29,19 @@ fn goal() -> Goal {
     Goal::from_json(&g.to_string(), "test.json".as_ref(), ".".into()).expect("goal")
 }
 
+/// The goal's Rust tools: `double` doubles `x`, `boom` always fails.
+fn register_tools(b: &mut AgentBuilder) {
+    b.registry_mut()
+        .register_fn("double", |p: Value| async move {
+            let x = p["x"].as_i64().ok_or("x must be an integer")?;
+            Ok::<_, String>(x * 2)
+        });
+    b.registry_mut().register_fn(
+        "boom",
+        |_p: Value| async move { Err::<Value, _>("it broke") },
+    );
+}
+
 fn turn(solution: Value) -> Value {
     json!({"solution": solution, "chunk_chars": 7, "chunk_delay_ms": 1})
 }
@@ -142,15 +155,7 @@ async fn a_run_exports_the_genai_spans_with_parents_attributes_and_links() {
     ];
     let script = Script::parse(&json!({"turns": turns}).to_string(), "test").expect("script");
     let mut b = AgentBuilder::new(goal()).model(Arc::new(ScriptedModel::new(script)));
-    b.registry_mut()
-        .register_fn("double", |p: Value| async move {
-            let x = p["x"].as_i64().ok_or("x must be an integer")?;
-            Ok::<_, String>(x * 2)
-        });
-    b.registry_mut().register_fn(
-        "boom",
-        |_p: Value| async move { Err::<Value, _>("it broke") },
-    );
+    register_tools(&mut b);
     let result = b.run_id("otel-spans-a").build().expect("agent").run().await;
     assert_eq!(result.status, RunStatus::Succeeded, "{:?}", result.error);
     let spans = spans_of(&exporter, "otel-spans-a");
@@ -181,15 +186,7 @@ async fn a_resumed_run_reports_the_stopped_process_run_span_its_link_points_at()
             .model(Arc::new(ScriptedModel::new(script.clone())))
             .external_review()
             .run_id("otel-spans-resumed");
-        b.registry_mut()
-            .register_fn("double", |p: Value| async move {
-                let x = p["x"].as_i64().ok_or("x must be an integer")?;
-                Ok::<_, String>(x * 2)
-            });
-        b.registry_mut().register_fn(
-            "boom",
-            |_p: Value| async move { Err::<Value, _>("it broke") },
-        );
+        register_tools(&mut b);
         b
     };
     let first = build().build().expect("agent").start();

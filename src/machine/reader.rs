@@ -125,6 +125,16 @@ impl TurnReader {
         self.unknown.clear();
     }
 
+    /// A whole new answer to the turn begins (another model, or the same one asked again
+    /// whole): it starts over, and the calls the run already took are the first ones it drops.
+    fn answer_again(&mut self) {
+        self.restart();
+        self.skip = self.skip.max(self.seen);
+        self.seen = 0;
+        self.usage_seen = false;
+        self.out_chars = 0;
+    }
+
     /// The end of the answer: the last parsed pieces, then what was wrong with it as a whole,
     /// if anything (the model is told, see `context::correction`).
     fn finish_answer(&mut self, frame: FrameKey, at_token_limit: bool, out: &mut Vec<RunInput>) {
@@ -331,11 +341,7 @@ impl TurnReader {
             })) => {
                 // The next model starts the turn over: what the failed one parsed is
                 // discarded (none of it was content).
-                reader.restart();
-                reader.skip = reader.skip.max(reader.seen);
-                reader.seen = 0;
-                reader.usage_seen = false;
-                reader.out_chars = 0;
+                reader.answer_again();
                 reader.model.clone_from(&to);
                 out.push(RunInput::Fallback {
                     frame,
@@ -350,11 +356,7 @@ impl TurnReader {
                 // The same model answers again, whole: what the broken stream parsed is
                 // discarded, except the calls the run already took (the answer's first ones
                 // are dropped in their place).
-                reader.restart();
-                reader.skip = reader.skip.max(reader.seen);
-                reader.seen = 0;
-                reader.usage_seen = false;
-                reader.out_chars = 0;
+                reader.answer_again();
                 out.push(RunInput::Reask {
                     frame,
                     model,
