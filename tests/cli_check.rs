@@ -4,7 +4,7 @@
 //! Goal and plan fixtures are read with relative paths from their own folder, so the messages
 //! in the snapshots do not depend on where the repository lives.
 
-#[path = "fixtures/e2e/harness.rs"]
+#[path = "common/e2e.rs"]
 mod harness;
 
 use harness::{Run, command, finish, fixture};

@@ -2,7 +2,7 @@
 //! goal's relative `scripted:` path), `--approve`, and the OpenAI-compatible provider path
 //! against `dagloop mock-llm` and the in-process mock.
 
-#[path = "fixtures/e2e/harness.rs"]
+#[path = "common/e2e.rs"]
 mod harness;
 
 use std::ffi::OsStr;

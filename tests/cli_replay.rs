@@ -4,7 +4,7 @@
 //! its sequence number, exit 1. A run exported as a cassette re-runs offline, its tool service
 //! stopped, to the same output; a changed param is a `cassette.miss` (spec/replay.md).
 
-#[path = "fixtures/e2e/harness.rs"]
+#[path = "common/e2e.rs"]
 mod harness;
 
 use std::path::{Path, PathBuf};

@@ -4,7 +4,7 @@
 //! Exit codes: 0 succeeded, 1 the run ended without a valid output. The result JSON on stdout
 //! always carries `status`; a failed run also carries `error.code`.
 
-#[path = "fixtures/e2e/harness.rs"]
+#[path = "common/e2e.rs"]
 mod harness;
 
 use std::ffi::OsStr;

@@ -5,7 +5,7 @@
 #[path = "common/bin.rs"]
 mod bin;
 
-#[path = "fixtures/e2e/harness.rs"]
+#[path = "common/e2e.rs"]
 mod harness;
 
 use harness::{ToolServer, Workspace};

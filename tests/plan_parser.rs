@@ -2,7 +2,7 @@
 //! (snapshots), equivalence with a whole-text parse under any chunking (proptest), and typed
 //! errors at the right byte offset for malformed or truncated text.
 
-#[path = "support/plan_gen.rs"]
+#[path = "common/plan_gen.rs"]
 mod plan_gen;
 
 use dagloop::plan::{ParseErrorKind, ParseEvent, SolutionParser};

@@ -1,6 +1,6 @@
 //! The approval gate (rules 13-14), driven end to end on tokio's paused clock.
 
-#[path = "sched_common/mod.rs"]
+#[path = "common/sched.rs"]
 mod common;
 
 use std::sync::Arc;

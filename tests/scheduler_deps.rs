@@ -1,6 +1,6 @@
 //! Dependencies and scheduling (rules 3-12), driven end to end on tokio's paused clock.
 
-#[path = "sched_common/mod.rs"]
+#[path = "common/sched.rs"]
 mod common;
 
 use common::*;

@@ -2,7 +2,7 @@
 //! approved send, a failing call with a failure branch, a cycle refusal and an unresolved call.
 //! Times are virtual milliseconds since the step started (tokio's paused clock).
 
-#[path = "sched_common/mod.rs"]
+#[path = "common/sched.rs"]
 mod common;
 
 use std::sync::Arc;
