@@ -28,6 +28,15 @@ pub trait SpanExport: Send + Sync {
     fn export(&self, span: SpanRecord);
 }
 
+/// Spans handed to an exporter by this process, every run's ([`exported`]).
+static EXPORTED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// How many spans this process has handed to its exporter so far (a benchmark compares it with
+/// what its collector received: the export pipeline dropped the difference).
+pub fn exported() -> u64 {
+    EXPORTED.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 /// The key of an agent's frame: 0 for the run's own agent, else its delegate call.
 type Frame = u64;
 
@@ -232,6 +241,7 @@ impl RunSpans {
             return;
         }
         if let Some(x) = &self.export {
+            EXPORTED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             x.export(span);
         }
     }
@@ -824,12 +834,39 @@ impl RunSpans {
         }
     }
 
+    ///
+    /// A written path covers a waited-for one when either holds the other, so the writers are
+    /// those of the path's ancestors (looked up one by one) and those of the path and what is
+    /// under it (a range of the ordered map): a lookup per segment, never a scan of every write
+    /// the run made (that made a fan-out's tracing quadratic). In the map's order, as before.
     fn links_for(&self, id: u64, paths: &[String]) -> Vec<u64> {
         let mut linked = Vec::new();
+        // Seen writers in a set: a fan-in that waited on a whole fan-out has a writer per call.
+        let mut seen = std::collections::BTreeSet::new();
+        let mut add = |writer: u64| {
+            if writer != id && seen.insert(writer) {
+                linked.push(writer);
+            }
+        };
         for path in paths {
-            for (written, writer) in &self.writers {
-                if covers(written, path) && *writer != id && !linked.contains(writer) {
-                    linked.push(*writer);
+            for (i, ch) in path.char_indices() {
+                if i > 0
+                    && (ch == '.' || ch == '[')
+                    && let Some(w) = path.get(..i).and_then(|a| self.writers.get(a))
+                {
+                    add(*w);
+                }
+            }
+            let from = std::ops::Bound::Included(path.as_str());
+            for (written, w) in self
+                .writers
+                .range::<str, _>((from, std::ops::Bound::Unbounded))
+            {
+                if !written.starts_with(path.as_str()) {
+                    break;
+                }
+                if covers(written, path) {
+                    add(*w);
                 }
             }
         }
@@ -937,5 +974,74 @@ fn collect_tools(
     for (name, nested) in &config.delegates {
         agents.entry(name.clone()).or_insert_with(|| name.clone());
         collect_tools(nested, agents, activities);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `links_for` finds exactly the writers a scan of every write finds, in the same order.
+    #[test]
+    fn links_for_agrees_with_a_scan_of_every_write() {
+        let config = AgentConfig::from_goal(
+            &crate::goal::Goal::from_json(
+                r#"{"goal": "g", "output_schema": {}}"#,
+                "t".as_ref(),
+                ".".into(),
+            )
+            .expect("goal"),
+            BTreeMap::new(),
+        )
+        .expect("config");
+        let mut spans = RunSpans::new("run-links", &config, &[], None, false, false);
+        let written = [
+            "state",
+            "state.a",
+            "state.a.b",
+            "state.a[0]",
+            "state.a[0].c",
+            "state.ab",
+            "state.abc.d",
+            "state.b",
+            "state.users[1].id",
+            "state.users",
+            "input.x",
+        ];
+        for (i, p) in written.iter().enumerate() {
+            spans.writers.insert((*p).to_string(), i as u64 + 1);
+        }
+        let scan = |id: u64, paths: &[String]| {
+            let mut linked = Vec::new();
+            for path in paths {
+                for (w, writer) in &spans.writers {
+                    if covers(w, path) && *writer != id && !linked.contains(writer) {
+                        linked.push(*writer);
+                    }
+                }
+            }
+            linked
+        };
+        let waited = [
+            "state",
+            "state.a",
+            "state.a.b.c",
+            "state.a[0]",
+            "state.ab",
+            "state.abc",
+            "state.users[1].id.x",
+            "state.zzz",
+            "input",
+            "input.x.y",
+            "other",
+        ];
+        for w in waited {
+            for id in [0, 1, 2, 5] {
+                let paths = vec![w.to_string(), "state.b".to_string()];
+                assert_eq!(spans.links_for(id, &paths), scan(id, &paths), "{w} by {id}");
+            }
+        }
+        spans.writers.clear();
+        assert!(spans.links_for(0, &["state.a".into()]).is_empty());
     }
 }
