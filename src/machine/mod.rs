@@ -37,7 +37,7 @@ use serde_json::{Map, Value};
 
 pub use config::{AgentConfig, CheckedLimits, ConfigError, MAX_SECONDS, checked_ms};
 pub use pending::ModelKey;
-pub use reader::TurnReader;
+pub(crate) use reader::TurnReader;
 pub use replay::{Replayer, replay};
 pub use types::{
     Action, CallSummary, FrameKey, JournalEntry, RunError, RunInput, RunResult, RunStatus, Timer,
