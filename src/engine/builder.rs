@@ -19,7 +19,7 @@ use super::exec::{Hooks, RegistryExecutor};
 use super::handle::{Log, Owner, RunHandle, Shared};
 use super::journal::JournalSink;
 use super::review;
-use super::timers::Timers;
+use super::timers::Alarm;
 use super::turns::{Models, Turns};
 use crate::approval::{Approver, Policy};
 use crate::context::SanitizeLimits;
@@ -645,7 +645,7 @@ impl Agent {
             aux,
             activities: Default::default(),
             turns: Turns::default(),
-            timers: Timers::default(),
+            alarm: Alarm::default(),
             result: None,
             journal_seq: 0,
             queue: Vec::new(),

@@ -26,7 +26,7 @@ use super::activities::{Activities, Executor};
 use super::bus::Clock;
 use super::handle::{OpRequest, Shared};
 use super::journal::{Commit, JournalError, JournalSink, RunNote, append_caught};
-use super::timers::Timers;
+use super::timers::Alarm;
 use super::turns::{Models, TurnItem, Turns};
 use crate::llm::{Request, Settings};
 use crate::machine::{Action, FrameKey, JournalEntry, RunError, RunInput, RunMachine, RunResult};
@@ -48,7 +48,8 @@ pub(super) struct Driver {
     pub aux: JoinSet<()>,
     pub activities: Activities,
     pub turns: Turns,
-    pub timers: Timers,
+    /// Sleeps until the machine's earliest timer is due.
+    pub alarm: Alarm,
     pub result: Option<RunResult>,
     pub journal_seq: u64,
     /// Inputs waiting for the commit in flight to end; they form the next batch.
@@ -175,6 +176,7 @@ impl Driver {
         while self.result.is_none() {
             self.update_idle();
             let now = (self.clock)();
+            let wake_at = self.alarm.next_at(&self.machine);
             // While a commit is in flight, what happens next waits in the queue (bounded).
             let read = self.queue.len() < MAX_QUEUED;
             let next = tokio::select! {
@@ -188,7 +190,9 @@ impl Driver {
                 Some((id, o)) = self.activities.next(), if read && !self.activities.is_empty() => {
                     Next::Done(id, o)
                 }
-                _ = self.timers.wait(now), if read && !self.timers.is_empty() => Next::Timer,
+                _ = self.alarm.wait(wake_at.unwrap_or(now), now), if read && wake_at.is_some() => {
+                    Next::Timer
+                }
                 ev = self.lease.next(), if self.lease.active() => Next::Lease(ev),
                 else => Next::Idle,
             };
@@ -216,7 +220,7 @@ impl Driver {
                 }
                 Next::Timer => {
                     let now = (self.clock)();
-                    let fired = self.timers.fired(now);
+                    let fired = self.alarm.fire(&self.machine, now);
                     self.queue.extend(
                         fired
                             .into_iter()
@@ -277,8 +281,9 @@ impl Driver {
     }
 
     /// Replays a stored journal through the machine without performing anything (its events are
-    /// published); then arms the timers the machine says are pending and tells each model how
-    /// many requests it already answered (`RunMachine::timers`, `requests_answered`).
+    /// published); then tells each model how many requests it already answered
+    /// (`RunMachine::requests_answered`). The timers still pending are the machine's: the alarm
+    /// sleeps for them as it does for any other.
     fn rebuild(&mut self, entries: Vec<JournalEntry>) {
         self.machine.keep_launched(true);
         let mut actions = Vec::new();
@@ -308,10 +313,6 @@ impl Driver {
             if let Some(m) = self.models.get(list.as_deref()).models().get(index) {
                 m.resume_after(n);
             }
-        }
-        let pending: Vec<_> = self.machine.timers().collect();
-        for (timer, at) in pending {
-            self.timers.set(timer, at);
         }
     }
 
@@ -380,7 +381,10 @@ impl Driver {
             && self.activities.is_empty()
             && self.commit.is_none()
             && self.queue.is_empty()
-            && !self.timers.due((self.clock)());
+            && self
+                .alarm
+                .next_at(&self.machine)
+                .is_none_or(|at| at > (self.clock)());
         self.shared
             .idle
             .send_if_modified(|v| std::mem::replace(v, idle) != idle);
@@ -397,7 +401,7 @@ impl Driver {
         self.lease.recount = false;
         let note = RunNote {
             awaiting: if self.result.is_some() { 0 } else { awaiting },
-            wake_at: self.timers.next_at(),
+            wake_at: self.machine.poll_timeout(),
         };
         if self.lease.noted != Some(note) {
             self.lease.noted = Some(note);
@@ -532,6 +536,9 @@ impl Driver {
         for entry in entries {
             let input = entry.input.clone();
             let at = entry.at;
+            if let RunInput::TimerFired { timer } = &input {
+                self.alarm.handed(*timer);
+            }
             {
                 let mut log = match self.shared.log.lock() {
                     Ok(l) => l,
@@ -555,7 +562,7 @@ impl Driver {
                 }
             }
             for a in rest.drain(..) {
-                self.perform(a, at);
+                self.perform(a);
             }
         }
         actions.shrink_to(SCRATCH_KEPT);
@@ -563,7 +570,7 @@ impl Driver {
         self.scratch = (actions, rest);
     }
 
-    fn perform(&mut self, action: Action, now: u64) {
+    fn perform(&mut self, action: Action) {
         match action {
             Action::Request {
                 frame,
@@ -611,8 +618,8 @@ impl Driver {
                 );
             }
             Action::Abort { id } => self.activities.abort(id),
-            Action::SetTimer { timer, at } => self.timers.set(timer, at.max(now)),
-            Action::ClearTimer { timer } => self.timers.clear(timer),
+            // The machine keeps its timers; the alarm reads them before it next sleeps.
+            Action::SetTimer { .. } | Action::ClearTimer { .. } => {}
             Action::Emit(_) => {}
             Action::Finished(result) => self.result = Some(*result),
         }

@@ -1,64 +1,48 @@
-//! The machine's timers: a deadline per [`Timer`], one tokio sleep armed for the earliest.
+//! The driver's alarm clock for the machine's timers. The machine owns the timers (which are
+//! set, and when each is due: [`RunMachine::timers_by_due`]); the alarm only keeps one tokio
+//! sleep armed for the earliest, and remembers which timers it fired whose `timer_fired` input
+//! has not reached the machine yet (it waits in the driver's queue or in a commit), so that it
+//! does not fire them twice.
+//!
+//! Deliberately not here: a table of deadlines (the machine's), or what a timer means.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::pin::Pin;
 use std::time::Duration;
 
 use tokio::time::{Instant, Sleep};
 
-use crate::machine::Timer;
+use crate::machine::{RunMachine, Timer};
 use crate::protocol::Millis;
 
-pub(super) struct Timers {
-    by_timer: BTreeMap<Timer, Millis>,
-    queue: BTreeSet<(Millis, Timer)>,
+pub(super) struct Alarm {
     sleep: Pin<Box<Sleep>>,
     armed_for: Option<Millis>,
+    /// Fired, their `timer_fired` not yet handed to the machine.
+    fired: BTreeSet<Timer>,
 }
 
-impl Default for Timers {
+impl Default for Alarm {
     fn default() -> Self {
-        Timers {
-            by_timer: BTreeMap::new(),
-            queue: BTreeSet::new(),
+        Alarm {
             sleep: Box::pin(tokio::time::sleep(Duration::ZERO)),
             armed_for: None,
+            fired: BTreeSet::new(),
         }
     }
 }
 
-impl Timers {
-    pub fn set(&mut self, timer: Timer, at: Millis) {
-        self.clear(timer);
-        self.by_timer.insert(timer, at);
-        self.queue.insert((at, timer));
+impl Alarm {
+    /// When the earliest timer the alarm has not fired yet is due.
+    pub fn next_at(&self, machine: &RunMachine) -> Option<Millis> {
+        machine
+            .timers_by_due()
+            .find(|(_, t)| !self.fired.contains(t))
+            .map(|(at, _)| at)
     }
 
-    pub fn clear(&mut self, timer: Timer) {
-        if let Some(at) = self.by_timer.remove(&timer) {
-            self.queue.remove(&(at, timer));
-        }
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.queue.is_empty()
-    }
-
-    /// When the earliest timer is due.
-    pub fn next_at(&self) -> Option<Millis> {
-        self.queue.first().map(|(at, _)| *at)
-    }
-
-    /// Some timer is due at `now` (it fires as soon as the driver waits).
-    pub fn due(&self, now: Millis) -> bool {
-        self.queue.first().is_some_and(|(at, _)| *at <= now)
-    }
-
-    /// Waits for the earliest timer (call only when not empty); `now` reads the engine's clock.
-    pub async fn wait(&mut self, now: Millis) {
-        let Some(&(at, _)) = self.queue.first() else {
-            return std::future::pending().await;
-        };
+    /// Waits until `at` (`now` reads the engine's clock). Cancel-safe.
+    pub async fn wait(&mut self, at: Millis, now: Millis) {
         if self.armed_for != Some(at) {
             let delay = Duration::from_millis(at.saturating_sub(now));
             self.sleep.as_mut().reset(Instant::now() + delay);
@@ -67,18 +51,27 @@ impl Timers {
         self.sleep.as_mut().await;
     }
 
-    /// The timers due at `now`; the earliest is always included (its sleep ended).
-    pub fn fired(&mut self, now: Millis) -> Vec<Timer> {
+    /// The timers to fire now that the sleep for the earliest ended: that one, and every other
+    /// one due at `now`. They are not fired again until [`Alarm::handed`] says the machine has
+    /// taken their input.
+    pub fn fire(&mut self, machine: &RunMachine, now: Millis) -> Vec<Timer> {
         let mut out = Vec::new();
-        while let Some(&(at, timer)) = self.queue.first() {
+        for (at, timer) in machine.timers_by_due() {
+            if self.fired.contains(&timer) {
+                continue;
+            }
             if !out.is_empty() && at > now {
                 break;
             }
-            self.queue.pop_first();
-            self.by_timer.remove(&timer);
             out.push(timer);
         }
+        self.fired.extend(out.iter().copied());
         self.armed_for = None;
         out
+    }
+
+    /// The machine is about to handle `timer`'s `timer_fired` input.
+    pub fn handed(&mut self, timer: Timer) {
+        self.fired.remove(&timer);
     }
 }

@@ -174,7 +174,20 @@ impl RunMachine {
 
     /// When the earliest pending timer is due (None: no timer is set).
     pub fn poll_timeout(&self) -> Option<Millis> {
-        self.pending.timers().map(|(_, at)| at).min()
+        self.pending.by_due().next().map(|(at, _)| at)
+    }
+
+    /// The pending timers, earliest due first: what a driver sleeps for. A driver fires a timer
+    /// by handing the machine [`RunInput::TimerFired`] once its time has come; the machine
+    /// ignores one for a timer that is no longer set (cleared, or fired already), so a driver
+    /// needs no table of its own.
+    pub fn timers_by_due(&self) -> impl Iterator<Item = (Millis, Timer)> + '_ {
+        self.pending.by_due()
+    }
+
+    /// When `timer` is due, if it is set.
+    pub fn timer_at(&self, timer: Timer) -> Option<Millis> {
+        self.pending.timer_at(timer)
     }
 
     /// How many requests each model (its agent's model list, the position in it) has answered
@@ -206,6 +219,13 @@ impl RunMachine {
     /// Like [`RunMachine::handle`], appending to `out`.
     pub fn handle_into(&mut self, input: RunInput, now: Millis, out: &mut Vec<Action>) {
         if self.finished.is_some() {
+            return;
+        }
+        // A timer fires once, and only while it is set: one cleared or fired already while
+        // the driver's `timer_fired` waited to be journaled changes nothing.
+        if let RunInput::TimerFired { timer } = &input
+            && self.pending.timer_at(*timer).is_none()
+        {
             return;
         }
         let from = out.len();

@@ -6,7 +6,7 @@
 //! Deliberately not here: arming a sleep for the next timer or asking a model (the driver's), or
 //! deciding anything (the count is bookkeeping, read only when a run is rebuilt).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use super::{Action, FrameKey, RunInput, Timer};
 use crate::protocol::Millis;
@@ -17,6 +17,8 @@ pub type ModelKey = (Option<String>, usize);
 #[derive(Debug, Default)]
 pub(super) struct Pending {
     timers: BTreeMap<Timer, Millis>,
+    /// The same timers by when each is due, earliest first.
+    due: BTreeSet<(Millis, Timer)>,
     requests: BTreeMap<ModelKey, usize>,
     /// The model each agent was last asked.
     frame_model: BTreeMap<FrameKey, ModelKey>,
@@ -26,9 +28,7 @@ impl Pending {
     /// Takes an input before the machine handles it.
     pub(super) fn input(&mut self, input: &RunInput) {
         match input {
-            RunInput::TimerFired { timer } => {
-                self.timers.remove(timer);
-            }
+            RunInput::TimerFired { timer } => self.clear(*timer),
             // A retry or a re-ask inside a turn asked the same model once more.
             RunInput::Retry { frame, .. } | RunInput::Reask { frame, .. } => {
                 let model = self.frame_model.get(frame).cloned().unwrap_or_default();
@@ -50,11 +50,11 @@ impl Pending {
         for a in actions {
             match a {
                 Action::SetTimer { timer, at } => {
+                    self.clear(*timer);
                     self.timers.insert(*timer, *at);
+                    self.due.insert((*at, *timer));
                 }
-                Action::ClearTimer { timer } => {
-                    self.timers.remove(timer);
-                }
+                Action::ClearTimer { timer } => self.clear(*timer),
                 Action::Request {
                     frame,
                     config,
@@ -70,8 +70,24 @@ impl Pending {
         }
     }
 
+    fn clear(&mut self, timer: Timer) {
+        if let Some(at) = self.timers.remove(&timer) {
+            self.due.remove(&(at, timer));
+        }
+    }
+
     pub(super) fn timers(&self) -> impl Iterator<Item = (Timer, Millis)> + '_ {
         self.timers.iter().map(|(t, at)| (*t, *at))
+    }
+
+    /// The pending timers, earliest due first.
+    pub(super) fn by_due(&self) -> impl Iterator<Item = (Millis, Timer)> + '_ {
+        self.due.iter().copied()
+    }
+
+    /// When `timer` is due, if it is set.
+    pub(super) fn timer_at(&self, timer: Timer) -> Option<Millis> {
+        self.timers.get(&timer).copied()
     }
 
     pub(super) fn requests(&self) -> &BTreeMap<ModelKey, usize> {

@@ -526,3 +526,27 @@ fn the_machine_keeps_its_pending_timers_and_the_requests_each_model_answered() {
     assert_eq!(m.timers().count(), 0);
     assert_eq!(m.poll_timeout(), None);
 }
+
+#[test]
+fn a_timer_fires_once_and_only_while_it_is_set() {
+    // No deadline: a `timer_fired` for one (a driver's stale alarm) changes nothing.
+    let mut m = machine(json!({}), Policy::auto());
+    m.handle(RunInput::Start, 1000);
+    let deadline = Timer::Deadline { frame: None };
+    assert_eq!(m.timer_at(deadline), None);
+    let a = m.handle(RunInput::TimerFired { timer: deadline }, 5000);
+    assert!(a.is_empty(), "{a:?}");
+    assert_eq!(result(&a), None);
+
+    // With one, the machine says when it is due, and firing it ends the run.
+    let mut m = machine(json!({"limits": {"timeout_s": 2}}), Policy::auto());
+    m.handle(RunInput::Start, 1000);
+    assert_eq!(m.timer_at(deadline), Some(3000));
+    assert_eq!(
+        m.timers_by_due().collect::<Vec<_>>(),
+        vec![(3000, deadline)]
+    );
+    let a = m.handle(RunInput::TimerFired { timer: deadline }, 3000);
+    assert_eq!(result(&a).map(|r| r.status), Some(RunStatus::Timeout));
+    assert_eq!(m.timer_at(deadline), None);
+}

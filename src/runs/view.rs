@@ -42,30 +42,10 @@ pub fn rebuild_note(
     journal: &[JournalEntry],
 ) -> Result<crate::engine::RunNote, RunsError> {
     let (_, config, policy) = parts(record)?;
-    let mut machine =
-        RunMachine::replaying(record.id.clone(), config, policy, SanitizeLimits::default());
-    let mut timers = BTreeMap::new();
-    let mut actions = Vec::new();
-    for e in journal {
-        if let crate::machine::RunInput::TimerFired { timer } = &e.input {
-            timers.remove(timer);
-        }
-        machine.handle_into(e.input.clone(), e.at, &mut actions);
-        for a in actions.drain(..) {
-            match a {
-                crate::machine::Action::SetTimer { timer, at } => {
-                    timers.insert(timer, at);
-                }
-                crate::machine::Action::ClearTimer { timer } => {
-                    timers.remove(&timer);
-                }
-                _ => {}
-            }
-        }
-    }
+    let machine = machine_after(record, config, policy, journal);
     Ok(crate::engine::RunNote {
         awaiting: machine.awaiting().len() as u64,
-        wake_at: timers.into_values().min(),
+        wake_at: machine.poll_timeout(),
     })
 }
 

@@ -43,9 +43,10 @@ pub(super) enum Done {
         id: CallId,
         result: Result<Outcome, Lost>,
     },
+    /// A workflow timer armed for the machine's `timer`, due at `at`, ended.
     Timer {
         timer: Timer,
-        generation: u64,
+        at: u64,
     },
     Nothing,
 }
@@ -95,8 +96,6 @@ pub(super) struct Performer {
     pub(super) turn_tokens: BTreeMap<FrameKey, WorkflowCancellationToken>,
     pub(super) call_tokens: BTreeMap<CallId, WorkflowCancellationToken>,
     pub(super) aborted: BTreeSet<CallId>,
-    pub(super) timers: BTreeMap<Timer, u64>,
-    pub(super) generation: u64,
     /// Turns whose activity ended before all its signals were taken: (frame, step, sent,
     /// closing input).
     pub(super) closes: Vec<(FrameKey, u32, usize, RunInput)>,
@@ -182,23 +181,20 @@ impl Performer {
                     t.cancel();
                 }
             }
+            // The machine keeps its timers: a workflow timer is armed for each setting, and
+            // one that ends fires the machine's timer only if it is still set for that time.
             Action::SetTimer { timer, at } => {
-                self.generation += 1;
-                let generation = self.generation;
-                self.timers.insert(timer, generation);
                 let wait = Duration::from_millis(at.saturating_sub(now).max(1));
                 let c = ctx.clone();
                 self.pending.push(
                     async move {
                         let _ = c.timer(wait).await;
-                        Done::Timer { timer, generation }
+                        Done::Timer { timer, at }
                     }
                     .boxed_local(),
                 );
             }
-            Action::ClearTimer { timer } => {
-                self.timers.remove(&timer);
-            }
+            Action::ClearTimer { .. } => {}
             Action::Emit(_) | Action::Finished(_) => {}
         }
     }
@@ -284,9 +280,12 @@ impl Performer {
     ) {
         match d {
             Done::Nothing => {}
-            Done::Timer { timer, generation } => {
-                if self.timers.get(&timer) == Some(&generation) {
-                    self.timers.remove(&timer);
+            Done::Timer { timer, at } => {
+                let set_for = ctx.state(|s| s.machine.as_ref().and_then(|m| m.timer_at(timer)));
+                let queued = inputs
+                    .iter()
+                    .any(|i| matches!(i, RunInput::TimerFired { timer: t } if *t == timer));
+                if set_for == Some(at) && !queued {
                     inputs.push(RunInput::TimerFired { timer });
                 }
             }
