@@ -9,9 +9,12 @@ use std::path::{Path as FsPath, PathBuf};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+pub use crate::duration::DurationError;
 use crate::protocol::{Call, Message, Tool};
 use crate::schema::published::Document;
-use crate::schema::{OutputValidator, SchemaError};
+pub use crate::schema::{
+    OutputValidator, ParamsValidator, SchemaError, Subject, ToolValidators, Violation,
+};
 
 /// Most schema violations listed in one error message.
 const MAX_LISTED: usize = 5;

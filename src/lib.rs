@@ -10,6 +10,7 @@
 //! ([`Event`], numbered, replayable from the run's journal).
 
 #![warn(missing_docs)]
+#![warn(unnameable_types)]
 #![cfg_attr(
     not(test),
     deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)
@@ -25,37 +26,60 @@ pub struct ReadmeDoctests;
 #[cfg(doctest)]
 pub struct LibraryDoctests;
 
+/// Declares the crate's internal modules: the sans-IO core and the pieces the front-ends share.
+/// They are part of no stable API: private in a normal build, public with the `test-util`
+/// feature, which this crate's own tests and benchmarks turn on to reach them. What a program
+/// needs of them is re-exported below or from the public modules.
+macro_rules! internal {
+    ($($(#[$meta:meta])* mod $name:ident;)*) => {$(
+        $(#[$meta])*
+        #[cfg(feature = "test-util")]
+        pub mod $name;
+        $(#[$meta])*
+        #[cfg(not(feature = "test-util"))]
+        #[allow(dead_code, unused_imports)]
+        mod $name;
+    )*};
+}
+
+internal! {
+    mod config;
+    mod context;
+    mod duration;
+    mod graph;
+    mod machine;
+    mod notify;
+    mod plan;
+    mod runs;
+    mod scheduler;
+    mod schema;
+    mod testcase;
+}
+
 pub mod approval;
 pub mod check;
 /// The `dagloop` binary's front-end. Not part of the library API: it may change at any time.
+#[cfg(feature = "cli")]
 #[doc(hidden)]
 pub mod cli;
 pub mod codes;
-pub mod config;
-pub mod context;
-pub mod duration;
 pub mod engine;
 mod fxhash;
 pub mod goal;
 pub mod grants;
-pub mod graph;
 pub mod llm;
-pub mod machine;
 pub mod net;
-pub mod notify;
-pub mod plan;
 pub mod protocol;
-pub mod runs;
-pub mod scheduler;
-pub mod schema;
 #[cfg(feature = "server")]
 pub mod server;
 pub mod state;
 pub mod store;
 pub mod telemetry;
+// The SDK's macros generate a marker type per activity, signal and query, reachable from
+// the workflow and activity types but named only inside their modules.
 #[cfg(feature = "temporal")]
+#[allow(unnameable_types)]
 pub mod temporal;
-pub mod testcase;
 pub mod tools;
 
 pub use approval::{Approver, Policy, ScriptedApprover};
@@ -63,6 +87,9 @@ pub use engine::{
     Agent, AgentBuilder, AgentError, Executor, Hooks, JournalSink, RunHandle, Subscription,
 };
 pub use goal::{Goal, GoalError};
-pub use machine::{CallSummary, JournalEntry, RunError, RunInput, RunResult, RunStatus, Usage};
+pub use machine::{
+    AgentConfig, CallSummary, JournalEntry, RunError, RunInput, RunResult, RunStatus, Timer, Usage,
+};
 pub use protocol::{Call, CallId, Decision, Event, EventKind, Op, OpError, Tool};
+pub use scheduler::{CallStatus, Outcome, OutcomeKind};
 pub use tools::{Activity, ActivityError, Registry};

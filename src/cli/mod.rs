@@ -12,6 +12,7 @@ mod cassette;
 mod codes_cmd;
 mod fork;
 mod grant_cmd;
+pub use grant_cmd::{GrantArgs, RevokeArgs};
 mod policy_cmd;
 mod progress;
 mod replay;

@@ -9,6 +9,7 @@
 //! them) and how events are shown or stored (their consumers').
 
 pub mod bus;
+#[cfg(feature = "test-util")]
 pub mod inner;
 
 mod activities;
@@ -17,15 +18,21 @@ mod driver;
 mod exec;
 mod handle;
 mod journal;
+#[cfg(feature = "temporal")]
 mod remote;
 mod review;
 mod timers;
 mod turns;
 
-pub use crate::machine::{CallSummary, RunError, RunResult, RunStatus, Usage};
+pub use crate::context::SanitizeLimits;
+pub use crate::machine::{
+    AgentConfig, CallSummary, CheckedLimits, ConfigError, RunError, RunResult, RunStatus, Usage,
+};
+pub use crate::scheduler::{CallStatus, Outcome, OutcomeKind};
 pub use activities::Executor;
 pub use builder::{Agent, AgentBuilder, AgentError, config_for};
 pub use exec::{AfterTool, BeforeTool, Hooks, OnError, RegistryExecutor};
 pub use handle::{RunHandle, Subscription};
 pub use journal::{JournalError, JournalFuture, JournalSink, RunNote};
-pub use remote::{Parts, config_at, config_path};
+#[cfg(feature = "temporal")]
+pub(crate) use remote::{Parts, config_at, config_path};

@@ -1,7 +1,7 @@
 //! The pieces of a run for an engine that drives the machine somewhere else (a Temporal
-//! workflow): the machine itself, one model turn as a stream of machine inputs, and one call's
-//! activity. They are the code the embedded driver runs, so a run behaves the same whichever
-//! engine drives it.
+//! workflow): the run's agent configuration, one model turn as a stream of machine inputs, and
+//! one call's activity. They are the code the embedded driver runs, so a run behaves the same
+//! whichever engine drives it.
 //!
 //! Deliberately not here: journaling, timers, approvals and ordering (the remote engine's), and
 //! anything about a particular remote engine.
@@ -16,20 +16,15 @@ use futures::stream::BoxStream;
 use super::activities::{Executor, panic_message, run_call};
 use super::builder::Agent;
 use super::turns::{Models, Turns};
-use crate::approval::Policy;
-use crate::context::SanitizeLimits;
 use crate::llm::{Request, Settings};
-use crate::machine::{AgentConfig, FrameKey, RunInput, RunMachine};
+use crate::machine::{AgentConfig, FrameKey, RunInput};
 use crate::protocol::{Call, CallId, Message, Tool};
 use crate::scheduler::Outcome;
 use crate::tools::ProgressSink;
 
 /// An [`Agent`] taken apart for a remote engine. See the module docs.
 pub struct Parts {
-    run_id: String,
     config: Arc<AgentConfig>,
-    policy: Policy,
-    sanitize: SanitizeLimits,
     models: Models,
     settings: Settings,
     executor: Arc<dyn Executor>,
@@ -37,12 +32,9 @@ pub struct Parts {
 
 impl Agent {
     /// Takes the agent apart for an engine that drives the run elsewhere.
-    pub fn into_parts(self) -> Parts {
+    pub(crate) fn into_parts(self) -> Parts {
         Parts {
-            run_id: self.run_id,
             config: self.config,
-            policy: self.policy,
-            sanitize: self.sanitize,
             models: self.models,
             settings: self.settings,
             executor: self.executor,
@@ -51,27 +43,9 @@ impl Agent {
 }
 
 impl Parts {
-    /// The run's id.
-    pub fn run_id(&self) -> &str {
-        &self.run_id
-    }
-
     /// The run's own agent (delegates inside).
     pub fn config(&self) -> &Arc<AgentConfig> {
         &self.config
-    }
-
-    /// A fresh machine for the run. It keeps what it launched, so that a call whose activity
-    /// was lost ([`RunInput::Interrupted`]) can be launched again.
-    pub fn machine(&self) -> RunMachine {
-        let mut m = RunMachine::new(
-            self.run_id.clone(),
-            self.config.clone(),
-            self.policy.clone(),
-            self.sanitize,
-        );
-        m.keep_launched(true);
-        m
     }
 
     /// Asks `config`'s model for one turn and yields the machine inputs its answer makes, ending

@@ -34,7 +34,7 @@ pub use http::{MAX_SSE_LINE, parse_retry_after};
 pub use mock::{MockServer, serve_mock};
 pub use openai::{OpenAi, ResponseFormat, Strict, ToolStreaming};
 pub use retry::{Jitter, RetryNotice, RetryPolicy, Retrying};
-pub use script::{Script, Turn, TurnBody};
+pub use script::{Script, Turn, TurnBody, TurnUsage};
 pub use scripted::ScriptedModel;
 pub use secret::ApiKey;
 pub use strict::{

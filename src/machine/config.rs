@@ -182,7 +182,7 @@ impl AgentConfig {
     /// every call goes through once its references resolve (params against the tool's schema;
     /// a latent call's `_output` against the tool's `_output`, rule 20). The run's machine and
     /// `dagloop validate` both take their schedulers from here, so they cannot disagree.
-    pub fn scheduler(
+    pub(crate) fn scheduler(
         cfg: &Arc<AgentConfig>,
         state: State,
         policy: Policy,

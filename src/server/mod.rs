@@ -14,6 +14,9 @@
 //! Deliberately not here: any rule about runs (the machine and `runs` hold them) or how the
 //! command line prints (the `cli` module; neither front-end depends on the other).
 
+pub use crate::notify::{NotifyError, WebhookConfig};
+pub use crate::runs::{ForkedFrom, RunOptions, RunsError};
+
 mod api;
 mod auth;
 mod cassette;

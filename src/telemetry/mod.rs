@@ -12,6 +12,7 @@
 //! values and secrets are never in events, so they are never in spans.
 
 pub mod ids;
+#[cfg(feature = "cli")]
 pub mod logs;
 pub mod metrics;
 pub mod record;

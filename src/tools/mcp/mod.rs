@@ -45,7 +45,7 @@ use serde_json::Value;
 
 use crate::protocol::{Tool, ToolApproval};
 
-pub use config::{HttpServer, McpServerConfig, StdioServer};
+pub use config::{HttpServer, McpServerConfig, NamedServer, StdioServer};
 
 #[cfg(feature = "mcp")]
 pub use client::McpServers;
