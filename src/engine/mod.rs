@@ -25,7 +25,7 @@ mod turns;
 pub use crate::machine::{CallSummary, RunError, RunResult, RunStatus, Usage};
 pub use activities::Executor;
 pub use builder::{Agent, AgentBuilder, AgentError, config_for};
-pub use exec::{AfterTool, BeforeTool, Hooks, OnError, RegistryExecutor};
+pub use exec::{AfterTool, BeforeTool, HookError, Hooks, OnError, RegistryExecutor};
 pub use handle::{RunHandle, Subscription};
 pub use journal::{JournalError, JournalFuture, JournalSink, RunNote};
 pub use remote::{Parts, config_at, config_path};
