@@ -11,8 +11,62 @@ use crate::protocol::{Call, CallId, Tool};
 use crate::scheduler::Outcome;
 use crate::tools::{ActivityContext, ProgressSink, Registry};
 
-/// Called before a tool runs; an `Err` fails the call with that message instead of running it.
-pub type BeforeTool = Arc<dyn Fn(&Tool, &Call) -> Result<(), String> + Send + Sync>;
+/// Called before a tool runs; an `Err` fails the call with a [`HookError`] instead of running
+/// it. A message converts into one (`Err("not today".into())`).
+pub type BeforeTool = Arc<dyn Fn(&Tool, &Call) -> Result<(), HookError> + Send + Sync>;
+
+/// Why a [`BeforeTool`] hook refused a call. The call fails with the error object
+/// `{"code": "hook.before_tool", "message", "details"?}` ([`HookError::to_value`]); `details`
+/// carries whatever structure the hook wants to give (a reason code of its own, a limit...).
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("{message}")]
+#[non_exhaustive]
+pub struct HookError {
+    /// What the model and the reviewer are told.
+    pub message: String,
+    /// More about it, as JSON (left out of the error object when `None`).
+    pub details: Option<Value>,
+}
+
+crate::codes::has_code!(HookError);
+
+impl HookError {
+    /// A refusal saying `message`.
+    pub fn new(message: impl Into<String>) -> Self {
+        HookError {
+            message: message.into(),
+            details: None,
+        }
+    }
+
+    /// Adds `details` to the error object (builder style).
+    pub fn with_details(mut self, details: Value) -> Self {
+        self.details = Some(details);
+        self
+    }
+
+    /// The stable code: `hook.before_tool`.
+    pub fn code(&self) -> &'static str {
+        "hook.before_tool"
+    }
+
+    /// The call's error object ([`crate::protocol::error_object`]).
+    pub fn to_value(&self) -> Value {
+        crate::protocol::error_object(self.code(), self.message.clone(), self.details.clone())
+    }
+}
+
+impl From<String> for HookError {
+    fn from(message: String) -> Self {
+        HookError::new(message)
+    }
+}
+
+impl From<&str> for HookError {
+    fn from(message: &str) -> Self {
+        HookError::new(message)
+    }
+}
 /// Called after a tool ran, with its outcome.
 pub type AfterTool = Arc<dyn Fn(&Tool, &Call, &Outcome) + Send + Sync>;
 /// Called when a tool failed, with the error object.
@@ -67,9 +121,9 @@ impl Executor for RegistryExecutor {
     ) -> BoxFuture<'static, Outcome> {
         let hooks = self.hooks.clone();
         if let Some(before) = &hooks.before_tool
-            && let Err(message) = before(tool, &call)
+            && let Err(refusal) = before(tool, &call)
         {
-            let err = crate::protocol::error_object("hook.before_tool", message, None);
+            let err = refusal.to_value();
             if let Some(on_error) = &hooks.on_error {
                 on_error(tool, &call, &err);
             }
@@ -110,5 +164,25 @@ impl Executor for RegistryExecutor {
             outcome
         }
         .boxed()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::HookError;
+    use serde_json::json;
+
+    #[test]
+    fn a_hook_refusal_is_the_before_tool_error_object() {
+        let plain: HookError = "13 is unlucky".into();
+        assert_eq!(
+            plain.to_value(),
+            json!({"code": "hook.before_tool", "message": "13 is unlucky"})
+        );
+        let detailed = HookError::new(String::from("over quota")).with_details(json!({"limit": 3}));
+        assert_eq!(
+            detailed.to_value(),
+            json!({"code": "hook.before_tool", "message": "over quota", "details": {"limit": 3}})
+        );
     }
 }

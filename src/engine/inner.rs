@@ -149,7 +149,7 @@ where
                 Some(call) => {
                     let id = CallId(next_id);
                     next_id += 1;
-                    Input::CallArrived { id, call: call.map(Arc::new) }
+                    Input::CallArrived { id, call: call.map(Arc::new).map_err(Into::into) }
                 }
                 None => {
                     stream_done = true;

@@ -31,7 +31,7 @@ pub use crate::machine::{
 pub use crate::scheduler::{CallStatus, Outcome, OutcomeKind};
 pub use activities::Executor;
 pub use builder::{Agent, AgentBuilder, AgentError, config_for};
-pub use exec::{AfterTool, BeforeTool, Hooks, OnError, RegistryExecutor};
+pub use exec::{AfterTool, BeforeTool, HookError, Hooks, OnError, RegistryExecutor};
 pub use handle::{RunHandle, Subscription};
 pub use journal::{JournalError, JournalFuture, JournalSink, RunNote};
 #[cfg(feature = "temporal")]

@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 use crate::approval::Policy;
 use crate::goal::{Goal, Limits};
 use crate::protocol::{Call, Message, OutputMethod, Path, Tool};
-use crate::scheduler::{self, Scheduler, SchedulerOptions};
+use crate::scheduler::{self, Scheduler, SchedulerOptions, ValidationError};
 use crate::schema::{self, OutputValidator, SchemaError, ToolValidators};
 use crate::state::State;
 
@@ -191,31 +191,14 @@ impl AgentConfig {
     ) -> Scheduler {
         let params_cfg = cfg.clone();
         let validate: scheduler::Validator = Arc::new(move |tool, params| {
-            match params_cfg.params.validate_value(&tool.name, params) {
-                Ok(v) if v.is_empty() => Ok(()),
-                Ok(v) => Err(v
-                    .iter()
-                    .map(ToString::to_string)
-                    .collect::<Vec<_>>()
-                    .join("; ")),
-                Err(e) => Err(e.to_string()),
-            }
+            ValidationError::check(params_cfg.params.validate_value(&tool.name, params)?)
         });
         let latent_cfg = cfg.clone();
         let validate_latent: scheduler::Validator = Arc::new(move |tool, params| {
             let Some(v) = latent_cfg.latent_outputs.get(&tool.name) else {
                 return Ok(());
             };
-            let violations = v.validate(params.get("_output").unwrap_or(&Value::Null));
-            if violations.is_empty() {
-                Ok(())
-            } else {
-                Err(violations
-                    .iter()
-                    .map(ToString::to_string)
-                    .collect::<Vec<_>>()
-                    .join("; "))
-            }
+            ValidationError::check(v.validate(params.get("_output").unwrap_or(&Value::Null)))
         });
         Scheduler::new(
             state,

@@ -249,7 +249,9 @@ impl RunMachine {
                 if let Some(f) = self.live(frame) {
                     f.turn.calls += 1;
                     let id = self.alloc(frame);
-                    let call = Err(format!("{reason}; received {}", correction::excerpt(&raw)));
+                    let call =
+                        Err(scheduler::UnreadableCall::new(reason)
+                            .received(correction::excerpt(&raw)));
                     work.push((frame, scheduler::Input::CallArrived { id, call }));
                 }
             }

@@ -4,8 +4,11 @@
 use serde_json::{Map, Value};
 
 use super::RunMachine;
-use crate::protocol::{Call, CallId, Decision, GrantSpec, Op, OpError, params_hash};
-use crate::schema::ToolValidators;
+use crate::protocol::{
+    Call, CallId, Decision, GrantSpec, Op, OpError, ReferenceError, params_hash,
+};
+use crate::scheduler::ValidationError;
+use crate::schema::{SchemaError, ToolValidators};
 
 impl RunMachine {
     /// `Ok(())` when `op` applies now; otherwise why not. A decision applies to the exact call
@@ -94,7 +97,7 @@ impl RunMachine {
                     obj.insert(k.clone(), v.clone());
                 }
                 let edited = Call::parse(Value::Object(obj)).map_err(|e| invalid(e.to_string()))?;
-                check_params(&f.cfg.params, &edited).map_err(invalid)
+                check_params(&f.cfg.params, &edited).map_err(|e| invalid(e.to_string()))
             }
             Decision::Replace { call: replacement } => {
                 if !f.cfg.tools.iter().any(|t| t.name == replacement.tool) {
@@ -106,7 +109,7 @@ impl RunMachine {
                 if let Some(unknown) = replacement.unknown_meta_key() {
                     return Err(invalid(format!("the replacement has an {unknown}")));
                 }
-                check_params(&f.cfg.params, replacement).map_err(invalid)
+                check_params(&f.cfg.params, replacement).map_err(|e| invalid(e.to_string()))
             }
         }
     }
@@ -168,10 +171,31 @@ impl RunMachine {
     }
 }
 
+/// Why a reviewer's params cannot apply (it becomes [`OpError::InvalidDecision`]'s reason, with
+/// the op's own code, `op.invalid_decision`).
+#[derive(Debug, thiserror::Error)]
+enum ParamsCheckError {
+    /// A reference or output path of the call does not parse.
+    #[error(transparent)]
+    Reference(#[from] ReferenceError),
+    /// The params do not match the tool's schema.
+    #[error("the params do not match `{tool}`'s schema: {reason}")]
+    Mismatch {
+        /// The tool.
+        tool: String,
+        /// The violations.
+        #[source]
+        reason: ValidationError,
+    },
+    /// The params could not be checked (the tool has no compiled schema).
+    #[error(transparent)]
+    Schema(#[from] SchemaError),
+}
+
 /// Checks a reviewer's call against its tool's schema, unless it still holds references (those
 /// are checked once resolved, like any call).
-fn check_params(validators: &ToolValidators, call: &Call) -> Result<(), String> {
-    let refs = call.references().map_err(|e| e.to_string())?;
+fn check_params(validators: &ToolValidators, call: &Call) -> Result<(), ParamsCheckError> {
+    let refs = call.references()?;
     if !refs.is_empty() {
         return Ok(());
     }
@@ -181,18 +205,12 @@ fn check_params(validators: &ToolValidators, call: &Call) -> Result<(), String> 
         .filter(|(k, _)| !k.starts_with('_'))
         .map(|(k, v)| (k.clone(), v.clone()))
         .collect();
-    match validators.validate(&call.tool, &params) {
-        Ok(v) if v.is_empty() => Ok(()),
-        Ok(v) => Err(format!(
-            "the params do not match `{}`'s schema: {}",
-            call.tool,
-            v.iter()
-                .map(ToString::to_string)
-                .collect::<Vec<_>>()
-                .join("; ")
-        )),
-        Err(e) => Err(e.to_string()),
-    }
+    ValidationError::check(validators.validate(&call.tool, &params)?).map_err(|reason| {
+        ParamsCheckError::Mismatch {
+            tool: call.tool.clone(),
+            reason,
+        }
+    })
 }
 
 impl RunMachine {

@@ -9,7 +9,7 @@ use super::{Entry, Phase, Scheduler, ToolEntry};
 use crate::graph::GraphError;
 use crate::protocol::{Call, CallId, EventKind, FailKind, Millis, Path};
 use crate::scheduler::resolve::{self, Check, RefAt};
-use crate::scheduler::{Action, CallStatus, SchedulerError};
+use crate::scheduler::{Action, CallStatus, SchedulerError, UnreadableCall};
 
 pub(super) fn emit(out: &mut Vec<Action>, id: CallId, kind: EventKind) {
     out.push(Action::Event {
@@ -83,7 +83,7 @@ impl Scheduler {
     pub(super) fn arrive(
         &mut self,
         id: CallId,
-        call: Result<Arc<Call>, String>,
+        call: Result<Arc<Call>, UnreadableCall>,
         _now: Millis,
         out: &mut Vec<Action>,
     ) {

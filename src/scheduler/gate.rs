@@ -7,7 +7,7 @@ use super::core::{emit, read_paths};
 use super::{Phase, Scheduler, ToolEntry, is_idempotent};
 use crate::approval::{DefaultDecision, RuleDecision, evaluate};
 use crate::protocol::{Call, CallId, Decision, EventKind, FailKind, Millis, params_hash};
-use crate::scheduler::{Action, CallStatus, SchedulerError};
+use crate::scheduler::{Action, CallStatus, EditError, SchedulerError};
 
 impl Scheduler {
     pub(super) fn unblock(
@@ -301,15 +301,15 @@ impl Scheduler {
 
     /// The current call with `params` in place of its params; meta fields in `params` override.
     /// An edit keeps the tool (rule 21): a `_tool` naming another tool is refused.
-    pub(super) fn edited(&self, ix: usize, params: Map<String, Value>) -> Result<Call, String> {
-        let cur = self.entries[ix].current().ok_or("no call to edit")?;
+    pub(super) fn edited(&self, ix: usize, params: Map<String, Value>) -> Result<Call, EditError> {
+        let cur = self.entries[ix].current().ok_or(EditError::NoCall)?;
         if let Some(t) = params.get("_tool")
             && t.as_str() != Some(cur.tool.as_str())
         {
-            return Err(format!(
-                "an edit keeps the tool `{}` (changing the tool is a replace)",
-                cur.tool
-            ));
+            return Err(EditError::ChangesTool {
+                tool: cur.tool.clone(),
+                requested: t.as_str().map_or_else(|| t.to_string(), String::from),
+            });
         }
         let mut obj = Map::new();
         obj.insert("_tool".into(), Value::String(cur.tool.clone()));
@@ -330,7 +330,7 @@ impl Scheduler {
                 obj.insert(k, v);
             }
         }
-        Call::try_from(Value::Object(obj)).map_err(|e| e.to_string())
+        Ok(Call::try_from(Value::Object(obj))?)
     }
 
     /// Rule 13: an edited or replacing call takes the original's place (same id), its references

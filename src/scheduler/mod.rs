@@ -26,7 +26,8 @@ use std::sync::Arc;
 use serde_json::Value;
 
 pub use types::{
-    Action, CallReport, CallStatus, Input, Outcome, OutcomeKind, SchedulerError, StepReport,
+    Action, CallReport, CallStatus, EditError, Input, Outcome, OutcomeKind, SchedulerError,
+    StepReport, UnreadableCall, ValidationError,
 };
 
 use crate::approval::Policy;
@@ -39,7 +40,7 @@ use crate::state::State;
 /// against its tool before it is presented or launched (typically JSON Schema validation); an
 /// `Err` refuses the call with that reason. The params are handed over as one JSON object, so a
 /// validator checks them in place, with no copy.
-pub type Validator = Arc<dyn Fn(&Tool, &Value) -> Result<(), String> + Send + Sync>;
+pub type Validator = Arc<dyn Fn(&Tool, &Value) -> Result<(), ValidationError> + Send + Sync>;
 
 /// How a scheduler is set up for one step.
 #[derive(Clone, Default)]

@@ -287,3 +287,67 @@ fn a_result_is_one_allocation_shared_by_its_event_state_and_report() {
     let reported = report.calls[0].result.clone().expect("a result");
     assert!(Arc::ptr_eq(&reported, &result), "the report shares it");
 }
+
+/// The typed reasons print as the strings they replaced, and the refusal keeps its code.
+#[test]
+fn typed_reasons_keep_their_messages_and_codes() {
+    let unreadable = SchedulerError::Unreadable {
+        reason: UnreadableCall::new("missing `_tool`").received("`{\"x\": 1}`"),
+        known: "a, b".into(),
+    };
+    assert_eq!(unreadable.code(), "scheduler.unreadable_call");
+    assert!(unreadable.to_string().starts_with(
+        "the call could not be read: missing `_tool`; received `{\"x\": 1}`; a call is"
+    ));
+    let violation = |pointer: &str, message: &str| crate::schema::Violation {
+        pointer: pointer.into(),
+        schema_pointer: String::new(),
+        keyword: "type".into(),
+        message: message.into(),
+    };
+    let bad = SchedulerError::InvalidParams {
+        tool: "t".into(),
+        reason: ValidationError::Violations {
+            violations: vec![violation("/n", "not a number"), violation("", "too many")],
+        },
+    };
+    assert_eq!(
+        bad.to_value(),
+        json!({"code": "scheduler.invalid_params",
+               "message": "invalid params for `t`: at /n: not a number; at the root: too many"})
+    );
+    let edit = SchedulerError::BadEdit {
+        reason: EditError::ChangesTool {
+            tool: "t".into(),
+            requested: "u".into(),
+        },
+    };
+    assert_eq!(
+        edit.to_value(),
+        json!({"code": "approval.bad_edit",
+               "message": "the reviewer's edit does not form a valid call: an edit keeps the tool `t` (changing the tool is a replace)"})
+    );
+}
+
+#[test]
+fn an_unreadable_call_is_refused_with_its_reason_and_what_was_received() {
+    let mut s = sched();
+    s.handle(
+        Input::CallArrived {
+            id: CallId(1),
+            call: Err(UnreadableCall::new("not an object").received("`42`")),
+        },
+        0,
+    );
+    let r = s.report();
+    let c = r.get(CallId(1)).expect("c1");
+    assert_eq!(c.status, CallStatus::Refused);
+    let e = c.error.as_deref().expect("error");
+    assert_eq!(e["code"], json!("scheduler.unreadable_call"));
+    assert_eq!(
+        e["message"],
+        json!(
+            "the call could not be read: not an object; received `42`; a call is an object {\"_tool\": \"<tool name>\", <params>...} naming one of the tools (t)"
+        )
+    );
+}

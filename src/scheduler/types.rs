@@ -7,7 +7,10 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use crate::graph::GraphError;
-use crate::protocol::{Call, CallId, Decision, EventKind, ReferenceError, Tool, error_object};
+use crate::protocol::{
+    Call, CallId, Decision, EventKind, ProtocolError, ReferenceError, Tool, error_object,
+};
+use crate::schema::{SchemaError, Violation};
 use crate::state::StateError;
 
 /// Something that happened outside the scheduler.
@@ -22,7 +25,7 @@ pub enum Input {
         id: CallId,
         /// The call (shared with the journal and the `call_received` event), or why it could
         /// not be read.
-        call: Result<Arc<Call>, String>,
+        call: Result<Arc<Call>, UnreadableCall>,
     },
     /// The model's stream ended: no more calls this step.
     StreamClosed,
@@ -294,8 +297,9 @@ pub enum SchedulerError {
         "the call could not be read: {reason}; a call is an object {{\"_tool\": \"<tool name>\", <params>...}} naming one of the tools ({known})"
     )]
     Unreadable {
-        /// The parser's explanation (with what was received).
-        reason: String,
+        /// The parser's explanation, with what was received.
+        #[source]
+        reason: UnreadableCall,
         /// The available tool names, comma separated.
         known: String,
     },
@@ -325,7 +329,8 @@ pub enum SchedulerError {
         /// The tool.
         tool: String,
         /// What is wrong.
-        reason: String,
+        #[source]
+        reason: ValidationError,
     },
     /// A latent call's `_output` does not satisfy its tool's `_output` schema (rule 20).
     #[error("the `_output` of `{tool}` does not match the tool's _output schema: {reason}")]
@@ -333,13 +338,15 @@ pub enum SchedulerError {
         /// The tool.
         tool: String,
         /// What is wrong.
-        reason: String,
+        #[source]
+        reason: ValidationError,
     },
     /// A reviewer's edit does not form a valid call.
     #[error("the reviewer's edit does not form a valid call: {reason}")]
     BadEdit {
         /// What is wrong.
-        reason: String,
+        #[source]
+        reason: EditError,
     },
     /// Reading state for the call failed.
     #[error(transparent)]
@@ -389,4 +396,130 @@ impl SchedulerError {
         };
         error_object(self.code(), self.to_string(), details)
     }
+}
+
+/// Something the model's stream gave in place of a call that could not be read as one
+/// ([`Input::CallArrived`]'s `Err`; it becomes [`SchedulerError::Unreadable`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{reason}{}", received_suffix(.received.as_deref()))]
+pub struct UnreadableCall {
+    /// Why it could not be read (the parser's explanation).
+    pub reason: String,
+    /// An excerpt of what was received, when there is one.
+    pub received: Option<String>,
+}
+
+fn received_suffix(received: Option<&str>) -> String {
+    received.map_or_else(String::new, |r| format!("; received {r}"))
+}
+
+crate::codes::has_code!(UnreadableCall);
+
+impl UnreadableCall {
+    /// Unreadable for `reason`, with nothing quoted.
+    pub fn new(reason: impl Into<String>) -> Self {
+        UnreadableCall {
+            reason: reason.into(),
+            received: None,
+        }
+    }
+
+    /// Quotes an excerpt of what was received (builder style).
+    pub fn received(mut self, excerpt: impl Into<String>) -> Self {
+        self.received = Some(excerpt.into());
+        self
+    }
+
+    /// A stable code: `scheduler.unreadable_call`, as the call's refusal.
+    pub fn code(&self) -> &'static str {
+        "scheduler.unreadable_call"
+    }
+}
+
+impl From<String> for UnreadableCall {
+    fn from(reason: String) -> Self {
+        UnreadableCall::new(reason)
+    }
+}
+
+impl From<&str> for UnreadableCall {
+    fn from(reason: &str) -> Self {
+        UnreadableCall::new(reason)
+    }
+}
+
+/// Why a [`Validator`](super::Validator) refused a call's params (or a latent call's
+/// `_output`). It becomes [`SchedulerError::InvalidParams`] (or
+/// [`SchedulerError::InvalidLatentOutput`]), whose code the call carries.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ValidationError {
+    /// The value does not match the schema; the message lists the violations, `; ` apart.
+    #[error("{}", join_violations(.violations))]
+    Violations {
+        /// What is wrong, in the order the validator found it (not empty).
+        violations: Vec<Violation>,
+    },
+    /// The value could not be checked (no schema for the tool).
+    #[error(transparent)]
+    Schema(#[from] SchemaError),
+    /// A caller's own validator refused the value, in words (`Err("...".into())`).
+    #[error("{message}")]
+    Other {
+        /// What is wrong.
+        message: String,
+    },
+}
+
+impl From<String> for ValidationError {
+    fn from(message: String) -> Self {
+        ValidationError::Other { message }
+    }
+}
+
+impl From<&str> for ValidationError {
+    fn from(message: &str) -> Self {
+        ValidationError::Other {
+            message: message.to_string(),
+        }
+    }
+}
+
+fn join_violations(violations: &[Violation]) -> String {
+    violations
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+impl ValidationError {
+    /// `Ok` when there is nothing wrong, else the violations.
+    pub fn check(violations: Vec<Violation>) -> Result<(), ValidationError> {
+        if violations.is_empty() {
+            Ok(())
+        } else {
+            Err(ValidationError::Violations { violations })
+        }
+    }
+}
+
+/// Why a reviewer's edit does not form a call (it becomes [`SchedulerError::BadEdit`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum EditError {
+    /// The call is gone (nothing to edit).
+    #[error("no call to edit")]
+    NoCall,
+    /// The edit names another tool (changing the tool is a replace, rule 21).
+    #[error("an edit keeps the tool `{tool}` (changing the tool is a replace)")]
+    ChangesTool {
+        /// The call's tool.
+        tool: String,
+        /// The `_tool` the edit named, as written.
+        requested: String,
+    },
+    /// The edited params do not form a call (a protocol field of the wrong type...).
+    #[error(transparent)]
+    Invalid(#[from] ProtocolError),
 }
