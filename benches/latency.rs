@@ -7,14 +7,13 @@
 //! followed by a pause, so each measurement is isolated; the server stamps it (on an `Instant`
 //! shared with the client) right before handing the frame to hyper, so hyper's write and flush
 //! are inside the figure. The client is the real `dagloop::llm::OpenAi` provider (reqwest,
-//! eventsource-stream, the chunk decoder); its text deltas go through the event bus and the
-//! `SolutionParser` and onto an unbounded channel exactly as the engine's `stream_turn` does, in
-//! a task of a multi-thread runtime. The sample is the time from the server's stamp to the
-//! moment `send` on that channel returned.
+//! eventsource-stream, the chunk decoder); its text deltas go through the `SolutionParser` and
+//! onto an unbounded channel, in a task of a multi-thread runtime. The sample is the time from
+//! the server's stamp to the moment `send` on that channel returned.
 //!
 //! Run with `cargo bench --bench latency`. Prints one JSON line on stdout. A breakdown goes to
 //! stderr, one JSON line per stage: the provider (server stamp → text delta out of `OpenAi`),
-//! bus + parser, the `send`, the channel's receiving side (a task standing in for the
+//! the parser, the `send`, the channel's receiving side (a task standing in for the
 //! scheduler), the floor (the same stream read as raw body chunks by a bare reqwest client from
 //! a second server, no SSE framing or decoding) and the parser alone, offline.
 //!
@@ -38,10 +37,9 @@ use axum::http::header;
 use axum::response::Response;
 use axum::routing::post;
 use axum::serve::ListenerExt;
-use dagloop::engine::bus::EventBus;
 use dagloop::llm::{Model, OpenAi, Request, Settings, StreamEvent};
 use dagloop::plan::{ParseEvent, SolutionParser};
-use dagloop::protocol::{Call, EventKind};
+use dagloop::protocol::Call;
 use dagloop::{AgentBuilder, Goal};
 use futures::StreamExt;
 use serde_json::{Value, json};
@@ -200,19 +198,17 @@ struct Stamps {
     index: usize,
     /// The text delta that closed it came out of the provider.
     delta: u64,
-    /// The bus had the delta and the parser had returned the call.
+    /// The parser had returned the call.
     parsed: u64,
     /// `send` on the scheduler's channel had returned.
     sent: u64,
 }
 
-/// The engine's `stream_turn`, minus the turn bookkeeping: model stream → bus → parser →
-/// channel. Returns the stamps of every call, in parse order.
+/// Model stream → parser → channel. Returns the stamps of every call, in parse order.
 async fn stream_calls(
     model: Arc<dyn Model>,
     req: Request,
     tx: mpsc::UnboundedSender<Result<Call, String>>,
-    bus: Arc<EventBus>,
     base: Instant,
 ) -> Vec<Stamps> {
     let now = move || base.elapsed().as_nanos() as u64;
@@ -223,13 +219,6 @@ async fn stream_calls(
         match ev {
             Ok(StreamEvent::TextDelta(t)) => {
                 let delta = now();
-                bus.publish(
-                    1,
-                    None,
-                    EventKind::ModelDelta {
-                        chars: t.chars().count() as u64,
-                    },
-                );
                 let events = parser.feed(&t);
                 let parsed = now();
                 for pe in events {
@@ -414,8 +403,7 @@ fn main() {
             }
             got
         });
-        let bus = Arc::new(EventBus::default());
-        let handed = tokio::spawn(stream_calls(model, req, tx, bus, base))
+        let handed = tokio::spawn(stream_calls(model, req, tx, base))
             .await
             .expect("stream task");
         let received = scheduler.await.expect("scheduler task");
@@ -441,7 +429,7 @@ fn main() {
     );
     println!("{}", line("sse_to_activity", to_activity));
     // Where the time goes, on stderr: the provider (HTTP, SSE framing, chunk decoding); the
-    // bus and the parser; the send; the channel's receiving side; the bare-reqwest floor; the
+    // parser; the send; the channel's receiving side; the bare-reqwest floor; the
     // parser alone, offline.
     let measured = || handed.iter().filter(|s| s.index >= WARMUP);
     let us = |from: u64, to: u64| (to - from) as f64 / 1000.0;
@@ -451,7 +439,7 @@ fn main() {
             spans(w, handed.iter().map(|s| (s.index, s.delta))),
         ),
         (
-            "sse_call_latency.bus_and_parser",
+            "sse_call_latency.parser",
             measured().map(|s| us(s.delta, s.parsed)).collect(),
         ),
         (

@@ -1,4 +1,6 @@
-//! Dependencies and scheduling (rules 3-12), driven end to end on tokio's paused clock.
+//! Dependencies and scheduling (rules 3-12), driven end to end on tokio's paused clock: each
+//! test is one step of a real run (`common::run`). Call ids are the run's, so the first call of
+//! the step is `c1`.
 
 #[path = "common/sched.rs"]
 mod common;
@@ -30,7 +32,7 @@ async fn diamond_runs_both_middles_in_parallel_and_joins() {
         )
         .at(0, json!({"_tool": "a", "_outputPath": "†state.a"}));
     let o = run(step, exec).await;
-    let (a, b, c, d) = (o.run_of(3), o.run_of(1), o.run_of(2), o.run_of(0));
+    let (a, b, c, d) = (o.run_of(4), o.run_of(2), o.run_of(3), o.run_of(1));
     assert_eq!(a.start, 0);
     assert_eq!(
         (b.start, c.start),
@@ -59,20 +61,19 @@ async fn concurrent_writers_last_to_complete_wins_and_reader_waits_for_both() {
         .at(0, json!({"_tool": "fast", "_outputPath": "†state.x"}))
         .at(0, json!({"_tool": "read", "v": "†state.x"}));
     let o = run(step, exec).await;
-    assert_eq!(o.run_of(2).start, 30, "the reader waits for both writers");
+    assert_eq!(o.run_of(3).start, 30, "the reader waits for both writers");
     assert_eq!(
-        o.run_of(2).params["v"],
+        o.run_of(3).params["v"],
         json!("slow"),
         "completion order: slow finished last"
     );
     assert_eq!(o.get("state.x"), Some(json!("slow")));
-    let writers: Vec<Option<CallId>> = o.state.log().iter().map(|w| w.call).collect();
+    // The run's state log is not exposed; its `written` events are the writes in log order.
     assert_eq!(
-        writers,
-        vec![Some(CallId(1)), Some(CallId(0))],
-        "rule 3: log in completion order"
+        o.writes(),
+        vec![(Some(CallId(2)), 10), (Some(CallId(1)), 30)],
+        "rule 3: log in completion order; writes carry the completion time"
     );
-    assert_eq!(o.state.log()[1].at, 30, "writes carry the completion time");
 }
 
 #[tokio::test(start_paused = true)]
@@ -89,8 +90,8 @@ async fn reader_of_a_prefix_waits_for_a_pending_extension_write() {
         0,
     );
     let o = run(step, exec).await;
-    assert_eq!(o.run_of(1).start, 20);
-    assert_eq!(o.run_of(1).params["v"], json!({"old": true, "b": 7}));
+    assert_eq!(o.run_of(2).start, 20);
+    assert_eq!(o.run_of(2).params["v"], json!({"old": true, "b": 7}));
 }
 
 #[tokio::test(start_paused = true)]
@@ -111,10 +112,10 @@ async fn fallback_takes_the_second_alternative_when_the_first_producer_fails() {
         0,
     );
     let o = run(step, exec).await;
-    assert_eq!(o.run_of(1).start, 10);
-    assert_eq!(o.run_of(1).params["v"], json!("cached"));
+    assert_eq!(o.run_of(2).start, 10);
+    assert_eq!(o.run_of(2).params["v"], json!("cached"));
     assert_eq!(
-        o.report.get(CallId(0)).map(|c| c.status),
+        o.report.get(CallId(1)).map(|c| c.status),
         Some(CallStatus::Failed)
     );
 }
@@ -128,11 +129,11 @@ async fn an_absent_first_alternative_blocks_while_the_stream_is_open() {
     step.close_at = Some(40);
     let o = run(step, TestExec::new(Instant::now())).await;
     assert_eq!(
-        o.run_of(0).start,
+        o.run_of(1).start,
         40,
         "a later call could still write state.a"
     );
-    assert_eq!(o.run_of(0).params["v"], json!("b"));
+    assert_eq!(o.run_of(1).params["v"], json!("b"));
 }
 
 #[tokio::test(start_paused = true)]
@@ -148,24 +149,28 @@ async fn a_cycle_over_the_stream_is_refused_and_the_rest_runs() {
         )
         .at(5, json!({"_tool": "t", "_outputPath": "†state.c"}));
     let o = run(step, TestExec::new(Instant::now())).await;
-    let refused = o.report.get(CallId(1)).expect("c1");
+    let refused = o.report.get(CallId(2)).expect("c2");
     assert_eq!(refused.status, CallStatus::Refused);
     let err = refused.error.clone().expect("error");
     assert_eq!(err["code"], json!("graph.cycle"));
-    assert_eq!(err["details"]["cycle"], json!([1, 0]));
+    assert_eq!(err["details"]["cycle"], json!([2, 1]));
     assert!(o.events.iter().any(|e| matches!(&e.kind,
-        EventKind::CallRefused { cycle, .. } if cycle == &vec![CallId(1), CallId(0)])));
+        EventKind::CallRefused { cycle, .. } if cycle == &vec![CallId(2), CallId(1)])));
     assert_eq!(
-        o.report.get(CallId(2)).map(|c| c.status),
+        o.report.get(CallId(3)).map(|c| c.status),
         Some(CallStatus::Done)
     );
     assert_eq!(
-        o.report.get(CallId(0)).map(|c| c.status),
+        o.report.get(CallId(1)).map(|c| c.status),
         Some(CallStatus::Unresolved)
     );
+    // The run's call summary has no `missing`: the error object's details hold it.
     assert_eq!(
-        o.report.get(CallId(0)).map(|c| c.missing.clone()),
-        Some(vec!["state.b".to_string()])
+        o.report
+            .get(CallId(1))
+            .and_then(|c| c.error.as_ref())
+            .map(|e| e["details"]["missing"].clone()),
+        Some(json!(["state.b"]))
     );
 }
 
@@ -175,9 +180,9 @@ async fn a_call_arriving_after_its_producer_finished_starts_at_once() {
         .at(0, json!({"_tool": "p", "_outputPath": "†state.x"}))
         .at(50, json!({"_tool": "r", "v": "†state.x"}));
     let o = run(step, TestExec::new(Instant::now())).await;
-    assert_eq!(o.run_of(0).end, Some(10));
-    assert_eq!(o.run_of(1).start, 50);
-    assert_eq!(o.kinds(1), vec!["call_received", "started", "finished"]);
+    assert_eq!(o.run_of(1).end, Some(10));
+    assert_eq!(o.run_of(2).start, 50);
+    assert_eq!(o.kinds(2), vec!["call_received", "started", "finished"]);
 }
 
 #[tokio::test(start_paused = true)]
@@ -189,11 +194,11 @@ async fn rule9_a_ready_call_starts_while_the_stream_is_still_open() {
     step.close_at = Some(200);
     let o = run(step, TestExec::new(Instant::now())).await;
     assert_eq!(
-        o.run_of(1).start,
+        o.run_of(2).start,
         20,
         "started long before the stream ended at 200"
     );
-    assert_eq!(o.run_of(2).start, 100);
+    assert_eq!(o.run_of(3).start, 100);
     assert_eq!(o.elapsed, 200);
 }
 
@@ -204,20 +209,23 @@ async fn unresolved_at_stream_close_with_the_missing_paths() {
         .at(0, json!({"_tool": "after", "v": "†state.r"}));
     let o = run(step, TestExec::new(Instant::now())).await;
     assert!(o.runs.is_empty());
-    let r = o.report.get(CallId(0)).expect("c0");
+    let r = o.report.get(CallId(1)).expect("c1");
     assert_eq!(r.status, CallStatus::Unresolved);
+    // The run's call summary has no `missing`: the error object's details hold it.
+    let missing =
+        |e: &Option<serde_json::Value>| e.as_ref().map(|e| e["details"]["missing"].clone());
     assert_eq!(
-        r.missing,
-        vec!["input.none".to_string(), "state.nothing".to_string()]
+        missing(&r.error),
+        Some(json!(["input.none", "state.nothing"]))
     );
     assert_eq!(
         r.error.as_ref().map(|e| e["code"].clone()),
         Some(json!("scheduler.unresolved"))
     );
-    let after = o.report.get(CallId(1)).expect("c1");
+    let after = o.report.get(CallId(2)).expect("c2");
     assert_eq!(
-        (after.status, after.missing.clone()),
-        (CallStatus::Unresolved, vec!["state.r".to_string()])
+        (after.status, missing(&after.error)),
+        (CallStatus::Unresolved, Some(json!(["state.r"])))
     );
 }
 
@@ -237,13 +245,13 @@ async fn failures_isolate_and_readers_of_a_failed_output_become_unresolved() {
         .at(0, json!({"_tool": "r", "v": "†state.p"}))
         .at(0, json!({"_tool": "r", "v": "†state.err"}));
     let o = run(step, exec).await;
-    let boom = o.report.get(CallId(0)).expect("c0");
+    let boom = o.report.get(CallId(1)).expect("c1");
     assert_eq!(boom.status, CallStatus::Failed);
     assert_eq!(
         boom.error.as_ref().map(|e| e["code"].clone()),
         Some(json!("scheduler.panic"))
     );
-    assert!(o.events.iter().any(|e| e.call == Some(CallId(0))
+    assert!(o.events.iter().any(|e| e.call == Some(CallId(1))
         && matches!(
             e.kind,
             EventKind::Failed {
@@ -258,10 +266,10 @@ async fn failures_isolate_and_readers_of_a_failed_output_become_unresolved() {
     );
     assert_eq!(o.get("state.fine"), Some(json!("fine")));
     assert_eq!(
-        o.report.get(CallId(3)).map(|c| c.status),
+        o.report.get(CallId(4)).map(|c| c.status),
         Some(CallStatus::Unresolved)
     );
-    assert_eq!(o.run_of(4).params["v"], json!({"error": "nope"}));
+    assert_eq!(o.run_of(5).params["v"], json!({"error": "nope"}));
 }
 
 #[tokio::test(start_paused = true)]
@@ -271,7 +279,7 @@ async fn per_call_timeout_fails_the_call_and_writes_the_failure_branch() {
         0,
         json!({"_tool": "hang", "_outputPath": "†state.ok || †state.timeout"}),
     );
-    step.opts.call_timeout = Some(std::time::Duration::from_secs(1));
+    step.call_timeout = Some(std::time::Duration::from_secs(1));
     let o = run(step, exec).await;
     assert_eq!(o.elapsed, 1000);
     assert!(o.events.iter().any(|e| matches!(
@@ -297,16 +305,23 @@ async fn cancellation_aborts_running_calls_and_reports_everything_cancelled() {
     step.close_at = Some(1000);
     step.cancel_at = Some(50);
     let o = run(step, exec).await;
-    assert_eq!(o.elapsed, 50, "drive returns as soon as it is cancelled");
+    assert_eq!(o.elapsed, 50, "the run ends as soon as it is cancelled");
     assert_eq!(o.report.count(CallStatus::Cancelled), 3);
     assert!(
         o.runs.iter().all(|r| r.end.is_none()),
         "running activities were aborted"
     );
-    assert!(o.state.is_empty());
-    let last = o.events.last().expect("events");
-    assert_eq!(last.kind, EventKind::StepDrained);
-    for id in 0..3 {
+    assert_eq!(o.state, json!({}), "nothing was written");
+    // The step drains; then the run ends (the run's own `run_finished` comes last).
+    let kinds: Vec<&str> = o
+        .events
+        .iter()
+        .rev()
+        .take(2)
+        .map(|e| e.kind.name())
+        .collect();
+    assert_eq!(kinds, ["run_finished", "step_drained"]);
+    for id in 1..=3 {
         assert!(
             o.kinds(id).contains(&"cancelled"),
             "c{id}: {:?}",
@@ -327,17 +342,17 @@ async fn latent_calls_are_stored_without_running_and_feed_readers() {
         .at(0, json!({"_tool": "summarize", "text": "no output"}));
     let o = run(step, TestExec::new(Instant::now())).await;
     assert_eq!(o.runs.len(), 1, "only the activity ran: {:?}", o.runs);
-    assert_eq!(o.run_of(1).params["body"], json!("short"));
+    assert_eq!(o.run_of(2).params["body"], json!("short"));
     assert_eq!(
         o.get("state.audit.s"),
         Some(json!({"summary": "short"})),
         "fan-out write"
     );
     assert_eq!(
-        o.kinds(0),
+        o.kinds(1),
         vec!["call_received", "finished", "written", "written"]
     );
-    let bad = o.report.get(CallId(2)).expect("c2");
+    let bad = o.report.get(CallId(3)).expect("c3");
     assert_eq!(bad.status, CallStatus::Refused);
     assert_eq!(
         bad.error.as_ref().map(|e| e["code"].clone()),
@@ -380,7 +395,9 @@ async fn invalid_calls_are_refused_with_an_error_and_nothing_else_stops() {
             .is_some_and(|s| s.contains("available: t")),
         "{unknown}"
     );
-    assert!(o.report.calls[4].call.is_none());
+    // The element that is no call never had a call: no `call_received`, no tool.
+    assert_eq!(o.received(5), None);
+    assert_eq!(o.report.calls[4].tool, "");
 }
 
 #[tokio::test(start_paused = true)]
@@ -388,13 +405,9 @@ async fn calls_without_output_path_report_results_and_write_nothing() {
     let exec = TestExec::new(Instant::now()).with("ping", Behaviour::Sleep(5, Some(json!("pong"))));
     let step = Step::new(vec![tool("ping")]).at(0, json!({"_tool": "ping"}));
     let o = run(step, exec).await;
-    assert!(o.state.is_empty());
-    assert_eq!(
-        o.report
-            .get(CallId(0))
-            .and_then(|c| c.result.as_deref().cloned()),
-        Some(json!("pong"))
-    );
+    assert_eq!(o.state, json!({}), "nothing was written");
+    // The run's call summary has no result: its `finished` event carries it.
+    assert_eq!(o.result_of(1), Some(json!("pong")));
 }
 
 #[tokio::test(start_paused = true)]
@@ -418,14 +431,18 @@ async fn detached_calls_are_not_awaited() {
     let o = run(step, exec).await;
     assert_eq!(o.elapsed, 0);
     assert_eq!(
-        o.report.get(CallId(0)).map(|c| c.status),
+        o.report.get(CallId(1)).map(|c| c.status),
         Some(CallStatus::Detached)
     );
 }
 
 #[tokio::test(start_paused = true)]
 async fn the_validator_refuses_bad_params_after_resolution() {
-    let mut step = Step::new(vec![tool("t")])
+    // The run's validator is the tool's params schema (how a goal says what params it takes).
+    let mut t = tool("t");
+    t.schema
+        .insert("properties".into(), json!({"n": {"type": "number"}}));
+    let mut step = Step::new(vec![t])
         .at(0, json!({"_tool": "t", "n": "†input.n"}))
         .at(0, json!({"_tool": "t", "n": 2}));
     step.state.write(
@@ -435,22 +452,15 @@ async fn the_validator_refuses_bad_params_after_resolution() {
         None,
         0,
     );
-    step.sched.validate = Some(std::sync::Arc::new(|_tool, params| {
-        if params["n"].is_number() {
-            Ok(())
-        } else {
-            Err("/n must be a number".into())
-        }
-    }));
     let o = run(step, TestExec::new(Instant::now())).await;
-    let bad = o.report.get(CallId(0)).expect("c0");
+    let bad = o.report.get(CallId(1)).expect("c1");
     assert_eq!(bad.status, CallStatus::Refused);
     assert_eq!(
         bad.error.as_ref().map(|e| e["code"].clone()),
         Some(json!("scheduler.invalid_params"))
     );
     assert_eq!(
-        o.report.get(CallId(1)).map(|c| c.status),
+        o.report.get(CallId(2)).map(|c| c.status),
         Some(CallStatus::Done)
     );
 }

@@ -1,6 +1,10 @@
 //! Snapshot of the event log of a representative step: a fetch feeding a latent summary and an
 //! approved send, a failing call with a failure branch, a cycle refusal and an unresolved call.
-//! Times are virtual milliseconds since the step started (tokio's paused clock).
+//! The step is the first of a real run (`common::run`), so the log is the run's: it starts with
+//! `run_started` and `request_started` and ends with the step that closes the run (`solution`,
+//! a second `request_started`, `run_finished`); call ids are the run's (from `c1`), and the
+//! first state write (`write_seq` 0) is the goal's initial state. Times are virtual
+//! milliseconds since the run started (tokio's paused clock).
 
 #[path = "common/sched.rs"]
 mod common;

@@ -83,7 +83,7 @@ pub(super) fn run_call(
     }
 }
 
-/// The activities of one run (or one step, for the step driver).
+/// The activities of one run.
 #[derive(Default)]
 pub(super) struct Activities {
     running: JoinSet<Outcome>,
@@ -93,20 +93,8 @@ pub(super) struct Activities {
 }
 
 impl Activities {
-    pub fn launch(
-        &mut self,
-        executor: &Arc<dyn Executor>,
-        id: CallId,
-        call: Call,
-        tool: Arc<Tool>,
-        detached: bool,
-        limit: Option<Duration>,
-    ) {
-        let none = ProgressSink::none();
-        self.launch_reporting(executor, id, call, tool, detached, limit, none);
-    }
-
-    /// [`Activities::launch`], the activity reporting progress to `progress`.
+    /// Runs a call's activity (under `limit`, reporting progress to `progress`); a detached
+    /// one is not awaited.
     #[allow(clippy::too_many_arguments)]
     pub fn launch_reporting(
         &mut self,

@@ -1,16 +1,15 @@
 //! The async side of dagloop: the only module that spawns tasks, sleeps, reads clocks and talks
 //! to the outside world. It performs the actions of the sans-IO core.
 //!
-//! [`AgentBuilder`] builds an [`Agent`]; [`Agent::start`] spawns its driver and returns a
-//! [`RunHandle`] (ops in, events out). `inner` drives a single step's scheduler on its own (the
-//! scheduler's tests and benchmarks use it); `bus` stamps and delivers that driver's events.
+//! [`AgentBuilder`] builds an [`Agent`]; [`Agent::start`] spawns its driver (the one driver of
+//! every run, `driver`) and returns a [`RunHandle`] (ops in, events out). `bus` holds the
+//! run's clock, new run ids and the size of the event ring. The scheduler's tests drive single
+//! steps through real runs on tokio's paused clock (`tests/common/sched.rs`).
 //!
 //! Deliberately not here: decisions about a run (the `machine` and `scheduler` modules take
 //! them) and how events are shown or stored (their consumers').
 
 pub mod bus;
-#[cfg(feature = "test-util")]
-pub mod inner;
 
 mod activities;
 mod builder;

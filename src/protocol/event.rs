@@ -1,6 +1,6 @@
 //! Events: the one typed record of everything that happens in a run, in order.
 //!
-//! The scheduler and the outer loop produce [`EventKind`]s; the engine's bus stamps them with a
+//! The scheduler and the outer loop produce [`EventKind`]s; the run's machine stamps them with a
 //! per-run sequence number, the step and a timestamp, giving an [`Event`]. Events are what the
 //! store persists, what the CLI prints and what the server streams; a run can be rebuilt by
 //! replaying them.
@@ -8,9 +8,9 @@
 //! Also here: [`Decision`], a reviewer's answer about one call, because events record it and
 //! this module imports nothing from the rest of the crate.
 //!
-//! Deliberately not here: assigning sequence numbers or reading clocks (the engine's bus does),
-//! sanitising results (events carry full values; the context builder sanitises what the model
-//! sees).
+//! Deliberately not here: assigning sequence numbers (the run's machine does), reading clocks
+//! (the engine does), sanitising results (events carry full values; the context builder
+//! sanitises what the model sees).
 
 use std::sync::Arc;
 
@@ -23,7 +23,7 @@ use super::{Call, CallId, Millis, OutputMethod};
 #[cfg_attr(feature = "server", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Event {
-    /// The run the event belongs to (empty when the bus was given no run id). Shared by every
+    /// The run the event belongs to (empty when the run was given no id). Shared by every
     /// event of the run.
     #[serde(default, skip_serializing_if = "str::is_empty")]
     pub run_id: Arc<str>,

@@ -10,9 +10,9 @@
 //! write are looked at again, and a reader that was blocked re-checks the paths it waited on,
 //! starting where it left off, before resolving its params in full.
 //!
-//! Deliberately not here: running activities, timers, the approval conversation (see
-//! `engine::inner`), or deciding what the model sees next (the outer loop turns the
-//! [`StepReport`] into plan and observations).
+//! Deliberately not here: running activities, timers, the approval conversation (the run's
+//! machine and driver, `machine` and `engine`), or deciding what the model sees next (the outer
+//! loop turns the [`StepReport`] into plan and observations).
 
 mod complete;
 mod core;

@@ -92,7 +92,7 @@ pub enum Action {
         /// The call.
         id: CallId,
     },
-    /// Publish an event (the driver's bus stamps it with a sequence number and time).
+    /// Publish an event (the run's machine stamps it with a sequence number and time).
     Event {
         /// The call it concerns.
         call: Option<CallId>,
