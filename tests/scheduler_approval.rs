@@ -286,14 +286,12 @@ async fn a_slow_decision_does_not_hold_up_other_calls() {
     assert_eq!(o.run_of(1).start, 10_000);
 }
 
-// Spec A3: an edit that does not form a valid call refuses the call (`approval.bad_edit`). Through
-// the run's approval gate it does not: the run refuses the reviewer's `Decide` op itself
-// (`op.invalid_decision`, `check_op` parses the edited call), the in-process reviewer's adapter
-// drops the refused answer (`engine::review`, logged at debug), and the call waits for a
-// decision forever: with no approval timeout the run never ends.
-#[ignore = "driver bug: an in-process reviewer's invalid edit is dropped as a refused op and the call waits forever (spec A3 says approval.bad_edit)"]
+// Spec A3: an edit that does not form a valid call is refused. Through a run it is the reviewer's
+// `Decide` op that is refused (`op.invalid_decision`: rule 21, nothing invalid is journaled), so
+// a remote reviewer can answer again; an in-process reviewer will not, so its adapter rejects the
+// call with the refusal as the reason instead of leaving it waiting forever.
 #[tokio::test(start_paused = true)]
-async fn a_bad_edit_refuses_the_call() {
+async fn a_bad_edit_from_an_in_process_reviewer_rejects_the_call_with_the_reason() {
     let approver = Arc::new(ScriptedApprover::new().then(Decision::Edit {
         params: params(json!({"_outputMethod": "sideways"})),
     }));
@@ -301,11 +299,15 @@ async fn a_bad_edit_refuses_the_call() {
     step.policy = Policy::ask();
     step.approver = approver;
     let o = run(step, TestExec::new(Instant::now())).await;
+    assert!(o.runs.is_empty(), "the call never ran");
     let rep = o.report.get(CallId(1)).expect("c1");
-    assert_eq!(rep.status, CallStatus::Refused);
-    assert_eq!(
-        rep.error.as_ref().map(|e| e["code"].clone()),
-        Some(json!("approval.bad_edit"))
+    assert_eq!(rep.status, CallStatus::Rejected);
+    let err = rep.error.clone().expect("error");
+    assert_eq!(err["code"], json!("approval.rejected"));
+    let reason = err.to_string();
+    assert!(
+        reason.contains("could not be applied") && reason.contains("sideways"),
+        "{reason}"
     );
 }
 

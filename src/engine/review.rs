@@ -3,7 +3,8 @@
 //!
 //! Each request is answered concurrently (one slow answer never holds up another, rule 14). A
 //! decision that no longer applies (the policy's timeout decided first, the run ended) is
-//! refused by the run and dropped here. A panicking approver rejects the call.
+//! refused by the run and dropped here. A panicking approver rejects the call, and so does one
+//! whose answer the run refuses as invalid (`op.invalid_decision`): it would not answer again.
 
 use std::collections::BTreeMap;
 use std::panic::AssertUnwindSafe;
@@ -15,7 +16,7 @@ use futures::{FutureExt, StreamExt};
 use super::activities::panic_message;
 use super::handle::Shared;
 use crate::approval::{ApprovalRequest, Approver};
-use crate::protocol::{Call, CallId, Decision, EventKind, Op, Tool};
+use crate::protocol::{Call, CallId, Decision, EventKind, Op, OpError, Tool};
 
 /// Answers the run's approval requests with `approver` until the run ends.
 pub(super) async fn serve(
@@ -50,9 +51,29 @@ pub(super) async fn serve(
                 pending.push(decide(approver.clone(), req));
             }
             Some((id, hash, decision)) = pending.next(), if !pending.is_empty() => {
-                let op = Op::Decide { call: id, decision, presented: Some(hash), by: by.clone() };
-                if let Err(e) = shared.submit(op).await {
-                    tracing::debug!(call = %id, code = e.code(), "decision not applied: {e}");
+                let op = Op::Decide {
+                    call: id,
+                    decision,
+                    presented: Some(hash.clone()),
+                    by: by.clone(),
+                };
+                match shared.submit(op).await {
+                    Ok(()) => {}
+                    // The answer itself is invalid (an edit that forms no valid call): a remote
+                    // reviewer may answer again, this one will not, so the call is rejected
+                    // with the reason rather than left waiting for a decision forever.
+                    Err(e @ OpError::InvalidDecision { .. }) => {
+                        let reason = format!("the reviewer's decision could not be applied: {e}");
+                        let decision = Decision::Reject { reason };
+                        let op =
+                            Op::Decide { call: id, decision, presented: Some(hash), by: by.clone() };
+                        if let Err(e) = shared.submit(op).await {
+                            tracing::debug!(call = %id, code = e.code(), "rejection not applied: {e}");
+                        }
+                    }
+                    Err(e) => {
+                        tracing::debug!(call = %id, code = e.code(), "decision not applied: {e}");
+                    }
                 }
             }
         }
