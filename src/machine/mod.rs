@@ -204,6 +204,19 @@ impl RunMachine {
         counts.into_iter().collect()
     }
 
+    /// How many requests the run has made of the model list `list` (None: the run's own), all
+    /// its models together, retries, re-asks and fallbacks included, and the one just asked
+    /// too: what a driver that asks each turn of a fresh model (Temporal's turn activity) tells
+    /// it came before, less that one.
+    pub fn requests_made(&self, list: Option<&str>) -> usize {
+        self.pending
+            .requests()
+            .iter()
+            .filter(|((l, _), _)| l.as_deref() == list)
+            .map(|(_, n)| n)
+            .sum()
+    }
+
     /// The approval policy of the run (every agent of it).
     pub fn policy(&self) -> &Policy {
         &self.policy

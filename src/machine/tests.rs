@@ -513,6 +513,9 @@ fn the_machine_keeps_its_pending_timers_and_the_requests_each_model_answered() {
         1100,
     );
     assert_eq!(m.requests_answered(), vec![((None, 0), 1)]);
+    // Asked twice so far, the turn streaming now included (what Temporal's turn activity reads).
+    assert_eq!(m.requests_made(None), 2);
+    assert_eq!(m.requests_made(Some("other")), 0);
     // A turn that ends asks the next one (counted once it has streamed).
     turn(
         &mut m,
@@ -521,6 +524,7 @@ fn the_machine_keeps_its_pending_timers_and_the_requests_each_model_answered() {
         1200,
     );
     assert_eq!(m.requests_answered(), vec![((None, 0), 2)]);
+    assert_eq!(m.requests_made(None), 3);
     // A fired timer is no longer pending.
     m.handle(RunInput::TimerFired { timer: deadline }, 3000);
     assert_eq!(m.timers().count(), 0);

@@ -85,14 +85,11 @@ impl Pending {
     }
 }
 
-/// The main loop's bookkeeping: what runs, and what each model was asked so far.
+/// The main loop's bookkeeping: what runs. How often each model was asked is the machine's
+/// (`RunMachine::requests_made`).
 #[derive(Default)]
 pub(super) struct Performer {
     pub(super) pending: Pending,
-    /// Requests made of each model (by its spec; None: the run's), retries included: a script
-    /// answers the next of its turns.
-    pub(super) asked: BTreeMap<Option<String>, usize>,
-    pub(super) frame_model: BTreeMap<FrameKey, Option<String>>,
     pub(super) turn_tokens: BTreeMap<FrameKey, WorkflowCancellationToken>,
     pub(super) call_tokens: BTreeMap<CallId, WorkflowCancellationToken>,
     pub(super) aborted: BTreeSet<CallId>,
@@ -215,11 +212,13 @@ impl Performer {
                 .unwrap_or_default();
             (s.spec.clone(), path)
         });
-        let model = config.model.clone();
-        let asked = self.asked.entry(model.clone()).or_default();
-        let asked_before = *asked;
-        *asked += 1;
-        self.frame_model.insert(frame, model);
+        // The machine counted this request with the action: those before it are one fewer.
+        let asked_before = ctx.state(|s| {
+            s.machine
+                .as_ref()
+                .map_or(0, |m| m.requests_made(config.model.as_deref()))
+        });
+        let asked_before = asked_before.saturating_sub(1);
         ctx.state_mut(|s| {
             s.turns.insert(
                 frame,
@@ -367,13 +366,6 @@ impl Performer {
         }
         self.closes = keep;
         ready
-    }
-
-    /// A retry inside a turn asked the model once more.
-    pub(super) fn count_retry(&mut self, frame: FrameKey) {
-        if let Some(model) = self.frame_model.get(&frame) {
-            *self.asked.entry(model.clone()).or_default() += 1;
-        }
     }
 }
 

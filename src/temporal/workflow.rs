@@ -118,11 +118,6 @@ impl RunWorkflow {
         loop {
             let now = now_ms(ctx);
             inputs.extend(p.ready_closes(ctx));
-            for i in &inputs {
-                if let RunInput::Retry { frame, .. } = i {
-                    p.count_retry(*frame);
-                }
-            }
             let actions = ctx.state_mut(|s| s.feed(std::mem::take(&mut inputs), now));
             for a in actions {
                 p.perform(ctx, a, now);
