@@ -53,6 +53,7 @@ pub(super) struct AppState {
     pub(super) waking: tokio::sync::Mutex<()>,
     pub tickets: super::auth::Tickets,
     /// MCP servers shared by the server's runs: started once per configuration.
+    #[cfg(feature = "mcp")]
     pub mcp: crate::runs::Pool,
     /// Posts `approval_requested` to the operator's webhook, with links to the page at `page`.
     notifier: Option<crate::notify::Notifier>,
@@ -96,6 +97,7 @@ impl AppState {
             skip: Mutex::new(Default::default()),
             waking: tokio::sync::Mutex::new(()),
             tickets: Default::default(),
+            #[cfg(feature = "mcp")]
             mcp: Default::default(),
             stopping: CancellationToken::new(),
         }))
@@ -169,6 +171,8 @@ impl AppState {
             crate::runs::Host {
                 store: Some(self.store.clone()),
                 sink: None,
+                // Without the `mcp` feature the pool is `()`, and the default says none.
+                #[cfg(feature = "mcp")]
                 mcp: Some(self.mcp.clone()),
                 ..Default::default()
             },
