@@ -82,6 +82,7 @@ struct Turn {
 pub struct RunSpans {
     run_id: Arc<str>,
     trace: TraceId,
+    keys: ids::SpanKeys,
     export: Option<Arc<dyn SpanExport>>,
     metrics: bool,
     content: bool,
@@ -135,6 +136,7 @@ impl RunSpans {
         let spans = RunSpans {
             run_id: Arc::from(run_id),
             trace: ids::trace_id(run_id),
+            keys: ids::SpanKeys::new(run_id),
             export,
             metrics,
             content,
@@ -231,7 +233,7 @@ impl RunSpans {
     }
 
     fn id(&self, what: &str, key: &[u64], incarnation: u32) -> SpanId {
-        ids::span_id(&self.run_id, what, key, incarnation)
+        self.keys.span_id(what, key, incarnation)
     }
 
     fn emit(&self, span: SpanRecord) {
