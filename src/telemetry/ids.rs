@@ -102,7 +102,11 @@ impl SpanKeys {
         }
         h = mix(h ^ u64::from(incarnation) ^ self.k1.rotate_left(32));
         let id = h.to_be_bytes();
-        SpanId(if id == [0; 8] { [0, 0, 0, 0, 0, 0, 0, 1] } else { id })
+        SpanId(if id == [0; 8] {
+            [0, 0, 0, 0, 0, 0, 0, 1]
+        } else {
+            id
+        })
     }
 }
 
