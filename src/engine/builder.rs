@@ -616,8 +616,7 @@ impl Agent {
             policy: self.policy.clone(),
             sanitize: self.sanitize,
             log: Mutex::new(Log {
-                spans: crate::telemetry::for_run(&self.run_id, &self.config, journal.as_deref())
-                    .and_then(crate::telemetry::SpanFeed::start),
+                spans: crate::telemetry::for_run(&self.run_id, &self.config, journal.as_deref()),
                 ..Log::default()
             }),
             tx,
