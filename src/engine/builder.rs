@@ -616,7 +616,8 @@ impl Agent {
             policy: self.policy.clone(),
             sanitize: self.sanitize,
             log: Mutex::new(Log {
-                spans: crate::telemetry::for_run(&self.run_id, &self.config, journal.as_deref()),
+                spans: crate::telemetry::for_run(&self.run_id, &self.config, journal.as_deref())
+                    .and_then(crate::telemetry::SpanFeed::start),
                 ..Log::default()
             }),
             tx,

@@ -240,6 +240,14 @@ impl Driver {
         self.aux.shutdown().await;
         // Nothing runs and nothing here can decide what waits: the run stops, resumable (a
         // decision recorded later, then `resume`, moves it on). Not an ending.
+        // The run's spans are made on the span worker: all of them, before anyone hears it ended.
+        let drained = match self.shared.log.lock() {
+            Ok(log) => log.spans.as_ref().map(|s| s.drained()),
+            Err(p) => p.into_inner().spans.as_ref().map(|s| s.drained()),
+        };
+        if let Some(drained) = drained {
+            let _ = drained.await;
+        }
         let result = self.result.take().unwrap_or_else(|| {
             RunResult::stopped(RunError::new(
                 "run.stalled",

@@ -72,18 +72,37 @@ pub(super) struct Log {
     /// (0: ask the ring).
     pub room: usize,
     /// The run's spans and metrics, when telemetry is on (None: one branch per event).
-    pub spans: Option<Box<crate::telemetry::RunSpans>>,
+    pub spans: Option<crate::telemetry::SpanFeed>,
+}
+
+/// An event being published: still owned, or already shared (made an `Arc` once).
+enum Published {
+    Own(Event),
+    Shared(Arc<Event>),
+}
+
+impl Published {
+    fn shared(self) -> Arc<Event> {
+        match self {
+            Published::Own(e) => Arc::new(e),
+            Published::Shared(e) => e,
+        }
+    }
 }
 
 impl Shared {
     /// Publishes events under the log lock (so a new subscriber's cut is consistent).
     pub fn publish(&self, log: &mut Log, event: Event) {
+        let (ephemeral, seq) = (event.kind.is_ephemeral(), event.seq);
+        // With telemetry on, the event is shared with the span worker as soon as it exists.
+        let mut event = Published::Own(event);
         if let Some(spans) = &mut log.spans {
-            spans.observe(&log.journal, &event);
+            let shared = event.shared();
+            spans.event(&log.journal, &shared);
+            event = Published::Shared(shared);
         }
-        let ephemeral = event.kind.is_ephemeral();
         if !ephemeral {
-            log.last_seq = event.seq;
+            log.last_seq = seq;
         }
         let listening = self.tx.receiver_count() > 0;
         if !listening && log.history.is_none() {
@@ -98,7 +117,7 @@ impl Shared {
         if ephemeral && !listening {
             return;
         }
-        let event = Arc::new(event);
+        let event = event.shared();
         if !ephemeral {
             match &mut log.history {
                 Some(h) => h.push(event.clone()),

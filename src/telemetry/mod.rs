@@ -11,6 +11,7 @@
 //! as it is), or recording params, results or prompts unless `DAGLOOP_OTEL_CONTENT=on`; header
 //! values and secrets are never in events, so they are never in spans.
 
+pub mod feed;
 pub mod ids;
 #[cfg(feature = "cli")]
 pub mod logs;
@@ -25,6 +26,7 @@ mod export_metrics;
 
 use std::sync::{Arc, OnceLock};
 
+pub use feed::SpanFeed;
 pub use record::SpanRecord;
 pub use spans::{RunSpans, SpanExport};
 
@@ -121,6 +123,8 @@ pub fn install_exporter<E: opentelemetry_sdk::trace::SpanExporter + 'static>(
 
 /// Sends every span still buffered (the CLI, the server and workers call it on exit).
 pub fn flush() {
+    // Spans still being made from runs' events first (see `feed`).
+    feed::drain_all(std::time::Duration::from_secs(5));
     if let Some(p) = PIPELINE.get() {
         (p.flush)();
     }

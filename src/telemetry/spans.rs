@@ -268,11 +268,21 @@ impl RunSpans {
         }
     }
 
+    /// Whether [`RunSpans::observe_new`] needs to see a journal entry: those that say what the
+    /// events do not (usage, a stream's end, interruptions, resumes). A caller that feeds the
+    /// spans from elsewhere hands over only these.
+    pub fn reads(input: &RunInput) -> bool {
+        matches!(
+            input,
+            RunInput::Resumed
+                | RunInput::Interrupted { .. }
+                | RunInput::StreamClosed { .. }
+                | RunInput::Usage { .. }
+        )
+    }
+
     /// Looks at the journal entries added since the last event (usage, interruptions, resumes).
-    fn scan(&mut self, journal: &[JournalEntry]) {
-        let Some(new) = journal.get(self.scanned..) else {
-            return;
-        };
+    fn scan(&mut self, new: &[JournalEntry]) {
         for e in new {
             match &e.input {
                 RunInput::Resumed => self.incarnation += 1,
@@ -310,20 +320,23 @@ impl RunSpans {
                 _ => {}
             }
         }
-        self.scanned = journal.len();
-    }
-
-    fn replaying(&self, journal: &[JournalEntry]) -> bool {
-        journal.last().is_some_and(|e| e.seq <= self.replayed_upto)
     }
 
     /// Takes one published event; `journal` is the run's journal as handled so far.
     pub fn observe(&mut self, journal: &[JournalEntry], e: &Event) {
+        let new = journal.get(self.scanned..).unwrap_or_default();
+        self.scanned = journal.len();
+        self.observe_new(new, journal.last().map(|x| x.seq), e);
+    }
+
+    /// [`RunSpans::observe`], given the journal entries added since the last event (only those
+    /// [`RunSpans::reads`] are needed) and the sequence number of the journal's last entry.
+    pub fn observe_new(&mut self, new: &[JournalEntry], last_seq: Option<u64>, e: &Event) {
+        self.scan(new);
         if e.kind.is_ephemeral() {
             return;
         }
-        self.scan(journal);
-        let replayed = self.replaying(journal);
+        let replayed = last_seq.is_some_and(|seq| seq <= self.replayed_upto);
         if self.root.is_none() && !replayed {
             self.root = Some(Open {
                 id: self.root_id(),
