@@ -115,14 +115,29 @@ fn shape(spans: &[SpanData]) -> Value {
     json!(out)
 }
 
-/// The process's span pipeline, an in-memory exporter installed once for every test here (the
-/// pipeline is the process's); each test reads its own run's trace.
+/// An in-memory exporter that takes its time over each span (200 µs), as one that encodes and
+/// posts does: spans are made behind the run, which a run's end must wait for.
+#[derive(Debug, Clone)]
+struct Slow(InMemorySpanExporter);
+
+impl opentelemetry_sdk::trace::SpanExporter for Slow {
+    fn export(
+        &self,
+        batch: Vec<SpanData>,
+    ) -> impl std::future::Future<Output = opentelemetry_sdk::error::OTelSdkResult> + Send {
+        std::thread::sleep(std::time::Duration::from_micros(200) * batch.len() as u32);
+        self.0.export(batch)
+    }
+}
+
+/// The process's span pipeline, a (slow) in-memory exporter installed once for every test here
+/// (the pipeline is the process's); each test reads its own run's trace.
 fn exporter() -> InMemorySpanExporter {
     static EXPORTER: std::sync::OnceLock<InMemorySpanExporter> = std::sync::OnceLock::new();
     EXPORTER
         .get_or_init(|| {
             let e = InMemorySpanExporter::default();
-            assert!(dagloop::telemetry::install_exporter(e.clone(), false));
+            assert!(dagloop::telemetry::install_exporter(Slow(e.clone()), false));
             e
         })
         .clone()
@@ -240,5 +255,45 @@ async fn a_resumed_run_reports_the_stopped_process_run_span_its_link_points_at()
         resumed.links[0].span_context.span_id(),
         stopped.span_context.span_id(),
         "resumed_from points at the stopped process's run span"
+    );
+}
+
+/// A run reports its end only once its spans are made (they are made on a worker thread, fed
+/// by the run's events): read straight after the run ends, without a flush, every call's span
+/// is there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_ends_only_once_every_span_of_it_is_made() {
+    let exporter = exporter();
+    let calls: Vec<Value> = (0..400)
+        .map(|i| json!({"_tool": "double", "x": i, "_outputPath": format!("†state.d{i}")}))
+        .collect();
+    let turns = json!({"turns": [
+        {"solution": {"calls": calls, "output": null}, "chunk_chars": 1 << 16},
+        {"solution": {"calls": [], "output": {"answer": 1}}}
+    ]});
+    let script = Script::parse(&turns.to_string(), "test").expect("script");
+    let mut b = AgentBuilder::new(goal()).model(Arc::new(ScriptedModel::new(script)));
+    register_tools(&mut b);
+    let result = b
+        .run_id("otel-spans-drain")
+        .build()
+        .expect("agent")
+        .run()
+        .await;
+    assert_eq!(result.status, RunStatus::Succeeded, "{:?}", result.error);
+    let trace = dagloop::telemetry::trace_id("otel-spans-drain").to_string();
+    let spans = exporter.get_finished_spans().expect("spans");
+    let mine: Vec<_> = spans
+        .iter()
+        .filter(|s| s.span_context.trace_id().to_string() == trace)
+        .collect();
+    let calls = mine
+        .iter()
+        .filter(|s| s.name.starts_with("execute_tool"))
+        .count();
+    assert_eq!(calls, 400, "every call's span, before anything was flushed");
+    assert!(
+        mine.iter().any(|s| s.name.starts_with("invoke_workflow")),
+        "and the run's own (a workflow: the goal has a delegate)"
     );
 }

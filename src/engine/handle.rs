@@ -75,31 +75,18 @@ pub(super) struct Log {
     pub spans: Option<crate::telemetry::SpanFeed>,
 }
 
-/// An event being published: still owned, or already shared (made an `Arc` once).
-enum Published {
-    Own(Event),
-    Shared(Arc<Event>),
-}
-
-impl Published {
-    fn shared(self) -> Arc<Event> {
-        match self {
-            Published::Own(e) => Arc::new(e),
-            Published::Shared(e) => e,
-        }
-    }
-}
-
 impl Shared {
     /// Publishes events under the log lock (so a new subscriber's cut is consistent).
     pub fn publish(&self, log: &mut Log, event: Event) {
         let (ephemeral, seq) = (event.kind.is_ephemeral(), event.seq);
         // With telemetry on, the event is shared with the span worker as soon as it exists.
-        let mut event = Published::Own(event);
-        if let Some(spans) = &mut log.spans {
-            let shared = event.shared();
-            spans.event(&log.journal, &shared);
-            event = Published::Shared(shared);
+        let (mut own, mut shared) = (Some(event), None);
+        if let Some(spans) = &mut log.spans
+            && let Some(e) = own.take()
+        {
+            let e = Arc::new(e);
+            spans.event(&log.journal, &e);
+            shared = Some(e);
         }
         if !ephemeral {
             log.last_seq = seq;
@@ -117,7 +104,11 @@ impl Shared {
         if ephemeral && !listening {
             return;
         }
-        let event = event.shared();
+        let event = match (shared, own) {
+            (Some(e), _) => e,
+            (None, Some(e)) => Arc::new(e),
+            (None, None) => return,
+        };
         if !ephemeral {
             match &mut log.history {
                 Some(h) => h.push(event.clone()),
