@@ -400,6 +400,16 @@ async fn a_reviewer_edits_and_approves_calls_in_the_browser_and_sees_the_run_com
         &format!(".approval[data-call-id=\"{rejected}\"] button.send-reject"),
     )
     .await;
+    // The page catches up (the card leaves, the others move up) before the next click: a click
+    // while the cards move can land beside its button.
+    until(
+        c,
+        "the rejected call gone from the approvals",
+        &format!(
+            "return document.querySelector('.approval[data-call-id=\"{rejected}\"]') === null"
+        ),
+    )
+    .await;
     click(
         c,
         &format!(".approval[data-call-id=\"{replaced}\"] button.replace"),
@@ -416,10 +426,28 @@ async fn a_reviewer_edits_and_approves_calls_in_the_browser_and_sees_the_run_com
         &format!(".approval[data-call-id=\"{replaced}\"] button.send-replace"),
     )
     .await;
+    // The page catches up (the card leaves, the others move up) before the next click: a click
+    // while the cards move can land beside its button.
+    until(
+        c,
+        "the replaced call gone from the approvals",
+        &format!(
+            "return document.querySelector('.approval[data-call-id=\"{replaced}\"]') === null"
+        ),
+    )
+    .await;
     type_into(c, &editor, r#"{"n": 41, "note": "edited in the browser"}"#).await;
     click(
         c,
         &format!(".approval[data-call-id=\"{edited}\"] button.send-edit"),
+    )
+    .await;
+    // The page catches up (the card leaves, the others move up) before the next click: a click
+    // while the cards move can land beside its button.
+    until(
+        c,
+        "the edited call gone from the approvals",
+        &format!("return document.querySelector('.approval[data-call-id=\"{edited}\"]') === null"),
     )
     .await;
     click(
