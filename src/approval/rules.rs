@@ -177,11 +177,7 @@ impl Rule {
             None => return Err("give `_tool`: the rule's `tool` is a glob".into()),
         };
         let annotations = obj.get("_annotations").cloned();
-        let params: Map<String, Value> = obj
-            .iter()
-            .filter(|(k, _)| !k.starts_with('_'))
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect();
+        let params: Map<String, Value> = crate::protocol::without_meta(obj);
         Ok((tool.clone(), subject(&tool, &params, annotations)))
     }
 
@@ -247,12 +243,7 @@ fn subject(tool: &str, params: &Map<String, Value>, annotations: Option<Value>) 
 /// What a rule's `when` sees of a call: its params without meta keys, plus `_tool` and the
 /// tool's MCP `_annotations`.
 pub fn call_subject(tool: &Tool, call: &Call) -> Value {
-    let params: Map<String, Value> = call
-        .params
-        .iter()
-        .filter(|(k, _)| !k.starts_with('_'))
-        .map(|(k, v)| (k.clone(), v.clone()))
-        .collect();
+    let params: Map<String, Value> = call.plain_params();
     subject(&call.tool, &params, tool.schema.get("annotations").cloned())
 }
 

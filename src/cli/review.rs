@@ -94,11 +94,7 @@ fn say(text: &str) {
 }
 
 fn compact(params: &Map<String, Value>, max: usize) -> String {
-    let shown: Map<String, Value> = params
-        .iter()
-        .filter(|(k, _)| !k.starts_with('_'))
-        .map(|(k, v)| (k.clone(), v.clone()))
-        .collect();
+    let shown: Map<String, Value> = crate::protocol::without_meta(params);
     let s = Value::Object(shown).to_string();
     if s.chars().count() > max {
         format!("{}…", s.chars().take(max).collect::<String>())
@@ -348,12 +344,7 @@ fn check(
         }
     }
     let mut diff = String::new();
-    let old: Map<String, Value> = call
-        .params
-        .iter()
-        .filter(|(k, _)| !k.starts_with('_'))
-        .map(|(k, v)| (k.clone(), v.clone()))
-        .collect();
+    let old: Map<String, Value> = call.plain_params();
     for (k, v) in &old {
         match params.get(k) {
             None => diff.push_str(&format!("  - {k}: {v}\n")),
@@ -373,12 +364,7 @@ fn check(
 }
 
 fn edit(call: &Call) -> Result<Map<String, Value>, String> {
-    let params: Map<String, Value> = call
-        .params
-        .iter()
-        .filter(|(k, _)| !k.starts_with('_'))
-        .map(|(k, v)| (k.clone(), v.clone()))
-        .collect();
+    let params: Map<String, Value> = call.plain_params();
     let dir = tempfile_dir()?;
     let file = dir.join("params.json");
     let text = serde_json::to_string_pretty(&Value::Object(params)).map_err(|e| e.to_string())?;

@@ -199,12 +199,7 @@ fn check_params(validators: &ToolValidators, call: &Call) -> Result<(), ParamsCh
     if !refs.is_empty() {
         return Ok(());
     }
-    let params: Map<String, Value> = call
-        .params
-        .iter()
-        .filter(|(k, _)| !k.starts_with('_'))
-        .map(|(k, v)| (k.clone(), v.clone()))
-        .collect();
+    let params: Map<String, Value> = call.plain_params();
     ValidationError::check(validators.validate(&call.tool, &params)?).map_err(|reason| {
         ParamsCheckError::Mismatch {
             tool: call.tool.clone(),

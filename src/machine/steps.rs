@@ -340,12 +340,7 @@ impl RunMachine {
             return;
         }
         // The delegate's input is the call's params; its context, the parent data it may see.
-        let input: Map<String, Value> = call
-            .params
-            .iter()
-            .filter(|(k, _)| !k.starts_with('_'))
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect();
+        let input: Map<String, Value> = call.plain_params();
         let mut extra = Vec::new();
         if let (Some(scopes), Some(state)) = (&call.scopes, f.sched.as_ref().map(Scheduler::state))
         {

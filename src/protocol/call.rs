@@ -168,6 +168,11 @@ impl Call {
         self.output_method.unwrap_or_default()
     }
 
+    /// The params a tool takes: every key but the `_` meta keys (`_tool`, `_outputPath`...).
+    pub fn plain_params(&self) -> Map<String, Value> {
+        without_meta(&self.params)
+    }
+
     /// Every expression found in the params, at any depth, with a JSON pointer to where it sits.
     pub fn references(&self) -> Result<Vec<(String, Expression)>, ReferenceError> {
         let mut out = Vec::new();
@@ -553,6 +558,16 @@ impl Tool {
             }),
         }
     }
+}
+
+/// `params` without the `_` meta keys: what a tool's params schema, a rule's `when`, a delegate's
+/// input and a recording's key see of a call.
+pub fn without_meta(params: &Map<String, Value>) -> Map<String, Value> {
+    params
+        .iter()
+        .filter(|(k, _)| !super::meta::is_meta_key(k))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect()
 }
 
 #[cfg(test)]

@@ -11,7 +11,7 @@ mod op;
 pub mod reference;
 
 pub(crate) use call::SplitCall;
-pub use call::{Call, OutputMethod, Tool, ToolApproval, collect_refs, json_type};
+pub use call::{Call, OutputMethod, Tool, ToolApproval, collect_refs, json_type, without_meta};
 pub use event::{Decision, Event, EventKind, FailKind};
 pub use message::{Message, Role, Solution};
 pub use meta::{CALL_META_KEYS, TOOL_META_KEYS, UnknownMetaKey, is_meta_key};

@@ -91,11 +91,7 @@ pub fn canonical(v: &Value) -> Value {
 
 /// A call's params as recordings key them: canonical, `_` meta fields left out.
 pub fn params_key(params: &Map<String, Value>) -> Value {
-    let kept: Map<String, Value> = params
-        .iter()
-        .filter(|(k, _)| !k.starts_with('_'))
-        .map(|(k, v)| (k.clone(), v.clone()))
-        .collect();
+    let kept: Map<String, Value> = crate::protocol::without_meta(params);
     canonical(&Value::Object(kept))
 }
 

@@ -174,7 +174,10 @@ impl ParamsValidator {
     /// Every way `params` (already resolved: no references left) breaks the tool's schema.
     /// Keys starting with `_` are ignored.
     pub fn validate(&self, params: &Map<String, Value>) -> Vec<Violation> {
-        violations(&self.validator, &Value::Object(without_meta(params)))
+        violations(
+            &self.validator,
+            &Value::Object(crate::protocol::without_meta(params)),
+        )
     }
 
     /// [`ParamsValidator::validate`] of a params object as it stands: checked in place, with no
@@ -186,15 +189,6 @@ impl ParamsValidator {
             _ => violations(&self.validator, params),
         }
     }
-}
-
-/// A copy of `params` without its meta keys.
-fn without_meta(params: &Map<String, Value>) -> Map<String, Value> {
-    params
-        .iter()
-        .filter(|(k, _)| !is_meta_key(k))
-        .map(|(k, v)| (k.clone(), v.clone()))
-        .collect()
 }
 
 /// The params schema checked by [`ParamsValidator`]: meta keys and meta properties removed.
