@@ -28,7 +28,7 @@ use super::handle::{OpRequest, Shared};
 use super::journal::{Commit, JournalError, JournalSink, RunNote, append_caught};
 use super::timers::Alarm;
 use super::turns::{Models, TurnItem, Turns};
-use crate::llm::{Request, Settings};
+use crate::llm::Settings;
 use crate::machine::{Action, FrameKey, JournalEntry, RunError, RunInput, RunMachine, RunResult};
 use crate::protocol::{CallId, Event, EventKind};
 use crate::scheduler::Outcome;
@@ -590,16 +590,7 @@ impl Driver {
                 whole,
             } => {
                 let model = self.models.get(config.model.as_deref());
-                let mut settings = self.settings.clone();
-                if let Some(mode) = config.mode {
-                    settings.mode = mode;
-                }
-                let req = Arc::new(Request {
-                    messages,
-                    schema: config.composed.clone(),
-                    tools: config.tools.clone(),
-                    settings,
-                });
+                let req = super::turns::request(&self.settings, &config, messages);
                 let stream = model.stream_turn(req.clone(), first, whole);
                 let name = model.name_at(first);
                 self.turns

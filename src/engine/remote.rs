@@ -16,7 +16,7 @@ use futures::stream::BoxStream;
 use super::activities::{Executor, panic_message, run_call};
 use super::builder::Agent;
 use super::turns::{Models, Turns};
-use crate::llm::{Request, Settings};
+use crate::llm::Settings;
 use crate::machine::{AgentConfig, FrameKey, RunInput};
 use crate::protocol::{Call, CallId, Message, Tool};
 use crate::scheduler::Outcome;
@@ -63,16 +63,7 @@ impl Parts {
     ) -> BoxStream<'static, RunInput> {
         let model = self.models.get(config.model.as_deref());
         crate::llm::Model::resume_after(model.as_ref(), asked_before);
-        let mut settings = self.settings.clone();
-        if let Some(mode) = config.mode {
-            settings.mode = mode;
-        }
-        let req = Arc::new(Request {
-            messages,
-            schema: config.composed.clone(),
-            tools: config.tools.clone(),
-            settings,
-        });
+        let req = super::turns::request(&self.settings, &config, messages);
         let stream = model.stream_from(req.clone(), 0);
         let name = model.name_at(0);
         let mut turns = Turns::default();

@@ -9,8 +9,28 @@ use std::sync::Arc;
 
 use futures::StreamExt;
 
-use crate::llm::{Fallback, LlmError, StreamEvent};
+use crate::llm::{Fallback, LlmError, Request, Settings, StreamEvent};
 use crate::machine::{AgentConfig, FrameKey, RunInput, TurnReader};
+
+/// The request an agent's turn sends: its messages, its composed Solution schema and tools, and
+/// the run's model settings with the agent's own mode when its goal names one. Every driver
+/// (the embedded one, Temporal's turn activity) asks with this.
+pub(super) fn request(
+    settings: &Settings,
+    config: &AgentConfig,
+    messages: Vec<crate::protocol::Message>,
+) -> Arc<Request> {
+    let mut settings = settings.clone();
+    if let Some(mode) = config.mode {
+        settings.mode = mode;
+    }
+    Arc::new(Request {
+        messages,
+        schema: config.composed.clone(),
+        tools: config.tools.clone(),
+        settings,
+    })
+}
 
 /// One item of some agent's model stream (`None`: the stream ended).
 pub(super) type TurnItem = (FrameKey, Option<Result<StreamEvent, LlmError>>);
