@@ -257,32 +257,13 @@ fn plan_findings(
     out
 }
 
-/// Literal params (not references) checked by the tool's own [`ParamsValidator`]; a param given
-/// as a reference is not required to be present yet.
+/// The call's params as written, checked by the tool's own [`ParamsValidator`]: a param that
+/// holds a reference is not required to be present or valid yet
+/// ([`ParamsValidator::validate_written`], the machine's check of a reviewer's call too).
 fn check_literal_params(c: &Call, t: &Tool, i: usize, out: &mut Vec<Finding>) {
-    let is_ref = |v: &Value| {
-        v.as_str()
-            .is_some_and(crate::protocol::looks_like_reference)
-    };
-    let deferred: Vec<&String> = c
-        .params
-        .iter()
-        .filter(|(_, v)| is_ref(v))
-        .map(|(k, _)| k)
-        .collect();
-    let mut tool = t.clone();
-    if let Some(Value::Array(req)) = tool.schema.get_mut("required") {
-        req.retain(|n| n.as_str().is_none_or(|n| !deferred.iter().any(|d| *d == n)));
-    }
-    let literal: Map<String, Value> = c
-        .params
-        .iter()
-        .filter(|(_, v)| !is_ref(v))
-        .map(|(k, v)| (k.clone(), v.clone()))
-        .collect();
-    match ParamsValidator::new(&tool) {
-        Ok(v) => {
-            for e in v.validate(&literal) {
+    match ParamsValidator::new(t).and_then(|v| v.validate_written(&c.params)) {
+        Ok(errors) => {
+            for e in errors {
                 out.push(Finding::call("plan.invalid_params", i, e));
             }
         }

@@ -334,7 +334,7 @@ fn check(
 ) -> Result<(Map<String, Value>, String), String> {
     if let Some(t) = tool {
         let v = crate::schema::ParamsValidator::new(t).map_err(|e| e.to_string())?;
-        let errors = v.validate(&params);
+        let errors = v.validate_written(&params).map_err(|e| e.to_string())?;
         if !errors.is_empty() {
             return Err(errors
                 .iter()

@@ -192,15 +192,12 @@ enum ParamsCheckError {
     Schema(#[from] SchemaError),
 }
 
-/// Checks a reviewer's call against its tool's schema, unless it still holds references (those
-/// are checked once resolved, like any call).
+/// Checks a reviewer's call against its tool's schema as written: its references must parse,
+/// and its params are checked with those holding references deferred (checked once resolved,
+/// like any call's) — the same check `validate` and the terminal reviewer make.
 fn check_params(validators: &ToolValidators, call: &Call) -> Result<(), ParamsCheckError> {
-    let refs = call.references()?;
-    if !refs.is_empty() {
-        return Ok(());
-    }
-    let params: Map<String, Value> = call.plain_params();
-    ValidationError::check(validators.validate(&call.tool, &params)?).map_err(|reason| {
+    call.references()?;
+    ValidationError::check(validators.validate_written(&call.tool, &call.params)?).map_err(|reason| {
         ParamsCheckError::Mismatch {
             tool: call.tool.clone(),
             reason,

@@ -554,3 +554,40 @@ fn a_timer_fires_once_and_only_while_it_is_set() {
     assert_eq!(result(&a).map(|r| r.status), Some(RunStatus::Timeout));
     assert_eq!(m.timer_at(deadline), None);
 }
+
+#[test]
+fn a_reviewers_call_is_checked_as_written_with_its_references_deferred() {
+    let tools = json!({"tools": [
+        {"_tool": "note", "_output": {"type": "string"}},
+        {"_tool": "act", "_activity": "rust", "type": "object",
+         "properties": {"x": {"type": "integer"}, "why": {"type": "string"}},
+         "required": ["x", "why"]}
+    ]});
+    let mut m = machine(tools, Policy::ask());
+    m.handle(RunInput::Start, 0);
+    m.handle(
+        RunInput::Call {
+            frame: None,
+            call: call(json!({"_tool": "act", "x": 1, "why": "w"})).into(),
+        },
+        1,
+    );
+    let edit = |params: Value| Op::Decide {
+        call: CallId(1),
+        decision: Decision::Edit {
+            params: params.as_object().cloned().unwrap_or_default(),
+        },
+        presented: None,
+        by: None,
+    };
+    let code = |op: Op| m.check_op(&op).err().map(|e| e.code());
+    // A reference stands in for the required integer: checked once resolved.
+    assert_eq!(code(edit(json!({"x": "†state.x", "why": "w"}))), None);
+    // Beside a reference, a literal that breaks the schema is refused now (it used to pass
+    // until the call ran, because the whole check was skipped when any reference was there).
+    assert_eq!(
+        code(edit(json!({"x": "†state.x", "why": 5}))),
+        Some("op.invalid_decision")
+    );
+    assert_eq!(code(edit(json!({"x": "one", "why": "w"}))), Some("op.invalid_decision"));
+}

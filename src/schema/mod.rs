@@ -228,4 +228,36 @@ mod tests {
             "not an object"
         );
     }
+
+    #[test]
+    fn params_as_written_defer_those_that_hold_references() {
+        let tool: crate::protocol::Tool = serde_json::from_value(serde_json::json!({
+            "_tool": "t", "type": "object",
+            "properties": {"n": {"type": "integer"}, "note": {"type": "string"},
+                "items": {"type": "array", "items": {"type": "integer"}}},
+            "required": ["n", "note"], "additionalProperties": false
+        }))
+        .expect("tool");
+        let v = ParamsValidator::new(&tool).expect("validator");
+        let obj = |v: serde_json::Value| v.as_object().cloned().unwrap_or_default();
+        // A reference stands in for a required integer, another sits inside an array: both
+        // params wait to be resolved; read as resolved values they would be wrong.
+        let written = obj(serde_json::json!({"n": "†state.n", "items": [1, "†state.k"],
+            "note": "x", "_outputPath": "†state.out"}));
+        assert_eq!(v.validate_written(&written).expect("checked"), vec![]);
+        assert!(!v.validate(&written).is_empty());
+        // The literal params are still checked, and a required one left out is still missing.
+        let bad = obj(serde_json::json!({"n": "†state.n", "note": 5, "extra": true}));
+        let found: Vec<(String, String)> = v
+            .validate_written(&bad)
+            .expect("checked")
+            .into_iter()
+            .map(|x| (x.pointer, x.keyword))
+            .collect();
+        assert!(found.contains(&("/note".into(), "type".into())), "{found:?}");
+        assert!(found.contains(&(String::new(), "additionalProperties".into())), "{found:?}");
+        let missing = obj(serde_json::json!({"n": "†state.n"}));
+        let found = v.validate_written(&missing).expect("checked");
+        assert!(found.iter().any(|x| x.keyword == "required"), "{found:?}");
+    }
 }

@@ -153,16 +153,23 @@ impl OutputValidator {
 #[derive(Debug)]
 pub struct ParamsValidator {
     tool: String,
+    /// The params schema, kept to check params as written ([`ParamsValidator::validate_written`]).
+    schema: Map<String, Value>,
     validator: Arc<jsonschema::Validator>,
 }
 
 impl ParamsValidator {
     /// Compiles the params schema of `tool`.
     pub fn new(tool: &Tool) -> Result<ParamsValidator, SchemaError> {
-        let schema = Value::Object(params_schema(&tool.schema));
+        let schema = params_schema(&tool.schema);
+        let validator = compile(
+            &Value::Object(schema.clone()),
+            &Subject::ToolParams(tool.name.clone()),
+        )?;
         Ok(ParamsValidator {
             tool: tool.name.clone(),
-            validator: compile(&schema, &Subject::ToolParams(tool.name.clone()))?,
+            schema,
+            validator,
         })
     }
 
@@ -180,6 +187,39 @@ impl ParamsValidator {
         )
     }
 
+    /// Every way `params` as written, references and all, breaks the tool's schema: a param
+    /// that holds a reference anywhere in its value is left out and not required yet (it is
+    /// checked once resolved, like any call); the others are checked as they are. The one check
+    /// of params that may still hold references: `validate`'s plan check, the machine's check
+    /// of a reviewer's edit or replacement, and the terminal reviewer's.
+    pub fn validate_written(
+        &self,
+        params: &Map<String, Value>,
+    ) -> Result<Vec<Violation>, SchemaError> {
+        let deferred: Vec<&str> = params
+            .iter()
+            .filter(|(k, v)| !is_meta_key(k) && holds_reference(v))
+            .map(|(k, _)| k.as_str())
+            .collect();
+        if deferred.is_empty() {
+            return Ok(self.validate(params));
+        }
+        let mut schema = self.schema.clone();
+        if let Some(Value::Array(required)) = schema.get_mut("required") {
+            required.retain(|n| n.as_str().is_none_or(|n| !deferred.contains(&n)));
+        }
+        let literal: Map<String, Value> = params
+            .iter()
+            .filter(|(k, _)| !is_meta_key(k) && !deferred.contains(&k.as_str()))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        let validator = compile(
+            &Value::Object(schema),
+            &Subject::ToolParams(self.tool.clone()),
+        )?;
+        Ok(violations(&validator, &Value::Object(literal)))
+    }
+
     /// [`ParamsValidator::validate`] of a params object as it stands: checked in place, with no
     /// copy, unless it holds meta keys (then they are left out of a copy). Anything but an
     /// object is checked as it is (and fails an object schema).
@@ -188,6 +228,16 @@ impl ParamsValidator {
             Value::Object(m) if m.keys().any(|k| is_meta_key(k)) => self.validate(m),
             _ => violations(&self.validator, params),
         }
+    }
+}
+
+/// Whether a reference (`†...`) is anywhere in `v`.
+fn holds_reference(v: &Value) -> bool {
+    match v {
+        Value::String(s) => crate::protocol::looks_like_reference(s),
+        Value::Array(a) => a.iter().any(holds_reference),
+        Value::Object(o) => o.values().any(holds_reference),
+        _ => false,
     }
 }
 
@@ -270,6 +320,20 @@ impl ToolValidators {
             .ok_or_else(|| SchemaError::ToolNotFound {
                 tool: tool.to_string(),
             })
+    }
+
+    /// Checks `params` as written (references allowed) against the tool called `tool`
+    /// ([`ParamsValidator::validate_written`]).
+    pub fn validate_written(
+        &self,
+        tool: &str,
+        params: &Map<String, Value>,
+    ) -> Result<Vec<Violation>, SchemaError> {
+        self.get(tool)
+            .ok_or_else(|| SchemaError::ToolNotFound {
+                tool: tool.to_string(),
+            })?
+            .validate_written(params)
     }
 
     /// Checks a params object against the tool called `tool`, in place when it holds no meta
