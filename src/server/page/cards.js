@@ -258,11 +258,8 @@ function approvalCard(runId, a, key) {
           showErrors([{ pointer: "", message: "not JSON: " + e.message }]);
           return;
         }
-        const problems = checkParams(params, a.tool_schema);
-        if (problems.length) {
-          showErrors(problems);
-          return;
-        }
+        // The server checks the edit, by the run's own rules (a param holding a reference is
+        // checked once resolved); one it refuses changes nothing, and its reasons show here.
         send({ decision: "edit", params });
       } });
     return [hint, ta, diff, el("div", { class: "buttons" }, sendBtn)];
@@ -302,13 +299,6 @@ function approvalCard(runId, a, key) {
         if (!repl || typeof repl !== "object" || Array.isArray(repl) || typeof repl._tool !== "string") {
           showErrors([{ pointer: "/_tool", message: "a call is an object with a string _tool" }]);
           return;
-        }
-        if (repl._tool === call._tool) {
-          const problems = checkParams(editableParams(repl), a.tool_schema);
-          if (problems.length) {
-            showErrors(problems);
-            return;
-          }
         }
         send({ decision: "replace", call: repl });
       } });
@@ -365,98 +355,4 @@ function approvalCard(runId, a, key) {
       el("pre", { class: "json params", text: pretty(editableParams(call)) })),
     buttons, panel, errors));
   return card;
-}
-
-// ---------------------------------------------------------------- schema check for edits
-
-function typeOf(v) {
-  if (v === null) return "null";
-  if (Array.isArray(v)) return "array";
-  if (typeof v === "number") return Number.isInteger(v) ? "integer" : "number";
-  return typeof v; // string, boolean, object
-}
-
-function typeMatches(v, t) {
-  const actual = typeOf(v);
-  return actual === t || (t === "number" && actual === "integer");
-}
-
-function isReference(v) {
-  return typeof v === "string" && /^\s*(†|\$ref:)/.test(v);
-}
-
-function ptr(base, key) {
-  return base + "/" + String(key).replace(/~/g, "~0").replace(/\//g, "~1");
-}
-
-// The params checked against the tool's JSON Schema: types, required, properties,
-// additionalProperties, enum/const, items, bounds and lengths. A reference may stand for any
-// value (it is resolved when the call runs); meta fields (`_outputPath`, ...) are not params.
-function checkParams(params, schema) {
-  const out = [];
-  if (typeOf(params) !== "object") {
-    out.push({ pointer: "", message: "the params must be a JSON object" });
-    return out;
-  }
-  if (schema && typeof schema === "object") checkValue(params, schema, "", out, true);
-  return out;
-}
-
-function checkValue(v, s, at, out, top) {
-  if (s === true || s === undefined || s === null) return;
-  if (s === false) {
-    out.push({ pointer: at, message: "no value is allowed here" });
-    return;
-  }
-  if (isReference(v)) return;
-  if (s.type !== undefined) {
-    const types = Array.isArray(s.type) ? s.type : [s.type];
-    if (!types.some((t) => typeMatches(v, t))) {
-      out.push({ pointer: at, message: "must be " + types.join(" or ") + ", found " + typeOf(v) });
-      return;
-    }
-  }
-  if (s.enum && !s.enum.some((e) => JSON.stringify(e) === JSON.stringify(v))) {
-    out.push({ pointer: at, message: "must be one of " + s.enum.map((e) => JSON.stringify(e)).join(", ") });
-  }
-  if (s.const !== undefined && JSON.stringify(s.const) !== JSON.stringify(v)) {
-    out.push({ pointer: at, message: "must be " + JSON.stringify(s.const) });
-  }
-  if (typeof v === "number") {
-    if (s.minimum !== undefined && v < s.minimum) out.push({ pointer: at, message: "must be ≥ " + s.minimum });
-    if (s.maximum !== undefined && v > s.maximum) out.push({ pointer: at, message: "must be ≤ " + s.maximum });
-    if (typeof s.exclusiveMinimum === "number" && v <= s.exclusiveMinimum) out.push({ pointer: at, message: "must be > " + s.exclusiveMinimum });
-    if (typeof s.exclusiveMaximum === "number" && v >= s.exclusiveMaximum) out.push({ pointer: at, message: "must be < " + s.exclusiveMaximum });
-  }
-  if (typeof v === "string") {
-    const n = Array.from(v).length;
-    if (s.minLength !== undefined && n < s.minLength) out.push({ pointer: at, message: "must have at least " + s.minLength + " characters" });
-    if (s.maxLength !== undefined && n > s.maxLength) out.push({ pointer: at, message: "must have at most " + s.maxLength + " characters" });
-    if (typeof s.pattern === "string") {
-      let re = null;
-      try { re = new RegExp(s.pattern, "u"); } catch (_) { re = null; }
-      if (re && !re.test(v)) out.push({ pointer: at, message: "must match " + s.pattern });
-    }
-  }
-  if (Array.isArray(v)) {
-    if (s.minItems !== undefined && v.length < s.minItems) out.push({ pointer: at, message: "must have at least " + s.minItems + " items" });
-    if (s.maxItems !== undefined && v.length > s.maxItems) out.push({ pointer: at, message: "must have at most " + s.maxItems + " items" });
-    if (s.items && typeof s.items === "object") v.forEach((x, i) => checkValue(x, s.items, ptr(at, i), out, false));
-  }
-  if (typeOf(v) === "object") {
-    const props = s.properties || {};
-    for (const r of s.required || []) {
-      if (!(r in v)) out.push({ pointer: ptr(at, r), message: "is required" });
-    }
-    for (const [k, x] of Object.entries(v)) {
-      if (top && k.startsWith("_")) continue;
-      if (k in props) {
-        checkValue(x, props[k], ptr(at, k), out, false);
-      } else if (s.additionalProperties === false) {
-        out.push({ pointer: ptr(at, k), message: "is not a parameter of this tool" });
-      } else if (s.additionalProperties && typeof s.additionalProperties === "object") {
-        checkValue(x, s.additionalProperties, ptr(at, k), out, false);
-      }
-    }
-  }
 }
