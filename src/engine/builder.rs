@@ -1,33 +1,33 @@
-//! Building an [`Agent`]: a goal, activities, a model, reviewers, and options; then starting it.
+//! Building an [`Agent`]: a goal, activities, a model, reviewers, and options.
 //!
-//! The builder does the IO a run needs before it starts: it reads delegate goal files (so a
-//! missing one is an error now, not mid-run), builds the models they name, and checks that every
-//! tool's activity can run.
+//! [`AgentBuilder::build`] does the IO a run needs before it starts, through `loading`: it reads
+//! delegate goal files (so a missing one is an error now, not mid-run), builds the models they
+//! name, and checks that every tool's activity can run.
+//!
+//! Deliberately not here: what is loaded and how (`loading`), or a built run (`agent`).
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
-use serde_json::{Value, json};
-use tokio::sync::{broadcast, mpsc, watch};
-use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use super::activities::Executor;
+use super::agent::Agent;
 use super::bus::{Clock, new_run_id, system_clock};
-use super::driver::Driver;
 use super::exec::{Hooks, RegistryExecutor};
-use super::handle::{Log, Owner, RunHandle, Shared};
 use super::journal::JournalSink;
-use super::review;
-use super::timers::Alarm;
-use super::turns::{Models, Turns};
+use super::loading::{
+    TooDeep, build_list, build_models, chain, check_activities, collect_tools, load_config,
+    resolve_specs,
+};
+use super::turns::Models;
 use crate::approval::{Approver, Policy};
 use crate::context::SanitizeLimits;
 use crate::goal::Goal;
-use crate::llm::{Fallback, LlmError, Model, ModelSpec, RetryPolicy, Retrying, Settings};
-use crate::machine::{AgentConfig, ConfigError, JournalEntry, MAX_DEPTH, RunMachine, RunResult};
+use crate::llm::{LlmError, Model, ModelSpec, RetryPolicy, Settings};
+use crate::machine::ConfigError;
 use crate::protocol::Tool;
-use crate::tools::{Activity, ActivityError, ActivityFuture, DelegateRunner, Registry};
+use crate::tools::{Activity, Registry};
 
 /// The agent could not be built.
 #[derive(Debug, thiserror::Error)]
@@ -372,299 +372,5 @@ impl AgentBuilder {
             cancel: self.cancel,
             event_capacity: self.event_capacity,
         })
-    }
-}
-
-/// The specs of a goal's `model` list, `scripted:` paths resolved against the goal's folder.
-fn resolve_specs(goal: &Goal, specs: &str) -> Result<Vec<ModelSpec>, LlmError> {
-    Ok(ModelSpec::parse_list(specs)?
-        .into_iter()
-        .map(|spec| match spec {
-            ModelSpec::Scripted(p) => ModelSpec::Scripted(goal.resolve_path(&p.to_string_lossy())),
-            other => other,
-        })
-        .collect())
-}
-
-fn build_list(specs: Vec<ModelSpec>) -> Result<Vec<Arc<dyn Model>>, LlmError> {
-    specs.iter().map(ModelSpec::build).collect()
-}
-
-/// The models, each with its own retries, tried in order (None when there is none).
-fn chain(models: Vec<Arc<dyn Model>>, retry: &RetryPolicy) -> Option<Fallback> {
-    let mut models = models
-        .into_iter()
-        .map(|m| -> Arc<dyn Model> { Arc::new(Retrying::new(m, retry.clone())) });
-    let first = models.next()?;
-    Some(Fallback::new(first, models.collect()))
-}
-
-/// Every tool can run: an activity registered under its name, or a kind the registry knows
-/// whose check accepts the tool's configuration (`Registry::check`: the same rule `dagloop
-/// validate` applies with the built-in kinds).
-fn check_activities(goal: &Goal, registry: &Registry) -> Result<(), AgentError> {
-    for t in goal.tools.iter().filter(|t| !registry.has(&t.name)) {
-        if t.activity.as_deref() == Some("rust") {
-            return Err(AgentError::MissingActivity {
-                tool: t.name.clone(),
-                activity: "rust".into(),
-                reason: "no Rust function is registered under this name (register one with Registry::register_fn; the command line cannot run Rust activities)".into(),
-            });
-        }
-        registry
-            .check(t, &goal.base_dir)
-            .map_err(AgentError::Activity)?;
-    }
-    Ok(())
-}
-
-/// True when the tool runs a nested agent (the registry's answer: `tools::kind_of`).
-fn is_delegate(t: &Tool) -> bool {
-    crate::tools::kind_of(t) == Some("delegate")
-}
-
-/// The configuration of `goal`'s agent, its delegates' goals read (no model is built): what
-/// inspecting a stored run needs (`dagloop show`, `dagloop decide`).
-pub fn config_for(goal: &Goal) -> Result<Arc<AgentConfig>, AgentError> {
-    load_config(goal, 0, true, &Registry::new()).map(Arc::new)
-}
-
-fn build_models(
-    cfg: &AgentConfig,
-    retry: &RetryPolicy,
-    models: &mut Models,
-) -> Result<(), AgentError> {
-    if let Some(spec) = &cfg.model
-        && !models.by_spec.contains_key(spec)
-    {
-        let list = build_list(ModelSpec::parse_list(spec)?)?;
-        let m = chain(list, retry).ok_or(AgentError::NoModel)?;
-        models.by_spec.insert(spec.clone(), Arc::new(m));
-    }
-    for d in cfg.delegates.values() {
-        build_models(d, retry, models)?;
-    }
-    Ok(())
-}
-
-fn spec_string(spec: &ModelSpec) -> String {
-    match spec {
-        ModelSpec::Scripted(p) => format!("scripted:{}", p.display()),
-        ModelSpec::OpenAi(m) => format!("openai:{m}"),
-        ModelSpec::Anthropic(m) => format!("anthropic:{m}"),
-    }
-}
-
-/// The agent of `goal` and, recursively up to [`MAX_DEPTH`], the agents of its delegate tools.
-fn load_config(
-    goal: &Goal,
-    depth: u32,
-    own_model: bool,
-    registry: &Registry,
-) -> Result<AgentConfig, AgentError> {
-    let mut delegates = BTreeMap::new();
-    if depth < MAX_DEPTH {
-        for t in goal
-            .tools
-            .iter()
-            .filter(|t| is_delegate(t) && !registry.has(&t.name))
-        {
-            let fail = |reason: String| AgentError::Delegate {
-                tool: t.name.clone(),
-                reason,
-            };
-            let target = t
-                .schema
-                .get("_delegate")
-                .and_then(Value::as_str)
-                .ok_or_else(|| {
-                    fail("`_delegate` must be a goal file path or \"anonymous\"".into())
-                })?;
-            let (child, own) = if target == "anonymous" {
-                let description = t
-                    .schema
-                    .get("description")
-                    .and_then(Value::as_str)
-                    .filter(|d| !d.trim().is_empty())
-                    .unwrap_or(&t.name);
-                let doc = json!({
-                    "goal": description,
-                    "output_schema": t.output.clone().unwrap_or_else(|| json!({})),
-                });
-                let g = Goal::from_json(&doc.to_string(), t.name.as_ref(), goal.base_dir.clone())
-                    .map_err(|e| fail(e.to_string()))?;
-                (g, false)
-            } else {
-                let g = Goal::load(&goal.resolve_path(target)).map_err(|e| fail(e.to_string()))?;
-                let own = g.model.is_some();
-                (g, own)
-            };
-            check_activities(&child, registry)?;
-            let cfg = load_config(&child, depth + 1, own, registry)?;
-            delegates.insert(t.name.clone(), Arc::new(cfg));
-        }
-    }
-    let mut cfg = AgentConfig::from_goal(goal, delegates)?;
-    cfg.model = None;
-    if depth == 0 {
-        // The run's own mode is the run's settings (`--mode` over the goal's `mode`).
-        cfg.mode = None;
-    }
-    if depth > 0
-        && own_model
-        && let Some(spec) = goal.model.as_deref()
-    {
-        let specs = resolve_specs(goal, spec)?;
-        cfg.model = Some(specs.iter().map(spec_string).collect::<Vec<_>>().join(","));
-    }
-    Ok(cfg)
-}
-
-fn collect_tools(cfg: &AgentConfig, out: &mut BTreeMap<String, Arc<Tool>>) {
-    for t in &cfg.tools {
-        out.entry(t.name.clone())
-            .or_insert_with(|| Arc::new(t.clone()));
-    }
-    for d in cfg.delegates.values() {
-        collect_tools(d, out);
-    }
-}
-
-/// Delegate calls that reach the registry are those nested too deep to be loaded.
-struct TooDeep;
-
-impl DelegateRunner for TooDeep {
-    fn run_delegate(
-        &self,
-        tool: &Tool,
-        _call: crate::protocol::Call,
-        _scoped: serde_json::Map<String, Value>,
-    ) -> ActivityFuture {
-        let e = ActivityError::Config {
-            tool: tool.name.clone(),
-            reason: format!("delegates nest deeper than {MAX_DEPTH} levels"),
-        };
-        Box::pin(async move { Err(e) })
-    }
-}
-
-/// Everything one run needs. Build it with [`AgentBuilder`]; run it with [`Agent::run`], or
-/// [`Agent::start`] it to address it while it runs.
-pub struct Agent {
-    pub(super) config: Arc<AgentConfig>,
-    pub(super) policy: Policy,
-    pub(super) sanitize: SanitizeLimits,
-    pub(super) models: Models,
-    pub(super) settings: Settings,
-    pub(super) executor: Arc<dyn Executor>,
-    approver: Option<Arc<dyn Approver>>,
-    grants: Vec<crate::machine::RunInput>,
-    tools: BTreeMap<String, Arc<Tool>>,
-    asks: Option<String>,
-    journal: Option<Arc<dyn JournalSink>>,
-    clock: Clock,
-    pub(super) run_id: String,
-    cancel: CancellationToken,
-    event_capacity: usize,
-}
-
-impl Agent {
-    /// The id the run will have.
-    pub fn run_id(&self) -> &str {
-        &self.run_id
-    }
-
-    /// Why a call of the run may have to be presented to a reviewer (its policy, or tools of
-    /// the goal, its MCP servers or its delegates that always ask: [`crate::approval::who_asks`]);
-    /// None when none can.
-    pub fn who_asks(&self) -> Option<&str> {
-        self.asks.as_deref()
-    }
-
-    /// The run's configuration (its own agent; delegates inside).
-    pub fn config(&self) -> &Arc<AgentConfig> {
-        &self.config
-    }
-
-    /// A token that cancels the run when triggered.
-    pub fn cancel_token(&self) -> CancellationToken {
-        self.cancel.clone()
-    }
-
-    /// Starts the run on the current tokio runtime and returns its handle. The run stops when
-    /// the last clone of the handle is dropped.
-    pub fn start(self) -> RunHandle {
-        self.launch(None)
-    }
-
-    /// Continues a run from its journal (recorded by an earlier process under the same run id,
-    /// goal and options): nothing completed runs again; model turns that were streaming are
-    /// asked again; calls that had started are interrupted (re-run when their tool is
-    /// `_idempotent`, else presented to a reviewer again, flagged `interrupted`).
-    pub fn resume(self, journal: Vec<JournalEntry>) -> RunHandle {
-        self.launch(Some(journal))
-    }
-
-    fn launch(self, journal: Option<Vec<JournalEntry>>) -> RunHandle {
-        let (tx, _) = broadcast::channel(self.event_capacity);
-        let (ops_tx, ops) = mpsc::unbounded_channel();
-        let (done, _) = watch::channel(None);
-        let (idle, _) = watch::channel(false);
-        let shared = Arc::new(Shared {
-            run_id: Arc::from(self.run_id.as_str()),
-            root: self.config.clone(),
-            policy: self.policy.clone(),
-            sanitize: self.sanitize,
-            log: Mutex::new(Log {
-                spans: crate::telemetry::for_run(&self.run_id, &self.config, journal.as_deref())
-                    .and_then(crate::telemetry::SpanFeed::start),
-                ..Log::default()
-            }),
-            tx,
-            capacity: self.event_capacity,
-            ops: ops_tx,
-            done,
-            idle,
-            catch_up: Mutex::new(false),
-            replays: Default::default(),
-        });
-        let mut aux = JoinSet::new();
-        if let Some(approver) = self.approver {
-            aux.spawn(review::serve(shared.clone(), approver, self.tools));
-        }
-        let driver = Driver {
-            machine: RunMachine::new(self.run_id, self.config, self.policy, self.sanitize),
-            shared: shared.clone(),
-            ops,
-            models: self.models,
-            settings: self.settings,
-            executor: self.executor,
-            lease: super::driver::LeaseKeeper::new(self.journal.as_ref()),
-            sink: self.journal,
-            clock: self.clock,
-            cancel: self.cancel,
-            aux,
-            activities: Default::default(),
-            turns: Turns::default(),
-            alarm: Alarm::default(),
-            result: None,
-            journal_seq: 0,
-            queue: Vec::new(),
-            commit: None,
-            scratch: Default::default(),
-        };
-        let task = tokio::spawn(driver.run(journal, self.grants));
-        RunHandle {
-            shared,
-            _owner: Arc::new(Owner {
-                task: Some(task.abort_handle()),
-            }),
-        }
-    }
-
-    /// Runs to a terminal status. Never panics on bad model output or failing tools. Dropping
-    /// the future stops the run and every task it owns.
-    pub async fn run(self) -> RunResult {
-        self.start().wait().await
     }
 }

@@ -12,11 +12,13 @@
 pub mod bus;
 
 mod activities;
+mod agent;
 mod builder;
 mod driver;
 mod exec;
 mod handle;
 mod journal;
+mod loading;
 #[cfg(feature = "temporal")]
 mod remote;
 mod review;
@@ -29,9 +31,11 @@ pub use crate::machine::{
 };
 pub use crate::scheduler::{CallStatus, Outcome, OutcomeKind};
 pub use activities::Executor;
-pub use builder::{Agent, AgentBuilder, AgentError, config_for};
+pub use agent::Agent;
+pub use builder::{AgentBuilder, AgentError};
 pub use exec::{AfterTool, BeforeTool, HookError, Hooks, OnError, RegistryExecutor};
 pub use handle::{RunHandle, Subscription};
 pub use journal::{JournalError, JournalFuture, JournalSink, RunNote};
+pub use loading::config_for;
 #[cfg(feature = "temporal")]
 pub(crate) use remote::{Parts, config_at, config_path};

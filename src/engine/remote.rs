@@ -14,7 +14,7 @@ use futures::StreamExt;
 use futures::stream::BoxStream;
 
 use super::activities::{Executor, panic_message, run_call};
-use super::builder::Agent;
+use super::agent::Agent;
 use super::turns::{Models, Turns};
 use crate::llm::Settings;
 use crate::machine::{AgentConfig, FrameKey, RunInput};
