@@ -505,6 +505,12 @@ async fn zero_line(workload: &str, calls: Vec<Value>, dag: &Dag) {
     alloc::counting(false);
     let r = median(|| run(calls.clone(), 0)).await;
     let m = r.makespan;
+    // One more run, untimed, counting every allocation made while it runs (every thread's).
+    alloc::counting(true);
+    let before = alloc::allocations();
+    run(calls.clone(), 0).await;
+    let allocations = alloc::allocations() - before;
+    alloc::counting(false);
     let ideal = ideal_us_per_call(dag).await;
     let core = core_only(as_calls(calls));
     let us = m * 1000.0 / n as f64;
@@ -520,6 +526,7 @@ async fn zero_line(workload: &str, calls: Vec<Value>, dag: &Dag) {
             "tokio_ideal_us_per_call": round(ideal),
             "ratio_to_ideal": round(us / ideal),
             "core_only_us_per_call": round(core),
+            "allocations_per_call": round(allocations as f64 / n as f64),
             "subscriber_caught_up_events": r.replayed,
             "journal_replays": r.journal_replays,
         }),

@@ -7,11 +7,13 @@ use std::alloc::{GlobalAlloc, Layout};
 /// The allocator the `dagloop` binary installs (src/main.rs), so that benchmarks time the same
 /// allocator users run.
 use mimalloc::MiMalloc as Inner;
-use std::sync::atomic::{AtomicBool, AtomicIsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicIsize, AtomicU64, Ordering};
 
 pub struct Counting;
 /// Bytes allocated and not yet freed.
 pub static LIVE: AtomicIsize = AtomicIsize::new(0);
+/// Allocations made (reallocations included) while counting.
+pub static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
 /// The highest `LIVE` since the last [`reset_peak`].
 pub static PEAK: AtomicIsize = AtomicIsize::new(0);
 
@@ -31,6 +33,11 @@ pub fn live() -> isize {
     LIVE.load(Ordering::Relaxed)
 }
 
+/// Allocations made while counting, so far.
+pub fn allocations() -> u64 {
+    ALLOCATIONS.load(Ordering::Relaxed)
+}
+
 /// Starts a new peak measurement from the current live bytes.
 pub fn reset_peak() {
     PEAK.store(live(), Ordering::Relaxed);
@@ -45,6 +52,7 @@ fn grew(by: isize) {
     if !ON.load(Ordering::Relaxed) {
         return;
     }
+    ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
     let now = LIVE.fetch_add(by, Ordering::Relaxed) + by;
     PEAK.fetch_max(now, Ordering::Relaxed);
 }
