@@ -75,3 +75,41 @@ impl Alarm {
         self.fired.remove(&timer);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::approval::Policy;
+    use crate::context::SanitizeLimits;
+    use crate::machine::RunInput;
+
+    fn machine_with_deadline() -> RunMachine {
+        let goal = crate::goal::Goal::from_json(
+            r#"{"goal": "g", "output_schema": {}, "limits": {"timeout_s": 2}}"#,
+            "t.json".as_ref(),
+            ".".into(),
+        )
+        .expect("goal");
+        let config = crate::engine::config_for(&goal).expect("config");
+        let mut m = RunMachine::new("run-t", config, Policy::auto(), SanitizeLimits::default());
+        m.handle(RunInput::Start, 1000);
+        m
+    }
+
+    #[tokio::test]
+    async fn a_fired_timer_is_not_fired_again_until_the_machine_has_taken_it() {
+        let m = machine_with_deadline();
+        let deadline = Timer::Deadline { frame: None };
+        let mut alarm = Alarm::default();
+        assert_eq!(alarm.next_at(&m), Some(3000));
+        // Not due yet: the earliest is fired anyway (its sleep ended), nothing else.
+        assert_eq!(alarm.fire(&m, 3000), vec![deadline]);
+        // Its `timer_fired` waits to be journaled: the machine still has it set, the alarm
+        // neither sleeps for it nor fires it a second time.
+        assert_eq!(alarm.next_at(&m), None);
+        assert_eq!(alarm.fire(&m, 5000), Vec::<Timer>::new());
+        // Handed to the machine (which here, unlike a real run, keeps it set): due again.
+        alarm.handed(deadline);
+        assert_eq!(alarm.next_at(&m), Some(3000));
+    }
+}
