@@ -348,6 +348,7 @@ fn bytes_per_pending(calls: impl Iterator<Item = Call>, n: usize) -> f64 {
             Input::CallArrived {
                 id,
                 call: Ok(call.into()),
+                parsed: Default::default(),
             },
             0,
             &mut out,
@@ -406,6 +407,7 @@ fn core_only(calls: Vec<Call>) -> f64 {
             Input::CallArrived {
                 id,
                 call: Ok(call.into()),
+                parsed: Default::default(),
             },
             0,
             &mut out,
@@ -562,9 +564,12 @@ fn main() {
         .build()
         .expect("runtime");
     let only: Option<String> = std::env::args().skip(1).find(|a| !a.starts_with('-'));
+    // `chain0` selects every workload whose name holds it; `chain0$` that one alone.
     let want = |w: &str| {
-        only.as_deref()
-            .is_none_or(|o| w.contains(o) || o == "bench")
+        only.as_deref().is_none_or(|o| match o.strip_suffix('$') {
+            Some(exact) => w == exact,
+            None => w.contains(o) || o == "bench",
+        })
     };
     rt.block_on(async {
         // Warm the blocking pool so thread creation is not measured.

@@ -127,6 +127,7 @@ fn dry_run(calls: &[Call], tools: Option<&[Tool]>, initial: &Map<String, Value>)
         let input = Input::CallArrived {
             id: CallId(i as u64 + 1),
             call: Ok(std::sync::Arc::new(c.clone())),
+            parsed: Default::default(),
         };
         sched.handle(input, 0);
     }

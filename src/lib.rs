@@ -91,5 +91,5 @@ pub use machine::{
     AgentConfig, CallSummary, JournalEntry, RunError, RunInput, RunResult, RunStatus, Timer, Usage,
 };
 pub use protocol::{Call, CallId, Decision, Event, EventKind, Op, OpError, Tool};
-pub use scheduler::{CallStatus, Outcome, OutcomeKind};
+pub use scheduler::{CallStatus, Outcome, OutcomeKind, Parsed};
 pub use tools::{Activity, ActivityError, Registry};

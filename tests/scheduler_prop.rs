@@ -117,6 +117,7 @@ fn simulate(d: &Dag) -> Sim {
             Ev::Arrive(i) => Input::CallArrived {
                 id: CallId(i as u64),
                 call: Ok(call_for(d, i).into()),
+                parsed: Default::default(),
             },
             Ev::Close => Input::StreamClosed,
             Ev::Finish(id, o) => Input::Finished { id, outcome: o },

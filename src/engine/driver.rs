@@ -17,7 +17,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::FutureExt;
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
@@ -27,9 +26,9 @@ use super::bus::Clock;
 use super::handle::{OpRequest, Shared};
 use super::journal::{Commit, JournalError, JournalSink, RunNote, append_caught};
 use super::timers::Alarm;
-use super::turns::{Models, TurnItem, Turns};
+use super::turns::{Models, Read, Turns};
 use crate::llm::Settings;
-use crate::machine::{Action, FrameKey, JournalEntry, RunError, RunInput, RunMachine, RunResult};
+use crate::machine::{Action, JournalEntry, RunError, RunInput, RunMachine, RunResult};
 use crate::protocol::{CallId, Event, EventKind};
 use crate::scheduler::Outcome;
 use crate::tools::{Progress, ProgressSink};
@@ -144,7 +143,7 @@ enum Next {
     Cancel,
     Committed(Vec<JournalEntry>, Result<(), JournalError>),
     Op(OpRequest),
-    Turn(TurnItem),
+    Turn(Read),
     Done(crate::protocol::CallId, Outcome),
     Timer,
     Lease(LeaseEvent),
@@ -209,9 +208,8 @@ impl Driver {
                     self.committed(entries, r);
                 }
                 Next::Op(req) => self.op(req).await,
-                Next::Turn(item) => {
-                    let inputs = self.read(item);
-                    self.queue.extend(inputs);
+                Next::Turn(read) => {
+                    self.read(read);
                     self.read_ready();
                 }
                 Next::Done(call, outcome) => {
@@ -324,29 +322,36 @@ impl Driver {
         }
     }
 
-    fn read(&mut self, item: TurnItem) -> Vec<RunInput> {
-        let shared = &self.shared;
-        let run_id = &shared.run_id;
-        let clock = &self.clock;
-        let frame = item.0;
-        let step = self.turns.step(frame);
-        let mut delta = |frame: FrameKey, chars: u64| {
-            let Ok(mut log) = shared.log.lock() else {
-                return;
+    /// Publishes what a turn's reader read: a live `model_delta` event per text delta (never
+    /// journaled), then its inputs join the queue.
+    fn read(&mut self, read: Read) {
+        let Read {
+            frame,
+            step,
+            deltas,
+            inputs,
+        } = read;
+        if !deltas.is_empty() {
+            let shared = &self.shared;
+            let mut log = match shared.log.lock() {
+                Ok(l) => l,
+                Err(p) => p.into_inner(),
             };
-            let event = Event {
-                run_id: run_id.clone(),
-                seq: log.last_seq,
-                step,
-                at: clock(),
-                call: None,
-                parent: frame,
-                depth: 0,
-                kind: EventKind::ModelDelta { chars },
-            };
-            shared.publish(&mut log, event);
-        };
-        self.turns.read(item, &mut delta)
+            for chars in deltas {
+                let event = Event {
+                    run_id: shared.run_id.clone(),
+                    seq: log.last_seq,
+                    step,
+                    at: (self.clock)(),
+                    call: None,
+                    parent: frame,
+                    depth: 0,
+                    kind: EventKind::ModelDelta { chars },
+                };
+                shared.publish(&mut log, event);
+            }
+        }
+        self.queue.extend(inputs);
     }
 
     /// Where a launched call reports progress: each report is published at once as a live
@@ -449,11 +454,9 @@ impl Driver {
             return;
         }
         while self.queue.len() < MAX_QUEUED
-            && !self.turns.is_empty()
-            && let Some(Some(item)) = self.turns.next().now_or_never()
+            && let Some(read) = self.turns.try_next()
         {
-            let inputs = self.read(item);
-            self.queue.extend(inputs);
+            self.read(read);
         }
     }
 

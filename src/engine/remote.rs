@@ -78,8 +78,7 @@ impl Parts {
                     if turns.is_empty() {
                         return None;
                     }
-                    let item = turns.next().await?;
-                    queue.extend(turns.read(item, &mut |_, _| {}));
+                    queue.extend(turns.next().await?.inputs);
                 }
             },
         )

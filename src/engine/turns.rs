@@ -1,5 +1,8 @@
-//! The model streams of a run: each agent's open stream, polled in turn, its items handed to
-//! that turn's [`TurnReader`] (the sans-IO core's), which makes them machine inputs.
+//! The model streams of a run. Each agent's open turn is read on its own task: the task polls
+//! the stream and hands each item to that turn's [`TurnReader`] (the sans-IO core's), which
+//! makes machine inputs; the driver receives them ready-made. So parsing a model's answer runs
+//! beside the driver, on another core, and a long answer's calls reach the machine as they are
+//! parsed rather than once the whole text is.
 //!
 //! Deliberately not here: what an item means (the reader's) or what the inputs mean (the
 //! machine's).
@@ -8,9 +11,10 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use futures::StreamExt;
+use tokio::sync::mpsc;
 
-use crate::llm::{Fallback, LlmError, Request, Settings, StreamEvent};
-use crate::machine::{AgentConfig, FrameKey, RunInput, TurnReader};
+use crate::llm::{Fallback, Request, Settings, StreamEvent};
+use crate::machine::{AgentConfig, FrameKey, RunError, RunInput, TurnReader};
 
 /// The request an agent's turn sends: its messages, its composed Solution schema and tools, and
 /// the run's model settings with the agent's own mode when its goal names one. Every driver
@@ -32,8 +36,18 @@ pub(super) fn request(
     })
 }
 
-/// One item of some agent's model stream (`None`: the stream ended).
-pub(super) type TurnItem = (FrameKey, Option<Result<StreamEvent, LlmError>>);
+/// What a turn's reader made of one stream item (or of one piece of a long text delta): the
+/// sizes of the text deltas it saw, to publish live, then the machine inputs.
+pub(super) struct Read {
+    /// The agent whose turn it is.
+    pub frame: FrameKey,
+    /// That turn's step.
+    pub step: u32,
+    /// Characters of each text delta, in order.
+    pub deltas: Vec<u64>,
+    /// The inputs, in order.
+    pub inputs: Vec<RunInput>,
+}
 
 /// The models of a run: the run's own list, and those delegates name (by their specs,
 /// comma-separated), each tried in order within a turn.
@@ -51,8 +65,9 @@ impl Models {
     }
 }
 
-/// Every open model stream of a run, read concurrently. Closing one drops it at once (which
-/// closes its connection).
+/// Every open model turn of a run, read concurrently (each on its own task). Closing one stops
+/// its task, which drops the stream at once (closing its connection); what it had read and not
+/// yet handed over is dropped with it.
 #[derive(Default)]
 pub(super) struct Turns {
     open: BTreeMap<FrameKey, Open>,
@@ -60,16 +75,107 @@ pub(super) struct Turns {
     cursor: usize,
 }
 
-/// One agent's open turn: its stream, its step and its reader.
+/// One agent's open turn: its step, and the task reading it.
 struct Open {
-    stream: crate::llm::EventStream,
     step: u32,
-    reader: TurnReader,
+    rx: mpsc::Receiver<Piece>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Open {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// What the reading task sends: one [`Read`]'s contents, and whether the turn ended with it.
+struct Piece {
+    deltas: Vec<u64>,
+    inputs: Vec<RunInput>,
+    ended: bool,
+}
+
+/// A text delta longer than this is handed to the reader in pieces of about this many bytes,
+/// each piece's inputs sent on before the next is parsed (a scripted model sends its whole
+/// answer as one delta; a provider's deltas are a few characters).
+const PIECE_BYTES: usize = 8 * 1024;
+
+/// How many pieces a reading task may have sent that the driver has not taken yet.
+const PIECES_AHEAD: usize = 4;
+
+/// Reads `stream` through `reader` until the turn ends (or the receiver is gone).
+async fn read_turn(
+    frame: FrameKey,
+    mut stream: crate::llm::EventStream,
+    mut reader: TurnReader,
+    tx: mpsc::Sender<Piece>,
+) {
+    loop {
+        let item = stream.next().await;
+        if let Some(Ok(StreamEvent::TextDelta(text))) = &item
+            && text.len() > PIECE_BYTES
+        {
+            // One delta event for the whole text, as if it had been read at once.
+            let mut total = Some(text.chars().count() as u64);
+            for piece in pieces(text, PIECE_BYTES) {
+                let mut deltas = Vec::new();
+                let item = Some(Ok(StreamEvent::TextDelta(piece.to_string())));
+                let (inputs, _) = reader.read(frame, item, &mut |_, _| {
+                    deltas.extend(total.take());
+                });
+                if !send(&tx, deltas, inputs, false).await {
+                    return;
+                }
+            }
+            continue;
+        }
+        let mut deltas = Vec::new();
+        let (inputs, ended) = reader.read(frame, item, &mut |_, chars| deltas.push(chars));
+        if !send(&tx, deltas, inputs, ended).await || ended {
+            return;
+        }
+    }
+}
+
+/// Sends a piece unless it carries nothing; false once the receiver is gone.
+async fn send(
+    tx: &mpsc::Sender<Piece>,
+    deltas: Vec<u64>,
+    inputs: Vec<RunInput>,
+    ended: bool,
+) -> bool {
+    if deltas.is_empty() && inputs.is_empty() && !ended {
+        return true;
+    }
+    tx.send(Piece {
+        deltas,
+        inputs,
+        ended,
+    })
+    .await
+    .is_ok()
+}
+
+/// `text` cut at character boundaries into pieces of at least `size` bytes (the last shorter).
+fn pieces(text: &str, size: usize) -> impl Iterator<Item = &str> {
+    let mut rest = text;
+    std::iter::from_fn(move || {
+        if rest.is_empty() {
+            return None;
+        }
+        let mut cut = size.min(rest.len());
+        while !rest.is_char_boundary(cut) {
+            cut += 1;
+        }
+        let (piece, tail) = rest.split_at(cut);
+        rest = tail;
+        Some(piece)
+    })
 }
 
 impl Turns {
     /// Starts reading the answer to `req` (asked of `config`'s agent at `step`, first of the
-    /// model named `model`), dropping the first `skip` calls.
+    /// model named `model`), dropping the first `skip` calls. Needs a tokio runtime.
     #[allow(clippy::too_many_arguments)]
     pub fn open(
         &mut self,
@@ -82,17 +188,12 @@ impl Turns {
         model: String,
     ) {
         let reader = TurnReader::new(skip, config, req.clone(), model);
-        self.open.insert(
-            frame,
-            Open {
-                stream,
-                step,
-                reader,
-            },
-        );
+        let (tx, rx) = mpsc::channel(PIECES_AHEAD);
+        let task = tokio::spawn(read_turn(frame, stream, reader, tx));
+        self.open.insert(frame, Open { step, rx, task });
     }
 
-    /// Stops reading an agent's stream; the stream is dropped now.
+    /// Stops reading an agent's stream; its task stops and the stream is dropped now.
     pub fn close(&mut self, frame: FrameKey) {
         self.open.remove(&frame);
     }
@@ -101,49 +202,65 @@ impl Turns {
         self.open.is_empty()
     }
 
-    /// The next item of any open stream (`None` in the item: that stream ended). Pending while
-    /// every stream is.
-    pub async fn next(&mut self) -> Option<TurnItem> {
+    /// What the reader of any open turn made next; a turn it ended is closed. Pending while
+    /// every turn is.
+    pub async fn next(&mut self) -> Option<Read> {
         if self.open.is_empty() {
             return std::future::pending().await;
         }
-        futures::future::poll_fn(|cx| {
-            let n = self.open.len();
-            let start = self.cursor % n.max(1);
-            let order: Vec<usize> = (start..n).chain(0..start).collect();
-            for i in order {
-                let Some((frame, o)) = self.open.iter_mut().nth(i) else {
-                    continue;
-                };
-                if let std::task::Poll::Ready(item) = o.stream.poll_next_unpin(cx) {
-                    self.cursor = i + 1;
-                    return std::task::Poll::Ready(Some((*frame, item)));
-                }
-            }
-            std::task::Poll::Pending
-        })
-        .await
+        futures::future::poll_fn(|cx| self.poll_next(cx)).await
     }
 
-    /// The step of the turn an agent is streaming.
-    pub fn step(&self, frame: FrameKey) -> u32 {
-        self.open.get(&frame).map_or(0, |o| o.step)
-    }
-
-    /// Turns one stream item into machine inputs; `delta` is told of each text delta's size.
-    /// A turn the item ended is closed.
-    pub fn read(
-        &mut self,
-        (frame, item): TurnItem,
-        delta: &mut dyn FnMut(FrameKey, u64),
-    ) -> Vec<RunInput> {
-        let Some(o) = self.open.get_mut(&frame) else {
-            return Vec::new();
-        };
-        let (out, ended) = o.reader.read(frame, item, delta);
-        if ended {
-            self.close(frame);
+    /// [`Turns::next`], if something is already there.
+    pub fn try_next(&mut self) -> Option<Read> {
+        let waker = futures::task::noop_waker();
+        let mut cx = std::task::Context::from_waker(&waker);
+        match self.poll_next(&mut cx) {
+            std::task::Poll::Ready(r) => r,
+            std::task::Poll::Pending => None,
         }
-        out
+    }
+
+    fn poll_next(&mut self, cx: &mut std::task::Context<'_>) -> std::task::Poll<Option<Read>> {
+        use std::task::Poll;
+        let n = self.open.len();
+        if n == 0 {
+            return Poll::Pending;
+        }
+        let start = self.cursor % n;
+        for i in (start..n).chain(0..start) {
+            let Some((&frame, o)) = self.open.iter_mut().nth(i) else {
+                continue;
+            };
+            let step = o.step;
+            let (deltas, inputs, ended) = match o.rx.poll_recv(cx) {
+                Poll::Pending => continue,
+                Poll::Ready(Some(p)) => (p.deltas, p.inputs, p.ended),
+                // The task stopped without ending the turn (it panicked): the turn ends here.
+                Poll::Ready(None) => {
+                    let error = RunError::new(
+                        "llm.incomplete_stream",
+                        "the model's answer could not be read to its end",
+                    );
+                    let closed = RunInput::StreamClosed {
+                        frame,
+                        error: Some(Box::new(error)),
+                        finish_reason: None,
+                    };
+                    (Vec::new(), vec![closed], true)
+                }
+            };
+            self.cursor = i + 1;
+            if ended {
+                self.close(frame);
+            }
+            return Poll::Ready(Some(Read {
+                frame,
+                step,
+                deltas,
+                inputs,
+            }));
+        }
+        Poll::Pending
     }
 }

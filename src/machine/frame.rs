@@ -17,7 +17,7 @@ use crate::context::{
     self, ContextInput, PlanEntry, SanitizeLimits, Stop, TurnTracker, compact, correction,
 };
 use crate::protocol::{Call, CallId, Decision, Message, Path};
-use crate::scheduler::{Scheduler, StepReport};
+use crate::scheduler::{CallStatus, Scheduler, StepReport};
 use crate::state::{Resolved, State};
 
 /// What one model turn produced besides its calls.
@@ -74,9 +74,10 @@ pub(super) struct Frame {
     pub last_fault: Option<Fault>,
     pub retries_left: u32,
     pub plan: Vec<PlanEntry>,
-    /// The previous step's calls as a compacted context shows them (tool, status and output
-    /// path: `context::compact::brief`).
-    pub brief: Vec<PlanEntry>,
+    /// The previous step's calls, kept for a compacted context, which shows each by its tool,
+    /// status and output path (`context::compact::brief`, made only when a context is
+    /// compacted).
+    pub brief: Vec<(CallId, Option<Arc<Call>>, CallStatus)>,
     pub calls: Vec<CallSummary>,
     pub decisions: BTreeMap<CallId, Decision>,
     pub usage: Usage,
@@ -226,7 +227,20 @@ impl Frame {
             extra: &extra,
             input: input.as_ref().map(|v| (v, input_schema)),
             state: Some((state_view, cfg.state.1.as_ref())),
-            plan: self.brief.clone(),
+            plan: self
+                .brief
+                .iter()
+                .map(|(id, call, status)| {
+                    compact::brief(&PlanEntry {
+                        id: *id,
+                        call: call.as_deref().map(Call::to_value).unwrap_or(Value::Null),
+                        status: status.as_str().to_string(),
+                        result: None,
+                        error: None,
+                        missing: Vec::new(),
+                    })
+                })
+                .collect(),
             output_errors: &self.output_errors,
             model_errors: &self.problems,
             limits,
@@ -266,7 +280,11 @@ impl Frame {
                     error: c.error.as_deref().cloned(),
                     missing: c.missing.clone(),
                 };
-                self.brief.push(compact::brief(&entry));
+                let shown = match &c.revised {
+                    Some(r) => Some(Arc::new(r.clone())),
+                    None => c.call.clone(),
+                };
+                self.brief.push((c.id, shown, c.status));
                 entry
             })
             .collect();

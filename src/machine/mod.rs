@@ -251,11 +251,16 @@ impl RunMachine {
         let (mut work, buf) = std::mem::take(&mut self.scratch);
         match input {
             RunInput::Start => self.start(now, &mut work, out),
-            RunInput::Call { frame, call } => {
+            RunInput::Call {
+                frame,
+                call,
+                parsed,
+            } => {
                 if let Some(f) = self.live(frame) {
                     f.turn.calls += 1;
                     let id = self.alloc(frame);
-                    work.push((frame, scheduler::Input::CallArrived { id, call: Ok(call) }));
+                    let call = Ok(call);
+                    work.push((frame, scheduler::Input::CallArrived { id, call, parsed }));
                 }
             }
             RunInput::Unreadable { frame, raw, reason } => {
@@ -265,7 +270,8 @@ impl RunMachine {
                     let call =
                         Err(scheduler::UnreadableCall::new(reason)
                             .received(correction::excerpt(&raw)));
-                    work.push((frame, scheduler::Input::CallArrived { id, call }));
+                    let parsed = scheduler::Parsed::default();
+                    work.push((frame, scheduler::Input::CallArrived { id, call, parsed }));
                 }
             }
             RunInput::Output { frame, output } => {

@@ -186,9 +186,12 @@ impl TurnReader {
         if strict {
             drop_strict_nulls_in_call(&self.config.composed, &mut call);
         }
+        // Parsed here, on the reader's task, so the driver's thread need not.
+        let parsed = crate::scheduler::Parsed::of(&call);
         RunInput::Call {
             frame,
             call: Arc::new(call),
+            parsed,
         }
     }
 

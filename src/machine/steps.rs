@@ -57,6 +57,7 @@ impl RunMachine {
                 scheduler::Input::CallArrived {
                     id,
                     call: Ok(Arc::new(call)),
+                    parsed: scheduler::Parsed::default(),
                 },
             ));
         }

@@ -36,6 +36,7 @@ fn turn(m: &mut RunMachine, calls: &[Value], output: Value, now: Millis) -> Vec<
             RunInput::Call {
                 frame: None,
                 call: call(c.clone()).into(),
+                parsed: Default::default(),
             },
             now,
             &mut out,
@@ -245,6 +246,7 @@ fn rule16_cancel_aborts_running_calls() {
         RunInput::Call {
             frame: None,
             call: call(json!({"_tool": "act"})).into(),
+            parsed: Default::default(),
         },
         1,
         &mut out,
@@ -307,6 +309,7 @@ fn ops_are_refused_with_typed_reasons_rule21() {
         RunInput::Call {
             frame: None,
             call: call(json!({"_tool": "act", "x": 1})).into(),
+            parsed: Default::default(),
         },
         1,
         &mut out,
@@ -382,6 +385,7 @@ fn ops_are_refused_with_typed_reasons_rule21() {
         RunInput::Call {
             frame: None,
             call: call(json!({"_tool": "act", "v": "†state.later"})).into(),
+            parsed: Default::default(),
         },
         3,
     );
@@ -407,10 +411,12 @@ fn the_same_journal_gives_the_same_events() {
         RunInput::Call {
             frame: None,
             call: call(json!({"_tool": "note", "_output": "x", "_outputPath": "†state.a"})).into(),
+            parsed: Default::default(),
         },
         RunInput::Call {
             frame: None,
             call: call(json!({"_tool": "act", "v": "†state.a"})).into(),
+            parsed: Default::default(),
         },
         RunInput::StreamClosed {
             frame: None,
@@ -569,6 +575,7 @@ fn a_reviewers_call_is_checked_as_written_with_its_references_deferred() {
         RunInput::Call {
             frame: None,
             call: call(json!({"_tool": "act", "x": 1, "why": "w"})).into(),
+            parsed: Default::default(),
         },
         1,
     );

@@ -159,7 +159,9 @@ pub fn export(
     let mut actions = Vec::new();
     for e in journal {
         match &e.input {
-            RunInput::Call { frame: None, call } => turn
+            RunInput::Call {
+                frame: None, call, ..
+            } => turn
                 .elements
                 .push(Ok(serde_json::to_value(&**call).unwrap_or(Value::Null))),
             RunInput::Unreadable {

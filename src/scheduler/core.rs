@@ -9,7 +9,7 @@ use super::{Entry, Phase, Scheduler, ToolEntry};
 use crate::graph::GraphError;
 use crate::protocol::{Call, CallId, EventKind, FailKind, Millis, Path};
 use crate::scheduler::resolve::{self, Check, RefAt};
-use crate::scheduler::{Action, CallStatus, SchedulerError, UnreadableCall};
+use crate::scheduler::{Action, CallStatus, Parsed, SchedulerError, UnreadableCall};
 
 pub(super) fn emit(out: &mut Vec<Action>, id: CallId, kind: EventKind) {
     out.push(Action::Event {
@@ -84,6 +84,7 @@ impl Scheduler {
         &mut self,
         id: CallId,
         call: Result<Arc<Call>, UnreadableCall>,
+        parsed: Parsed,
         _now: Millis,
         out: &mut Vec<Action>,
     ) {
@@ -101,17 +102,18 @@ impl Scheduler {
             Ok(call) => {
                 emit(out, id, EventKind::CallReceived { call: call.clone() });
                 self.entries.push(Entry::new(id, Some(call)));
-                self.accept(ix, out);
+                self.accept(ix, parsed, out);
             }
         }
     }
 
-    /// Validates the entry's current call and puts it in the graph, or refuses it.
-    pub(super) fn accept(&mut self, ix: usize, out: &mut Vec<Action>) {
+    /// Validates the entry's current call and puts it in the graph, or refuses it. `parsed`
+    /// is what the call's references and target parsed to, if that was done ahead.
+    pub(super) fn accept(&mut self, ix: usize, parsed: Parsed, out: &mut Vec<Action>) {
         let id = self.entries[ix].id;
         let prepared = match self.entries[ix].current() {
             None => return,
-            Some(call) => self.prepare(call),
+            Some(call) => self.prepare(call, parsed),
         };
         let (tool, refs, target) = match prepared {
             Ok(p) => p,
@@ -140,6 +142,7 @@ impl Scheduler {
     pub(super) fn prepare(
         &self,
         call: &Call,
+        parsed: Parsed,
     ) -> Result<
         (
             ToolEntry,
@@ -154,8 +157,13 @@ impl Scheduler {
                 known: self.known_tools(),
             });
         };
-        let refs = call.references()?;
-        let target = call.output_target()?;
+        let (refs, target) = match parsed.0 {
+            Some(p) => match Arc::try_unwrap(p) {
+                Ok(p) => (p.refs?, p.target?),
+                Err(p) => (p.refs.clone()?, p.target.clone()?),
+            },
+            None => (call.references()?, call.output_target()?),
+        };
         if tool.tool.is_latent() && !call.params.contains_key("_output") {
             return Err(SchedulerError::MissingLatentOutput {
                 tool: call.tool.clone(),

@@ -7,7 +7,7 @@ use super::core::{emit, read_paths};
 use super::{Phase, Scheduler, ToolEntry, is_idempotent};
 use crate::approval::{DefaultDecision, RuleDecision, evaluate};
 use crate::protocol::{Call, CallId, Decision, EventKind, FailKind, Millis, params_hash};
-use crate::scheduler::{Action, CallStatus, EditError, SchedulerError};
+use crate::scheduler::{Action, CallStatus, EditError, Parsed, SchedulerError};
 
 impl Scheduler {
     pub(super) fn unblock(
@@ -354,7 +354,7 @@ impl Scheduler {
         e.tool = None;
         e.target = None;
         self.set_phase(ix, Phase::Done(CallStatus::Refused));
-        self.accept(ix, out);
+        self.accept(ix, Parsed::default(), out);
     }
 
     pub(super) fn timed_out(&mut self, id: CallId, now: Millis, out: &mut Vec<Action>) {

@@ -26,8 +26,8 @@ use std::sync::Arc;
 use serde_json::Value;
 
 pub use types::{
-    Action, CallReport, CallStatus, EditError, Input, Outcome, OutcomeKind, SchedulerError,
-    StepReport, UnreadableCall, ValidationError,
+    Action, CallReport, CallStatus, EditError, Input, Outcome, OutcomeKind, Parsed,
+    SchedulerError, StepReport, UnreadableCall, ValidationError,
 };
 
 use crate::approval::Policy;
@@ -204,7 +204,7 @@ impl Scheduler {
             return;
         }
         match input {
-            Input::CallArrived { id, call } => self.arrive(id, call, now, out),
+            Input::CallArrived { id, call, parsed } => self.arrive(id, call, parsed, now, out),
             Input::StreamClosed => self.close(),
             Input::Decided { id, decision } => self.decided(id, decision, false, now, out),
             Input::ApprovalTimedOut { id } => self.timed_out(id, now, out),

@@ -30,6 +30,7 @@ fn sched() -> Scheduler {
 fn arrival(s: &Scheduler, c: Call) -> Input {
     Input::CallArrived {
         id: CallId(100 + s.len() as u64),
+        parsed: Parsed::of(&c),
         call: Ok(c.into()),
     }
 }
@@ -336,6 +337,7 @@ fn an_unreadable_call_is_refused_with_its_reason_and_what_was_received() {
         Input::CallArrived {
             id: CallId(1),
             call: Err(UnreadableCall::new("not an object").received("`42`")),
+            parsed: Parsed::default(),
         },
         0,
     );

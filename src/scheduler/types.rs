@@ -26,6 +26,9 @@ pub enum Input {
         /// The call (shared with the journal and the `call_received` event), or why it could
         /// not be read.
         call: Result<Arc<Call>, UnreadableCall>,
+        /// Its references and output target, when they were parsed ahead ([`Parsed::of`]);
+        /// [`Parsed::default`] has the scheduler parse them.
+        parsed: Parsed,
     },
     /// The model's stream ended: no more calls this step.
     StreamClosed,
@@ -522,4 +525,39 @@ pub enum EditError {
     /// The edited params do not form a call (a protocol field of the wrong type...).
     #[error(transparent)]
     Invalid(#[from] ProtocolError),
+}
+
+/// A call's references and output target parsed ahead of its arrival, off the driver's thread
+/// (the turn reader does it as it reads the call), so that the scheduler does not parse them
+/// again. A cache, not part of what an input says: never journaled (a replay parses again), and
+/// two inputs that differ only in it are equal.
+#[derive(Clone, Default)]
+pub struct Parsed(pub(super) Option<Arc<ParsedParts>>);
+
+/// What [`Call::references`] and [`Call::output_target`] gave.
+pub(super) struct ParsedParts {
+    pub refs: Result<Vec<(String, crate::protocol::Expression)>, ReferenceError>,
+    pub target: Result<Option<crate::protocol::Expression>, ReferenceError>,
+}
+
+impl Parsed {
+    /// Parses `call`'s references and output target now.
+    pub fn of(call: &Call) -> Self {
+        Parsed(Some(Arc::new(ParsedParts {
+            refs: call.references(),
+            target: call.output_target(),
+        })))
+    }
+}
+
+impl PartialEq for Parsed {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+impl std::fmt::Debug for Parsed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_some() { "Parsed" } else { "Parsed(none)" })
+    }
 }
