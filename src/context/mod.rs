@@ -183,7 +183,7 @@ fn text(role: Role, text: String) -> Message {
 /// Tracks the outer loop's stop conditions that depend on history (rule 16).
 #[derive(Debug, Clone, Default)]
 pub struct TurnTracker {
-    last_signature: Option<Vec<u128>>,
+    last_signature: Option<Vec<u64>>,
     repeats: u32,
     empty: u32,
 }

@@ -1,7 +1,7 @@
 //! A step's signature for the doom-loop rule (rule 16): two steps have the same signature when
 //! they made the same calls, in any order, whatever order each object's keys were written in.
 //!
-//! Each call is hashed to 128 bits by walking it (object keys sorted, every value and type
+//! Each call is hashed to 64 bits by walking it (object keys sorted, every value and type
 //! told apart), with no canonical copy built or printed; the step's signature is its calls'
 //! hashes, sorted. Deliberately not a security hash: it only compares a run's own steps.
 
@@ -11,30 +11,26 @@ use serde_json::{Map, Value};
 
 use crate::protocol::Call;
 
-/// Two independent 64-bit SipHash streams (fixed keys, so the same calls always give the same
-/// signature), fed the same bytes.
-struct Wide(DefaultHasher, DefaultHasher);
+/// A 64-bit SipHash stream with fixed keys (the same calls always give the same signature).
+/// One stream is enough: a step is only ever compared with the step before it, and two
+/// different calls share a hash with odds of one in 2^64.
+struct Signer(DefaultHasher);
 
-impl Wide {
+impl Signer {
     fn new() -> Self {
-        let mut second = DefaultHasher::new();
-        second.write_u8(0xa5);
-        Wide(DefaultHasher::new(), second)
+        Signer(DefaultHasher::new())
     }
 
     fn u8(&mut self, b: u8) {
         self.0.write_u8(b);
-        self.1.write_u8(b);
     }
 
     fn u64(&mut self, n: u64) {
         self.0.write_u64(n);
-        self.1.write_u64(n);
     }
 
     fn str(&mut self, s: &str) {
         s.hash(&mut self.0);
-        s.hash(&mut self.1);
     }
 
     fn opt_str(&mut self, s: Option<&str>) {
@@ -47,8 +43,8 @@ impl Wide {
         }
     }
 
-    fn finish(&self) -> u128 {
-        (u128::from(self.0.finish()) << 64) | u128::from(self.1.finish())
+    fn finish(&self) -> u64 {
+        self.0.finish()
     }
 
     fn object(&mut self, m: &Map<String, Value>) {
@@ -99,8 +95,8 @@ impl Wide {
 }
 
 /// One call's hash: its tool, params and underscore fields.
-fn of_call(call: &Call) -> u128 {
-    let mut h = Wide::new();
+fn of_call(call: &Call) -> u64 {
+    let mut h = Signer::new();
     h.str(&call.tool);
     h.object(&call.params);
     h.opt_str(call.output_path.as_deref());
@@ -121,8 +117,8 @@ fn of_call(call: &Call) -> u128 {
 
 /// The step's signature: its calls' hashes, sorted (the order calls were written in does not
 /// matter).
-pub(super) fn of_step(calls: &[&Call]) -> Vec<u128> {
-    let mut sig: Vec<u128> = calls.iter().map(|c| of_call(c)).collect();
+pub(super) fn of_step(calls: &[&Call]) -> Vec<u64> {
+    let mut sig: Vec<u64> = calls.iter().map(|c| of_call(c)).collect();
     sig.sort_unstable();
     sig
 }

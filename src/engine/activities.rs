@@ -2,7 +2,7 @@
 //! run, under its per-call time limit; a panic becomes the call's failure; an abort cancels the
 //! task. Fire-and-forget calls are tasks of the run too, so nothing outlives it.
 
-use std::collections::HashMap;
+use crate::fxhash::FxHashMap;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::Duration;
@@ -87,8 +87,8 @@ pub(super) fn run_call(
 #[derive(Default)]
 pub(super) struct Activities {
     running: JoinSet<Outcome>,
-    tasks: HashMap<tokio::task::Id, CallId>,
-    handles: HashMap<CallId, AbortHandle>,
+    tasks: FxHashMap<tokio::task::Id, CallId>,
+    handles: FxHashMap<CallId, AbortHandle>,
     detached: JoinSet<()>,
 }
 

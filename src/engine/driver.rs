@@ -544,8 +544,8 @@ impl Driver {
     /// Hands journaled `entries` to the machine, publishing its events and performing the rest.
     fn apply(&mut self, entries: Vec<JournalEntry>) {
         let (mut actions, mut rest) = std::mem::take(&mut self.scratch);
-        for entry in entries {
-            let input = entry.input.clone();
+        for mut entry in entries {
+            let input = entry.input.split_for_machine();
             let at = entry.at;
             if let RunInput::TimerFired { timer } = &input {
                 self.alarm.handed(*timer);

@@ -235,6 +235,21 @@ pub enum RunInput {
 }
 
 impl RunInput {
+    /// This input for the machine, leaving the journal's copy without what was parsed ahead
+    /// (a call's [`crate::scheduler::Parsed`], which only the machine reads): one copy of it,
+    /// moved rather than shared, so the scheduler takes it without copying it.
+    pub(crate) fn split_for_machine(&mut self) -> RunInput {
+        let parsed = match self {
+            RunInput::Call { parsed, .. } => std::mem::take(parsed),
+            _ => return self.clone(),
+        };
+        let mut input = self.clone();
+        if let RunInput::Call { parsed: p, .. } = &mut input {
+            *p = parsed;
+        }
+        input
+    }
+
     /// The input's tag, as journaled.
     pub fn name(&self) -> &'static str {
         match self {
