@@ -264,3 +264,30 @@ impl Turns {
         Poll::Pending
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::pieces;
+
+    #[test]
+    fn pieces_end_at_character_boundaries_and_lose_nothing() {
+        let text = "a†é€b".repeat(50);
+        for size in [1, 2, 3, 4, 7, 64, 1000] {
+            let parts: Vec<&str> = pieces(&text, size).collect();
+            assert_eq!(parts.concat(), text, "size {size}");
+            let last = parts.len() - 1;
+            for (i, p) in parts.iter().enumerate() {
+                assert!(!p.is_empty());
+                assert!(
+                    i == last || p.len() >= size,
+                    "size {size}: a short piece mid-text"
+                );
+                assert!(
+                    p.len() < size + 4,
+                    "size {size}: a piece past its character"
+                );
+            }
+        }
+        assert_eq!(pieces("", 8).count(), 0);
+    }
+}

@@ -189,7 +189,8 @@ impl Call {
     /// The call as a JSON object (what the model wrote): what serialising it gives, built by
     /// cloning its parts (every call of a step goes into the next Request's plan this way).
     pub fn to_value(&self) -> Value {
-        let mut m = Map::new();
+        // Room for every field and the plan's `_status` and `_result`: no growth on the way.
+        let mut m = Map::with_capacity(self.params.len() + 8);
         m.insert("_tool".into(), Value::String(self.tool.clone()));
         for (k, v) in &self.params {
             m.insert(k.clone(), v.clone());
