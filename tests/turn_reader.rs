@@ -1,5 +1,6 @@
-//! A model's answer is read on its own task, a long text delta in pieces (`engine::turns`): what
-//! reaches the run is the same as if the text had been read at once.
+//! A long text delta is parsed on a task of its own, in pieces, and the reader comes back for
+//! what follows (`engine::turns`): what reaches the run is the same as if the text had been read
+//! at once.
 
 use std::sync::Arc;
 

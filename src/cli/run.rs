@@ -161,6 +161,10 @@ pub(super) async fn run(
     let mut resumed_asks = false;
     // Listening from here on: a SIGTERM while the run is being set up stops it once it starts.
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+    // Ctrl-C likewise: caught from here on, not from when the task that cancels the run is first
+    // polled (a Ctrl-C in between, on a busy machine, killed the process without a result).
+    let mut interrupt =
+        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt()).ok();
     let (goal, run_id, journal) = match start {
         Start::New(path, input) => {
             let mut goal = Goal::load(&path).map_err(|e| CliError::new(e.code(), &e))?;
@@ -346,11 +350,14 @@ pub(super) async fn run(
     let ctrl_c = {
         let cancel = cancel.clone();
         tokio::spawn(async move {
-            if tokio::signal::ctrl_c().await.is_ok() {
+            let Some(interrupt) = interrupt.as_mut() else {
+                return;
+            };
+            if interrupt.recv().await.is_some() {
                 cancel.cancel();
             }
             // A second Ctrl-C leaves at once.
-            if tokio::signal::ctrl_c().await.is_ok() {
+            if interrupt.recv().await.is_some() {
                 errln!("\ndagloop: interrupted twice, leaving now");
                 crate::tools::kill_process_groups();
                 std::process::exit(130);

@@ -9,6 +9,8 @@ pub mod correction;
 pub mod sanitize;
 mod signature;
 
+use std::sync::Arc;
+
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 
@@ -183,9 +185,16 @@ fn text(role: Role, text: String) -> Message {
 /// Tracks the outer loop's stop conditions that depend on history (rule 16).
 #[derive(Debug, Clone, Default)]
 pub struct TurnTracker {
-    last_signature: Option<Vec<u64>>,
+    /// The last step that made calls: its calls, and their signature once it was needed.
+    last: Option<LastStep>,
     repeats: u32,
     empty: u32,
+}
+
+#[derive(Debug, Clone)]
+struct LastStep {
+    calls: Vec<Arc<Call>>,
+    signature: Option<Vec<u64>>,
 }
 
 /// Why the tracker says to stop.
@@ -200,16 +209,18 @@ pub enum Stop {
 
 impl TurnTracker {
     /// Records one step's calls (as written) and whether it had an output; says whether to stop.
+    /// Two steps can only be alike when they made as many calls: only then are their
+    /// signatures worked out (a fan-out step followed by an answer hashes nothing).
     pub fn record(
         &mut self,
-        calls: &[&Call],
+        calls: &[Arc<Call>],
         has_output: bool,
         doom_after: u32,
         empty_after: u32,
     ) -> Option<Stop> {
         if calls.is_empty() && !has_output {
             self.empty += 1;
-            self.last_signature = None;
+            self.last = None;
             self.repeats = 0;
             return (self.empty >= empty_after).then_some(Stop::EmptyTurns);
         }
@@ -217,11 +228,26 @@ impl TurnTracker {
         if calls.is_empty() {
             return None;
         }
-        let sig = signature::of_step(calls);
-        if self.last_signature.as_ref() == Some(&sig) {
+        let mut mine = None;
+        let same = match &mut self.last {
+            Some(last) if last.calls.len() == calls.len() => {
+                let theirs = last
+                    .signature
+                    .get_or_insert_with(|| signature::of_step(&last.calls));
+                let sig = signature::of_step(calls);
+                let same = *theirs == sig;
+                mine = Some(sig);
+                same
+            }
+            _ => false,
+        };
+        if same {
             self.repeats += 1;
         } else {
-            self.last_signature = Some(sig);
+            self.last = Some(LastStep {
+                calls: calls.to_vec(),
+                signature: mine,
+            });
             self.repeats = 1;
         }
         (doom_after > 0 && self.repeats >= doom_after).then_some(Stop::DoomLoop)
@@ -241,7 +267,7 @@ mod tests {
             call(json!({"q": 1, "_tool": "x"})),
             call(json!({"_tool": "x", "q": 2})),
         );
-        let (a, a_reordered, b) = ([&a], [&a_reordered], [&b]);
+        let (a, a_reordered, b) = ([a.into()], [a_reordered.into()], [b.into()]);
         assert_eq!(t.record(&a, false, 3, 2), None);
         assert_eq!(t.record(&b, false, 3, 2), None);
         assert_eq!(t.record(&a, false, 3, 2), None);
@@ -254,7 +280,7 @@ mod tests {
         let mut t = TurnTracker::default();
         assert_eq!(t.record(&[], false, 3, 2), None);
         let x = Call::try_from(json!({"_tool": "x"})).expect("call");
-        assert_eq!(t.record(&[&x], false, 3, 2), None);
+        assert_eq!(t.record(&[x.into()], false, 3, 2), None);
         assert_eq!(t.record(&[], false, 3, 2), None);
         assert_eq!(t.record(&[], false, 3, 2), Some(Stop::EmptyTurns));
     }

@@ -117,7 +117,7 @@ fn of_call(call: &Call) -> u64 {
 
 /// The step's signature: its calls' hashes, sorted (the order calls were written in does not
 /// matter).
-pub(super) fn of_step(calls: &[&Call]) -> Vec<u64> {
+pub(super) fn of_step(calls: &[std::sync::Arc<Call>]) -> Vec<u64> {
     let mut sig: Vec<u64> = calls.iter().map(|c| of_call(c)).collect();
     sig.sort_unstable();
     sig
@@ -127,6 +127,7 @@ pub(super) fn of_step(calls: &[&Call]) -> Vec<u64> {
 mod tests {
     use super::*;
     use serde_json::json;
+    use std::sync::Arc;
 
     fn call(v: Value) -> Call {
         Call::try_from(v).expect("call")
@@ -139,8 +140,9 @@ mod tests {
         let a2 =
             call(json!({"_outputPath": "†state.a", "q": {"y": [1, "a"], "x": 1}, "_tool": "t"}));
         let b = call(json!({"_tool": "u"}));
-        assert_eq!(of_step(&[&a, &b]), of_step(&[&b, &a2]));
-        assert_eq!(of_step(&[&a]).len(), 1);
+        let (a, a2, b) = (Arc::new(a), Arc::new(a2), Arc::new(b));
+        assert_eq!(of_step(&[a.clone(), b.clone()]), of_step(&[b, a2]));
+        assert_eq!(of_step(&[a]).len(), 1);
     }
 
     #[test]
@@ -157,9 +159,9 @@ mod tests {
             json!({"_tool": "t", "q": {"x": 1, "y": [1, "a"]}, "_outputPath": "†state.a", "_instance": "i"}),
             json!({"_tool": "t", "q": {"x": 1, "y": [1, "a"], "z": null}, "_outputPath": "†state.a"}),
         ];
-        let s = of_step(&[&call(base)]);
+        let s = of_step(&[Arc::new(call(base))]);
         for v in variants {
-            assert_ne!(of_step(&[&call(v.clone())]), s, "{v}");
+            assert_ne!(of_step(&[Arc::new(call(v.clone()))]), s, "{v}");
         }
     }
 }

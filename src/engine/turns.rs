@@ -1,14 +1,17 @@
-//! The model streams of a run. Each agent's open turn is read on its own task: the task polls
-//! the stream and hands each item to that turn's [`TurnReader`] (the sans-IO core's), which
-//! makes machine inputs; the driver receives them ready-made. So parsing a model's answer runs
-//! beside the driver, on another core, and a long answer's calls reach the machine as they are
-//! parsed rather than once the whole text is.
+//! The model streams of a run: each agent's open stream, polled in turn, its items handed to
+//! that turn's [`TurnReader`] (the sans-IO core's), which makes them machine inputs. A long
+//! text delta (a scripted model's or a replay's whole answer) is parsed on a task of its own,
+//! beside the driver, in pieces whose calls reach the machine as they are parsed; a provider's
+//! few-character deltas are parsed where they are read, so no hand-over between tasks delays a
+//! call.
 //!
 //! Deliberately not here: what an item means (the reader's) or what the inputs mean (the
 //! machine's).
 
 use std::collections::BTreeMap;
+use std::future::Future;
 use std::sync::Arc;
+use std::task::Poll;
 
 use futures::StreamExt;
 use tokio::sync::mpsc;
@@ -65,9 +68,8 @@ impl Models {
     }
 }
 
-/// Every open model turn of a run, read concurrently (each on its own task). Closing one stops
-/// its task, which drops the stream at once (closing its connection); what it had read and not
-/// yet handed over is dropped with it.
+/// Every open model stream of a run, read concurrently. Closing one drops it at once (which
+/// closes its connection), with whatever its reader was still parsing.
 #[derive(Default)]
 pub(super) struct Turns {
     open: BTreeMap<FrameKey, Open>,
@@ -75,85 +77,137 @@ pub(super) struct Turns {
     cursor: usize,
 }
 
-/// One agent's open turn: its step, and the task reading it.
+/// One agent's open turn: its stream, its step and its reader.
 struct Open {
+    stream: crate::llm::EventStream,
     step: u32,
-    rx: mpsc::Receiver<Piece>,
-    task: tokio::task::JoinHandle<()>,
+    /// The turn's reader; away while it parses a long text delta on its own task.
+    reader: Option<TurnReader>,
+    away: Option<Away>,
 }
 
-impl Drop for Open {
+/// A reader parsing a long text delta on its own task: what it parsed so far comes through
+/// `rx`, and the task gives the reader back when the text is done.
+struct Away {
+    rx: mpsc::Receiver<Piece>,
+    task: tokio::task::JoinHandle<TurnReader>,
+}
+
+impl Drop for Away {
     fn drop(&mut self) {
         self.task.abort();
     }
 }
 
-/// What the reading task sends: one [`Read`]'s contents, and whether the turn ended with it.
+/// What the reading task sends for one piece of the text.
 struct Piece {
     deltas: Vec<u64>,
     inputs: Vec<RunInput>,
-    ended: bool,
 }
 
-/// A text delta longer than this is handed to the reader in pieces of about this many bytes,
-/// each piece's inputs sent on before the next is parsed (a scripted model sends its whole
-/// answer as one delta; a provider's deltas are a few characters).
+/// A text delta longer than this is parsed on a task of its own, in pieces of about this many
+/// bytes, each piece's inputs handed over before the next is parsed: the driver takes the
+/// first calls while the rest is parsed beside it. A scripted model or a replay sends a whole
+/// answer as one delta; a provider streams deltas of a few characters, which are parsed where
+/// they are read, with no hand-over between tasks in the way of the first call's latency.
 const PIECE_BYTES: usize = 8 * 1024;
 
-/// How many pieces a reading task may have sent that the driver has not taken yet.
+/// How many pieces the parsing task may be ahead of the driver.
 const PIECES_AHEAD: usize = 4;
 
-/// Reads `stream` through `reader` until the turn ends (or the receiver is gone).
-async fn read_turn(
+/// Parses `text` through `reader` piece by piece, sending each piece's inputs on; gives the
+/// reader back. The text's delta counts once, with all its characters.
+async fn parse_long(
     frame: FrameKey,
-    mut stream: crate::llm::EventStream,
     mut reader: TurnReader,
+    text: String,
     tx: mpsc::Sender<Piece>,
-) {
-    loop {
-        let item = stream.next().await;
-        if let Some(Ok(StreamEvent::TextDelta(text))) = &item
-            && text.len() > PIECE_BYTES
+) -> TurnReader {
+    let mut total = Some(text.chars().count() as u64);
+    for piece in pieces(&text, PIECE_BYTES) {
+        let mut deltas = Vec::new();
+        let item = Some(Ok(StreamEvent::TextDelta(piece.to_string())));
+        let (inputs, _) = reader.read(frame, item, &mut |_, _| {
+            deltas.extend(total.take());
+        });
+        if (deltas.is_empty() && inputs.is_empty())
+            || tx.send(Piece { deltas, inputs }).await.is_ok()
         {
-            // One delta event for the whole text, as if it had been read at once.
-            let mut total = Some(text.chars().count() as u64);
-            for piece in pieces(text, PIECE_BYTES) {
-                let mut deltas = Vec::new();
-                let item = Some(Ok(StreamEvent::TextDelta(piece.to_string())));
-                let (inputs, _) = reader.read(frame, item, &mut |_, _| {
-                    deltas.extend(total.take());
-                });
-                if !send(&tx, deltas, inputs, false).await {
-                    return;
-                }
-            }
             continue;
         }
-        let mut deltas = Vec::new();
-        let (inputs, ended) = reader.read(frame, item, &mut |_, chars| deltas.push(chars));
-        if !send(&tx, deltas, inputs, ended).await || ended {
-            return;
-        }
+        break;
     }
+    reader
 }
 
-/// Sends a piece unless it carries nothing; false once the receiver is gone.
-async fn send(
-    tx: &mpsc::Sender<Piece>,
-    deltas: Vec<u64>,
-    inputs: Vec<RunInput>,
-    ended: bool,
-) -> bool {
-    if deltas.is_empty() && inputs.is_empty() && !ended {
-        return true;
+/// What one poll of a turn gave: text delta sizes, inputs, and whether the turn ended.
+type Polled = (Vec<u64>, Vec<RunInput>, bool);
+
+/// The end of a turn whose reader was lost (its parsing task panicked).
+fn reader_lost(frame: FrameKey) -> Polled {
+    let error = RunError::new(
+        "llm.incomplete_stream",
+        "the model's answer could not be read to its end",
+    );
+    let closed = RunInput::StreamClosed {
+        frame,
+        error: Some(Box::new(error)),
+        finish_reason: None,
+    };
+    (Vec::new(), vec![closed], true)
+}
+
+impl Open {
+    /// The next thing this turn's reader made, from the parsing task or from the stream.
+    fn poll(&mut self, frame: FrameKey, cx: &mut std::task::Context<'_>) -> Poll<Polled> {
+        loop {
+            if let Some(away) = &mut self.away {
+                match away.rx.poll_recv(cx) {
+                    Poll::Ready(Some(p)) => return Poll::Ready((p.deltas, p.inputs, false)),
+                    Poll::Pending => return Poll::Pending,
+                    // The text is parsed: the reader comes back.
+                    Poll::Ready(None) => match std::pin::Pin::new(&mut away.task).poll(cx) {
+                        Poll::Pending => return Poll::Pending,
+                        Poll::Ready(Ok(reader)) => {
+                            self.reader = Some(reader);
+                            self.away = None;
+                        }
+                        Poll::Ready(Err(_)) => {
+                            self.away = None;
+                            return Poll::Ready(reader_lost(frame));
+                        }
+                    },
+                }
+            }
+            if self.reader.is_none() {
+                return Poll::Ready(reader_lost(frame));
+            }
+            let item = match self.stream.poll_next_unpin(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(item) => item,
+            };
+            let item = match item {
+                Some(Ok(StreamEvent::TextDelta(text))) if text.len() > PIECE_BYTES => {
+                    if let Some(reader) = self.reader.take() {
+                        let (tx, rx) = mpsc::channel(PIECES_AHEAD);
+                        let task = tokio::spawn(parse_long(frame, reader, text, tx));
+                        self.away = Some(Away { rx, task });
+                    }
+                    continue;
+                }
+                item => item,
+            };
+            let Some(reader) = self.reader.as_mut() else {
+                return Poll::Ready(reader_lost(frame));
+            };
+            let mut deltas = Vec::new();
+            let (inputs, ended) = reader.read(frame, item, &mut |_, chars| deltas.push(chars));
+            if deltas.is_empty() && inputs.is_empty() && !ended {
+                continue;
+            }
+            return Poll::Ready((deltas, inputs, ended));
+        }
     }
-    tx.send(Piece {
-        deltas,
-        inputs,
-        ended,
-    })
-    .await
-    .is_ok()
 }
 
 /// `text` cut at character boundaries into pieces of at least `size` bytes (the last shorter).
@@ -175,7 +229,8 @@ fn pieces(text: &str, size: usize) -> impl Iterator<Item = &str> {
 
 impl Turns {
     /// Starts reading the answer to `req` (asked of `config`'s agent at `step`, first of the
-    /// model named `model`), dropping the first `skip` calls. Needs a tokio runtime.
+    /// model named `model`), dropping the first `skip` calls. A long text delta is parsed on a
+    /// task of its own, so this needs a tokio runtime.
     #[allow(clippy::too_many_arguments)]
     pub fn open(
         &mut self,
@@ -188,12 +243,18 @@ impl Turns {
         model: String,
     ) {
         let reader = TurnReader::new(skip, config, req.clone(), model);
-        let (tx, rx) = mpsc::channel(PIECES_AHEAD);
-        let task = tokio::spawn(read_turn(frame, stream, reader, tx));
-        self.open.insert(frame, Open { step, rx, task });
+        self.open.insert(
+            frame,
+            Open {
+                stream,
+                step,
+                reader: Some(reader),
+                away: None,
+            },
+        );
     }
 
-    /// Stops reading an agent's stream; its task stops and the stream is dropped now.
+    /// Stops reading an agent's stream; the stream is dropped now.
     pub fn close(&mut self, frame: FrameKey) {
         self.open.remove(&frame);
     }
@@ -216,13 +277,12 @@ impl Turns {
         let waker = futures::task::noop_waker();
         let mut cx = std::task::Context::from_waker(&waker);
         match self.poll_next(&mut cx) {
-            std::task::Poll::Ready(r) => r,
-            std::task::Poll::Pending => None,
+            Poll::Ready(r) => r,
+            Poll::Pending => None,
         }
     }
 
-    fn poll_next(&mut self, cx: &mut std::task::Context<'_>) -> std::task::Poll<Option<Read>> {
-        use std::task::Poll;
+    fn poll_next(&mut self, cx: &mut std::task::Context<'_>) -> Poll<Option<Read>> {
         let n = self.open.len();
         if n == 0 {
             return Poll::Pending;
@@ -233,22 +293,8 @@ impl Turns {
                 continue;
             };
             let step = o.step;
-            let (deltas, inputs, ended) = match o.rx.poll_recv(cx) {
-                Poll::Pending => continue,
-                Poll::Ready(Some(p)) => (p.deltas, p.inputs, p.ended),
-                // The task stopped without ending the turn (it panicked): the turn ends here.
-                Poll::Ready(None) => {
-                    let error = RunError::new(
-                        "llm.incomplete_stream",
-                        "the model's answer could not be read to its end",
-                    );
-                    let closed = RunInput::StreamClosed {
-                        frame,
-                        error: Some(Box::new(error)),
-                        finish_reason: None,
-                    };
-                    (Vec::new(), vec![closed], true)
-                }
+            let Poll::Ready((deltas, inputs, ended)) = o.poll(frame, cx) else {
+                continue;
             };
             self.cursor = i + 1;
             if ended {

@@ -352,10 +352,10 @@ impl Frame {
         {
             return Next::Finish(RunStatus::TokenBudget, None, Value::Null);
         }
-        let written: Vec<&Call> = report
+        let written: Vec<Arc<Call>> = report
             .calls
             .iter()
-            .filter_map(|c| c.call.as_deref())
+            .filter_map(|c| c.call.clone())
             .collect();
         let limits = &self.cfg.limits;
         match self

@@ -186,7 +186,7 @@ impl TurnReader {
         if strict {
             drop_strict_nulls_in_call(&self.config.composed, &mut call);
         }
-        // Parsed here, on the reader's task, so the driver's thread need not.
+        // Parsed with the call: beside the driver when a long answer is (`engine::turns`).
         let parsed = crate::scheduler::Parsed::of(&call);
         RunInput::Call {
             frame,

@@ -50,8 +50,9 @@ pub enum RunInput {
         /// mode made the model write for params it left out: `llm::drop_strict_nulls`). Shared
         /// with the scheduler and the `call_received` event, never copied.
         call: Arc<Call>,
-        /// Its references and output target, parsed by the turn reader beside the driver
-        /// (never journaled: a replayed call is parsed when the machine takes it).
+        /// Its references and output target, parsed by the turn reader with the call (beside
+        /// the driver for a long answer); never journaled: a replayed call is parsed when the
+        /// machine takes it.
         #[serde(skip)]
         parsed: crate::scheduler::Parsed,
     },

@@ -527,9 +527,9 @@ pub enum EditError {
     Invalid(#[from] ProtocolError),
 }
 
-/// A call's references and output target parsed ahead of its arrival, off the driver's thread
-/// (the turn reader does it as it reads the call), so that the scheduler does not parse them
-/// again. A cache, not part of what an input says: never journaled (a replay parses again), and
+/// A call's references and output target parsed ahead of its arrival, by the turn reader as it
+/// reads the call (beside the driver when it parses a long answer), so that the scheduler does
+/// not parse them again. A cache, not part of what an input says: never journaled (a replay parses again), and
 /// two inputs that differ only in it are equal.
 #[derive(Clone, Default)]
 pub struct Parsed(pub(super) Option<Arc<ParsedParts>>);
