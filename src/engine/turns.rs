@@ -3,7 +3,8 @@
 //! text delta (a scripted model's or a replay's whole answer) is parsed on a task of its own,
 //! beside the driver, in pieces whose calls reach the machine as they are parsed; a provider's
 //! few-character deltas are parsed where they are read, so no hand-over between tasks delays a
-//! call.
+//! call. A stream is started (its request built and sent, up to its first item) on a task of
+//! its own too: a long context is serialised beside the driver.
 //!
 //! Deliberately not here: what an item means (the reader's) or what the inputs mean (the
 //! machine's).
@@ -79,11 +80,27 @@ pub(super) struct Turns {
 
 /// One agent's open turn: its stream, its step and its reader.
 struct Open {
-    stream: crate::llm::EventStream,
+    /// The stream, once started.
+    stream: Option<crate::llm::EventStream>,
+    /// The stream being started on a task of its own: the request built and sent, up to its
+    /// first item (a long context is serialised beside the driver, not on it).
+    starting: Option<Starting>,
     step: u32,
     /// The turn's reader; away while it parses a long text delta on its own task.
     reader: Option<TurnReader>,
     away: Option<Away>,
+}
+
+/// One item of a model stream (`None`: the stream ended).
+type Item = Option<Result<StreamEvent, crate::llm::LlmError>>;
+
+/// A stream's start on a task of its own: the task gives back the stream and its first item.
+struct Starting(tokio::task::JoinHandle<(crate::llm::EventStream, Item)>);
+
+impl Drop for Starting {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 /// A reader parsing a long text delta on its own task: what it parsed so far comes through
@@ -160,6 +177,21 @@ fn reader_lost(frame: FrameKey) -> Polled {
 impl Open {
     /// The next thing this turn's reader made, from the parsing task or from the stream.
     fn poll(&mut self, frame: FrameKey, cx: &mut std::task::Context<'_>) -> Poll<Polled> {
+        let mut first = None;
+        if let Some(starting) = &mut self.starting {
+            match std::pin::Pin::new(&mut starting.0).poll(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(Ok((stream, item))) => {
+                    self.stream = Some(stream);
+                    self.starting = None;
+                    first = Some(item);
+                }
+                Poll::Ready(Err(_)) => {
+                    self.starting = None;
+                    return Poll::Ready(reader_lost(frame));
+                }
+            }
+        }
         loop {
             if let Some(away) = &mut self.away {
                 match away.rx.poll_recv(cx) {
@@ -182,9 +214,17 @@ impl Open {
             if self.reader.is_none() {
                 return Poll::Ready(reader_lost(frame));
             }
-            let item = match self.stream.poll_next_unpin(cx) {
-                Poll::Pending => return Poll::Pending,
-                Poll::Ready(item) => item,
+            let item = match first.take() {
+                Some(item) => item,
+                None => {
+                    let Some(stream) = self.stream.as_mut() else {
+                        return Poll::Ready(reader_lost(frame));
+                    };
+                    match stream.poll_next_unpin(cx) {
+                        Poll::Pending => return Poll::Pending,
+                        Poll::Ready(item) => item,
+                    }
+                }
             };
             let item = match item {
                 Some(Ok(StreamEvent::TextDelta(text))) if text.len() > PIECE_BYTES => {
@@ -246,7 +286,12 @@ impl Turns {
         self.open.insert(
             frame,
             Open {
-                stream,
+                stream: None,
+                starting: Some(Starting(tokio::spawn(async move {
+                    let mut stream = stream;
+                    let first = stream.next().await;
+                    (stream, first)
+                }))),
                 step,
                 reader: Some(reader),
                 away: None,
