@@ -267,12 +267,7 @@ async fn run(calls: Vec<Value>, gap_ms: u64) -> Run {
     let result = handle.wait().await;
     let makespan = t0.elapsed().as_secs_f64() * 1000.0;
     assert_eq!(result.status, RunStatus::Succeeded, "{:?}", result.error);
-    let done = result
-        .calls
-        .iter()
-        .filter(|c| c.status == CallStatus::Done)
-        .count();
-    assert_eq!(done, n, "every call ran");
+    assert_eq!(result.count(CallStatus::Done), n, "every call ran");
     let (arrivals, replayed) = watcher.await.unwrap_or_default();
     let journal_replays = handle.event_replays();
     drop(handle);

@@ -66,12 +66,11 @@ async fn an_answer_sent_as_one_long_delta_reads_as_if_read_at_once() {
     });
     let result = handle.wait().await;
     assert_eq!(result.status, RunStatus::Succeeded, "{:?}", result.error);
-    let done = result
-        .calls
-        .iter()
-        .filter(|c| c.status == CallStatus::Done)
-        .count();
-    assert_eq!(done, calls.len(), "every call ran");
+    assert_eq!(
+        result.count(CallStatus::Done),
+        calls.len(),
+        "every call ran"
+    );
     drop(handle);
     let (deltas, received) = reading.await.expect("events");
     assert_eq!(deltas, vec![text.chars().count() as u64]);

@@ -589,6 +589,11 @@ pub struct RunResult {
 }
 
 impl RunResult {
+    /// How many of the run's calls are in `status`.
+    pub fn count(&self, status: CallStatus) -> usize {
+        self.calls.iter().filter(|c| c.status == status).count()
+    }
+
     /// A run that stopped without ending. Every ending is the machine's; a driver's only
     /// outcome of its own is this: its journal could not be written, its lease was lost,
     /// nothing in this process could move the run on, or the driver itself died. The machine
