@@ -198,3 +198,48 @@ async fn a_long_run_compacts_step_by_step_until_it_fits_and_succeeds() {
         "the newest note stays at level 1"
     );
 }
+
+/// After a step that made calls, the compacted context still shows each of them by its tool,
+/// its status and its output path, and no longer its params (the brief of the step's calls,
+/// made only once a context is compacted).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_compacted_context_still_shows_the_last_steps_calls_in_brief() {
+    let server = serve(vec![
+        answer(greet_call()),
+        overflow(),
+        answer(final_output()),
+    ])
+    .await;
+    let dir = tempfile::tempdir().expect("dir");
+    let goal_arg = tiny_goal_with_state(dir.path(), json!({}));
+    let events = dir.path().join("events.jsonl");
+    let (code, r, stderr) = run(&server, "openai:a", &["--no-store", &goal_arg], &events).await;
+    assert_eq!(code, Some(0), "{r:#}\n{stderr}");
+    let requests = server.requests();
+    assert_eq!(requests.len(), 3);
+    // The plan message of a request, as the model reads it.
+    let plan = |i: usize| -> Value {
+        let messages = requests[i].body["messages"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        messages
+            .iter()
+            .filter_map(|m| m["content"].as_str())
+            .filter_map(|c| serde_json::from_str::<Value>(c).ok())
+            .find(|v| v["type"] == "plan")
+            .map(|v| v["plan"].clone())
+            .unwrap_or(Value::Null)
+    };
+    assert_eq!(
+        plan(1),
+        json!([{"_tool": "greet", "name": "Ada", "_output": {"greeting": "Hello, Ada!"},
+                "_outputPath": "†state.greeting", "_status": "done"}]),
+        "the full context shows the call whole"
+    );
+    assert_eq!(
+        plan(2),
+        json!([{"_tool": "greet", "_outputPath": "†state.greeting", "_status": "done"}]),
+        "the compacted context shows it in brief"
+    );
+}

@@ -81,3 +81,33 @@ async fn an_answer_sent_as_one_long_delta_reads_as_if_read_at_once() {
     let as_read: Vec<dagloop::Call> = received.iter().map(|c| (**c).clone()).collect();
     assert_eq!(as_read, as_sent, "each call read as written, in order");
 }
+
+/// A model whose stream panics before its first item.
+struct Panicking;
+
+impl dagloop::llm::Model for Panicking {
+    fn stream(&self, _req: &dagloop::llm::Request) -> dagloop::llm::EventStream {
+        use futures::StreamExt;
+        futures::stream::poll_fn(|_| -> std::task::Poll<Option<_>> {
+            panic!("the provider's stream broke")
+        })
+        .boxed()
+    }
+    fn name(&self) -> String {
+        "panicking".into()
+    }
+}
+
+/// A stream starts on a task of its own; when that task panics, the turn ends with the model's
+/// failure (the run ends, with a code) rather than the run waiting for a stream that is gone.
+#[tokio::test(start_paused = true)]
+async fn a_stream_that_panics_as_it_starts_ends_the_turn_with_the_models_failure() {
+    let mut b = AgentBuilder::new(goal()).model(Arc::new(Panicking));
+    b.registry_mut()
+        .register_fn("echo", |p: Value| async move { Ok::<_, String>(p) });
+    let handle = b.build().expect("agent").start();
+    let result = handle.wait().await;
+    assert_eq!(result.status, RunStatus::ModelError, "{:?}", result.error);
+    let code = result.error.map(|e| e.code);
+    assert_eq!(code.as_deref(), Some("llm.incomplete_stream"));
+}

@@ -275,6 +275,29 @@ mod tests {
         assert_eq!(t.record(&a, false, 3, 2), Some(Stop::DoomLoop));
     }
 
+    /// Steps are hashed only when they made as many calls as the step before: a step of another
+    /// size never matches, and one of the same size is compared with the step before it even
+    /// when that step was not hashed when it was recorded.
+    #[test]
+    fn steps_of_another_size_never_match_and_same_sized_ones_are_compared() {
+        let mut t = TurnTracker::default();
+        let call = |v: Value| -> Arc<Call> { Arc::new(Call::try_from(v).expect("call")) };
+        let (a, b) = (call(json!({"_tool": "x", "q": 1})), call(json!({"_tool": "x", "q": 2})));
+        let one = [a.clone()];
+        let two = [a.clone(), b.clone()];
+        let two_reordered = [b.clone(), a.clone()];
+        let other_two = [b.clone(), b.clone()];
+        assert_eq!(t.record(&one, false, 2, 9), None);
+        assert_eq!(t.record(&two, false, 2, 9), None, "another size is another step");
+        assert_eq!(t.record(&other_two, false, 2, 9), None, "same size, other calls");
+        assert_eq!(t.record(&two, false, 2, 9), None);
+        assert_eq!(
+            t.record(&two_reordered, false, 2, 9),
+            Some(Stop::DoomLoop),
+            "the same calls twice running, whatever their order"
+        );
+    }
+
     #[test]
     fn empty_turns_must_be_consecutive() {
         let mut t = TurnTracker::default();

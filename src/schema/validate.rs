@@ -309,17 +309,20 @@ impl ToolValidators {
         self.by_name.get(tool)
     }
 
+    /// The validator of `tool`, or `schema.tool_not_found`.
+    fn known(&self, tool: &str) -> Result<&ParamsValidator, SchemaError> {
+        self.get(tool).ok_or_else(|| SchemaError::ToolNotFound {
+            tool: tool.to_string(),
+        })
+    }
+
     /// Checks `params` against the tool called `tool`.
     pub fn validate(
         &self,
         tool: &str,
         params: &Map<String, Value>,
     ) -> Result<Vec<Violation>, SchemaError> {
-        self.get(tool)
-            .map(|v| v.validate(params))
-            .ok_or_else(|| SchemaError::ToolNotFound {
-                tool: tool.to_string(),
-            })
+        Ok(self.known(tool)?.validate(params))
     }
 
     /// Checks `params` as written (references allowed) against the tool called `tool`
@@ -329,11 +332,7 @@ impl ToolValidators {
         tool: &str,
         params: &Map<String, Value>,
     ) -> Result<Vec<Violation>, SchemaError> {
-        self.get(tool)
-            .ok_or_else(|| SchemaError::ToolNotFound {
-                tool: tool.to_string(),
-            })?
-            .validate_written(params)
+        self.known(tool)?.validate_written(params)
     }
 
     /// Checks a params object against the tool called `tool`, in place when it holds no meta
@@ -343,11 +342,7 @@ impl ToolValidators {
         tool: &str,
         params: &Value,
     ) -> Result<Vec<Violation>, SchemaError> {
-        self.get(tool)
-            .map(|v| v.validate_value(params))
-            .ok_or_else(|| SchemaError::ToolNotFound {
-                tool: tool.to_string(),
-            })
+        Ok(self.known(tool)?.validate_value(params))
     }
 
     /// Names of the known tools, sorted.
