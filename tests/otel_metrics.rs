@@ -164,6 +164,16 @@ async fn metrics_count_runs_calls_approvals_model_turns_and_commits() {
     );
 }
 
+/// Fails with the run's output unless it succeeded.
+fn succeeded(out: &std::process::Output) {
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 /// `dagloop run` with `goal` in `dir`, exporting to `endpoint` with these extra variables.
 async fn run_exporting(
     dir: &std::path::Path,
@@ -201,19 +211,14 @@ async fn metrics_go_over_otlp_http_when_the_variables_say_so() {
     let (url, _) = counting_service().await;
     let (endpoint, got) = otlp::receiver().await;
     let out = run_exporting(dir.path(), &goal(dir.path(), &url, "auto"), &endpoint, &[]).await;
-    assert!(
-        out.status.success(),
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    succeeded(&out);
     // Sent on exit (the periodic reader's interval is a minute); cumulative, so the last
     // request has everything.
     let got = got.lock().expect("received").clone();
-    let (_, kind, body) = got
+    let (_, kind, body, _) = got
         .iter()
         .rev()
-        .find(|(path, _, _)| path == "/v1/metrics")
+        .find(|(path, _, _, _)| path == "/v1/metrics")
         .unwrap_or_else(|| panic!("no POST /v1/metrics: {got:?}"));
     assert_eq!(kind, "application/x-protobuf");
     let req = ExportMetricsServiceRequest::decode(body.as_slice()).expect("OTLP metrics");
@@ -293,4 +298,175 @@ async fn an_unsupported_otlp_protocol_is_refused_with_a_code() {
     assert!(stdout.contains("telemetry.bad_variable"), "{stdout}");
     assert!(stdout.contains("OTEL_EXPORTER_OTLP_PROTOCOL"), "{stdout}");
     assert!(got.lock().expect("received").is_empty());
+}
+
+/// Spans go where the traces endpoint says, with the operator's headers (percent-decoded) and
+/// service name, as OTLP protobuf: one `execute_tool` span per call, under its step.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spans_go_to_the_traces_endpoint_with_the_operators_headers() {
+    use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+    use prost::Message;
+    let dir = tempfile::tempdir().expect("tmp");
+    let (url, _) = counting_service().await;
+    let (endpoint, got) = otlp::receiver().await;
+    let traces = format!("{endpoint}/custom/traces");
+    let out = run_exporting(
+        dir.path(),
+        &goal(dir.path(), &url, "auto"),
+        "http://127.0.0.1:9",
+        &[
+            ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", traces.as_str()),
+            (
+                "OTEL_EXPORTER_OTLP_HEADERS",
+                "x-team=agents, authorization=Bearer%20abc",
+            ),
+            ("OTEL_EXPORTER_OTLP_TRACES_HEADERS", "x-team=billing"),
+            ("OTEL_SERVICE_NAME", "refunds"),
+            ("OTEL_METRICS_EXPORTER", "none"),
+        ],
+    )
+    .await;
+    succeeded(&out);
+    let got = got.lock().expect("received").clone();
+    assert!(!got.is_empty(), "nothing was sent");
+    let mut tools = Vec::new();
+    for (path, kind, body, headers) in &got {
+        assert_eq!(path, "/custom/traces");
+        assert_eq!(kind, "application/x-protobuf");
+        let header = |name: &str| {
+            headers
+                .iter()
+                .find(|(n, _)| n == name)
+                .map(|(_, v)| v.as_str())
+        };
+        assert_eq!(header("authorization"), Some("Bearer abc"), "{headers:?}");
+        assert_eq!(header("x-team"), Some("billing"), "{headers:?}");
+        let req = ExportTraceServiceRequest::decode(body.as_slice()).expect("OTLP traces");
+        for rs in &req.resource_spans {
+            let service = rs
+                .resource
+                .iter()
+                .flat_map(|r| &r.attributes)
+                .find(|kv| kv.key == "service.name")
+                .and_then(|kv| kv.value.clone())
+                .and_then(|v| v.value);
+            assert_eq!(format!("{service:?}"), r#"Some(StringValue("refunds"))"#);
+            for s in rs.scope_spans.iter().flat_map(|s| &s.spans) {
+                if let Some(t) = s.name.strip_prefix("execute_tool ") {
+                    assert!(!s.parent_span_id.is_empty(), "{s:?}");
+                    tools.push(t.to_string());
+                }
+            }
+        }
+    }
+    assert_eq!(tools, ["step", "step"], "{got:?}");
+}
+
+/// What dagloop cannot honour is refused before the run, with the variable named: a
+/// compression, a batch setting that is not a number.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_compression_or_a_malformed_batch_setting_is_refused() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let (endpoint, got) = otlp::receiver().await;
+    for (var, value) in [
+        ("OTEL_EXPORTER_OTLP_COMPRESSION", "gzip"),
+        ("OTEL_BSP_SCHEDULE_DELAY", "soon"),
+        ("OTEL_EXPORTER_OTLP_TIMEOUT", "-1"),
+    ] {
+        let out = run_exporting(
+            dir.path(),
+            &goal(dir.path(), "http://127.0.0.1:9/step", "auto"),
+            &endpoint,
+            &[(var, value)],
+        )
+        .await;
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(out.status.code(), Some(2), "{var}: {stdout}");
+        assert!(stdout.contains("telemetry.bad_variable"), "{stdout}");
+        assert!(stdout.contains(var), "{stdout}");
+    }
+    assert!(got.lock().expect("received").is_empty());
+}
+
+/// A collector that is not there never holds up a run: the run succeeds, and the spans it
+/// could not send are reported as dropped in the log (`RUST_LOG`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_collector_costs_the_spans_not_the_run() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let (url, counts) = counting_service().await;
+    // A port nothing listens on: bound, then closed.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let endpoint = format!("http://{}", closed.local_addr().expect("addr"));
+    drop(closed);
+    let out = run_exporting(
+        dir.path(),
+        &goal(dir.path(), &url, "auto"),
+        &endpoint,
+        &[("OTEL_METRICS_EXPORTER", "none"), ("RUST_LOG", "warn")],
+    )
+    .await;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "{}{stderr}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    assert_eq!(counts.lock().expect("counts").len(), 2, "both calls ran");
+    assert!(stderr.contains("OpenTelemetry spans dropped"), "{stderr}");
+}
+
+/// A fan-in that waited on a fan-out of 130 calls links to 128 of their spans (the
+/// OpenTelemetry default, `OTEL_SPAN_LINK_COUNT_LIMIT`) and counts the other two as dropped:
+/// without a limit, a fan-in over thousands of calls made a span of megabytes that collectors
+/// refuse whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fan_in_span_keeps_128_links_and_counts_the_rest() {
+    use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+    use prost::Message;
+    let dir = tempfile::tempdir().expect("tmp");
+    let (url, _) = counting_service().await;
+    let (endpoint, got) = otlp::receiver().await;
+    let step = json!({"_tool": "step", "_activity": "http", "_http": {"method": "POST", "url": url},
+        "type": "object", "properties": {"n": {"type": "integer"}, "all": {}}, "required": ["n"]});
+    let mut calls: Vec<serde_json::Value> = (0..130)
+        .map(|i| json!({"_tool": "step", "n": i, "_outputPath": format!("†state.mid.k{i}")}))
+        .collect();
+    calls
+        .push(json!({"_tool": "step", "n": 999, "all": "†state.mid", "_outputPath": "†state.end"}));
+    let script = json!({"turns": [
+        {"solution": {"calls": calls, "output": null}},
+        {"solution": {"calls": [], "output": {"done": true}}}
+    ]});
+    let script_path = dir.path().join("s.json");
+    std::fs::write(&script_path, script.to_string()).expect("script");
+    let goal = json!({"goal": "fan in", "model": format!("scripted:{}", script_path.display()),
+        "output_schema": {"type": "object"}, "tools": [step], "approval": {"policy": "auto"}});
+    let out = run_exporting(
+        dir.path(),
+        &goal,
+        &endpoint,
+        &[("OTEL_METRICS_EXPORTER", "none")],
+    )
+    .await;
+    succeeded(&out);
+    let got = got.lock().expect("received").clone();
+    let spans: Vec<_> = got
+        .iter()
+        .filter(|(p, _, _, _)| p == "/v1/traces")
+        .flat_map(|(_, _, body, _)| {
+            ExportTraceServiceRequest::decode(body.as_slice())
+                .expect("OTLP traces")
+                .resource_spans
+        })
+        .flat_map(|r| r.scope_spans)
+        .flat_map(|s| s.spans)
+        .filter(|s| s.name == "execute_tool step")
+        .collect();
+    assert_eq!(spans.len(), 131);
+    // The fan-in is the one call that waited on others.
+    let linked: Vec<_> = spans.iter().filter(|s| !s.links.is_empty()).collect();
+    assert_eq!(linked.len(), 1, "{linked:#?}");
+    let fan_in = linked[0];
+    assert_eq!(fan_in.links.len(), 128);
+    assert_eq!(fan_in.dropped_links_count, 2);
 }

@@ -240,8 +240,8 @@ impl Driver {
         // decision recorded later, then `resume`, moves it on). Not an ending.
         // The run's spans are made on the span worker: all of them, before anyone hears it ended.
         let drained = match self.shared.log.lock() {
-            Ok(log) => log.spans.as_ref().map(|s| s.drained()),
-            Err(p) => p.into_inner().spans.as_ref().map(|s| s.drained()),
+            Ok(mut log) => log.spans.as_mut().map(|s| s.drained()),
+            Err(p) => p.into_inner().spans.as_mut().map(|s| s.drained()),
         };
         if let Some(drained) = drained {
             let _ = drained.await;
@@ -313,6 +313,9 @@ impl Driver {
                     _ => {}
                 }
             }
+        }
+        if let Some(spans) = &mut log.spans {
+            spans.flush();
         }
         drop(log);
         for ((list, index), n) in self.machine.requests_answered() {
@@ -576,6 +579,7 @@ impl Driver {
                 self.perform(a);
             }
         }
+        self.shared.flush_spans();
         actions.shrink_to(SCRATCH_KEPT);
         rest.shrink_to(SCRATCH_KEPT);
         self.scratch = (actions, rest);

@@ -1,11 +1,13 @@
-//! OTLP export of dagloop's spans (and metrics, `export_metrics`) through the OpenTelemetry SDK:
-//! the standard variables pick the endpoint (`OTEL_EXPORTER_OTLP_ENDPOINT`), protocol
-//! (`OTEL_EXPORTER_OTLP_PROTOCOL`: `http/protobuf` over the project's reqwest and rustls, or
-//! `grpc` through tonic, plaintext HTTP/2), service name (`OTEL_SERVICE_NAME`,
-//! `OTEL_RESOURCE_ATTRIBUTES`) and sampler (`OTEL_TRACES_SAMPLER`, `OTEL_TRACES_SAMPLER_ARG`);
-//! the SDK's batch processor (`OTEL_BSP_*`) sends spans from its own thread.
+//! OTLP export from the standard variables: the endpoint (`OTEL_EXPORTER_OTLP_ENDPOINT`, or
+//! `..._TRACES_ENDPOINT`), protocol (`OTEL_EXPORTER_OTLP_PROTOCOL`: `http/protobuf` over the
+//! project's reqwest and rustls, or `grpc` through tonic, plaintext HTTP/2), headers, timeout,
+//! service name (`OTEL_SERVICE_NAME`, `OTEL_RESOURCE_ATTRIBUTES`), sampler
+//! (`OTEL_TRACES_SAMPLER`, `OTEL_TRACES_SAMPLER_ARG`) and batching (`OTEL_BSP_*`). Spans are
+//! encoded and sent by dagloop (`otlp`, `send`, `grpc`); metrics go through the OpenTelemetry
+//! SDK's exporter (`export_metrics`). `convert` turns a span into the SDK's `SpanData` for a
+//! program that brings its own SDK exporter ([`super::install_exporter`]).
 //!
-//! Deliberately not here: `http/json`, gRPC over TLS (both refused with
+//! Deliberately not here: `http/json`, gRPC over TLS, compression (all refused with
 //! `telemetry.bad_variable`), or building spans (`spans`).
 
 use std::borrow::Cow;
@@ -20,12 +22,11 @@ use opentelemetry::trace::{
 use opentelemetry::{InstrumentationScope, KeyValue};
 use opentelemetry_http::{Bytes, HttpClient, HttpError, Request, Response};
 use opentelemetry_otlp::{Protocol, WithExportConfig, WithHttpConfig};
-use opentelemetry_sdk::trace::{
-    BatchSpanProcessor, SpanData, SpanEvents, SpanLinks, SpanProcessor,
-};
+use opentelemetry_sdk::trace::{SpanData, SpanEvents, SpanLinks, SpanProcessor};
 
+use super::otlp::Envelope;
 use super::record::{self, SpanRecord};
-use super::{Pipeline, SpanExport, TelemetryError, ids};
+use super::{Pipeline, SpanExport, TelemetryError, ids, send};
 
 /// OTLP over HTTP through the project's reqwest client. The batch processor calls it from its
 /// own thread, outside any tokio runtime: the client runs on a small runtime of its own, made
@@ -36,18 +37,24 @@ struct Client {
 }
 
 impl Client {
+    fn get(&self) -> Option<&(tokio::runtime::Runtime, reqwest::Client)> {
+        self.inner
+            .get_or_init(|| {
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .ok()?;
+                let client = crate::net::builder()
+                    .timeout(Duration::from_secs(10))
+                    .build()
+                    .ok()?;
+                Some((rt, client))
+            })
+            .as_ref()
+    }
+
     async fn send(&self, request: Request<Bytes>) -> Result<Response<Bytes>, HttpError> {
-        let Some((rt, client)) = self.inner.get_or_init(|| {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .ok()?;
-            let client = crate::net::builder()
-                .timeout(Duration::from_secs(10))
-                .build()
-                .ok()?;
-            Some((rt, client))
-        }) else {
+        let Some((rt, client)) = self.get() else {
             return Err("the OTLP HTTP client could not be built".into());
         };
         let request = reqwest::Request::try_from(request.map(reqwest::Body::from))?;
@@ -61,6 +68,38 @@ impl Client {
     }
 }
 
+impl Client {
+    /// POSTs `body` to `url`: Ok when the collector answered with a success status.
+    fn post(
+        &self,
+        url: &str,
+        headers: reqwest::header::HeaderMap,
+        body: Vec<u8>,
+        timeout: Duration,
+    ) -> Result<(), String> {
+        let Some((rt, client)) = self.get() else {
+            return Err("the OTLP HTTP client could not be built".into());
+        };
+        rt.block_on(async {
+            let r = client
+                .post(url)
+                .headers(headers)
+                .timeout(timeout)
+                .body(body)
+                .send()
+                .await
+                .map_err(|e| format!("{url}: {e}"))?;
+            let status = r.status();
+            if status.is_success() {
+                return Ok(());
+            }
+            let text = r.text().await.unwrap_or_default();
+            let text: String = text.chars().take(200).collect();
+            Err(format!("{url} answered {status}: {text}"))
+        })
+    }
+}
+
 impl HttpClient for Client {
     fn send_bytes<'a, 'b>(
         &'a self,
@@ -71,17 +110,6 @@ impl HttpClient for Client {
         Self: 'b,
     {
         Box::pin(self.send(request))
-    }
-}
-
-struct Batch {
-    processor: BatchSpanProcessor,
-    scope: InstrumentationScope,
-}
-
-impl SpanExport for Batch {
-    fn export(&self, span: SpanRecord) {
-        self.processor.on_end(convert(span, &self.scope));
     }
 }
 
@@ -126,6 +154,7 @@ pub(super) fn convert(s: SpanRecord, scope: &InstrumentationScope) -> SpanData {
         .map(|e| opentelemetry::trace::Event::new(e.name, time(e.at), kv(e.attrs), 0))
         .collect();
     let mut links = SpanLinks::default();
+    links.dropped_count = s.dropped_links;
     links.links = s
         .links
         .into_iter()
@@ -275,21 +304,6 @@ fn built<T>(r: Result<T, opentelemetry_otlp::ExporterBuildError>) -> Result<T, T
     r.map_err(|e| TelemetryError::Exporter(e.to_string()))
 }
 
-fn span_exporter(t: Transport) -> Result<opentelemetry_otlp::SpanExporter, TelemetryError> {
-    let b = opentelemetry_otlp::SpanExporter::builder();
-    built(match t {
-        Transport::Http => b
-            .with_http()
-            .with_http_client(Client::default())
-            .with_protocol(Protocol::HttpBinary)
-            .build(),
-        Transport::Grpc => {
-            let _rt = grpc_runtime()?.enter();
-            b.with_tonic().build()
-        }
-    })
-}
-
 fn metric_exporter(t: Transport) -> Result<opentelemetry_otlp::MetricExporter, TelemetryError> {
     let b = opentelemetry_otlp::MetricExporter::builder();
     built(match t {
@@ -305,27 +319,179 @@ fn metric_exporter(t: Transport) -> Result<opentelemetry_otlp::MetricExporter, T
     })
 }
 
-/// The pipeline the standard variables describe; metrics go over OTLP as well unless
-/// `OTEL_METRICS_EXPORTER=none`.
-/// Spans the batch processor may hold when `OTEL_BSP_MAX_QUEUE_SIZE` does not say: the SDK's
-/// 2,048 drops spans when a fan-out of thousands of calls ends within a second (a tenth of them
-/// in `cargo bench --bench scheduler`'s fan-out of 100,000), so dagloop keeps more. The queue is
-/// allocated when the pipeline is built: about 5 MB.
+/// Spans that may wait to be sent when `OTEL_BSP_MAX_QUEUE_SIZE` does not say: the SDKs' 2,048
+/// dropped spans when a fan-out of thousands of calls ended within a second (a tenth of them in
+/// `cargo bench --bench scheduler`'s fan-out of 100,000), so dagloop allows more. They wait
+/// encoded, about 300 bytes each.
 const QUEUE: usize = 16_384;
 
-/// The batch processor's settings: the `OTEL_BSP_*` variables, with dagloop's queue size
-/// unless `OTEL_BSP_MAX_QUEUE_SIZE` is set.
-fn batch_config() -> opentelemetry_sdk::trace::BatchConfig {
-    let b = opentelemetry_sdk::trace::BatchConfigBuilder::default();
-    if std::env::var_os("OTEL_BSP_MAX_QUEUE_SIZE").is_some() {
-        b.build()
-    } else {
-        b.with_max_queue_size(QUEUE).build()
+/// A whole-number `OTEL_*` variable, `default` when unset; anything else is refused.
+fn number(var: &'static str, default: u64) -> Result<u64, TelemetryError> {
+    match std::env::var(var) {
+        Ok(v) if !v.trim().is_empty() => v
+            .trim()
+            .parse::<u64>()
+            .map_err(|_| bad(var, &v, "not a whole number")),
+        _ => Ok(default),
     }
 }
 
+/// The signal's own variable when set, else the general one.
+fn either(signal: &'static str, general: &'static str) -> (&'static str, Option<String>) {
+    for var in [signal, general] {
+        if let Ok(v) = std::env::var(var)
+            && !v.trim().is_empty()
+        {
+            return (var, Some(v));
+        }
+    }
+    (general, None)
+}
+
+/// The batching of spans: the `OTEL_BSP_*` variables, with dagloop's queue size by default.
+fn batch_settings() -> Result<send::Settings, TelemetryError> {
+    Ok(send::Settings {
+        batch: usize::try_from(number("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", 512)?).unwrap_or(512),
+        queue: usize::try_from(number("OTEL_BSP_MAX_QUEUE_SIZE", QUEUE as u64)?).unwrap_or(QUEUE),
+        delay: Duration::from_millis(number("OTEL_BSP_SCHEDULE_DELAY", 5_000)?),
+        links: usize::try_from(number(
+            "OTEL_SPAN_LINK_COUNT_LIMIT",
+            super::spans::LINK_LIMIT as u64,
+        )?)
+        .unwrap_or(super::spans::LINK_LIMIT),
+    })
+}
+
+/// `OTEL_EXPORTER_OTLP_TRACES_TIMEOUT` or `OTEL_EXPORTER_OTLP_TIMEOUT`, in ms (10 s).
+fn timeout() -> Result<Duration, TelemetryError> {
+    let (var, _) = either(
+        "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT",
+        "OTEL_EXPORTER_OTLP_TIMEOUT",
+    );
+    Ok(Duration::from_millis(number(var, 10_000)?))
+}
+
+/// The headers of every request: `OTEL_EXPORTER_OTLP_HEADERS`, then
+/// `OTEL_EXPORTER_OTLP_TRACES_HEADERS` (which wins for a name both set), as `name=value` pairs
+/// separated by commas, percent-decoded.
+fn headers() -> Result<Vec<(String, String)>, TelemetryError> {
+    let mut out: Vec<(String, String)> = Vec::new();
+    for var in [
+        "OTEL_EXPORTER_OTLP_HEADERS",
+        "OTEL_EXPORTER_OTLP_TRACES_HEADERS",
+    ] {
+        let Ok(value) = std::env::var(var) else {
+            continue;
+        };
+        for pair in value.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            let decode = |s: &str| {
+                percent_encoding::percent_decode_str(s.trim())
+                    .decode_utf8()
+                    .map(|c| c.into_owned())
+            };
+            let (name, val) = pair
+                .split_once('=')
+                .and_then(|(n, v)| Some((decode(n).ok()?, decode(v).ok()?)))
+                .filter(|(n, _)| !n.is_empty())
+                .ok_or_else(|| bad(var, "(not shown)", "expected name=value pairs"))?;
+            out.retain(|(n, _)| !n.eq_ignore_ascii_case(&name));
+            out.push((name, val));
+        }
+    }
+    Ok(out)
+}
+
+/// dagloop sends OTLP uncompressed; a compression it was asked for is refused, not ignored.
+fn no_compression() -> Result<(), TelemetryError> {
+    let (var, value) = either(
+        "OTEL_EXPORTER_OTLP_TRACES_COMPRESSION",
+        "OTEL_EXPORTER_OTLP_COMPRESSION",
+    );
+    match value {
+        Some(v) if !v.trim().eq_ignore_ascii_case("none") => Err(bad(
+            var,
+            &v,
+            "dagloop sends OTLP uncompressed (none is the only value it takes)",
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// Where spans go: the traces endpoint as given, else the general one (with `/v1/traces` for
+/// HTTP), else the collector's default address on this machine.
+fn traces_endpoint(t: Transport) -> String {
+    if let (_, Some(url)) = either("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "-") {
+        return url.trim().to_string();
+    }
+    let base = std::env::var("OTEL_EXPORTER_OTLP_ENDPOINT")
+        .ok()
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty());
+    match t {
+        Transport::Http => format!(
+            "{}/v1/traces",
+            base.as_deref()
+                .unwrap_or("http://localhost:4318")
+                .trim_end_matches('/')
+        ),
+        Transport::Grpc => base.unwrap_or_else(|| "http://localhost:4317".into()),
+    }
+}
+
+/// How a request of spans is sent.
+fn traces_sender(t: Transport) -> Result<send::Sender, TelemetryError> {
+    let url = traces_endpoint(t);
+    let headers = headers()?;
+    let timeout = timeout()?;
+    match t {
+        Transport::Http => {
+            let mut map = reqwest::header::HeaderMap::new();
+            for (n, v) in &headers {
+                let name = reqwest::header::HeaderName::from_bytes(n.as_bytes());
+                let value = reqwest::header::HeaderValue::from_str(v);
+                let (Ok(name), Ok(value)) = (name, value) else {
+                    return Err(bad(
+                        "OTEL_EXPORTER_OTLP_HEADERS",
+                        n,
+                        "not a valid HTTP header",
+                    ));
+                };
+                map.insert(name, value);
+            }
+            map.insert(
+                reqwest::header::CONTENT_TYPE,
+                reqwest::header::HeaderValue::from_static("application/x-protobuf"),
+            );
+            let client = Client::default();
+            Ok(Box::new(move |body| {
+                client.post(&url, map.clone(), body, timeout)
+            }))
+        }
+        Transport::Grpc => super::grpc::sender(&url, &headers, timeout, grpc_runtime()?),
+    }
+}
+
+/// The resource's attributes as the span envelope carries them.
+fn resource_attrs(resource: &opentelemetry_sdk::Resource) -> Vec<(String, record::Value)> {
+    resource
+        .iter()
+        .map(|(k, v)| {
+            let v = match v {
+                opentelemetry::Value::String(s) => record::Value::Str(s.to_string()),
+                opentelemetry::Value::I64(n) => record::Value::Int(*n),
+                opentelemetry::Value::Bool(b) => record::Value::Bool(*b),
+                other => record::Value::Str(other.to_string()),
+            };
+            (k.to_string(), v)
+        })
+        .collect()
+}
+
+/// The pipeline the standard variables describe; metrics go over OTLP as well unless
+/// `OTEL_METRICS_EXPORTER=none`.
 pub(super) fn from_env() -> Result<Pipeline, TelemetryError> {
     let traces = transport("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")?;
+    no_compression()?;
     let sample = sampler()?;
     let resource = opentelemetry_sdk::Resource::builder()
         .with_service_name(std::env::var("OTEL_SERVICE_NAME").unwrap_or_else(|_| "dagloop".into()))
@@ -336,24 +502,22 @@ pub(super) fn from_env() -> Result<Pipeline, TelemetryError> {
         let t = transport("OTEL_EXPORTER_OTLP_METRICS_PROTOCOL")?;
         super::export_metrics::install(metric_exporter(t)?, resource.clone())?;
     }
-    let exporter = span_exporter(traces)?;
-    let mut processor = BatchSpanProcessor::builder(exporter)
-        .with_batch_config(batch_config())
-        .build();
-    processor.set_resource(&resource);
-    let processor = Arc::new(Batch {
-        processor,
-        scope: scope(),
-    });
-    let flusher = processor.clone();
+    let envelope = Envelope::new(
+        &resource_attrs(&resource),
+        "dagloop",
+        env!("CARGO_PKG_VERSION"),
+    );
+    let exporter = send::Otlp::start(batch_settings()?, envelope, traces_sender(traces)?)
+        .map_err(|e| TelemetryError::Exporter(format!("no thread to send spans from: {e}")))?;
+    let exporter = Arc::new(exporter);
+    let flusher = exporter.clone();
+    let limit = timeout()?.saturating_add(Duration::from_secs(1));
     Ok(Pipeline {
-        export: processor,
+        export: exporter,
         sample,
         content: super::content_from_env(),
         flush: Box::new(move || {
-            if let Err(e) = flusher.processor.force_flush() {
-                tracing::warn!("OpenTelemetry spans could not be sent: {e}");
-            }
+            flusher.flush(limit);
             super::export_metrics::flush();
         }),
     })

@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 use std::sync::{Mutex, OnceLock};
 
 use opentelemetry::KeyValue;
-use opentelemetry::metrics::{Counter, Histogram, Meter, MeterProvider as _};
+use opentelemetry::metrics::{Histogram, Meter, MeterProvider as _};
 use opentelemetry_sdk::metrics::{PeriodicReader, SdkMeterProvider};
 
 use super::TelemetryError;
@@ -21,7 +21,6 @@ use super::metrics;
 static PROVIDER: OnceLock<SdkMeterProvider> = OnceLock::new();
 
 enum Instrument {
-    Counter(Counter<u64>),
     Histogram(Histogram<f64>),
 }
 
@@ -76,17 +75,36 @@ fn attribute(label: &str) -> &'static str {
     }
 }
 
+/// A counter's OTLP attributes.
+fn attributes(labels: &[(&'static str, String)]) -> Vec<KeyValue> {
+    labels
+        .iter()
+        .map(|(k, v)| KeyValue::new(attribute(k), v.clone()))
+        .collect()
+}
+
+/// The counter `name` as an observable counter: its totals are read from `metrics` when the
+/// reader collects, so counting costs the span worker no SDK work per call.
+fn observe(meter: &Meter, name: &'static str) {
+    let Some((otel, unit, description)) = describe(name) else {
+        return;
+    };
+    // Kept by the meter provider (it calls the callback on every collection).
+    let _counter = meter
+        .u64_observable_counter(otel)
+        .with_unit(unit)
+        .with_description(description)
+        .with_callback(move |o| {
+            for (labels, n) in metrics::totals(name) {
+                o.observe(n, &attributes(&labels));
+            }
+        })
+        .build();
+}
+
 fn instrument(meter: &Meter, name: &'static str) -> Option<Instrument> {
     let (otel, unit, description) = describe(name)?;
-    Some(if name.ends_with("_total") {
-        Instrument::Counter(
-            meter
-                .u64_counter(otel)
-                .with_unit(unit)
-                .with_description(description)
-                .build(),
-        )
-    } else {
+    Some({
         let bounds = if unit == "s" {
             SECONDS.to_vec()
         } else {
@@ -117,6 +135,9 @@ pub(super) fn install(
     if PROVIDER.set(provider).is_err() {
         return Ok(());
     }
+    for counter in ["dagloop_runs_finished_total", "dagloop_calls_total"] {
+        observe(&meter, counter);
+    }
     let instruments: Mutex<BTreeMap<&'static str, Option<Instrument>>> = Mutex::default();
     metrics::set_sink(Box::new(move |name, labels, value| {
         let Ok(mut known) = instruments.lock() else {
@@ -136,7 +157,6 @@ pub(super) fn install(
             attrs.push(KeyValue::new("gen_ai.operation.name", "chat"));
         }
         match i {
-            Instrument::Counter(c) => c.add(1, &attrs),
             Instrument::Histogram(h) => h.record(value, &attrs),
         }
     }));

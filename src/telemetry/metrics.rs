@@ -4,8 +4,9 @@
 //!
 //! Hand-rolled (a map behind a mutex and a text writer) rather than a metrics crate: a dozen
 //! series do not need one. Nothing is counted until [`enable`] is called (the server does, and
-//! so does any process exporting over OTLP). Every value counted here is also handed to the
-//! [`Sink`] when one is set (the OTLP metrics exporter, `export_metrics`).
+//! so does any process exporting over OTLP). Every value of a distribution is also handed to
+//! the [`Sink`] when one is set (the OTLP metrics exporter, `export_metrics`), which reads the
+//! counters' [`totals`] when it collects.
 //!
 //! Deliberately not here: labels from anything a user wrote other than tool and model names
 //! (never params, results or principals).
@@ -41,7 +42,11 @@ pub fn set_sink(sink: Sink) -> bool {
 }
 
 fn add(name: &'static str, labels: Vec<(&'static str, String)>, value: f64) {
-    if let Some(sink) = SINK.get() {
+    // Counters are read when metrics are collected ([`totals`]); only distributions need each
+    // value as it comes.
+    if !name.ends_with("_total")
+        && let Some(sink) = SINK.get()
+    {
         sink(name, &labels, value);
     }
     if let Ok(mut s) = SERIES.lock() {
@@ -49,6 +54,20 @@ fn add(name: &'static str, labels: Vec<(&'static str, String)>, value: f64) {
         e.0 += 1;
         e.1 += value;
     }
+}
+
+/// Every series of the counter `name` (a `_total` one) with its count so far: what an
+/// observable counter reports when metrics are collected, so counting a call costs no
+/// exporter work.
+pub fn totals(name: &str) -> Vec<(Vec<(&'static str, String)>, u64)> {
+    let Ok(series) = SERIES.lock() else {
+        return Vec::new();
+    };
+    series
+        .iter()
+        .filter(|((n, _), _)| *n == name)
+        .map(|((_, labels), (count, _))| (labels.clone(), *count))
+        .collect()
 }
 
 /// A run ended with `status`.

@@ -23,6 +23,12 @@ pub mod spans;
 mod export;
 #[cfg(feature = "otel")]
 mod export_metrics;
+#[cfg(feature = "otel")]
+mod grpc;
+#[cfg(feature = "otel")]
+pub mod otlp;
+#[cfg(feature = "otel")]
+pub mod send;
 
 use std::sync::{Arc, OnceLock};
 

@@ -106,6 +106,8 @@ pub struct SpanRecord {
     pub events: Vec<SpanEvent>,
     /// Links.
     pub links: Vec<Link>,
+    /// Links left out past the exporter's limit (`OTEL_SPAN_LINK_COUNT_LIMIT`).
+    pub dropped_links: u32,
     /// The error that ended it, when it failed.
     pub error: Option<String>,
 }

@@ -26,7 +26,17 @@ use crate::protocol::{Event, EventKind, Millis};
 pub trait SpanExport: Send + Sync {
     /// Takes one finished span (never blocks on the network).
     fn export(&self, span: SpanRecord);
+
+    /// How many links a span keeps; the rest are counted in `dropped_links`. The
+    /// OpenTelemetry default (`OTEL_SPAN_LINK_COUNT_LIMIT`) is 128: a fan-in that waited on a
+    /// fan-out of thousands would otherwise make a span of megabytes, which collectors refuse.
+    fn link_limit(&self) -> usize {
+        LINK_LIMIT
+    }
 }
+
+/// Links a span keeps unless its exporter says otherwise.
+pub const LINK_LIMIT: usize = 128;
 
 /// Spans handed to an exporter by this process, every run's ([`exported`]).
 static EXPORTED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
@@ -236,13 +246,18 @@ impl RunSpans {
         self.keys.span_id(what, key, incarnation)
     }
 
-    fn emit(&self, span: SpanRecord) {
+    fn emit(&self, mut span: SpanRecord) {
         // Spans replayed from the journal were exported by the process that made them; only
         // calls are reported again (marked, under a span id of their own).
         if span.attr("dagloop.replayed").is_some() && !span.name.starts_with("execute_tool") {
             return;
         }
         if let Some(x) = &self.export {
+            let limit = x.link_limit();
+            if span.links.len() > limit {
+                span.dropped_links = u32::try_from(span.links.len() - limit).unwrap_or(u32::MAX);
+                span.links.truncate(limit);
+            }
             EXPORTED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             x.export(span);
         }
@@ -264,6 +279,7 @@ impl RunSpans {
             attrs,
             events: Vec::new(),
             links: Vec::new(),
+            dropped_links: 0,
             error: None,
         }
     }

@@ -4,8 +4,11 @@
 
 use std::sync::{Arc, Mutex};
 
-/// What the receiver got: (path, content type, body).
-pub type Received = Arc<Mutex<Vec<(String, String, Vec<u8>)>>>;
+/// One request the receiver got: (path, content type, body, every header as name and value).
+pub type Request = (String, String, Vec<u8>, Vec<(String, String)>);
+
+/// What the receiver got.
+pub type Received = Arc<Mutex<Vec<Request>>>;
 
 /// Starts a receiver; returns its base URL (for `OTEL_EXPORTER_OTLP_ENDPOINT`) and what it gets.
 pub async fn receiver() -> (String, Received) {
@@ -22,9 +25,21 @@ pub async fn receiver() -> (String, Received) {
                     .and_then(|v| v.to_str().ok())
                     .unwrap_or("")
                     .to_string();
-                got.lock()
-                    .expect("received")
-                    .push((uri.path().to_string(), kind, body.to_vec()));
+                let all = headers
+                    .iter()
+                    .map(|(n, v)| {
+                        (
+                            n.to_string(),
+                            String::from_utf8_lossy(v.as_bytes()).into_owned(),
+                        )
+                    })
+                    .collect();
+                got.lock().expect("received").push((
+                    uri.path().to_string(),
+                    kind,
+                    body.to_vec(),
+                    all,
+                ));
                 ""
             },
         ))
@@ -70,7 +85,7 @@ pub fn spans(got: &Received) -> Vec<Span> {
     use prost::Message;
     let got = got.lock().expect("received").clone();
     let mut out = Vec::new();
-    for (path, kind, body) in got.iter().filter(|(p, _, _)| p == "/v1/traces") {
+    for (path, kind, body, _) in got.iter().filter(|(p, _, _, _)| p == "/v1/traces") {
         assert_eq!(kind, "application/x-protobuf", "{path}");
         let req = ExportTraceServiceRequest::decode(body.as_slice()).expect("OTLP traces");
         for s in req
