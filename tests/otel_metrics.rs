@@ -1,5 +1,7 @@
 //! `GET /metrics` of `dagloop serve` after a run: the Prometheus text format parses, and the
-//! run, its calls, the approval wait, the model turns and the journal commits are counted.
+//! run, its calls, the approval wait, the model turns and the journal commits are counted. And
+//! what `dagloop run` sends over OTLP/HTTP to a receiver on loopback: metrics, and spans with
+//! the endpoint, headers and limits the `OTEL_*` variables give.
 
 #[path = "common/bin.rs"]
 mod bin;

@@ -28,9 +28,9 @@ use super::otlp::Envelope;
 use super::record::{self, SpanRecord};
 use super::{Pipeline, SpanExport, TelemetryError, ids, send};
 
-/// OTLP over HTTP through the project's reqwest client. The batch processor calls it from its
-/// own thread, outside any tokio runtime: the client runs on a small runtime of its own, made
-/// on first use.
+/// OTLP over HTTP through the project's reqwest client. The span sender (`send`) and the SDK's
+/// metrics reader call it from their own threads, outside any tokio runtime: the client runs on
+/// a small runtime of its own, made on first use.
 #[derive(Debug, Default)]
 struct Client {
     inner: OnceLock<Option<(tokio::runtime::Runtime, reqwest::Client)>>,

@@ -20,10 +20,6 @@ use super::metrics;
 
 static PROVIDER: OnceLock<SdkMeterProvider> = OnceLock::new();
 
-enum Instrument {
-    Histogram(Histogram<f64>),
-}
-
 /// Seconds, from 5 ms to 5 minutes.
 const SECONDS: [f64; 14] = [
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
@@ -102,26 +98,26 @@ fn observe(meter: &Meter, name: &'static str) {
         .build();
 }
 
-fn instrument(meter: &Meter, name: &'static str) -> Option<Instrument> {
+/// The histogram of a distribution of `metrics` (None: not exported).
+fn histogram(meter: &Meter, name: &'static str) -> Option<Histogram<f64>> {
     let (otel, unit, description) = describe(name)?;
-    Some({
-        let bounds = if unit == "s" {
-            SECONDS.to_vec()
-        } else {
-            TOKENS.to_vec()
-        };
-        Instrument::Histogram(
-            meter
-                .f64_histogram(otel)
-                .with_unit(unit)
-                .with_description(description)
-                .with_boundaries(bounds)
-                .build(),
-        )
-    })
+    let bounds = if unit == "s" {
+        SECONDS.to_vec()
+    } else {
+        TOKENS.to_vec()
+    };
+    Some(
+        meter
+            .f64_histogram(otel)
+            .with_unit(unit)
+            .with_description(description)
+            .with_boundaries(bounds)
+            .build(),
+    )
 }
 
-/// Installs the meter provider and hands it every value `metrics` counts from now on.
+/// Installs the meter provider: counters observed from `metrics`' totals, and every value of a
+/// distribution `metrics` counts from now on recorded in its histogram.
 pub(super) fn install(
     exporter: opentelemetry_otlp::MetricExporter,
     resource: opentelemetry_sdk::Resource,
@@ -138,27 +134,19 @@ pub(super) fn install(
     for counter in ["dagloop_runs_finished_total", "dagloop_calls_total"] {
         observe(&meter, counter);
     }
-    let instruments: Mutex<BTreeMap<&'static str, Option<Instrument>>> = Mutex::default();
+    let histograms: Mutex<BTreeMap<&'static str, Option<Histogram<f64>>>> = Mutex::default();
     metrics::set_sink(Box::new(move |name, labels, value| {
-        let Ok(mut known) = instruments.lock() else {
+        let Ok(mut known) = histograms.lock() else {
             return;
         };
-        let Some(i) = known
-            .entry(name)
-            .or_insert_with(|| instrument(&meter, name))
-        else {
+        let Some(h) = known.entry(name).or_insert_with(|| histogram(&meter, name)) else {
             return;
         };
-        let mut attrs: Vec<KeyValue> = labels
-            .iter()
-            .map(|(k, v)| KeyValue::new(attribute(k), v.clone()))
-            .collect();
+        let mut attrs = attributes(labels);
         if name.starts_with("dagloop_model_") {
             attrs.push(KeyValue::new("gen_ai.operation.name", "chat"));
         }
-        match i {
-            Instrument::Histogram(h) => h.record(value, &attrs),
-        }
+        h.record(value, &attrs);
     }));
     metrics::enable();
     Ok(())
