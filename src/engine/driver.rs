@@ -547,7 +547,8 @@ impl Driver {
     /// Hands journaled `entries` to the machine, publishing its events and performing the rest.
     fn apply(&mut self, entries: Vec<JournalEntry>) {
         let (mut actions, mut rest) = std::mem::take(&mut self.scratch);
-        for mut entry in entries {
+        let last = entries.len();
+        for (i, mut entry) in entries.into_iter().enumerate() {
             let input = entry.input.split_for_machine();
             let at = entry.at;
             if let RunInput::TimerFired { timer } = &input {
@@ -574,12 +575,17 @@ impl Driver {
                         other => rest.push(other),
                     }
                 }
+                // The batch's events go to the span worker together (`telemetry::feed`).
+                if i + 1 == last
+                    && let Some(spans) = &mut log.spans
+                {
+                    spans.flush();
+                }
             }
             for a in rest.drain(..) {
                 self.perform(a);
             }
         }
-        self.shared.flush_spans();
         actions.shrink_to(SCRATCH_KEPT);
         rest.shrink_to(SCRATCH_KEPT);
         self.scratch = (actions, rest);

@@ -76,18 +76,6 @@ pub(super) struct Log {
 }
 
 impl Shared {
-    /// Hands the events published so far to the span worker (see `telemetry::feed`): the driver
-    /// calls it after each batch of inputs it handled.
-    pub fn flush_spans(&self) {
-        let mut log = match self.log.lock() {
-            Ok(l) => l,
-            Err(p) => p.into_inner(),
-        };
-        if let Some(spans) = &mut log.spans {
-            spans.flush();
-        }
-    }
-
     /// Publishes events under the log lock (so a new subscriber's cut is consistent).
     pub fn publish(&self, log: &mut Log, event: Event) {
         let (ephemeral, seq) = (event.kind.is_ephemeral(), event.seq);

@@ -103,12 +103,24 @@ impl Otlp {
         })
     }
 
-    /// Sends everything ended so far and waits (at most `limit`) until it was sent.
+    /// Sends everything ended so far and waits (at most `limit` in all, even when the
+    /// collector does not answer and the queue is full) until it was sent.
     pub fn flush(&self, limit: Duration) {
+        let until = std::time::Instant::now() + limit;
         let (done, wait) = mpsc::sync_channel(1);
-        if self.tx.send(Msg::Flush(done)).is_ok() {
-            let _ = wait.recv_timeout(limit);
+        let mut msg = Msg::Flush(done);
+        loop {
+            match self.tx.try_send(msg) {
+                Ok(()) => break,
+                Err(mpsc::TrySendError::Full(m)) if std::time::Instant::now() < until => {
+                    msg = m;
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                Err(_) => return,
+            }
         }
+        let left = until.saturating_duration_since(std::time::Instant::now());
+        let _ = wait.recv_timeout(left);
     }
 }
 
