@@ -353,7 +353,8 @@ fn batch_settings() -> Result<send::Settings, TelemetryError> {
     Ok(send::Settings {
         batch: usize::try_from(number("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", 512)?).unwrap_or(512),
         queue: usize::try_from(number("OTEL_BSP_MAX_QUEUE_SIZE", QUEUE as u64)?).unwrap_or(QUEUE),
-        delay: Duration::from_millis(number("OTEL_BSP_SCHEDULE_DELAY", 5_000)?),
+        // At least a millisecond: 0 would have the sending thread spin.
+        delay: Duration::from_millis(number("OTEL_BSP_SCHEDULE_DELAY", 5_000)?.max(1)),
         links: usize::try_from(number(
             "OTEL_SPAN_LINK_COUNT_LIMIT",
             super::spans::LINK_LIMIT as u64,
@@ -420,7 +421,9 @@ fn no_compression() -> Result<(), TelemetryError> {
 /// Where spans go: the traces endpoint as given, else the general one (with `/v1/traces` for
 /// HTTP), else the collector's default address on this machine.
 fn traces_endpoint(t: Transport) -> String {
-    if let (_, Some(url)) = either("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "-") {
+    if let Ok(url) = std::env::var("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+        && !url.trim().is_empty()
+    {
         return url.trim().to_string();
     }
     let base = std::env::var("OTEL_EXPORTER_OTLP_ENDPOINT")
