@@ -28,8 +28,7 @@ const FIXED32: u64 = 5;
 /// `CONTEXT_HAS_IS_REMOTE` (the remote bit itself is clear).
 const FLAGS: u32 = 0x01 | 0x100;
 
-/// A base-128 varint, written a byte at a time into space the caller reserved (prost's own
-/// writer goes through `BufMut` and checks capacity for every byte).
+/// A base-128 varint, pushed onto the buffer (prost's own writer goes through `BufMut`).
 fn encode_varint(mut n: u64, buf: &mut Vec<u8>) {
     while n >= 0x80 {
         buf.push((n as u8) | 0x80);
@@ -130,9 +129,14 @@ fn attrs_len(field: u64, attrs: &[(&'static str, Value)]) -> usize {
 
 fn attrs(buf: &mut Vec<u8>, field: u64, attrs: &[(&'static str, Value)]) {
     for (k, v) in attrs {
-        header(buf, field, kv_len(k, v));
+        let value = any_len(v);
+        header(
+            buf,
+            field,
+            delimited_len(1, k.len()) + delimited_len(2, value),
+        );
         bytes(buf, 1, k.as_bytes());
-        header(buf, 2, any_len(v));
+        header(buf, 2, value);
         any(buf, v);
     }
 }

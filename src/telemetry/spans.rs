@@ -19,6 +19,7 @@ use serde_json::Value as Json;
 use super::ids::{self, SpanId, TraceId};
 use super::metrics;
 use super::record::{Attrs, Kind, Link, SpanEvent, SpanRecord, Value};
+use crate::fxhash::FxHashMap;
 use crate::machine::{AgentConfig, JournalEntry, RunInput};
 use crate::protocol::{Event, EventKind, Millis};
 
@@ -103,7 +104,7 @@ pub struct RunSpans {
     /// The incarnation of this process (0 for a new run, n after the n-th resume).
     own: u32,
     /// The incarnation each finished call ran in.
-    done: BTreeMap<u64, u32>,
+    done: FxHashMap<u64, u32>,
     /// Journal entries already looked at.
     scanned: usize,
     root: Option<Open>,
@@ -114,7 +115,7 @@ pub struct RunSpans {
     nested: BTreeMap<Frame, Open>,
     steps: BTreeMap<Frame, (u32, Open)>,
     turns: BTreeMap<Frame, Turn>,
-    calls: BTreeMap<u64, CallState>,
+    calls: FxHashMap<u64, CallState>,
     /// The last call that wrote each path.
     writers: BTreeMap<String, u64>,
     /// Usage reported for each frame since its turn was last closed.
@@ -160,7 +161,7 @@ impl RunSpans {
                     .filter(|e| matches!(e.input, RunInput::Resumed))
                     .count() as u32
             },
-            done: BTreeMap::new(),
+            done: FxHashMap::default(),
             scanned: 0,
             root: None,
             workflow: !config.delegates.is_empty(),
@@ -169,7 +170,7 @@ impl RunSpans {
             nested: BTreeMap::new(),
             steps: BTreeMap::new(),
             turns: BTreeMap::new(),
-            calls: BTreeMap::new(),
+            calls: FxHashMap::default(),
             writers: BTreeMap::new(),
             usage: BTreeMap::new(),
         };
@@ -264,7 +265,9 @@ impl RunSpans {
     }
 
     fn span(&self, name: String, parent: Option<SpanId>, open: &Open, end: Millis) -> SpanRecord {
-        let mut attrs: Attrs = vec![("dagloop.run.id", Value::from(&*self.run_id))];
+        // Room for the most any span sets (a call's), so that adding them never reallocates.
+        let mut attrs: Attrs = Vec::with_capacity(14);
+        attrs.push(("dagloop.run.id", Value::from(&*self.run_id)));
         if open.replayed {
             attrs.push(("dagloop.replayed", Value::Bool(true)));
         }
