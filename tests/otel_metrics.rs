@@ -472,3 +472,42 @@ async fn a_fan_in_span_keeps_128_links_and_counts_the_rest() {
     assert_eq!(fan_in.links.len(), 128);
     assert_eq!(fan_in.dropped_links_count, 2);
 }
+
+/// With content recorded, `OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT` cuts every string attribute
+/// to that many characters (a large result would otherwise make a request collectors refuse).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn string_attributes_are_cut_to_the_value_length_limit() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let (url, _) = counting_service().await;
+    let (endpoint, got) = otlp::receiver().await;
+    let out = run_exporting(
+        dir.path(),
+        &goal(dir.path(), &url, "auto"),
+        &endpoint,
+        &[
+            ("OTEL_METRICS_EXPORTER", "none"),
+            ("DAGLOOP_OTEL_CONTENT", "on"),
+            ("OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT", "6"),
+        ],
+    )
+    .await;
+    succeeded(&out);
+    let spans = otlp::spans(&got);
+    let calls: Vec<_> = spans
+        .iter()
+        .filter(|s| s.name == "execute_tool step")
+        .collect();
+    assert_eq!(calls.len(), 2, "{spans:#?}");
+    for c in &calls {
+        let args = c.attrs["gen_ai.tool.call.arguments"].as_str().unwrap_or("");
+        assert!(args.starts_with(r#"{"n":"#), "{c:#?}");
+        assert_eq!(args.chars().count(), 6, "{c:#?}");
+    }
+    for s in &spans {
+        for (k, v) in &s.attrs {
+            if let Some(text) = v.as_str() {
+                assert!(text.chars().count() <= 6, "{}: {k} = {text}", s.name);
+            }
+        }
+    }
+}

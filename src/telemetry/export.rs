@@ -360,6 +360,13 @@ fn batch_settings() -> Result<send::Settings, TelemetryError> {
             super::spans::LINK_LIMIT as u64,
         )?)
         .unwrap_or(super::spans::LINK_LIMIT),
+        values: match either(
+            "OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT",
+            "OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT",
+        ) {
+            (var, Some(_)) => Some(usize::try_from(number(var, 0)?).unwrap_or(usize::MAX)),
+            (_, None) => None,
+        },
     })
 }
 

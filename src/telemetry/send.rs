@@ -33,6 +33,8 @@ pub(super) struct Settings {
     pub delay: Duration,
     /// Links a span keeps (`OTEL_SPAN_LINK_COUNT_LIMIT`).
     pub links: usize,
+    /// Characters a string attribute keeps (None: all).
+    pub values: Option<usize>,
 }
 
 static DROPPED: AtomicU64 = AtomicU64::new(0);
@@ -76,6 +78,7 @@ pub(super) struct Otlp {
     tx: mpsc::SyncSender<Msg>,
     batch: usize,
     links: usize,
+    values: Option<usize>,
 }
 
 impl Otlp {
@@ -100,6 +103,7 @@ impl Otlp {
             tx,
             batch,
             links: settings.links,
+            values: settings.values,
         })
     }
 
@@ -127,6 +131,10 @@ impl Otlp {
 impl SpanExport for Otlp {
     fn link_limit(&self) -> usize {
         self.links
+    }
+
+    fn value_limit(&self) -> Option<usize> {
+        self.values
     }
 
     fn export(&self, span: SpanRecord) {

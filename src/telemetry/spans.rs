@@ -34,6 +34,19 @@ pub trait SpanExport: Send + Sync {
     fn link_limit(&self) -> usize {
         LINK_LIMIT
     }
+
+    /// The most characters a string attribute keeps (`OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT`,
+    /// `OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT`); None: no limit, the OpenTelemetry default.
+    fn value_limit(&self) -> Option<usize> {
+        None
+    }
+}
+
+/// Cuts `s` to its first `limit` characters.
+fn cut(s: &mut String, limit: usize) {
+    if let Some((at, _)) = s.char_indices().nth(limit) {
+        s.truncate(at);
+    }
 }
 
 /// Links a span keeps unless its exporter says otherwise.
@@ -258,6 +271,15 @@ impl RunSpans {
             if span.links.len() > limit {
                 span.dropped_links = u32::try_from(span.links.len() - limit).unwrap_or(u32::MAX);
                 span.links.truncate(limit);
+            }
+            if let Some(limit) = x.value_limit() {
+                for (_, v) in &mut span.attrs {
+                    match v {
+                        Value::Str(s) => cut(s, limit),
+                        Value::Strs(list) => list.iter_mut().for_each(|s| cut(s, limit)),
+                        Value::Int(_) | Value::Bool(_) => {}
+                    }
+                }
             }
             EXPORTED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             x.export(span);
