@@ -511,3 +511,55 @@ async fn string_attributes_are_cut_to_the_value_length_limit() {
         }
     }
 }
+
+/// A server that keeps running sends the spans of a batch that never fills every
+/// `OTEL_BSP_SCHEDULE_DELAY`, not only when it exits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_running_server_sends_its_spans_on_schedule() {
+    use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+    use prost::Message;
+    let dir = tempfile::tempdir().expect("tmp");
+    let (url, _) = counting_service().await;
+    let (endpoint, got) = otlp::receiver().await;
+    let s = Server::start_with(&dir.path().join("runs.db"), None, |c| {
+        c.env("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint)
+            .env("OTEL_METRICS_EXPORTER", "none")
+            .env("OTEL_BSP_SCHEDULE_DELAY", "100")
+            .env("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "1000")
+            .env_remove("OTEL_SDK_DISABLED")
+            .env_remove("OTEL_EXPORTER_OTLP_PROTOCOL");
+    });
+    let id = create(&s, &goal(dir.path(), &url, "auto")).await;
+    until(&s, &id, |v| v["status"] == "succeeded").await;
+    // The server is still up and a batch holds 1,000 spans: only the schedule sends these.
+    let mut tools = Vec::new();
+    for _ in 0..200 {
+        let requests = got.lock().expect("received").clone();
+        tools.clear();
+        for (_, _, body, _) in &requests {
+            let req = ExportTraceServiceRequest::decode(body.as_slice()).expect("OTLP traces");
+            let spans: Vec<_> = req
+                .resource_spans
+                .iter()
+                .flat_map(|r| &r.scope_spans)
+                .flat_map(|s| &s.spans)
+                .collect();
+            tools.extend(
+                spans
+                    .iter()
+                    .filter(|s| s.name == "execute_tool step")
+                    .map(|s| s.name.clone()),
+            );
+        }
+        if tools.len() == 2 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        tools.len(),
+        2,
+        "the calls' spans never arrived while the server ran"
+    );
+    drop(s);
+}

@@ -256,13 +256,8 @@ enum Transport {
 /// The transport of a signal: its own `OTEL_EXPORTER_OTLP_{SIGNAL}_PROTOCOL`, else the general
 /// one; an unknown value is refused, never ignored.
 fn transport(signal: &'static str) -> Result<Transport, TelemetryError> {
-    let (var, value) = match std::env::var(signal) {
-        Ok(v) if !v.trim().is_empty() => (signal, v),
-        _ => (
-            "OTEL_EXPORTER_OTLP_PROTOCOL",
-            std::env::var("OTEL_EXPORTER_OTLP_PROTOCOL").unwrap_or_default(),
-        ),
-    };
+    let (var, value) = either(signal, "OTEL_EXPORTER_OTLP_PROTOCOL");
+    let value = value.unwrap_or_default();
     match value.trim() {
         "" | "http/protobuf" => Ok(Transport::Http),
         "grpc" => {
