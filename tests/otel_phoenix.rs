@@ -410,6 +410,11 @@ fn spans_reach_phoenix_over_grpc() {
             "OTEL_EXPORTER_OTLP_ENDPOINT",
             format!("http://127.0.0.1:{}", p.grpc_port),
         )
+        // Sent as gRPC metadata, with a capital in the name (metadata names are lower case).
+        .env(
+            "OTEL_EXPORTER_OTLP_HEADERS",
+            "X-Team=agents,authorization=Bearer%20abc",
+        )
         .args(["run", "--json"])
         .arg(repo("examples/delegate/goal.json"))
         .current_dir(repo("examples/delegate"))
