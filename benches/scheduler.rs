@@ -252,6 +252,7 @@ async fn run(calls: Vec<Value>, gap_ms: u64) -> Run {
         }
     });
     let agent = builder.build().expect("agent");
+    let cpu0 = cpu_ms();
     let t0 = Instant::now();
     let handle = agent.start();
     let mut events = handle.subscribe_from(0);
@@ -266,6 +267,7 @@ async fn run(calls: Vec<Value>, gap_ms: u64) -> Run {
     });
     let result = handle.wait().await;
     let makespan = t0.elapsed().as_secs_f64() * 1000.0;
+    let cpu_ms = cpu_ms() - cpu0;
     assert_eq!(result.status, RunStatus::Succeeded, "{:?}", result.error);
     assert_eq!(result.count(CallStatus::Done), n, "every call ran");
     let (arrivals, replayed) = watcher.await.unwrap_or_default();
@@ -285,6 +287,7 @@ async fn run(calls: Vec<Value>, gap_ms: u64) -> Run {
         durations,
         replayed,
         journal_replays,
+        cpu_ms,
     }
 }
 
@@ -325,6 +328,35 @@ struct Run {
     replayed: u64,
     /// Times the run's journal was replayed to make events for the subscriber.
     journal_replays: u32,
+    /// CPU time the process spent while it ran (every thread's but the OTLP sink's), ms.
+    cpu_ms: f64,
+}
+
+/// The thread the OTLP rows' sink runs on: a collector's work, not the run's.
+const SINK_THREAD: &str = "bench-sink";
+
+/// CPU time this process's threads have spent so far, in ms, from each thread's
+/// `/proc/self/task/*/schedstat` (nanoseconds on a CPU), leaving out the sink's thread. Threads
+/// that ended are not counted: the runtime's keep their threads for the whole benchmark.
+fn cpu_ms() -> f64 {
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return f64::NAN;
+    };
+    let mut ns = 0u64;
+    for t in tasks.flatten() {
+        let dir = t.path();
+        let comm = std::fs::read_to_string(dir.join("comm")).unwrap_or_default();
+        if comm.trim_end() == SINK_THREAD {
+            continue;
+        }
+        let stat = std::fs::read_to_string(dir.join("schedstat")).unwrap_or_default();
+        ns += stat
+            .split_whitespace()
+            .next()
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(0);
+    }
+    ns as f64 / 1e6
 }
 
 /// Bytes the scheduler keeps per waiting call: the root never finishes, so the others wait.
@@ -449,8 +481,13 @@ where
     for _ in 0..3 {
         runs.push(f().await);
     }
+    // The median CPU time of the three, beside the run of median makespan.
+    let mut cpu: Vec<f64> = runs.iter().map(|r| r.cpu_ms).collect();
+    cpu.sort_by(f64::total_cmp);
     runs.sort_by(|a, b| a.makespan.total_cmp(&b.makespan));
-    runs.swap_remove(1)
+    let mut r = runs.swap_remove(1);
+    r.cpu_ms = cpu[1];
+    r
 }
 
 /// Prints a sleep workload: the ratio to the nominal critical path, and (extra fields) to the
@@ -511,6 +548,10 @@ async fn zero_line(workload: &str, calls: Vec<Value>, dag: &Dag) {
     let ideal = ideal_us_per_call(dag).await;
     let core = core_only(as_calls(calls));
     let us = m * 1000.0 / n as f64;
+    let cpu = r.cpu_ms * 1000.0 / n as f64;
+    if let Ok(mut rows) = ZERO_ROWS.lock() {
+        rows.push((workload.to_string(), us, cpu));
+    }
     let round = |x: f64| (x * 1000.0).round() / 1000.0;
     line(
         workload,
@@ -520,6 +561,7 @@ async fn zero_line(workload: &str, calls: Vec<Value>, dag: &Dag) {
         Some(us),
         Some(bytes),
         json!({
+            "cpu_us_per_call": round(cpu),
             "tokio_ideal_us_per_call": round(ideal),
             "ratio_to_ideal": round(us / ideal),
             "core_only_us_per_call": round(core),
@@ -529,6 +571,9 @@ async fn zero_line(workload: &str, calls: Vec<Value>, dag: &Dag) {
         }),
     );
 }
+
+/// Each zero-latency row printed so far: (workload, µs per call, CPU µs per call).
+static ZERO_ROWS: Mutex<Vec<(String, f64, f64)>> = Mutex::new(Vec::new());
 
 /// Sleep workloads: dagloop's ratio beside the tokio-ideal ratio of the same graph.
 async fn sleep_workload(workload: &str, dag: &Dag) {
@@ -636,7 +681,8 @@ async fn otel_rows(want: &dyn Fn(&str) -> bool) {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("sink");
     listener.set_nonblocking(true).expect("sink");
     let addr = listener.local_addr().expect("addr");
-    std::thread::spawn(move || {
+    let sink_thread = std::thread::Builder::new().name(SINK_THREAD.into());
+    let _sink = sink_thread.spawn(move || {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -688,6 +734,22 @@ async fn otel_rows(want: &dyn Fn(&str) -> bool) {
         json!({"workload": "otel_export", "spans_exported": dagloop::telemetry::spans::exported(),
                "spans_dropped": dagloop::telemetry::send::dropped(), "spans_received": received})
     );
+    // What tracing adds per call: each `_otel` row against the same workload without export,
+    // earlier in this process (when it ran), in time and in CPU time.
+    let rows = ZERO_ROWS.lock().map(|r| r.clone()).unwrap_or_default();
+    let find = |w: &str| rows.iter().find(|(name, ..)| name == w);
+    for w in ["fanout0", "chain0"] {
+        if let (Some((_, us, cpu)), Some((_, us_on, cpu_on))) =
+            (find(w), find(&format!("{w}_otel")))
+        {
+            let pct = |on: f64, off: f64| ((on / off - 1.0) * 1000.0).round() / 10.0;
+            println!(
+                "{}",
+                json!({"workload": format!("{w}_otel_cost"), "time_added_pct": pct(*us_on, *us),
+                       "cpu_added_pct": pct(*cpu_on, *cpu)})
+            );
+        }
+    }
 }
 
 #[cfg(not(all(feature = "otel", feature = "server")))]

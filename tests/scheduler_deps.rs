@@ -464,3 +464,54 @@ async fn the_validator_refuses_bad_params_after_resolution() {
         Some(CallStatus::Done)
     );
 }
+
+/// The calls a `started` event names (`read_from`): those whose writes the params were
+/// resolved from, which is what a trace links a call's span to. A write that a newer `set`
+/// replaced is not read, so its call is not named; a literal param names nothing.
+#[tokio::test(start_paused = true)]
+async fn a_started_event_names_the_calls_whose_writes_it_read() {
+    let exec = TestExec::new(Instant::now())
+        .with("slow", Behaviour::Sleep(30, Some(json!("slow"))))
+        .with("fast", Behaviour::Sleep(10, Some(json!("fast"))))
+        .with("more", Behaviour::Sleep(5, Some(json!({"m": 1}))));
+    let step = Step::new(vec![tool("slow"), tool("fast"), tool("more"), tool("read")])
+        .at(0, json!({"_tool": "slow", "_outputPath": "†state.x"}))
+        .at(0, json!({"_tool": "fast", "_outputPath": "†state.x"}))
+        .at(0, json!({"_tool": "read", "v": "†state.x"}))
+        .at(
+            0,
+            json!({"_tool": "more", "_outputPath": "†state.y", "_outputMethod": "merge"}),
+        )
+        .at(
+            0,
+            json!({"_tool": "read", "both": ["†state.x", "†state.y.m"], "lit": 2}),
+        )
+        .at(0, json!({"_tool": "read", "lit": 2}));
+    let o = run(step, exec).await;
+    let read_from = |id: u64| {
+        o.events
+            .iter()
+            .find_map(|e| match &e.kind {
+                EventKind::Started { read_from, .. } if e.call == Some(CallId(id)) => {
+                    Some(read_from.clone())
+                }
+                _ => None,
+            })
+            .unwrap_or_else(|| panic!("c{id} started"))
+    };
+    assert_eq!(
+        read_from(3),
+        vec![CallId(1)],
+        "slow's set replaced fast's write: only slow's was read"
+    );
+    assert_eq!(
+        read_from(5),
+        vec![CallId(1), CallId(4)],
+        "in id order, once each"
+    );
+    assert!(
+        read_from(6).is_empty(),
+        "a literal param reads no call's write"
+    );
+    assert!(read_from(1).is_empty());
+}

@@ -296,3 +296,59 @@ fn unknown_fields_are_kept() {
             .unwrap();
     assert_eq!(sol.extra.get("extra"), Some(&json!(1)));
 }
+
+/// `get_from` names the calls whose writes a value was made of: the writes a read replays
+/// (from the newest `set` covering the path), also when the read widens to a prefix (an
+/// array grown by `push`); the goal's own data has no call.
+#[test]
+fn a_read_names_the_calls_whose_writes_it_was_made_of() {
+    let mut s = State::new();
+    let write = |s: &mut State, path: &str, v: Value, m: OutputMethod, by: Option<u64>| {
+        let at = s.len() as u64;
+        s.write(p(path), v, m, by.map(CallId), at);
+    };
+    write(&mut s, "input", json!({"q": "x"}), OutputMethod::Set, None);
+    write(
+        &mut s,
+        "state.a",
+        json!({"x": 1}),
+        OutputMethod::Set,
+        Some(1),
+    );
+    write(
+        &mut s,
+        "state.a",
+        json!({"y": 2}),
+        OutputMethod::Merge,
+        Some(2),
+    );
+    write(&mut s, "state.b", json!(0), OutputMethod::Set, Some(3));
+    let read = |s: &State, path: &str| {
+        let mut by = Vec::new();
+        let v = s.get_from(&p(path), &mut by);
+        by.sort_unstable();
+        by.dedup();
+        (v, by)
+    };
+    assert_eq!(
+        read(&s, "state.a"),
+        (Some(json!({"x": 1, "y": 2})), vec![CallId(1), CallId(2)])
+    );
+    assert_eq!(read(&s, "input.q"), (Some(json!("x")), vec![]));
+    assert_eq!(read(&s, "state.nothing"), (None, vec![]));
+    write(
+        &mut s,
+        "state.a",
+        json!({"z": 3}),
+        OutputMethod::Set,
+        Some(4),
+    );
+    assert_eq!(read(&s, "state.a.z"), (Some(json!(3)), vec![CallId(4)]));
+    write(&mut s, "state.list", json!([1]), OutputMethod::Set, Some(5));
+    write(&mut s, "state.list", json!(2), OutputMethod::Push, Some(6));
+    assert_eq!(
+        read(&s, "state.list[1]"),
+        (Some(json!(2)), vec![CallId(5), CallId(6)])
+    );
+    assert_eq!(s.get(&p("state.list[1]")), Some(json!(2)));
+}

@@ -167,6 +167,9 @@ pub enum EventKind {
         /// The approval rule that asked (a rule's name, `_approval`, `policy:ask`...).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         rule: Option<String>,
+        /// The calls whose writes the presented params were resolved from, in id order.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        read_from: Vec<CallId>,
     },
     /// A reviewer decided, or the policy default applied after a reviewer timeout.
     Decision {
@@ -210,6 +213,11 @@ pub enum EventKind {
         tool: String,
         /// The resolved params.
         params: Map<String, Value>,
+        /// The calls whose writes the params were resolved from (the data it waited on), in id
+        /// order: its dependency edges as they were when it launched. Empty when it read
+        /// nothing a call wrote.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        read_from: Vec<CallId>,
     },
     /// A running call reported progress (an MCP server's `notifications/progress`, or any
     /// activity's progress sink). Live only, like `model_delta`:
@@ -428,6 +436,7 @@ mod tests {
                 params_hash: "00ff".into(),
                 interrupted: true,
                 rule: Some("policy:ask".into()),
+                read_from: vec![CallId(2)],
             },
             EventKind::ModelRetry {
                 attempt: 1,
@@ -509,6 +518,7 @@ mod tests {
             EventKind::Started {
                 tool: "fetch".into(),
                 params: Map::new(),
+                read_from: vec![CallId(3), CallId(7)],
             },
             EventKind::CallProgress {
                 progress: 2.0,

@@ -600,7 +600,7 @@ fn call_event(
                 });
             }
         }
-        EventKind::Started { tool, params } => {
+        EventKind::Started { tool, params, .. } => {
             c.status = "running".into();
             c.started_ms = Some(t);
             c.tool = Some(tool.clone());

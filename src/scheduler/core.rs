@@ -55,6 +55,7 @@ impl Entry {
             interrupted: false,
             refs: Vec::new(),
             value: None,
+            read_from: Vec::new(),
         }
     }
 }
@@ -290,7 +291,10 @@ impl Scheduler {
                 now,
                 out,
             ),
-            Ok(Check::Ready(params)) => self.unblock(ix, params, now, out),
+            Ok(Check::Ready(params, read_from)) => {
+                self.entries[ix].read_from = read_from;
+                self.unblock(ix, params, now, out)
+            }
             Ok(Check::Blocked(at)) => self.block(ix, at, &[], out),
             Ok(Check::Missing { missing, blocked }) if open => {
                 self.block(ix, blocked, &missing, out)

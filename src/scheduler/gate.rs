@@ -127,6 +127,7 @@ impl Scheduler {
                 path: Vec::new(),
                 interrupted,
                 rule,
+                read_from: self.entries[ix].read_from.clone(),
             },
         );
         self.entries[ix].presented = Some(call.clone());
@@ -155,6 +156,7 @@ impl Scheduler {
             EventKind::Started {
                 tool: call.tool.clone(),
                 params: call.params.clone(),
+                read_from: std::mem::take(&mut self.entries[ix].read_from),
             },
         );
         let detached = tool.detached && self.entries[ix].target.is_none();

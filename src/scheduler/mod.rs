@@ -110,6 +110,8 @@ struct Entry {
     /// The result (status done) or the error object (any other finished status), shared with
     /// the state and the call's events.
     value: Option<Arc<Value>>,
+    /// The calls whose writes its params were resolved from (named by `started`).
+    read_from: Vec<CallId>,
 }
 
 impl Entry {

@@ -5,7 +5,7 @@
 
 use serde_json::{Map, Value};
 
-use crate::protocol::{Expression, Path};
+use crate::protocol::{CallId, Expression, Path};
 use crate::state::{Eval, State, StateError};
 
 /// A reference expression found in a call's params, with the JSON pointer to where it sits.
@@ -16,7 +16,8 @@ pub(super) type RefAt = (u32, u32);
 
 /// The outcome of one full check.
 pub(super) enum Check {
-    Ready(Map<String, Value>),
+    /// The resolved params, and the calls whose writes they were read from (sorted, once each).
+    Ready(Map<String, Value>, Vec<CallId>),
     Blocked(Vec<RefAt>),
     Missing {
         missing: Vec<Path>,
@@ -66,8 +67,9 @@ pub(super) fn check(
     let mut values = Vec::with_capacity(refs.len());
     let mut blocked = Vec::new();
     let mut missing = Vec::new();
+    let mut writers = Vec::new();
     for (i, (_, e)) in refs.iter().enumerate() {
-        match state.eval(e, writable)? {
+        match state.eval_from(e, writable, &mut writers)? {
             Eval::Ready(v) => values.push(v),
             Eval::Blocked(ps) => blocked.extend(ps.iter().map(|p| locate(i, e, p))),
             Eval::Missing(ps) => missing.extend(ps),
@@ -83,7 +85,9 @@ pub(super) fn check(
     for ((pointer, _), v) in refs.iter().zip(values) {
         set_pointer(&mut out, pointer, v);
     }
-    Ok(Check::Ready(out))
+    writers.sort_unstable();
+    writers.dedup();
+    Ok(Check::Ready(out, writers))
 }
 
 #[cfg(test)]
@@ -107,7 +111,7 @@ mod tests {
         .expect("call");
         let refs = call.references().expect("refs");
         let never = |_: &Path| false;
-        let Ok(Check::Ready(mine)) = check(&state, &call.params, &refs, &never) else {
+        let Ok(Check::Ready(mine, _)) = check(&state, &call.params, &refs, &never) else {
             panic!("ready expected");
         };
         let Ok(crate::state::Resolved::Ready(theirs)) = state.resolve_params(&call.params, &never)

@@ -3,7 +3,7 @@
 use serde_json::{Map, Value};
 
 use super::{State, StateError};
-use crate::protocol::{Combinator, Expression, Path, parse_expression};
+use crate::protocol::{CallId, Combinator, Expression, Path, parse_expression};
 
 /// The outcome of evaluating one expression.
 #[derive(Debug, Clone, PartialEq)]
@@ -38,6 +38,7 @@ pub(super) fn eval(
     state: &State,
     expr: &Expression,
     writable: &dyn Fn(&Path) -> bool,
+    mut writers: Option<&mut Vec<CallId>>,
 ) -> Result<Eval, StateError> {
     match expr.op {
         Combinator::Single | Combinator::Or => {
@@ -46,7 +47,7 @@ pub(super) fn eval(
                 if writable(&r.path) {
                     return Ok(Eval::Blocked(vec![r.path.clone()]));
                 }
-                match state.read(r)? {
+                match state.read_noting(r, writers.as_deref_mut())? {
                     Some(v) => return Ok(Eval::Ready(v)),
                     None => missing.push(r.path.clone()),
                 }
@@ -66,7 +67,7 @@ pub(super) fn eval(
             let mut last = Value::Null;
             let mut missing = Vec::new();
             for r in &expr.refs {
-                match state.read(r)? {
+                match state.read_noting(r, writers.as_deref_mut())? {
                     Some(v) => last = v,
                     None => missing.push(r.path.clone()),
                 }
@@ -117,7 +118,7 @@ fn resolve_value(
     Ok(match v {
         Value::String(s) => match parse_expression(s)? {
             None => v.clone(),
-            Some(e) => match eval(state, &e, writable)? {
+            Some(e) => match eval(state, &e, writable, None)? {
                 Eval::Ready(x) => x,
                 Eval::Blocked(p) => {
                     acc.blocked.extend(p);

@@ -141,9 +141,20 @@ impl State {
 
     /// The current value at a concrete path, or None when absent.
     pub fn get(&self, path: &Path) -> Option<Value> {
+        self.get_noting(path, None)
+    }
+
+    /// [`State::get`], adding to `writers` the calls that made the writes the value came from
+    /// (unsorted, possibly repeated; the goal's initial data has no call). What a call read its
+    /// params from, which its `started` event names.
+    pub fn get_from(&self, path: &Path, writers: &mut Vec<CallId>) -> Option<Value> {
+        self.get_noting(path, Some(writers))
+    }
+
+    fn get_noting(&self, path: &Path, mut writers: Option<&mut Vec<CallId>>) -> Option<Value> {
         let plan = self.index.plan(path);
         if let Some(root) = plan.widen_to {
-            let v = self.get(&path.truncated(root))?;
+            let v = self.get_noting(&path.truncated(root), writers)?;
             return apply::get(&v, &path.segments()[root..]).cloned();
         }
         if plan.seqs.is_empty() {
@@ -160,6 +171,9 @@ impl State {
         for &s in &plan.seqs {
             let w = &self.log[s as usize];
             apply::apply_at(&mut doc, &w.path.segments()[base_len..], w.method, &w.value);
+            if let Some(ws) = writers.as_deref_mut() {
+                ws.extend(w.call);
+            }
         }
         let doc = doc?;
         apply::get(&doc, &path.segments()[base_len..]).cloned()
@@ -168,7 +182,24 @@ impl State {
     /// Reads a reference: the concrete path, then its JSONPath tail (which yields an array of
     /// matches; an empty array when nothing matches).
     pub fn read(&self, r: &Reference) -> Result<Option<Value>, StateError> {
-        let Some(v) = self.get(&r.path) else {
+        self.read_noting(r, None)
+    }
+
+    /// [`State::read`], adding to `writers` the calls whose writes it read ([`State::get_from`]).
+    pub fn read_from(
+        &self,
+        r: &Reference,
+        writers: &mut Vec<CallId>,
+    ) -> Result<Option<Value>, StateError> {
+        self.read_noting(r, Some(writers))
+    }
+
+    fn read_noting(
+        &self,
+        r: &Reference,
+        writers: Option<&mut Vec<CallId>>,
+    ) -> Result<Option<Value>, StateError> {
+        let Some(v) = self.get_noting(&r.path, writers) else {
             return Ok(None);
         };
         let Some(q) = &r.query else {
@@ -211,7 +242,18 @@ impl State {
         expr: &Expression,
         writable: &dyn Fn(&Path) -> bool,
     ) -> Result<Eval, StateError> {
-        eval::eval(self, expr, writable)
+        eval::eval(self, expr, writable, None)
+    }
+
+    /// [`State::eval`], adding to `writers` the calls whose writes a ready value came from
+    /// ([`State::get_from`]).
+    pub fn eval_from(
+        &self,
+        expr: &Expression,
+        writable: &dyn Fn(&Path) -> bool,
+        writers: &mut Vec<CallId>,
+    ) -> Result<Eval, StateError> {
+        eval::eval(self, expr, writable, Some(writers))
     }
 
     /// Replaces every reference inside `params` by its value (rule 1), or says what it waits on.

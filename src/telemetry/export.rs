@@ -121,7 +121,8 @@ fn kv(attrs: record::Attrs) -> Vec<KeyValue> {
     attrs
         .into_iter()
         .map(|(k, v)| match v {
-            record::Value::Str(s) => KeyValue::new(k, s),
+            record::Value::Str(s) => KeyValue::new(k, s.into_owned()),
+            record::Value::Shared(s) => KeyValue::new(k, s.to_string()),
             record::Value::Int(n) => KeyValue::new(k, n),
             record::Value::Bool(b) => KeyValue::new(k, b),
             record::Value::Strs(list) => KeyValue::new(
@@ -482,10 +483,10 @@ fn resource_attrs(resource: &opentelemetry_sdk::Resource) -> Vec<(String, record
         .iter()
         .map(|(k, v)| {
             let v = match v {
-                opentelemetry::Value::String(s) => record::Value::Str(s.to_string()),
+                opentelemetry::Value::String(s) => record::Value::text(s.as_str()),
                 opentelemetry::Value::I64(n) => record::Value::Int(*n),
                 opentelemetry::Value::Bool(b) => record::Value::Bool(*b),
-                other => record::Value::Str(other.to_string()),
+                other => record::Value::from(other.to_string()),
             };
             (k.to_string(), v)
         })

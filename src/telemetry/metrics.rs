@@ -22,6 +22,27 @@ static ENABLED: AtomicBool = AtomicBool::new(false);
 type Series = BTreeMap<(&'static str, Vec<(&'static str, String)>), (u64, f64)>;
 static SERIES: Mutex<Series> = Mutex::new(BTreeMap::new());
 
+/// `dagloop_calls_total`, counted apart: tool → status → count, so that counting a call (once
+/// per call of every run) looks the series up without building its key.
+static CALLS: Mutex<BTreeMap<String, BTreeMap<&'static str, u64>>> = Mutex::new(BTreeMap::new());
+
+/// Every series, the calls' included.
+fn all_series() -> Series {
+    let mut all = match SERIES.lock() {
+        Ok(s) => s.clone(),
+        Err(_) => return Series::new(),
+    };
+    if let Ok(calls) = CALLS.lock() {
+        for (tool, by_status) in calls.iter() {
+            for (status, n) in by_status {
+                let labels = vec![("tool", tool.clone()), ("status", (*status).to_string())];
+                all.insert(("dagloop_calls_total", labels), (*n, *n as f64));
+            }
+        }
+    }
+    all
+}
+
 /// Starts counting (the server calls it once).
 pub fn enable() {
     ENABLED.store(true, Ordering::Relaxed);
@@ -60,10 +81,7 @@ fn add(name: &'static str, labels: Vec<(&'static str, String)>, value: f64) {
 /// observable counter reports when metrics are collected, so counting a call costs no
 /// exporter work.
 pub fn totals(name: &str) -> Vec<(Vec<(&'static str, String)>, u64)> {
-    let Ok(series) = SERIES.lock() else {
-        return Vec::new();
-    };
-    series
+    all_series()
         .iter()
         .filter(|((n, _), _)| *n == name)
         .map(|((_, labels), (count, _))| (labels.clone(), *count))
@@ -80,12 +98,15 @@ pub fn run_finished(status: &str) {
 }
 
 /// A call ended with `status` (`ok`, `error`, `timeout`, `rejected`...).
-pub fn call(tool: &str, status: &str) {
-    add(
-        "dagloop_calls_total",
-        vec![("tool", tool.into()), ("status", status.into())],
-        1.0,
-    );
+pub fn call(tool: &str, status: &'static str) {
+    let Ok(mut calls) = CALLS.lock() else {
+        return;
+    };
+    let by_status = match calls.get_mut(tool) {
+        Some(m) => m,
+        None => calls.entry(tool.to_string()).or_default(),
+    };
+    *by_status.entry(status).or_default() += 1;
 }
 
 /// A reviewer (or the policy) answered after `ms`.
@@ -166,9 +187,7 @@ pub fn render(runs: &[(String, u64)]) -> String {
             .find(|(status, _)| status == "waiting")
             .map_or(0, |(_, n)| *n)
     );
-    let Ok(series) = SERIES.lock() else {
-        return out;
-    };
+    let series = all_series();
     let mut last = "";
     for ((name, l), (count, sum)) in series.iter() {
         let counter = name.ends_with("_total");

@@ -29,7 +29,13 @@ const FIXED32: u64 = 5;
 const FLAGS: u32 = 0x01 | 0x100;
 
 /// A base-128 varint, pushed onto the buffer (prost's own writer goes through `BufMut`).
+#[inline]
 fn encode_varint(mut n: u64, buf: &mut Vec<u8>) {
+    // Most are one byte: field keys, and the lengths of names and short values.
+    if n < 0x80 {
+        buf.push(n as u8);
+        return;
+    }
     while n >= 0x80 {
         buf.push((n as u8) | 0x80);
         n >>= 7;
@@ -37,35 +43,42 @@ fn encode_varint(mut n: u64, buf: &mut Vec<u8>) {
     buf.push(n as u8);
 }
 
+#[inline]
 fn key(buf: &mut Vec<u8>, field: u64, wire: u64) {
     encode_varint((field << 3) | wire, buf);
 }
 
+#[inline]
 fn key_len(field: u64) -> usize {
     encoded_len_varint(field << 3)
 }
 
 /// A length-delimited field's size: key, length, body.
+#[inline]
 fn delimited_len(field: u64, body: usize) -> usize {
     key_len(field) + encoded_len_varint(body as u64) + body
 }
 
+#[inline]
 fn bytes(buf: &mut Vec<u8>, field: u64, b: &[u8]) {
     key(buf, field, LEN);
     encode_varint(b.len() as u64, buf);
     buf.extend_from_slice(b);
 }
 
+#[inline]
 fn header(buf: &mut Vec<u8>, field: u64, body: usize) {
     key(buf, field, LEN);
     encode_varint(body as u64, buf);
 }
 
+#[inline]
 fn fixed64(buf: &mut Vec<u8>, field: u64, n: u64) {
     key(buf, field, FIXED64);
     buf.extend_from_slice(&n.to_le_bytes());
 }
 
+#[inline]
 fn fixed32(buf: &mut Vec<u8>, field: u64, n: u32) {
     key(buf, field, FIXED32);
     buf.extend_from_slice(&n.to_le_bytes());
@@ -76,9 +89,11 @@ fn nanos(ms: u64) -> u64 {
 }
 
 /// `AnyValue`'s body.
+#[inline]
 fn any_len(v: &Value) -> usize {
     match v {
         Value::Str(s) => delimited_len(1, s.len()),
+        Value::Shared(s) => delimited_len(1, s.len()),
         Value::Bool(_) => key_len(2) + 1,
         // int64 as a varint: a negative number takes ten bytes.
         Value::Int(n) => key_len(3) + encoded_len_varint(*n as u64),
@@ -93,9 +108,11 @@ fn array_len(list: &[String]) -> usize {
         .sum()
 }
 
+#[inline]
 fn any(buf: &mut Vec<u8>, v: &Value) {
     match v {
         Value::Str(s) => bytes(buf, 1, s.as_bytes()),
+        Value::Shared(s) => bytes(buf, 1, s.as_bytes()),
         Value::Bool(b) => {
             key(buf, 2, VARINT);
             buf.push(u8::from(*b));
@@ -115,6 +132,7 @@ fn any(buf: &mut Vec<u8>, v: &Value) {
 }
 
 /// `KeyValue`'s body.
+#[inline]
 fn kv_len(k: &str, v: &Value) -> usize {
     delimited_len(1, k.len()) + delimited_len(2, any_len(v))
 }

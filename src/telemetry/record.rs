@@ -3,15 +3,21 @@
 //!
 //! Deliberately not here: building spans from a run (`spans`) or sending them (`export`).
 
+use std::borrow::Cow;
+use std::sync::Arc;
+
 use super::ids::{SpanId, TraceId};
 use crate::protocol::Millis;
 
-/// An attribute value.
+/// An attribute value. Strings that every span repeats (names of operations, statuses, the
+/// run's id, a tool's activity) are borrowed or shared, not copied per span.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 #[serde(untagged)]
 pub enum Value {
     /// A string.
-    Str(String),
+    Str(Cow<'static, str>),
+    /// A string shared with whatever else holds it.
+    Shared(Arc<str>),
     /// An integer.
     Int(i64),
     /// A boolean.
@@ -20,14 +26,35 @@ pub enum Value {
     Strs(Vec<String>),
 }
 
-impl From<&str> for Value {
-    fn from(s: &str) -> Self {
-        Value::Str(s.to_string())
+impl Value {
+    /// A copy of `s`.
+    pub fn text(s: &str) -> Self {
+        Value::Str(Cow::Owned(s.to_string()))
+    }
+
+    /// The string it holds, if it is one.
+    pub fn as_str(&self) -> Option<&str> {
+        match self {
+            Value::Str(s) => Some(s),
+            Value::Shared(s) => Some(s),
+            _ => None,
+        }
+    }
+}
+
+impl From<&'static str> for Value {
+    fn from(s: &'static str) -> Self {
+        Value::Str(Cow::Borrowed(s))
     }
 }
 impl From<String> for Value {
     fn from(s: String) -> Self {
-        Value::Str(s)
+        Value::Str(Cow::Owned(s))
+    }
+}
+impl From<Arc<str>> for Value {
+    fn from(s: Arc<str>) -> Self {
+        Value::Shared(s)
     }
 }
 impl From<u64> for Value {

@@ -70,17 +70,24 @@ struct Open {
     replayed: bool,
 }
 
+/// A tool's name and its calls' span name, made once per tool of a run.
+#[derive(Clone, Default)]
+struct ToolNames {
+    tool: Arc<str>,
+    span: Arc<str>,
+}
+
 #[derive(Default)]
 struct CallState {
-    tool: String,
+    tool: ToolNames,
     frame: Frame,
     step: u32,
     received: Millis,
     started: Option<Millis>,
     asked: Option<(Millis, bool)>,
-    waiting_on: Vec<String>,
-    /// The calls whose writes it read, fixed when it started.
-    read_from: Option<Vec<u64>>,
+    /// The calls whose writes it read, as its `started` (or `approval_requested`) event names
+    /// them.
+    read_from: Vec<crate::protocol::CallId>,
     params: Option<Json>,
     interrupted: bool,
     replayed: bool,
@@ -117,20 +124,21 @@ pub struct RunSpans {
     /// The incarnation of this process (0 for a new run, n after the n-th resume).
     own: u32,
     /// The incarnation each finished call ran in.
+    /// (A call missing from it ran in incarnation 0.)
     done: FxHashMap<u64, u32>,
     /// Journal entries already looked at.
     scanned: usize,
     root: Option<Open>,
     workflow: bool,
     agents: BTreeMap<String, String>,
-    activities: BTreeMap<String, String>,
+    activities: BTreeMap<String, Arc<str>>,
     /// Nested agents' spans, by their delegate call.
     nested: BTreeMap<Frame, Open>,
     steps: BTreeMap<Frame, (u32, Open)>,
     turns: BTreeMap<Frame, Turn>,
     calls: FxHashMap<u64, CallState>,
-    /// The last call that wrote each path.
-    writers: BTreeMap<String, u64>,
+    /// Each tool's names ([`ToolNames`]), by tool.
+    tool_names: BTreeMap<String, ToolNames>,
     /// Usage reported for each frame since its turn was last closed.
     usage: BTreeMap<Frame, (u64, u64, bool, Option<String>)>,
 }
@@ -184,7 +192,7 @@ impl RunSpans {
             steps: BTreeMap::new(),
             turns: BTreeMap::new(),
             calls: FxHashMap::default(),
-            writers: BTreeMap::new(),
+            tool_names: BTreeMap::new(),
             usage: BTreeMap::new(),
         };
         spans.predecessor(stored);
@@ -275,7 +283,15 @@ impl RunSpans {
             if let Some(limit) = x.value_limit() {
                 for (_, v) in &mut span.attrs {
                     match v {
-                        Value::Str(s) => cut(s, limit),
+                        Value::Str(_) | Value::Shared(_) => {
+                            if let Some(text) = v.as_str()
+                                && text.chars().nth(limit).is_some()
+                            {
+                                let mut text = text.to_string();
+                                cut(&mut text, limit);
+                                *v = Value::from(text);
+                            }
+                        }
                         Value::Strs(list) => list.iter_mut().for_each(|s| cut(s, limit)),
                         Value::Int(_) | Value::Bool(_) => {}
                     }
@@ -289,7 +305,7 @@ impl RunSpans {
     fn span(&self, name: String, parent: Option<SpanId>, open: &Open, end: Millis) -> SpanRecord {
         // Room for the most any span sets (a call's), so that adding them never reallocates.
         let mut attrs: Attrs = Vec::with_capacity(14);
-        attrs.push(("dagloop.run.id", Value::from(&*self.run_id)));
+        attrs.push(("dagloop.run.id", Value::from(self.run_id.clone())));
         if open.replayed {
             attrs.push(("dagloop.replayed", Value::Bool(true)));
         }
@@ -422,9 +438,9 @@ impl RunSpans {
                         name: "gen_ai.fallback",
                         at: e.at,
                         attrs: vec![
-                            ("dagloop.model.from", Value::from(from.as_str())),
-                            ("dagloop.model.to", Value::from(to.as_str())),
-                            ("error.type", Value::from(code.as_str())),
+                            ("dagloop.model.from", Value::text(from)),
+                            ("dagloop.model.to", Value::text(to)),
+                            ("error.type", Value::text(code)),
                         ],
                     });
                 }
@@ -576,7 +592,7 @@ impl RunSpans {
         s.attrs.extend([
             ("gen_ai.operation.name", Value::from("chat")),
             ("gen_ai.provider.name", Value::from(provider)),
-            ("gen_ai.request.model", Value::from(model.as_str())),
+            ("gen_ai.request.model", Value::text(&model)),
             ("dagloop.step", Value::from(t.step)),
             ("dagloop.attempt", Value::from(t.attempt)),
         ]);
@@ -621,53 +637,26 @@ impl RunSpans {
                 if !replayed {
                     self.step_span(frame, e.step, e.at, replayed);
                 }
-                let waiting_on = call
-                    .references()
-                    .unwrap_or_default()
-                    .into_iter()
-                    .flat_map(|(_, x)| x.refs)
-                    .map(|r| r.path.to_string())
-                    .collect();
-                self.calls.insert(
-                    id,
-                    CallState {
-                        waiting_on,
-                        tool: call.tool.clone(),
-                        frame,
-                        step: e.step,
-                        received: e.at,
-                        params,
-                        replayed,
-                        incarnation,
-                        ..CallState::default()
-                    },
-                );
-            }
-            EventKind::Blocked { waiting_on }
-            | EventKind::Unresolved {
-                missing: waiting_on,
-            } => {
-                if let Some(c) = self.calls.get_mut(&id) {
-                    for w in waiting_on {
-                        if !c.waiting_on.contains(w) {
-                            c.waiting_on.push(w.clone());
-                        }
-                    }
-                }
+                let c = self.new_call(id, &call.tool, frame, e, replayed);
+                c.params = params;
+                c.incarnation = incarnation;
             }
             EventKind::ApprovalRequested {
-                call, interrupted, ..
+                call,
+                interrupted,
+                read_from,
+                ..
             } => {
-                let c = self.calls.entry(id).or_insert_with(|| CallState {
-                    tool: call.tool.clone(),
-                    frame,
-                    step: e.step,
-                    received: e.at,
-                    replayed,
-                    ..CallState::default()
-                });
+                // A call presented again after a restart was received by an earlier process.
+                if !self.calls.contains_key(&id) {
+                    self.new_call(id, &call.tool, frame, e, replayed);
+                }
+                let Some(c) = self.calls.get_mut(&id) else {
+                    return;
+                };
                 c.asked = Some((e.at, replayed));
                 c.interrupted |= *interrupted;
+                c.read_from.clone_from(read_from);
             }
             EventKind::Decision {
                 decision,
@@ -675,18 +664,14 @@ impl RunSpans {
                 by,
                 ..
             } => self.decided(id, e, decision.name(), *timed_out, by.as_ref(), replayed),
-            EventKind::Started { .. } => {
-                let read_from = self.read_from(id);
+            EventKind::Started { read_from, .. } => {
                 if let Some(c) = self.calls.get_mut(&id) {
-                    c.read_from = Some(read_from);
+                    c.read_from.clone_from(read_from);
                     c.started = Some(e.at);
                     if !replayed {
                         c.replayed = false;
                     }
                 }
-            }
-            EventKind::Written { path, .. } => {
-                self.writers.insert(path.clone(), id);
             }
             EventKind::Finished { result } => {
                 let result = self.content.then(|| Json::clone(result));
@@ -720,7 +705,7 @@ impl RunSpans {
         &mut self,
         id: u64,
         e: &Event,
-        decision: &str,
+        decision: &'static str,
         timed_out: bool,
         by: Option<&crate::protocol::Actor>,
         replayed: bool,
@@ -731,7 +716,7 @@ impl RunSpans {
         let Some((asked, _)) = c.asked.take() else {
             return;
         };
-        let tool = c.tool.clone();
+        let tool = c.tool.tool.clone();
         let inc = c.incarnation;
         if self.metrics && !replayed {
             metrics::approval_wait(e.at.saturating_sub(asked), decision);
@@ -756,12 +741,10 @@ impl RunSpans {
             ("dagloop.approval.timed_out", Value::Bool(timed_out)),
         ]);
         if let Some(b) = by {
-            s.attrs.push((
-                "dagloop.approval.principal",
-                Value::from(b.principal.as_str()),
-            ));
             s.attrs
-                .push(("dagloop.approval.channel", Value::from(b.channel.as_str())));
+                .push(("dagloop.approval.principal", Value::text(&b.principal)));
+            s.attrs
+                .push(("dagloop.approval.channel", Value::text(&b.channel)));
         }
         if decision == "reject" {
             s.error = Some("rejected".into());
@@ -773,7 +756,7 @@ impl RunSpans {
         &mut self,
         id: u64,
         at: Millis,
-        status: &str,
+        status: &'static str,
         code: Option<String>,
         result: Option<Json>,
         replayed: bool,
@@ -788,7 +771,8 @@ impl RunSpans {
         }
         if let Some(mut open) = self.nested.remove(&id) {
             open.replayed &= replayed;
-            let agent = self.agents.get(&c.tool).cloned().unwrap_or(c.tool.clone());
+            let agent = (self.agents.get(&*c.tool.tool).cloned())
+                .unwrap_or_else(|| c.tool.tool.to_string());
             let mut s = self.span(
                 format!("invoke_agent {agent}"),
                 Some(self.id("call", &[id], c.incarnation)),
@@ -806,7 +790,10 @@ impl RunSpans {
         } else {
             self.id("step", &[c.frame, u64::from(c.step)], c.incarnation)
         };
-        self.done.insert(id, c.incarnation);
+        // Most calls run in the first incarnation: only the others are kept (0 by default).
+        if c.incarnation != 0 {
+            self.done.insert(id, c.incarnation);
+        }
         let replayed = replayed && c.replayed;
         // A call replayed from the journal is reported again, never as executed again: its
         // span is marked and linked to the one the process that ran it made.
@@ -820,22 +807,26 @@ impl RunSpans {
             start: c.received,
             replayed,
         };
-        let mut s = self.span(format!("execute_tool {}", c.tool), Some(parent), &open, at);
-        let activity = self
-            .activities
-            .get(&c.tool)
-            .map_or("latent", String::as_str);
+        let mut s = self.span(c.tool.span.to_string(), Some(parent), &open, at);
+        let activity = self.activities.get(&*c.tool.tool);
+        let kind = tool_type(activity.map_or("latent", |a| a));
+        if self.metrics && !replayed {
+            metrics::call(&c.tool.tool, status);
+        }
         s.attrs.extend([
             ("gen_ai.operation.name", Value::from("execute_tool")),
-            ("gen_ai.tool.name", Value::from(c.tool.as_str())),
+            ("gen_ai.tool.name", Value::from(c.tool.tool)),
             ("gen_ai.tool.call.id", Value::from(id.to_string())),
-            ("gen_ai.tool.type", Value::from(tool_type(activity))),
-            ("dagloop.activity", Value::from(activity)),
+            ("gen_ai.tool.type", Value::from(kind)),
+            (
+                "dagloop.activity",
+                activity.map_or(Value::from("latent"), |a| Value::from(a.clone())),
+            ),
             ("dagloop.call.status", Value::from(status)),
             ("dagloop.step", Value::from(c.step)),
         ]);
         if let Some(code) = &code {
-            s.attrs.push(("error.type", Value::from(code.as_str())));
+            s.attrs.push(("error.type", Value::text(code)));
             s.error = Some(code.clone());
         }
         if c.interrupted {
@@ -863,11 +854,7 @@ impl RunSpans {
                 attrs: vec![("dagloop.link.type", Value::from("original"))],
             });
         }
-        let linked = match c.read_from {
-            Some(r) => r,
-            None => self.links_for(id, &c.waiting_on),
-        };
-        for w in linked {
+        for w in c.read_from.iter().map(|w| w.0).filter(|&w| w != id) {
             s.links.push(Link {
                 span: self.writer_span(w),
                 attrs: vec![
@@ -876,57 +863,47 @@ impl RunSpans {
                 ],
             });
         }
-        if self.metrics && !replayed {
-            metrics::call(&c.tool, status);
-        }
         self.emit(s);
     }
 
-    /// The calls whose writes call `id` reads now (at its launch).
-    fn read_from(&self, id: u64) -> Vec<u64> {
-        match self.calls.get(&id) {
-            Some(c) => self.links_for(id, &c.waiting_on),
-            None => Vec::new(),
+    /// Starts following call `id` of `tool`, received with event `e`.
+    fn new_call(
+        &mut self,
+        id: u64,
+        tool: &str,
+        frame: Frame,
+        e: &Event,
+        replayed: bool,
+    ) -> &mut CallState {
+        let tool = self.tool_names(tool);
+        let c = CallState {
+            tool,
+            frame,
+            step: e.step,
+            received: e.at,
+            replayed,
+            ..CallState::default()
+        };
+        match self.calls.entry(id) {
+            std::collections::hash_map::Entry::Occupied(mut o) => {
+                o.insert(c);
+                o.into_mut()
+            }
+            std::collections::hash_map::Entry::Vacant(v) => v.insert(c),
         }
     }
 
-    ///
-    /// A written path covers a waited-for one when either holds the other, so the writers are
-    /// those of the path's ancestors (looked up one by one) and those of the path and what is
-    /// under it (a range of the ordered map): a lookup per segment, never a scan of every write
-    /// the run made (that made a fan-out's tracing quadratic). In the map's order, as before.
-    fn links_for(&self, id: u64, paths: &[String]) -> Vec<u64> {
-        let mut linked = Vec::new();
-        // Seen writers in a set: a fan-in that waited on a whole fan-out has a writer per call.
-        let mut seen = std::collections::BTreeSet::new();
-        let mut add = |writer: u64| {
-            if writer != id && seen.insert(writer) {
-                linked.push(writer);
-            }
-        };
-        for path in paths {
-            for (i, ch) in path.char_indices() {
-                if i > 0
-                    && (ch == '.' || ch == '[')
-                    && let Some(w) = path.get(..i).and_then(|a| self.writers.get(a))
-                {
-                    add(*w);
-                }
-            }
-            let from = std::ops::Bound::Included(path.as_str());
-            for (written, w) in self
-                .writers
-                .range::<str, _>((from, std::ops::Bound::Unbounded))
-            {
-                if !written.starts_with(path.as_str()) {
-                    break;
-                }
-                if covers(written, path) {
-                    add(*w);
-                }
-            }
+    /// `tool`'s names, made the first time the run sees it.
+    fn tool_names(&mut self, tool: &str) -> ToolNames {
+        if let Some(n) = self.tool_names.get(tool) {
+            return n.clone();
         }
-        linked
+        let names = ToolNames {
+            tool: Arc::from(tool),
+            span: Arc::from(format!("execute_tool {tool}")),
+        };
+        self.tool_names.insert(tool.to_string(), names.clone());
+        names
     }
 
     /// The span of a call that wrote a path (its own incarnation's).
@@ -951,7 +928,7 @@ impl RunSpans {
         s.attrs.extend([
             ("gen_ai.operation.name", Value::from(self.operation())),
             ("gen_ai.agent.name", Value::from("dagloop")),
-            ("dagloop.run.status", Value::from(status)),
+            ("dagloop.run.status", Value::text(status)),
         ]);
         let inc = self.own;
         if inc > 0 {
@@ -985,16 +962,6 @@ pub fn span_name_for(what: &str) -> String {
     }
 }
 
-/// True when a write to `written` can satisfy a wait on `waited` (one is a prefix of the other
-/// at a path boundary).
-fn covers(written: &str, waited: &str) -> bool {
-    let prefix = |a: &str, b: &str| {
-        b.strip_prefix(a)
-            .is_some_and(|rest| rest.is_empty() || rest.starts_with(['.', '[']))
-    };
-    prefix(written, waited) || prefix(waited, written)
-}
-
 /// `gen_ai.tool.type`: `function` for tools dagloop runs, `extension` for MCP servers'
 /// tools, `datastore` never; latent tools (the model fills in the result) are `function` too.
 fn tool_type(activity: &str) -> &'static str {
@@ -1018,86 +985,17 @@ fn error_type(error: &str) -> String {
 fn collect_tools(
     config: &AgentConfig,
     agents: &mut BTreeMap<String, String>,
-    activities: &mut BTreeMap<String, String>,
+    activities: &mut BTreeMap<String, Arc<str>>,
 ) {
     for t in &config.tools {
         if let Some(a) = &t.activity {
             activities
                 .entry(t.name.clone())
-                .or_insert_with(|| a.clone());
+                .or_insert_with(|| Arc::from(a.as_str()));
         }
     }
     for (name, nested) in &config.delegates {
         agents.entry(name.clone()).or_insert_with(|| name.clone());
         collect_tools(nested, agents, activities);
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// `links_for` finds exactly the writers a scan of every write finds, in the same order.
-    #[test]
-    fn links_for_agrees_with_a_scan_of_every_write() {
-        let config = AgentConfig::from_goal(
-            &crate::goal::Goal::from_json(
-                r#"{"goal": "g", "output_schema": {}}"#,
-                "t".as_ref(),
-                ".".into(),
-            )
-            .expect("goal"),
-            BTreeMap::new(),
-        )
-        .expect("config");
-        let mut spans = RunSpans::new("run-links", &config, &[], None, false, false);
-        let written = [
-            "state",
-            "state.a",
-            "state.a.b",
-            "state.a[0]",
-            "state.a[0].c",
-            "state.ab",
-            "state.abc.d",
-            "state.b",
-            "state.users[1].id",
-            "state.users",
-            "input.x",
-        ];
-        for (i, p) in written.iter().enumerate() {
-            spans.writers.insert((*p).to_string(), i as u64 + 1);
-        }
-        let scan = |id: u64, paths: &[String]| {
-            let mut linked = Vec::new();
-            for path in paths {
-                for (w, writer) in &spans.writers {
-                    if covers(w, path) && *writer != id && !linked.contains(writer) {
-                        linked.push(*writer);
-                    }
-                }
-            }
-            linked
-        };
-        let waited = [
-            "state",
-            "state.a",
-            "state.a.b.c",
-            "state.a[0]",
-            "state.ab",
-            "state.abc",
-            "state.users[1].id.x",
-            "state.zzz",
-            "input",
-            "input.x.y",
-            "other",
-        ];
-        for w in waited {
-            for id in [0, 1, 2, 5] {
-                let paths = vec![w.to_string(), "state.b".to_string()];
-                assert_eq!(spans.links_for(id, &paths), scan(id, &paths), "{w} by {id}");
-            }
-        }
-        spans.writers.clear();
-        assert!(spans.links_for(0, &["state.a".into()]).is_empty());
     }
 }

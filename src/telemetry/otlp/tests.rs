@@ -13,7 +13,8 @@ use crate::telemetry::record::{Attrs, Kind, Link, SpanEvent, SpanRecord, Value};
 
 fn value() -> impl Strategy<Value = Value> {
     prop_oneof![
-        ".{0,40}".prop_map(Value::Str),
+        ".{0,40}".prop_map(Value::from),
+        ".{0,40}".prop_map(|s: String| Value::Shared(s.into())),
         any::<i64>().prop_map(Value::Int),
         any::<bool>().prop_map(Value::Bool),
         prop::collection::vec(".{0,12}", 0..4).prop_map(Value::Strs),
