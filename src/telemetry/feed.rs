@@ -199,11 +199,11 @@ impl SpanFeed {
         })
     }
 
-    /// The run published `event`; `journal` is its journal as handled so far. Ephemeral events
-    /// make no spans and are not kept. Held until [`SpanFeed::flush`] (or until a batch is
-    /// full).
+    /// The run published `event`; `journal` is its journal as handled so far. Events the spans
+    /// do not use ([`RunSpans::uses`]) are not kept; the journal entries before them go with
+    /// the next event. Held until [`SpanFeed::flush`] (or until a batch is full).
     pub fn event(&mut self, journal: &[JournalEntry], event: &Arc<Event>) {
-        if event.kind.is_ephemeral() {
+        if !RunSpans::uses(event) {
             return;
         }
         let new = journal

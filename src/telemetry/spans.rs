@@ -379,6 +379,27 @@ impl RunSpans {
         }
     }
 
+    /// Whether an event says anything the spans or metrics use. A call's `blocked`,
+    /// `unblocked`, `unresolved` and `written` events do not (its `started` names what it read),
+    /// nor do live-only ones; a caller may leave them out (`feed` does: half of a call's events).
+    pub fn uses(e: &Event) -> bool {
+        if e.kind.is_ephemeral() {
+            return false;
+        }
+        e.call.is_none()
+            || matches!(
+                e.kind,
+                EventKind::CallReceived { .. }
+                    | EventKind::ApprovalRequested { .. }
+                    | EventKind::Decision { .. }
+                    | EventKind::Started { .. }
+                    | EventKind::Finished { .. }
+                    | EventKind::Failed { .. }
+                    | EventKind::Cancelled
+                    | EventKind::CallRefused { .. }
+            )
+    }
+
     /// Takes one published event; `journal` is the run's journal as handled so far.
     pub fn observe(&mut self, journal: &[JournalEntry], e: &Event) {
         let new = journal.get(self.scanned..).unwrap_or_default();
@@ -390,7 +411,7 @@ impl RunSpans {
     /// [`RunSpans::reads`] are needed) and the sequence number of the journal's last entry.
     pub fn observe_new(&mut self, new: &[JournalEntry], last_seq: Option<u64>, e: &Event) {
         self.scan(new);
-        if e.kind.is_ephemeral() {
+        if !Self::uses(e) {
             return;
         }
         let replayed = last_seq.is_some_and(|seq| seq <= self.replayed_upto);
