@@ -232,10 +232,16 @@ fn script(calls: &[Value], gap_ms: u64) -> Script {
 /// each call's arrival (ms since start, from its `call_received` event; streamed runs only)
 /// and how long each activity really slept.
 async fn run(calls: Vec<Value>, gap_ms: u64) -> Run {
+    run_traced(calls, gap_ms, true).await
+}
+
+/// [`run`], in or out of the process's traces (`AgentBuilder::traced`).
+async fn run_traced(calls: Vec<Value>, gap_ms: u64, traced: bool) -> Run {
     let n = calls.len();
     let actual: Arc<Mutex<Vec<(usize, f64)>>> = Arc::new(Mutex::new(Vec::with_capacity(n)));
-    let mut builder =
-        AgentBuilder::new(goal()).model(Arc::new(ScriptedModel::new(script(&calls, gap_ms))));
+    let mut builder = AgentBuilder::new(goal())
+        .model(Arc::new(ScriptedModel::new(script(&calls, gap_ms))))
+        .traced(traced);
     let act = actual.clone();
     builder.registry_mut().register_fn("work", move |w: Work| {
         let act = act.clone();
@@ -549,9 +555,6 @@ async fn zero_line(workload: &str, calls: Vec<Value>, dag: &Dag) {
     let core = core_only(as_calls(calls));
     let us = m * 1000.0 / n as f64;
     let cpu = r.cpu_ms * 1000.0 / n as f64;
-    if let Ok(mut rows) = ZERO_ROWS.lock() {
-        rows.push((workload.to_string(), us, cpu));
-    }
     let round = |x: f64| (x * 1000.0).round() / 1000.0;
     line(
         workload,
@@ -571,9 +574,6 @@ async fn zero_line(workload: &str, calls: Vec<Value>, dag: &Dag) {
         }),
     );
 }
-
-/// Each zero-latency row printed so far: (workload, µs per call, CPU µs per call).
-static ZERO_ROWS: Mutex<Vec<(String, f64, f64)>> = Mutex::new(Vec::new());
 
 /// Sleep workloads: dagloop's ratio beside the tokio-ideal ratio of the same graph.
 async fn sleep_workload(workload: &str, dag: &Dag) {
@@ -710,11 +710,11 @@ async fn otel_rows(want: &dyn Fn(&str) -> bool) {
     assert!(dagloop::telemetry::init_from_env().expect("otel"));
     if want("fanout0_otel") {
         let n = env_n(100_000);
-        zero_line("fanout0_otel", fanout_calls(n, 0), &fanout_dag(n, 0)).await;
+        otel_line("fanout0_otel", fanout_calls(n, 0), 5).await;
     }
     if want("chain0_otel") {
         let n = env_n(10_000);
-        zero_line("chain0_otel", chain_calls(n, 0), &chain_dag(n, 0)).await;
+        otel_line("chain0_otel", chain_calls(n, 0), 15).await;
     }
     dagloop::telemetry::flush();
     let received: usize = {
@@ -734,22 +734,54 @@ async fn otel_rows(want: &dyn Fn(&str) -> bool) {
         json!({"workload": "otel_export", "spans_exported": dagloop::telemetry::spans::exported(),
                "spans_dropped": dagloop::telemetry::send::dropped(), "spans_received": received})
     );
-    // What tracing adds per call: each `_otel` row against the same workload without export,
-    // earlier in this process (when it ran), in time and in CPU time.
-    let rows = ZERO_ROWS.lock().map(|r| r.clone()).unwrap_or_default();
-    let find = |w: &str| rows.iter().find(|(name, ..)| name == w);
-    for w in ["fanout0", "chain0"] {
-        if let (Some((_, us, cpu)), Some((_, us_on, cpu_on))) =
-            (find(w), find(&format!("{w}_otel")))
-        {
-            let pct = |on: f64, off: f64| ((on / off - 1.0) * 1000.0).round() / 10.0;
-            println!(
-                "{}",
-                json!({"workload": format!("{w}_otel_cost"), "time_added_pct": pct(*us_on, *us),
-                       "cpu_added_pct": pct(*cpu_on, *cpu)})
-            );
+}
+
+/// A zero-latency workload with and without its spans exported, in the same process, in
+/// alternating pairs of runs (the first of each pair alternating too): the machine's speed
+/// changes from second to second, and runs seconds apart share it. Prints the traced runs'
+/// time and CPU time per call, the untraced runs' beside them, and the median of the pairs'
+/// ratios (`time_added_pct`, `cpu_added_pct`): what export adds per call.
+#[cfg(all(feature = "otel", feature = "server"))]
+async fn otel_line(workload: &str, calls: Vec<Value>, pairs: usize) {
+    let n = calls.len() as f64;
+    let (mut on, mut off) = (Vec::new(), Vec::new());
+    for i in 0..pairs {
+        for traced in [i % 2 == 0, i % 2 == 1] {
+            let r = run_traced(calls.clone(), 0, traced).await;
+            if traced { on.push(r) } else { off.push(r) }
         }
     }
+    alloc::counting(true);
+    let before = alloc::allocations();
+    run(calls.clone(), 0).await;
+    let allocations = alloc::allocations() - before;
+    alloc::counting(false);
+    let med = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let per_call =
+        |runs: &[Run], f: fn(&Run) -> f64| med(runs.iter().map(|r| f(r) * 1000.0 / n).collect());
+    let added = |f: fn(&Run) -> f64| {
+        let ratios = on.iter().zip(&off).map(|(a, b)| f(a) / f(b)).collect();
+        ((med(ratios) - 1.0) * 1000.0).round() / 10.0
+    };
+    let round = |x: f64| (x * 1000.0).round() / 1000.0;
+    println!(
+        "{}",
+        json!({
+            "workload": workload,
+            "n": calls.len(),
+            "pairs": pairs,
+            "overhead_us_per_call": round(per_call(&on, |r| r.makespan)),
+            "untraced_us_per_call": round(per_call(&off, |r| r.makespan)),
+            "time_added_pct": added(|r| r.makespan),
+            "cpu_us_per_call": round(per_call(&on, |r| r.cpu_ms)),
+            "untraced_cpu_us_per_call": round(per_call(&off, |r| r.cpu_ms)),
+            "cpu_added_pct": added(|r| r.cpu_ms),
+            "allocations_per_call": round(allocations as f64 / n),
+        })
+    );
 }
 
 #[cfg(not(all(feature = "otel", feature = "server")))]

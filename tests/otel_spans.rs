@@ -297,3 +297,28 @@ async fn a_run_ends_only_once_every_span_of_it_is_made() {
         "and the run's own (a workflow: the goal has a delegate)"
     );
 }
+
+/// A run built with `traced(false)` makes no span, while the process exports those of its
+/// other runs: an embedding program leaves a run out of its traces.
+#[tokio::test(start_paused = true)]
+async fn a_run_left_out_of_the_traces_makes_no_span() {
+    let exporter = exporter();
+    let turns = vec![turn(json!({"calls": [
+        {"_tool": "double", "x": "†input.n", "_outputPath": "†state.a"}
+    ], "output": {"answer": "†state.a"}}))];
+    let script = Script::parse(&json!({"turns": turns}).to_string(), "test").expect("script");
+    for (id, traced) in [("otel-untraced", false), ("otel-traced", true)] {
+        let mut b = AgentBuilder::new(goal()).model(Arc::new(ScriptedModel::new(script.clone())));
+        register_tools(&mut b);
+        let agent = b.run_id(id).traced(traced).build().expect("agent");
+        let result = agent.run().await;
+        assert_eq!(result.status, RunStatus::Succeeded, "{:?}", result.error);
+    }
+    assert!(spans_of(&exporter, "otel-untraced").is_empty());
+    assert!(
+        spans_of(&exporter, "otel-traced")
+            .iter()
+            .any(|s| s.name.starts_with("execute_tool")),
+        "the traced run's spans are there"
+    );
+}

@@ -42,6 +42,8 @@ pub struct Agent {
     pub(super) run_id: String,
     pub(super) cancel: CancellationToken,
     pub(super) event_capacity: usize,
+    /// Whether the run makes spans and metrics ([`super::AgentBuilder::traced`]).
+    pub(super) traced: bool,
 }
 
 impl Agent {
@@ -92,7 +94,12 @@ impl Agent {
             policy: self.policy.clone(),
             sanitize: self.sanitize,
             log: Mutex::new(Log {
-                spans: crate::telemetry::for_run(&self.run_id, &self.config, journal.as_deref())
+                spans: self
+                    .traced
+                    .then(|| {
+                        crate::telemetry::for_run(&self.run_id, &self.config, journal.as_deref())
+                    })
+                    .flatten()
                     .and_then(crate::telemetry::SpanFeed::start),
                 ..Log::default()
             }),

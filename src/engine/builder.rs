@@ -135,6 +135,7 @@ pub struct AgentBuilder {
     sanitize: SanitizeLimits,
     event_capacity: usize,
     mode: Option<crate::llm::Mode>,
+    traced: bool,
 }
 
 impl AgentBuilder {
@@ -161,7 +162,16 @@ impl AgentBuilder {
             sanitize: SanitizeLimits::default(),
             event_capacity: super::bus::DEFAULT_CAPACITY,
             mode: None,
+            traced: true,
         }
+    }
+
+    /// Whether the run is part of the process's traces and metrics (on by default; whether
+    /// the process makes any is the operator's `OTEL_*` settings). Off, the run makes no span
+    /// or metric and costs no tracing work, whatever those settings say.
+    pub fn traced(mut self, on: bool) -> Self {
+        self.traced = on;
+        self
     }
 
     /// How many live events a subscriber may fall behind before it is caught up from the
@@ -371,6 +381,7 @@ impl AgentBuilder {
             run_id,
             cancel: self.cancel,
             event_capacity: self.event_capacity,
+            traced: self.traced,
         })
     }
 }
