@@ -415,6 +415,8 @@ async fn an_unreachable_collector_costs_the_spans_not_the_run() {
     );
     assert_eq!(counts.lock().expect("counts").len(), 2, "both calls ran");
     assert!(stderr.contains("OpenTelemetry spans dropped"), "{stderr}");
+    // Said once for the streak of failures, and nowhere else.
+    assert_eq!(stderr.matches("did not take them").count(), 1, "{stderr}");
 }
 
 /// A fan-in that waited on a fan-out of 130 calls links to 128 of their spans (the

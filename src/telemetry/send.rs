@@ -65,7 +65,6 @@ impl Shared {
 
     fn dropped(&self, n: usize, why: &str) {
         DROPPED.fetch_add(n as u64, Ordering::Relaxed);
-        eprintln!("DEBUGDROP {n}: {why}");
         if !self.warned.swap(true, Ordering::Relaxed) {
             tracing::warn!("OpenTelemetry spans dropped ({n}): {why}");
         }
