@@ -345,6 +345,11 @@ const SINK_THREAD: &str = "bench-sink";
 /// `/proc/self/task/*/schedstat` (nanoseconds on a CPU), leaving out the sink's thread. Threads
 /// that ended are not counted: the runtime's keep their threads for the whole benchmark.
 fn cpu_ms() -> f64 {
+    threads_cpu_ms(|name| name != SINK_THREAD)
+}
+
+/// [`cpu_ms`] of the threads whose name `counted` accepts.
+fn threads_cpu_ms(counted: impl Fn(&str) -> bool) -> f64 {
     let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
         return f64::NAN;
     };
@@ -352,7 +357,7 @@ fn cpu_ms() -> f64 {
     for t in tasks.flatten() {
         let dir = t.path();
         let comm = std::fs::read_to_string(dir.join("comm")).unwrap_or_default();
-        if comm.trim_end() == SINK_THREAD {
+        if !counted(comm.trim_end()) {
             continue;
         }
         let stat = std::fs::read_to_string(dir.join("schedstat")).unwrap_or_default();
@@ -363,6 +368,11 @@ fn cpu_ms() -> f64 {
             .unwrap_or(0);
     }
     ns as f64 / 1e6
+}
+
+/// The threads tracing runs on: the span worker and the OTLP sender.
+fn tracing_cpu_ms() -> f64 {
+    threads_cpu_ms(|name| name == "dagloop-spans" || name == "dagloop-otlp")
 }
 
 /// Bytes the scheduler keeps per waiting call: the root never finishes, so the others wait.
@@ -745,12 +755,21 @@ async fn otel_rows(want: &dyn Fn(&str) -> bool) {
 async fn otel_line(workload: &str, calls: Vec<Value>, pairs: usize) {
     let n = calls.len() as f64;
     let (mut on, mut off) = (Vec::new(), Vec::new());
+    // CPU time of tracing's own threads while traced runs ran (each run waits for its spans).
+    let mut tracing_ms = 0.0;
     for i in 0..pairs {
         for traced in [i % 2 == 0, i % 2 == 1] {
+            let before = tracing_cpu_ms();
             let r = run_traced(calls.clone(), 0, traced).await;
-            if traced { on.push(r) } else { off.push(r) }
+            if traced {
+                tracing_ms += tracing_cpu_ms() - before;
+                on.push(r)
+            } else {
+                off.push(r)
+            }
         }
     }
+    let traced_ms: f64 = on.iter().map(|r| r.cpu_ms).sum();
     alloc::counting(true);
     let before = alloc::allocations();
     run(calls.clone(), 0).await;
@@ -779,6 +798,8 @@ async fn otel_line(workload: &str, calls: Vec<Value>, pairs: usize) {
             "cpu_us_per_call": round(per_call(&on, |r| r.cpu_ms)),
             "untraced_cpu_us_per_call": round(per_call(&off, |r| r.cpu_ms)),
             "cpu_added_pct": added(|r| r.cpu_ms),
+            "tracing_threads_cpu_us_per_call": round(tracing_ms * 1000.0 / (n * pairs as f64)),
+            "tracing_threads_share_pct": (tracing_ms / traced_ms * 1000.0).round() / 10.0,
             "allocations_per_call": round(allocations as f64 / n),
         })
     );
