@@ -720,11 +720,11 @@ async fn otel_rows(want: &dyn Fn(&str) -> bool) {
     assert!(dagloop::telemetry::init_from_env().expect("otel"));
     if want("fanout0_otel") {
         let n = env_n(100_000);
-        otel_line("fanout0_otel", fanout_calls(n, 0), 5).await;
+        otel_line("fanout0_otel", fanout_calls(n, 0), 9).await;
     }
     if want("chain0_otel") {
         let n = env_n(10_000);
-        otel_line("chain0_otel", chain_calls(n, 0), 15).await;
+        otel_line("chain0_otel", chain_calls(n, 0), 21).await;
     }
     dagloop::telemetry::flush();
     let received: usize = {
