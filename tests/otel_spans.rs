@@ -322,3 +322,67 @@ async fn a_run_left_out_of_the_traces_makes_no_span() {
         "the traced run's spans are there"
     );
 }
+
+/// A call that was presented and rejected never started, yet its span still links to the call
+/// whose write it had read (`approval_requested` names it, `read_from`).
+#[tokio::test(start_paused = true)]
+async fn a_rejected_call_links_to_the_call_it_read_from() {
+    let exporter = exporter();
+    let mut doc = serde_json::to_value(goal()).expect("goal");
+    doc["approval"] = json!({"policy": "ask"});
+    let g = Goal::from_json(&doc.to_string(), "test.json".as_ref(), ".".into()).expect("goal");
+    let turns = vec![
+        turn(json!({"calls": [
+            {"_tool": "double", "x": 4, "_outputPath": "†state.a"},
+            {"_tool": "double", "x": "†state.a", "_outputPath": "†state.b"}
+        ], "output": null})),
+        turn(json!({"calls": [], "output": {"answer": "†state.a"}})),
+    ];
+    let script = Script::parse(&json!({"turns": turns}).to_string(), "test").expect("script");
+    let mut b = AgentBuilder::new(g)
+        .model(Arc::new(ScriptedModel::new(script)))
+        .external_review()
+        .run_id("otel-spans-rejected");
+    register_tools(&mut b);
+    let run = b.build().expect("agent").start();
+    for decision in [
+        dagloop::protocol::Decision::Approve,
+        dagloop::protocol::Decision::Reject {
+            reason: "no".into(),
+        },
+    ] {
+        while run.awaiting().is_empty() {
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        let (call, _, _) = run.awaiting()[0].clone();
+        run.submit(dagloop::protocol::Op::Decide {
+            call,
+            decision,
+            presented: None,
+            by: None,
+        })
+        .await
+        .expect("decide");
+    }
+    let result = run.wait().await;
+    assert_eq!(result.status, RunStatus::Succeeded, "{:?}", result.error);
+    let spans = spans_of(&exporter, "otel-spans-rejected");
+    let with_status = |want: &str| {
+        spans
+            .iter()
+            .find(|s| {
+                s.name == "execute_tool double"
+                    && s.attributes.iter().any(|kv| {
+                        kv.key.as_str() == "dagloop.call.status" && kv.value.to_string() == want
+                    })
+            })
+            .unwrap_or_else(|| panic!("a {want} call span in {spans:#?}"))
+    };
+    let (ran, rejected) = (with_status("ok"), with_status("rejected"));
+    let linked: Vec<_> = rejected
+        .links
+        .iter()
+        .map(|l| l.span_context.span_id())
+        .collect();
+    assert_eq!(linked, vec![ran.span_context.span_id()], "{rejected:#?}");
+}

@@ -185,15 +185,8 @@ impl State {
         self.read_noting(r, None)
     }
 
-    /// [`State::read`], adding to `writers` the calls whose writes it read ([`State::get_from`]).
-    pub fn read_from(
-        &self,
-        r: &Reference,
-        writers: &mut Vec<CallId>,
-    ) -> Result<Option<Value>, StateError> {
-        self.read_noting(r, Some(writers))
-    }
-
+    /// [`State::read`], adding to `writers` (when given) the calls whose writes it read
+    /// ([`State::get_from`]).
     fn read_noting(
         &self,
         r: &Reference,
