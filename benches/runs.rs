@@ -23,6 +23,8 @@ fn pct(sorted: &[f64], p: f64) -> f64 {
 }
 
 fn main() {
+    // The allocator's options the `dagloop` binary runs with (src/cli/alloc.rs).
+    dagloop::cli::tune_allocator();
     let n: usize = std::env::var("DAGLOOP_BENCH_RUNS")
         .ok()
         .and_then(|v| v.parse().ok())

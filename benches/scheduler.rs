@@ -205,12 +205,18 @@ struct Work {
     i: usize,
 }
 
-/// The model's first turn as text: every call, each padded to the same width so that with
-/// `chunk_chars` = that width each streamed chunk closes exactly one call (the streamed
-/// workload's arrivals), then the output turn.
+/// The model's first turn as text: every call, then the output turn. A streamed workload
+/// (`gap_ms` > 0) pads each call to the same width so that with `chunk_chars` = that width each
+/// chunk closes exactly one call (its arrivals); otherwise the calls are written as a model
+/// writes them, unpadded (padded to the widest, a fan-in naming a hundred parents made every
+/// call 1.5 KB of mostly spaces to parse).
 fn script(calls: &[Value], gap_ms: u64) -> Script {
     let texts: Vec<String> = calls.iter().map(Value::to_string).collect();
-    let width = texts.iter().map(String::len).max().unwrap_or(0) + 2;
+    let width = if gap_ms > 0 {
+        texts.iter().map(String::len).max().unwrap_or(0) + 2
+    } else {
+        0
+    };
     let mut body = format!("{:<width$}", "{\"calls\": [");
     for (k, t) in texts.iter().enumerate() {
         let sep = if k + 1 < texts.len() { "," } else { "" };
@@ -238,20 +244,24 @@ async fn run(calls: Vec<Value>, gap_ms: u64) -> Run {
 /// [`run`], in or out of the process's traces (`AgentBuilder::traced`).
 async fn run_traced(calls: Vec<Value>, gap_ms: u64, traced: bool) -> Run {
     let n = calls.len();
-    let actual: Arc<Mutex<Vec<(usize, f64)>>> = Arc::new(Mutex::new(Vec::with_capacity(n)));
+    let actual: Arc<Mutex<Vec<(usize, f64, f64)>>> = Arc::new(Mutex::new(Vec::with_capacity(n)));
+    let start: Arc<std::sync::OnceLock<Instant>> = Arc::default();
     let mut builder = AgentBuilder::new(goal())
         .model(Arc::new(ScriptedModel::new(script(&calls, gap_ms))))
         .traced(traced);
-    let act = actual.clone();
+    let (act, started) = (actual.clone(), start.clone());
     builder.registry_mut().register_fn("work", move |w: Work| {
-        let act = act.clone();
+        let (act, started) = (act.clone(), started.clone());
         async move {
             if w.ms > 0 {
                 let t = Instant::now();
                 let deadline = t + Duration::from_millis(w.ms);
                 let _ = tokio::task::spawn_blocking(move || precise_sleep(deadline)).await;
+                let at = started
+                    .get()
+                    .map_or(0.0, |t0| (t - *t0).as_secs_f64() * 1000.0);
                 if let Ok(mut a) = act.lock() {
-                    a.push((w.i, t.elapsed().as_secs_f64() * 1000.0));
+                    a.push((w.i, at, t.elapsed().as_secs_f64() * 1000.0));
                 }
             }
             Ok::<_, String>(1)
@@ -260,6 +270,7 @@ async fn run_traced(calls: Vec<Value>, gap_ms: u64, traced: bool) -> Run {
     let agent = builder.build().expect("agent");
     let cpu0 = cpu_ms();
     let t0 = Instant::now();
+    let _ = start.set(t0);
     let handle = agent.start();
     let mut events = handle.subscribe_from(0);
     let watcher = tokio::spawn(async move {
@@ -280,10 +291,11 @@ async fn run_traced(calls: Vec<Value>, gap_ms: u64, traced: bool) -> Run {
     let journal_replays = handle.event_replays();
     drop(handle);
     let mut durations = vec![0f64; n];
+    let mut starts = vec![0f64; n];
     if let Ok(a) = actual.lock() {
-        for &(i, ms) in a.iter() {
-            if let Some(d) = durations.get_mut(i) {
-                *d = ms;
+        for &(i, at, ms) in a.iter() {
+            if let (Some(d), Some(s)) = (durations.get_mut(i), starts.get_mut(i)) {
+                (*d, *s) = (ms, at);
             }
         }
     }
@@ -291,6 +303,7 @@ async fn run_traced(calls: Vec<Value>, gap_ms: u64, traced: bool) -> Run {
         makespan,
         arrivals,
         durations,
+        starts,
         replayed,
         journal_replays,
         cpu_ms,
@@ -300,27 +313,47 @@ async fn run_traced(calls: Vec<Value>, gap_ms: u64, traced: bool) -> Run {
 /// The same graph as plain tokio tasks, no dagloop: each task awaits its parents' (shared)
 /// join handles, then does the work. Milliseconds from the first spawn to the last task's end.
 async fn tokio_ideal(dag: &Dag) -> f64 {
+    tokio_ideal_timed(dag).await.0
+}
+
+/// [`tokio_ideal`], with when each sleeping task's sleep started and how long it slept (ms
+/// since start, by node; 0 for zero-latency nodes).
+async fn tokio_ideal_timed(dag: &Dag) -> (f64, Vec<f64>, Vec<f64>) {
     type Handle = futures::future::Shared<BoxFuture<'static, Value>>;
     let n = dag.dur.len();
+    let times: Arc<Mutex<Vec<(usize, f64, f64)>>> = Arc::default();
     let t0 = Instant::now();
     let mut handles: Vec<Handle> = Vec::with_capacity(n);
     for i in 0..n {
         let deps: Vec<Handle> = dag.parents[i].iter().map(|&j| handles[j].clone()).collect();
         let ms = dag.dur[i];
+        let times = times.clone();
         let task = tokio::spawn(async move {
             for d in deps {
                 d.await;
             }
             if ms > 0 {
-                let deadline = Instant::now() + Duration::from_millis(ms);
+                let t = Instant::now();
+                let deadline = t + Duration::from_millis(ms);
                 let _ = tokio::task::spawn_blocking(move || precise_sleep(deadline)).await;
+                let at = (t - t0).as_secs_f64() * 1000.0;
+                if let Ok(mut v) = times.lock() {
+                    v.push((i, at, t.elapsed().as_secs_f64() * 1000.0));
+                }
             }
             json!(1)
         });
         handles.push(task.map(|r| r.unwrap_or(Value::Null)).boxed().shared());
     }
     futures::future::join_all(handles).await;
-    t0.elapsed().as_secs_f64() * 1000.0
+    let total = t0.elapsed().as_secs_f64() * 1000.0;
+    let (mut starts, mut durations) = (vec![0f64; n], vec![0f64; n]);
+    if let Ok(v) = times.lock() {
+        for &(i, at, ms) in v.iter() {
+            (starts[i], durations[i]) = (at, ms);
+        }
+    }
+    (total, starts, durations)
 }
 
 /// One measured run.
@@ -330,6 +363,8 @@ struct Run {
     arrivals: Vec<f64>,
     /// How long each activity really slept (ms), by call id (= node index).
     durations: Vec<f64>,
+    /// When each activity started (ms since start), by call id; 0 for zero-latency calls.
+    starts: Vec<f64>,
     /// Events the subscriber fell behind the ring by, and was served from the kept history.
     replayed: u64,
     /// Times the run's journal was replayed to make events for the subscriber.
@@ -604,6 +639,8 @@ async fn sleep_workload(workload: &str, dag: &Dag) {
 }
 
 fn main() {
+    // The allocator's options the `dagloop` binary runs with (src/cli/alloc.rs).
+    dagloop::cli::tune_allocator();
     // Allocations are counted only while memory is measured (`zero_line`).
     alloc::counting(false);
     // As the CLI runs: tokio's multi-thread runtime, one worker per core.
@@ -654,6 +691,11 @@ fn main() {
                 json!({"workload": "core", "fanout0_us_per_call": f, "chain0_us_per_hop": c})
             );
         }
+        // Only when asked for (`-- timeline`): where a sleep fan-out's time over its critical
+        // path goes, from the activities' own clocks.
+        if only.as_deref() == Some("timeline") {
+            timeline(100).await;
+        }
         otel_rows(&want).await;
         if want("streamed") {
             let dag = layered(7);
@@ -671,6 +713,65 @@ fn main() {
             );
         }
     });
+}
+
+/// A 1 → n → 1 fan-out whose every call sleeps (the root and the last 1 ms, the middle 50 ms),
+/// run five times beside the same graph as plain tokio tasks: the medians, in ms, of the start
+/// (run start to the root's activity), the fan-out's launch (the root's end to the first and
+/// the last middle activity), the fan-in (the last middle activity's end to the last call's),
+/// the end (its end to the run's result) and the whole run's time over the critical path of
+/// the sleeps as measured.
+async fn timeline(n: usize) {
+    let mut dag = fanout_dag(n, 50);
+    dag.dur[0] = 1;
+    dag.dur[n + 1] = 1;
+    let phases = |makespan: f64, starts: &[f64], durations: &[f64]| {
+        let end = |i: usize| starts[i] + durations[i];
+        let mids = 1..=n;
+        let first = mids.clone().map(|i| starts[i]).fold(f64::MAX, f64::min);
+        let last = mids.clone().map(|i| starts[i]).fold(0.0, f64::max);
+        let last_end = mids.map(end).fold(0.0, f64::max);
+        [
+            starts[0],
+            first - end(0),
+            last - end(0),
+            starts[n + 1] - last_end,
+            makespan - end(n + 1),
+            makespan - dag.bound_with(durations, None),
+        ]
+    };
+    let (mut ours, mut ideal) = (Vec::new(), Vec::new());
+    for _ in 0..5 {
+        let r = run(dag.calls(), 0).await;
+        ours.push(phases(r.makespan, &r.starts, &r.durations));
+        let (total, starts, durations) = tokio_ideal_timed(&dag).await;
+        ideal.push(phases(total, &starts, &durations));
+    }
+    let medians = |rows: &[[f64; 6]]| {
+        let names = [
+            "start",
+            "first_launch",
+            "last_launch",
+            "fan_in",
+            "end",
+            "over_measured_path",
+        ];
+        let mut o = serde_json::Map::new();
+        for (k, name) in names.iter().enumerate() {
+            let mut v: Vec<f64> = rows.iter().map(|r| r[k]).collect();
+            v.sort_by(f64::total_cmp);
+            o.insert(
+                format!("{name}_ms"),
+                json!((v[v.len() / 2] * 1000.0).round() / 1000.0),
+            );
+        }
+        Value::Object(o)
+    };
+    println!(
+        "{}",
+        json!({"workload": "timeline", "n": n + 2, "dagloop": medians(&ours),
+               "tokio_ideal": medians(&ideal)})
+    );
 }
 
 /// fanout0 and chain0 again with every run's spans exported over OTLP/HTTP (sampling 100%) to a

@@ -9,6 +9,7 @@ use clap::Parser;
 static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> anyhow::Result<()> {
+    dagloop::cli::tune_allocator();
     let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
     let cli = match dagloop::cli::Cli::try_parse_from(&args) {
         Ok(cli) => cli,

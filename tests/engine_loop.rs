@@ -228,7 +228,11 @@ async fn the_next_request_shows_the_plan_with_statuses_and_errors() {
         Message::Plan { plan, .. } => Some(plan.clone()),
         _ => None,
     });
-    let statuses: Vec<Value> = plan.unwrap().iter().map(|c| c["_status"].clone()).collect();
+    let statuses: Vec<Value> = plan
+        .unwrap()
+        .iter()
+        .map(|c| c.to_value()["_status"].clone())
+        .collect();
     assert_eq!(
         statuses,
         vec![json!("done"), json!("refused"), json!("unresolved")]

@@ -904,7 +904,7 @@ async fn a_resumed_run_asks_the_interrupted_turn_with_the_same_context() {
             _ => None,
         })
         .expect("step 2 shows the plan of step 1");
-    assert_eq!(plan[0]["_status"], json!("done"), "{plan:?}");
+    assert_eq!(plan[0].to_value()["_status"], json!("done"), "{plan:?}");
 
     let (model, again) = recorder(None);
     let r = build(model)

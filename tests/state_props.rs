@@ -67,7 +67,9 @@ proptest! {
             state.write(p.clone(), v.clone(), *m, None, i as u64);
         }
         for r in &reads {
-            prop_assert_eq!(state.get(r), replay(&writes, r), "reading {}", r);
+            let expected = replay(&writes, r);
+            prop_assert_eq!(state.has(r), expected.is_some(), "has {}", r);
+            prop_assert_eq!(state.get(r), expected, "reading {}", r);
         }
     }
 

@@ -13,6 +13,7 @@ mod codes_cmd;
 mod fork;
 mod grant_cmd;
 pub use grant_cmd::{GrantArgs, RevokeArgs};
+mod alloc;
 mod policy_cmd;
 mod progress;
 mod replay;
@@ -25,6 +26,8 @@ mod store;
 mod temporal_cmd;
 mod test_cmd;
 mod validate_cmd;
+
+pub use alloc::{purge_delay_ms, tune_allocator};
 
 pub use args::*;
 use serve_cmd::*;

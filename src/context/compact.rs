@@ -17,7 +17,9 @@
 //! here: deciding when to compact or how far (the run machine moves one level per refused
 //! answer), and measuring tokens (sizes are characters of JSON).
 
-use serde_json::{Map, Value, json};
+use std::sync::Arc;
+
+use serde_json::{Value, json};
 
 use super::{PlanEntry, SanitizeLimits};
 use crate::protocol::{OutputMethod, Segment};
@@ -60,15 +62,14 @@ fn state_shift(level: u8) -> Option<u32> {
 
 /// A plan entry as compaction shows it: its tool, status and output path only.
 pub fn brief(entry: &PlanEntry) -> PlanEntry {
-    let mut call = Map::new();
-    for key in ["_tool", "_outputPath"] {
-        if let Some(v) = entry.call.get(key) {
-            call.insert(key.to_string(), v.clone());
-        }
-    }
+    let call = entry.call.as_deref().map(|c| {
+        let mut brief = crate::protocol::Call::new(c.tool.clone());
+        brief.output_path.clone_from(&c.output_path);
+        Arc::new(brief)
+    });
     PlanEntry {
         id: entry.id,
-        call: Value::Object(call),
+        call,
         status: entry.status.clone(),
         result: None,
         error: None,
@@ -212,7 +213,11 @@ mod tests {
     fn a_plan_entry_keeps_its_tool_status_and_output_path() {
         let e = PlanEntry {
             id: crate::protocol::CallId(3),
-            call: json!({"_tool": "fetch", "url": "x", "_outputPath": "†state.page"}),
+            call: crate::protocol::Call::try_from(
+                json!({"_tool": "fetch", "url": "x", "_outputPath": "†state.page"}),
+            )
+            .ok()
+            .map(Arc::new),
             status: "failed".into(),
             result: Some(json!("long")),
             error: Some(json!({"code": "activity.failed"})),
@@ -220,11 +225,11 @@ mod tests {
         };
         let b = brief(&e);
         assert_eq!(
-            b.call,
-            json!({"_tool": "fetch", "_outputPath": "†state.page"})
+            b.call.map(|c| c.to_value()),
+            Some(json!({"_tool": "fetch", "_outputPath": "†state.page"}))
         );
         assert_eq!(
-            (b.status.as_str(), b.result, b.error),
+            (b.status.as_ref(), b.result, b.error),
             ("failed", None, None)
         );
     }

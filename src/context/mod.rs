@@ -14,7 +14,7 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 
-use crate::protocol::{Call, CallId, Message, Role, Tool};
+use crate::protocol::{Call, CallId, Message, PlanItem, Role, Tool};
 pub use sanitize::{SanitizeLimits, sanitize, sanitize_owned};
 
 /// What became of one call of the previous step, as the next Request shows it.
@@ -22,10 +22,11 @@ pub use sanitize::{SanitizeLimits, sanitize, sanitize_owned};
 pub struct PlanEntry {
     /// The call's id.
     pub id: CallId,
-    /// The call as the model wrote it.
-    pub call: Value,
+    /// The call as the model wrote it (or as a reviewer revised it); None when it could not be
+    /// read (shown as `null`).
+    pub call: Option<Arc<Call>>,
     /// done, failed, rejected, unresolved, cancelled or refused.
-    pub status: String,
+    pub status: std::borrow::Cow<'static, str>,
     /// The result (calls without an output path show it here; others wrote it to state).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub result: Option<Value>,
@@ -134,7 +135,7 @@ pub fn assemble(input: ContextInput<'_>) -> Vec<Message> {
                 (None, true) => json!(e.status),
             };
             errors.push(Message::Error {
-                call: e.call.clone(),
+                call: e.call.as_deref().map_or(Value::Null, Call::to_value),
                 error: sanitize(&error, &input.limits),
                 extra: Map::new(),
             });
@@ -142,15 +143,12 @@ pub fn assemble(input: ContextInput<'_>) -> Vec<Message> {
         let plan = input
             .plan
             .into_iter()
-            .map(|e| {
-                let mut call = e.call;
-                if let Value::Object(m) = &mut call {
-                    m.insert("_status".into(), Value::String(e.status));
-                    if let Some(r) = e.result {
-                        m.insert("_result".into(), sanitize_owned(r, &input.limits));
-                    }
+            .map(|e| match e.call {
+                Some(call) => {
+                    let result = e.result.map(|r| sanitize_owned(r, &input.limits));
+                    PlanItem::new(call, e.status, result)
                 }
-                call
+                None => PlanItem::Json(Value::Null),
             })
             .collect();
         out.push(Message::Plan {

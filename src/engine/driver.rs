@@ -545,6 +545,8 @@ impl Driver {
     }
 
     /// Hands journaled `entries` to the machine, publishing its events and performing the rest.
+    /// Each input is handled eagerly ([`RunMachine::handle_eager`]): the activity of a call the
+    /// input launched starts before the input's other calls are checked.
     fn apply(&mut self, entries: Vec<JournalEntry>) {
         let (mut actions, mut rest) = std::mem::take(&mut self.scratch);
         let last = entries.len();
@@ -554,36 +556,49 @@ impl Driver {
             if let RunInput::TimerFired { timer } = &input {
                 self.alarm.handed(*timer);
             }
-            {
-                let mut log = match self.shared.log.lock() {
-                    Ok(l) => l,
-                    Err(p) => p.into_inner(),
-                };
-                log.journal.push(entry);
-                self.machine.handle_into(input, at, &mut actions);
-                for a in actions.drain(..) {
-                    match a {
-                        Action::Emit(ev) => {
-                            // A call asked for a decision, or one that may have been waiting
-                            // for one moved on: count again before the next note.
-                            self.lease.recount |=
-                                matches!(ev.kind, EventKind::ApprovalRequested { .. })
-                                    || (ev.call.is_some()
-                                        && self.lease.noted.is_some_and(|n| n.awaiting > 0));
-                            self.shared.publish(&mut log, ev)
+            let mut next = Some((entry, input));
+            loop {
+                let more = {
+                    let mut log = match self.shared.log.lock() {
+                        Ok(l) => l,
+                        Err(p) => p.into_inner(),
+                    };
+                    let more = match next.take() {
+                        Some((entry, input)) => {
+                            log.journal.push(entry);
+                            self.machine.handle_eager(input, at, &mut actions)
                         }
-                        other => rest.push(other),
+                        None => self.machine.resume_into(at, &mut actions),
+                    };
+                    for a in actions.drain(..) {
+                        match a {
+                            Action::Emit(ev) => {
+                                // A call asked for a decision, or one that may have been
+                                // waiting for one moved on: count again before the next note.
+                                self.lease.recount |=
+                                    matches!(ev.kind, EventKind::ApprovalRequested { .. })
+                                        || (ev.call.is_some()
+                                            && self.lease.noted.is_some_and(|n| n.awaiting > 0));
+                                self.shared.publish(&mut log, ev)
+                            }
+                            other => rest.push(other),
+                        }
                     }
+                    // The batch's events go to the span worker together (`telemetry::feed`).
+                    if i + 1 == last
+                        && !more
+                        && let Some(spans) = &mut log.spans
+                    {
+                        spans.flush();
+                    }
+                    more
+                };
+                for a in rest.drain(..) {
+                    self.perform(a);
                 }
-                // The batch's events go to the span worker together (`telemetry::feed`).
-                if i + 1 == last
-                    && let Some(spans) = &mut log.spans
-                {
-                    spans.flush();
+                if !more {
+                    break;
                 }
-            }
-            for a in rest.drain(..) {
-                self.perform(a);
             }
         }
         actions.shrink_to(SCRATCH_KEPT);

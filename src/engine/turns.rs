@@ -122,12 +122,25 @@ struct Piece {
     inputs: Vec<RunInput>,
 }
 
-/// A text delta longer than this is parsed on a task of its own, in pieces of about this many
-/// bytes, each piece's inputs handed over before the next is parsed: the driver takes the
-/// first calls while the rest is parsed beside it. A scripted model or a replay sends a whole
-/// answer as one delta; a provider streams deltas of a few characters, which are parsed where
-/// they are read, with no hand-over between tasks in the way of the first call's latency.
-const PIECE_BYTES: usize = 8 * 1024;
+/// A text delta longer than [`LONG_TEXT`] is parsed on a task of its own, in pieces, each
+/// piece's inputs handed over before the next is parsed: the driver takes the first calls
+/// while the rest is parsed beside it. A scripted model, a replay or a provider that does not
+/// stream sends a whole answer as one delta; a provider streams deltas of a few characters,
+/// which are parsed where they are read, with no hand-over between tasks in the way of the
+/// first call's latency.
+///
+/// The pieces grow from [`FIRST_PIECE_BYTES`], doubling, to this many bytes, and the task
+/// yields after each: the first calls arrive after a few hundred bytes are parsed (a piece of
+/// 8 KiB holds about a hundred calls, a quarter of a millisecond of parsing before the first
+/// could start), an activity those calls launched waits for one piece at most, not for the
+/// rest of the text, and a long answer still crosses between tasks once per 2 KiB.
+const PIECE_BYTES: usize = 2 * 1024;
+
+/// The first piece of a long text delta, in bytes (see [`PIECE_BYTES`]).
+const FIRST_PIECE_BYTES: usize = 512;
+
+/// A text delta longer than this is parsed on a task of its own (see [`PIECE_BYTES`]).
+const LONG_TEXT: usize = PIECE_BYTES;
 
 /// How many pieces the parsing task may be ahead of the driver.
 const PIECES_AHEAD: usize = 4;
@@ -141,18 +154,20 @@ async fn parse_long(
     tx: mpsc::Sender<Piece>,
 ) -> TurnReader {
     let mut total = Some(text.chars().count() as u64);
-    for piece in pieces(&text, PIECE_BYTES) {
+    for piece in pieces(&text, FIRST_PIECE_BYTES, PIECE_BYTES) {
         let mut deltas = Vec::new();
         let item = Some(Ok(StreamEvent::TextDelta(piece.to_string())));
         let (inputs, _) = reader.read(frame, item, &mut |_, _| {
             deltas.extend(total.take());
         });
-        if (deltas.is_empty() && inputs.is_empty())
-            || tx.send(Piece { deltas, inputs }).await.is_ok()
+        if !(deltas.is_empty() && inputs.is_empty())
+            && tx.send(Piece { deltas, inputs }).await.is_err()
         {
-            continue;
+            break;
         }
-        break;
+        // The calls just handed over launch activities on this runtime: they run before the
+        // next piece is parsed, not behind the whole text.
+        tokio::task::yield_now().await;
     }
     reader
 }
@@ -227,7 +242,7 @@ impl Open {
                 }
             };
             let item = match item {
-                Some(Ok(StreamEvent::TextDelta(text))) if text.len() > PIECE_BYTES => {
+                Some(Ok(StreamEvent::TextDelta(text))) if text.len() > LONG_TEXT => {
                     if let Some(reader) = self.reader.take() {
                         let (tx, rx) = mpsc::channel(PIECES_AHEAD);
                         let task = tokio::spawn(parse_long(frame, reader, text, tx));
@@ -250,14 +265,17 @@ impl Open {
     }
 }
 
-/// `text` cut at character boundaries into pieces of at least `size` bytes (the last shorter).
-fn pieces(text: &str, size: usize) -> impl Iterator<Item = &str> {
+/// `text` cut at character boundaries into pieces of at least `first` bytes, then twice that,
+/// and so on up to `most` (the last piece shorter).
+fn pieces(text: &str, first: usize, most: usize) -> impl Iterator<Item = &str> {
     let mut rest = text;
+    let mut size = first.max(1);
     std::iter::from_fn(move || {
         if rest.is_empty() {
             return None;
         }
         let mut cut = size.min(rest.len());
+        size = (size * 2).min(most.max(1));
         while !rest.is_char_boundary(cut) {
             cut += 1;
         }
@@ -364,7 +382,7 @@ mod tests {
     fn pieces_end_at_character_boundaries_and_lose_nothing() {
         let text = "a†é€b".repeat(50);
         for size in [1, 2, 3, 4, 7, 64, 1000] {
-            let parts: Vec<&str> = pieces(&text, size).collect();
+            let parts: Vec<&str> = pieces(&text, size, size).collect();
             assert_eq!(parts.concat(), text, "size {size}");
             let last = parts.len() - 1;
             for (i, p) in parts.iter().enumerate() {
@@ -379,6 +397,21 @@ mod tests {
                 );
             }
         }
-        assert_eq!(pieces("", 8).count(), 0);
+        assert_eq!(pieces("", 8, 8).count(), 0);
+    }
+
+    #[test]
+    fn pieces_grow_from_the_first_size_to_the_largest() {
+        let text = "x".repeat(100);
+        let sizes: Vec<usize> = pieces(&text, 4, 32).map(str::len).collect();
+        assert_eq!(sizes, [4, 8, 16, 32, 32, 8]);
+        let text = "é".repeat(20);
+        let parts: Vec<&str> = pieces(&text, 3, 8).collect();
+        assert_eq!(parts.concat(), text);
+        assert_eq!(
+            parts[0].len(),
+            4,
+            "the first piece ends after its character"
+        );
     }
 }

@@ -400,7 +400,7 @@ mod tests {
                 extra: serde_json::Map::new(),
             },
             Message::Plan {
-                plan: vec![serde_json::json!({"_tool": "t", "q": "ünïcode ✓", "n": 1.5})],
+                plan: vec![serde_json::json!({"_tool": "t", "q": "ünïcode ✓", "n": 1.5}).into()],
                 extra: serde_json::Map::new(),
             },
         ];

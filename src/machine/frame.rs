@@ -233,8 +233,8 @@ impl Frame {
                 .map(|(id, call, status)| {
                     compact::brief(&PlanEntry {
                         id: *id,
-                        call: call.as_deref().map(Call::to_value).unwrap_or(Value::Null),
-                        status: status.as_str().to_string(),
+                        call: call.clone(),
+                        status: status.as_str().into(),
                         result: None,
                         error: None,
                         missing: Vec::new(),
@@ -270,19 +270,19 @@ impl Frame {
                     decision: self.decisions.get(&c.id).map(|d| d.name().to_string()),
                     error: c.error.as_deref().cloned(),
                 });
+                let shown = match &c.revised {
+                    Some(r) => Some(Arc::new(r.clone())),
+                    None => c.call.clone(),
+                };
                 let entry = PlanEntry {
                     id: c.id,
-                    call: call.map(Call::to_value).unwrap_or(Value::Null),
-                    status: c.status.as_str().to_string(),
+                    call: shown.clone(),
+                    status: c.status.as_str().into(),
                     result: call
                         .filter(|x| x.output_path.is_none())
                         .and(c.result.as_deref().cloned()),
                     error: c.error.as_deref().cloned(),
                     missing: c.missing.clone(),
-                };
-                let shown = match &c.revised {
-                    Some(r) => Some(Arc::new(r.clone())),
-                    None => c.call.clone(),
                 };
                 self.brief.push((c.id, shown, c.status));
                 entry

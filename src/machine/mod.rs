@@ -76,8 +76,11 @@ pub struct RunMachine {
     /// Timers pending and requests made, for a driver rebuilding the run.
     pending: pending::Pending,
     /// Scratch buffers (the work queue, a scheduler's actions), kept between inputs so that an
-    /// input allocates nothing for them; see [`RunMachine::handle_into`].
+    /// input allocates nothing for them; see [`RunMachine::handle_into`]. After an eager stop
+    /// ([`RunMachine::handle_eager`]) the queue holds the input's work still to do.
     scratch: (Vec<Work>, Vec<scheduler::Action>),
+    /// The input being handled stops after each launch ([`RunMachine::handle_eager`]).
+    eager: bool,
 }
 
 /// Scratch buffers keep at most this much room between inputs: a burst (the root of a large
@@ -111,6 +114,7 @@ impl RunMachine {
             attribution: BTreeMap::new(),
             pending: Default::default(),
             scratch: Default::default(),
+            eager: false,
         }
     }
 
@@ -231,6 +235,45 @@ impl RunMachine {
 
     /// Like [`RunMachine::handle`], appending to `out`.
     pub fn handle_into(&mut self, input: RunInput, now: Millis, out: &mut Vec<Action>) {
+        self.handle_with(input, now, out, false);
+        while self.resume_into(now, out) {}
+    }
+
+    /// [`RunMachine::handle_into`], stopping after each call launched while other calls still
+    /// wait to be checked: the driver starts that activity, then calls
+    /// [`RunMachine::resume_into`] until it returns false. True when there is more to do. The
+    /// events and actions are the same, in the same order, as `handle_into` gives at once: a
+    /// fan-out's first activity starts before the hundredth call is checked, not after.
+    pub fn handle_eager(&mut self, input: RunInput, now: Millis, out: &mut Vec<Action>) -> bool {
+        self.handle_with(input, now, out, true);
+        self.has_more()
+    }
+
+    /// Goes on with the input an eager stop left unfinished (at the same `now`), appending to
+    /// `out`; true when it stopped again. Does nothing, and returns false, when nothing is left.
+    pub fn resume_into(&mut self, now: Millis, out: &mut Vec<Action>) -> bool {
+        if !self.has_more() {
+            return false;
+        }
+        let from = out.len();
+        let (mut work, buf) = std::mem::take(&mut self.scratch);
+        self.run_work(&mut work, buf, now, out);
+        self.pending.actions(out.get(from..).unwrap_or_default());
+        let more = self.has_more();
+        if !more {
+            self.attribution.clear();
+        }
+        more
+    }
+
+    /// True after an eager stop, until [`RunMachine::resume_into`] has finished the input.
+    pub fn has_more(&self) -> bool {
+        !self.scratch.0.is_empty()
+    }
+
+    fn handle_with(&mut self, input: RunInput, now: Millis, out: &mut Vec<Action>, eager: bool) {
+        // An input never starts while another is unfinished.
+        while self.resume_into(now, out) {}
         if self.finished.is_some() {
             return;
         }
@@ -241,6 +284,7 @@ impl RunMachine {
         {
             return;
         }
+        self.eager = eager;
         let from = out.len();
         self.pending.input(&input);
         self.handle_input(input, now, out);
@@ -431,7 +475,9 @@ impl RunMachine {
             }
         }
         self.run_work(&mut work, buf, now, out);
-        self.attribution.clear();
+        if !self.has_more() {
+            self.attribution.clear();
+        }
     }
 
     fn streaming(&self, frame: FrameKey) -> bool {

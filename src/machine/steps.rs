@@ -189,7 +189,8 @@ impl RunMachine {
         }
     }
 
-    /// Handles the work queue in order, then keeps the (emptied) buffers for the next input.
+    /// Handles the work queue in order, then keeps the (emptied) buffers for the next input;
+    /// after an eager stop the queue keeps what is left to do.
     pub(super) fn run_work(
         &mut self,
         work: &mut Vec<Work>,
@@ -197,8 +198,9 @@ impl RunMachine {
         now: Millis,
         out: &mut Vec<Action>,
     ) {
-        self.run_queue(work, &mut buf, now, out);
-        work.clear();
+        if !self.run_queue(work, &mut buf, now, out) {
+            work.clear();
+        }
         buf.clear();
         work.shrink_to(SCRATCH_KEPT);
         buf.shrink_to(SCRATCH_KEPT);
@@ -211,7 +213,7 @@ impl RunMachine {
         buf: &mut Vec<scheduler::Action>,
         now: Millis,
         out: &mut Vec<Action>,
-    ) {
+    ) -> bool {
         // Processed in order: each input's consequences are appended and handled after it.
         let mut i = 0;
         while i < work.len() {
@@ -223,7 +225,9 @@ impl RunMachine {
             let Some(sched) = f.sched.as_mut() else {
                 continue;
             };
+            sched.set_eager(self.eager);
             sched.handle_into(input, now, buf);
+            let unsettled = sched.unsettled();
             let mut drained = false;
             for action in buf.drain(..) {
                 match action {
@@ -295,9 +299,16 @@ impl RunMachine {
                 self.end_step(key, now, work, out);
             }
             if self.finished.is_some() {
-                return;
+                return false;
+            }
+            if unsettled {
+                // An eager stop after a launch: the scheduler goes on first, then the rest.
+                work.drain(..i);
+                work.insert(0, (key, scheduler::Input::Settle));
+                return true;
             }
         }
+        false
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -395,6 +406,7 @@ impl RunMachine {
         }
         let mut buf = Vec::new();
         if let Some(sched) = f.sched.as_mut() {
+            sched.set_eager(false);
             sched.handle_into(scheduler::Input::Cancel, now, &mut buf);
         }
         for a in buf {

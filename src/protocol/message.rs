@@ -76,7 +76,7 @@ pub enum Message {
     /// The previous plan: calls with their status (protocol chapter 012).
     Plan {
         /// The calls, each with a `_status` field.
-        plan: Vec<Value>,
+        plan: Vec<super::PlanItem>,
         /// Unknown fields.
         #[serde(flatten)]
         extra: Map<String, Value>,

@@ -8,6 +8,7 @@ mod event;
 mod message;
 pub mod meta;
 mod op;
+mod plan_item;
 pub mod reference;
 
 pub(crate) use call::SplitCall;
@@ -16,6 +17,7 @@ pub use event::{Decision, Event, EventKind, FailKind};
 pub use message::{Message, Role, Solution};
 pub use meta::{CALL_META_KEYS, TOOL_META_KEYS, UnknownMetaKey, is_meta_key};
 pub use op::{Actor, GrantSpec, GrantedCall, Op, OpError, canonical, params_hash};
+pub use plan_item::PlanItem;
 pub use reference::{
     ASCII_MARKER, Combinator, Expression, MARKER, Path, Reference, ReferenceError, Segment,
     looks_like_reference, parse_expression,

@@ -210,6 +210,13 @@ impl Scheduler {
         loop {
             while let Some(id) = self.recheck.pop_first() {
                 self.check(id, now, out);
+                // Eager: the launched call's activity can start before the rest are checked.
+                if self.eager
+                    && !self.recheck.is_empty()
+                    && matches!(out.last(), Some(Action::Launch { .. }))
+                {
+                    return;
+                }
             }
             if self.drained {
                 return;
@@ -257,7 +264,7 @@ impl Scheduler {
                 e.watch += 1;
                 continue;
             };
-            if self.graph.writable_by_other(p, e.id) || (open && self.state.get(p).is_none()) {
+            if self.graph.writable_by_other(p, e.id) || (open && !self.state.has(p)) {
                 return true;
             }
             e.watch += 1;
@@ -279,7 +286,7 @@ impl Scheduler {
             };
             let (graph, state) = (&self.graph, &self.state);
             let writable =
-                |p: &Path| graph.writable_by_other(p, id) || (open && state.get(p).is_none());
+                |p: &Path| graph.writable_by_other(p, id) || (open && !state.has(p));
             resolve::check(state, &call.params, &e.refs, &writable)
         };
         match resolved {

@@ -139,6 +139,8 @@ pub struct Scheduler {
     running: usize,
     recheck: BTreeSet<CallId>,
     resolutions: u64,
+    /// Return after each launch while calls still wait to be checked ([`Scheduler::set_eager`]).
+    eager: bool,
 }
 
 /// True when the tool declares its calls safe to run twice (`"_idempotent": true`): a call
@@ -190,6 +192,7 @@ impl Scheduler {
             running: 0,
             recheck: BTreeSet::new(),
             resolutions: 0,
+            eager: false,
         }
     }
 
@@ -213,8 +216,24 @@ impl Scheduler {
             Input::Finished { id, outcome } => self.finished(id, outcome, now, out),
             Input::Cancel => self.cancel(out),
             Input::Interrupted { id } => self.interrupted(id, out),
+            Input::Settle => {}
         }
         self.settle(now, out);
+    }
+
+    /// With `eager`, handling an input returns right after a call is launched while other calls
+    /// still wait to be checked ([`Scheduler::unsettled`]), so the caller can start that
+    /// activity before the rest are checked; [`Input::Settle`] goes on where it stopped. The
+    /// inputs, and what they lead to, are the same either way: only where the output is cut
+    /// differs.
+    pub fn set_eager(&mut self, eager: bool) {
+        self.eager = eager;
+    }
+
+    /// True when handling stopped after a launch with calls still to check (eager only):
+    /// [`Input::Settle`] must come before any other input.
+    pub fn unsettled(&self) -> bool {
+        self.eager && !self.drained && !self.recheck.is_empty()
     }
 
     /// The state as it stands.

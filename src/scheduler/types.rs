@@ -59,6 +59,9 @@ pub enum Input {
         /// The call.
         id: CallId,
     },
+    /// Go on checking the calls that wait to be, after an eager stop
+    /// ([`super::Scheduler::set_eager`]). Nothing else.
+    Settle,
 }
 
 /// Something the driver must do.

@@ -144,6 +144,24 @@ impl State {
         self.get_noting(path, None)
     }
 
+    /// Whether [`State::get`] would find a value, without copying it out.
+    pub fn has(&self, path: &Path) -> bool {
+        let plan = self.index.plan(path);
+        if plan.widen_to.is_none() {
+            match plan.seqs[..] {
+                [] => return false,
+                [s] => {
+                    let w = &self.log[s as usize];
+                    if w.method == OutputMethod::Set && w.path.len() <= path.len() {
+                        return apply::get(&w.value, &path.segments()[w.path.len()..]).is_some();
+                    }
+                }
+                _ => {}
+            }
+        }
+        self.get(path).is_some()
+    }
+
     /// [`State::get`], adding to `writers` the calls that made the writes the value came from
     /// (unsorted, possibly repeated; the goal's initial data has no call). What a call read its
     /// params from, which its `started` event names.
@@ -159,6 +177,17 @@ impl State {
         }
         if plan.seqs.is_empty() {
             return None;
+        }
+        // One `set` at the path or above it: the value is read straight from it (what the
+        // replay below would give, without building a document first).
+        if let [s] = plan.seqs[..] {
+            let w = &self.log[s as usize];
+            if w.method == OutputMethod::Set && w.path.len() <= path.len() {
+                if let Some(ws) = writers {
+                    ws.extend(w.call);
+                }
+                return apply::get(&w.value, &path.segments()[w.path.len()..]).cloned();
+            }
         }
         let base_len = plan
             .seqs
