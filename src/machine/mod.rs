@@ -29,6 +29,8 @@ mod types;
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod eager_tests;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

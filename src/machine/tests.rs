@@ -20,11 +20,11 @@ fn config(goal: Value) -> Arc<AgentConfig> {
     Arc::new(AgentConfig::from_goal(&g, BTreeMap::new()).expect("config"))
 }
 
-fn machine(goal: Value, policy: Policy) -> RunMachine {
+pub(super) fn machine(goal: Value, policy: Policy) -> RunMachine {
     RunMachine::new("run-t", config(goal), policy, SanitizeLimits::default())
 }
 
-fn call(v: Value) -> Call {
+pub(super) fn call(v: Value) -> Call {
     Call::try_from(v).expect("call")
 }
 
