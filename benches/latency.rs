@@ -24,6 +24,10 @@
 //!
 //! It is not a timed test: nothing fails when the target (≤ 200 µs median) is missed.
 
+/// The binary's allocator (mimalloc), counting nothing here: the latency is the path users run.
+#[path = "support/alloc.rs"]
+mod alloc;
+
 use std::convert::Infallible;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -373,6 +377,9 @@ fn server(base: Instant, calls: usize) -> (String, Arc<Vec<AtomicU64>>) {
 }
 
 fn main() {
+    alloc::counting(false);
+    // The allocator's options the `dagloop` binary runs with (src/cli/alloc.rs).
+    dagloop::cli::tune_allocator();
     let calls = WARMUP + SAMPLES;
     let base = Instant::now();
     let (url, written) = server(base, calls);
