@@ -568,7 +568,7 @@ impl Driver {
                             log.journal.push(entry);
                             self.machine.handle_eager(input, at, &mut actions)
                         }
-                        None => self.machine.resume_into(at, &mut actions),
+                        None => self.machine.resume_into(&mut actions),
                     };
                     for a in actions.drain(..) {
                         match a {

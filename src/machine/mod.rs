@@ -83,6 +83,9 @@ pub struct RunMachine {
     scratch: (Vec<Work>, Vec<scheduler::Action>),
     /// The input being handled stops after each launch ([`RunMachine::handle_eager`]).
     eager: bool,
+    /// The time of the input being handled: what is left of it after an eager stop is handled
+    /// at that time, whenever it is resumed.
+    at: Millis,
 }
 
 /// Scratch buffers keep at most this much room between inputs: a burst (the root of a large
@@ -117,6 +120,7 @@ impl RunMachine {
             pending: Default::default(),
             scratch: Default::default(),
             eager: false,
+            at: 0,
         }
     }
 
@@ -238,7 +242,7 @@ impl RunMachine {
     /// Like [`RunMachine::handle`], appending to `out`.
     pub fn handle_into(&mut self, input: RunInput, now: Millis, out: &mut Vec<Action>) {
         self.handle_with(input, now, out, false);
-        while self.resume_into(now, out) {}
+        while self.resume_into(out) {}
     }
 
     /// [`RunMachine::handle_into`], stopping after each call launched while other calls still
@@ -251,12 +255,14 @@ impl RunMachine {
         self.has_more()
     }
 
-    /// Goes on with the input an eager stop left unfinished (at the same `now`), appending to
-    /// `out`; true when it stopped again. Does nothing, and returns false, when nothing is left.
-    pub fn resume_into(&mut self, now: Millis, out: &mut Vec<Action>) -> bool {
+    /// Goes on with the input an eager stop left unfinished (at that input's time), appending
+    /// to `out`; true when it stopped again. Does nothing, and returns false, when nothing is
+    /// left.
+    pub fn resume_into(&mut self, out: &mut Vec<Action>) -> bool {
         if !self.has_more() {
             return false;
         }
+        let now = self.at;
         let from = out.len();
         let (mut work, buf) = std::mem::take(&mut self.scratch);
         self.run_work(&mut work, buf, now, out);
@@ -275,7 +281,7 @@ impl RunMachine {
 
     fn handle_with(&mut self, input: RunInput, now: Millis, out: &mut Vec<Action>, eager: bool) {
         // An input never starts while another is unfinished.
-        while self.resume_into(now, out) {}
+        while self.resume_into(out) {}
         if self.finished.is_some() {
             return;
         }
@@ -287,6 +293,7 @@ impl RunMachine {
             return;
         }
         self.eager = eager;
+        self.at = now;
         let from = out.len();
         self.pending.input(&input);
         self.handle_input(input, now, out);

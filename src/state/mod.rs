@@ -147,19 +147,23 @@ impl State {
     /// Whether [`State::get`] would find a value, without copying it out.
     pub fn has(&self, path: &Path) -> bool {
         let plan = self.index.plan(path);
-        if plan.widen_to.is_none() {
-            match plan.seqs[..] {
-                [] => return false,
-                [s] => {
-                    let w = &self.log[s as usize];
-                    if w.method == OutputMethod::Set && w.path.len() <= path.len() {
-                        return apply::get(&w.value, &path.segments()[w.path.len()..]).is_some();
-                    }
-                }
-                _ => {}
-            }
+        if plan.widen_to.is_none() && plan.seqs.is_empty() {
+            return false;
         }
-        self.get(path).is_some()
+        match self.only_set(&plan, path) {
+            Some(w) => apply::get(&w.value, &path.segments()[w.path.len()..]).is_some(),
+            None => self.get(path).is_some(),
+        }
+    }
+
+    /// The write a read of `path` replays when it is all the read replays and a `set` at the
+    /// path or above it: the value is then read straight from it (what the replay would give,
+    /// without building a document first).
+    fn only_set(&self, plan: &index::ReadPlan, path: &Path) -> Option<&Write> {
+        let [s] = plan.seqs[..] else { return None };
+        let w = self.log.get(usize::try_from(s).ok()?)?;
+        (plan.widen_to.is_none() && w.method == OutputMethod::Set && w.path.len() <= path.len())
+            .then_some(w)
     }
 
     /// [`State::get`], adding to `writers` the calls that made the writes the value came from
@@ -178,16 +182,11 @@ impl State {
         if plan.seqs.is_empty() {
             return None;
         }
-        // One `set` at the path or above it: the value is read straight from it (what the
-        // replay below would give, without building a document first).
-        if let [s] = plan.seqs[..] {
-            let w = &self.log[s as usize];
-            if w.method == OutputMethod::Set && w.path.len() <= path.len() {
-                if let Some(ws) = writers {
-                    ws.extend(w.call);
-                }
-                return apply::get(&w.value, &path.segments()[w.path.len()..]).cloned();
+        if let Some(w) = self.only_set(&plan, path) {
+            if let Some(ws) = writers {
+                ws.extend(w.call);
             }
+            return apply::get(&w.value, &path.segments()[w.path.len()..]).cloned();
         }
         let base_len = plan
             .seqs
