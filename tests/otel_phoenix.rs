@@ -304,6 +304,14 @@ fn runs_export_their_trace_to_phoenix_delegate_rejected_failed_and_resumed() {
     );
     assert_eq!(approval["attributes"]["dagloop.approval.timed_out"], false);
     assert_eq!(
+        approval["attributes"]["gen_ai.tool.call.id"],
+        wire["attributes"]["gen_ai.tool.call.id"]
+    );
+    assert!(
+        approval["attributes"]["gen_ai.tool.call.id"].is_string(),
+        "{approval}"
+    );
+    assert_eq!(
         approval["attributes"]["dagloop.approval.channel"],
         "decisions_file"
     );

@@ -256,6 +256,24 @@ async fn a_resumed_run_reports_the_stopped_process_run_span_its_link_points_at()
         stopped.span_context.span_id(),
         "resumed_from points at the stopped process's run span"
     );
+    // The approval span names its call as the call's span does: `gen_ai.tool.call.id` is a
+    // string in both.
+    let call_id = |s: &SpanData| {
+        s.attributes
+            .iter()
+            .find(|kv| kv.key.as_str() == "gen_ai.tool.call.id")
+            .map(|kv| value(&kv.value))
+    };
+    let approval = spans
+        .iter()
+        .find(|s| s.name == "approval double")
+        .expect("the approval's span");
+    let double = spans
+        .iter()
+        .find(|s| s.name == "execute_tool double")
+        .expect("the call's span");
+    assert_eq!(call_id(approval), Some(json!(call.0.to_string())));
+    assert_eq!(call_id(approval), call_id(double));
 }
 
 /// A run reports its end only once its spans are made (they are made on a worker thread, fed

@@ -519,18 +519,52 @@ async fn falls_behind_a_ring_of(capacity: usize) {
     assert_eq!(h.event_replays(), 0, "a later subscriber reads them too");
 }
 
-/// A subscriber that joins after events went out to nobody is served from one replay of the
-/// journal; a second late subscriber reuses it.
+/// A subscriber that joins after more events than the ring holds went out to nobody is served
+/// from one replay of the journal; a second late subscriber reuses it.
 #[tokio::test(start_paused = true)]
 async fn a_subscriber_that_joins_late_is_served_from_one_replay() {
     let dir = tempfile::tempdir().expect("dir");
-    let h = echo_calls(dir.path(), 5).build().expect("build").start();
+    let b = echo_calls(dir.path(), 5).event_capacity(8);
+    let h = b.build().expect("build").start();
     assert_eq!(h.wait().await.status, RunStatus::Succeeded);
     let first = all_events(&h).await;
     let second = all_events(&h).await;
     assert!(first.len() > 20, "{}", first.len());
     assert_eq!(first, second);
     assert_eq!(h.event_replays(), 1, "one replay serves both");
+}
+
+/// A subscriber that joins after the run's first events went out to nobody (the race of a
+/// program that starts a run, then subscribes) is served from the events the run kept, not
+/// from a replay of its journal, and sees the same events a replay gives.
+#[tokio::test(start_paused = true)]
+async fn a_subscriber_that_joins_just_after_the_start_needs_no_replay() {
+    let dir = tempfile::tempdir().expect("dir");
+    let h = echo_calls(dir.path(), 5).build().expect("build").start();
+    assert_eq!(h.wait().await.status, RunStatus::Succeeded);
+    let kept = all_events(&h).await;
+    assert_eq!(h.event_replays(), 0, "the run's first events were kept");
+    assert!(kept.len() > 20, "{}", kept.len());
+    let replayed = echo_calls(dir.path(), 5)
+        .event_capacity(8)
+        .build()
+        .expect("build");
+    let replayed = replayed.start();
+    assert_eq!(replayed.wait().await.status, RunStatus::Succeeded);
+    let replayed_events = all_events(&replayed).await;
+    assert_eq!(replayed.event_replays(), 1, "past the ring, a replay");
+    let names = |v: &[Arc<Event>]| v.iter().map(|e| (e.seq, e.kind.name())).collect::<Vec<_>>();
+    assert_eq!(names(&kept), names(&replayed_events));
+    // Still every event once, for a subscriber that joins from the middle.
+    let from = kept[kept.len() / 2].seq;
+    let mut sub = h.subscribe_from(from);
+    let mut rest = Vec::new();
+    while let Some(e) = sub.recv().await {
+        if !e.kind.is_ephemeral() {
+            rest.push(e);
+        }
+    }
+    assert_eq!(names(&rest), names(&kept[kept.len() / 2 + 1..]));
 }
 
 /// A call's result is one allocation shared by the journal's outcome and the `finished` event

@@ -101,6 +101,7 @@ impl Agent {
                     })
                     .flatten()
                     .and_then(crate::telemetry::SpanFeed::start),
+                early: true,
                 ..Log::default()
             }),
             tx,

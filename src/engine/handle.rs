@@ -4,9 +4,10 @@
 //! ring, is caught up from the run's event history, so it sees every event exactly once and in
 //! order ([`Subscription`]). The history starts when the ring is about to drop an event some
 //! subscriber has not read: the events still in the ring (a shadow of it is kept while anyone
-//! listens) and every later one are kept as published (shared, not copied). A subscriber that
-//! asks for events from before the history (it joined late) is served from one replay of the
-//! journal through a fresh machine, made once. The last handle dropped stops the run and
+//! listens) and every later one are kept as published (shared, not copied). Until anyone
+//! listens, a run keeps its first events (a ring's worth), so that a subscriber that joins just
+//! after the start is served from them. A subscriber that asks for events from before all that
+//! (it joined late) is served from one replay of the journal through a fresh machine, made once. The last handle dropped stops the run and
 //! every task it owns.
 //!
 //! Deliberately not here: deciding anything about the run (the machine does) or performing its
@@ -65,12 +66,16 @@ pub(super) struct Log {
     /// Events from before the history started are made once, by replaying the journal, for a
     /// subscriber that asks for them.
     pub history: Option<Vec<Arc<Event>>>,
-    /// While nothing is kept and somebody listens: the journaled events the ring may still
-    /// hold (the last `capacity`), so that the history can start with them.
+    /// While nothing is kept: the journaled events the ring may still hold (the last
+    /// `capacity`), so that the history can start with them, or, before anybody listened,
+    /// the run's first ones ([`Log::early`]). Always the last journaled events, without gaps.
     pub recent: VecDeque<Arc<Event>>,
     /// Sends left before the ring may be full of events its slowest subscriber has not read
     /// (0: ask the ring).
     pub room: usize,
+    /// True while `recent` holds every journaled event since the run's first, kept while
+    /// nobody listened; false once that would have taken more than the ring's size.
+    pub early: bool,
     /// The run's spans and metrics, when telemetry is on (None: one branch per event).
     pub spans: Option<crate::telemetry::SpanFeed>,
 }
@@ -93,10 +98,19 @@ impl Shared {
         }
         let listening = self.tx.receiver_count() > 0;
         if !listening && log.history.is_none() {
-            // Nobody reads this event: what the ring held is no run of events without gaps.
-            log.recent.clear();
+            // Nobody reads this event. Until the ring's worth of them, the run's first events
+            // are kept all the same: a subscriber that joins just after the start (the usual
+            // race with the driver's first steps) is served from them, not from a replay.
+            // Past that, what the ring held is no run of events without gaps.
             log.room = 0;
-            return;
+            if ephemeral {
+                return;
+            }
+            if !log.early || log.recent.len() >= self.capacity {
+                log.recent.clear();
+                log.early = false;
+                return;
+            }
         }
         if listening && log.history.is_none() {
             self.make_room(log);
@@ -180,6 +194,13 @@ impl Shared {
                 && (*complete || h.first().is_some_and(|e| e.seq <= after + 1))
             {
                 return (between(h, after, cut), rx, cut);
+            }
+            // The ring's shadow (or the run's first events) reaches back far enough.
+            if log.history.is_none() && log.recent.front().is_some_and(|e| e.seq <= after + 1) {
+                let (front, back) = log.recent.as_slices();
+                let mut backlog = between(front, after, cut);
+                backlog.extend(between(back, after, cut));
+                return (backlog, rx, cut);
             }
             if log.history.is_none() {
                 log.history = Some(Vec::new());

@@ -123,6 +123,7 @@ fn kv(attrs: record::Attrs) -> Vec<KeyValue> {
         .map(|(k, v)| match v {
             record::Value::Str(s) => KeyValue::new(k, s.into_owned()),
             record::Value::Shared(s) => KeyValue::new(k, s.to_string()),
+            record::Value::Id(n) => KeyValue::new(k, n.to_string()),
             record::Value::Int(n) => KeyValue::new(k, n),
             record::Value::Bool(b) => KeyValue::new(k, b),
             record::Value::Strs(list) => KeyValue::new(

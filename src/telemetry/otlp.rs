@@ -88,12 +88,35 @@ fn nanos(ms: u64) -> u64 {
     ms.saturating_mul(1_000_000)
 }
 
+/// How many decimal digits `n` takes.
+#[inline]
+fn digits(n: u64) -> usize {
+    n.checked_ilog10().map_or(1, |d| d as usize + 1)
+}
+
+/// `n`'s decimal digits as a string field.
+#[inline]
+fn decimal(buf: &mut Vec<u8>, field: u64, mut n: u64) {
+    let mut text = [0u8; 20];
+    let mut at = text.len();
+    loop {
+        at -= 1;
+        text[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    bytes(buf, field, &text[at..]);
+}
+
 /// `AnyValue`'s body.
 #[inline]
 fn any_len(v: &Value) -> usize {
     match v {
         Value::Str(s) => delimited_len(1, s.len()),
         Value::Shared(s) => delimited_len(1, s.len()),
+        Value::Id(n) => delimited_len(1, digits(*n)),
         Value::Bool(_) => key_len(2) + 1,
         // int64 as a varint: a negative number takes ten bytes.
         Value::Int(n) => key_len(3) + encoded_len_varint(*n as u64),
@@ -113,6 +136,7 @@ fn any(buf: &mut Vec<u8>, v: &Value) {
     match v {
         Value::Str(s) => bytes(buf, 1, s.as_bytes()),
         Value::Shared(s) => bytes(buf, 1, s.as_bytes()),
+        Value::Id(n) => decimal(buf, 1, *n),
         Value::Bool(b) => {
             key(buf, 2, VARINT);
             buf.push(u8::from(*b));

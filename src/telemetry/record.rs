@@ -18,6 +18,10 @@ pub enum Value {
     Str(Cow<'static, str>),
     /// A string shared with whatever else holds it.
     Shared(Arc<str>),
+    /// An id written as its decimal digits, a string (a call's `gen_ai.tool.call.id`): kept
+    /// as the number until it is encoded, so a span costs no allocation per id.
+    #[serde(serialize_with = "display")]
+    Id(u64),
     /// An integer.
     Int(i64),
     /// A boolean.

@@ -293,6 +293,13 @@ impl RunSpans {
                             }
                         }
                         Value::Strs(list) => list.iter_mut().for_each(|s| cut(s, limit)),
+                        Value::Id(n) => {
+                            let mut text = n.to_string();
+                            if text.len() > limit {
+                                cut(&mut text, limit);
+                                *v = Value::from(text);
+                            }
+                        }
                         Value::Int(_) | Value::Bool(_) => {}
                     }
                 }
@@ -756,7 +763,7 @@ impl RunSpans {
             "reviewer"
         };
         s.attrs.extend([
-            ("gen_ai.tool.call.id", Value::from(id)),
+            ("gen_ai.tool.call.id", Value::Id(id)),
             ("dagloop.approval.decision", Value::from(decision)),
             ("dagloop.approval.source", Value::from(source)),
             ("dagloop.approval.timed_out", Value::Bool(timed_out)),
@@ -828,7 +835,7 @@ impl RunSpans {
             start: c.received,
             replayed,
         };
-        let mut s = self.span(c.tool.span.to_string(), Some(parent), &open, at);
+        let mut s = self.span(String::from(&*c.tool.span), Some(parent), &open, at);
         let activity = self.activities.get(&*c.tool.tool);
         let kind = tool_type(activity.map_or("latent", |a| a));
         if self.metrics && !replayed {
@@ -837,7 +844,7 @@ impl RunSpans {
         s.attrs.extend([
             ("gen_ai.operation.name", Value::from("execute_tool")),
             ("gen_ai.tool.name", Value::from(c.tool.tool)),
-            ("gen_ai.tool.call.id", Value::from(id.to_string())),
+            ("gen_ai.tool.call.id", Value::Id(id)),
             ("gen_ai.tool.type", Value::from(kind)),
             (
                 "dagloop.activity",
@@ -862,7 +869,10 @@ impl RunSpans {
             s.attrs
                 .push(("gen_ai.tool.call.result", Value::from(r.to_string())));
         }
+        s.links
+            .reserve_exact(c.read_from.len() + usize::from(replayed));
         if let Some(started) = c.started {
+            s.events.reserve_exact(1);
             s.events.push(SpanEvent {
                 name: "dagloop.call.started",
                 at: started,
@@ -880,7 +890,7 @@ impl RunSpans {
                 span: self.writer_span(w),
                 attrs: vec![
                     ("dagloop.link.type", Value::from("waited_on")),
-                    ("gen_ai.tool.call.id", Value::from(w.to_string())),
+                    ("gen_ai.tool.call.id", Value::Id(w)),
                 ],
             });
         }

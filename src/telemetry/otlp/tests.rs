@@ -16,6 +16,7 @@ fn value() -> impl Strategy<Value = Value> {
         ".{0,40}".prop_map(Value::from),
         ".{0,40}".prop_map(|s: String| Value::Shared(s.into())),
         any::<i64>().prop_map(Value::Int),
+        prop_oneof![0..20u64, any::<u64>()].prop_map(Value::Id),
         any::<bool>().prop_map(Value::Bool),
         prop::collection::vec(".{0,12}", 0..4).prop_map(Value::Strs),
     ]
