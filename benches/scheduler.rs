@@ -405,6 +405,11 @@ fn threads_cpu_ms(counted: impl Fn(&str) -> bool) -> f64 {
     ns as f64 / 1e6
 }
 
+/// CPU time of the OTel rows' sink (a collector's work), in ms.
+fn sink_cpu_ms() -> f64 {
+    threads_cpu_ms(|name| name == SINK_THREAD)
+}
+
 /// The threads tracing runs on: the span worker and the OTLP sender.
 fn tracing_cpu_ms() -> f64 {
     threads_cpu_ms(|name| name == "dagloop-spans" || name == "dagloop-otlp")
@@ -856,14 +861,17 @@ async fn otel_rows(want: &dyn Fn(&str) -> bool) {
 async fn otel_line(workload: &str, calls: Vec<Value>, pairs: usize) {
     let n = calls.len() as f64;
     let (mut on, mut off) = (Vec::new(), Vec::new());
-    // CPU time of tracing's own threads while traced runs ran (each run waits for its spans).
-    let mut tracing_ms = 0.0;
+    // CPU time of tracing's own threads while traced runs ran (each run waits for its spans),
+    // and of the sink's: a collector's work, not the run's, but it shares the machine's cores.
+    let (mut tracing_ms, mut sink_ms) = (0.0, 0.0);
     for i in 0..pairs {
         for traced in [i % 2 == 0, i % 2 == 1] {
             let before = tracing_cpu_ms();
+            let sink_before = sink_cpu_ms();
             let r = run_traced(calls.clone(), 0, traced).await;
             if traced {
                 tracing_ms += tracing_cpu_ms() - before;
+                sink_ms += sink_cpu_ms() - sink_before;
                 on.push(r)
             } else {
                 off.push(r)
@@ -887,12 +895,19 @@ async fn otel_line(workload: &str, calls: Vec<Value>, pairs: usize) {
         ((med(ratios) - 1.0) * 1000.0).round() / 10.0
     };
     let round = |x: f64| (x * 1000.0).round() / 1000.0;
+    // Each pair's time added, in the order run: how far one pair's ratio strays from the median.
+    let each: Vec<f64> = on
+        .iter()
+        .zip(&off)
+        .map(|(a, b)| ((a.makespan / b.makespan - 1.0) * 1000.0).round() / 10.0)
+        .collect();
     println!(
         "{}",
         json!({
             "workload": workload,
             "n": calls.len(),
             "pairs": pairs,
+            "time_added_pct_each_pair": each,
             "overhead_us_per_call": round(per_call(&on, |r| r.makespan)),
             "untraced_us_per_call": round(per_call(&off, |r| r.makespan)),
             "time_added_pct": added(|r| r.makespan),
@@ -901,6 +916,7 @@ async fn otel_line(workload: &str, calls: Vec<Value>, pairs: usize) {
             "cpu_added_pct": added(|r| r.cpu_ms),
             "tracing_threads_cpu_us_per_call": round(tracing_ms * 1000.0 / (n * pairs as f64)),
             "tracing_threads_share_pct": (tracing_ms / traced_ms * 1000.0).round() / 10.0,
+            "sink_cpu_us_per_call": round(sink_ms * 1000.0 / (n * pairs as f64)),
             "allocations_per_call": round(allocations as f64 / n),
         })
     );

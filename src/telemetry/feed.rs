@@ -227,7 +227,9 @@ impl SpanFeed {
     /// Hands the events held so far to the worker.
     pub fn flush(&mut self) {
         if !self.pending.is_empty() {
-            let items = std::mem::take(&mut self.pending);
+            // The next batch is likely the same size: room for it, so it never regrows.
+            let room = self.pending.len();
+            let items = std::mem::replace(&mut self.pending, Vec::with_capacity(room));
             self.tx.push(Msg::Events(self.id, items), false);
         }
     }
