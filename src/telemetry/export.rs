@@ -556,8 +556,8 @@ struct Simple<E: opentelemetry_sdk::trace::SpanExporter> {
 }
 
 impl<E: opentelemetry_sdk::trace::SpanExporter + 'static> SpanExport for Simple<E> {
-    fn export(&self, span: SpanRecord) {
-        self.processor.on_end(convert(span, &self.scope));
+    fn export(&self, span: &SpanRecord) {
+        self.processor.on_end(convert(span.clone(), &self.scope));
     }
 }
 

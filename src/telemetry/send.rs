@@ -136,13 +136,13 @@ impl SpanExport for Otlp {
         self.values
     }
 
-    fn export(&self, span: SpanRecord) {
+    fn export(&self, span: &SpanRecord) {
         let full = {
             let mut pending = match self.shared.pending.lock() {
                 Ok(p) => p,
                 Err(poisoned) => poisoned.into_inner(),
             };
-            pending.push(&span);
+            pending.push(span);
             (pending.len() >= self.batch).then(|| pending.take())
         };
         if let Some(b) = full {

@@ -25,8 +25,9 @@ use crate::protocol::{Event, EventKind, Millis};
 
 /// Where finished spans go.
 pub trait SpanExport: Send + Sync {
-    /// Takes one finished span (never blocks on the network).
-    fn export(&self, span: SpanRecord);
+    /// Takes one finished span (never blocks on the network). The span is lent: its builder
+    /// reuses the record's buffers for the next one.
+    fn export(&self, span: &SpanRecord);
 
     /// How many links a span keeps; the rest are counted in `dropped_links`. The
     /// OpenTelemetry default (`OTEL_SPAN_LINK_COUNT_LIMIT`) is 128: a fan-in that waited on a
@@ -141,6 +142,8 @@ pub struct RunSpans {
     tool_names: BTreeMap<String, ToolNames>,
     /// Usage reported for each frame since its turn was last closed.
     usage: BTreeMap<Frame, (u64, u64, bool, Option<String>)>,
+    /// The last span emitted, its buffers kept for the next ([`RunSpans::span`]).
+    spare: Option<SpanRecord>,
 }
 
 fn frame_of(e: &Event) -> Frame {
@@ -165,7 +168,7 @@ impl RunSpans {
         let mut agents = BTreeMap::new();
         let mut activities = BTreeMap::new();
         collect_tools(config, &mut agents, &mut activities);
-        let spans = RunSpans {
+        let mut spans = RunSpans {
             run_id: Arc::from(run_id),
             trace: ids::trace_id(run_id),
             keys: ids::SpanKeys::new(run_id),
@@ -194,6 +197,7 @@ impl RunSpans {
             calls: FxHashMap::default(),
             tool_names: BTreeMap::new(),
             usage: BTreeMap::new(),
+            spare: None,
         };
         spans.predecessor(stored);
         spans
@@ -203,7 +207,7 @@ impl RunSpans {
     /// it (it was killed, or parked its run), so that this process's `resumed_from` link points
     /// at a span that exists. It lasts from that process's start (the run's start, or the
     /// `resumed` entry it journaled) to its last journal entry, with status `stopped`.
-    fn predecessor(&self, stored: &[JournalEntry]) {
+    fn predecessor(&mut self, stored: &[JournalEntry]) {
         if self.own == 0 || self.export.is_none() {
             return;
         }
@@ -225,7 +229,7 @@ impl RunSpans {
             start,
             replayed: false,
         };
-        let mut s = self.span(self.root_name(), None, &open, end);
+        let mut s = self.span(&self.root_name(), None, &open, end);
         s.attrs.extend([
             ("gen_ai.operation.name", Value::from(self.operation())),
             ("gen_ai.agent.name", Value::from("dagloop")),
@@ -268,10 +272,11 @@ impl RunSpans {
         self.keys.span_id(what, key, incarnation)
     }
 
-    fn emit(&self, mut span: SpanRecord) {
+    fn emit(&mut self, mut span: SpanRecord) {
         // Spans replayed from the journal were exported by the process that made them; only
         // calls are reported again (marked, under a span id of their own).
         if span.attr("dagloop.replayed").is_some() && !span.name.starts_with("execute_tool") {
+            self.spare = Some(span);
             return;
         }
         if let Some(x) = &self.export {
@@ -305,13 +310,32 @@ impl RunSpans {
                 }
             }
             EXPORTED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            x.export(span);
+            x.export(&span);
         }
+        self.spare = Some(span);
     }
 
-    fn span(&self, name: String, parent: Option<SpanId>, open: &Open, end: Millis) -> SpanRecord {
-        // Room for the most any span sets (a call's), so that adding them never reallocates.
-        let mut attrs: Attrs = Vec::with_capacity(14);
+    /// A new span, in the buffers of the last one emitted when there is one: a run makes a
+    /// span per call, and allocating its name, attributes, events and links each time was a
+    /// fifth of what the span worker spent on a call.
+    fn span(&mut self, name: &str, parent: Option<SpanId>, open: &Open, end: Millis) -> SpanRecord {
+        // Only the buffers are kept; every field is set here.
+        let (mut text, mut attrs, mut events, mut links) = match self.spare.take() {
+            Some(s) => (s.name, s.attrs, s.events, s.links),
+            // Room for the most attributes any span sets (a call's), so that adding them never
+            // reallocates.
+            None => (
+                String::new(),
+                Vec::with_capacity(14),
+                Vec::new(),
+                Vec::new(),
+            ),
+        };
+        text.clear();
+        text.push_str(name);
+        attrs.clear();
+        events.clear();
+        links.clear();
         attrs.push(("dagloop.run.id", Value::from(self.run_id.clone())));
         if open.replayed {
             attrs.push(("dagloop.replayed", Value::Bool(true)));
@@ -320,13 +344,13 @@ impl RunSpans {
             trace: self.trace,
             id: open.id,
             parent,
-            name,
+            name: text,
             kind: Kind::Internal,
             start: open.start,
             end: end.max(open.start),
             attrs,
-            events: Vec::new(),
-            links: Vec::new(),
+            events,
+            links,
             dropped_links: 0,
             error: None,
         }
@@ -548,7 +572,7 @@ impl RunSpans {
             } else {
                 self.nested.get(&frame).map(|o| o.id)
             };
-            let mut s = self.span(format!("step {step}"), parent, &open, at);
+            let mut s = self.span(&format!("step {step}"), parent, &open, at);
             s.attrs.push(("dagloop.step", Value::from(step)));
             if frame != 0 {
                 s.attrs.push(("dagloop.delegate_call", Value::from(frame)));
@@ -615,7 +639,7 @@ impl RunSpans {
         } else {
             format!("chat {model}")
         };
-        let mut s = self.span(name, parent, &t.open, t.closed.unwrap_or(at));
+        let mut s = self.span(&name, parent, &t.open, t.closed.unwrap_or(at));
         s.kind = Kind::Client;
         s.attrs.extend([
             ("gen_ai.operation.name", Value::from("chat")),
@@ -756,7 +780,7 @@ impl RunSpans {
             replayed,
         };
         let parent = self.id("call", &[id], inc);
-        let mut s = self.span(format!("approval {tool}"), Some(parent), &open, e.at);
+        let mut s = self.span(&format!("approval {tool}"), Some(parent), &open, e.at);
         let source = if timed_out || by.is_some_and(|b| b.channel == "policy") {
             "policy"
         } else {
@@ -802,7 +826,7 @@ impl RunSpans {
             let agent = (self.agents.get(&*c.tool.tool).cloned())
                 .unwrap_or_else(|| c.tool.tool.to_string());
             let mut s = self.span(
-                format!("invoke_agent {agent}"),
+                &format!("invoke_agent {agent}"),
                 Some(self.id("call", &[id], c.incarnation)),
                 &open,
                 at,
@@ -835,7 +859,7 @@ impl RunSpans {
             start: c.received,
             replayed,
         };
-        let mut s = self.span(String::from(&*c.tool.span), Some(parent), &open, at);
+        let mut s = self.span(&c.tool.span, Some(parent), &open, at);
         let activity = self.activities.get(&*c.tool.tool);
         let kind = tool_type(activity.map_or("latent", |a| a));
         if self.metrics && !replayed {
@@ -955,7 +979,7 @@ impl RunSpans {
         let Some(root) = self.root.take() else {
             return;
         };
-        let mut s = self.span(self.root_name(), None, &root, at);
+        let mut s = self.span(&self.root_name(), None, &root, at);
         s.attrs.extend([
             ("gen_ai.operation.name", Value::from(self.operation())),
             ("gen_ai.agent.name", Value::from("dagloop")),
