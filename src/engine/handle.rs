@@ -7,8 +7,8 @@
 //! listens) and every later one are kept as published (shared, not copied). Until anyone
 //! listens, a run keeps its first events (a ring's worth), so that a subscriber that joins just
 //! after the start is served from them. A subscriber that asks for events from before all that
-//! (it joined late) is served from one replay of the journal through a fresh machine, made once. The last handle dropped stops the run and
-//! every task it owns.
+//! (it joined late) is served from one replay of the journal through a fresh machine, made
+//! once. The last handle dropped stops the run and every task it owns.
 //!
 //! Deliberately not here: deciding anything about the run (the machine does) or performing its
 //! actions (the driver does).
