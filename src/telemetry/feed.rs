@@ -11,8 +11,8 @@
 //! Waking a thread costs the waker a system call, and a wake-up per batch of events was most of
 //! what tracing cost a chain of calls (strace: 0.7 more `futex` calls per hop). So events are
 //! handed over in batches ([`SpanFeed::flush`], called by the driver after each batch of inputs
-//! it handled) onto a queue the worker looks at every millisecond while runs are busy, without
-//! being woken. After 50 ms with nothing to do (`IDLE`) it sleeps until woken, so a process whose runs
+//! it handled) onto a queue the worker looks at every 10 ms while runs are busy, without being
+//! woken. After 50 ms with nothing to do (`IDLE`) it sleeps until woken, so a process whose runs
 //! wait for a reviewer spends nothing on it. A run that ends waits for its feed to be drained
 //! ([`SpanFeed::drained`], which wakes the worker) before it says so, and [`drain_all`] (called
 //! by `telemetry::flush`) waits for every feed before the exporters flush: a span is never lost
@@ -52,8 +52,11 @@ enum Reply {
     Sync(mpsc::SyncSender<()>),
 }
 
-/// How often the worker looks at its queue while runs are busy.
-const POLL: Duration = Duration::from_millis(1);
+/// How often the worker looks at its queue while runs are busy. Each look wakes a thread that
+/// preempts one of the run's: looking every millisecond added 6 to 10 points to a traced
+/// chain's time (`docs/observability.md`, "Fifth round"). A span reaches its exporter up to
+/// this much later, which is nothing beside an OTLP batch's wait.
+const POLL: Duration = Duration::from_millis(10);
 /// How long the worker keeps looking with nothing to do before it sleeps until woken.
 const IDLE: Duration = Duration::from_millis(50);
 
