@@ -54,7 +54,7 @@ enum Reply {
 
 /// How often the worker looks at its queue while runs are busy. Each look wakes a thread that
 /// preempts one of the run's: looking every millisecond added 7 to 10 points to a traced
-/// chain's time, while a fan-out, whose cores are both busy, did about 5 points better with
+/// chain's time, while a fan-out, whose cores are both busy, did about 6 points better with
 /// it (`docs/observability.md`, "Fifth round"). A span reaches its exporter up to this much
 /// later, which is nothing beside an OTLP batch's wait.
 const POLL: Duration = Duration::from_millis(10);
