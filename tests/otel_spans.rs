@@ -86,6 +86,9 @@ fn shape(spans: &[SpanData]) -> Value {
                     (kv.key.to_string(), v)
                 })
                 .collect();
+            // Every key once: a span (or link) whose attributes repeat a key would show only
+            // the last value here.
+            assert_eq!(attrs.len() + 1, s.attributes.len(), "{}: {:?}", s.name, s.attributes);
             let parent = names
                 .get(&s.parent_span_id)
                 .cloned()
@@ -94,6 +97,9 @@ fn shape(spans: &[SpanData]) -> Value {
                 .links
                 .iter()
                 .map(|l| {
+                    let keys: std::collections::BTreeSet<_> =
+                        l.attributes.iter().map(|kv| kv.key.as_str()).collect();
+                    assert_eq!(keys.len(), l.attributes.len(), "{}: {:?}", s.name, l.attributes);
                     json!({
                         "to": names.get(&l.span_context.span_id()).cloned().unwrap_or_else(|| "?".into()),
                         "attrs": l.attributes.iter().map(|kv| (kv.key.to_string(), value(&kv.value))).collect::<BTreeMap<_, _>>(),

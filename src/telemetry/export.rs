@@ -175,7 +175,10 @@ pub(super) fn convert(s: SpanRecord, scope: &InstrumentationScope) -> SpanData {
         name: Cow::Owned(s.name),
         start_time: time(s.start),
         end_time: time(s.end),
-        attributes: kv(s.attrs),
+        attributes: kv(match s.shared {
+            Some(shared) => shared.attrs().iter().cloned().chain(s.attrs).collect(),
+            None => s.attrs,
+        }),
         dropped_attributes_count: 0,
         events,
         links,

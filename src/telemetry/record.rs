@@ -4,7 +4,7 @@
 //! Deliberately not here: building spans from a run (`spans`) or sending them (`export`).
 
 use std::borrow::Cow;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use super::ids::{SpanId, TraceId};
 use crate::protocol::Millis;
@@ -80,6 +80,45 @@ impl From<bool> for Value {
 /// Attributes in the order they were set.
 pub type Attrs = Vec<(&'static str, Value)>;
 
+/// Attributes that many spans carry alike (the run's id, a tool's names), made once and shared
+/// by every span that carries them, in front of the span's own ([`SpanRecord::shared`]). An
+/// exporter that writes them the same way every time keeps what it wrote with them
+/// ([`Shared::encoded`]), so a run's hundredth call span costs it a copy, not their encoding.
+#[derive(Debug, Default, serde::Serialize)]
+#[serde(transparent)]
+pub struct Shared {
+    attrs: Attrs,
+    #[serde(skip)]
+    encoded: OnceLock<Vec<u8>>,
+}
+
+impl Shared {
+    /// A group of these attributes.
+    pub fn new(attrs: Attrs) -> Self {
+        Shared {
+            attrs,
+            encoded: OnceLock::new(),
+        }
+    }
+
+    /// The attributes, in order.
+    pub fn attrs(&self) -> &Attrs {
+        &self.attrs
+    }
+
+    /// Their encoding, made by `encode` the first time it is asked for (one exporter's: a
+    /// process has one span exporter).
+    pub fn encoded(&self, encode: impl FnOnce(&Attrs) -> Vec<u8>) -> &[u8] {
+        self.encoded.get_or_init(|| encode(&self.attrs))
+    }
+}
+
+impl PartialEq for Shared {
+    fn eq(&self, other: &Self) -> bool {
+        self.attrs == other.attrs
+    }
+}
+
 /// Something that happened during a span (a retry, a fallback).
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct SpanEvent {
@@ -131,7 +170,9 @@ pub struct SpanRecord {
     pub start: Millis,
     /// The end.
     pub end: Millis,
-    /// Attributes.
+    /// Attributes it shares with other spans, which come first ([`Shared`]).
+    pub shared: Option<Arc<Shared>>,
+    /// Its own attributes, after the shared ones.
     pub attrs: Attrs,
     /// Events.
     pub events: Vec<SpanEvent>,
@@ -144,9 +185,27 @@ pub struct SpanRecord {
 }
 
 impl SpanRecord {
-    /// The attribute named `key`, if set.
+    /// The attribute named `key`, if set (the last one of that name).
     pub fn attr(&self, key: &str) -> Option<&Value> {
-        self.attrs.iter().find(|(k, _)| *k == key).map(|(_, v)| v)
+        self.all_attrs()
+            .filter(|(k, _)| *k == key)
+            .last()
+            .map(|(_, v)| v)
+    }
+
+    /// Every attribute, the shared ones first.
+    pub fn all_attrs(&self) -> impl Iterator<Item = &(&'static str, Value)> {
+        let shared = self.shared.as_deref().map_or(&[][..], |s| &s.attrs[..]);
+        shared.iter().chain(&self.attrs)
+    }
+
+    /// Makes the shared attributes its own, in front of the others (to change them).
+    pub fn unshare(&mut self) {
+        if let Some(shared) = self.shared.take() {
+            let own = std::mem::take(&mut self.attrs);
+            self.attrs = shared.attrs.clone();
+            self.attrs.extend(own);
+        }
     }
 }
 

@@ -18,7 +18,7 @@ use serde_json::Value as Json;
 
 use super::ids::{self, SpanId, TraceId};
 use super::metrics;
-use super::record::{Attrs, Kind, Link, SpanEvent, SpanRecord, Value};
+use super::record::{Attrs, Kind, Link, Shared, SpanEvent, SpanRecord, Value};
 use crate::fxhash::FxHashMap;
 use crate::machine::{AgentConfig, JournalEntry, RunInput};
 use crate::protocol::{Event, EventKind, Millis};
@@ -71,11 +71,14 @@ struct Open {
     replayed: bool,
 }
 
-/// A tool's name and its calls' span name, made once per tool of a run.
+/// A tool's name, its calls' span name and the attributes every call span of the tool shares
+/// (the run's id, the operation, the tool's name, type and activity), made once per tool of a
+/// run.
 #[derive(Clone, Default)]
 struct ToolNames {
     tool: Arc<str>,
     span: Arc<str>,
+    attrs: Arc<Shared>,
 }
 
 #[derive(Default)]
@@ -142,8 +145,13 @@ pub struct RunSpans {
     tool_names: BTreeMap<String, ToolNames>,
     /// Usage reported for each frame since its turn was last closed.
     usage: BTreeMap<Frame, (u64, u64, bool, Option<String>)>,
+    /// The attributes every span of the run carries (its id).
+    run_attrs: Arc<Shared>,
     /// The last span emitted, its buffers kept for the next ([`RunSpans::span`]).
     spare: Option<SpanRecord>,
+    /// The attribute lists of its links, emptied, for the next span's links
+    /// ([`RunSpans::link`]).
+    spare_links: Vec<Attrs>,
 }
 
 fn frame_of(e: &Event) -> Frame {
@@ -168,8 +176,13 @@ impl RunSpans {
         let mut agents = BTreeMap::new();
         let mut activities = BTreeMap::new();
         collect_tools(config, &mut agents, &mut activities);
+        let id: Arc<str> = Arc::from(run_id);
+        let run_attrs = Arc::new(Shared::new(vec![(
+            "dagloop.run.id",
+            Value::from(id.clone()),
+        )]));
         let mut spans = RunSpans {
-            run_id: Arc::from(run_id),
+            run_id: id,
             trace: ids::trace_id(run_id),
             keys: ids::SpanKeys::new(run_id),
             export,
@@ -197,7 +210,9 @@ impl RunSpans {
             calls: FxHashMap::default(),
             tool_names: BTreeMap::new(),
             usage: BTreeMap::new(),
+            run_attrs,
             spare: None,
+            spare_links: Vec::new(),
         };
         spans.predecessor(stored);
         spans
@@ -237,10 +252,8 @@ impl RunSpans {
         ]);
         if inc > 0 {
             s.attrs.push(("dagloop.run.resumed", Value::Bool(true)));
-            s.links.push(Link {
-                span: self.id("run", &[], inc - 1),
-                attrs: vec![("dagloop.link.type", Value::from("resumed_from"))],
-            });
+            let link = self.link(self.id("run", &[], inc - 1), "resumed_from", None);
+            s.links.push(link);
         }
         self.emit(s);
     }
@@ -275,17 +288,20 @@ impl RunSpans {
     fn emit(&mut self, mut span: SpanRecord) {
         // Spans replayed from the journal were exported by the process that made them; only
         // calls are reported again (marked, under a span id of their own).
-        if span.attr("dagloop.replayed").is_some() && !span.name.starts_with("execute_tool") {
+        let replayed = span.attrs.iter().any(|(k, _)| *k == "dagloop.replayed");
+        if replayed && !span.name.starts_with("execute_tool") {
             self.spare = Some(span);
             return;
         }
         if let Some(x) = &self.export {
             let limit = x.link_limit();
             if span.links.len() > limit {
-                span.dropped_links = u32::try_from(span.links.len() - limit).unwrap_or(u32::MAX);
+                let over = u32::try_from(span.links.len() - limit).unwrap_or(u32::MAX);
+                span.dropped_links = span.dropped_links.saturating_add(over);
                 span.links.truncate(limit);
             }
             if let Some(limit) = x.value_limit() {
+                span.unshare();
                 for (_, v) in &mut span.attrs {
                     match v {
                         Value::Str(_) | Value::Shared(_) => {
@@ -319,6 +335,20 @@ impl RunSpans {
     /// span per call, and allocating its name, attributes, events and links each time was a
     /// fifth of what the span worker spent on a call.
     fn span(&mut self, name: &str, parent: Option<SpanId>, open: &Open, end: Millis) -> SpanRecord {
+        let shared = self.run_attrs.clone();
+        self.span_sharing(name, parent, open, end, shared)
+    }
+
+    /// A new span ([`RunSpans::span`]) whose shared attributes are `shared`, which start with
+    /// the run's id.
+    fn span_sharing(
+        &mut self,
+        name: &str,
+        parent: Option<SpanId>,
+        open: &Open,
+        end: Millis,
+        shared: Arc<Shared>,
+    ) -> SpanRecord {
         // Only the buffers are kept; every field is set here.
         let (mut text, mut attrs, mut events, mut links) = match self.spare.take() {
             Some(s) => (s.name, s.attrs, s.events, s.links),
@@ -335,8 +365,11 @@ impl RunSpans {
         text.push_str(name);
         attrs.clear();
         events.clear();
-        links.clear();
-        attrs.push(("dagloop.run.id", Value::from(self.run_id.clone())));
+        self.spare_links.extend(links.drain(..).map(|l| {
+            let mut attrs = l.attrs;
+            attrs.clear();
+            attrs
+        }));
         if open.replayed {
             attrs.push(("dagloop.replayed", Value::Bool(true)));
         }
@@ -348,6 +381,7 @@ impl RunSpans {
             kind: Kind::Internal,
             start: open.start,
             end: end.max(open.start),
+            shared: Some(shared),
             attrs,
             events,
             links,
@@ -859,21 +893,12 @@ impl RunSpans {
             start: c.received,
             replayed,
         };
-        let mut s = self.span(&c.tool.span, Some(parent), &open, at);
-        let activity = self.activities.get(&*c.tool.tool);
-        let kind = tool_type(activity.map_or("latent", |a| a));
+        let mut s = self.span_sharing(&c.tool.span, Some(parent), &open, at, c.tool.attrs);
         if self.metrics && !replayed {
             metrics::call(&c.tool.tool, status);
         }
         s.attrs.extend([
-            ("gen_ai.operation.name", Value::from("execute_tool")),
-            ("gen_ai.tool.name", Value::from(c.tool.tool)),
             ("gen_ai.tool.call.id", Value::Id(id)),
-            ("gen_ai.tool.type", Value::from(kind)),
-            (
-                "dagloop.activity",
-                activity.map_or(Value::from("latent"), |a| Value::from(a.clone())),
-            ),
             ("dagloop.call.status", Value::from(status)),
             ("dagloop.step", Value::from(c.step)),
         ]);
@@ -893,8 +918,11 @@ impl RunSpans {
             s.attrs
                 .push(("gen_ai.tool.call.result", Value::from(r.to_string())));
         }
-        s.links
-            .reserve_exact(c.read_from.len() + usize::from(replayed));
+        // Links past the exporter's limit are only counted: a fan-in over thousands of calls
+        // made as many links, to drop all but 128 of them.
+        let limit = self.export.as_ref().map_or(0, |x| x.link_limit());
+        let linked = c.read_from.len() + usize::from(replayed);
+        s.links.reserve_exact(linked.min(limit));
         if let Some(started) = c.started {
             s.events.reserve_exact(1);
             s.events.push(SpanEvent {
@@ -904,21 +932,31 @@ impl RunSpans {
             });
         }
         if replayed {
-            s.links.push(Link {
-                span: self.id("call", &[id], c.incarnation),
-                attrs: vec![("dagloop.link.type", Value::from("original"))],
-            });
+            let link = self.link(self.id("call", &[id], c.incarnation), "original", None);
+            s.links.push(link);
         }
         for w in c.read_from.iter().map(|w| w.0).filter(|&w| w != id) {
-            s.links.push(Link {
-                span: self.writer_span(w),
-                attrs: vec![
-                    ("dagloop.link.type", Value::from("waited_on")),
-                    ("gen_ai.tool.call.id", Value::Id(w)),
-                ],
-            });
+            if s.links.len() >= limit {
+                s.dropped_links = s.dropped_links.saturating_add(1);
+                continue;
+            }
+            let link = self.link(self.writer_span(w), "waited_on", Some(w));
+            s.links.push(link);
         }
         self.emit(s);
+    }
+
+    /// A link of type `kind` to `span`, naming the call it points at when there is one, in the
+    /// attribute list of an earlier span's link when there is one left ([`RunSpans::span`]):
+    /// a call links to the calls it waited on, and allocating a list per link was a fifth of
+    /// what a fan-out's call span cost the span worker.
+    fn link(&mut self, span: SpanId, kind: &'static str, call: Option<u64>) -> Link {
+        let mut attrs = self.spare_links.pop().unwrap_or_default();
+        attrs.push(("dagloop.link.type", Value::from(kind)));
+        if let Some(call) = call {
+            attrs.push(("gen_ai.tool.call.id", Value::Id(call)));
+        }
+        Link { span, attrs }
     }
 
     /// Starts following call `id` of `tool`, received with event `e`.
@@ -953,9 +991,25 @@ impl RunSpans {
         if let Some(n) = self.tool_names.get(tool) {
             return n.clone();
         }
+        let name: Arc<str> = Arc::from(tool);
+        let activity = self.activities.get(tool);
+        let attrs = vec![
+            ("dagloop.run.id", Value::from(self.run_id.clone())),
+            ("gen_ai.operation.name", Value::from("execute_tool")),
+            ("gen_ai.tool.name", Value::from(name.clone())),
+            (
+                "gen_ai.tool.type",
+                Value::from(tool_type(activity.map_or("latent", |a| a))),
+            ),
+            (
+                "dagloop.activity",
+                activity.map_or(Value::from("latent"), |a| Value::from(a.clone())),
+            ),
+        ];
         let names = ToolNames {
-            tool: Arc::from(tool),
+            tool: name,
             span: Arc::from(format!("execute_tool {tool}")),
+            attrs: Arc::new(Shared::new(attrs)),
         };
         self.tool_names.insert(tool.to_string(), names.clone());
         names
@@ -988,10 +1042,8 @@ impl RunSpans {
         let inc = self.own;
         if inc > 0 {
             s.attrs.push(("dagloop.run.resumed", Value::Bool(true)));
-            s.links.push(Link {
-                span: self.id("run", &[], inc - 1),
-                attrs: vec![("dagloop.link.type", Value::from("resumed_from"))],
-            });
+            let link = self.link(self.id("run", &[], inc - 1), "resumed_from", None);
+            s.links.push(link);
         }
         if status != "succeeded" {
             s.error = Some(status.to_string());

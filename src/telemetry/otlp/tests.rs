@@ -9,7 +9,9 @@ use prost::Message;
 use super::{Batch, Envelope};
 use crate::telemetry::export::{convert, scope};
 use crate::telemetry::ids::{SpanId, TraceId};
-use crate::telemetry::record::{Attrs, Kind, Link, SpanEvent, SpanRecord, Value};
+use std::sync::Arc;
+
+use crate::telemetry::record::{Attrs, Kind, Link, Shared, SpanEvent, SpanRecord, Value};
 
 fn value() -> impl Strategy<Value = Value> {
     prop_oneof![
@@ -43,7 +45,7 @@ fn record() -> impl Strategy<Value = SpanRecord> {
         ".{0,30}",
         any::<bool>(),
         (0u64..4_000_000_000_000, 0u64..100_000),
-        attrs(),
+        (prop::option::of(attrs()), attrs()),
         prop::collection::vec((0u64..4_000_000_000_000, attrs()), 0..3),
         prop::collection::vec((any::<[u8; 8]>(), attrs()), 0..4),
         (
@@ -59,7 +61,7 @@ fn record() -> impl Strategy<Value = SpanRecord> {
                 name,
                 client,
                 (start, len),
-                attrs,
+                (shared, attrs),
                 events,
                 links,
                 (error, dropped_links),
@@ -72,6 +74,7 @@ fn record() -> impl Strategy<Value = SpanRecord> {
                     kind: if client { Kind::Client } else { Kind::Internal },
                     start,
                     end: start + len,
+                    shared: shared.map(|a| Arc::new(Shared::new(a))),
                     attrs,
                     events: events
                         .into_iter()
@@ -121,16 +124,20 @@ proptest! {
             "1.2.3",
         );
         let mut batch = Batch::default();
-        for s in &spans {
+        // Twice: the second time, shared attributes are copied from their first encoding.
+        for s in spans.iter().chain(&spans) {
             batch.push(s);
         }
-        prop_assert_eq!(batch.len(), spans.len());
+        prop_assert_eq!(batch.len(), 2 * spans.len());
         let req = decoded(&envelope, &batch);
+        // Byte for byte what `prost` writes for the message it decodes to: every length is
+        // the shortest varint, wherever the encoder had to move a body to fit it.
+        prop_assert_eq!(req.encode_to_vec(), envelope.request(&batch));
         prop_assert_eq!(req.resource_spans.len(), 1);
         let rs = &req.resource_spans[0];
         prop_assert_eq!(rs.scope_spans.len(), 1);
         let got: Vec<ProtoSpan> = rs.scope_spans[0].spans.clone();
-        let want: Vec<ProtoSpan> = spans.iter().map(reference).collect();
+        let want: Vec<ProtoSpan> = spans.iter().chain(&spans).map(reference).collect();
         prop_assert_eq!(got, want);
     }
 }
@@ -182,6 +189,7 @@ fn the_envelope_names_the_resource_and_the_scope() {
         kind: Kind::Internal,
         start: 1_700_000_000_000,
         end: 1_700_000_000_050,
+        shared: None,
         attrs: vec![(
             "gen_ai.tool.call.arguments",
             Value::from("x".repeat(70_000)),
@@ -195,6 +203,7 @@ fn the_envelope_names_the_resource_and_the_scope() {
         batch.push(&big);
     }
     let req = decoded(&envelope, &batch);
+    assert_eq!(req.encode_to_vec(), envelope.request(&batch));
     assert_eq!(
         req.resource_spans[0].scope_spans[0].spans,
         vec![reference(&big); 3]
