@@ -74,14 +74,13 @@ struct Open {
 /// A tool's name, its calls' span name and the attributes every call span of the tool shares
 /// (the run's id, the operation, the tool's name, type and activity), made once per tool of a
 /// run.
-#[derive(Clone, Default)]
+#[derive(Clone)]
 struct ToolNames {
     tool: Arc<str>,
     span: Arc<str>,
     attrs: Arc<Shared>,
 }
 
-#[derive(Default)]
 struct CallState {
     tool: ToolNames,
     frame: Frame,
@@ -948,8 +947,8 @@ impl RunSpans {
 
     /// A link of type `kind` to `span`, naming the call it points at when there is one, in the
     /// attribute list of an earlier span's link when there is one left ([`RunSpans::span`]):
-    /// a call links to the calls it waited on, and allocating a list per link was a fifth of
-    /// what a fan-out's call span cost the span worker.
+    /// most call spans link to the calls they waited on, and a new list per link cost an
+    /// allocation and a free each time.
     fn link(&mut self, span: SpanId, kind: &'static str, call: Option<u64>) -> Link {
         let mut attrs = self.spare_links.pop().unwrap_or_default();
         attrs.push(("dagloop.link.type", Value::from(kind)));
@@ -969,13 +968,19 @@ impl RunSpans {
         replayed: bool,
     ) -> &mut CallState {
         let tool = self.tool_names(tool);
+        // Every field here: a default `CallState` would allocate a `ToolNames` to drop.
         let c = CallState {
             tool,
             frame,
             step: e.step,
             received: e.at,
+            started: None,
+            asked: None,
+            read_from: Vec::new(),
+            params: None,
+            interrupted: false,
             replayed,
-            ..CallState::default()
+            incarnation: 0,
         };
         match self.calls.entry(id) {
             std::collections::hash_map::Entry::Occupied(mut o) => {
