@@ -1,5 +1,8 @@
 //! The encoder against a reference: what it writes, decoded with `opentelemetry-proto`, is what
-//! the OpenTelemetry SDK's own conversion makes of the same span.
+//! the OpenTelemetry SDK's own conversion makes of the same span, and its bytes are the ones
+//! `prost` writes for that message.
+
+use std::sync::Arc;
 
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use opentelemetry_proto::tonic::trace::v1::Span as ProtoSpan;
@@ -9,8 +12,6 @@ use prost::Message;
 use super::{Batch, Envelope};
 use crate::telemetry::export::{convert, scope};
 use crate::telemetry::ids::{SpanId, TraceId};
-use std::sync::Arc;
-
 use crate::telemetry::record::{Attrs, Kind, Link, Shared, SpanEvent, SpanRecord, Value};
 
 fn value() -> impl Strategy<Value = Value> {
