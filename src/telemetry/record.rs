@@ -222,3 +222,55 @@ fn display_opt<T: std::fmt::Display, S: serde::Serializer>(
         None => s.serialize_none(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(shared: Option<Attrs>, own: Attrs) -> SpanRecord {
+        SpanRecord {
+            trace: TraceId([1; 16]),
+            id: SpanId([2; 8]),
+            parent: None,
+            name: "s".into(),
+            kind: Kind::Internal,
+            start: 0,
+            end: 0,
+            shared: shared.map(|a| Arc::new(Shared::new(a))),
+            attrs: own,
+            events: Vec::new(),
+            links: Vec::new(),
+            dropped_links: 0,
+            error: None,
+        }
+    }
+
+    /// What an exporter outside the crate reads: the shared attributes, then the span's own; a
+    /// name set in both reads as the span's own; `unshare` keeps that order.
+    #[test]
+    fn shared_attributes_come_first_and_the_span_s_own_win() {
+        let mut s = record(
+            Some(vec![("a", Value::from("shared")), ("b", Value::Int(1))]),
+            vec![("c", Value::Bool(true)), ("a", Value::from("own"))],
+        );
+        let keys: Vec<&str> = s.all_attrs().map(|(k, _)| *k).collect();
+        assert_eq!(keys, ["a", "b", "c", "a"]);
+        assert_eq!(s.attr("a"), Some(&Value::from("own")));
+        assert_eq!(s.attr("b"), Some(&Value::Int(1)));
+        assert_eq!(s.attr("z"), None);
+        let before: Attrs = s.all_attrs().cloned().collect();
+        s.unshare();
+        assert!(s.shared.is_none());
+        assert_eq!(s.attrs, before);
+        let plain = record(None, vec![("c", Value::Bool(false))]);
+        assert_eq!(plain.all_attrs().count(), 1);
+    }
+
+    /// The encoding is made once, by the first caller, and kept.
+    #[test]
+    fn a_shared_group_keeps_its_first_encoding() {
+        let g = Shared::new(vec![("a", Value::Int(1))]);
+        assert_eq!(g.encoded(|a| vec![a.len() as u8]), [1]);
+        assert_eq!(g.encoded(|_| vec![9, 9]), [1]);
+    }
+}
