@@ -476,7 +476,8 @@ async fn a_fan_in_span_keeps_128_links_and_counts_the_rest() {
 }
 
 /// With content recorded, `OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT` cuts every string attribute
-/// to that many characters (a large result would otherwise make a request collectors refuse).
+/// to that many characters (a large result would otherwise make a request collectors refuse);
+/// the params and the result are both recorded.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn string_attributes_are_cut_to_the_value_length_limit() {
     let dir = tempfile::tempdir().expect("tmp");
@@ -504,6 +505,9 @@ async fn string_attributes_are_cut_to_the_value_length_limit() {
         let args = c.attrs["gen_ai.tool.call.arguments"].as_str().unwrap_or("");
         assert!(args.starts_with(r#"{"n":"#), "{c:#?}");
         assert_eq!(args.chars().count(), 6, "{c:#?}");
+        // The result is recorded too (the span worker is handed it only with content on).
+        let result = c.attrs["gen_ai.tool.call.result"].as_str().unwrap_or("");
+        assert!(!result.is_empty(), "{c:#?}");
     }
     for s in &spans {
         for (k, v) in &s.attrs {
