@@ -826,11 +826,11 @@ async fn otel_rows(want: &dyn Fn(&str) -> bool) {
     assert!(dagloop::telemetry::init_from_env().expect("otel"));
     if want("fanout0_otel") {
         let n = env_n(100_000);
-        otel_line("fanout0_otel", fanout_calls(n, 0), 9).await;
+        otel_line("fanout0_otel", fanout_calls(n, 0), env_pairs(9)).await;
     }
     if want("chain0_otel") {
         let n = env_n(10_000);
-        otel_line("chain0_otel", chain_calls(n, 0), 21).await;
+        otel_line("chain0_otel", chain_calls(n, 0), env_pairs(21)).await;
     }
     dagloop::telemetry::flush();
     let received: usize = {
@@ -901,6 +901,14 @@ async fn otel_line(workload: &str, calls: Vec<Value>, pairs: usize) {
         .zip(&off)
         .map(|(a, b)| ((a.makespan / b.makespan - 1.0) * 1000.0).round() / 10.0)
         .collect();
+    let mut ratios: Vec<f64> = on
+        .iter()
+        .zip(&off)
+        .map(|(a, b)| a.makespan / b.makespan)
+        .collect();
+    ratios.sort_by(f64::total_cmp);
+    let (lo, hi) = median_ci95(&ratios);
+    let added_ci95 = [lo, hi].map(|r| ((r - 1.0) * 1000.0).round() / 10.0);
     println!(
         "{}",
         json!({
@@ -911,6 +919,7 @@ async fn otel_line(workload: &str, calls: Vec<Value>, pairs: usize) {
             "overhead_us_per_call": round(per_call(&on, |r| r.makespan)),
             "untraced_us_per_call": round(per_call(&off, |r| r.makespan)),
             "time_added_pct": added(|r| r.makespan),
+            "time_added_pct_ci95": added_ci95,
             "cpu_us_per_call": round(per_call(&on, |r| r.cpu_ms)),
             "untraced_cpu_us_per_call": round(per_call(&off, |r| r.cpu_ms)),
             "cpu_added_pct": added(|r| r.cpu_ms),
@@ -920,6 +929,37 @@ async fn otel_line(workload: &str, calls: Vec<Value>, pairs: usize) {
             "allocations_per_call": round(allocations as f64 / n),
         })
     );
+}
+
+/// Where the median of the population `sorted` was drawn from lies, with 95% confidence: the
+/// order statistics around the sample's median between which a Binomial(n, 1/2) count puts it
+/// (its normal approximation; no resampling, so the same pairs give the same interval). With
+/// 9 pairs it is the whole range; it narrows as the square root of the pairs
+/// (`DAGLOOP_BENCH_PAIRS`).
+#[cfg(all(feature = "otel", feature = "server"))]
+fn median_ci95(sorted: &[f64]) -> (f64, f64) {
+    let n = sorted.len() as f64;
+    let half = 0.98 * n.sqrt();
+    // 1-based ranks of the bounds, then 0-based indexes within the sample.
+    let lo = (n / 2.0 - half).floor().max(1.0) as usize - 1;
+    let hi = ((1.0 + n / 2.0 + half).ceil() as usize)
+        .min(sorted.len())
+        .max(1)
+        - 1;
+    match (sorted.get(lo), sorted.get(hi)) {
+        (Some(&l), Some(&h)) => (l, h),
+        _ => (f64::NAN, f64::NAN),
+    }
+}
+
+/// How many traced and untraced pairs a workload runs: `DAGLOOP_BENCH_PAIRS`, else `default`.
+#[cfg(all(feature = "otel", feature = "server"))]
+fn env_pairs(default: usize) -> usize {
+    std::env::var("DAGLOOP_BENCH_PAIRS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|&p| p > 0)
+        .unwrap_or(default)
 }
 
 #[cfg(not(all(feature = "otel", feature = "server")))]
