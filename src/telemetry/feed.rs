@@ -3,12 +3,10 @@
 //! thread (callgrind, chain0 with OTLP export: 19,000 instructions per call moved off the
 //! driver's thread).
 //!
-//! One worker thread serves every run of the process. A run's [`SpanFeed`] hands it what the
-//! spans read of each published event ([`Seen`], taken while the driver holds the event; the
-//! worker holds no event but the rare ones it reads whole) with the journal entries the spans
-//! read that were added
-//! since the last one ([`RunSpans::reads`]); the worker owns the run's [`RunSpans`] and calls
-//! [`RunSpans::observe_seen`], in the order the run published.
+//! One worker thread serves every run of the process. A run's [`SpanFeed`] hands it each
+//! published event (shared, not copied) with the journal entries the spans read that were
+//! added since the last one ([`RunSpans::reads`]); the worker owns the run's [`RunSpans`] and
+//! calls [`RunSpans::observe_new`], in the order the run published.
 //!
 //! Waking a thread costs the waker a system call, and a wake-up per batch of events was most of
 //! what tracing cost a chain of calls (strace: 0.7 more `futex` calls per hop). So events are
@@ -28,24 +26,22 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, mpsc};
 use std::time::{Duration, Instant};
 
 use super::RunSpans;
-use super::seen::{Ids, Seen};
 use crate::machine::JournalEntry;
 use crate::protocol::Event;
 
 enum Msg {
     Open(u64, Box<RunSpans>),
-    /// A batch of events, and the calls their records name.
-    Events(u64, Vec<Item>, Ids),
+    Events(u64, Vec<Item>),
     /// Everything sent before it was handled.
     Drained(Reply),
     Close(u64),
 }
 
-/// What the spans read of one published event, with the journal entries added before it.
+/// One published event with the journal entries added before it.
 struct Item {
     new: Vec<JournalEntry>,
     last_seq: Option<u64>,
-    seen: Seen,
+    event: Arc<Event>,
 }
 
 /// Events held before a batch is handed over even if the driver has not flushed.
@@ -156,10 +152,10 @@ fn serve(q: &Queue) {
                 Msg::Open(feed, spans) => {
                     runs.insert(feed, spans);
                 }
-                Msg::Events(feed, items, ids) => {
+                Msg::Events(feed, items) => {
                     if let Some(spans) = runs.get_mut(&feed) {
                         for i in items {
-                            spans.observe_seen(&i.new, i.last_seq, &i.seen, &ids);
+                            spans.observe_new(&i.new, i.last_seq, &i.event);
                         }
                     }
                 }
@@ -185,10 +181,6 @@ pub struct SpanFeed {
     scanned: usize,
     /// Events not handed over yet.
     pending: Vec<Item>,
-    /// The calls their records name.
-    ids: Ids,
-    /// The run records content ([`RunSpans::content`]).
-    content: bool,
 }
 
 impl std::fmt::Debug for SpanFeed {
@@ -202,26 +194,22 @@ impl SpanFeed {
     pub fn start(spans: Box<RunSpans>) -> Option<Self> {
         let tx = worker()?;
         let id = NEXT.fetch_add(1, Ordering::Relaxed);
-        let content = spans.content();
         tx.push(Msg::Open(id, spans), false);
         Some(SpanFeed {
             id,
             tx,
             scanned: 0,
             pending: Vec::new(),
-            ids: Vec::new(),
-            content,
         })
     }
 
-    /// The run published `event`; `journal` is its journal as handled so far. What the spans
-    /// read of it is held until [`SpanFeed::flush`] (or until a batch is full). Events the
-    /// spans do not use ([`RunSpans::uses`]) are not kept; the journal entries before them go
-    /// with the next event.
+    /// The run published `event`; `journal` is its journal as handled so far. Events the spans
+    /// do not use ([`RunSpans::uses`]) are not kept; the journal entries before them go with
+    /// the next event. Held until [`SpanFeed::flush`] (or until a batch is full).
     pub fn event(&mut self, journal: &[JournalEntry], event: &Arc<Event>) {
-        let Some(seen) = Seen::of(event, self.content, &mut self.ids) else {
+        if !RunSpans::uses(event) {
             return;
-        };
+        }
         let new = journal
             .get(self.scanned..)
             .unwrap_or_default()
@@ -233,7 +221,7 @@ impl SpanFeed {
         self.pending.push(Item {
             new,
             last_seq: journal.last().map(|e| e.seq),
-            seen,
+            event: event.clone(),
         });
         if self.pending.len() >= BATCH {
             self.flush();
@@ -246,9 +234,7 @@ impl SpanFeed {
             // The next batch is likely the same size: room for it, so it never regrows.
             let room = self.pending.len();
             let items = std::mem::replace(&mut self.pending, Vec::with_capacity(room));
-            let room = self.ids.len();
-            let ids = std::mem::replace(&mut self.ids, Vec::with_capacity(room));
-            self.tx.push(Msg::Events(self.id, items, ids), false);
+            self.tx.push(Msg::Events(self.id, items), false);
         }
     }
 

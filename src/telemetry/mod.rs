@@ -17,7 +17,6 @@ pub mod ids;
 pub mod logs;
 pub mod metrics;
 pub mod record;
-pub(crate) mod seen;
 pub mod spans;
 
 #[cfg(feature = "otel")]
@@ -168,7 +167,7 @@ pub fn report_journal(
         let upto = journal.get(..=i).unwrap_or(journal);
         for a in out.drain(..) {
             if let crate::machine::Action::Emit(ev) = a {
-                spans.observe(upto, ev);
+                spans.observe(upto, &ev);
             }
         }
     }

@@ -19,10 +19,9 @@ use serde_json::Value as Json;
 use super::ids::{self, SpanId, TraceId};
 use super::metrics;
 use super::record::{Attrs, Kind, Link, Shared, SpanEvent, SpanRecord, Value};
-use super::seen::{Seen, What};
 use crate::fxhash::FxHashMap;
 use crate::machine::{AgentConfig, JournalEntry, RunInput};
-use crate::protocol::{CallId, Event, EventKind, Millis};
+use crate::protocol::{Event, EventKind, Millis};
 
 /// Where finished spans go.
 pub trait SpanExport: Send + Sync {
@@ -152,6 +151,10 @@ pub struct RunSpans {
     /// The attribute lists of its links, emptied, for the next span's links
     /// ([`RunSpans::link`]).
     spare_links: Vec<Attrs>,
+}
+
+fn frame_of(e: &Event) -> Frame {
+    e.parent.map_or(0, |p| p.0)
 }
 
 fn frame_key(f: crate::machine::FrameKey) -> Frame {
@@ -386,7 +389,7 @@ impl RunSpans {
         }
     }
 
-    /// Whether [`RunSpans::observe_seen`] needs to see a journal entry: those that say what the
+    /// Whether [`RunSpans::observe_new`] needs to see a journal entry: those that say what the
     /// events do not (usage, a stream's end, interruptions, resumes). A caller that feeds the
     /// spans from elsewhere hands over only these.
     pub fn reads(input: &RunInput) -> bool {
@@ -462,92 +465,28 @@ impl RunSpans {
     }
 
     /// Takes one published event; `journal` is the run's journal as handled so far.
-    pub fn observe(&mut self, journal: &[JournalEntry], e: Event) {
+    pub fn observe(&mut self, journal: &[JournalEntry], e: &Event) {
         let new = journal.get(self.scanned..).unwrap_or_default();
         self.scanned = journal.len();
-        let mut ids = Vec::new();
-        if let Some(seen) = Seen::of(&Arc::new(e), self.content, &mut ids) {
-            self.observe_seen(new, journal.last().map(|x| x.seq), &seen, &ids);
-        }
+        self.observe_new(new, journal.last().map(|x| x.seq), e);
     }
 
-    /// Whether the run records params, results and prompts (what [`Seen::of`] needs to know).
-    pub fn content(&self) -> bool {
-        self.content
-    }
-
-    /// [`RunSpans::observe`], given what the spans read of the event ([`Seen::of`], whose
-    /// calls are in `ids`), the journal entries added since the last event (only those
+    /// [`RunSpans::observe`], given the journal entries added since the last event (only those
     /// [`RunSpans::reads`] are needed) and the sequence number of the journal's last entry.
-    pub(crate) fn observe_seen(
-        &mut self,
-        new: &[JournalEntry],
-        last_seq: Option<u64>,
-        seen: &Seen,
-        ids: &[CallId],
-    ) {
+    pub fn observe_new(&mut self, new: &[JournalEntry], last_seq: Option<u64>, e: &Event) {
         self.scan(new);
+        if !Self::uses(e) {
+            return;
+        }
         let replayed = last_seq.is_some_and(|seq| seq <= self.replayed_upto);
         if self.root.is_none() && !replayed {
             self.root = Some(Open {
                 id: self.root_id(),
-                start: seen.at,
+                start: e.at,
                 replayed: false,
             });
         }
-        let (frame, at) = (seen.frame, seen.at);
-        match &seen.what {
-            What::Whole(e) => self.whole(e, frame, replayed),
-            What::Received { call, body } => {
-                self.received(*call, frame, seen.step, at, body, replayed)
-            }
-            What::Decided {
-                call,
-                decision,
-                timed_out,
-                by,
-            } => self.decided(*call, at, decision, *timed_out, by.as_ref(), replayed),
-            What::Started { call, from, len } => {
-                let (from, len) = (*from as usize, *len as usize);
-                let read = ids.get(from..from.saturating_add(len)).unwrap_or_default();
-                if let Some(c) = self.calls.get_mut(call) {
-                    c.read_from.clear();
-                    c.read_from.extend_from_slice(read);
-                    c.started = Some(at);
-                    if !replayed {
-                        c.replayed = false;
-                    }
-                }
-            }
-            What::Finished { call, result } => {
-                let result = result.as_deref().filter(|_| self.content).cloned();
-                self.call_ended(*call, at, "ok", None, result, replayed);
-            }
-            What::Failed { call, error, kind } => {
-                let code = error
-                    .get("code")
-                    .and_then(Json::as_str)
-                    .unwrap_or(kind.as_str())
-                    .to_string();
-                let result = self.content.then(|| Json::clone(error));
-                self.call_ended(*call, at, kind.as_str(), Some(code), result, replayed);
-            }
-            What::Cancelled { call } => self.call_ended(
-                *call,
-                at,
-                "cancelled",
-                Some("cancelled".into()),
-                None,
-                replayed,
-            ),
-            What::Refused { call } => {
-                self.call_ended(*call, at, "refused", Some("refused".into()), None, replayed)
-            }
-        }
-    }
-
-    /// An event that [`Seen::of`] hands over whole.
-    fn whole(&mut self, e: &Event, frame: Frame, replayed: bool) {
+        let frame = frame_of(e);
         if let Some(call) = e.call {
             self.call_event(call.0, frame, e, replayed);
             return;
@@ -768,59 +707,89 @@ impl RunSpans {
         self.emit(s);
     }
 
-    /// A call's event that has no record of its own ([`Seen::of`]): an approval request.
     fn call_event(&mut self, id: u64, frame: Frame, e: &Event, replayed: bool) {
-        if let EventKind::ApprovalRequested {
-            call,
-            interrupted,
-            read_from,
-            ..
-        } = &e.kind
-        {
-            // A call presented again after a restart was received by an earlier process.
-            if !self.calls.contains_key(&id) {
-                self.new_call(id, &call.tool, frame, e.step, e.at, replayed);
+        match &e.kind {
+            EventKind::CallReceived { call } => {
+                if let Some(t) = self.turns.get_mut(&frame)
+                    && t.first_call.is_none()
+                {
+                    t.first_call = Some(e.at);
+                }
+                let params = self
+                    .content
+                    .then(|| serde_json::to_value(&call.params).unwrap_or(Json::Null));
+                let incarnation = self.live_incarnation(replayed);
+                if !replayed {
+                    self.step_span(frame, e.step, e.at, replayed);
+                }
+                let c = self.new_call(id, &call.tool, frame, e, replayed);
+                c.params = params;
+                c.incarnation = incarnation;
             }
-            let Some(c) = self.calls.get_mut(&id) else {
-                return;
-            };
-            c.asked = Some((e.at, replayed));
-            c.interrupted |= *interrupted;
-            c.read_from.clone_from(read_from);
+            EventKind::ApprovalRequested {
+                call,
+                interrupted,
+                read_from,
+                ..
+            } => {
+                // A call presented again after a restart was received by an earlier process.
+                if !self.calls.contains_key(&id) {
+                    self.new_call(id, &call.tool, frame, e, replayed);
+                }
+                let Some(c) = self.calls.get_mut(&id) else {
+                    return;
+                };
+                c.asked = Some((e.at, replayed));
+                c.interrupted |= *interrupted;
+                c.read_from.clone_from(read_from);
+            }
+            EventKind::Decision {
+                decision,
+                timed_out,
+                by,
+                ..
+            } => self.decided(id, e, decision.name(), *timed_out, by.as_ref(), replayed),
+            EventKind::Started { read_from, .. } => {
+                if let Some(c) = self.calls.get_mut(&id) {
+                    c.read_from.clone_from(read_from);
+                    c.started = Some(e.at);
+                    if !replayed {
+                        c.replayed = false;
+                    }
+                }
+            }
+            EventKind::Finished { result } => {
+                let result = self.content.then(|| Json::clone(result));
+                self.call_ended(id, e.at, "ok", None, result, replayed);
+            }
+            EventKind::Failed { error, kind } => {
+                let code = error
+                    .get("code")
+                    .and_then(Json::as_str)
+                    .unwrap_or(kind.as_str())
+                    .to_string();
+                let result = self.content.then(|| Json::clone(error));
+                self.call_ended(id, e.at, kind.as_str(), Some(code), result, replayed);
+            }
+            EventKind::Cancelled => self.call_ended(
+                id,
+                e.at,
+                "cancelled",
+                Some("cancelled".into()),
+                None,
+                replayed,
+            ),
+            EventKind::CallRefused { .. } => {
+                self.call_ended(id, e.at, "refused", Some("refused".into()), None, replayed)
+            }
+            _ => {}
         }
-    }
-
-    /// A call arrived from the model.
-    fn received(
-        &mut self,
-        id: u64,
-        frame: Frame,
-        step: u32,
-        at: Millis,
-        call: &crate::protocol::Call,
-        replayed: bool,
-    ) {
-        if let Some(t) = self.turns.get_mut(&frame)
-            && t.first_call.is_none()
-        {
-            t.first_call = Some(at);
-        }
-        let params = self
-            .content
-            .then(|| serde_json::to_value(&call.params).unwrap_or(Json::Null));
-        let incarnation = self.live_incarnation(replayed);
-        if !replayed {
-            self.step_span(frame, step, at, replayed);
-        }
-        let c = self.new_call(id, &call.tool, frame, step, at, replayed);
-        c.params = params;
-        c.incarnation = incarnation;
     }
 
     fn decided(
         &mut self,
         id: u64,
-        at: Millis,
+        e: &Event,
         decision: &'static str,
         timed_out: bool,
         by: Option<&crate::protocol::Actor>,
@@ -835,7 +804,7 @@ impl RunSpans {
         let tool = c.tool.tool.clone();
         let inc = c.incarnation;
         if self.metrics && !replayed {
-            metrics::approval_wait(at.saturating_sub(asked), decision);
+            metrics::approval_wait(e.at.saturating_sub(asked), decision);
         }
         let span_inc = self.live_incarnation(replayed);
         let open = Open {
@@ -844,7 +813,7 @@ impl RunSpans {
             replayed,
         };
         let parent = self.id("call", &[id], inc);
-        let mut s = self.span(&format!("approval {tool}"), Some(parent), &open, at);
+        let mut s = self.span(&format!("approval {tool}"), Some(parent), &open, e.at);
         let source = if timed_out || by.is_some_and(|b| b.channel == "policy") {
             "policy"
         } else {
@@ -995,8 +964,7 @@ impl RunSpans {
         id: u64,
         tool: &str,
         frame: Frame,
-        step: u32,
-        at: Millis,
+        e: &Event,
         replayed: bool,
     ) -> &mut CallState {
         let tool = self.tool_names(tool);
@@ -1004,8 +972,8 @@ impl RunSpans {
         let c = CallState {
             tool,
             frame,
-            step,
-            received: at,
+            step: e.step,
+            received: e.at,
             started: None,
             asked: None,
             read_from: Vec::new(),
