@@ -60,7 +60,7 @@ impl Drop for CloseOnDrop {
 pub(super) fn run_call(
     executor: Arc<dyn Executor>,
     id: CallId,
-    call: Call,
+    call: Arc<Call>,
     tool: Arc<Tool>,
     limit: Option<Duration>,
     progress: ProgressSink,
@@ -68,6 +68,9 @@ pub(super) fn run_call(
     let closing = CloseOnDrop(progress.clone());
     async move {
         let _closing = closing;
+        // The call is shared with its `started` event: the activity's own copy of the params is
+        // made here, on the activity's task, not on the run's driver.
+        let call = Arc::unwrap_or_clone(call);
         let work = match std::panic::catch_unwind(AssertUnwindSafe(|| {
             executor.execute_reporting(id, &tool, call, progress)
         })) {
@@ -100,7 +103,7 @@ impl Activities {
         &mut self,
         executor: &Arc<dyn Executor>,
         id: CallId,
-        call: Call,
+        call: Arc<Call>,
         tool: Arc<Tool>,
         detached: bool,
         limit: Option<Duration>,
@@ -215,7 +218,7 @@ mod tests {
         a.launch_reporting(
             &executor,
             CallId(1),
-            Call::new("t"),
+            Arc::new(Call::new("t")),
             tool,
             false,
             None,

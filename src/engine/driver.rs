@@ -637,7 +637,7 @@ impl Driver {
                 self.activities.launch_reporting(
                     &self.executor,
                     id,
-                    *call,
+                    call,
                     tool,
                     detached,
                     limit,

@@ -98,7 +98,7 @@ impl Parts {
         let task = run_call(
             self.executor.clone(),
             id,
-            call,
+            Arc::new(call),
             tool,
             limit,
             ProgressSink::none(),

@@ -316,7 +316,7 @@ impl RunMachine {
         &mut self,
         key: FrameKey,
         id: CallId,
-        call: Box<crate::protocol::Call>,
+        call: Arc<crate::protocol::Call>,
         tool: Arc<crate::protocol::Tool>,
         detached: bool,
         now: Millis,

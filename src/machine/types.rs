@@ -337,8 +337,8 @@ pub enum Action {
     Launch {
         /// The call.
         id: CallId,
-        /// The call with its references resolved (boxed, to keep every action small).
-        call: Box<Call>,
+        /// The call with its references resolved, shared with its `started` event.
+        call: Arc<Call>,
         /// Its tool.
         tool: Arc<Tool>,
         /// Fire-and-forget: nobody waits for its outcome.

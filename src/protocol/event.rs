@@ -19,6 +19,63 @@ use serde_json::{Map, Value};
 
 use super::{Call, CallId, Millis, OutputMethod};
 
+/// The resolved params of a launched call, as its `started` event carries them: a share of the
+/// call the activity runs, so launching a call copies no params. Reads as the params object
+/// (`Deref`) and serialises as one; a deserialised one holds a call of those params alone.
+#[derive(Debug, Clone)]
+pub struct LaunchedParams(Arc<Call>);
+
+impl LaunchedParams {
+    /// The params of `call`, shared with it.
+    pub fn of(call: Arc<Call>) -> Self {
+        LaunchedParams(call)
+    }
+
+    /// The params object.
+    pub fn as_map(&self) -> &Map<String, Value> {
+        &self.0.params
+    }
+
+    /// True when these are the params of `call` itself, not a copy.
+    pub fn is_of(&self, call: &Arc<Call>) -> bool {
+        Arc::ptr_eq(&self.0, call)
+    }
+}
+
+impl std::ops::Deref for LaunchedParams {
+    type Target = Map<String, Value>;
+
+    fn deref(&self) -> &Map<String, Value> {
+        &self.0.params
+    }
+}
+
+impl From<Map<String, Value>> for LaunchedParams {
+    fn from(params: Map<String, Value>) -> Self {
+        let mut call = Call::new("");
+        call.params = params;
+        LaunchedParams(Arc::new(call))
+    }
+}
+
+impl PartialEq for LaunchedParams {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.params == other.0.params
+    }
+}
+
+impl Serialize for LaunchedParams {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        self.0.params.serialize(s)
+    }
+}
+
+impl<'de> Deserialize<'de> for LaunchedParams {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        Map::<String, Value>::deserialize(d).map(LaunchedParams::from)
+    }
+}
+
 /// One stamped event of a run.
 #[cfg_attr(feature = "server", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -211,8 +268,9 @@ pub enum EventKind {
     Started {
         /// The tool name.
         tool: String,
-        /// The resolved params.
-        params: Map<String, Value>,
+        /// The resolved params: the launched call's own, shared with the activity (not a copy).
+        #[cfg_attr(feature = "server", schema(value_type = Object))]
+        params: LaunchedParams,
         /// The calls whose writes the params were resolved from (the data it waited on), in id
         /// order: its dependency edges as they were when it launched. Empty when it read
         /// nothing a call wrote.
@@ -517,7 +575,7 @@ mod tests {
             },
             EventKind::Started {
                 tool: "fetch".into(),
-                params: Map::new(),
+                params: Map::new().into(),
                 read_from: vec![CallId(3), CallId(7)],
             },
             EventKind::CallProgress {

@@ -604,7 +604,7 @@ fn call_event(
             c.status = "running".into();
             c.started_ms = Some(t);
             c.tool = Some(tool.clone());
-            c.params = Some(params.clone());
+            c.params = Some(params.as_map().clone());
         }
         EventKind::Finished { .. } | EventKind::Failed { .. } | EventKind::Cancelled => {
             c.ended_ms = Some(t);

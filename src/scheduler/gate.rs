@@ -6,7 +6,11 @@ use serde_json::{Map, Value};
 use super::core::{emit, read_paths};
 use super::{Phase, Scheduler, ToolEntry, is_idempotent};
 use crate::approval::{DefaultDecision, RuleDecision, evaluate};
-use crate::protocol::{Call, CallId, Decision, EventKind, FailKind, Millis, params_hash};
+use std::sync::Arc;
+
+use crate::protocol::{
+    Call, CallId, Decision, EventKind, FailKind, LaunchedParams, Millis, params_hash,
+};
 use crate::scheduler::{Action, CallStatus, EditError, Parsed, SchedulerError};
 
 impl Scheduler {
@@ -150,12 +154,14 @@ impl Scheduler {
         out: &mut Vec<Action>,
     ) {
         let id = self.entries[ix].id;
+        // One call, shared by the `started` event and the activity: the params are not copied.
+        let call: Arc<Call> = Arc::from(call);
         emit(
             out,
             id,
             EventKind::Started {
                 tool: call.tool.clone(),
-                params: call.params.clone(),
+                params: LaunchedParams::of(call.clone()),
                 read_from: std::mem::take(&mut self.entries[ix].read_from),
             },
         );
@@ -167,7 +173,7 @@ impl Scheduler {
             self.set_phase(ix, Phase::Running);
             // Kept to re-present (or re-launch) the call if the run stops while it runs.
             if self.opts.keep_launched {
-                self.entries[ix].presented = Some(call.clone());
+                self.entries[ix].presented = Some(Box::new(Call::clone(&call)));
             }
         }
         out.push(Action::Launch {

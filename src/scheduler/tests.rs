@@ -353,3 +353,35 @@ fn an_unreadable_call_is_refused_with_its_reason_and_what_was_received() {
         )
     );
 }
+
+#[test]
+fn a_launch_shares_its_call_with_the_started_event() {
+    let mut s = sched();
+    let out = s.handle(
+        arrival(&s, call(json!({"_tool": "t", "n": 1, "deep": {"k": [1, 2]}}))),
+        0,
+    );
+    let launched = out.iter().find_map(|a| match a {
+        Action::Launch { call, .. } => Some(call.clone()),
+        _ => None,
+    });
+    let started = out.iter().find_map(|a| match a {
+        Action::Event {
+            kind: EventKind::Started { params, .. },
+            ..
+        } => Some(params.clone()),
+        _ => None,
+    });
+    let (Some(launched), Some(started)) = (launched, started) else {
+        panic!("a launch and a started event: {out:?}");
+    };
+    assert!(started.is_of(&launched), "the event copied the params");
+    assert_eq!(started.as_map(), &launched.params);
+    assert_eq!(started.get("n"), Some(&json!(1)), "reads as the params object");
+    // The event reads and serialises as the params object, as before it shared them.
+    let text = serde_json::to_value(&started).expect("serialise");
+    assert_eq!(text, json!({"n": 1, "deep": {"k": [1, 2]}}));
+    let back: crate::protocol::LaunchedParams =
+        serde_json::from_value(text).expect("deserialise");
+    assert_eq!(back, started);
+}

@@ -146,7 +146,7 @@ impl Performer {
                 let task = CallTask {
                     spec,
                     id,
-                    call: *call,
+                    call: std::sync::Arc::unwrap_or_clone(call),
                     tool: (*tool).clone(),
                     timeout_ms,
                 };
