@@ -1,13 +1,13 @@
 //! The approval gate's transitions (rules 13-14): presenting an unblocked call, launching it,
 //! and applying a reviewer's decision (approve, edit, replace, reject) or the policy default.
 
+use std::sync::Arc;
+
 use serde_json::{Map, Value};
 
 use super::core::{emit, read_paths};
 use super::{Phase, Scheduler, ToolEntry, is_idempotent};
 use crate::approval::{DefaultDecision, RuleDecision, evaluate};
-use std::sync::Arc;
-
 use crate::protocol::{
     Call, CallId, Decision, EventKind, FailKind, LaunchedParams, Millis, params_hash,
 };
