@@ -268,8 +268,9 @@ pub enum EventKind {
     Started {
         /// The tool name.
         tool: String,
-        /// The resolved params: the launched call's own, shared with the activity (not a copy).
-        #[cfg_attr(feature = "server", schema(value_type = Object))]
+        // The launched call's own params, shared with the activity (not a copy).
+        /// The resolved params.
+        #[cfg_attr(feature = "server", schema(value_type = Map<String, Value>))]
         params: LaunchedParams,
         /// The calls whose writes the params were resolved from (the data it waited on), in id
         /// order: its dependency edges as they were when it launched. Empty when it read
