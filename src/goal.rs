@@ -348,6 +348,18 @@ impl Goal {
         Goal::from_json(&text, path, base)
     }
 
+    /// Reads a goal file whose tools will not run (every call answered from a recording:
+    /// `--tools-from`): checked like [`Goal::load`], except that its `${VAR}` placeholders need
+    /// not be set.
+    pub fn load_offline(path: &FsPath) -> Result<Goal, GoalError> {
+        let text = std::fs::read_to_string(path).map_err(|source| GoalError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let base = path.parent().map(FsPath::to_path_buf).unwrap_or_default();
+        Goal::parse(&text, path, base)
+    }
+
     /// Refuses a goal document holding a meta key dagloop does not define (on the goal, a tool,
     /// a tool's `properties` or a plan call), naming where, with the closest known key
     /// (`goal.unknown_meta_key`). [`Goal::from_json`] checks this first; a front-end that checks
@@ -366,7 +378,25 @@ impl Goal {
     }
 
     /// Parses and checks goal JSON; `origin` names it in errors, `base_dir` anchors relative paths.
+    /// Every `${VAR}` placeholder must be set in this process's environment ([`Goal::check_env`]):
+    /// this is the goal of a run about to be driven.
     pub fn from_json(text: &str, origin: &FsPath, base_dir: PathBuf) -> Result<Goal, GoalError> {
+        let goal = Goal::parse(text, origin, base_dir)?;
+        goal.check_env().map_err(|reason| GoalError::Invalid {
+            path: origin.to_path_buf(),
+            reason,
+        })?;
+        Ok(goal)
+    }
+
+    /// The goal of a stored run, read back from its record: checked like [`Goal::from_json`]
+    /// except that `${VAR}` placeholders are kept by name and need not be set here (a reader of a
+    /// stored run never needs their values; the process that drives the run checks them again).
+    pub fn from_record(doc: &Value, origin: &FsPath, base_dir: PathBuf) -> Result<Goal, GoalError> {
+        Goal::parse(&doc.to_string(), origin, base_dir)
+    }
+
+    fn parse(text: &str, origin: &FsPath, base_dir: PathBuf) -> Result<Goal, GoalError> {
         let invalid = |reason: String| GoalError::Invalid {
             path: origin.to_path_buf(),
             reason,
@@ -423,10 +453,11 @@ impl Goal {
             path: origin.to_path_buf(),
             reason: e.to_string(),
         })?;
-        self.check_env().map_err(|reason| GoalError::Invalid {
-            path: origin.to_path_buf(),
-            reason,
-        })?;
+        self.check_env_listed()
+            .map_err(|reason| GoalError::Invalid {
+                path: origin.to_path_buf(),
+                reason,
+            })?;
         let bad = |field: String, reason: String| GoalError::BadSchema {
             path: origin.to_path_buf(),
             field,
@@ -494,6 +525,16 @@ impl Goal {
     /// must be listed in `env` and set in the environment. The message names the tool and field,
     /// never a value.
     pub fn check_env(&self) -> Result<(), String> {
+        self.check_placeholders(true)
+    }
+
+    /// Checks every `${VAR}` placeholder names a variable listed in the goal's `env` (what a
+    /// stored goal is held to: whether it is set is the driving process's to check).
+    pub fn check_env_listed(&self) -> Result<(), String> {
+        self.check_placeholders(false)
+    }
+
+    fn check_placeholders(&self, set: bool) -> Result<(), String> {
         for (i, t) in self.tools.iter().enumerate() {
             let Some(http) = t.schema.get("_http") else {
                 continue;
@@ -517,7 +558,7 @@ impl Goal {
                             "{at} uses `${{{var}}}` but `{var}` is not listed in the goal's `env` (add \"env\": [\"{var}\"])"
                         ));
                     }
-                    if std::env::var_os(var).is_none() {
+                    if set && std::env::var_os(var).is_none() {
                         return Err(format!(
                             "{at} uses `${{{var}}}` but the environment variable `{var}` is not set"
                         ));
@@ -606,6 +647,64 @@ fn model_list<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<String>, 
                 )));
             }
             Ok(Some(list.join(",")))
+        }
+    }
+}
+
+/// A delegate goal as a run recorded it when it was defined: the document and the folder its
+/// relative paths start from. A stored run's agent tree is rebuilt from these, never from the
+/// files they came from (which may have moved or changed since).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RecordedGoal {
+    /// The goal document, as [`Goal`] serialises it.
+    pub goal: Value,
+    /// The folder its relative paths start from (absolute).
+    pub base_dir: String,
+}
+
+impl RecordedGoal {
+    /// Records `goal` (its folder made absolute against the current directory).
+    pub fn of(goal: &Goal) -> RecordedGoal {
+        let dir = if goal.base_dir.as_os_str().is_empty() {
+            FsPath::new(".")
+        } else {
+            goal.base_dir.as_path()
+        };
+        let base = std::fs::canonicalize(dir)
+            .or_else(|_| std::path::absolute(dir))
+            .unwrap_or_else(|_| dir.to_path_buf());
+        RecordedGoal {
+            goal: serde_json::to_value(goal).unwrap_or(Value::Null),
+            base_dir: base.display().to_string(),
+        }
+    }
+
+    /// The goal again (placeholders by name: [`Goal::from_record`]).
+    pub fn load(&self, origin: &FsPath) -> Result<Goal, GoalError> {
+        Goal::from_record(&self.goal, origin, PathBuf::from(&self.base_dir))
+    }
+}
+
+/// Where the delegate goals of an agent tree come from, each named by the JSON pointer of the
+/// `_delegate` that names it (`/tools/0/_delegate`, nested `/tools/0/_delegate/tools/1/_delegate`).
+#[derive(Debug, Clone, Copy)]
+pub enum DelegateGoals<'a> {
+    /// Their files (a run being defined).
+    Files,
+    /// A run's record; a pointer it lacks (a run recorded by an older dagloop) is read from its
+    /// file.
+    Recorded(&'a std::collections::BTreeMap<String, RecordedGoal>),
+}
+
+impl DelegateGoals<'_> {
+    /// The delegate goal named at `pointer`, whose file is `path`.
+    pub fn load(&self, pointer: &str, path: &FsPath) -> Result<Goal, GoalError> {
+        match self {
+            DelegateGoals::Recorded(map) => match map.get(pointer) {
+                Some(r) => r.load(path),
+                None => Goal::load(path),
+            },
+            DelegateGoals::Files => Goal::load(path),
         }
     }
 }

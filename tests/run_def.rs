@@ -1,5 +1,6 @@
 //! A run has one definition (`runs::define`): what it was built from is recorded with it, and a
-//! run whose definition changed while it waited is not silently continued under another one.
+//! stored run goes on under that record (a delegate goal file edited while it waited is not
+//! read again) until its driver is told to accept the changes.
 
 #[path = "common/bin.rs"]
 mod bin;
@@ -46,12 +47,27 @@ fn waiting_run(dir: &Path, store: &Path) -> (String, std::path::PathBuf) {
     (v["run_id"].as_str().expect("run id").to_string(), approve)
 }
 
+/// The delegate goal the stored run recorded (by the pointer of its `_delegate`).
+fn recorded_delegate(store: &Path, id: &str) -> Value {
+    let c = rusqlite::Connection::open(store).expect("open");
+    let record: String = c
+        .query_row("SELECT record FROM runs WHERE id = ?1", [id], |r| r.get(0))
+        .expect("row");
+    let record: Value = serde_json::from_str(&record).expect("JSON");
+    record["options"]["record"]["delegates"]["/tools/1/_delegate"]["goal"].clone()
+}
+
 #[test]
-fn a_changed_delegate_goal_stops_resume_until_the_change_is_accepted() {
+fn a_stored_run_keeps_its_delegate_goal_until_a_change_is_accepted() {
     let dir = tempfile::tempdir().expect("tmp");
     copy_example(dir.path());
     let store = dir.path().join("runs.db");
     let (id, approve) = waiting_run(dir.path(), &store);
+    let before = recorded_delegate(&store, &id);
+    assert!(
+        before["goal"].is_string(),
+        "recorded at the start: {before}"
+    );
 
     // The delegate's goal is edited while the run waits.
     let translator = dir.path().join("translator.goal.json");
@@ -71,19 +87,26 @@ fn a_changed_delegate_goal_stops_resume_until_the_change_is_accepted() {
             .output()
             .expect("resume")
     };
-    let out = resume(&[]);
-    assert_eq!(out.status.code(), Some(2));
-    let v = json_of(&out);
-    assert_eq!(v["error"]["code"], "run.definition_changed", "{v}");
-    let message = v["error"]["message"].as_str().unwrap_or("");
-    assert!(message.contains("delegate /tools/1/_delegate"), "{message}");
-    assert!(
-        !message.contains("goal,"),
-        "only the delegate changed: {message}"
+    // Without --accept-changes the run goes on as it was defined: the file is not read again.
+    let out = resume(&["--detach"]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
     );
+    assert_eq!(recorded_delegate(&store, &id), before);
 
-    // Accepted, the run goes on under the new definition, which is recorded.
-    let out = resume(&["--accept-changes"]);
+    // A second waiting run, resumed with --accept-changes, takes the edited file and records it.
+    let (id2, approve) = waiting_run(dir.path(), &store);
+    let out = bin::dagloop()
+        .current_dir(dir.path())
+        .arg("--store")
+        .arg(&store)
+        .args(["resume", &id2, "--json", "--accept-changes", "--decisions"])
+        .arg(&approve)
+        .output()
+        .expect("resume");
     assert_eq!(
         out.status.code(),
         Some(0),
@@ -91,6 +114,11 @@ fn a_changed_delegate_goal_stops_resume_until_the_change_is_accepted() {
         String::from_utf8_lossy(&out.stdout)
     );
     assert_eq!(json_of(&out)["status"], "succeeded");
+    let after = recorded_delegate(&store, &id2);
+    assert!(
+        after["goal"].as_str().unwrap_or("").ends_with("Be brief."),
+        "{after}"
+    );
 }
 
 #[test]

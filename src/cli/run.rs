@@ -167,7 +167,14 @@ pub(super) async fn run(
         tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt()).ok();
     let (goal, run_id, journal) = match start {
         Start::New(path, input) => {
-            let mut goal = Goal::load(&path).map_err(|e| CliError::new(e.code(), &e))?;
+            // A run whose every call is answered from a recording needs no placeholder's value.
+            let offline = matches!(&display.tools_from, Some((_, false)));
+            let load = if offline {
+                Goal::load_offline
+            } else {
+                Goal::load
+            };
+            let mut goal = load(&path).map_err(|e| CliError::new(e.code(), &e))?;
             if input.is_some() {
                 let doc = serde_json::to_value(&goal).unwrap_or(Value::Null);
                 goal = crate::runs::goal_with_input(&doc, input, &path, goal.base_dir.clone())

@@ -4,7 +4,8 @@
 use serde_json::Value;
 
 /// Limits applied when showing a value to the model.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
 pub struct SanitizeLimits {
     /// Strings at least this long made only of base64 or hex characters are replaced.
     pub blob_min_chars: usize,

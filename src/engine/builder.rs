@@ -23,7 +23,7 @@ use super::loading::{
 use super::turns::Models;
 use crate::approval::{Approver, Policy};
 use crate::context::SanitizeLimits;
-use crate::goal::Goal;
+use crate::goal::{DelegateGoals, Goal};
 use crate::llm::{LlmError, Model, ModelSpec, RetryPolicy, Settings};
 use crate::machine::ConfigError;
 use crate::protocol::Tool;
@@ -136,6 +136,7 @@ pub struct AgentBuilder {
     event_capacity: usize,
     mode: Option<crate::llm::Mode>,
     traced: bool,
+    delegate_goals: Option<BTreeMap<String, crate::goal::RecordedGoal>>,
 }
 
 impl AgentBuilder {
@@ -163,7 +164,15 @@ impl AgentBuilder {
             event_capacity: super::bus::DEFAULT_CAPACITY,
             mode: None,
             traced: true,
+            delegate_goals: None,
         }
+    }
+
+    /// Takes the delegate goals from a run's record (by the pointer of the `_delegate` naming
+    /// each) instead of reading their files: the run uses what it was defined with.
+    pub fn delegate_goals(mut self, goals: BTreeMap<String, crate::goal::RecordedGoal>) -> Self {
+        self.delegate_goals = Some(goals);
+        self
     }
 
     /// Whether the run is part of the process's traces and metrics (on by default; whether
@@ -341,7 +350,11 @@ impl AgentBuilder {
             root: Arc::new(chain(root_models, &self.retry).ok_or(AgentError::NoModel)?),
             by_spec: BTreeMap::new(),
         };
-        let config = load_config(&self.goal, 0, true, &self.registry)?;
+        let source = match &self.delegate_goals {
+            Some(map) => DelegateGoals::Recorded(map),
+            None => DelegateGoals::Files,
+        };
+        let config = load_config(&self.goal, 0, true, &self.registry, "", source)?;
         build_models(&config, &self.retry, &mut models)?;
         let policy = match (self.policy.take(), &self.goal.approval) {
             (Some(p), _) => p,

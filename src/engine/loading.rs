@@ -11,7 +11,7 @@ use serde_json::{Value, json};
 
 use super::builder::AgentError;
 use super::turns::Models;
-use crate::goal::Goal;
+use crate::goal::{DelegateGoals, Goal};
 use crate::llm::{Fallback, LlmError, Model, ModelSpec, RetryPolicy, Retrying};
 use crate::machine::{AgentConfig, MAX_DEPTH};
 use crate::protocol::Tool;
@@ -65,10 +65,19 @@ pub(super) fn is_delegate(t: &Tool) -> bool {
     crate::tools::kind_of(t) == Some("delegate")
 }
 
-/// The configuration of `goal`'s agent, its delegates' goals read (no model is built): what
-/// inspecting a stored run needs (`dagloop show`, `dagloop decide`).
+/// The configuration of `goal`'s agent, its delegates' goals read from their files (no model is
+/// built).
 pub fn config_for(goal: &Goal) -> Result<Arc<AgentConfig>, AgentError> {
-    load_config(goal, 0, true, &Registry::new()).map(Arc::new)
+    config_with(goal, DelegateGoals::Files)
+}
+
+/// The configuration of `goal`'s agent with its delegates' goals taken from `delegates` (a
+/// stored run's record: nothing is read from disk for what the record holds). No model is built.
+pub fn config_with(
+    goal: &Goal,
+    delegates: DelegateGoals<'_>,
+) -> Result<Arc<AgentConfig>, AgentError> {
+    load_config(goal, 0, true, &Registry::new(), "", delegates).map(Arc::new)
 }
 
 pub(super) fn build_models(
@@ -103,14 +112,18 @@ pub(super) fn load_config(
     depth: u32,
     own_model: bool,
     registry: &Registry,
+    at: &str,
+    source: DelegateGoals<'_>,
 ) -> Result<AgentConfig, AgentError> {
     let mut delegates = BTreeMap::new();
     if depth < MAX_DEPTH {
-        for t in goal
+        for (i, t) in goal
             .tools
             .iter()
-            .filter(|t| is_delegate(t) && !registry.has(&t.name))
+            .enumerate()
+            .filter(|(_, t)| is_delegate(t) && !registry.has(&t.name))
         {
+            let pointer = format!("{at}/tools/{i}/_delegate");
             let fail = |reason: String| AgentError::Delegate {
                 tool: t.name.clone(),
                 reason,
@@ -137,12 +150,14 @@ pub(super) fn load_config(
                     .map_err(|e| fail(e.to_string()))?;
                 (g, false)
             } else {
-                let g = Goal::load(&goal.resolve_path(target)).map_err(|e| fail(e.to_string()))?;
+                let g = source
+                    .load(&pointer, &goal.resolve_path(target))
+                    .map_err(|e| fail(e.to_string()))?;
                 let own = g.model.is_some();
                 (g, own)
             };
             check_activities(&child, registry)?;
-            let cfg = load_config(&child, depth + 1, own, registry)?;
+            let cfg = load_config(&child, depth + 1, own, registry, &pointer, source)?;
             delegates.insert(t.name.clone(), Arc::new(cfg));
         }
     }

@@ -27,7 +27,7 @@ use serde_json::Value;
 
 pub use egress::{Egress, EgressError};
 
-use crate::goal::Goal;
+use crate::goal::{DelegateGoals, Goal};
 #[cfg(feature = "mcp")]
 use crate::tools::mcp::McpServerConfig;
 
@@ -328,12 +328,23 @@ impl Grants {
         goal: &Goal,
         model: Option<&str>,
     ) -> Result<Vec<(String, Goal)>, GrantError> {
+        self.check_goal_with(goal, model, DelegateGoals::Files)
+    }
+
+    /// [`Grants::check_goal`] with the delegate goals taken from `delegates` (a stored run's
+    /// record: what is checked is what the run will use, not the files as they are now).
+    pub fn check_goal_with(
+        &self,
+        goal: &Goal,
+        model: Option<&str>,
+        delegates: DelegateGoals<'_>,
+    ) -> Result<Vec<(String, Goal)>, GrantError> {
         if let Some(spec) = model {
             self.check_model("/model", spec, &std::env::current_dir().unwrap_or_default())?;
         }
-        let mut delegates = Vec::new();
-        self.check_one(goal, "", 0, &mut delegates)?;
-        Ok(delegates)
+        let mut found = Vec::new();
+        self.check_one(goal, "", 0, delegates, &mut found)?;
+        Ok(found)
     }
 
     /// Every `scripted:` file of a model spec (or comma-separated list of fallback specs) is
@@ -352,6 +363,7 @@ impl Grants {
         goal: &Goal,
         at: &str,
         depth: u32,
+        source: DelegateGoals<'_>,
         delegates: &mut Vec<(String, Goal)>,
     ) -> Result<(), GrantError> {
         if let Some(spec) = &goal.model {
@@ -412,8 +424,8 @@ impl Grants {
                 let path = self.file(&ptr, target, &goal.base_dir)?;
                 // A delegate goal that cannot be read is the builder's and `validate`'s to
                 // report (with their own codes); nothing it would ask for is touched.
-                if let Ok(child) = Goal::load(&path) {
-                    self.check_one(&child, &ptr, depth + 1, delegates)?;
+                if let Ok(child) = source.load(&ptr, &path) {
+                    self.check_one(&child, &ptr, depth + 1, source, delegates)?;
                     delegates.push((ptr, child));
                 }
             }

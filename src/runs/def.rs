@@ -1,39 +1,64 @@
 //! A run's definition: the goal as asked, the options it runs with and the grants of the process
-//! that runs it, checked together once. Every front-end (`run`, `resume`, `validate`, `serve`,
-//! `worker`) defines its runs here, so a goal is held to the same grants whichever of them
-//! reads it.
+//! that runs it, checked together once, with everything the run will use recorded (its
+//! delegate goals by content, the tools its MCP servers announce, its sanitize limits). Every
+//! front-end (`run`, `resume`, `validate`, `serve`, `worker`) defines its runs here, so a goal is
+//! held to the same grants whichever of them reads it; every reader of a stored run gets it
+//! back from the record alone ([`RunDef::from_record`], in `record`).
 //!
 //! Deliberately not here: building the agent or starting anything (`launch`), and the grant
 //! rules themselves (`crate::grants`).
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
-use super::{RunOptions, RunsError, policy_for};
+use super::{DefRecord, RunOptions, RunsError, policy_for};
 use crate::approval::Policy;
-use crate::goal::Goal;
+use crate::goal::{DelegateGoals, Goal, RecordedGoal};
 use crate::grants::Grants;
+use crate::machine::AgentConfig;
 
-/// One run, defined: what it asks, how it runs, what it may touch.
+/// One run, defined: what it asks, how it runs, what it may touch, and what it was defined
+/// with (the record every reader replays).
 #[derive(Debug, Clone)]
 pub struct RunDef {
-    asked: Goal,
-    effective: Goal,
-    options: RunOptions,
-    grants: Arc<Grants>,
-    policy: Policy,
+    pub(super) asked: Goal,
+    pub(super) effective: Goal,
+    pub(super) options: RunOptions,
+    pub(super) grants: Arc<Grants>,
+    pub(super) policy: Policy,
+    /// The root agent's configuration, built on first use ([`RunDef::config`]).
+    pub(super) config: Arc<OnceLock<Arc<AgentConfig>>>,
 }
 
 /// Defines a run of `goal` under `options` in a process that grants `grants`: everything the
 /// goal (and its delegate goals) asks is checked against the grants before anything is
-/// spawned, opened or connected, the approval policy is read, and the operator's MCP servers
-/// the goal names are put in place of its references.
+/// spawned, opened or connected, the approval policy is read, the operator's MCP servers the
+/// goal names are put in place of its references, and what the run is defined with is recorded
+/// in its options ([`RunOptions::record`]).
+///
+/// A run that carries a record (a stored run resumed) is held to it: its delegate goals come
+/// from the record, not from their files, and must be what they were when the run began
+/// (`run.definition_changed` otherwise). `${VAR}` placeholders must be set in this process:
+/// it is the one that will drive the run.
 pub fn define(
     goal: Goal,
     mut options: RunOptions,
     grants: Arc<Grants>,
 ) -> Result<RunDef, RunsError> {
-    let delegates = grants.check_goal(&goal, options.model.as_deref())?;
+    let previous = options.record.take();
+    let source = match &previous {
+        Some(r) => DelegateGoals::Recorded(&r.delegates),
+        None => DelegateGoals::Files,
+    };
+    let delegates = grants.check_goal_with(&goal, options.model.as_deref(), source)?;
+    // The root goal was read for driving (`Goal::from_json` checks its placeholders); delegate
+    // goals taken from a record were not.
+    for (pointer, g) in &delegates {
+        g.check_env().map_err(|reason| crate::goal::GoalError::Invalid {
+            path: format!("{} (delegate {pointer})", g.base_dir.display()).into(),
+            reason,
+        })?;
+    }
     let policy = policy_for(&goal, options.approve);
     let recorded = std::mem::take(&mut options.definition);
     options.definition = fingerprint(&goal, &delegates);
@@ -51,6 +76,18 @@ pub fn define(
             return Err(RunsError::DefinitionChanged { changed });
         }
     }
+    let previous = previous.unwrap_or_default();
+    options.record = Some(DefRecord {
+        version: DefRecord::VERSION,
+        delegates: delegates
+            .iter()
+            .map(|(p, g)| (p.clone(), RecordedGoal::of(g)))
+            .collect(),
+        // Filled in when the run's MCP servers have said what they offer (`launch`); a resumed
+        // run keeps what it recorded until then.
+        mcp_tools: previous.mcp_tools,
+        sanitize: previous.sanitize,
+    });
     let mut effective = goal.clone();
     grants.resolve_mcp(&mut effective)?;
     Ok(RunDef {
@@ -59,6 +96,7 @@ pub fn define(
         options,
         grants,
         policy,
+        config: Arc::default(),
     })
 }
 
@@ -91,7 +129,7 @@ impl RunDef {
         &self.effective
     }
 
-    /// The options.
+    /// The options, with what the run is defined with recorded ([`RunOptions::record`]).
     pub fn options(&self) -> &RunOptions {
         &self.options
     }
@@ -104,5 +142,23 @@ impl RunDef {
     /// The approval policy (the goal's, with the options' `approve` over it).
     pub fn policy(&self) -> &Policy {
         &self.policy
+    }
+
+    /// What the run was defined with: its delegate goals, its MCP servers' tools, its limits.
+    pub fn record(&self) -> &DefRecord {
+        static EMPTY: OnceLock<DefRecord> = OnceLock::new();
+        self.options
+            .record
+            .as_ref()
+            .unwrap_or_else(|| EMPTY.get_or_init(DefRecord::default))
+    }
+
+    /// Records the tools the run's MCP servers announced (what a reader of the stored run needs
+    /// to know its calls to them). The agent tree is built again on next use.
+    pub fn set_mcp_tools(&mut self, tools: Vec<crate::protocol::Tool>) {
+        let record = self.options.record.get_or_insert_with(DefRecord::default);
+        record.version = DefRecord::VERSION;
+        record.mcp_tools = tools;
+        self.config = Arc::default();
     }
 }

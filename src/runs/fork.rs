@@ -131,6 +131,9 @@ pub fn fork(
         options.model = model;
     }
     options.definition.clear();
+    // The fork goes on with what the original was defined with (its delegate goals and MCP
+    // tools as recorded), not with the files as they are now.
+    options.record = RunOptions::from_stored(&original.options)?.record;
     options.forked_from = Some(ForkedFrom {
         run: original.id.clone(),
         step,

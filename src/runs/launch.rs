@@ -100,11 +100,17 @@ pub async fn prepare(
         tools_from,
         grants,
     } = host;
-    let opts = def.options();
     let record_goal = serde_json::to_value(def.goal()).unwrap_or(Value::Null);
     // Absolute, so that the run can be continued from any directory.
     let base_dir = absolute_dir(&def.goal().base_dir).display().to_string();
-    let (builder, servers) = builder_for(registry, def, pool.as_ref()).await?;
+    let (builder, servers, mcp_tools) = builder_and_tools(registry, def, pool.as_ref()).await?;
+    // The record holds the tools the MCP servers announced now: a reader of the stored run
+    // knows its calls to them without starting the servers.
+    let mut opts = def.options().clone();
+    if let Some(r) = opts.record.as_mut() {
+        r.mcp_tools = mcp_tools;
+    }
+    let opts = &opts;
     let mut builder = builder.cancel_token(cancel).grants(grants);
     let mut nobody = None;
     builder = match review {
@@ -209,12 +215,24 @@ pub async fn builder_for(
     def: &RunDef,
     pool: Option<&Pool>,
 ) -> Result<(AgentBuilder, Option<Servers>), RunsError> {
+    let (builder, servers, _) = builder_and_tools(registry, def, pool).await?;
+    Ok((builder, servers))
+}
+
+/// [`builder_for`], with the tools the run's MCP servers announced (those the run can call).
+async fn builder_and_tools(
+    registry: Registry,
+    def: &RunDef,
+    pool: Option<&Pool>,
+) -> Result<(AgentBuilder, Option<Servers>, Vec<Tool>), RunsError> {
     let opts = def.options();
     let goal = def.effective_goal().clone();
     let mcp = start_mcp(&goal, pool).await?;
     let mut builder = AgentBuilder::new(goal)
         .registry(registry)
-        .policy(def.policy().clone());
+        .policy(def.policy().clone())
+        .delegate_goals(def.record().delegates.clone())
+        .sanitize(def.sanitize());
     let grants = def.grants();
     builder.registry_mut().enable_shell(grants.allows_shell());
     if !grants.egress.is_open() {
@@ -232,11 +250,13 @@ pub async fn builder_for(
             crate::llm::Mode::StructuredOutput
         });
     }
+    let mut announced = Vec::new();
     let servers = match mcp {
         Some((tools, activities, servers)) => {
             let mut acts: BTreeMap<String, Arc<dyn Activity>> = activities.into_iter().collect();
             for t in tools {
                 if let Some(a) = acts.remove(&t.name) {
+                    announced.push(t.clone());
                     builder = builder.tool(t, a);
                 }
             }
@@ -244,7 +264,7 @@ pub async fn builder_for(
         }
         None => None,
     };
-    Ok((builder, servers))
+    Ok((builder, servers, announced))
 }
 
 impl Prepared {

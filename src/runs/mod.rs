@@ -18,6 +18,7 @@ mod grant;
 mod launch;
 mod list;
 mod options;
+mod record;
 mod replay;
 mod view;
 
@@ -34,6 +35,7 @@ pub use launch::{
 };
 pub use list::{derive_missing, list_runs};
 pub use options::{RunOptions, policy_for};
+pub use record::{DefRecord, Replay};
 pub use replay::{Divergence, Replayed, fresh_machine, replay_run};
 pub use view::{
     AwaitingCall, CallView, ModelFallback, Rebuilt, RunView, Span, describe, describe_view,

@@ -19,14 +19,11 @@
 //! Sans-IO: no model, no tool, no clock; the caller loads the run.
 
 use std::collections::BTreeSet;
-use std::path::{Path as FsPath, PathBuf};
 
 use serde::Serialize;
 use serde_json::{Value, json};
 
-use super::{RunOptions, RunsError, policy_for};
-use crate::context::SanitizeLimits;
-use crate::engine::config_for;
+use super::RunsError;
 use crate::goal::Goal;
 use crate::machine::{Action, FrameKey, JournalEntry, RunInput, RunMachine, RunResult, Timer};
 use crate::protocol::{CallId, Op};
@@ -217,20 +214,13 @@ impl Expect {
     }
 }
 
-/// The goal of a stored run and a fresh machine for it, built as `rebuild` builds it (nothing
-/// consumed yet): what replay, fork and the crash checks feed its journal through.
+/// The goal of a stored run and a fresh machine for it, from its record alone
+/// ([`super::RunDef::from_record`]; nothing consumed yet): what replay, fork and the crash checks
+/// feed its journal through.
 pub fn fresh_machine(record: &crate::store::RunRecord) -> Result<(Goal, RunMachine), RunsError> {
-    let goal = Goal::from_json(
-        &record.goal.to_string(),
-        FsPath::new(&record.id),
-        PathBuf::from(&record.base_dir),
-    )?;
-    let opts = RunOptions::from_stored(&record.options)?;
-    let policy = policy_for(&goal, opts.approve);
-    let config = config_for(&goal)?;
-    let machine =
-        RunMachine::replaying(record.id.clone(), config, policy, SanitizeLimits::default());
-    Ok((goal, machine))
+    let def = super::RunDef::from_record(record)?;
+    let machine = def.machine(&record.id)?;
+    Ok((def.goal().clone(), machine))
 }
 
 /// Replays the journal of the run `record` describes through a fresh machine and compares what

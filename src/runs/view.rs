@@ -3,15 +3,12 @@
 //! result. `dagloop show` prints it; the server returns it.
 
 use std::collections::BTreeMap;
-use std::path::{Path as FsPath, PathBuf};
 
 use serde_json::{Value, json};
 
-use super::{RunOptions, RunsError, policy_for};
-use crate::context::SanitizeLimits;
-use crate::engine::config_for;
+use super::{RunDef, RunsError};
 use crate::goal::Goal;
-use crate::machine::{JournalEntry, RunMachine, RunResult, replay};
+use crate::machine::{JournalEntry, RunMachine, RunResult};
 use crate::protocol::{Event, EventKind, params_hash};
 use crate::store::RunRecord;
 
@@ -41,8 +38,7 @@ pub fn rebuild_note(
     record: &RunRecord,
     journal: &[JournalEntry],
 ) -> Result<crate::engine::RunNote, RunsError> {
-    let (_, config, policy) = parts(record)?;
-    let machine = machine_after(record, config, policy, journal);
+    let machine = rebuild_machine(record, journal)?;
     Ok(crate::engine::RunNote {
         awaiting: machine.awaiting().len() as u64,
         wake_at: machine.poll_timeout(),
@@ -55,58 +51,19 @@ pub fn rebuild_machine(
     record: &RunRecord,
     journal: &[JournalEntry],
 ) -> Result<RunMachine, RunsError> {
-    let (_, config, policy) = parts(record)?;
-    Ok(machine_after(record, config, policy, journal))
+    Ok(RunDef::from_record(record)?
+        .replay(&record.id, journal)?
+        .machine)
 }
 
-fn parts(
-    record: &RunRecord,
-) -> Result<
-    (
-        Goal,
-        std::sync::Arc<crate::machine::AgentConfig>,
-        crate::approval::Policy,
-    ),
-    RunsError,
-> {
-    let goal = Goal::from_json(
-        &record.goal.to_string(),
-        FsPath::new(&record.id),
-        PathBuf::from(&record.base_dir),
-    )?;
-    let opts = RunOptions::from_stored(&record.options)?;
-    let policy = policy_for(&goal, opts.approve);
-    let config = config_for(&goal)?;
-    Ok((goal, config, policy))
-}
-
-fn machine_after(
-    record: &RunRecord,
-    config: std::sync::Arc<crate::machine::AgentConfig>,
-    policy: crate::approval::Policy,
-    journal: &[JournalEntry],
-) -> RunMachine {
-    let mut machine =
-        RunMachine::replaying(record.id.clone(), config, policy, SanitizeLimits::default());
-    for e in journal {
-        machine.handle(e.input.clone(), e.at);
-    }
-    machine
-}
-
-/// Replays `journal` for the run `record` describes.
+/// Replays `journal` for the run `record` describes, from the record alone (no environment
+/// variable, file or MCP server is needed: [`RunDef::from_record`]).
 pub fn rebuild(record: &RunRecord, journal: &[JournalEntry]) -> Result<Rebuilt, RunsError> {
-    let (goal, config, policy) = parts(record)?;
-    let events = replay(
-        &record.id,
-        config.clone(),
-        policy.clone(),
-        SanitizeLimits::default(),
-        journal,
-    );
+    let def = RunDef::from_record(record)?;
+    let config = def.config()?;
+    let super::Replay { machine, events } = def.replay(&record.id, journal)?;
     let mut tools = Vec::new();
     all_tools(&config, &mut tools);
-    let machine = machine_after(record, config, policy, journal);
     let streams_closed = journal
         .iter()
         .filter_map(|e| match &e.input {
@@ -120,12 +77,10 @@ pub fn rebuild(record: &RunRecord, journal: &[JournalEntry]) -> Result<Rebuilt, 
         crate::machine::RunInput::Cancel { by, .. } => by.clone(),
         _ => None,
     });
-    let forked_from = super::RunOptions::from_stored(&record.options)
-        .ok()
-        .and_then(|o| o.forked_from);
+    let forked_from = def.options().forked_from.clone();
     Ok(Rebuilt {
         forked_from,
-        goal,
+        goal: def.goal().clone(),
         machine,
         events,
         streams_closed,

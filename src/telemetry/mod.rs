@@ -141,26 +141,17 @@ pub fn trace_id(run_id: &str) -> ids::TraceId {
     ids::trace_id(run_id)
 }
 
-/// Reports a whole run from its journal: the journal goes through a fresh machine, whose events
+/// Reports a whole run from its journal: the journal goes through `machine` (fresh, built by the
+/// caller from the run's record: `runs::RunDef::machine`), whose events
 /// make the spans (and metrics) a live run's would, with the journal's times. For runs whose
 /// driver publishes no events: a Temporal run is reported this way when it ends, by the worker
 /// that ends it. Nothing is marked replayed (no process reported any of it before). False when
 /// nothing would use it (no pipeline or the trace not sampled, and metrics off).
-pub fn report_journal(
-    run_id: &str,
-    config: std::sync::Arc<AgentConfig>,
-    policy: crate::approval::Policy,
-    journal: &[JournalEntry],
-) -> bool {
-    let Some(mut spans) = for_run(run_id, &config, None) else {
+pub fn report_journal(mut machine: crate::machine::RunMachine, journal: &[JournalEntry]) -> bool {
+    let run_id = machine.run_id().to_string();
+    let Some(mut spans) = for_run(&run_id, machine.root(), None) else {
         return false;
     };
-    let mut machine = crate::machine::RunMachine::replaying(
-        run_id,
-        config,
-        policy,
-        crate::context::SanitizeLimits::default(),
-    );
     let mut out = Vec::new();
     for (i, e) in journal.iter().enumerate() {
         machine.handle_into(e.input.clone(), e.at, &mut out);

@@ -201,13 +201,8 @@ impl DagloopActivities {
         _ctx: ActivityContext,
         task: TraceTask,
     ) -> Result<bool, ActivityError> {
-        let (config, policy) = super::workflow::definition(&task.spec).map_err(fail)?;
-        Ok(crate::telemetry::report_journal(
-            &task.spec.run_id,
-            config,
-            policy,
-            &task.journal,
-        ))
+        let machine = super::workflow::machine_for(&task.spec).map_err(fail)?;
+        Ok(crate::telemetry::report_journal(machine, &task.journal))
     }
 
     /// Runs one call, saying it is alive while it runs.

@@ -279,34 +279,11 @@ impl RunWorkflow {
     }
 }
 
-/// The run's machine, built from its spec alone (no model, no activity: nothing the workflow
-/// must not do). Delegate goal files are read here: they must not change while the run lives.
-fn machine_for(spec: &RunSpec) -> Result<RunMachine, crate::runs::RunsError> {
-    let (config, policy) = definition(spec)?;
-    let mut m = RunMachine::new(
-        spec.run_id.clone(),
-        config,
-        policy,
-        crate::context::SanitizeLimits::default(),
-    );
-    m.keep_launched(true);
-    Ok(m)
-}
-
-/// The agent's config and the approval policy a run's machine is built with, from its spec.
-pub(super) fn definition(
-    spec: &RunSpec,
-) -> Result<
-    (
-        std::sync::Arc<crate::machine::AgentConfig>,
-        crate::approval::Policy,
-    ),
-    crate::runs::RunsError,
-> {
-    let goal = spec.goal()?;
-    let policy = crate::runs::policy_for(&goal, spec.options.approve);
-    let config = crate::engine::config_for(&goal)?;
-    Ok((config, policy))
+/// The run's machine, built from its spec alone (no model, no activity, no environment
+/// variable: nothing the workflow must not do), as every reader of a run builds it
+/// ([`crate::runs::RunDef::from_record`]).
+pub(super) fn machine_for(spec: &RunSpec) -> Result<RunMachine, crate::runs::RunsError> {
+    crate::runs::RunDef::from_record(&spec.record())?.machine(&spec.run_id)
 }
 
 /// Has the run's trace reported by the worker that ends it (a local activity: the journal is

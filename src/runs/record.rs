@@ -1,0 +1,145 @@
+//! A run is its record: what a run was defined with is recorded when it starts ([`DefRecord`],
+//! kept with the run's options in the store and in Temporal's spec), and every reader of a
+//! stored run — `show`, `replay`, `export`, `fork`, `decide`, the audit, the trace, the server's
+//! views — gets the run's machine from that record alone ([`RunDef::from_record`], then
+//! [`RunDef::machine`] or [`RunDef::replay`]). None of them needs an environment variable, a
+//! file on disk or an MCP server.
+//!
+//! Deliberately not here: checking a run against grants (`def`: a reader grants nothing, and
+//! a process that drives a stored run defines it again under its own grants) or running it.
+
+use std::collections::BTreeMap;
+use std::path::{Path as FsPath, PathBuf};
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+use super::{RunDef, RunOptions, RunsError, policy_for};
+use crate::context::SanitizeLimits;
+use crate::goal::{DelegateGoals, Goal, RecordedGoal};
+use crate::machine::{AgentConfig, JournalEntry, RunMachine};
+use crate::protocol::{Event, Tool};
+use crate::store::RunRecord;
+
+/// What a run was defined with, beyond its goal and options: recorded when it starts so that a
+/// reader of the stored run rebuilds it from the record alone. Environment placeholders stay by
+/// name in the goals (their values are never recorded).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DefRecord {
+    /// The record's format ([`DefRecord::VERSION`]; runs recorded before it have no record).
+    pub version: u32,
+    /// The delegate goals, by content, by the pointer of the `_delegate` that names each.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub delegates: BTreeMap<String, RecordedGoal>,
+    /// The tools the run's MCP servers announced when it started (names as the run saw them,
+    /// params schemas, annotations and approval), so that its calls to them are known without
+    /// the servers.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mcp_tools: Vec<Tool>,
+    /// What is shown of tool results.
+    #[serde(default)]
+    pub sanitize: SanitizeLimits,
+}
+
+impl DefRecord {
+    /// The current format.
+    pub const VERSION: u32 = 1;
+}
+
+impl Default for DefRecord {
+    fn default() -> Self {
+        DefRecord {
+            version: DefRecord::VERSION,
+            delegates: BTreeMap::new(),
+            mcp_tools: Vec::new(),
+            sanitize: SanitizeLimits::default(),
+        }
+    }
+}
+
+/// A stored run's machine after its journal, and the events it published.
+pub struct Replay {
+    /// The machine after the whole journal (what awaits a decision, whether an op applies).
+    pub machine: RunMachine,
+    /// The events the run published (live-only ones excepted), in order.
+    pub events: Vec<Event>,
+}
+
+impl RunDef {
+    /// The definition of a stored run, from its record alone: the goal as recorded (its
+    /// placeholders by name), its options, its delegate goals and MCP tools as recorded. It
+    /// grants nothing: a process that drives the run defines it again ([`super::define`]) under
+    /// its own grants. A run recorded by an older dagloop (no [`DefRecord`]) reads its delegate
+    /// goals from their files, as it always did, until a process that drives it records them.
+    pub fn from_record(record: &RunRecord) -> Result<RunDef, RunsError> {
+        let base = PathBuf::from(&record.base_dir);
+        let goal = Goal::from_record(&record.goal, FsPath::new(&record.id), base.clone())?;
+        let options = RunOptions::from_stored(&record.options)?;
+        let policy = policy_for(&goal, options.approve);
+        Ok(RunDef {
+            effective: goal.clone(),
+            asked: goal,
+            options,
+            grants: Arc::new(crate::grants::Grants::closed(&base)),
+            policy,
+            config: Arc::default(),
+        })
+    }
+
+    /// The run's own agent with its nested agents, as the run was defined: the goal's tools with
+    /// its MCP servers' recorded tools after them (as the builder adds them), delegate goals from
+    /// the record.
+    pub fn config(&self) -> Result<Arc<AgentConfig>, RunsError> {
+        if let Some(c) = self.config.get() {
+            return Ok(c.clone());
+        }
+        let mut goal = self.asked.clone();
+        let record = self.options.record.as_ref();
+        for t in record.map(|r| r.mcp_tools.as_slice()).unwrap_or_default() {
+            goal.tools.retain(|g| g.name != t.name);
+            goal.tools.push(t.clone());
+        }
+        let source = match record {
+            Some(r) => DelegateGoals::Recorded(&r.delegates),
+            None => DelegateGoals::Files,
+        };
+        let config = crate::engine::config_with(&goal, source)?;
+        Ok(self.config.get_or_init(|| config).clone())
+    }
+
+    /// What is shown of tool results in this run.
+    pub fn sanitize(&self) -> SanitizeLimits {
+        self.options
+            .record
+            .as_ref()
+            .map(|r| r.sanitize)
+            .unwrap_or_default()
+    }
+
+    /// A fresh machine for the run, nothing consumed yet, that keeps what a replay needs (see
+    /// [`RunMachine::replaying`]). Outside the core's own tests, this and [`RunDef::replay`] are
+    /// the only ways to a run's machine.
+    pub fn machine(&self, run_id: &str) -> Result<RunMachine, RunsError> {
+        Ok(RunMachine::replaying(
+            run_id.to_string(),
+            self.config()?,
+            self.policy.clone(),
+            self.sanitize(),
+        ))
+    }
+
+    /// The run's machine after `journal`, and the events it published.
+    pub fn replay(&self, run_id: &str, journal: &[JournalEntry]) -> Result<Replay, RunsError> {
+        let mut machine = self.machine(run_id)?;
+        let mut events = Vec::new();
+        let mut out = Vec::new();
+        for e in journal {
+            machine.handle_into(e.input.clone(), e.at, &mut out);
+            events.extend(out.drain(..).filter_map(|a| match a {
+                crate::machine::Action::Emit(ev) => Some(ev),
+                _ => None,
+            }));
+        }
+        Ok(Replay { machine, events })
+    }
+}

@@ -1,0 +1,446 @@
+//! Issue 45: a run is its record. What a run was defined with (its goal with `${VAR}`
+//! placeholders by name, its delegate goals by content, the tools its MCP servers announced) is
+//! recorded when it starts, and every reader of the stored run — `show`, `replay`, `export`, the
+//! audit, the trace, `decide`, the server's views — rebuilds it from that record alone: with
+//! the variable unset, the delegate's file moved away, the MCP server not running. A store
+//! written by the previous release opens, shows and resumes (and is upgraded on resume).
+//!
+//! Everything goes through the binary; the tool service is a real HTTP server on 127.0.0.1 and
+//! the MCP server is the npm one `scripts/setup-mcp.sh` installs.
+
+#[path = "common/bin.rs"]
+mod bin;
+#[path = "common/serve.rs"]
+mod serve;
+
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::Output;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use serde_json::{Value, json};
+
+/// A loopback HTTP service answering every request with `{"temp": 21}`, counting requests.
+fn weather_service() -> (String, Arc<AtomicUsize>) {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let url = format!("http://{}", listener.local_addr().expect("addr"));
+    let hits = Arc::new(AtomicUsize::new(0));
+    let counted = hits.clone();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut s) = stream else { continue };
+            let mut buf = [0u8; 4096];
+            let mut got = Vec::new();
+            while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+                match s.read(&mut buf) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => got.extend_from_slice(&buf[..n]),
+                }
+            }
+            counted.fetch_add(1, Ordering::SeqCst);
+            let body = r#"{"temp": 21}"#;
+            let _ = write!(
+                s,
+                "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                body.len()
+            );
+        }
+    });
+    (url, hits)
+}
+
+fn json_of(out: &Output) -> Value {
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|_| {
+        panic!(
+            "not JSON: {}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })
+}
+
+fn ok(out: &Output, what: &str) {
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{what}: {}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// `dagloop --store STORE ARGS...` in `dir`.
+fn cmd(dir: &Path, store: &Path, args: &[&str]) -> std::process::Command {
+    let mut c = bin::dagloop();
+    c.current_dir(dir).arg("--store").arg(store).args(args);
+    c
+}
+
+/// A goal whose one http tool takes its base URL from `${SVC_URL}`, and its scripted model.
+fn weather_goal(dir: &Path) -> PathBuf {
+    let script = json!({"turns": [
+        {"solution": {"calls": [{"_tool": "getWeather", "city": "Paris", "_outputPath": "†state.w"}],
+                      "output": null}},
+        {"solution": {"calls": [], "output": {"temp": "†state.w.temp"}}}
+    ]});
+    std::fs::write(dir.join("weather.script.json"), script.to_string()).expect("script");
+    let goal = json!({
+        "goal": "Report the temperature.",
+        "model": "scripted:weather.script.json",
+        "env": ["SVC_URL"],
+        "output_schema": {"type": "object", "required": ["temp"]},
+        "tools": [{"_tool": "getWeather", "_activity": "http",
+                   "_http": {"method": "GET", "url": "${SVC_URL}/weather"},
+                   "type": "object", "properties": {"city": {"type": "string"}}}]
+    });
+    let path = dir.join("weather.goal.json");
+    std::fs::write(&path, goal.to_string()).expect("goal");
+    path
+}
+
+#[test]
+fn a_run_using_an_env_placeholder_is_read_without_the_variable() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let store = dir.path().join("runs.db");
+    weather_goal(dir.path());
+    let (url, hits) = weather_service();
+    let out = cmd(
+        dir.path(),
+        &store,
+        &["run", "weather.goal.json", "--json", "--approve", "auto"],
+    )
+    .env("SVC_URL", &url)
+    .output()
+    .expect("run");
+    ok(&out, "run");
+    let v = json_of(&out);
+    assert_eq!(v["status"], "succeeded", "{v}");
+    assert_eq!(v["output"]["temp"], 21, "{v}");
+    assert_eq!(hits.load(Ordering::SeqCst), 1);
+    let id = v["run_id"].as_str().expect("run id").to_string();
+
+    // Every reader of the stored run, with the variable unset.
+    let cassette = dir.path().join("cassette");
+    let cassette_arg = cassette.to_string_lossy().to_string();
+    for args in [
+        vec!["show", id.as_str(), "--json"],
+        vec!["show", id.as_str(), "--audit", "--json"],
+        vec!["show", id.as_str(), "--trace", "--json"],
+        vec!["replay", id.as_str()],
+        vec!["export", id.as_str(), "--cassette", cassette_arg.as_str()],
+    ] {
+        let out = cmd(dir.path(), &store, &args)
+            .env_remove("SVC_URL")
+            .output()
+            .expect("reader");
+        ok(&out, &args.join(" "));
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(!text.contains("goal.invalid"), "{}: {text}", args.join(" "));
+    }
+    let out = cmd(dir.path(), &store, &["replay", &id])
+        .env_remove("SVC_URL")
+        .output()
+        .expect("replay");
+    assert_eq!(json_of(&out)["status"], "identical", "{}", json_of(&out));
+
+    // The cassette re-runs the run offline, the variable still unset, no request made.
+    let model = format!("scripted:{}", cassette.join("model.json").display());
+    let tools = cassette.join("tools.json");
+    let out = cmd(
+        dir.path(),
+        &store,
+        &[
+            "run",
+            "weather.goal.json",
+            "--json",
+            "--no-store",
+            "--model",
+            &model,
+            "--tools-from",
+            &tools.to_string_lossy(),
+        ],
+    )
+    .env_remove("SVC_URL")
+    .output()
+    .expect("cassette run");
+    ok(&out, "cassette run");
+    assert_eq!(json_of(&out)["output"]["temp"], 21);
+    assert_eq!(
+        hits.load(Ordering::SeqCst),
+        1,
+        "the cassette made no request"
+    );
+
+    // A process that drives the run still needs the variable: a new run without it is refused.
+    let out = cmd(dir.path(), &store, &["run", "weather.goal.json", "--json"])
+        .env_remove("SVC_URL")
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(json_of(&out)["error"]["code"], "goal.invalid");
+}
+
+fn copy_delegate_example(to: &Path) {
+    let from = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/delegate");
+    for f in [
+        "goal.json",
+        "support.script.json",
+        "translator.goal.json",
+        "translator.script.json",
+    ] {
+        std::fs::copy(from.join(f), to.join(f)).expect("copy");
+    }
+}
+
+fn approve_file(dir: &Path) -> PathBuf {
+    let p = dir.join("approve.json");
+    std::fs::write(
+        &p,
+        r#"{"decisions": [{"tool": "translateReply", "decision": "approve"}]}"#,
+    )
+    .expect("decisions");
+    p
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_whose_delegate_goal_moved_is_shown_replayed_and_resumed() {
+    let dir = tempfile::tempdir().expect("tmp");
+    copy_delegate_example(dir.path());
+    let store = dir.path().join("runs.db");
+    let out = cmd(
+        dir.path(),
+        &store,
+        &["run", "goal.json", "--approve", "ask", "--detach", "--json"],
+    )
+    .output()
+    .expect("run");
+    let v = json_of(&out);
+    assert_eq!(v["status"], "waiting", "{v}");
+    let id = v["run_id"].as_str().expect("id").to_string();
+
+    // The delegate's goal file is moved away (and another put in its place would not matter).
+    let moved = dir.path().join("elsewhere");
+    std::fs::create_dir(&moved).expect("mkdir");
+    std::fs::rename(
+        dir.path().join("translator.goal.json"),
+        moved.join("translator.goal.json"),
+    )
+    .expect("move");
+
+    let out = cmd(dir.path(), &store, &["show", &id, "--json"])
+        .output()
+        .expect("show");
+    ok(&out, "show");
+    let shown = json_of(&out);
+    assert_eq!(shown["status"], "waiting", "{shown}");
+    let out = cmd(dir.path(), &store, &["replay", &id])
+        .output()
+        .expect("replay");
+    ok(&out, "replay");
+
+    // The server's view of it.
+    let server = serve::Server::start(&store, None);
+    let (status, body) = serve::send(serve::client().get(server.url(&format!("/runs/{id}")))).await;
+    assert_eq!(status, 200, "{body}");
+    let (status, body) =
+        serve::send(serve::client().get(server.url(&format!("/runs/{id}/approvals")))).await;
+    assert_eq!(status, 200, "{body}");
+    drop(server);
+
+    // Resumed, it runs the delegate it was defined with: the translation is the delegate's.
+    let approve = approve_file(dir.path());
+    let out = cmd(
+        dir.path(),
+        &store,
+        &["resume", &id, "--json", "--decisions"],
+    )
+    .arg(&approve)
+    .output()
+    .expect("resume");
+    ok(&out, "resume");
+    let v = json_of(&out);
+    assert_eq!(v["status"], "succeeded", "{v}");
+    let translated = v["calls"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|c| c["tool"] == "translateReply")
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(translated["status"], "done", "{v:#}");
+}
+
+/// The installed npm servers, or None when the MCP tests are skipped.
+fn npm() -> Option<PathBuf> {
+    if std::env::var("DAGLOOP_SKIP_MCP").as_deref() == Ok("1") {
+        eprintln!("tests/run_record.rs: MCP case SKIPPED (DAGLOOP_SKIP_MCP=1)");
+        return None;
+    }
+    let dir = std::env::var_os("DAGLOOP_MCP_NPM")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/dagloop/npm")))
+        .unwrap_or_default()
+        .join("node_modules/.bin/mcp-server-everything");
+    assert!(
+        dir.exists(),
+        "{} is not installed: run scripts/setup-mcp.sh (or set DAGLOOP_SKIP_MCP=1)",
+        dir.display()
+    );
+    Some(dir)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_parked_run_of_mcp_tools_is_decided_while_the_server_is_not_running() {
+    let Some(everything) = npm() else { return };
+    let dir = tempfile::tempdir().expect("tmp");
+    let store = dir.path().join("runs.db");
+    // The server is started through a wrapper the test removes while the run is parked: any
+    // reader that tried to start it would fail.
+    let wrapper = dir.path().join("everything.sh");
+    let script = format!("#!/bin/sh\nexec '{}' stdio\n", everything.display());
+    std::fs::write(&wrapper, &script).expect("wrapper");
+    std::fs::set_permissions(
+        &wrapper,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .expect("chmod");
+    let model = json!({"turns": [
+        {"solution": {"calls": [{"_tool": "echo", "message": "hello", "_outputPath": "†state.e"}],
+                      "output": null}},
+        {"solution": {"calls": [], "output": {"echo": "†state.e"}}}
+    ]});
+    std::fs::write(dir.path().join("m.json"), model.to_string()).expect("model");
+    let goal = json!({
+        "goal": "Echo hello.",
+        "model": "scripted:m.json",
+        "output_schema": {"type": "object", "required": ["echo"]},
+        "mcp_servers": [{"name": "everything", "command": wrapper.to_string_lossy()}]
+    });
+    std::fs::write(dir.path().join("goal.json"), goal.to_string()).expect("goal");
+    let out = cmd(
+        dir.path(),
+        &store,
+        &["run", "goal.json", "--approve", "ask", "--detach", "--json"],
+    )
+    .output()
+    .expect("run");
+    let v = json_of(&out);
+    assert_eq!(v["status"], "waiting", "{v}");
+    let id = v["run_id"].as_str().expect("id").to_string();
+    let call = v["awaiting"][0]["call_id"].as_u64().expect("call id");
+    assert_eq!(v["awaiting"][0]["call"]["_tool"], "echo", "{v}");
+
+    std::fs::remove_file(&wrapper).expect("remove the server");
+
+    // Shown as waiting with its call, listed to reviewers, decided: no server needed.
+    let out = cmd(dir.path(), &store, &["show", &id, "--json"])
+        .output()
+        .expect("show");
+    ok(&out, "show");
+    let shown = json_of(&out);
+    assert_eq!(shown["status"], "waiting", "{shown}");
+    assert!(!shown.to_string().contains("unknown tool"), "{shown}");
+    let server = serve::Server::start(&store, None);
+    let (status, body) =
+        serve::send(serve::client().get(server.url(&format!("/runs/{id}/approvals")))).await;
+    assert_eq!(status, 200, "{body}");
+    assert!(
+        body.to_string().contains("\"echo\""),
+        "the reviewer sees the call: {body}"
+    );
+    drop(server);
+    let out = cmd(
+        dir.path(),
+        &store,
+        &["decide", &id, &call.to_string(), "approve"],
+    )
+    .output()
+    .expect("decide");
+    ok(&out, "decide");
+
+    // Put back, the server runs the approved call when the run is resumed.
+    std::fs::write(&wrapper, &script).expect("wrapper");
+    std::fs::set_permissions(
+        &wrapper,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .expect("chmod");
+    let out = cmd(dir.path(), &store, &["resume", &id, "--json", "--detach"])
+        .output()
+        .expect("resume");
+    ok(&out, "resume");
+    let v = json_of(&out);
+    assert_eq!(v["status"], "succeeded", "{v}");
+    assert!(v["output"]["echo"].to_string().contains("hello"), "{v}");
+}
+
+/// The store committed as `tests/fixtures/store-802893f.db` was written by dagloop at 802893f
+/// (the release before runs recorded their definition), from the delegate example in
+/// `/tmp/dagloop-fixture/delegate`: one run waiting on its call 2, one finished.
+#[test]
+fn a_store_written_by_the_previous_release_opens_shows_and_resumes() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let work = dir.path().join("delegate");
+    std::fs::create_dir(&work).expect("mkdir");
+    copy_delegate_example(&work);
+    let store = dir.path().join("runs.db");
+    std::fs::copy(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/store-802893f.db"),
+        &store,
+    )
+    .expect("copy the fixture");
+    // The store moved with its files.
+    {
+        let c = rusqlite::Connection::open(&store).expect("open");
+        c.execute(
+            "UPDATE runs SET record = replace(record, '/tmp/dagloop-fixture', ?1)",
+            [dir.path().to_string_lossy()],
+        )
+        .expect("move");
+    }
+    let out = cmd(&work, &store, &["runs", "--json"])
+        .output()
+        .expect("runs");
+    ok(&out, "runs");
+    let rows = json_of(&out);
+    let text = rows.to_string();
+    assert!(text.contains("run-1a21fd5e679-7e5d-0"), "{text}");
+    assert!(text.contains("run-1a21fd5f37d-7f97-0"), "{text}");
+    for id in ["run-1a21fd5e679-7e5d-0", "run-1a21fd5f37d-7f97-0"] {
+        let out = cmd(&work, &store, &["show", id, "--json"])
+            .output()
+            .expect("show");
+        ok(&out, "show");
+    }
+    let out = cmd(&work, &store, &["replay", "run-1a21fd5f37d-7f97-0"])
+        .output()
+        .expect("replay");
+    ok(&out, "replay");
+    assert_eq!(json_of(&out)["status"], "identical");
+
+    let waiting = "run-1a21fd5e679-7e5d-0";
+    let out = cmd(&work, &store, &["decide", waiting, "2", "approve"])
+        .output()
+        .expect("decide");
+    ok(&out, "decide");
+    let out = cmd(&work, &store, &["resume", waiting, "--json", "--detach"])
+        .output()
+        .expect("resume");
+    ok(&out, "resume");
+    assert_eq!(json_of(&out)["status"], "succeeded");
+
+    // Resumed, the run was upgraded in place: its record now holds its delegate goal.
+    let c = rusqlite::Connection::open(&store).expect("open");
+    let record: String = c
+        .query_row("SELECT record FROM runs WHERE id = ?1", [waiting], |r| {
+            r.get(0)
+        })
+        .expect("row");
+    let record: Value = serde_json::from_str(&record).expect("JSON");
+    let delegates = &record["options"]["record"]["delegates"];
+    assert!(
+        delegates["/tools/1/_delegate"]["goal"]["goal"].is_string(),
+        "{record:#}"
+    );
+}
