@@ -105,7 +105,8 @@ fn dry_run(calls: &[Call], tools: Option<&[Tool]>, initial: &Map<String, Value>)
         .map_err(|e| e.to_string())
         .and_then(|mut goal| {
             goal.tools = tools.clone();
-            AgentConfig::from_goal(&goal, Default::default()).map_err(|e| e.to_string())
+            goal.agent_config(Default::default())
+                .map_err(|e| e.to_string())
         });
     let mut sched = match config {
         Ok(cfg) => {

@@ -147,42 +147,7 @@ fn schema_reason(e: &SchemaError) -> String {
     }
 }
 
-/// Limits of one run (DESIGN.md rule 16). Every field has a default.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct Limits {
-    /// Most Requests in a run.
-    pub max_steps: u32,
-    /// Wall-clock limit of the whole run, in seconds.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub timeout_s: Option<f64>,
-    /// Most tokens (input + output) over the run.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub token_budget: Option<u64>,
-    /// How many times an invalid output is sent back before the run fails.
-    pub max_output_retries: u32,
-    /// Consecutive steps with no calls and no output before the run stops.
-    pub empty_turns: u32,
-    /// Consecutive steps with the same calls before the run stops.
-    pub doom_loop: u32,
-    /// Time limit of one call, in seconds.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub call_timeout_s: Option<f64>,
-}
-
-impl Default for Limits {
-    fn default() -> Self {
-        Limits {
-            max_steps: 30,
-            timeout_s: None,
-            token_budget: None,
-            max_output_retries: 2,
-            empty_turns: 2,
-            doom_loop: 3,
-            call_timeout_s: None,
-        }
-    }
-}
+pub use crate::protocol::Limits;
 
 /// A goal: prompt, data, tools, output schema and options.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -648,6 +613,35 @@ fn model_list<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<String>, 
             }
             Ok(Some(list.join(",")))
         }
+    }
+}
+
+impl Goal {
+    /// What the goal says of its agent, for [`crate::machine::AgentConfig::new`].
+    pub fn agent_spec(&self) -> crate::machine::AgentSpec<'_> {
+        crate::machine::AgentSpec {
+            goal: &self.goal,
+            input: self.input.as_ref(),
+            input_schema: self.input_schema.as_ref(),
+            state: self.state.as_ref(),
+            state_schema: self.state_schema.as_ref(),
+            context: &self.context,
+            plan: &self.plan,
+            tools: &self.tools,
+            limits: &self.limits,
+            output_schema: &self.output_schema,
+            model: self.model.as_deref(),
+            mode: self.mode,
+        }
+    }
+
+    /// The configuration of the goal's agent; `delegates` are the nested agents of its delegate
+    /// tools, already built.
+    pub fn agent_config(
+        &self,
+        delegates: std::collections::BTreeMap<String, std::sync::Arc<crate::machine::AgentConfig>>,
+    ) -> Result<crate::machine::AgentConfig, crate::machine::ConfigError> {
+        crate::machine::AgentConfig::new(self.agent_spec(), delegates)
     }
 }
 

@@ -88,7 +88,8 @@ pub use engine::{
 };
 pub use goal::{Goal, GoalError};
 pub use machine::{
-    AgentConfig, CallSummary, JournalEntry, RunError, RunInput, RunResult, RunStatus, Timer, Usage,
+    AgentConfig, AgentSpec, CallSummary, ConfigError, JournalEntry, RunError, RunInput, RunResult,
+    RunStatus, Timer, Usage,
 };
 pub use protocol::{Call, CallId, Decision, Event, EventKind, Op, OpError, Tool};
 pub use scheduler::{CallStatus, Outcome, OutcomeKind, Parsed};

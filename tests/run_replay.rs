@@ -1,16 +1,20 @@
 //! The journal rebuilds the run (DESIGN.md 3.1): random runs through the real engine (scripted
 //! model, random DAGs of calls, random failures, random reviewer decisions and timeouts, on the
-//! paused clock) are recorded; their journal, serialised to JSON and read back, is replayed
-//! through fresh machines and must give exactly the events the run published.
+//! paused clock, with default or tight sanitize limits) are recorded; their journal, serialised
+//! to JSON and read back, is replayed through the machine the run's record defines
+//! (`RunDef::from_record`, then `replay`: what every reader of a stored run uses) and must give
+//! exactly the events the run published.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use dagloop::approval::{ApprovalRequest, Approver, Policy};
+use dagloop::approval::{ApprovalRequest, Approver};
 use dagloop::context::SanitizeLimits;
 use dagloop::llm::{Script, ScriptedModel};
-use dagloop::machine::{JournalEntry, replay};
+use dagloop::machine::JournalEntry;
+use dagloop::runs::RunDef;
+use dagloop::store::RunRecord;
 use dagloop::{AgentBuilder, Decision, Event, Goal};
 use futures::FutureExt;
 use futures::future::BoxFuture;
@@ -90,7 +94,24 @@ impl Approver for Reviewer {
     }
 }
 
-fn run_case(nodes: &[Node], ask_every: bool) -> (Vec<Event>, Vec<Event>, String) {
+/// Sanitize limits: the defaults, or tight ones that cut what the model is shown of results.
+fn limits() -> impl Strategy<Value = SanitizeLimits> {
+    prop_oneof![
+        Just(SanitizeLimits::default()),
+        (8usize..64, 1usize..4, 64usize..512).prop_map(|(chars, items, bytes)| SanitizeLimits {
+            blob_min_chars: 16,
+            max_string_chars: chars,
+            max_array_items: items,
+            max_total_bytes: bytes,
+        }),
+    ]
+}
+
+fn run_case(
+    nodes: &[Node],
+    ask_every: bool,
+    limits: SanitizeLimits,
+) -> (Vec<Event>, Vec<Event>, String) {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .start_paused(true)
@@ -112,28 +133,20 @@ fn run_case(nodes: &[Node], ask_every: bool) -> (Vec<Event>, Vec<Event>, String)
             {"solution": {"calls": calls, "output": null}, "chunk_chars": 40, "chunk_delay_ms": 2},
             {"solution": {"calls": [], "output": {"done": true}}, "chunk_chars": 40}
         ]});
-        let goal = Goal::from_json(
-            &json!({"goal": "g", "output_schema": {"type": "object"},
-                "tools": [{"_tool": "work", "_activity": "rust", "type": "object"},
-                          {"_tool": "note", "type": "object", "_output": {"type": "string"}}]})
-            .to_string(),
-            "g.json".as_ref(),
-            ".".into(),
-        )
-        .expect("goal");
-        let policy = if ask_every {
-            Policy::ask().with_timeout(
-                Duration::from_millis(50),
-                dagloop::approval::DefaultDecision::Reject,
-            )
+        let approval = if ask_every {
+            json!({"policy": "ask", "timeout_s": 0.05, "default_decision": "reject"})
         } else {
-            Policy::auto()
+            json!({"policy": "auto"})
         };
+        let doc = json!({"goal": "g", "output_schema": {"type": "object"}, "approval": approval,
+            "tools": [{"_tool": "work", "_activity": "rust", "type": "object"},
+                      {"_tool": "note", "type": "object", "_output": {"type": "string"}}]});
+        let goal = Goal::from_json(&doc.to_string(), "g.json".as_ref(), ".".into()).expect("goal");
         let script = Script::parse(&turns.to_string(), "s").expect("script");
         let base = tokio::time::Instant::now();
         let mut b = AgentBuilder::new(goal)
             .model(Arc::new(ScriptedModel::new(script)))
-            .policy(policy.clone())
+            .sanitize(limits)
             .approver(Arc::new(Reviewer))
             .run_id("run-replay")
             .clock(Arc::new(move || {
@@ -144,11 +157,11 @@ fn run_case(nodes: &[Node], ask_every: bool) -> (Vec<Event>, Vec<Event>, String)
             if p["fail"] == json!(true) {
                 Err("it failed".to_string())
             } else {
-                Ok(json!({"deps": p["deps"]}))
+                Ok(json!({"deps": p["deps"], "note": "a result long enough to be cut by tight limits",
+                          "items": [1, 2, 3, 4, 5]}))
             }
         });
         let agent = b.build().expect("build");
-        let config = agent.config().clone();
         let h = agent.start();
         let mut sub = h.subscribe_from(0);
         let mut live = Vec::new();
@@ -168,13 +181,19 @@ fn run_case(nodes: &[Node], ask_every: bool) -> (Vec<Event>, Vec<Event>, String)
             .iter()
             .map(|l| serde_json::from_str(l).expect("journal entry reads back"))
             .collect();
-        let replayed = replay(
-            "run-replay",
-            config,
-            policy,
-            SanitizeLimits::default(),
-            &back,
-        );
+        // The run's record, as the store would hold it, is all the replay is given.
+        let record = RunRecord {
+            id: "run-replay".into(),
+            created_at: 0,
+            goal: doc,
+            base_dir: ".".into(),
+            options: json!({"record": {"version": 1, "sanitize": limits}}),
+        };
+        let replayed = RunDef::from_record(&record)
+            .expect("defined from its record")
+            .replay("run-replay", &back)
+            .expect("replayed")
+            .events;
         (live, replayed, status)
     })
 }
@@ -183,8 +202,12 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
 
     #[test]
-    fn replaying_the_journal_gives_the_same_events(nodes in nodes(), ask in any::<bool>()) {
-        let (live, replayed, status) = run_case(&nodes, ask);
+    fn replaying_the_journal_gives_the_same_events(
+        nodes in nodes(),
+        ask in any::<bool>(),
+        limits in limits(),
+    ) {
+        let (live, replayed, status) = run_case(&nodes, ask, limits);
         prop_assert_eq!(&status, "succeeded");
         prop_assert!(!live.is_empty());
         let kinds: BTreeMap<&str, usize> = live.iter().fold(BTreeMap::new(), |mut m, e| {

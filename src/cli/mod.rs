@@ -221,7 +221,10 @@ pub async fn main(cli: Cli) -> i32 {
                         "--input works with the embedded engine only",
                     ));
                 }
-                temporal_cmd::run(&goal, opts, &display, &temporal).await
+                match grants_for(config, allow_shell, false) {
+                    Ok(g) => temporal_cmd::run(&goal, opts, g, &display, &temporal).await,
+                    Err(e) => Err(e),
+                }
             } else {
                 match (store(), grants_for(config, allow_shell, false)) {
                     (Ok(s), Ok(g)) => {

@@ -32,6 +32,7 @@ mod on {
     pub async fn run(
         path: &FsPath,
         opts: RunOptions,
+        grants: std::sync::Arc<crate::grants::Grants>,
         display: &Display,
         t: &TemporalArgs,
     ) -> Result<i32, CliError> {
@@ -45,10 +46,13 @@ mod on {
         let goal = crate::runs::with_mcp_tools(goal)
             .await
             .map_err(|e| CliError::new(e.code(), &e))?;
-        // The same checks as the embedded engine's, before anything is started.
-        crate::engine::config_for(&goal).map_err(|e| CliError::new(e.code(), &e))?;
+        // The same definition as the embedded engine's (checked against the grants, delegate
+        // goals recorded by content), before anything is started: the spec is the run's record.
+        let def =
+            crate::runs::define(goal, opts, grants).map_err(|e| CliError::new(e.code(), &e))?;
+        crate::runs::RunDef::config(&def).map_err(|e| CliError::new(e.code(), &e))?;
         let id = crate::engine::bus::new_run_id();
-        let spec = RunSpec::new(id.clone(), &goal, opts);
+        let spec = RunSpec::new(id.clone(), def.goal(), def.options().clone());
         let conn = connect(t).await?;
         conn.start(spec, &t.task_queue).await.map_err(err)?;
         if display.json_only || display.quiet {
@@ -188,14 +192,15 @@ fn disabled() -> CliError {
 pub(super) async fn run(
     path: &FsPath,
     opts: RunOptions,
+    grants: std::sync::Arc<crate::grants::Grants>,
     display: &Display,
     t: &TemporalArgs,
 ) -> Result<i32, CliError> {
     #[cfg(feature = "temporal")]
-    return on::run(path, opts, display, t).await;
+    return on::run(path, opts, grants, display, t).await;
     #[cfg(not(feature = "temporal"))]
     {
-        let _ = (path, opts, display, t);
+        let _ = (path, opts, grants, display, t);
         Err(disabled())
     }
 }

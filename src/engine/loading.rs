@@ -161,7 +161,7 @@ pub(super) fn load_config(
             delegates.insert(t.name.clone(), Arc::new(cfg));
         }
     }
-    let mut cfg = AgentConfig::from_goal(goal, delegates)?;
+    let mut cfg = goal.agent_config(delegates)?;
     cfg.model = None;
     if depth == 0 {
         // The run's own mode is the run's settings (`--mode` over the goal's `mode`).

@@ -1,8 +1,8 @@
 //! What an agent is, fixed before its run starts: goal text, data, tools, limits, compiled
 //! schemas and the nested agents its delegate tools run.
 //!
-//! Built from a [`Goal`] without IO: the engine's builder reads delegate goal files and passes
-//! their configurations in.
+//! Built from an [`AgentSpec`] (what a goal says of its agent) without IO: the caller reads
+//! delegate goals and passes their configurations in. The machine knows nothing of goal files.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -10,8 +10,7 @@ use std::sync::Arc;
 use serde_json::{Value, json};
 
 use crate::approval::Policy;
-use crate::goal::{Goal, Limits};
-use crate::protocol::{Call, Message, OutputMethod, Path, Tool};
+use crate::protocol::{Call, Limits, Message, OutputMethod, Path, Tool};
 use crate::scheduler::{self, Scheduler, SchedulerOptions, ValidationError};
 use crate::schema::{self, OutputValidator, SchemaError, ToolValidators};
 use crate::state::State;
@@ -133,11 +132,41 @@ impl CheckedLimits {
     }
 }
 
+/// What an agent is made of, as a goal (or a program) writes it: what [`AgentConfig::new`]
+/// checks and compiles.
+#[derive(Debug, Clone, Copy)]
+pub struct AgentSpec<'a> {
+    /// What to achieve.
+    pub goal: &'a str,
+    /// The input and its schema.
+    pub input: Option<&'a Value>,
+    /// The input's schema.
+    pub input_schema: Option<&'a Value>,
+    /// The initial state (None: `{}`).
+    pub state: Option<&'a Value>,
+    /// The state's schema.
+    pub state_schema: Option<&'a Value>,
+    /// Extra context messages.
+    pub context: &'a [Message],
+    /// Calls run before the first Request.
+    pub plan: &'a [Call],
+    /// Tools offered to the model.
+    pub tools: &'a [Tool],
+    /// Limits, as written.
+    pub limits: &'a Limits,
+    /// The user's output schema.
+    pub output_schema: &'a Value,
+    /// The agent's own model spec, if it names one.
+    pub model: Option<&'a str>,
+    /// How its model returns its Solution, if it says.
+    pub mode: Option<crate::llm::Mode>,
+}
+
 impl AgentConfig {
-    /// The configuration of `goal`'s agent; `delegates` are the nested agents of its delegate
-    /// tools (already built by the caller, which reads their goal files).
-    pub fn from_goal(
-        goal: &Goal,
+    /// The configuration of the agent `spec` describes; `delegates` are the nested agents of its
+    /// delegate tools (already built by the caller, which reads their goals).
+    pub fn new(
+        spec: AgentSpec<'_>,
         delegates: BTreeMap<String, Arc<AgentConfig>>,
     ) -> Result<Self, ConfigError> {
         let schema_err = |context: &str| {
@@ -145,12 +174,12 @@ impl AgentConfig {
             move |source| ConfigError::Schema { context, source }
         };
         let composed =
-            schema::compose(&goal.tools, &goal.output_schema).map_err(schema_err("the goal"))?;
+            schema::compose(spec.tools, spec.output_schema).map_err(schema_err("the goal"))?;
         let output =
-            OutputValidator::new(&goal.output_schema).map_err(schema_err("output_schema"))?;
-        let params = ToolValidators::new(&goal.tools).map_err(schema_err("tools"))?;
+            OutputValidator::new(spec.output_schema).map_err(schema_err("output_schema"))?;
+        let params = ToolValidators::new(spec.tools).map_err(schema_err("tools"))?;
         let mut latent_outputs = BTreeMap::new();
-        for t in goal.tools.iter().filter(|t| t.is_latent()) {
+        for t in spec.tools.iter().filter(|t| t.is_latent()) {
             if let Some(out) = &t.output {
                 let v = OutputValidator::new(out)
                     .map_err(schema_err(&format!("tool `{}` _output", t.name)))?;
@@ -158,23 +187,23 @@ impl AgentConfig {
             }
         }
         Ok(AgentConfig {
-            goal: goal.goal.clone(),
-            input: goal.input.clone().map(|i| (i, goal.input_schema.clone())),
+            goal: spec.goal.to_string(),
+            input: spec.input.cloned().map(|i| (i, spec.input_schema.cloned())),
             state: (
-                goal.state.clone().unwrap_or_else(|| json!({})),
-                goal.state_schema.clone(),
+                spec.state.cloned().unwrap_or_else(|| json!({})),
+                spec.state_schema.cloned(),
             ),
-            context: goal.context.clone(),
-            plan: goal.plan.clone(),
-            tools: goal.tools.clone(),
-            limits: CheckedLimits::new(&goal.limits)?,
+            context: spec.context.to_vec(),
+            plan: spec.plan.to_vec(),
+            tools: spec.tools.to_vec(),
+            limits: CheckedLimits::new(spec.limits)?,
             composed,
             output,
             params,
             latent_outputs,
             delegates,
-            model: goal.model.clone(),
-            mode: goal.mode,
+            model: spec.model.map(str::to_string),
+            mode: spec.mode,
         })
     }
 

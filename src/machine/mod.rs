@@ -37,7 +37,7 @@ use std::sync::Arc;
 
 use serde_json::{Map, Value};
 
-pub use config::{AgentConfig, CheckedLimits, ConfigError, MAX_SECONDS, checked_ms};
+pub use config::{AgentConfig, AgentSpec, CheckedLimits, ConfigError, MAX_SECONDS, checked_ms};
 pub use pending::ModelKey;
 pub(crate) use reader::TurnReader;
 pub use replay::{Replayer, replay};

@@ -17,7 +17,7 @@ fn config(goal: Value) -> Arc<AgentConfig> {
         d.extend(extra.clone());
     }
     let g = Goal::from_json(&doc.to_string(), "t".as_ref(), ".".into()).expect("goal");
-    Arc::new(AgentConfig::from_goal(&g, BTreeMap::new()).expect("config"))
+    Arc::new(g.agent_config(BTreeMap::new()).expect("config"))
 }
 
 pub(super) fn machine(goal: Value, policy: Policy) -> RunMachine {

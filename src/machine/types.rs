@@ -404,8 +404,23 @@ pub enum RunStatus {
 }
 
 impl RunStatus {
+    /// Every way a run ends, in one place: what a run can be listed by
+    /// ([`crate::store::STATUSES`] is built from it). [`RunStatus::Stopped`] is not an ending.
+    pub const ENDINGS: [RunStatus; 10] = [
+        RunStatus::Succeeded,
+        RunStatus::MaxSteps,
+        RunStatus::DoomLoop,
+        RunStatus::EmptyTurns,
+        RunStatus::TokenBudget,
+        RunStatus::Timeout,
+        RunStatus::Cancelled,
+        RunStatus::InvalidOutput,
+        RunStatus::ModelError,
+        RunStatus::ContextOverflow,
+    ];
+
     /// The status as written in results and events.
-    pub fn as_str(self) -> &'static str {
+    pub const fn as_str(self) -> &'static str {
         match self {
             RunStatus::Succeeded => "succeeded",
             RunStatus::MaxSteps => "max_steps",

@@ -5,6 +5,7 @@
 
 mod call;
 mod event;
+mod limits;
 mod message;
 pub mod meta;
 mod op;
@@ -14,6 +15,7 @@ pub mod reference;
 pub(crate) use call::SplitCall;
 pub use call::{Call, OutputMethod, Tool, ToolApproval, collect_refs, json_type, without_meta};
 pub use event::{Decision, Event, EventKind, FailKind, LaunchedParams};
+pub use limits::Limits;
 pub use message::{Message, Role, Solution};
 pub use meta::{CALL_META_KEYS, TOOL_META_KEYS, UnknownMetaKey, is_meta_key};
 pub use op::{Actor, GrantSpec, GrantedCall, Op, OpError, canonical, params_hash};

@@ -24,7 +24,7 @@ use crate::store::RunQuery;
 /// `title`, `awaiting`, `created_at`, `updated_at`, `entries`, `submitted_by`.
 #[utoipa::path(get, path = "/runs", tag = "runs",
     params(
-        ("status" = Option<String>, Query, description = "Only runs with this status (comma-separated for several): waiting, running, stopped, finished, or an ending (succeeded, failed ones by name)"),
+        ("status" = Option<String>, Query, description = "Only runs with this status (comma-separated for several): waiting, running, stopped, finished (any ending), failed (any ending but success), or an ending by name"),
         ("q" = Option<String>, Query, description = "Only runs whose id or title contains this text"),
         ("limit" = Option<u32>, Query, description = "Runs per page, 1 to 500 (default 50)"),
         ("cursor" = Option<String>, Query, description = "Where the page starts: the cursor of the previous page's Link header")),

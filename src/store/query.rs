@@ -14,6 +14,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::machine::RunStatus;
 use crate::protocol::Millis;
 
 /// The status of a stored run, derived in this one place (the SQLite store's list query
@@ -29,23 +30,23 @@ pub fn derive_status(finished: Option<&str>, awaiting: u64, leased: bool) -> &st
     }
 }
 
-/// The statuses a run can be listed by: the derived ones, `finished` (any ending) and each
-/// ending.
-pub const STATUSES: &[&str] = &[
-    "waiting",
-    "running",
-    "stopped",
-    "finished",
-    "succeeded",
-    "max_steps",
-    "doom_loop",
-    "empty_turns",
-    "token_budget",
-    "timeout",
-    "cancelled",
-    "invalid_output",
-    "model_error",
-];
+/// The statuses a run can be listed by: the derived ones, `finished` (any ending), `failed`
+/// (any ending but success) and each ending ([`RunStatus::ENDINGS`], so a new ending is
+/// listable the day it exists).
+pub const STATUSES: [&str; 5 + RunStatus::ENDINGS.len()] = {
+    let mut out = [""; 5 + RunStatus::ENDINGS.len()];
+    out[0] = "waiting";
+    out[1] = "running";
+    out[2] = "stopped";
+    out[3] = "finished";
+    out[4] = "failed";
+    let mut i = 0;
+    while i < RunStatus::ENDINGS.len() {
+        out[5 + i] = RunStatus::ENDINGS[i].as_str();
+        i += 1;
+    }
+    out
+};
 
 /// The most runs one page holds, and how many a page holds unless asked.
 pub const MAX_LIMIT: usize = 500;
@@ -296,6 +297,36 @@ pub fn title_of(goal_text: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every ending a run can have is a status it can be listed by (a hand-kept list once lacked
+    /// `context_overflow`): the match below stops compiling when a status is added, and the
+    /// ending it names must then be in [`RunStatus::ENDINGS`].
+    #[test]
+    fn every_ending_is_listable() {
+        let ending = |s: RunStatus| match s {
+            RunStatus::Stopped => false,
+            RunStatus::Succeeded
+            | RunStatus::MaxSteps
+            | RunStatus::DoomLoop
+            | RunStatus::EmptyTurns
+            | RunStatus::TokenBudget
+            | RunStatus::Timeout
+            | RunStatus::Cancelled
+            | RunStatus::InvalidOutput
+            | RunStatus::ModelError
+            | RunStatus::ContextOverflow => true,
+        };
+        assert!(RunStatus::ENDINGS.iter().all(|s| ending(*s)));
+        assert_eq!(
+            RunStatus::ENDINGS.len(),
+            10,
+            "a new ending goes into ENDINGS"
+        );
+        for s in RunStatus::ENDINGS {
+            assert!(STATUSES.contains(&s.as_str()), "{}", s.as_str());
+        }
+        assert!(STATUSES.contains(&"context_overflow"));
+    }
 
     #[test]
     fn a_cursor_reads_back_and_junk_is_no_cursor() {

@@ -283,8 +283,7 @@ mod tests {
             ".".into(),
         )
         .expect("goal");
-        let config =
-            crate::machine::AgentConfig::from_goal(&goal, BTreeMap::new()).expect("config");
+        let config = goal.agent_config(BTreeMap::new()).expect("config");
         let spans = RunSpans::new("run-quiet", &config, &[], None, false, false);
         let mut feed = SpanFeed::start(Box::new(spans)).expect("a worker");
         let until = Instant::now() + Duration::from_secs(10);

@@ -26,6 +26,11 @@ fn finished_sql() -> &'static str {
     "st NOT IN ('waiting', 'running', 'stopped')"
 }
 
+/// Every ending but success.
+fn failed_sql() -> &'static str {
+    "st NOT IN ('waiting', 'running', 'stopped', 'succeeded')"
+}
+
 impl SqliteStore {
     /// One page of runs, waiting first then newest (see [`RunQuery`]).
     pub(crate) fn query_page(&self, q: &RunQuery) -> Result<RunPage, StoreError> {
@@ -55,6 +60,8 @@ impl SqliteStore {
             for s in &q.statuses {
                 if s == "finished" {
                     any.push(finished_sql().to_string());
+                } else if s == "failed" {
+                    any.push(failed_sql().to_string());
                 } else {
                     any.push(format!("st = {}", arg(Sql::Text(s.clone()))));
                 }
@@ -195,6 +202,15 @@ mod tests {
                     let page = store.query_page(&RunQuery::default()).expect("page");
                     assert_eq!(page.runs[0].status, want);
                     assert_eq!(page.runs[0].title, "Title");
+                    // `failed` lists every ending but success, and nothing else.
+                    let failed = store
+                        .query_page(&RunQuery {
+                            statuses: vec!["failed".into()],
+                            ..RunQuery::default()
+                        })
+                        .expect("page");
+                    let is_failed = !["waiting", "running", "stopped", "succeeded"].contains(&want);
+                    assert_eq!(failed.runs.len(), usize::from(is_failed), "{want}");
                 }
             }
         }
