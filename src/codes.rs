@@ -142,6 +142,7 @@ codes! {
     "auth.ticket" => "The page's stream ticket is missing, expired or for another run.",
     "cassette.invalid" => "A `--tools-from` file is not a cassette recording.",
     "cassette.miss" => "The recording holds no outcome for this tool and these resolved params (add `--tools-from-passthrough` to run such calls for real).",
+    "cli.ambiguous_run" => "The run named is the start of several run ids; give more of the id (`dagloop runs` lists them).",
     "cli.bad_call" => "`--call` is not a JSON call object.",
     "cli.bad_decision" => "A decision given on the command line is not valid JSON or not a decision.",
     "cli.bad_decisions" => "The `--decisions` file cannot be read or is not a decisions file.",

@@ -445,7 +445,8 @@ pub enum Command {
     Decide {
         /// The run id.
         run: String,
-        /// The call id.
+        /// The call id, as printed (`c2`) or as a number (`2`).
+        #[arg(value_parser = call_id)]
         call: u64,
         /// The decision.
         #[command(subcommand)]
@@ -514,4 +515,51 @@ pub enum Command {
         #[arg(long, default_value_t = 0)]
         port: u16,
     },
+}
+
+/// A call id as dagloop prints it (`c2`) or as a number (`2`).
+fn call_id(given: &str) -> Result<u64, String> {
+    given
+        .strip_prefix('c')
+        .unwrap_or(given)
+        .parse::<u64>()
+        .map_err(|_| {
+            format!("`{given}` is not a call id (write it as dagloop prints it, `c2`, or as `2`)")
+        })
+}
+
+impl Command {
+    /// The run a command names in the embedded store (`show`, `decide`, `resume`, `fork`,
+    /// `export`, `replay`), to be completed from a unique prefix of its id; None for other
+    /// commands and for runs on Temporal.
+    pub fn run_mut(&mut self) -> Option<&mut String> {
+        match self {
+            Command::Show { temporal, .. } | Command::Decide { temporal, .. }
+                if temporal.engine == EngineArg::Temporal =>
+            {
+                None
+            }
+            Command::Resume { run, .. }
+            | Command::Fork { run, .. }
+            | Command::Show { run, .. }
+            | Command::Export { run, .. }
+            | Command::Replay { run }
+            | Command::Decide { run, .. } => Some(run),
+            _ => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod call_id_tests {
+    use super::call_id;
+
+    #[test]
+    fn call_ids_read_as_printed_or_as_numbers() {
+        assert_eq!(call_id("c2"), Ok(2));
+        assert_eq!(call_id("17"), Ok(17));
+        for bad in ["", "c", "cc2", "two", "c-1", "2c"] {
+            assert!(call_id(bad).is_err(), "{bad}");
+        }
+    }
 }

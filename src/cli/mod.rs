@@ -130,7 +130,7 @@ pub fn usage_error(err: &clap::Error, args: &[std::ffi::OsString]) -> i32 {
 
 /// Runs a parsed command; returns the process exit code (0 success, 1 the run or check did not
 /// succeed, 2 bad input, 141 stdout was closed before everything was printed).
-pub async fn main(cli: Cli) -> i32 {
+pub async fn main(mut cli: Cli) -> i32 {
     let store = || open_store(cli.store.as_deref(), cli.no_store, false);
     // `show`, `runs`, `decide` and `resume` only read or continue runs: a store file that does
     // not exist is refused (`store.not_found`), not created empty at a mistyped path.
@@ -154,6 +154,22 @@ pub async fn main(cli: Cli) -> i32 {
         }
     };
     let config = config.as_ref();
+    // A run may be named by a unique prefix of its id, as `dagloop runs` lists them.
+    if let Some(run) = cli.command.run_mut()
+        && let Ok(Some(s)) = existing()
+    {
+        match store::resolve_run(&s, run) {
+            Ok(full) => *run = full,
+            Err(e) => {
+                outln!("{}", pretty(&e.to_json()));
+                return if out::stdout_closed() {
+                    out::BROKEN_PIPE_EXIT
+                } else {
+                    2
+                };
+            }
+        }
+    }
     let outcome = match cli.command {
         Command::Run {
             goal,

@@ -84,3 +84,40 @@ pub(super) fn required(s: Result<Option<Store>, CliError>) -> Result<Store, CliE
         )
     })
 }
+
+/// The full id of the run `given` names: itself when a run has that id, else the one run whose
+/// id starts with it. Several runs starting with it are `cli.ambiguous_run` (with their ids);
+/// none is left to the command, which says `store.unknown_run`.
+pub(super) fn resolve_run(store: &Store, given: &str) -> Result<String, CliError> {
+    if given.is_empty() {
+        return Ok(String::new());
+    }
+    let page = store
+        .query(&crate::store::RunQuery {
+            text: Some(given.to_string()),
+            limit: crate::store::MAX_LIMIT,
+            ..Default::default()
+        })
+        .map_err(|e| CliError::new(e.code(), e))?;
+    if page.runs.iter().any(|r| r.id == given) {
+        return Ok(given.to_string());
+    }
+    let found: Vec<&str> = page
+        .runs
+        .iter()
+        .map(|r| r.id.as_str())
+        .filter(|id| id.starts_with(given))
+        .collect();
+    match found.as_slice() {
+        [one] => Ok((*one).to_string()),
+        [] => Ok(given.to_string()),
+        many => Err(CliError::new(
+            "cli.ambiguous_run",
+            format!(
+                "`{given}` is the start of {} run ids ({}); give more of the id",
+                many.len(),
+                many.join(", ")
+            ),
+        )),
+    }
+}

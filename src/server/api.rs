@@ -551,7 +551,7 @@ pub(super) async fn submit(
     }
     let store = st.store.clone();
     let run = id.to_string();
-    tokio::task::spawn_blocking(move || crate::runs::record_op(&*store, &run, &op))
+    let driven = tokio::task::spawn_blocking(move || crate::runs::record_op(&*store, &run, &op))
         .await
         .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server.internal", e))?
         .map_err(|e| match e {
@@ -563,7 +563,32 @@ pub(super) async fn submit(
                 ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.code(), e)
             }
         })?;
-    Ok((StatusCode::ACCEPTED, Json(OpStatus::new("recorded"))))
+    if driven {
+        // Another process drives it and takes the op from the store.
+        return Ok((
+            StatusCode::ACCEPTED,
+            Json(OpStatus::recorded(
+                "the process that drives this run applies it within a second",
+            )),
+        ));
+    }
+    // Nobody drives it (a run started with `dagloop run --detach`...): this server takes it
+    // and the op applies as the run continues, or says who can continue it.
+    match st.adopt(id).await {
+        Ok(true) => Ok((StatusCode::OK, Json(OpStatus::new("applied")))),
+        Ok(false) => Ok((
+            StatusCode::ACCEPTED,
+            Json(OpStatus::recorded(&format!(
+                "nobody drives this run now; it applies when the run is continued (`dagloop resume {id}` where the run was started)"
+            ))),
+        )),
+        Err(why) => Ok((
+            StatusCode::ACCEPTED,
+            Json(OpStatus::recorded(&format!(
+                "this server cannot continue the run ({why}); it applies when the run is continued with `dagloop resume {id}` where the run was started"
+            ))),
+        )),
+    }
 }
 
 /// `GET /metrics`: the Prometheus text exposition of runs by status and what the runs driven by

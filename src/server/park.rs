@@ -119,12 +119,25 @@ impl AppState {
     /// reads its journal again, launches it (decisions recorded meanwhile apply first).
     /// Returns whether it is live here now.
     pub(super) async fn wake(self: &Arc<Self>, id: &str) -> bool {
+        self.wake_run(id, false).await.unwrap_or(false)
+    }
+
+    /// Continues a run that no process drives because a decision or a cancellation for it just
+    /// came through this server, whoever started it (`dagloop run --detach` included): the
+    /// server takes its lease and drives it under the server's own grants, and keeps it from
+    /// then on. `Err` says why it cannot (a grant the run needs that this server lacks...): the
+    /// op stays recorded for the process that can continue it.
+    pub(super) async fn adopt(self: &Arc<Self>, id: &str) -> Result<bool, String> {
+        self.wake_run(id, true).await
+    }
+
+    async fn wake_run(self: &Arc<Self>, id: &str, adopt: bool) -> Result<bool, String> {
         let _one = self.waking.lock().await;
         if self.live(id).is_some() {
-            return true;
+            return Ok(true);
         }
-        if lock(&self.skip).contains(id) {
-            return false;
+        if !adopt && lock(&self.skip).contains(id) {
+            return Ok(false);
         }
         let me = self.clone();
         let run = id.to_string();
@@ -135,7 +148,7 @@ impl AppState {
                     reason: format!("{e} [{}]", e.code()),
                 }
             })?;
-            if !opts.server || stored.result.is_some() {
+            if (!opts.server && !adopt) || stored.result.is_some() {
                 return Ok(None);
             }
             // The lease decides who continues it; the journal is read again once it is ours.
@@ -144,44 +157,55 @@ impl AppState {
             Ok::<_, crate::store::StoreError>(Some((opts, stored)))
         })
         .await;
-        let (opts, stored) = match loaded {
+        let (mut opts, stored) = match loaded {
             Ok(Ok(Some(x))) => x,
             Ok(Ok(None)) => {
-                lock(&self.skip).insert(id.to_string());
-                return false;
+                if !adopt {
+                    lock(&self.skip).insert(id.to_string());
+                }
+                return Ok(false);
             }
             Ok(Err(e)) => {
                 if e.code() != "store.busy" {
                     tracing::info!(run = %id, code = e.code(), "not continued here: {e}");
                 }
-                return false;
+                return Ok(false);
             }
-            Err(_) => return false,
+            Err(_) => return Ok(false),
         };
-        let refuse = |e: &dyn std::fmt::Display| {
+        let refuse = |e: &dyn std::fmt::Display, code: &str| {
             tracing::error!(run = %id, "cannot continue: {e}");
             let _ = self.store.release(id);
-            lock(&self.skip).insert(id.to_string());
-            false
+            if !adopt {
+                lock(&self.skip).insert(id.to_string());
+            }
+            Err(format!("{e} [{code}]"))
         };
         if stored.result.is_some() {
             let _ = self.store.release(id);
-            return false;
+            return Ok(false);
         }
+        // Driving the run needs its placeholders' values here (`Goal::from_json` checks them).
         let goal = match Goal::from_json(
             &stored.record.goal.to_string(),
             std::path::Path::new(&stored.record.id),
             PathBuf::from(&stored.record.base_dir),
         ) {
             Ok(g) => g,
-            Err(e) => return refuse(&e),
+            Err(e) => return refuse(&e, e.code()),
         };
+        // Adopted, the run is this server's from now on (continued after a restart, woken by
+        // the watcher when parked).
+        if adopt {
+            opts.server = true;
+            lock(&self.skip).remove(id);
+        }
         match self
             .launch(goal, opts, Some((id.to_string(), stored.journal)))
             .await
         {
-            Ok(_) => true,
-            Err(e) => refuse(&e),
+            Ok(_) => Ok(true),
+            Err(e) => refuse(&e, e.code()),
         }
     }
 

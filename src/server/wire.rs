@@ -86,6 +86,10 @@ pub struct OpStatus {
     /// The grant's id (`g1`, `g2`, ...), in the answer to `POST /runs/{id}/grants`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub grant: Option<String>,
+    /// For `recorded`: who applies it, and when (the process that drives the run, or what must
+    /// continue it when this server cannot).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
 }
 
 impl OpStatus {
@@ -94,6 +98,15 @@ impl OpStatus {
         OpStatus {
             status: status.to_string(),
             grant: None,
+            detail: None,
+        }
+    }
+
+    /// `recorded`, saying who applies it.
+    pub fn recorded(detail: &str) -> OpStatus {
+        OpStatus {
+            detail: Some(detail.to_string()),
+            ..OpStatus::new("recorded")
         }
     }
 }

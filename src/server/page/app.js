@@ -39,6 +39,7 @@ const page = {
   reopenDelay: 500,
   tokenWaiters: null, // resolvers waiting for the token form
   current: null,      // the key of the card the shortcuts act on
+  focusCall: null,    // the call a link named (`?run=RUN&call=N`), focused once its card shows
 };
 
 const $ = (sel, root) => (root || document).querySelector(sel);

@@ -61,6 +61,20 @@ function renderApprovals(run) {
     anchor = card;
   });
   $("#approvals-section").hidden = box.children.length === 0;
+  // A link to one call (a notification's `?run=ID&call=N`) makes its card the current one.
+  if (page.focusCall !== null && page.focusCall !== undefined) {
+    const linked = Array.from(box.querySelectorAll(".approval"))
+      .find((c) => Number(c.dataset.callId) === page.focusCall);
+    if (linked) {
+      page.focusCall = null;
+      page.current = linked.dataset.key;
+      linked.classList.add("linked");
+      markCurrent();
+      linked.focus({ preventScroll: true });
+      linked.scrollIntoView({ block: "center" });
+      return;
+    }
+  }
   markCurrent();
 }
 
@@ -170,11 +184,15 @@ function approvalCard(runId, a, key) {
     showErrors([]);
     setBusy(true);
     try {
-      await api("POST", "/runs/" + encodeURIComponent(runId) + "/approvals/" + a.call_id,
+      const r = await api("POST", "/runs/" + encodeURIComponent(runId) + "/approvals/" + a.call_id,
         Object.assign({}, decision, { presented: a.params_hash }));
       card.classList.add("sent");
       card.classList.remove("current");
-      notice("Call #" + a.call_id + " (" + call._tool + "): " + decision.decision + " sent.", "ok");
+      // Applied: the run moves. Recorded: somebody else must continue the run; say who.
+      const recorded = r && r.status === "recorded";
+      notice("Call #" + a.call_id + " (" + call._tool + "): " + decision.decision +
+        (recorded ? " recorded, not applied yet: " + (r.detail || "the run is not driven now") + "." : " applied."),
+        recorded ? "info" : "ok");
       scheduleRefresh();
       loadRuns();
     } catch (e) {

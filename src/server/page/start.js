@@ -1,5 +1,5 @@
 // Wiring: the legend, the token form, the run list and its light poll, the shortcuts, and the
-// run named in the URL's fragment.
+// run (and call) named in the URL: `#RUN`, or a notification's `?run=RUN&call=N`.
 "use strict";
 
 function legend() {
@@ -26,8 +26,13 @@ function start() {
   setupKeys();
   $("#token-form").addEventListener("submit", tokenGiven);
   $("#cancel-run").addEventListener("click", cancelRun);
+  // A link names a run as `#RUN` or, from a notification, `?run=RUN&call=N` (the call's card
+  // is focused once it is shown; `c2` and `2` both name call 2).
+  const query = new URLSearchParams(location.search);
+  const call = (query.get("call") || "").replace(/^c/, "");
+  page.focusCall = /^[0-9]+$/.test(call) ? Number(call) : null;
   loadRuns().then(() => {
-    const wanted = decodeURIComponent(location.hash.slice(1));
+    const wanted = query.get("run") || decodeURIComponent(location.hash.slice(1));
     if (wanted) select(wanted);
   });
   // The list's page is polled lightly (one page of summaries, while the tab is visible); the
