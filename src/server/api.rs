@@ -585,7 +585,7 @@ pub(super) async fn submit(
         Err(why) => Ok((
             StatusCode::ACCEPTED,
             Json(OpStatus::recorded(&format!(
-                "this server cannot continue the run ({why}); it applies when the run is continued with `dagloop resume {id}` where the run was started"
+                "this server cannot continue the run ({why}: see the server's log); it applies when the run is continued with `dagloop resume {id}` where the run was started"
             ))),
         )),
     }

@@ -173,13 +173,15 @@ impl AppState {
             }
             Err(_) => return Ok(false),
         };
+        // The reason goes to the server's log; a client hears only its code (a grant's
+        // message names paths and addresses of the server's machine).
         let refuse = |e: &dyn std::fmt::Display, code: &str| {
             tracing::error!(run = %id, "cannot continue: {e}");
             let _ = self.store.release(id);
             if !adopt {
                 lock(&self.skip).insert(id.to_string());
             }
-            Err(format!("{e} [{code}]"))
+            Err(code.to_string())
         };
         if stored.result.is_some() {
             let _ = self.store.release(id);
