@@ -12,6 +12,8 @@
 mod bin;
 #[path = "common/browser.rs"]
 mod browser;
+#[path = "common/e2e.rs"]
+mod harness;
 #[path = "common/serve.rs"]
 mod serve;
 
@@ -258,4 +260,71 @@ async fn decide_takes_call_ids_as_printed_and_run_id_prefixes() {
     assert_eq!(out.status.code(), Some(2));
     let said = String::from_utf8_lossy(&out.stderr);
     assert!(said.contains("`two` is not a call id"), "{said}");
+}
+
+/// The documented way to keep a run's result, `dagloop run goal.json > result.json`, with an edit
+/// at the prompt: the editor runs on the terminal, so what it draws (a full-screen editor's escape
+/// codes) never lands in the result, which stays valid JSON holding the edited call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_edit_with_stdout_redirected_leaves_the_result_valid_json() {
+    let server = harness::ToolServer::start().await;
+    let ws = harness::Workspace::new(
+        "probe.goal.json",
+        "scripts/ping_then_answer.script.json",
+        &server.base,
+        |_| {},
+    );
+    let store = ws.goal.with_file_name("runs.db");
+    let result = ws.goal.with_file_name("result.json");
+    // An "editor" that draws on its stdout as a full-screen editor does, then changes n to 9.
+    let editor = ws.goal.with_file_name("editor.sh");
+    std::fs::write(
+        &editor,
+        "#!/bin/sh\nprintf '\\033[?1049h\\033[2J~ editing ~\\033[?1049l'\nsed -i 's/7/9/' \"$1\"\n",
+    )
+    .expect("editor");
+    std::fs::set_permissions(&editor, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+        .expect("chmod");
+    let (goal, out_file) = (ws.goal.clone(), result.clone());
+    let shown = tokio::task::spawn_blocking(move || {
+        let mut cmd = std::process::Command::new("sh");
+        cmd.arg("-c")
+            .arg(format!(
+                "exec '{}' run '{}' --approve ask > '{}'",
+                bin::BIN,
+                goal.display(),
+                out_file.display()
+            ))
+            .env("XDG_DATA_HOME", bin::data_home())
+            .env("DAGLOOP_STORE", &store)
+            .env("EDITOR", &editor)
+            .env_remove("VISUAL")
+            .env_remove("DAGLOOP_TOKEN");
+        let mut p = rexpect::session::spawn_command(cmd, Some(20_000)).expect("spawn in a pty");
+        p.exp_string("[e]dit").expect("prompt");
+        p.send_line("e").expect("send");
+        p.exp_string("~ editing ~")
+            .expect("the editor drew on the terminal");
+        p.exp_string("+ n: 9").expect("the new value");
+        p.exp_string("send this edit? [y/n]").expect("confirm");
+        p.send_line("y").expect("send");
+        p.exp_eof().expect("exit")
+    })
+    .await
+    .expect("pty session");
+    let text = std::fs::read_to_string(&result).expect("the result file");
+    let v: Value = serde_json::from_str(&text)
+        .unwrap_or_else(|e| panic!("result.json is not JSON ({e}): {text:?}\nterminal: {shown}"));
+    assert_eq!(v["status"], "succeeded", "{v}");
+    assert!(
+        !text.contains('\u{1b}'),
+        "no escape code in the result: {text:?}"
+    );
+    let bodies: Vec<Value> = server
+        .requests()
+        .iter()
+        .map(|r| r["body"].clone())
+        .collect();
+    assert_eq!(bodies, vec![json!({"n": 9})], "the edited params ran");
+    drop(ws);
 }

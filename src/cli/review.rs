@@ -4,7 +4,8 @@
 //! One call is prompted at a time, on one line: its id, tool, resolved params (compact) and,
 //! when it had started before a restart, that it was interrupted. Answers: `a` approve, `A`
 //! approve every call of this tool for the rest of the run (a journaled grant, revocable through
-//! the API), `e` edit the params in `$EDITOR` (checked against the tool's schema, the changes
+//! the API), `e` edit the params in `$EDITOR` (run on the terminal, `/dev/tty`, never on stdout,
+//! which may be the run's result redirected to a file; checked against the tool's schema, the changes
 //! shown before they are sent), `r` reject with a reason, `d` (an interrupted call only) mark it
 //! done with a result given as JSON, `?` show the whole call. While a prompt is open the progress view does not redraw.
 //! A prompt is withdrawn when the call is decided another way (the policy's timeout, another
@@ -15,6 +16,7 @@
 
 use std::collections::{BTreeMap, VecDeque};
 use std::io::{BufRead, Write};
+use std::os::fd::AsFd;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -374,9 +376,21 @@ fn edit(call: &Call) -> Result<Map<String, Value>, String> {
         .unwrap_or_else(|_| "vi".into());
     let mut parts = editor.split_whitespace();
     let program = parts.next().unwrap_or("vi");
-    let status = std::process::Command::new(program)
-        .args(parts)
-        .arg(&file)
+    let mut cmd = std::process::Command::new(program);
+    cmd.args(parts).arg(&file);
+    // The editor is the reviewer's, on the terminal: never on stdout, which may be the run's
+    // result redirected to a file (`dagloop run goal.json > result.json`).
+    match terminal() {
+        Some((input, output, errors)) => {
+            cmd.stdin(input).stdout(output).stderr(errors);
+        }
+        None => {
+            if let Ok(err) = std::io::stderr().as_fd().try_clone_to_owned() {
+                cmd.stdout(std::process::Stdio::from(err));
+            }
+        }
+    }
+    let status = cmd
         .status()
         .map_err(|e| format!("cannot start {editor}: {e}"))?;
     if !status.success() {
@@ -386,6 +400,23 @@ fn edit(call: &Call) -> Result<Map<String, Value>, String> {
     let _ = std::fs::remove_dir_all(&dir);
     serde_json::from_str(&edited)
         .map_err(|e| format!("the edited params are not a JSON object: {e}"))
+}
+
+/// The controlling terminal (`/dev/tty`) as an editor's stdin, stdout and stderr; None when the
+/// process has none.
+fn terminal() -> Option<(
+    std::process::Stdio,
+    std::process::Stdio,
+    std::process::Stdio,
+)> {
+    let tty = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/tty")
+        .ok()?;
+    let output = tty.try_clone().ok()?;
+    let errors = tty.try_clone().ok()?;
+    Some((tty.into(), output.into(), errors.into()))
 }
 
 fn tempfile_dir() -> Result<std::path::PathBuf, String> {
