@@ -390,9 +390,21 @@ pub async fn main(cli: Cli) -> i32 {
                     goal,
                     call,
                     approve,
+                    agent,
+                    server,
                     json,
                 },
-        } => policy_cmd::explain(&goal, &call, run::approve_name(approve), json),
+        } => policy_cmd::explain(
+            config,
+            policy_cmd::ExplainArgs {
+                goal: goal.as_deref(),
+                call: &call,
+                approve: run::approve_name(approve),
+                agent: agent.as_deref(),
+                server: server.as_deref(),
+                json,
+            },
+        ),
         Command::Decide {
             run: id,
             call,

@@ -34,7 +34,7 @@ pub fn define(
     grants: Arc<Grants>,
 ) -> Result<RunDef, RunsError> {
     let delegates = grants.check_goal(&goal, options.model.as_deref())?;
-    let policy = policy_for(&goal, options.approve);
+    let policy = policy_for(&goal, &options);
     let recorded = std::mem::take(&mut options.definition);
     options.definition = fingerprint(&goal, &delegates);
     if !recorded.is_empty() {

@@ -226,7 +226,7 @@ pub fn fresh_machine(record: &crate::store::RunRecord) -> Result<(Goal, RunMachi
         PathBuf::from(&record.base_dir),
     )?;
     let opts = RunOptions::from_stored(&record.options)?;
-    let policy = policy_for(&goal, opts.approve);
+    let policy = policy_for(&goal, &opts);
     let config = config_for(&goal)?;
     let machine =
         RunMachine::replaying(record.id.clone(), config, policy, SanitizeLimits::default());

@@ -189,11 +189,15 @@ async fn answer(
 async fn start_run(st: &Arc<AppState>, who: &Principal, v: Value) -> ApiResult<String> {
     let (doc, mut opts) = envelope(v, st)?;
     opts.submitted_by = Some(who.name.clone());
-    let (doc, base) = match doc {
-        Submitted::Goal(doc) => (doc, st.base_dir.clone()),
-        Submitted::Agent { name, input } => agent_goal(st, &name, input)?,
+    let (doc, base, agent) = match doc {
+        Submitted::Goal(doc) => (doc, st.base_dir.clone(), None),
+        Submitted::Agent { name, input } => {
+            let (doc, base) = agent_goal(st, &name, input)?;
+            (doc, base, Some(name))
+        }
     };
     let goal = check_goal(&doc, &base)?;
+    st.hold_to_floor(&mut opts, agent.as_deref(), &goal)?;
     let def = crate::runs::define(goal, opts, st.grants.clone()).map_err(runs_error)?;
     st.launch_defined(&def, None).await.map_err(runs_error)
 }
@@ -446,6 +450,7 @@ pub(super) async fn decide(
     if !who.may(Role::Review) {
         return Err(forbidden("decide calls"));
     }
+    st.check_duties(&who, &id).await?;
     let mut v = body(b)?;
     let presented = match v.as_object_mut().and_then(|m| m.remove("presented")) {
         None => None,

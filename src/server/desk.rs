@@ -69,6 +69,7 @@ pub(super) async fn create_grant(
         return Err(forbidden("grant approvals"));
     }
     st.readable(&who, &id).await?;
+    st.check_duties(&who, &id).await?;
     let req: GrantRequest = serde_json::from_value(body(b)?).map_err(|e| {
         ApiError::new(
             StatusCode::BAD_REQUEST,

@@ -304,7 +304,7 @@ pub(super) fn definition(
     crate::runs::RunsError,
 > {
     let goal = spec.goal()?;
-    let policy = crate::runs::policy_for(&goal, spec.options.approve);
+    let policy = crate::runs::policy_for(&goal, &spec.options);
     let config = crate::engine::config_for(&goal)?;
     Ok((config, policy))
 }
