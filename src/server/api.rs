@@ -95,7 +95,7 @@ fn idempotency_key(headers: &HeaderMap) -> ApiResult<Option<String>> {
         (status = 201, description = "The run was created and started: {id, status, finished} (with `wait`: its result, or its status and the calls awaiting a decision)", body = RunOutcome),
         (status = 200, description = "The Idempotency-Key was used before: the first run's {id, status, finished}, with `Idempotent-Replayed: true`", body = RunOutcome),
         (status = 400, description = "The goal is invalid, or asks for something the operator does not grant (`grant.*`); `errors` lists each problem with its JSON pointer; `wait` is not a number of seconds from 0 to 300 (`http.bad_wait`)", body = ApiError),
-        (status = 403, description = "The caller may not submit runs", body = ApiError),
+        (status = 403, description = "The caller may not submit runs, or asks a published agent for a model its operator does not list (`server.agent_model`)", body = ApiError),
         (status = 404, description = "No agent of that name is published", body = ApiError),
         (status = 413, description = "The body is too large", body = ApiError),
         (status = 415, description = "Not application/json", body = ApiError)))]
@@ -437,7 +437,7 @@ pub(super) async fn approvals(
         (status = 200, description = "Applied: {status: applied}", body = OpStatus),
         (status = 202, description = "Recorded for a run no process drives now: {status: recorded}", body = OpStatus),
         (status = 400, description = "Not a decision (or `presented` is not a string)", body = ApiError),
-        (status = 403, description = "The caller may not decide", body = ApiError),
+        (status = 403, description = "The caller may not decide, or submitted the run and the operator separates duties (`approval.own_run`)", body = ApiError),
         (status = 404, description = "No such run or call", body = ApiError),
         (status = 409, description = "The call is not awaiting a decision, was decided first by somebody else, or was presented with other params", body = ApiError),
         (status = 422, description = "The decision cannot apply (invalid params, an edit that changes the tool)", body = ApiError)))]
