@@ -499,3 +499,40 @@ fn policy_explain_names_the_deciding_layer() {
         "{kind}"
     );
 }
+
+/// `dagloop --config FILE run` holds its runs to the config's floor too: `--approve auto` on a
+/// goal whose http tool says `_approval: never` still needs a reviewer under `kinds = {http =
+/// "ask"}`, so without a terminal the run is refused before anything runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_command_line_holds_its_runs_to_the_configs_floor() {
+    let (url, counts) = counting_service().await;
+    let dir = tempfile::tempdir().expect("tmp");
+    let cfg = config(
+        dir.path(),
+        "config.json",
+        json!({"approval": {"kinds": {"http": "ask"}}}),
+    );
+    let goal = client_goal(dir.path(), &url, |g| {
+        g["tools"][0]["_approval"] = json!("never")
+    });
+    let gp = dir.path().join("goal.json");
+    std::fs::write(&gp, goal.to_string()).expect("goal");
+    let out = bin::dagloop()
+        .arg("--config")
+        .arg(&cfg)
+        .arg("run")
+        .arg(&gp)
+        .args(["--approve", "auto", "--no-store", "--json"])
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("run dagloop");
+    let v: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!(v["error"]["code"], "approval.no_reviewer", "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("floor:kind:http")),
+        "{v}"
+    );
+    assert!(counts.lock().expect("counts").is_empty());
+}

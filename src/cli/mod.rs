@@ -196,12 +196,19 @@ pub async fn main(cli: Cli) -> i32 {
                     "--tools-from answers calls in this process: it works with the embedded engine only",
                 ));
             }
+            // The config's approval floor holds here too (the command line's user is the
+            // operator, and a Temporal worker takes the floor from the run's options).
+            let floor = match config.map(crate::config::Config::floor).transpose() {
+                Ok(f) => f.and_then(|f| f.for_run(None)),
+                Err(e) => break 'run Err(CliError::new("config.invalid", e)),
+            };
             let opts = run::RunOptions {
                 server: false,
                 model,
                 approve: run::approve_name(approve),
                 allow_shell,
                 mode: mode.map(run::mode_name),
+                floor,
                 ..Default::default()
             };
             let display = run::Display {
