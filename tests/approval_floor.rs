@@ -381,14 +381,18 @@ async fn a_submitter_does_not_decide_its_own_runs_calls() {
 }
 
 /// A published agent runs on its goal's model or one its operator lists; a client asking for
-/// another gets 403 `server.agent_model`, and no run.
+/// another (a provider's model on the operator's key, another script in the granted folders)
+/// gets 403 `server.agent_model`, and no run.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_picks_only_among_the_operators_models() {
     let (url, _counts) = counting_service().await;
     let dir = tempfile::tempdir().expect("tmp");
     let agent = serve::goal(dir.path(), &url, "auto");
     std::fs::write(dir.path().join("a.json"), agent.to_string()).expect("agent");
-    let listed = format!("scripted:{}", dir.path().join("s.json").display());
+    // Another script than the goal's own model, listed by the operator.
+    let other = dir.path().join("s2.json");
+    std::fs::copy(dir.path().join("s.json"), &other).expect("copy");
+    let listed = format!("scripted:{}", other.display());
     let cfg = config(
         dir.path(),
         "config.json",
@@ -401,7 +405,20 @@ async fn a_client_picks_only_among_the_operators_models() {
     }
     let (status, runs) = send(client().get(s.url("/runs")).bearer_auth(CI)).await;
     assert_eq!((status, runs.as_array().map(Vec::len)), (200, Some(0)));
+    let unlisted = dir.path().join("s3.json");
+    std::fs::copy(dir.path().join("s.json"), &unlisted).expect("copy");
+    let got = post_as(
+        &s,
+        CI,
+        "/runs",
+        &json!({"agent": "a", "model": format!("scripted:{}", unlisted.display())}),
+    )
+    .await;
+    refused(got, 403, "server.agent_model");
     let id = submit_as(&s, CI, &json!({"agent": "a", "model": listed})).await;
+    until_as(&s, CI, &id, |v| v["status"] == "succeeded").await;
+    let own = agent["model"].as_str().expect("the goal's model");
+    let id = submit_as(&s, CI, &json!({"agent": "a", "model": own})).await;
     until_as(&s, CI, &id, |v| v["status"] == "succeeded").await;
 }
 
