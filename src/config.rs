@@ -1,7 +1,9 @@
 //! The operator's configuration file (`--config FILE`, TOML or JSON, described by
 //! `schemas/config.schema.json`): what runs in this process may touch (grants), the MCP servers
-//! the operator runs for goals that name them, the agents it publishes by name, and for
-//! `dagloop serve` its principals and the `Host` names it answers to.
+//! the operator runs for goals that name them, the agents it publishes by name (with the models
+//! a client may pick for them), the approval floor under every run (`[approval]`,
+//! [`crate::approval::floor`]), and for `dagloop serve` its principals and the `Host` names it
+//! answers to.
 //!
 //! Relative paths in the file resolve against the file's folder. Unknown keys are refused, so a
 //! misspelled grant never silently grants nothing or everything.
@@ -118,6 +120,57 @@ pub struct AgentEntry {
     /// A note for clients.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub description: Option<String>,
+    /// The model specs a client may ask for (`"model"` of `POST /runs`) besides the goal's own;
+    /// any other is refused (`server.agent_model`). Default: none (the goal's model only).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub models: Vec<String>,
+    /// The agent's floor: an approval policy as in a goal (`{policy, allow, rules, timeout_s,
+    /// default_decision}`), over and above the agent goal's own policy, which is the
+    /// operator's too.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approval: Option<Value>,
+}
+
+/// What a floor layer says of a tool kind's calls.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum KindFloor {
+    /// A reviewer is asked about every call of the kind.
+    Ask,
+    /// Every call of the kind is refused.
+    Deny,
+}
+
+/// The operator's approval floor (`[approval]`): the server-wide policy (`policy`, `allow`,
+/// `rules`, as in a goal), the floor per tool kind, how long a floor-asked call waits, and
+/// separation of duties. The floor per MCP tool is the `approval` map of each operator MCP
+/// server (its `always` entries); the floor per agent, `[agents.NAME] approval`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ApprovalConfig {
+    /// `auto` (no server-wide layer, the default), `allowlist` or `ask`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy: Option<crate::approval::ModeName>,
+    /// With `allowlist`: the tools that need no reviewer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allow: Option<BTreeSet<String>>,
+    /// Rules as in a goal's `approval.rules`; their `ask` and `deny` are the floor's.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rules: Vec<Value>,
+    /// How long a reviewer may take on a call the floor asks about (default: no limit).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_s: Option<f64>,
+    /// What applies to such a call then: `reject` (default) or `approve` (only when the goal
+    /// also approves by default; never earlier than `timeout_s`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub default_decision: Option<crate::approval::DefaultDecision>,
+    /// Per tool kind (`http`, `mcp`, `shell`, `delegate`, `rust`): `ask` or `deny`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub kinds: BTreeMap<String, KindFloor>,
+    /// `dagloop serve`: a principal may not decide (nor grant) calls of runs it submitted
+    /// (`approval.own_run`, 403). Default false.
+    #[serde(default)]
+    pub separate_duties: bool,
 }
 
 /// The operator's configuration.
@@ -150,9 +203,16 @@ pub struct Config {
     /// Retention of finished runs (`[store] retain`, `compact_after`).
     #[serde(default, skip_serializing_if = "is_default_store")]
     pub store: StoreConfig,
+    /// The approval floor under every run (`[approval]`).
+    #[serde(default, skip_serializing_if = "is_default_approval")]
+    pub approval: ApprovalConfig,
     /// The folder relative paths resolve against (the file's folder).
     #[serde(skip)]
     pub base_dir: PathBuf,
+}
+
+fn is_default_approval(a: &ApprovalConfig) -> bool {
+    *a == ApprovalConfig::default()
 }
 
 fn is_default_store(s: &StoreConfig) -> bool {
@@ -202,6 +262,7 @@ impl Config {
             ConfigError::Invalid { reason, .. } => invalid(reason),
             other => other,
         })?;
+        config.floor().map_err(invalid)?;
         Ok(config)
     }
 
@@ -281,5 +342,91 @@ impl Config {
     /// The goal file of a published agent (absolute).
     pub fn agent_goal(&self, name: &str) -> Option<PathBuf> {
         self.agents.get(name).map(|a| self.resolve(&a.goal))
+    }
+
+    /// The approval floor this configuration sets (`[approval]`, `[agents.NAME] approval`,
+    /// the `always` entries of its MCP servers' `approval` maps), or what is wrong with it.
+    pub fn floor(&self) -> Result<crate::approval::OperatorFloor, String> {
+        use crate::approval::{ModeName, OperatorFloor, Policy, RuleDecision};
+        use crate::protocol::ToolApproval;
+        let a = &self.approval;
+        let policy = |at: &str, v: Value| {
+            Policy::from_value(&v).map_err(|e| format!("{at}: {e} [{}]", e.code()))
+        };
+        let mut server = serde_json::Map::new();
+        if let Some(p) = a.policy {
+            server.insert("policy".into(), Value::String(p.as_str().into()));
+        }
+        if let Some(allow) = &a.allow {
+            server.insert("allow".into(), serde_json::json!(allow));
+        }
+        if !a.rules.is_empty() {
+            server.insert("rules".into(), Value::Array(a.rules.clone()));
+        }
+        if let Some(t) = a.timeout_s {
+            server.insert("timeout_s".into(), serde_json::json!(t));
+        }
+        if let Some(d) = a.default_decision {
+            server.insert("default_decision".into(), serde_json::json!(d));
+        }
+        let whole = policy("approval", Value::Object(server))?;
+        let timeout = whole.timeout;
+        let has_layer = a.policy.is_some_and(|p| p != ModeName::Auto) || !a.rules.is_empty();
+        let mut agents = BTreeMap::new();
+        for (name, entry) in &self.agents {
+            if let Some(v) = &entry.approval {
+                agents.insert(
+                    name.clone(),
+                    policy(&format!("agents.{name}.approval"), v.clone())?,
+                );
+            }
+        }
+        let mut mcp = BTreeMap::new();
+        for (name, v) in &self.mcp_servers {
+            let always: BTreeSet<String> = v
+                .get("approval")
+                .and_then(Value::as_object)
+                .into_iter()
+                .flatten()
+                .filter(|(_, a)| {
+                    serde_json::from_value::<ToolApproval>((*a).clone()).ok()
+                        == Some(ToolApproval::Always)
+                })
+                .map(|(tool, _)| tool.clone())
+                .collect();
+            if !always.is_empty() {
+                mcp.insert(name.clone(), always);
+            }
+        }
+        let mut kinds = BTreeMap::new();
+        for (kind, d) in &a.kinds {
+            if !(crate::tools::KINDS.contains(&kind.as_str()) || kind == crate::grants::MCP) {
+                return Err(format!(
+                    "approval.kinds: unknown kind `{kind}` (delegate, http, mcp, rust, shell)"
+                ));
+            }
+            let d = match d {
+                KindFloor::Ask => RuleDecision::Ask,
+                KindFloor::Deny => RuleDecision::Deny,
+            };
+            kinds.insert(kind.clone(), d);
+        }
+        Ok(OperatorFloor {
+            default_decision: whole.default_decision,
+            server: has_layer.then_some(whole),
+            kinds,
+            mcp,
+            agents,
+            timeout,
+        })
+    }
+
+    /// The models a client may ask for when it starts the published agent `name` (besides the
+    /// goal's own).
+    pub fn agent_models(&self, name: &str) -> Vec<String> {
+        self.agents
+            .get(name)
+            .map(|a| a.models.clone())
+            .unwrap_or_default()
     }
 }

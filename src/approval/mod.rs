@@ -1,5 +1,5 @@
-//! The approval gate (rules 13 and 14): policies as data, a pure [`assess`], and the
-//! [`Approver`] seam through which reviewers answer.
+//! The approval gate (rules 13 and 14): policies as data, a pure [`assess`], the operator's
+//! [`floor`] under every policy, and the [`Approver`] seam through which reviewers answer.
 //!
 //! `assess` only says whether a tool's calls must be asked about; it never decides *when* (the
 //! scheduler presents a call only once it is unblocked) and never waits for anybody (an
@@ -7,6 +7,7 @@
 //! this module that touches tokio.
 
 pub mod approver;
+pub mod floor;
 pub mod grant;
 pub mod rules;
 
@@ -20,6 +21,7 @@ use crate::protocol::{Tool, ToolApproval};
 pub use approver::{
     ApprovalRequest, Approver, ChannelApprover, PendingApproval, Scripted, ScriptedApprover, after,
 };
+pub use floor::{Floor, Layer, OperatorFloor};
 pub use rules::{
     Explanation, Rule, RuleDecision, RuleSpec, Source, Verdict, call_subject, evaluate, explain,
 };
@@ -76,6 +78,9 @@ pub struct Policy {
     pub default_decision: DefaultDecision,
     /// Ordered rules tried before the tool's `_approval` and the mode (first match wins).
     pub rules: Vec<Rule>,
+    /// The operator's floor under the policy: the gate takes the strictest of the two
+    /// ([`evaluate`]). Never part of a goal's `approval`; a run records it in its options.
+    pub floor: Floor,
 }
 
 impl Policy {
@@ -115,6 +120,25 @@ impl Policy {
             },
         };
         self
+    }
+
+    /// The policy with the operator's `floor` under it (builder style).
+    pub fn with_floor(mut self, floor: Floor) -> Self {
+        self.floor = floor;
+        self
+    }
+
+    /// The reviewer deadline of a call presented under this policy and what applies when it
+    /// passes: the goal's, or for a call the floor asks about the floor's ([`Floor::on_timeout`]).
+    pub fn on_timeout(
+        &self,
+        tool: &Tool,
+        call: &crate::protocol::Call,
+    ) -> (Option<Duration>, DefaultDecision) {
+        if self.floor.is_empty() {
+            return (self.timeout, self.default_decision);
+        }
+        self.floor.on_timeout(self, tool, call)
     }
 
     /// Sets the reviewer timeout and what applies when it expires (builder style).
@@ -175,6 +199,10 @@ pub fn may_ask<'a>(policy: &Policy, tools: impl IntoIterator<Item = &'a Tool>) -
 /// [`may_ask`], saying why: `the ask policy`, or `tools that always ask: a, b`; None when no
 /// call of the run can be presented.
 pub fn who_asks<'a>(policy: &Policy, tools: impl IntoIterator<Item = &'a Tool>) -> Option<String> {
+    let tools: Vec<&Tool> = tools.into_iter().collect();
+    if let Some(floor) = policy.floor.who_asks(tools.iter().copied()) {
+        return Some(floor);
+    }
     if policy.mode != Mode::Auto {
         return Some(format!("the {} policy", policy.mode.name()));
     }
@@ -362,6 +390,7 @@ impl TryFrom<PolicyRepr> for Policy {
             timeout,
             default_decision: r.default_decision,
             rules,
+            floor: Floor::default(),
         })
     }
 }

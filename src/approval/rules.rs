@@ -17,6 +17,7 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
+use super::floor::{Layer, Within};
 use super::{ApprovalError, Mode, Policy};
 use crate::protocol::{Call, Tool, ToolApproval};
 
@@ -256,6 +257,14 @@ pub enum Source {
     ToolOverride,
     /// The policy's mode (`auto`, `allowlist`, `ask`).
     Mode,
+    /// A layer of the operator's floor (`policy.floor.layers[layer]`), and what decided inside
+    /// it when it is a policy.
+    Floor {
+        /// The layer's index.
+        layer: usize,
+        /// The rule, override or mode of the layer's policy that decided.
+        within: Option<Within>,
+    },
 }
 
 /// What decided a call, cheaply (no allocation): the decision and the rule it came from.
@@ -269,9 +278,21 @@ pub struct Verdict {
 
 impl Verdict {
     /// The deciding rule's label: a rule's name or `rules[i]`, `_approval` (the tool's own
-    /// override), or `policy:auto|allowlist|ask` (the policy's mode).
+    /// override), `policy:auto|allowlist|ask` (the policy's mode), or a floor layer's label
+    /// (`floor:mcp:billing:delete_all`, `floor:server/rules[0]`: see [`Layer::label`]).
     pub fn label(&self, policy: &Policy) -> String {
         match self.source {
+            Source::Floor { layer, within } => {
+                let Some(l) = policy.floor.layer(layer) else {
+                    return format!("floor[{layer}]");
+                };
+                match (within, l) {
+                    (Some(w), Layer::Server { policy: p } | Layer::Agent { policy: p, .. }) => {
+                        format!("{}/{}", l.label(), w.label(p))
+                    }
+                    _ => l.label(),
+                }
+            }
             Source::Rule(i) => policy
                 .rules
                 .get(i)
@@ -284,6 +305,22 @@ impl Verdict {
     /// Why, in words: the rule's reason, or what the shorthand says.
     pub fn reason(&self, policy: &Policy, tool: &Tool) -> String {
         match self.source {
+            Source::Floor { layer, within } => {
+                let Some(l) = policy.floor.layer(layer) else {
+                    return "the operator's floor".into();
+                };
+                let inner = match (within, l) {
+                    (Some(w), Layer::Server { policy: p } | Layer::Agent { policy: p, .. }) => {
+                        Verdict {
+                            decision: self.decision,
+                            source: w.source(),
+                        }
+                        .reason(p, tool)
+                    }
+                    _ => format!("`{}` {}", tool.name, self.decision.as_str()),
+                };
+                format!("{}: {inner}", l.describe())
+            }
             Source::Rule(i) => policy
                 .rules
                 .get(i)
@@ -327,6 +364,13 @@ pub struct Explanation {
     pub rule: String,
     /// Why.
     pub reason: String,
+    /// Which layer decided: `goal` (the goal's policy, with the run's `approve` over its mode),
+    /// or the operator's floor: `floor:server`, `floor:agent`, `floor:mcp`, `floor:kind`.
+    pub layer: String,
+    /// What the goal's policy alone says, when the floor decided: `ask by policy:auto`... (None
+    /// when the goal decided).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub goal: Option<String>,
     /// The rules tried before it, in order, with why each did not match.
     pub skipped: Vec<Skipped>,
 }
@@ -340,9 +384,35 @@ pub struct Skipped {
     pub why: String,
 }
 
-/// The first rule matching a call of `tool` decides it: the policy's rules in order, then the
-/// tool's `_approval`, then the policy's mode (which always matches).
+/// The strictest of the operator's floor (`policy.floor`, [`super::floor`]) and the goal's
+/// policy (deny over ask over allow; the floor's on a tie). For the goal's policy, the first rule
+/// matching a call of `tool` decides it: the policy's rules in order, then the tool's
+/// `_approval`, then the policy's mode (which always matches).
 pub fn evaluate(tool: &Tool, call: &Call, policy: &Policy) -> Verdict {
+    let goal = shorthand_verdict(tool, call, policy, true);
+    match policy.floor.verdict(tool, call) {
+        Some(f) if strictness(f.decision) >= strictness(goal.decision) => f,
+        _ => goal,
+    }
+}
+
+fn strictness(d: RuleDecision) -> u8 {
+    match d {
+        RuleDecision::Allow => 0,
+        RuleDecision::Ask => 1,
+        RuleDecision::Deny => 2,
+    }
+}
+
+/// One policy alone (its floor left out): its rules in order, then (with `overrides`) the
+/// tool's `_approval`, then its mode. A floor layer reads no `_approval` a client could have
+/// written (`overrides` false).
+pub(crate) fn shorthand_verdict(
+    tool: &Tool,
+    call: &Call,
+    policy: &Policy,
+    overrides: bool,
+) -> Verdict {
     if !policy.rules.is_empty() {
         let subject = call_subject(tool, call);
         if let Some(i) = policy
@@ -356,12 +426,34 @@ pub fn evaluate(tool: &Tool, call: &Call, policy: &Policy) -> Verdict {
             };
         }
     }
-    shorthand(tool, &call.tool, policy)
+    shorthand(tool.approval.filter(|_| overrides), &call.tool, policy)
 }
 
-/// [`evaluate`], in words, with the rules that were passed over and why.
+/// [`evaluate`], in words, with the rules that were passed over and why, and the layer that
+/// decided.
 pub fn explain(tool: &Tool, call: &Call, policy: &Policy) -> Explanation {
     let v = evaluate(tool, call, policy);
+    if let Source::Floor { layer, .. } = v.source {
+        let goal = shorthand_verdict(tool, call, policy, true);
+        let kind = match policy.floor.layer(layer) {
+            Some(Layer::Server { .. }) => "floor:server",
+            Some(Layer::Agent { .. }) => "floor:agent",
+            Some(Layer::McpTool { .. }) => "floor:mcp",
+            Some(Layer::Kind { .. }) | None => "floor:kind",
+        };
+        return Explanation {
+            decision: v.decision,
+            rule: v.label(policy),
+            reason: v.reason(policy, tool),
+            layer: kind.into(),
+            goal: Some(format!(
+                "{} by {}",
+                goal.decision.as_str(),
+                goal.label(policy)
+            )),
+            skipped: Vec::new(),
+        };
+    }
     let tried = match v.source {
         Source::Rule(i) => i,
         _ => policy.rules.len(),
@@ -381,13 +473,15 @@ pub fn explain(tool: &Tool, call: &Call, policy: &Policy) -> Explanation {
         decision: v.decision,
         rule: v.label(policy),
         reason: v.reason(policy, tool),
+        layer: "goal".into(),
+        goal: None,
         skipped,
     }
 }
 
 /// The old forms as the last rules: the tool's `_approval`, then the mode.
-fn shorthand(tool: &Tool, name: &str, policy: &Policy) -> Verdict {
-    let (decision, source) = match (tool.approval, &policy.mode) {
+fn shorthand(approval: Option<ToolApproval>, name: &str, policy: &Policy) -> Verdict {
+    let (decision, source) = match (approval, &policy.mode) {
         (Some(ToolApproval::Always), _) => (RuleDecision::Ask, Source::ToolOverride),
         (Some(ToolApproval::Never), _) => (RuleDecision::Allow, Source::ToolOverride),
         (None, Mode::Auto) => (RuleDecision::Allow, Source::Mode),

@@ -101,17 +101,26 @@ pub enum DecideArg {
 /// `dagloop policy` subcommands.
 #[derive(Debug, Subcommand)]
 pub enum PolicyArg {
-    /// Which rule of the goal's approval policy decides a call (allow, ask or deny) and why,
-    /// with the rules passed over before it.
+    /// Which rule decides a call (allow, ask or deny), which layer it belongs to (the
+    /// operator's floor from `--config`: server-wide, agent, MCP tool, tool kind; or the goal,
+    /// or the client's `--approve`) and why, with the rules passed over before it.
     Explain {
-        /// The goal file.
-        goal: PathBuf,
+        /// The goal file (default with `--agent`: the agent's goal file from the config).
+        #[arg(required_unless_present = "agent")]
+        goal: Option<PathBuf>,
         /// The call, as JSON: `{"_tool": NAME, ...params}`.
         #[arg(long)]
         call: String,
-        /// Override the policy's mode, as `run --approve` does.
+        /// Override the policy's mode, as `run --approve` (a client's `approve`) does.
         #[arg(long, value_enum)]
         approve: Option<ApproveArg>,
+        /// Explain the call in a run of this agent the config publishes (its floor applies).
+        #[arg(long)]
+        agent: Option<String>,
+        /// The MCP server (by the operator's name) whose tool the call names, when the goal does
+        /// not define the tool (default: the goal's only MCP server).
+        #[arg(long)]
+        server: Option<String>,
         /// Print JSON.
         #[arg(long)]
         json: bool,

@@ -212,12 +212,19 @@ pub async fn main(mut cli: Cli) -> i32 {
                     "--tools-from answers calls in this process: it works with the embedded engine only",
                 ));
             }
+            // The config's approval floor holds here too (the command line's user is the
+            // operator, and a Temporal worker takes the floor from the run's options).
+            let floor = match config.map(crate::config::Config::floor).transpose() {
+                Ok(f) => f.and_then(|f| f.for_run(None)),
+                Err(e) => break 'run Err(CliError::new("config.invalid", e)),
+            };
             let opts = run::RunOptions {
                 server: false,
                 model,
                 approve: run::approve_name(approve),
                 allow_shell,
                 mode: mode.map(run::mode_name),
+                floor,
                 ..Default::default()
             };
             let display = run::Display {
@@ -409,9 +416,21 @@ pub async fn main(mut cli: Cli) -> i32 {
                     goal,
                     call,
                     approve,
+                    agent,
+                    server,
                     json,
                 },
-        } => policy_cmd::explain(&goal, &call, run::approve_name(approve), json),
+        } => policy_cmd::explain(
+            config,
+            policy_cmd::ExplainArgs {
+                goal: goal.as_deref(),
+                call: &call,
+                approve: run::approve_name(approve),
+                agent: agent.as_deref(),
+                server: server.as_deref(),
+                json,
+            },
+        ),
         Command::Decide {
             run: id,
             call,

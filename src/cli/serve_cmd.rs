@@ -84,6 +84,18 @@ pub(super) async fn serve(
                 .collect()
         })
         .unwrap_or_default();
+    let agent_models = config
+        .map(|c| {
+            c.agents
+                .keys()
+                .map(|name| (name.clone(), c.agent_models(name)))
+                .collect()
+        })
+        .unwrap_or_default();
+    let floor = match config {
+        Some(c) => c.floor().map_err(|e| CliError::new("config.invalid", e))?,
+        None => Default::default(),
+    };
     crate::server::serve(crate::server::ServeOptions {
         addr,
         store,
@@ -92,6 +104,9 @@ pub(super) async fn serve(
         allowed_hosts,
         grants,
         agents,
+        agent_models,
+        floor,
+        separate_duties: config.is_some_and(|c| c.approval.separate_duties),
         base_dir,
         webhook: config.and_then(|c| c.notify.webhook.clone()),
         retention: config

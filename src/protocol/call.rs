@@ -493,6 +493,16 @@ impl Tool {
         }
     }
 
+    /// The kind its calls run under: its `_activity`, else `delegate` when it has `_delegate`;
+    /// None for a latent tool.
+    pub fn kind(&self) -> Option<&str> {
+        match self.activity.as_deref() {
+            Some(k) => Some(k),
+            None if self.schema.contains_key("_delegate") => Some("delegate"),
+            None => None,
+        }
+    }
+
     /// True when no activity executes the tool: the model fills `_output` itself.
     pub fn is_latent(&self) -> bool {
         self.activity.is_none() && !self.schema.contains_key("_delegate")

@@ -59,7 +59,7 @@ pub fn define(
             reason,
         })?;
     }
-    let policy = policy_for(&goal, options.approve);
+    let policy = policy_for(&goal, &options);
     let recorded = std::mem::take(&mut options.definition);
     options.definition = fingerprint(&goal, &delegates);
     if !recorded.is_empty() {

@@ -1,6 +1,6 @@
 //! How a run is started, as recorded in the store so it can be continued the same way.
 
-use crate::approval::{ModeName, Policy};
+use crate::approval::{Floor, ModeName, Policy};
 use crate::goal::Goal;
 
 use super::RunsError;
@@ -40,6 +40,11 @@ pub struct RunOptions {
     /// the stored run ([`super::RunDef::from_record`]). Never taken from a client.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub record: Option<super::DefRecord>,
+    /// The operator's approval floor the run was submitted under (`[approval]`, the published
+    /// agent's, the operator's MCP tools that always ask): kept with the run so a replay or a
+    /// resume applies the same one. Set by the process that accepts the run, never by a client.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub floor: Option<Floor>,
 }
 
 impl RunOptions {
@@ -56,11 +61,17 @@ impl RunOptions {
     }
 }
 
-/// The run's policy: the goal's (read typed with the goal), with `approve` over it.
-pub fn policy_for(goal: &Goal, approve: Option<ModeName>) -> Policy {
+/// The run's effective policy: the goal's (read typed with the goal), with the options'
+/// `approve` over its mode, and the operator's floor (`options.floor`) under both: the gate
+/// takes the strictest of the floor and the goal ([`crate::approval::evaluate`]).
+pub fn policy_for(goal: &Goal, options: &RunOptions) -> Policy {
     let policy = goal.approval.clone().unwrap_or_else(Policy::auto);
-    match approve {
+    let policy = match options.approve {
         Some(name) => policy.with_mode(name),
+        None => policy,
+    };
+    match &options.floor {
+        Some(floor) => policy.with_floor(floor.clone()),
         None => policy,
     }
 }

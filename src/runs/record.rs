@@ -75,7 +75,7 @@ impl RunDef {
         let base = PathBuf::from(&record.base_dir);
         let goal = Goal::from_record(&record.goal, FsPath::new(&record.id), base.clone())?;
         let options = RunOptions::from_stored(&record.options)?;
-        let policy = policy_for(&goal, options.approve);
+        let policy = policy_for(&goal, &options);
         Ok(RunDef {
             effective: goal.clone(),
             asked: goal,

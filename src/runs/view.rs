@@ -604,9 +604,13 @@ fn awaiting(rb: &Rebuilt) -> Vec<AwaitingCall> {
             });
             let interrupted = asked.as_ref().map(|a| a.0);
             let policy = rb.machine.policy();
-            let timeout_ms = policy
-                .timeout
-                .map(|t| u64::try_from(t.as_millis()).unwrap_or(u64::MAX));
+            // The floor's deadline and default for a call the operator's floor asks about.
+            let (timeout, default_decision) = match rb.tools.iter().find(|t| t.name == call.tool)
+            {
+                Some(t) => policy.on_timeout(t, &call),
+                None => (policy.timeout, policy.default_decision),
+            };
+            let timeout_ms = timeout.map(|t| u64::try_from(t.as_millis()).unwrap_or(u64::MAX));
             // Waiting on this call: what a reviewer approves with "this call and the calls
             // waiting on it, as presented" (a calls grant quoting these hashes).
             let downstream: Vec<Value> = rb
@@ -654,8 +658,7 @@ fn awaiting(rb: &Rebuilt) -> Vec<AwaitingCall> {
                 deadline_at: timeout_ms
                     .zip(asked.as_ref())
                     .map(|(t, a)| a.2.saturating_add(t)),
-                default_decision: serde_json::to_value(policy.default_decision)
-                    .unwrap_or(Value::Null),
+                default_decision: serde_json::to_value(default_decision).unwrap_or(Value::Null),
                 downstream,
                 tool_schema: schema,
                 description,

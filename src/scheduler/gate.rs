@@ -134,6 +134,8 @@ impl Scheduler {
                 read_from: self.entries[ix].read_from.clone(),
             },
         );
+        // The goal's deadline, or the floor's for a call the operator's floor asks about.
+        let (timeout, _) = self.policy.on_timeout(&tool.tool, &call);
         self.entries[ix].presented = Some(call.clone());
         self.entries[ix].interrupted = interrupted;
         self.set_phase(ix, Phase::Asking);
@@ -141,7 +143,7 @@ impl Scheduler {
             id,
             call,
             tool: tool.tool,
-            timeout: self.policy.timeout,
+            timeout,
             interrupted,
         });
     }
@@ -366,12 +368,20 @@ impl Scheduler {
     }
 
     pub(super) fn timed_out(&mut self, id: CallId, now: Millis, out: &mut Vec<Action>) {
-        let decision = match self.policy.default_decision {
+        // A call the operator's floor asks about is never approved by a default it did not set.
+        let (timeout, default) = match self.ix(id).map(|ix| &self.entries[ix]) {
+            Some(e) => match (&e.presented, &e.tool) {
+                (Some(call), Some(tool)) => self.policy.on_timeout(&tool.tool, call),
+                _ => (self.policy.timeout, self.policy.default_decision),
+            },
+            None => (self.policy.timeout, self.policy.default_decision),
+        };
+        let decision = match default {
             DefaultDecision::Approve => Decision::Approve,
             DefaultDecision::Reject => Decision::Reject {
                 reason: format!(
                     "no reviewer answered within {} ms and the policy rejects by default",
-                    self.policy.timeout.map_or(0, |t| t.as_millis())
+                    timeout.map_or(0, |t| t.as_millis())
                 ),
             },
         };

@@ -95,7 +95,7 @@ fn idempotency_key(headers: &HeaderMap) -> ApiResult<Option<String>> {
         (status = 201, description = "The run was created and started: {id, status, finished} (with `wait`: its result, or its status and the calls awaiting a decision)", body = RunOutcome),
         (status = 200, description = "The Idempotency-Key was used before: the first run's {id, status, finished}, with `Idempotent-Replayed: true`", body = RunOutcome),
         (status = 400, description = "The goal is invalid, or asks for something the operator does not grant (`grant.*`); `errors` lists each problem with its JSON pointer; `wait` is not a number of seconds from 0 to 300 (`http.bad_wait`)", body = ApiError),
-        (status = 403, description = "The caller may not submit runs", body = ApiError),
+        (status = 403, description = "The caller may not submit runs, or asks a published agent for a model its operator does not list (`server.agent_model`)", body = ApiError),
         (status = 404, description = "No agent of that name is published", body = ApiError),
         (status = 413, description = "The body is too large", body = ApiError),
         (status = 415, description = "Not application/json", body = ApiError)))]
@@ -189,11 +189,15 @@ async fn answer(
 async fn start_run(st: &Arc<AppState>, who: &Principal, v: Value) -> ApiResult<String> {
     let (doc, mut opts) = envelope(v, st)?;
     opts.submitted_by = Some(who.name.clone());
-    let (doc, base) = match doc {
-        Submitted::Goal(doc) => (doc, st.base_dir.clone()),
-        Submitted::Agent { name, input } => agent_goal(st, &name, input)?,
+    let (doc, base, agent) = match doc {
+        Submitted::Goal(doc) => (doc, st.base_dir.clone(), None),
+        Submitted::Agent { name, input } => {
+            let (doc, base) = agent_goal(st, &name, input)?;
+            (doc, base, Some(name))
+        }
     };
     let goal = check_goal(&doc, &base)?;
+    st.hold_to_floor(&mut opts, agent.as_deref(), &goal)?;
     let def = crate::runs::define(goal, opts, st.grants.clone()).map_err(runs_error)?;
     st.launch_defined(&def, None).await.map_err(runs_error)
 }
@@ -433,7 +437,7 @@ pub(super) async fn approvals(
         (status = 200, description = "Applied: {status: applied}", body = OpStatus),
         (status = 202, description = "Recorded for a run no process drives now: {status: recorded}", body = OpStatus),
         (status = 400, description = "Not a decision (or `presented` is not a string)", body = ApiError),
-        (status = 403, description = "The caller may not decide", body = ApiError),
+        (status = 403, description = "The caller may not decide, or submitted the run and the operator separates duties (`approval.own_run`)", body = ApiError),
         (status = 404, description = "No such run or call", body = ApiError),
         (status = 409, description = "The call is not awaiting a decision, was decided first by somebody else, or was presented with other params", body = ApiError),
         (status = 422, description = "The decision cannot apply (invalid params, an edit that changes the tool)", body = ApiError)))]
@@ -446,6 +450,7 @@ pub(super) async fn decide(
     if !who.may(Role::Review) {
         return Err(forbidden("decide calls"));
     }
+    st.check_duties(&who, &id).await?;
     let mut v = body(b)?;
     let presented = match v.as_object_mut().and_then(|m| m.remove("presented")) {
         None => None,

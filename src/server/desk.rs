@@ -55,7 +55,7 @@ pub(super) async fn list_grants(
         (status = 200, description = "Applied: {status: applied, grant: ID}", body = OpStatus),
         (status = 202, description = "Recorded for a run no process drives now: {status: recorded}", body = OpStatus),
         (status = 400, description = "Not a grant", body = ApiError),
-        (status = 403, description = "The caller may not grant", body = ApiError),
+        (status = 403, description = "The caller may not grant, or submitted the run and the operator separates duties (`approval.own_run`)", body = ApiError),
         (status = 404, description = "No such run, or a listed call is unknown", body = ApiError),
         (status = 409, description = "The run has finished; a subgraph's call does not await a decision, or was presented with other params", body = ApiError),
         (status = 422, description = "The grant cannot apply (unknown tool, `when` not a schema)", body = ApiError)))]
@@ -69,6 +69,7 @@ pub(super) async fn create_grant(
         return Err(forbidden("grant approvals"));
     }
     st.readable(&who, &id).await?;
+    st.check_duties(&who, &id).await?;
     let req: GrantRequest = serde_json::from_value(body(b)?).map_err(|e| {
         ApiError::new(
             StatusCode::BAD_REQUEST,

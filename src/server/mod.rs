@@ -22,6 +22,7 @@ mod auth;
 mod cassette;
 mod desk;
 mod error;
+mod floor;
 mod fork;
 mod guard;
 mod list;
@@ -71,6 +72,12 @@ pub struct ServeOptions {
     pub grants: Arc<crate::grants::Grants>,
     /// Goal files the operator publishes by name (`{"agent": NAME, "input": ...}`).
     pub agents: std::collections::BTreeMap<String, PathBuf>,
+    /// The model specs a client may ask for, by published agent (besides the goal's own).
+    pub agent_models: std::collections::BTreeMap<String, Vec<String>>,
+    /// The operator's approval floor (`[approval]` of the config, [`crate::approval::floor`]).
+    pub floor: crate::approval::OperatorFloor,
+    /// A principal may not decide (nor grant) calls of runs it submitted (`approval.own_run`).
+    pub separate_duties: bool,
     /// Where relative paths in submitted goals (scripted-model files) resolve.
     pub base_dir: PathBuf,
     /// The operator's webhook for `approval_requested` notifications (`notify.webhook`).

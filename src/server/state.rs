@@ -44,6 +44,12 @@ pub(super) struct AppState {
     pub grants: Arc<crate::grants::Grants>,
     /// Goal files the operator publishes by name.
     pub agents: BTreeMap<String, PathBuf>,
+    /// The models a client may ask for, by published agent (besides the goal's own).
+    pub agent_models: BTreeMap<String, Vec<String>>,
+    /// The operator's approval floor, narrowed to each run as it is submitted.
+    pub floor: crate::approval::OperatorFloor,
+    /// Separation of duties: nobody decides calls of runs it submitted.
+    pub separate_duties: bool,
     pub base_dir: PathBuf,
     pub(super) live: Mutex<BTreeMap<String, Arc<LiveRun>>>,
     /// Stored runs this server does not continue: started by `dagloop run` (not submitted to a
@@ -92,6 +98,9 @@ impl AppState {
             idempotent_create: tokio::sync::Mutex::new(()),
             grants: opts.grants.clone(),
             agents: opts.agents.clone(),
+            agent_models: opts.agent_models.clone(),
+            floor: opts.floor.clone(),
+            separate_duties: opts.separate_duties,
             base_dir: opts.base_dir.clone(),
             live: Mutex::new(BTreeMap::new()),
             skip: Mutex::new(Default::default()),

@@ -16,16 +16,11 @@ use crate::protocol::Tool;
 /// The built-in activity kinds (a registry may add more with `Registry::register_kind`).
 pub const KINDS: [&str; 4] = ["delegate", "http", "rust", "shell"];
 
-/// The kind a tool's calls run under: its `_activity`, else `delegate` when it has `_delegate`;
-/// None for a latent tool.
 /// The activity kind a tool names: its `_activity`, `delegate` for a `_delegate` tool, none for a
-/// latent tool. The one answer the registry, `validate` and the grants use.
+/// latent tool ([`Tool::kind`]). The one answer the registry, `validate`, the grants and the
+/// approval floor use.
 pub fn kind_of(tool: &Tool) -> Option<&str> {
-    match tool.activity.as_deref() {
-        Some(k) => Some(k),
-        None if tool.schema.contains_key("_delegate") => Some("delegate"),
-        None => None,
-    }
+    tool.kind()
 }
 
 impl Registry {

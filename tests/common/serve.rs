@@ -275,3 +275,34 @@ pub async fn read_events(
     }
     out
 }
+
+/// Reads a run's SSE events (their JSON, each checked against the document) from the start
+/// until `done` holds for the events read so far; fails when the stream ends first or no event
+/// comes for 10 s.
+pub async fn events_until(
+    url: &str,
+    token: Option<&str>,
+    done: impl Fn(&[Value]) -> bool,
+) -> Vec<Value> {
+    let path = reqwest::Url::parse(url).expect("url").path().to_string();
+    let mut rb = client().get(url);
+    if let Some(t) = token {
+        rb = rb.bearer_auth(t);
+    }
+    let r = rb.send().await.expect("events");
+    assert_eq!(r.status().as_u16(), 200);
+    let mut stream = r.bytes_stream().eventsource();
+    let mut out: Vec<Value> = Vec::new();
+    while !done(&out) {
+        let ev = match tokio::time::timeout(Duration::from_secs(10), stream.next()).await {
+            Ok(Some(Ok(ev))) => ev,
+            Ok(Some(Err(e))) => panic!("the event stream broke: {e}"),
+            Ok(None) => panic!("the event stream ended first: {out:?}"),
+            Err(_) => panic!("no event within 10 s: {out:?}"),
+        };
+        let data: Value = serde_json::from_str(&ev.data).expect("event JSON");
+        contract::check_event(&path, &data);
+        out.push(data);
+    }
+    out
+}
