@@ -183,13 +183,14 @@ fn embedded_v4(hi: u16, lo: u16) -> Ipv4Addr {
 }
 
 /// A host entry of [`Egress::hosts`], parsed.
-enum HostRule<'a> {
-    Name(&'a str),
-    Suffix(&'a str),
+pub(super) enum HostRule {
+    /// A name or `*.suffix` ([`name_matches`]).
+    Name,
+    /// An address or a CIDR range.
     Net(IpAddr, u8),
 }
 
-fn rule(entry: &str) -> HostRule<'_> {
+pub(super) fn rule(entry: &str) -> HostRule {
     let entry = entry.trim();
     if let Some((addr, len)) = entry.split_once('/')
         && let (Ok(ip), Ok(len)) = (addr.parse::<IpAddr>(), len.parse::<u8>())
@@ -201,13 +202,11 @@ fn rule(entry: &str) -> HostRule<'_> {
         let len = if ip.is_ipv4() { 32 } else { 128 };
         return HostRule::Net(ip, len);
     }
-    match entry.strip_prefix("*.") {
-        Some(suffix) => HostRule::Suffix(suffix),
-        None => HostRule::Name(entry),
-    }
+    HostRule::Name
 }
 
-fn in_net(ip: IpAddr, net: IpAddr, len: u8) -> bool {
+/// `ip` is in the range `net/len` (IPv4-mapped IPv6 addresses compared as IPv4).
+pub(super) fn in_net(ip: IpAddr, net: IpAddr, len: u8) -> bool {
     let canon = |ip: IpAddr| match ip {
         IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
         v4 => v4,
@@ -232,6 +231,22 @@ fn same_name(a: &str, b: &str) -> bool {
         .eq_ignore_ascii_case(b.trim_end_matches('.'))
 }
 
+/// The host name `name` matches the entry `rule`: the same name (case and a final dot aside),
+/// or, for `*.suffix`, a name below the suffix.
+pub(super) fn name_matches(rule: &str, name: &str) -> bool {
+    let name = name.trim_end_matches('.');
+    match rule.trim().strip_prefix("*.") {
+        Some(suffix) => {
+            let (n, s) = (
+                name.to_ascii_lowercase(),
+                suffix.trim_end_matches('.').to_ascii_lowercase(),
+            );
+            n.len() > s.len() && n.ends_with(&s) && n[..n.len() - s.len()].ends_with('.')
+        }
+        None => same_name(rule.trim(), name),
+    }
+}
+
 impl Egress {
     /// Everything: any scheme the client speaks, host, port and address (the command line's
     /// default, where the user is the operator).
@@ -247,18 +262,9 @@ impl Egress {
         let Some(hosts) = &self.hosts else {
             return true;
         };
-        let name = name.trim_end_matches('.');
-        hosts.iter().any(|h| match rule(h) {
-            HostRule::Name(n) => same_name(n, name),
-            HostRule::Suffix(s) => {
-                let (n, s) = (
-                    name.to_ascii_lowercase(),
-                    s.trim_end_matches('.').to_ascii_lowercase(),
-                );
-                n.len() > s.len() && n.ends_with(&s) && n[..n.len() - s.len()].ends_with('.')
-            }
-            HostRule::Net(..) => false,
-        })
+        hosts
+            .iter()
+            .any(|h| matches!(rule(h), HostRule::Name) && name_matches(h, name))
     }
 
     /// The address is granted explicitly by a `hosts` entry.
@@ -399,11 +405,19 @@ impl reqwest::dns::Resolve for EgressResolver {
 }
 
 /// The redirect policy of a checked client: at most 10 hops, each target checked like the
-/// first URL (its name is resolved through the same resolver when it is connected).
-pub fn redirect_policy(egress: Arc<Egress>) -> reqwest::redirect::Policy {
+/// first URL (its name is resolved through the same resolver when it is connected); with
+/// `same_origin`, only to the first URL's scheme, host and port (a request that carries a
+/// granted secret in a header would carry it to any other host too).
+pub fn redirect_policy(egress: Arc<Egress>, same_origin: bool) -> reqwest::redirect::Policy {
     reqwest::redirect::Policy::custom(move |attempt| {
         if attempt.previous().len() >= 10 {
             return attempt.error("too many redirects");
+        }
+        if same_origin
+            && let Some(first) = attempt.previous().first()
+            && first.origin() != attempt.url().origin()
+        {
+            return attempt.error(super::SecretHostError::Redirect);
         }
         match egress.check_url(attempt.url()) {
             Ok(()) => attempt.follow(),

@@ -7,6 +7,7 @@ use serde_json::{Map, Value, json};
 use std::sync::Arc;
 
 use super::{ActivityError, ActivityFuture, ActivityOutput, fill_template};
+use crate::grants::SecretHosts;
 use crate::grants::egress::{Egress, EgressResolver, redirect_policy};
 use crate::protocol::Tool;
 
@@ -92,23 +93,54 @@ impl HttpConfig {
 #[derive(Clone)]
 pub(super) struct Client {
     http: reqwest::Client,
+    /// The client for requests that carry a granted variable's value: it follows a redirect
+    /// only to the same scheme, host and port (headers would go along to another host).
+    carrying: reqwest::Client,
     egress: Option<Arc<Egress>>,
+    secrets: Option<Arc<SecretHosts>>,
 }
 
 impl Client {
     /// A client with dagloop's TLS set-up (`crate::net`); with `egress`, names are resolved by
     /// the grant's resolver (only granted addresses are connected to), redirects are checked,
-    /// and no proxy is used (a proxy would connect on the run's behalf, unchecked).
-    pub(super) fn new(egress: Option<Arc<Egress>>) -> Result<Client, String> {
-        let mut b = crate::net::builder();
-        if let Some(e) = egress.as_ref().filter(|e| !e.is_open()) {
-            b = b
-                .dns_resolver(EgressResolver::new(e.clone()))
-                .redirect(redirect_policy(e.clone()))
-                .no_proxy();
-        }
-        let http = b.build().map_err(|e| e.to_string())?;
-        Ok(Client { http, egress })
+    /// and no proxy is used (a proxy would connect on the run's behalf, unchecked). With
+    /// `secrets`, a request carrying a `${VAR}` value goes only where the variable is granted.
+    pub(super) fn new(
+        egress: Option<Arc<Egress>>,
+        secrets: Option<Arc<SecretHosts>>,
+    ) -> Result<Client, String> {
+        let build = |same_origin: bool| {
+            let mut b = crate::net::builder();
+            let checked = egress.as_ref().filter(|e| !e.is_open());
+            if let Some(e) = checked {
+                b = b.dns_resolver(EgressResolver::new(e.clone())).no_proxy();
+            }
+            let policy = match checked {
+                Some(e) => Some(redirect_policy(e.clone(), same_origin)),
+                None if same_origin => Some(redirect_policy(Arc::new(Egress::open()), true)),
+                None => None,
+            };
+            if let Some(p) = policy {
+                b = b.redirect(p);
+            }
+            if same_origin {
+                b = b.no_proxy();
+            }
+            b.build().map_err(|e| e.to_string())
+        };
+        let secrets = secrets.filter(|s| !s.is_open());
+        let http = build(false)?;
+        let carrying = if secrets.is_some() {
+            build(true)?
+        } else {
+            http.clone()
+        };
+        Ok(Client {
+            http,
+            carrying,
+            egress,
+            secrets,
+        })
     }
 
     pub(super) fn run(
@@ -117,8 +149,19 @@ impl Client {
         tool: String,
         params: Map<String, Value>,
     ) -> ActivityFuture {
-        let client = self.http.clone();
+        let carried: Vec<String> = std::iter::once(cfg.url.as_str())
+            .chain(cfg.headers.values().map(String::as_str))
+            .flat_map(super::env_placeholders)
+            .map(str::to_string)
+            .collect();
+        let carrying = self.secrets.is_some() && !carried.is_empty();
+        let client = if carrying {
+            self.carrying.clone()
+        } else {
+            self.http.clone()
+        };
         let egress = self.egress.clone();
+        let secrets = self.secrets.clone();
         Box::pin(async move {
             let config_err = |reason: String| ActivityError::Config {
                 tool: tool.clone(),
@@ -129,6 +172,21 @@ impl Client {
             let base =
                 super::fill_env(&cfg.url).map_err(|e| config_err(format!("`_http.url`: {e}")))?;
             let url = fill_template(&base, &params, true);
+            if let Some(s) = &secrets {
+                // Before anything else looks at the URL: its host may carry a value.
+                let refused = |e: crate::grants::SecretHostError| ActivityError::Failed {
+                    message: e.to_string(),
+                    details: json!({"code": e.code()}),
+                };
+                if !carried.is_empty() {
+                    let parsed = reqwest::Url::parse(&url).map_err(|_| ActivityError::Failed {
+                        message: "the request was not sent: its URL does not parse".into(),
+                        details: json!({"code": "grant.egress_url"}),
+                    })?;
+                    s.check(carried.iter().map(String::as_str), &parsed)
+                        .map_err(refused)?;
+                }
+            }
             if let Some(e) = &egress {
                 e.check_str(&url).map_err(|e| ActivityError::Failed {
                     message: format!("the request was not sent: {e}"),
@@ -212,6 +270,12 @@ fn transport(e: &reqwest::Error, timeout_s: f64) -> ActivityError {
         if let Some(refused) = s.downcast_ref::<crate::grants::EgressError>() {
             return ActivityError::Failed {
                 message: format!("the request was not sent: {refused}"),
+                details: json!({"code": refused.code()}),
+            };
+        }
+        if let Some(refused) = s.downcast_ref::<crate::grants::SecretHostError>() {
+            return ActivityError::Failed {
+                message: refused.to_string(),
                 details: json!({"code": refused.code()}),
             };
         }

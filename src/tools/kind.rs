@@ -57,14 +57,19 @@ fn fail(e: ActivityError) -> ActivityFuture {
 pub(super) struct HttpKind {
     client: OnceLock<Result<http::Client, String>>,
     egress: Option<Arc<crate::grants::Egress>>,
+    secrets: Option<Arc<crate::grants::SecretHosts>>,
 }
 
 impl HttpKind {
-    /// A kind whose requests `egress` checks.
-    pub(super) fn with_egress(egress: Arc<crate::grants::Egress>) -> HttpKind {
+    /// A kind whose requests `egress` checks, and `secrets` those that carry a `${VAR}` value.
+    pub(super) fn with_grants(
+        egress: Option<Arc<crate::grants::Egress>>,
+        secrets: Option<Arc<crate::grants::SecretHosts>>,
+    ) -> HttpKind {
         HttpKind {
             client: OnceLock::new(),
-            egress: Some(egress),
+            egress,
+            secrets,
         }
     }
 }
@@ -82,7 +87,7 @@ impl ActivityKind for HttpKind {
                 }
                 match self
                     .client
-                    .get_or_init(|| http::Client::new(self.egress.clone()))
+                    .get_or_init(|| http::Client::new(self.egress.clone(), self.secrets.clone()))
                 {
                     Ok(client) => client.run(cfg, tool.name.clone(), call.params),
                     Err(e) => fail(ActivityError::Config {
