@@ -187,6 +187,7 @@ codes! {
     "http.bad_host" => "The request's Host header is not one the server answers (DNS rebinding protection).",
     "http.bad_idempotency_key" => "The `Idempotency-Key` header is empty, too long, or not printable ASCII.",
     "http.bad_wait" => "The `wait` parameter is not a number of seconds the server accepts.",
+    "http.idempotency_key_reused" => "An `Idempotency-Key` was used before with another body: use a new key for a new run.",
     "http.resolve" => "An http tool's host name did not resolve.",
     "http.too_large" => "An http tool's response is larger than its `max_bytes` (or the hard cap).",
     "http.transport" => "An http tool's request failed before a response (connection refused, TLS, reset).",

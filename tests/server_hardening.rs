@@ -5,9 +5,20 @@
 //! - Secrets go where they are granted: a variable bound to host A is not sent to host B (in the
 //!   URL, in a header, or by A's redirect), while A receives it; a variable granted by name alone
 //!   is sent nowhere by a server.
+//! - The page in another site's frame does not render (Chromium); every answer forbids framing.
+//! - Tickets travel in a cookie or a header, never the URL, and open a stream once.
+//! - An `Idempotency-Key` reused with another body gets 422.
+//! - `/metrics` is for `admin` and `metrics` principals only.
+//! - Two `Host` headers are refused.
+//! - Names a goal chose are escaped in the Slack message.
+//! - A granted internal address without a port list is granted on 80 and 443 only.
 
 #[path = "common/bin.rs"]
 mod bin;
+#[path = "common/browser.rs"]
+mod browser;
+#[path = "common/desk.rs"]
+mod desk;
 #[path = "common/serve.rs"]
 mod serve;
 
@@ -15,7 +26,7 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 use serde_json::{Value, json};
-use serve::{Server, client, send, until};
+use serve::{Server, client, counting_service, goal, refused, send, until};
 
 /// What a recording service was sent: one line per request, its path and query, then each
 /// header as `name: value`.
@@ -119,7 +130,7 @@ async fn a_secret_bound_to_one_host_is_never_sent_to_another() {
         dir.path(),
         &format!(
             "[grants]\nenv = [{{name = \"DAGLOOP_T47_KEY\", hosts = [\"127.0.0.1:{a}\"]}}]\n\
-             [grants.egress]\nhosts = [\"127.0.0.1\"]\n"
+             [grants.egress]\nhosts = [\"127.0.0.1\"]\nports = [{a}, {b}]\n"
         ),
         &[("DAGLOOP_T47_KEY", SECRET)],
     );
@@ -168,7 +179,9 @@ async fn a_secret_granted_by_name_alone_is_sent_nowhere_by_a_server() {
     let (a, seen_a) = recording_service().await;
     let s = serve_with(
         dir.path(),
-        "[grants]\nenv = [\"DAGLOOP_T47_KEY\"]\n[grants.egress]\nhosts = [\"127.0.0.1\"]\n",
+        &format!(
+            "[grants]\nenv = [\"DAGLOOP_T47_KEY\"]\n[grants.egress]\nhosts = [\"127.0.0.1\"]\nports = [{a}]\n"
+        ),
         &[("DAGLOOP_T47_KEY", SECRET)],
     );
     let goal = json!({"goal": "x", "output_schema": {"type": "object"},
@@ -186,4 +199,338 @@ async fn a_secret_granted_by_name_alone_is_sent_nowhere_by_a_server() {
     let got = seen_a.lock().expect("seen").clone();
     assert!(got.iter().all(|l| !l.contains(SECRET)), "{got:?}");
     assert_eq!(got.len(), 1, "{got:?}");
+}
+
+/// The page on a token-less loopback server, framed by a page of another origin (the
+/// clickjacking set-up: one key press in the frame approved a call): the browser does not render
+/// it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_page_in_a_foreign_frame_does_not_render() {
+    let Some(session) = browser::session().await else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("tmp");
+    let s = Server::start(&dir.path().join("runs.db"), None);
+    // The page itself renders when opened directly.
+    let c = &session.c;
+    c.goto(&s.url("/")).await.expect("open the page");
+    browser::until(
+        c,
+        "the page",
+        "return document.querySelector('#notice') !== null",
+    )
+    .await;
+    let framing = format!(
+        r#"<!doctype html><title>another site</title>
+<iframe id="f" src="{}/" width="800" height="600"></iframe>
+<script>document.getElementById("f").addEventListener("load", () => {{ window.loaded = true; }});</script>"#,
+        s.base
+    );
+    let app = axum::Router::new().route(
+        "/",
+        axum::routing::get(move || {
+            let page = framing.clone();
+            async move { axum::response::Html(page) }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let other = format!("http://{}/", listener.local_addr().expect("addr"));
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    c.goto(&other).await.expect("open the other site's page");
+    browser::until(c, "the frame loaded", "return window.loaded === true").await;
+    c.clone().enter_frame(0).await.expect("enter the frame");
+    let inside = browser::eval(
+        c,
+        "return {href: location.href, title: document.title, page: document.querySelector('#notice') !== null}",
+    )
+    .await;
+    assert_eq!(
+        inside["page"], false,
+        "the page rendered in the frame: {inside}"
+    );
+    assert_ne!(inside["title"], "dagloop · reviewer", "{inside}");
+    c.clone().close().await.expect("close the browser");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_answer_forbids_framing() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let s = Server::start(&dir.path().join("runs.db"), Some("t0ken"));
+    for (path, token) in [
+        ("/", None),
+        ("/app.js", None),
+        ("/runs", Some("t0ken")),
+        ("/runs", None),
+    ] {
+        let mut rb = client().get(s.url(path));
+        if let Some(t) = token {
+            rb = rb.bearer_auth(t);
+        }
+        let r = rb.send().await.expect("answer");
+        let h = r.headers();
+        assert_eq!(h["x-frame-options"], "DENY", "{path}");
+        assert_eq!(
+            h["content-security-policy"], "frame-ancestors 'none'",
+            "{path}"
+        );
+    }
+}
+
+/// Submits the two-step goal (asked about) as `token`; the run id.
+async fn waiting_run(s: &Server, dir: &Path, token: &str) -> String {
+    let (url, _) = counting_service().await;
+    let (st, v) = send(
+        client()
+            .post(s.url("/runs"))
+            .bearer_auth(token)
+            .json(&goal(dir, &url, "ask")),
+    )
+    .await;
+    assert_eq!(st, 201, "{v}");
+    v["id"].as_str().expect("id").to_string()
+}
+
+/// The status of `GET url` with `headers` (an event stream that opens is not read).
+async fn status_of(url: &str, headers: &[(&str, &str)]) -> u16 {
+    let mut rb = client().get(url);
+    for (k, v) in headers {
+        rb = rb.header(*k, *v);
+    }
+    rb.send().await.expect("answer").status().as_u16()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ticket_travels_in_a_cookie_or_a_header_never_the_url_and_opens_a_stream_once() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let s = Server::start(&dir.path().join("runs.db"), Some("t0ken"));
+    let id = waiting_run(&s, dir.path(), "t0ken").await;
+    let events = s.url(&format!("/runs/{id}/events"));
+    let ticket = || async {
+        let r = client()
+            .post(s.url("/tickets"))
+            .bearer_auth("t0ken")
+            .json(&json!({"run": id}))
+            .send()
+            .await
+            .expect("ticket");
+        assert_eq!(r.status().as_u16(), 200);
+        let cookie = r.headers()["set-cookie"]
+            .to_str()
+            .expect("cookie")
+            .to_string();
+        let v: Value = r.json().await.expect("json");
+        (v["ticket"].as_str().expect("ticket").to_string(), cookie)
+    };
+    // The cookie: that run's events only, not for scripts, not for other sites.
+    let (t, cookie) = ticket().await;
+    assert!(
+        cookie.starts_with(&format!("dagloop_ticket={t};")),
+        "{cookie}"
+    );
+    for part in [
+        &format!("Path=/runs/{id}/events") as &str,
+        "HttpOnly",
+        "SameSite=Strict",
+        "Max-Age=60",
+    ] {
+        assert!(cookie.contains(part), "{part}: {cookie}");
+    }
+    // In the URL it opens nothing, even unused.
+    refused(
+        send(client().get(format!("{events}?ticket={t}"))).await,
+        401,
+        "auth.ticket",
+    );
+    // As the cookie, once.
+    let as_cookie = format!("dagloop_ticket={t}");
+    assert_eq!(status_of(&events, &[("cookie", &as_cookie)]).await, 200);
+    assert_eq!(status_of(&events, &[("cookie", &as_cookie)]).await, 401);
+    // As the header, once.
+    let (t, _) = ticket().await;
+    assert_eq!(status_of(&events, &[("x-dagloop-ticket", &t)]).await, 200);
+    refused(
+        send(client().get(&events).header("x-dagloop-ticket", &t)).await,
+        401,
+        "auth.ticket",
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idempotency_key_reused_with_another_body_is_refused() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let (url, _) = counting_service().await;
+    let s = Server::start(&dir.path().join("runs.db"), None);
+    let first = goal(dir.path(), &url, "ask");
+    let post = |body: &Value| {
+        client()
+            .post(s.url("/runs"))
+            .header("idempotency-key", "k-47")
+            .json(body)
+    };
+    let (st, v) = send(post(&json!({"goal": first}))).await;
+    assert_eq!(st, 201, "{v}");
+    let id = v["id"].clone();
+    // The same body, keys in another order and a `wait` added: the first run.
+    let mut same = json!({"goal": first});
+    same["wait"] = json!(0);
+    let (st, v) = send(post(&same)).await;
+    assert_eq!((st, &v["id"]), (200, &id), "{v}");
+    // Another body: refused, and no second run.
+    let mut other = first.clone();
+    other["goal"] = json!("another goal");
+    refused(
+        send(post(&json!({"goal": other}))).await,
+        422,
+        "http.idempotency_key_reused",
+    );
+    let (_, list) = send(client().get(s.url("/runs"))).await;
+    assert_eq!(list.as_array().map(Vec::len), Some(1), "{list}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_are_for_admins_and_the_metrics_role_only() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let p = |name: &str, roles: &[&str]| {
+        json!({"name": name,
+        "token_sha256": dagloop::server::token_sha256(&format!("token-of-{name}")), "roles": roles})
+    };
+    let cfg = dir.path().join("dagloop.json");
+    std::fs::write(
+        &cfg,
+        json!({"principals": [p("ci", &["submit"]), p("alice", &["review"]),
+                              p("root", &["admin"]), p("scraper", &["metrics"])]})
+        .to_string(),
+    )
+    .expect("config");
+    let s = Server::start_config(&dir.path().join("runs.db"), &cfg, None, |_| {});
+    let get = |path: &str, who: &str| {
+        client()
+            .get(s.url(path))
+            .bearer_auth(format!("token-of-{who}"))
+    };
+    for who in ["ci", "alice"] {
+        let r = get("/metrics", who).send().await.expect("answer");
+        assert_eq!(r.status().as_u16(), 403, "{who}");
+    }
+    for who in ["root", "scraper"] {
+        let r = get("/metrics", who).send().await.expect("answer");
+        assert_eq!(r.status().as_u16(), 200, "{who}");
+        assert!(r.text().await.expect("text").contains("dagloop_"), "{who}");
+    }
+    // The metrics role does nothing else: it submits nothing and sees no run.
+    let (st, _) = send(
+        client()
+            .post(s.url("/runs"))
+            .bearer_auth("token-of-scraper")
+            .json(&json!({"goal": {"goal": "x"}})),
+    )
+    .await;
+    assert_eq!(st, 403);
+    let (st, list) = send(get("/runs", "scraper")).await;
+    assert_eq!((st, list), (200, json!([])));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_host_headers_are_refused() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let dir = tempfile::tempdir().expect("tmp");
+    let s = Server::start(&dir.path().join("runs.db"), None);
+    let addr = s.base.trim_start_matches("http://").to_string();
+    let status = |hosts: &'static [&'static str]| {
+        let addr = addr.clone();
+        async move {
+            let mut tcp = tokio::net::TcpStream::connect(&addr)
+                .await
+                .expect("connect");
+            let mut req = "GET /runs HTTP/1.1\r\n".to_string();
+            for h in hosts {
+                req.push_str(&format!("Host: {h}\r\n"));
+            }
+            req.push_str("Connection: close\r\n\r\n");
+            tcp.write_all(req.as_bytes()).await.expect("write");
+            let mut out = Vec::new();
+            tcp.read_to_end(&mut out).await.expect("read");
+            let text = String::from_utf8_lossy(&out).to_string();
+            text.split(' ').nth(1).unwrap_or("").to_string()
+        }
+    };
+    assert_eq!(status(&["localhost"]).await, "200");
+    assert_eq!(status(&["localhost", "evil.example"]).await, "400");
+    assert_eq!(status(&["evil.example", "localhost"]).await, "400");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn names_a_goal_chose_are_escaped_in_the_slack_message() {
+    let hook = desk::receiver(0).await;
+    let (url, _) = counting_service().await;
+    let dir = tempfile::tempdir().expect("tmp");
+    let mut config: Value =
+        serde_json::from_str(&std::fs::read_to_string(bin::open_config()).expect("config"))
+            .expect("json");
+    config["notify"] = json!({"webhook": {"url": hook.url, "page_url": "http://desk.example"}});
+    let cfg = dir.path().join("config.json");
+    std::fs::write(&cfg, config.to_string()).expect("config");
+    let s = Server::start_config(&dir.path().join("runs.db"), &cfg, None, |_| {});
+    let mut g = goal(dir.path(), &url, "auto");
+    let evil = "<!channel> <https://evil.example|Open the reviewer's page> & more";
+    g["approval"]["rules"] = json!([{"name": evil, "tool": "*", "decision": "ask"}]);
+    let (st, v) = send(client().post(s.url("/runs")).json(&json!({"goal": g}))).await;
+    assert_eq!(st, 201, "{v}");
+    let mut got = Vec::new();
+    for _ in 0..600 {
+        got = hook
+            .got
+            .lock()
+            .expect("got")
+            .iter()
+            .map(|(_, b)| b.clone())
+            .collect();
+        if !got.is_empty() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let body = got.first().unwrap_or_else(|| panic!("no notification"));
+    for text in [&body["text"], &body["blocks"][0]["text"]["text"]] {
+        let text = text.as_str().expect("text");
+        assert!(!text.contains("<!channel>"), "{text}");
+        assert!(!text.contains("<https://evil.example"), "{text}");
+        assert!(text.contains("&lt;!channel&gt;"), "{text}");
+        assert!(text.contains("&amp; more"), "{text}");
+    }
+    // The reviewer's link is still a link.
+    assert!(
+        body["blocks"][0]["text"]["text"]
+            .as_str()
+            .is_some_and(|t| t.contains("<http://desk.example/?run=")),
+        "{body}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_granted_internal_address_without_ports_is_granted_on_80_and_443_only() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let (a, seen) = recording_service().await;
+    let s = serve_with(
+        dir.path(),
+        "[grants.egress]\nhosts = [\"127.0.0.1\", \"localhost\", \"::1\"]\n",
+        &[],
+    );
+    // A literal address on another port: refused where the run is defined.
+    let literal = json!({"goal": "x", "output_schema": {"type": "object"},
+        "model": script_calling(dir.path(), &["to_a"]),
+        "tools": [get_tool("to_a", &format!("http://127.0.0.1:{a}/x"), json!({}))]});
+    let (st, v) = send(client().post(s.url("/runs")).json(&literal)).await;
+    assert_eq!((st, v["code"].as_str()), (400, Some("grant.egress")), "{v}");
+    // A name that resolves there: the call fails, nothing connects.
+    let named = json!({"goal": "x", "output_schema": {"type": "object"},
+        "model": script_calling(dir.path(), &["to_a"]),
+        "tools": [get_tool("to_a", &format!("http://localhost:{a}/x"), json!({}))]});
+    let run = run_to_end(&s, &named).await;
+    let c = call_of(&run, "to_a");
+    assert_eq!(c["status"], "error", "{c}");
+    assert!(c["error"].to_string().contains("grant.egress"), "{c}");
+    assert!(seen.lock().expect("seen").is_empty());
 }

@@ -4,7 +4,7 @@ use futures::StreamExt;
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use super::{ActivityError, ActivityFuture, ActivityOutput, fill_template};
 use crate::grants::SecretHosts;
@@ -92,10 +92,10 @@ impl HttpConfig {
 
 #[derive(Clone)]
 pub(super) struct Client {
-    http: reqwest::Client,
-    /// The client for requests that carry a granted variable's value: it follows a redirect
-    /// only to the same scheme, host and port (headers would go along to another host).
-    carrying: reqwest::Client,
+    /// The HTTP clients, by (the request carries a granted variable's value, its port is 80
+    /// or 443), each made on first use: a resolver does not see the port, and a request that
+    /// carries a secret follows redirects only to the same origin (headers go along).
+    clients: Arc<[OnceLock<Result<reqwest::Client, String>>; 4]>,
     egress: Option<Arc<Egress>>,
     secrets: Option<Arc<SecretHosts>>,
 }
@@ -105,42 +105,47 @@ impl Client {
     /// the grant's resolver (only granted addresses are connected to), redirects are checked,
     /// and no proxy is used (a proxy would connect on the run's behalf, unchecked). With
     /// `secrets`, a request carrying a `${VAR}` value goes only where the variable is granted.
-    pub(super) fn new(
-        egress: Option<Arc<Egress>>,
-        secrets: Option<Arc<SecretHosts>>,
-    ) -> Result<Client, String> {
-        let build = |same_origin: bool| {
-            let mut b = crate::net::builder();
-            let checked = egress.as_ref().filter(|e| !e.is_open());
-            if let Some(e) = checked {
-                b = b.dns_resolver(EgressResolver::new(e.clone())).no_proxy();
-            }
-            let policy = match checked {
-                Some(e) => Some(redirect_policy(e.clone(), same_origin)),
-                None if same_origin => Some(redirect_policy(Arc::new(Egress::open()), true)),
-                None => None,
-            };
-            if let Some(p) = policy {
-                b = b.redirect(p);
-            }
-            if same_origin {
-                b = b.no_proxy();
-            }
-            b.build().map_err(|e| e.to_string())
-        };
-        let secrets = secrets.filter(|s| !s.is_open());
-        let http = build(false)?;
-        let carrying = if secrets.is_some() {
-            build(true)?
-        } else {
-            http.clone()
-        };
-        Ok(Client {
-            http,
-            carrying,
-            egress,
-            secrets,
-        })
+    pub(super) fn new(egress: Option<Arc<Egress>>, secrets: Option<Arc<SecretHosts>>) -> Client {
+        Client {
+            clients: Default::default(),
+            egress: egress.filter(|e| !e.is_open()),
+            secrets: secrets.filter(|s| !s.is_open()),
+        }
+    }
+
+    /// The client for a request that carries a secret or not, on a standard port or not.
+    fn client(&self, carrying: bool, standard_port: bool) -> Result<reqwest::Client, String> {
+        // Without a grant to tell them apart, one client serves every request.
+        let carrying = carrying && self.secrets.is_some();
+        let standard_port = standard_port
+            || !self
+                .egress
+                .as_ref()
+                .is_some_and(|e| e.internal_ports_limited());
+        let slot = usize::from(carrying) * 2 + usize::from(standard_port);
+        self.clients[slot]
+            .get_or_init(|| {
+                let mut b = crate::net::builder();
+                if let Some(e) = &self.egress {
+                    b = b
+                        .dns_resolver(EgressResolver::new(e.clone(), standard_port))
+                        .no_proxy();
+                }
+                let policy = match &self.egress {
+                    Some(e) => Some(redirect_policy(e.clone(), carrying, standard_port)),
+                    None if carrying => Some(redirect_policy(
+                        Arc::new(Egress::open()),
+                        true,
+                        standard_port,
+                    )),
+                    None => None,
+                };
+                if let Some(p) = policy {
+                    b = b.redirect(p);
+                }
+                b.build().map_err(|e| e.to_string())
+            })
+            .clone()
     }
 
     pub(super) fn run(
@@ -154,15 +159,9 @@ impl Client {
             .flat_map(super::env_placeholders)
             .map(str::to_string)
             .collect();
-        let carrying = self.secrets.is_some() && !carried.is_empty();
-        let client = if carrying {
-            self.carrying.clone()
-        } else {
-            self.http.clone()
-        };
-        let egress = self.egress.clone();
-        let secrets = self.secrets.clone();
+        let this = self.clone();
         Box::pin(async move {
+            let (egress, secrets) = (&this.egress, &this.secrets);
             let config_err = |reason: String| ActivityError::Config {
                 tool: tool.clone(),
                 reason,
@@ -203,6 +202,11 @@ impl Client {
                 .filter(|(k, _)| !used.contains(k))
                 .map(|(k, v)| (k.clone(), v.clone()))
                 .collect();
+            let standard_port =
+                reqwest::Url::parse(&url).is_ok_and(|u| crate::grants::egress::standard_port(&u));
+            let client = this
+                .client(!carried.is_empty(), standard_port)
+                .map_err(|e| config_err(format!("the HTTP client could not be built: {e}")))?;
             let mut req = client.request(method.clone(), &url).timeout(
                 crate::duration::seconds("_http.timeout_s", cfg.timeout_s.max(0.001))
                     .map_err(|e| config_err(e.to_string()))?,
