@@ -534,3 +534,117 @@ async fn a_granted_internal_address_without_ports_is_granted_on_80_and_443_only(
     assert!(c["error"].to_string().contains("grant.egress"), "{c}");
     assert!(seen.lock().expect("seen").is_empty());
 }
+
+/// The server's host name as `store::new_owner_id` reads it.
+fn host_name() -> String {
+    std::env::var("HOSTNAME")
+        .ok()
+        .or_else(|| std::fs::read_to_string("/etc/hostname").ok())
+        .map(|h| h.trim().to_string())
+        .unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn answers_carry_no_host_name_pid_or_working_directory() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let (url, _) = counting_service().await;
+    let store = dir.path().join("runs.db");
+    let a = Server::start_with(&store, None, |c| {
+        c.current_dir(dir.path());
+    });
+    // A second server on the same store: the run is A's; B answers about it too.
+    let b = Server::start_with(&store, None, |c| {
+        c.current_dir(dir.path());
+    });
+    let id = waiting_run_open(&a, dir.path(), &url).await;
+    let mut answers = Vec::new();
+    for s in [&a, &b] {
+        answers.push(
+            send(
+                client()
+                    .post(s.url(&format!("/runs/{id}/approvals/1")))
+                    .json(&json!({"decision": "approve"})),
+            )
+            .await,
+        );
+        answers.push(send(client().get(s.url(&format!("/runs/{id}")))).await);
+        answers.push(send(client().get(s.url("/runs"))).await);
+    }
+    // The run list names who drives the run (A, by its owner id), nothing more.
+    assert!(
+        answers.iter().any(|(_, v)| v[0]["owner"].is_string()),
+        "{answers:?}"
+    );
+    let cwd = dir.path().canonicalize().expect("dir");
+    let host = host_name();
+    let pid = format!("pid {}", a.child.id());
+    for (_, v) in &answers {
+        let text = v.to_string();
+        assert!(!text.contains(&pid), "{text}");
+        assert!(host.is_empty() || !text.contains(&host), "{host}: {text}");
+        assert!(!text.contains(&cwd.display().to_string()), "{text}");
+        assert!(!text.contains(&dir.path().display().to_string()), "{text}");
+    }
+}
+
+/// [`waiting_run`] on a server without tokens.
+async fn waiting_run_open(s: &Server, dir: &Path, url: &str) -> String {
+    let (st, v) = send(client().post(s.url("/runs")).json(&goal(dir, url, "ask"))).await;
+    assert_eq!(st, 201, "{v}");
+    let id = v["id"].as_str().expect("id").to_string();
+    until(s, &id, |v| {
+        !v["awaiting"].as_array().is_none_or(Vec::is_empty)
+    })
+    .await;
+    id
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn values_from_files_are_never_echoed_in_errors() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let s = serve_with(dir.path(), "", &[]);
+    std::fs::write(
+        dir.path().join("secret.json"),
+        r#"{"password": "hunter2-47"}"#,
+    )
+    .expect("w");
+    std::fs::write(dir.path().join("arr.json"), r#"["hunter3-47"]"#).expect("w");
+    std::fs::write(dir.path().join("plain.txt"), "hunter4-47 is here").expect("w");
+    let script = script_calling(dir.path(), &["ask"]);
+    let mut answers = Vec::new();
+    for model in [
+        "scripted:secret.json",
+        "scripted:arr.json",
+        "scripted:plain.txt",
+    ] {
+        let g = json!({"goal": "x", "model": model, "output_schema": {"type": "object"}});
+        answers.push(send(client().post(s.url("/runs")).json(&g)).await);
+    }
+    for target in ["secret.json", "arr.json", "plain.txt"] {
+        let g = json!({"goal": "x", "model": script, "output_schema": {"type": "object"},
+            "tools": [{"_tool": "ask", "_delegate": target, "type": "object", "properties": {}}]});
+        let (st, v) = send(client().post(s.url("/runs")).json(&g)).await;
+        if st == 201 {
+            let id = v["id"].as_str().expect("id").to_string();
+            let run = until(&s, &id, |v| {
+                !matches!(v["status"].as_str(), Some("running" | "stopped"))
+            })
+            .await;
+            answers.push((200, run));
+        } else {
+            answers.push((st, v));
+        }
+    }
+    let cwd = dir
+        .path()
+        .canonicalize()
+        .expect("dir")
+        .display()
+        .to_string();
+    for (st, v) in &answers {
+        let text = v.to_string();
+        for secret in ["hunter2-47", "hunter3-47", "hunter4-47", "password", &cwd] {
+            assert!(!text.contains(secret), "{st} {secret}: {text}");
+        }
+    }
+}
