@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::grants::{Egress, EnvGrant, FileRoots, Grants};
+use crate::grants::{Egress, EnvGrant, FileRoots, Grants, SecretHosts};
 
 /// The configuration file could not be used.
 #[derive(Debug, thiserror::Error)]
@@ -67,9 +67,10 @@ pub struct GrantsConfig {
     /// `false`: goals name the servers of `mcp_servers`.
     #[serde(default)]
     pub goal_mcp_servers: bool,
-    /// Environment variables goals may read (`env` in a goal). Default: none.
+    /// Environment variables goals may read (`env` in a goal), each a name or `{name, hosts}`
+    /// naming where its value may be sent. Default: none.
     #[serde(default)]
-    pub env: BTreeSet<String>,
+    pub env: Vec<EnvEntry>,
     /// Where `http` tools may connect. Default: public addresses over http and https.
     #[serde(default)]
     pub egress: Egress,
@@ -77,6 +78,39 @@ pub struct GrantsConfig {
     /// directory of the process.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub files: Option<Vec<PathBuf>>,
+}
+
+/// One variable of `grants.env`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum EnvEntry {
+    /// A name: goals may read it; under `serve` and `worker` its value is sent to no address
+    /// (an `http` request carrying it is refused, `grant.env_host`); on the command line, where
+    /// the user is the operator, anywhere the egress grant reaches.
+    Name(String),
+    /// A name and where its value may be sent.
+    Bound(EnvBinding),
+}
+
+/// `{name, hosts}` in `grants.env`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EnvBinding {
+    /// The variable.
+    pub name: String,
+    /// Where a request may carry its value: `host[:port]`, the host a name, `*.suffix`, an
+    /// address or a CIDR range (`crate::grants::secrets`).
+    pub hosts: Vec<String>,
+}
+
+impl EnvEntry {
+    /// The variable's name.
+    pub fn name(&self) -> &str {
+        match self {
+            EnvEntry::Name(n) => n,
+            EnvEntry::Bound(b) => &b.name,
+        }
+    }
 }
 
 /// How long finished runs are kept (`[store]`): ages as `30d`, `12h`, `45m`, `10s`. `dagloop
@@ -328,12 +362,23 @@ impl Config {
                 "mcp_servers: this dagloop was built without the `mcp` feature".into(),
             ));
         }
+        let mut names = BTreeSet::new();
+        let mut bound = BTreeMap::new();
+        for e in &g.env {
+            if !names.insert(e.name().to_string()) {
+                return Err(invalid(format!("grants.env: `{}` is listed twice", e.name())));
+            }
+            if let EnvEntry::Bound(b) = e {
+                bound.insert(b.name.clone(), b.hosts.clone());
+            }
+        }
         Ok(Grants {
             kinds: Some(kinds),
             goal_mcp_servers: g.goal_mcp_servers,
             #[cfg(feature = "mcp")]
             mcp_servers,
-            env: EnvGrant::Only(g.env.clone()),
+            env: EnvGrant::Only(names),
+            secrets: SecretHosts::bound(bound),
             egress: g.egress.clone(),
             files,
         })

@@ -219,21 +219,24 @@ pub fn approval_body(
     page: &str,
 ) -> Value {
     let link = (!page.is_empty()).then(|| format!("{page}/?run={run}&call={call}"));
-    let mut text = format!("dagloop: call c{call} (`{tool}`) of run {run} awaits approval");
+    // Slack reads `text` and the section as mrkdwn: names a goal chose are escaped so they
+    // cannot make a link (`<https://x|label>`) or a mention (`<!channel>`).
+    let (tool_m, run_m) = (mrkdwn_escape(tool), mrkdwn_escape(run));
+    let mut text = format!("dagloop: call c{call} (`{tool_m}`) of run {run_m} awaits approval");
     if interrupted {
         text.push_str(" (interrupted by a restart)");
     }
     if let Some(r) = rule {
-        text.push_str(&format!(", asked by {r}"));
+        text.push_str(&format!(", asked by {}", mrkdwn_escape(r)));
     }
-    let (plain, mrkdwn) = match &link {
+    let (plain, mrkdwn) = match link.as_deref().map(mrkdwn_escape) {
         Some(l) => (
             format!("{text}: {l}"),
             format!("{text}\n<{l}|Open the reviewer's page>"),
         ),
         None => (
-            format!("{text} (decide with `dagloop decide {run} {call} ...`)"),
-            format!("{text}\n`dagloop decide {run} {call} approve`"),
+            format!("{text} (decide with `dagloop decide {run_m} {call} ...`)"),
+            format!("{text}\n`dagloop decide {run_m} {call} approve`"),
         ),
     };
     json!({
@@ -248,6 +251,13 @@ pub fn approval_body(
         "tool": tool,
         "link": link,
     })
+}
+
+/// `text` with Slack's control characters escaped (`&`, `<`, `>`), as Slack's mrkdwn wants.
+pub fn mrkdwn_escape(text: &str) -> String {
+    text.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
 }
 
 async fn deliver(

@@ -301,25 +301,28 @@ async fn a_ticket_opens_only_the_events_of_its_run() {
         format!("/runs/{a}"),
         format!("/runs/{a}/approvals"),
     ] {
-        let (st, e) =
-            send_no_stream(client().get(format!("{}?ticket={ticket}", s.url(&path)))).await;
+        let (st, e) = send_no_stream(
+            client()
+                .get(s.url(&path))
+                .header("x-dagloop-ticket", ticket),
+        )
+        .await;
         assert_eq!(st, 401, "{path}: {e}");
     }
     refused(
-        send_no_stream(client().get(format!(
-            "{}?ticket={ticket}",
-            s.url(&format!("/runs/{b}/events"))
-        )))
+        send_no_stream(
+            client()
+                .get(s.url(&format!("/runs/{b}/events")))
+                .header("x-dagloop-ticket", ticket),
+        )
         .await,
         401,
         "auth.ticket",
     );
     // It opens A's events.
     let r = client()
-        .get(format!(
-            "{}?ticket={ticket}",
-            s.url(&format!("/runs/{a}/events"))
-        ))
+        .get(s.url(&format!("/runs/{a}/events")))
+        .header("x-dagloop-ticket", ticket)
         .send()
         .await
         .expect("events");

@@ -60,7 +60,15 @@ fn grants_for(
 ) -> Result<Arc<crate::grants::Grants>, CliError> {
     let cwd = std::env::current_dir().unwrap_or_default();
     let mut grants = match config {
-        Some(c) => c.grants(&cwd).map_err(|e| CliError::new(e.code(), e))?,
+        Some(c) => {
+            let mut g = c.grants(&cwd).map_err(|e| CliError::new(e.code(), e))?;
+            // At the terminal the user is the operator: a variable granted by name alone may
+            // be sent anywhere the egress reaches (a server sends it nowhere).
+            if !closed {
+                g.secrets = g.secrets.with_unbound_anywhere();
+            }
+            g
+        }
         None if closed => crate::grants::Grants::closed(&cwd),
         None => crate::grants::Grants::cli(allow_shell),
     };

@@ -92,6 +92,17 @@ pub enum EgressError {
         /// What kind of address it is (`loopback`, `private`...).
         class: &'static str,
     },
+    /// A non-public address listed in `hosts` asked on a port other than 80 and 443, with no
+    /// `ports` list that grants it.
+    #[error(
+        "address {addr} of host `{host}` is granted on ports 80 and 443 only (list `ports` in the egress grant to grant others)"
+    )]
+    InternalPort {
+        /// The host as written.
+        host: String,
+        /// The address.
+        addr: IpAddr,
+    },
     /// The name resolved to no address.
     #[error("host `{host}` could not be resolved: {reason}")]
     Resolve {
@@ -183,13 +194,14 @@ fn embedded_v4(hi: u16, lo: u16) -> Ipv4Addr {
 }
 
 /// A host entry of [`Egress::hosts`], parsed.
-enum HostRule<'a> {
-    Name(&'a str),
-    Suffix(&'a str),
+pub(super) enum HostRule {
+    /// A name or `*.suffix` ([`name_matches`]).
+    Name,
+    /// An address or a CIDR range.
     Net(IpAddr, u8),
 }
 
-fn rule(entry: &str) -> HostRule<'_> {
+pub(super) fn rule(entry: &str) -> HostRule {
     let entry = entry.trim();
     if let Some((addr, len)) = entry.split_once('/')
         && let (Ok(ip), Ok(len)) = (addr.parse::<IpAddr>(), len.parse::<u8>())
@@ -201,13 +213,11 @@ fn rule(entry: &str) -> HostRule<'_> {
         let len = if ip.is_ipv4() { 32 } else { 128 };
         return HostRule::Net(ip, len);
     }
-    match entry.strip_prefix("*.") {
-        Some(suffix) => HostRule::Suffix(suffix),
-        None => HostRule::Name(entry),
-    }
+    HostRule::Name
 }
 
-fn in_net(ip: IpAddr, net: IpAddr, len: u8) -> bool {
+/// `ip` is in the range `net/len` (IPv4-mapped IPv6 addresses compared as IPv4).
+pub(super) fn in_net(ip: IpAddr, net: IpAddr, len: u8) -> bool {
     let canon = |ip: IpAddr| match ip {
         IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
         v4 => v4,
@@ -232,6 +242,22 @@ fn same_name(a: &str, b: &str) -> bool {
         .eq_ignore_ascii_case(b.trim_end_matches('.'))
 }
 
+/// The host name `name` matches the entry `rule`: the same name (case and a final dot aside),
+/// or, for `*.suffix`, a name below the suffix.
+pub(super) fn name_matches(rule: &str, name: &str) -> bool {
+    let name = name.trim_end_matches('.');
+    match rule.trim().strip_prefix("*.") {
+        Some(suffix) => {
+            let (n, s) = (
+                name.to_ascii_lowercase(),
+                suffix.trim_end_matches('.').to_ascii_lowercase(),
+            );
+            n.len() > s.len() && n.ends_with(&s) && n[..n.len() - s.len()].ends_with('.')
+        }
+        None => same_name(rule.trim(), name),
+    }
+}
+
 impl Egress {
     /// Everything: any scheme the client speaks, host, port and address (the command line's
     /// default, where the user is the operator).
@@ -247,18 +273,9 @@ impl Egress {
         let Some(hosts) = &self.hosts else {
             return true;
         };
-        let name = name.trim_end_matches('.');
-        hosts.iter().any(|h| match rule(h) {
-            HostRule::Name(n) => same_name(n, name),
-            HostRule::Suffix(s) => {
-                let (n, s) = (
-                    name.to_ascii_lowercase(),
-                    s.trim_end_matches('.').to_ascii_lowercase(),
-                );
-                n.len() > s.len() && n.ends_with(&s) && n[..n.len() - s.len()].ends_with('.')
-            }
-            HostRule::Net(..) => false,
-        })
+        hosts
+            .iter()
+            .any(|h| matches!(rule(h), HostRule::Name) && name_matches(h, name))
     }
 
     /// The address is granted explicitly by a `hosts` entry.
@@ -271,9 +288,35 @@ impl Egress {
         })
     }
 
-    /// Checks one address `host` names or resolves to.
-    pub fn check_addr(&self, host: &str, ip: IpAddr) -> Result<(), EgressError> {
+    /// A non-public address listed in `hosts` is granted on 80 and 443 only: there is no
+    /// `ports` list and `private` is off. (Granting one internal service must not grant every
+    /// port of its machine, dagloop's own API included.)
+    pub fn internal_ports_limited(&self) -> bool {
+        self.ports.is_none()
+            && !self.private
+            && self.hosts.as_ref().is_some_and(|hosts| {
+                hosts.iter().any(|h| match rule(h) {
+                    HostRule::Net(ip, _) => non_public(ip).is_some(),
+                    HostRule::Name => false,
+                })
+            })
+    }
+
+    /// Checks one address `host` names or resolves to, for a connection on 80 or 443
+    /// (`standard_port`) or on another port.
+    pub fn check_addr_on(
+        &self,
+        host: &str,
+        ip: IpAddr,
+        standard_port: bool,
+    ) -> Result<(), EgressError> {
         if self.addr_listed(ip) {
+            if !standard_port && self.internal_ports_limited() && non_public(ip).is_some() {
+                return Err(EgressError::InternalPort {
+                    host: host.to_string(),
+                    addr: ip,
+                });
+            }
             return Ok(());
         }
         match non_public(ip) {
@@ -313,18 +356,18 @@ impl Egress {
                 }
                 Ok(())
             }
-            url::Host::Ipv4(ip) => self.check_literal(IpAddr::V4(ip)),
-            url::Host::Ipv6(ip) => self.check_literal(IpAddr::V6(ip)),
+            url::Host::Ipv4(ip) => self.check_literal(IpAddr::V4(ip), standard_port(url)),
+            url::Host::Ipv6(ip) => self.check_literal(IpAddr::V6(ip), standard_port(url)),
         }
     }
 
-    fn check_literal(&self, ip: IpAddr) -> Result<(), EgressError> {
+    fn check_literal(&self, ip: IpAddr, standard_port: bool) -> Result<(), EgressError> {
         if self.hosts.is_some() && !self.addr_listed(ip) {
             return Err(EgressError::Host {
                 host: ip.to_string(),
             });
         }
-        self.check_addr(&ip.to_string(), ip)
+        self.check_addr_on(&ip.to_string(), ip, standard_port)
     }
 
     /// Parses and checks a URL as written (`check_url`).
@@ -342,22 +385,35 @@ impl Egress {
     }
 }
 
+/// The URL's port (or its scheme's) is 80 or 443.
+pub fn standard_port(url: &reqwest::Url) -> bool {
+    url.port_or_known_default()
+        .is_some_and(|p| p == 80 || p == 443)
+}
+
 /// Resolves host names for the `http` activity's client and keeps only the addresses the
-/// grant allows; a name whose every address is refused fails to resolve with the reason.
+/// grant allows; a name whose every address is refused fails to resolve with the reason. A
+/// resolver does not see the port: the client uses one made for ports 80 and 443 and another
+/// for the rest (which refuses listed internal addresses, `Egress::internal_ports_limited`).
 pub struct EgressResolver {
     egress: Arc<Egress>,
+    standard_port: bool,
 }
 
 impl EgressResolver {
-    /// A resolver for this grant.
-    pub fn new(egress: Arc<Egress>) -> EgressResolver {
-        EgressResolver { egress }
+    /// A resolver for this grant, for connections on 80 and 443 (`standard_port`) or others.
+    pub fn new(egress: Arc<Egress>, standard_port: bool) -> EgressResolver {
+        EgressResolver {
+            egress,
+            standard_port,
+        }
     }
 }
 
 impl reqwest::dns::Resolve for EgressResolver {
     fn resolve(&self, name: reqwest::dns::Name) -> reqwest::dns::Resolving {
         let egress = self.egress.clone();
+        let standard_port = self.standard_port;
         let host = name.as_str().to_string();
         Box::pin(async move {
             if !egress.name_allowed(&host) {
@@ -377,13 +433,15 @@ impl reqwest::dns::Resolve for EgressResolver {
             let mut refused = None;
             let allowed: Vec<SocketAddr> = found
                 .into_iter()
-                .filter(|a| match egress.check_addr(&host, a.ip()) {
-                    Ok(()) => true,
-                    Err(e) => {
-                        refused.get_or_insert(e);
-                        false
-                    }
-                })
+                .filter(
+                    |a| match egress.check_addr_on(&host, a.ip(), standard_port) {
+                        Ok(()) => true,
+                        Err(e) => {
+                            refused.get_or_insert(e);
+                            false
+                        }
+                    },
+                )
                 .collect();
             if allowed.is_empty() {
                 let e = refused.unwrap_or(EgressError::Resolve {
@@ -399,11 +457,33 @@ impl reqwest::dns::Resolve for EgressResolver {
 }
 
 /// The redirect policy of a checked client: at most 10 hops, each target checked like the
-/// first URL (its name is resolved through the same resolver when it is connected).
-pub fn redirect_policy(egress: Arc<Egress>) -> reqwest::redirect::Policy {
+/// first URL (its name is resolved through the same resolver when it is connected); with
+/// `same_origin`, only to the first URL's scheme, host and port (a request that carries a
+/// granted secret in a header would carry it to any other host too). `standard_port`: the
+/// client's resolver is the one for ports 80 and 443, so a redirect to a name on another port
+/// is refused when listed internal addresses are limited to those.
+pub fn redirect_policy(
+    egress: Arc<Egress>,
+    same_origin: bool,
+    standard_port: bool,
+) -> reqwest::redirect::Policy {
     reqwest::redirect::Policy::custom(move |attempt| {
         if attempt.previous().len() >= 10 {
             return attempt.error("too many redirects");
+        }
+        if standard_port
+            && !self::standard_port(attempt.url())
+            && egress.internal_ports_limited()
+            && matches!(attempt.url().host(), Some(url::Host::Domain(_)))
+        {
+            let port = attempt.url().port_or_known_default().unwrap_or(0);
+            return attempt.error(EgressError::Port { port });
+        }
+        if same_origin
+            && let Some(first) = attempt.previous().first()
+            && first.origin() != attempt.url().origin()
+        {
+            return attempt.error(super::SecretHostError::Redirect);
         }
         match egress.check_url(attempt.url()) {
             Ok(()) => attempt.follow(),
@@ -516,16 +596,79 @@ mod tests {
         assert!(e.check_str("http://[fd00::1]/").is_ok());
     }
 
+    #[test]
+    fn a_listed_internal_address_without_ports_is_granted_on_80_and_443_only() {
+        let e = Egress {
+            hosts: Some(vec!["10.1.2.3".into(), "127.0.0.0/8".into()]),
+            ..Egress::default()
+        };
+        assert!(e.internal_ports_limited());
+        for ok in [
+            "http://10.1.2.3/",
+            "https://10.1.2.3/",
+            "http://127.0.0.1:443/",
+        ] {
+            assert!(e.check_str(ok).is_ok(), "{ok}");
+        }
+        for bad in [
+            "http://10.1.2.3:8080/",
+            "http://127.0.0.1:7777/",
+            "http://2130706433:22/",
+        ] {
+            assert!(
+                matches!(e.check_str(bad), Err(EgressError::InternalPort { .. })),
+                "{bad}"
+            );
+        }
+        // A ports list, or `private`, says which ports.
+        let listed = Egress {
+            ports: Some([8080].into_iter().collect()),
+            ..e.clone()
+        };
+        assert!(listed.check_str("http://10.1.2.3:8080/").is_ok());
+        // A public address listed is not limited.
+        let public = Egress {
+            hosts: Some(vec!["93.184.216.34".into()]),
+            ..Egress::default()
+        };
+        assert!(!public.internal_ports_limited());
+        assert!(public.check_str("http://93.184.216.34:8080/").is_ok());
+    }
+
+    #[tokio::test]
+    async fn a_name_resolving_to_a_listed_internal_address_is_refused_off_80_and_443() {
+        use reqwest::dns::Resolve;
+        let e = Arc::new(Egress {
+            hosts: Some(vec!["localhost".into(), "127.0.0.1".into(), "::1".into()]),
+            ..Egress::default()
+        });
+        let standard = EgressResolver::new(e.clone(), true);
+        assert!(
+            standard
+                .resolve("localhost".parse().expect("name"))
+                .await
+                .is_ok()
+        );
+        let other = EgressResolver::new(e, false);
+        let err = other
+            .resolve("localhost".parse().expect("name"))
+            .await
+            .err()
+            .expect("refused")
+            .to_string();
+        assert!(err.contains("80 and 443"), "{err}");
+    }
+
     #[tokio::test]
     async fn the_resolver_refuses_names_that_resolve_to_loopback() {
         use reqwest::dns::Resolve;
-        let r = EgressResolver::new(Arc::new(closed()));
+        let r = EgressResolver::new(Arc::new(closed()), true);
         for name in ["localhost"] {
             let out = r.resolve(name.parse().expect("name")).await;
             let err = out.err().expect("refused").to_string();
             assert!(err.contains("loopback"), "{name}: {err}");
         }
-        let open = EgressResolver::new(Arc::new(Egress::open()));
+        let open = EgressResolver::new(Arc::new(Egress::open()), true);
         let addrs: Vec<SocketAddr> = open
             .resolve("localhost".parse().expect("name"))
             .await

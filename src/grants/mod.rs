@@ -7,7 +7,8 @@
 //! names, read only once its path is inside the granted roots) asks with what is granted, before
 //! anything is spawned, opened or connected; `runs::define` calls it for `run`, `resume`,
 //! `validate`, `serve` and `worker` alike. The `http` activity checks every request again at
-//! connection time ([`egress`]), since a URL may be built from a call's params.
+//! connection time ([`egress`]), since a URL may be built from a call's params, and checks that
+//! a request carrying a `${VAR}` value goes only where the variable is granted ([`secrets`]).
 //!
 //! A refusal is a [`GrantError`] with a stable `grant.*` code and the JSON pointer of what asked.
 //! A path outside the roots is refused with the same message whether it exists or not, and
@@ -17,6 +18,7 @@
 //! agents, and starting anything.
 
 pub mod egress;
+pub mod secrets;
 
 #[cfg(feature = "mcp")]
 use std::collections::BTreeMap;
@@ -26,6 +28,7 @@ use std::path::{Component, Path, PathBuf};
 use serde_json::Value;
 
 pub use egress::{Egress, EgressError};
+pub use secrets::{SecretHostError, SecretHosts};
 
 use crate::goal::{DelegateGoals, Goal};
 #[cfg(feature = "mcp")]
@@ -65,6 +68,8 @@ pub struct Grants {
     pub mcp_servers: BTreeMap<String, McpServerConfig>,
     /// Environment variables a goal may read.
     pub env: EnvGrant,
+    /// Where their values may be sent in an `http` request (`secrets`).
+    pub secrets: SecretHosts,
     /// Where `http` tools may connect.
     pub egress: Egress,
     /// Where files named by a goal may be read from.
@@ -247,6 +252,7 @@ impl Grants {
             #[cfg(feature = "mcp")]
             mcp_servers: BTreeMap::new(),
             env: EnvGrant::Any,
+            secrets: SecretHosts::anywhere(),
             egress: Egress::open(),
             files: FileRoots::Anywhere,
         }
@@ -284,6 +290,7 @@ impl Grants {
             #[cfg(feature = "mcp")]
             mcp_servers: BTreeMap::new(),
             env: EnvGrant::Only(BTreeSet::new()),
+            secrets: SecretHosts::default(),
             egress: Egress::default(),
             files: FileRoots::under(&[base.to_path_buf()], base)
                 .unwrap_or_else(|_| FileRoots::Under(vec![base.to_path_buf()])),

@@ -235,10 +235,11 @@ async fn builder_and_tools(
         .sanitize(def.sanitize());
     let grants = def.grants();
     builder.registry_mut().enable_shell(grants.allows_shell());
-    if !grants.egress.is_open() {
-        builder
-            .registry_mut()
-            .set_egress(Arc::new(grants.egress.clone()));
+    if !grants.egress.is_open() || !grants.secrets.is_open() {
+        builder.registry_mut().set_http_grants(
+            Some(Arc::new(grants.egress.clone())),
+            Some(Arc::new(grants.secrets.clone())),
+        );
     }
     if let Some(m) = &opts.model {
         builder = builder.model_spec(m.clone());

@@ -98,7 +98,8 @@ fn idempotency_key(headers: &HeaderMap) -> ApiResult<Option<String>> {
         (status = 403, description = "The caller may not submit runs, or asks a published agent for a model its operator does not list (`server.agent_model`)", body = ApiError),
         (status = 404, description = "No agent of that name is published", body = ApiError),
         (status = 413, description = "The body is too large", body = ApiError),
-        (status = 415, description = "Not application/json", body = ApiError)))]
+        (status = 415, description = "Not application/json", body = ApiError),
+        (status = 422, description = "The Idempotency-Key was used before with another body (`http.idempotency_key_reused`)", body = ApiError)))]
 pub(super) async fn create_run(
     State(st): State<Arc<AppState>>,
     Extension(who): Extension<Principal>,
@@ -122,46 +123,73 @@ pub(super) async fn create_run(
     // for the first and then finds its run.
     let _one = st.idempotent_create.lock().await;
     let slot = (who.name.clone(), key.clone());
-    let known = st
-        .idempotent
-        .lock()
-        .ok()
-        .and_then(|m| m.get(&slot).cloned());
-    let known = match known {
-        Some(id) => Some(id),
-        None => {
-            let store = st.store.clone();
-            let (p, k) = slot.clone();
-            tokio::task::spawn_blocking(move || store.idempotent_run(&p, &k))
-                .await
-                .map_err(|e| {
-                    ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server.internal", e)
-                })?
-                .map_err(|e| ApiError::from_store(&e))?
-        }
-    };
+    // The body's digest is kept beside the run, under a key no header can spell (a NUL).
+    let body_slot = (who.name.clone(), format!("\0body {key}"));
+    let digest = body_digest(&v);
+    let known = remembered(&st, &slot).await?;
     if let Some(id) = known {
+        match remembered(&st, &body_slot).await? {
+            Some(d) if d != digest => {
+                return Err(ApiError::new(
+                    StatusCode::UNPROCESSABLE_ENTITY,
+                    "http.idempotency_key_reused",
+                    "this Idempotency-Key was used with another body; use a new key for a new run",
+                ));
+            }
+            _ => {}
+        }
         let mut r = answer(&st, StatusCode::OK, id, wait).await?;
         r.headers_mut()
             .insert("idempotent-replayed", HeaderValue::from_static("true"));
         return Ok(r);
     }
     let id = start_run(&st, &who, v).await?;
+    // The digest first: a key whose run is remembered always has its body's digest.
+    for (slot, value) in [(body_slot, digest), (slot, id.clone())] {
+        remember(&st, slot, value).await;
+    }
+    answer(&st, StatusCode::CREATED, id, wait).await
+}
+
+/// What a keyed `POST /runs` remembered under `slot` (principal, key), from memory or the store.
+async fn remembered(st: &Arc<AppState>, slot: &(String, String)) -> ApiResult<Option<String>> {
+    if let Some(v) = st.idempotent.lock().ok().and_then(|m| m.get(slot).cloned()) {
+        return Ok(Some(v));
+    }
+    let store = st.store.clone();
+    let (p, k) = slot.clone();
+    tokio::task::spawn_blocking(move || store.idempotent_run(&p, &k))
+        .await
+        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server.internal", e))?
+        .map_err(|e| ApiError::from_store(&e))
+}
+
+/// Remembers `value` under `slot`, in memory and in the store.
+async fn remember(st: &Arc<AppState>, slot: (String, String), value: String) {
     if let Ok(mut m) = st.idempotent.lock() {
         if m.len() >= MAX_KEYS_IN_MEMORY {
             m.clear();
         }
-        m.insert(slot.clone(), id.clone());
+        m.insert(slot.clone(), value.clone());
     }
     let store = st.store.clone();
-    let run = id.clone();
     let kept =
-        tokio::task::spawn_blocking(move || store.remember_idempotent(&slot.0, &slot.1, &run))
+        tokio::task::spawn_blocking(move || store.remember_idempotent(&slot.0, &slot.1, &value))
             .await;
     if !matches!(kept, Ok(Ok(()))) {
-        tracing::warn!(run = %id, "the Idempotency-Key is kept in memory only: the store refused it");
+        tracing::warn!("an Idempotency-Key is kept in memory only: the store refused it");
     }
-    answer(&st, StatusCode::CREATED, id, wait).await
+}
+
+/// The SHA-256 of a submission's canonical JSON (keys sorted; `wait` already taken out: it
+/// says how to answer, not what to run).
+fn body_digest(v: &Value) -> String {
+    let text = crate::protocol::canonical(v).to_string();
+    ring::digest::digest(&ring::digest::SHA256, text.as_bytes())
+        .as_ref()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 /// `POST /runs`'s answer about the run `id`: `{id, status, finished}` at once, or with `wait`,
@@ -598,7 +626,14 @@ pub(super) async fn submit(
 
 /// `GET /metrics`: the Prometheus text exposition of runs by status and what the runs driven by
 /// this process did (`crate::telemetry::metrics`).
-pub(super) async fn metrics(State(st): State<Arc<AppState>>) -> ApiResult<impl IntoResponse> {
+/// Only `admin` and `metrics` read it: it counts every principal's runs.
+pub(super) async fn metrics(
+    State(st): State<Arc<AppState>>,
+    Extension(who): Extension<Principal>,
+) -> ApiResult<impl IntoResponse> {
+    if !who.may(Role::Metrics) {
+        return Err(forbidden("read the metrics"));
+    }
     // Runs by status as the store derives it (`store::derive_status`, one rule for the list,
     // `show` and this).
     let s = st.clone();

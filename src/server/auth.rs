@@ -1,7 +1,8 @@
 //! Who is calling: the bearer token (or, for the browser's EventSource, which cannot send
 //! headers, a short-lived ticket) resolved to a [`Principal`], put in the request's extensions
-//! for the handlers. A ticket is bound to one run and one principal: it opens
-//! `GET /runs/{that run}/events` and nothing else.
+//! for the handlers. A ticket is bound to one run and one principal, opens
+//! `GET /runs/{that run}/events` once and nothing else, and travels in a cookie or a header,
+//! never in the URL (where logs, history and `Referer` would keep it).
 //!
 //! Deliberately not here: which role a route needs (the handlers check it) or how tokens are
 //! configured (`principals`).
@@ -56,15 +57,17 @@ impl Tickets {
         Some(ticket)
     }
 
-    /// The principal a ticket stands for, when it is current and bound to `run`.
+    /// The principal a ticket stands for, when it is current and bound to `run`. A ticket is
+    /// used once: redeemed, it is gone (a reconnecting stream gets a new one).
     fn redeem(&self, ticket: &str, run: &str) -> Option<Principal> {
-        let m = match self.0.lock() {
+        let mut m = match self.0.lock() {
             Ok(g) => g,
             Err(p) => p.into_inner(),
         };
-        m.get(ticket)
-            .filter(|t| t.expires > Instant::now() && t.run == run)
-            .map(|t| t.principal.clone())
+        let ok = m
+            .get(ticket)
+            .is_some_and(|t| t.expires > Instant::now() && t.run == run);
+        ok.then(|| m.remove(ticket).map(|t| t.principal)).flatten()
     }
 }
 
@@ -74,6 +77,56 @@ fn random_hex() -> Option<String> {
     let mut b = [0u8; 16];
     ring::rand::SystemRandom::new().fill(&mut b).ok()?;
     Some(b.iter().map(|x| format!("{x:02x}")).collect())
+}
+
+/// The header a ticket may be sent in.
+pub const TICKET_HEADER: &str = "x-dagloop-ticket";
+
+/// The cookie `POST /tickets` sets (for the browser's `EventSource`).
+pub const TICKET_COOKIE: &str = "dagloop_ticket";
+
+/// The tickets a request presents: the `X-Dagloop-Ticket` header, then each `dagloop_ticket`
+/// cookie.
+fn presented_tickets(headers: &axum::http::HeaderMap) -> Vec<String> {
+    let mut out: Vec<String> = headers
+        .get_all(TICKET_HEADER)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .map(|v| v.trim().to_string())
+        .collect();
+    for cookies in headers.get_all(axum::http::header::COOKIE) {
+        let Ok(text) = cookies.to_str() else {
+            continue;
+        };
+        for kv in text.split(';') {
+            if let Some((k, v)) = kv.trim().split_once('=')
+                && k == TICKET_COOKIE
+            {
+                out.push(v.to_string());
+            }
+        }
+    }
+    out.retain(|t| !t.is_empty());
+    out
+}
+
+/// The `Set-Cookie` value that hands a ticket to the page's `EventSource`: sent only to that
+/// run's events (when its id is plain enough to be a cookie path), never to another site, never
+/// readable by a script.
+fn ticket_cookie(ticket: &str, run: &str) -> String {
+    let plain = !run.is_empty()
+        && run
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-._".contains(&b));
+    let path = if plain {
+        format!("/runs/{run}/events")
+    } else {
+        "/runs/".to_string()
+    };
+    format!(
+        "{TICKET_COOKIE}={ticket}; Path={path}; Max-Age={}; HttpOnly; SameSite=Strict",
+        TICKET_TTL.as_secs()
+    )
 }
 
 /// The run whose events a path asks for (`/runs/{id}/events`), as written in the path.
@@ -128,25 +181,36 @@ pub(super) async fn authenticate(
         }
         None => {}
     }
-    let ticket = req.uri().query().and_then(|q| {
+    let in_url = req.uri().query().is_some_and(|q| {
         q.split('&')
-            .find_map(|kv| kv.strip_prefix("ticket="))
-            .map(str::to_string)
+            .any(|kv| kv == "ticket" || kv.starts_with("ticket="))
     });
+    if in_url {
+        // A URL is logged, kept in history and sent on as a Referer: a ticket never goes there.
+        return ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "auth.ticket",
+            "a ticket is not read from the URL: send it in the `X-Dagloop-Ticket` header or the `dagloop_ticket` cookie POST /tickets sets",
+        )
+        .into_response();
+    }
+    let tickets = presented_tickets(req.headers());
     let run = events_run(req.uri().path()).map(str::to_string);
-    match (ticket, run) {
-        (Some(t), Some(run)) => match st.tickets.redeem(&t, &run) {
-            Some(p) => {
-                req.extensions_mut().insert(p);
-                next.run(req).await
+    match (tickets.is_empty(), run) {
+        (false, Some(run)) => {
+            match tickets.iter().find_map(|t| st.tickets.redeem(t, &run)) {
+                Some(p) => {
+                    req.extensions_mut().insert(p);
+                    next.run(req).await
+                }
+                None => ApiError::new(
+                    StatusCode::UNAUTHORIZED,
+                    "auth.ticket",
+                    "the ticket is unknown, used, expired, or for another run; get a new one from POST /tickets",
+                )
+                .into_response(),
             }
-            None => ApiError::new(
-                StatusCode::UNAUTHORIZED,
-                "auth.ticket",
-                "the ticket is unknown, expired, or for another run; get a new one from POST /tickets",
-            )
-            .into_response(),
-        },
+        }
         _ => ApiError::new(
             StatusCode::UNAUTHORIZED,
             "auth.missing",
@@ -164,11 +228,12 @@ pub(super) struct TicketRequest {
     run: String,
 }
 
-/// A ticket for `GET /runs/{run}/events?ticket=...` of one run, valid for 60 seconds, for the
-/// caller (who must be allowed to read that run).
+/// A single-use ticket for `GET /runs/{run}/events` of one run, valid for 60 seconds, for the
+/// caller (who must be allowed to read that run): in the answer, for the `X-Dagloop-Ticket`
+/// header, and as the `dagloop_ticket` cookie the browser's `EventSource` sends.
 #[utoipa::path(post, path = "/tickets", tag = "auth",
     request_body(content = TicketRequest, description = "{run}: the run whose events the ticket opens"),
-    responses((status = 200, description = "{ticket, run, expires_in_s}", body = super::wire::Ticket),
+    responses((status = 200, description = "{ticket, run, expires_in_s}, and the ticket as the `dagloop_ticket` cookie (HttpOnly, SameSite=Strict, for that run's events only)", body = super::wire::Ticket),
               (status = 400, description = "Not {run}", body = ApiError),
               (status = 401, description = "No or wrong token", body = ApiError),
               (status = 404, description = "No such run (or not one the caller may read)", body = ApiError),
@@ -177,7 +242,7 @@ pub(super) async fn ticket(
     State(st): State<Arc<AppState>>,
     Extension(who): Extension<Principal>,
     b: Result<Json<Value>, JsonRejection>,
-) -> Result<Json<super::wire::Ticket>, ApiError> {
+) -> Result<impl IntoResponse, ApiError> {
     let v = super::api::body(b)?;
     let req: TicketRequest = serde_json::from_value(v).map_err(|e| {
         ApiError::new(
@@ -194,11 +259,15 @@ pub(super) async fn ticket(
             "no randomness for a ticket",
         )
     })?;
-    Ok(Json(super::wire::Ticket {
-        ticket,
-        run: req.run,
-        expires_in_s: TICKET_TTL.as_secs(),
-    }))
+    let cookie = ticket_cookie(&ticket, &req.run);
+    Ok((
+        [(axum::http::header::SET_COOKIE, cookie)],
+        Json(super::wire::Ticket {
+            ticket,
+            run: req.run,
+            expires_in_s: TICKET_TTL.as_secs(),
+        }),
+    ))
 }
 
 /// Declares the bearer scheme in the OpenAPI document.

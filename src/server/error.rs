@@ -84,11 +84,13 @@ pub struct ApiError {
 
 impl ApiError {
     /// A refusal with this status and code.
+    /// The message is made fit for a client ([`for_client`]).
     pub fn new(status: StatusCode, code: impl Into<String>, message: impl ToString) -> Self {
+        let code = code.into();
         ApiError {
             status: status.as_u16(),
-            code: code.into(),
-            message: message.to_string(),
+            message: for_client(&code, &message.to_string()),
+            code,
             errors: Vec::new(),
         }
     }
@@ -111,16 +113,80 @@ impl ApiError {
     }
 
     /// A store failure: unknown runs are 404, a compacted run's journal 410, the rest 500.
+    /// What a client is told names no lease owner (its process id and host) and no file: those
+    /// go to the server's log.
     pub fn from_store(e: &crate::store::StoreError) -> Self {
+        use crate::store::StoreError as S;
         let status = match e {
-            crate::store::StoreError::UnknownRun { .. } => StatusCode::NOT_FOUND,
-            crate::store::StoreError::Busy { .. } => StatusCode::CONFLICT,
-            crate::store::StoreError::Locked { .. } => StatusCode::SERVICE_UNAVAILABLE,
-            crate::store::StoreError::Compacted { .. } => StatusCode::GONE,
+            S::UnknownRun { .. } => StatusCode::NOT_FOUND,
+            S::Busy { .. } => StatusCode::CONFLICT,
+            S::Locked { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            S::Compacted { .. } => StatusCode::GONE,
             _ => StatusCode::INTERNAL_SERVER_ERROR,
         };
-        ApiError::new(status, e.code(), e)
+        let message = match e {
+            S::UnknownRun { .. }
+            | S::Compacted { .. }
+            | S::NotFinished { .. }
+            | S::Exists { .. }
+            | S::LeaseLost { .. } => e.to_string(),
+            S::Busy { id, expires_at, .. } => format!(
+                "run {id} is being run by another process (its lease runs until {expires_at} ms); try again once its lease has expired"
+            ),
+            other => {
+                tracing::error!(code = other.code(), "the run store failed: {other}");
+                "the run store failed; the server's log says why".to_string()
+            }
+        };
+        ApiError::new(status, e.code(), message)
     }
+}
+
+/// A message fit for a client: the server's working directory taken out of the paths it
+/// names (a path is shown relative to it), and, for a file a goal named that could not be read
+/// as a scripted model or a goal, the parser's words left out (they quote the file's content:
+/// a value, a key), keeping where the problem is.
+pub(super) fn for_client(code: &str, message: &str) -> String {
+    let mut out = message.to_string();
+    if let Ok(cwd) = std::env::current_dir() {
+        let prefix = format!("{}/", cwd.display());
+        if prefix.len() > 1 {
+            out = out.replace(&prefix, "");
+        }
+    }
+    // A scripted model, or a goal file (a delegate's, an agent's): not the client's own goal.
+    let from_file = match out.find("invalid script ") {
+        Some(i) if code.starts_with("llm.") || code.starts_with("agent.") => {
+            Some((i, "invalid script "))
+        }
+        _ => out
+            .find("goal file ")
+            .filter(|i| !out[*i..].starts_with("goal file the submitted goal"))
+            .map(|i| (i, "goal file ")),
+    };
+    let Some((at, lead)) = from_file else {
+        return out;
+    };
+    // `<lead><path>: <what the parser said>`; the path is what the goal wrote.
+    let rest = &out[at + lead.len()..];
+    let path = rest
+        .split_once(": ")
+        .map_or(rest, |(p, _)| p)
+        .trim_end_matches(" is invalid");
+    let place = out
+        .rfind(" at line ")
+        .map(|i| out[i..].trim().to_string())
+        .filter(|p| {
+            p.trim_start_matches("at line ")
+                .split(" column ")
+                .all(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+        })
+        .map(|p| format!(" ({p})"))
+        .unwrap_or_default();
+    format!(
+        "{}{lead}{path}: the file cannot be read as one{place}; its content is not shown",
+        &out[..at]
+    )
 }
 
 impl IntoResponse for ApiError {
@@ -131,5 +197,39 @@ impl IntoResponse for ApiError {
             body["errors"] = json!(self.errors);
         }
         (status, Json(body)).into_response()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_files_content_is_not_shown_to_clients() {
+        let m = for_client(
+            "llm.script_invalid",
+            "invalid script /srv/x/arr.json: invalid type: string \"hunter3\", expected a sequence at line 1 column 17",
+        );
+        assert_eq!(
+            m,
+            "invalid script /srv/x/arr.json: the file cannot be read as one (at line 1 column 17); its content is not shown"
+        );
+        let m = for_client(
+            "goal.invalid",
+            "goal file d/secret.json is invalid: unknown field `password`",
+        );
+        assert!(!m.contains("password"), "{m}");
+        assert!(m.contains("d/secret.json"), "{m}");
+        // The client's own goal keeps the parser's words.
+        let own = "goal file the submitted goal is invalid: missing field `goal`";
+        assert_eq!(for_client("goal.invalid", own), own);
+        assert_eq!(for_client("op.stale", "x: y"), "x: y");
+    }
+
+    #[test]
+    fn the_working_directory_is_not_shown_to_clients() {
+        let cwd = std::env::current_dir().expect("cwd");
+        let m = for_client("x.y", &format!("cannot read {}/a/b.json", cwd.display()));
+        assert_eq!(m, "cannot read a/b.json");
     }
 }

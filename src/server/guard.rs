@@ -1,5 +1,6 @@
 //! Browser safety, checked before any handler runs: the `Host` allowlist (a DNS-rebinding page
-//! reaches the server under its own name, which is not on the list: 421 `http.bad_host`) and
+//! reaches the server under its own name, which is not on the list: 421 `http.bad_host`; two
+//! `Host` headers: 400 `http.bad_host`), the page's framing headers (`no_framing`) and
 //! JSON-only state changes (a cross-origin page can send a "simple" POST — form-encoded,
 //! multipart or `text/plain` — without a CORS preflight, but never `application/json`: every
 //! POST without it gets 415 `http.unsupported_media_type`).
@@ -11,7 +12,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use axum::extract::{Request, State};
-use axum::http::{Method, StatusCode, header};
+use axum::http::{HeaderValue, Method, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
@@ -91,6 +92,15 @@ pub(super) async fn require_host(
     req: Request,
     next: Next,
 ) -> Response {
+    // Two `Host` headers: which one a proxy in front read is unknown, so neither decides.
+    if req.headers().get_all(header::HOST).iter().count() > 1 {
+        return ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "http.bad_host",
+            "the request has more than one Host header",
+        )
+        .into_response();
+    }
     let host = req
         .headers()
         .get(header::HOST)
@@ -106,6 +116,20 @@ pub(super) async fn require_host(
         )
         .into_response(),
     }
+}
+
+/// Every answer (the page above all) says it may not be shown in a frame: `X-Frame-Options:
+/// DENY` and the CSP `frame-ancestors 'none'`, so no other site can frame the page and trick
+/// a reviewer into a click (clickjacking) or a key press.
+pub(super) async fn no_framing(req: Request, next: Next) -> Response {
+    let mut r = next.run(req).await;
+    let h = r.headers_mut();
+    h.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
+    h.insert(
+        header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static("frame-ancestors 'none'"),
+    );
+    r
 }
 
 /// Refuses, with 415, a state-changing request whose body is not declared as JSON.

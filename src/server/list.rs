@@ -55,9 +55,15 @@ pub(super) async fn list_runs(
     let runs: Vec<RunSummary> = page
         .runs
         .into_iter()
-        .map(|row| RunSummary {
-            waiting: row.awaiting,
-            row,
+        .map(|mut row| {
+            // The owner id without the process id and host it carries for the operator.
+            row.owner = row
+                .owner
+                .map(|o| o.split_whitespace().next().unwrap_or_default().to_string());
+            RunSummary {
+                waiting: row.awaiting,
+                row,
+            }
         })
         .collect();
     let mut resp = Json(runs).into_response();

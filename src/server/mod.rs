@@ -250,5 +250,6 @@ fn router(state: Arc<AppState>) -> Router {
             state.clone(),
             guard::require_host,
         ))
+        .layer(axum::middleware::from_fn(guard::no_framing))
         .with_state(state)
 }

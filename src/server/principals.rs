@@ -2,7 +2,8 @@
 //! configures them ([`PrincipalConfig`], tokens stored only as the SHA-256 of the token).
 //!
 //! Roles: `submit` creates runs and sees and cancels only the runs it created; `review` lists
-//! and reads every run and decides calls; `admin` does everything. The old single
+//! and reads every run and decides calls; `metrics` reads `GET /metrics` only; `admin` does
+//! everything. The old single
 //! `DAGLOOP_TOKEN` is one principal `admin` with the admin role; a server with no token at all
 //! (only allowed on loopback) treats every caller as the principal `local` with every role.
 //!
@@ -22,6 +23,9 @@ pub enum Role {
     Review,
     /// Everything.
     Admin,
+    /// Read `GET /metrics` (and nothing else): for a scraper the operator configures. Besides
+    /// it, only `admin` reads the metrics, which count every principal's runs.
+    Metrics,
 }
 
 /// One principal as the operator configures it.

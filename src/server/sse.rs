@@ -33,9 +33,9 @@ fn frame(e: &Event) -> Result<SseEvent, Infallible> {
 #[utoipa::path(get, path = "/runs/{id}/events", tag = "runs",
     params(("id" = String, Path, description = "The run id"),
            ("after" = Option<u64>, Query, description = "Start after this sequence number (the `Last-Event-ID` header does the same)"),
-           ("ticket" = Option<String>, Query, description = "A ticket from POST /tickets, for clients that cannot send headers")),
+           ("X-Dagloop-Ticket" = Option<String>, Header, description = "A single-use ticket from POST /tickets (the browser sends it as the `dagloop_ticket` cookie); never in the URL")),
     responses((status = 200, description = "text/event-stream: `id` = sequence number, `event` = event type, `data` = the event as JSON", content_type = "text/event-stream", body = crate::protocol::Event),
-              (status = 401, description = "No or wrong token, or a ticket for another run", body = ApiError),
+              (status = 401, description = "No or wrong token, a ticket that is used, expired or for another run, or a ticket in the URL", body = ApiError),
               (status = 404, description = "No such run (or not one the caller may read)", body = ApiError),
               (status = 410, description = "The run was compacted: its journal is gone (`store.compacted`)", body = ApiError)))]
 pub(super) async fn events(

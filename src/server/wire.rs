@@ -114,7 +114,8 @@ impl OpStatus {
 /// A ticket that opens one run's events for 60 seconds.
 #[derive(Debug, Clone, serde::Serialize, utoipa::ToSchema)]
 pub struct Ticket {
-    /// Pass it as `?ticket=` to `GET /runs/{run}/events`.
+    /// Send it once, as the `X-Dagloop-Ticket` header, to `GET /runs/{run}/events` (the
+    /// answer also sets it as the `dagloop_ticket` cookie, for a browser's `EventSource`).
     pub ticket: String,
     /// The run it opens.
     pub run: String,

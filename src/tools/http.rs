@@ -4,9 +4,10 @@ use futures::StreamExt;
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use super::{ActivityError, ActivityFuture, ActivityOutput, fill_template};
+use crate::grants::SecretHosts;
 use crate::grants::egress::{Egress, EgressResolver, redirect_policy};
 use crate::protocol::Tool;
 
@@ -91,24 +92,60 @@ impl HttpConfig {
 
 #[derive(Clone)]
 pub(super) struct Client {
-    http: reqwest::Client,
+    /// The HTTP clients, by (the request carries a granted variable's value, its port is 80
+    /// or 443), each made on first use: a resolver does not see the port, and a request that
+    /// carries a secret follows redirects only to the same origin (headers go along).
+    clients: Arc<[OnceLock<Result<reqwest::Client, String>>; 4]>,
     egress: Option<Arc<Egress>>,
+    secrets: Option<Arc<SecretHosts>>,
 }
 
 impl Client {
     /// A client with dagloop's TLS set-up (`crate::net`); with `egress`, names are resolved by
     /// the grant's resolver (only granted addresses are connected to), redirects are checked,
-    /// and no proxy is used (a proxy would connect on the run's behalf, unchecked).
-    pub(super) fn new(egress: Option<Arc<Egress>>) -> Result<Client, String> {
-        let mut b = crate::net::builder();
-        if let Some(e) = egress.as_ref().filter(|e| !e.is_open()) {
-            b = b
-                .dns_resolver(EgressResolver::new(e.clone()))
-                .redirect(redirect_policy(e.clone()))
-                .no_proxy();
+    /// and no proxy is used (a proxy would connect on the run's behalf, unchecked). With
+    /// `secrets`, a request carrying a `${VAR}` value goes only where the variable is granted.
+    pub(super) fn new(egress: Option<Arc<Egress>>, secrets: Option<Arc<SecretHosts>>) -> Client {
+        Client {
+            clients: Default::default(),
+            egress: egress.filter(|e| !e.is_open()),
+            secrets: secrets.filter(|s| !s.is_open()),
         }
-        let http = b.build().map_err(|e| e.to_string())?;
-        Ok(Client { http, egress })
+    }
+
+    /// The client for a request that carries a secret or not, on a standard port or not.
+    fn client(&self, carrying: bool, standard_port: bool) -> Result<reqwest::Client, String> {
+        // Without a grant to tell them apart, one client serves every request.
+        let carrying = carrying && self.secrets.is_some();
+        let standard_port = standard_port
+            || !self
+                .egress
+                .as_ref()
+                .is_some_and(|e| e.internal_ports_limited());
+        let slot = usize::from(carrying) * 2 + usize::from(standard_port);
+        self.clients[slot]
+            .get_or_init(|| {
+                let mut b = crate::net::builder();
+                if let Some(e) = &self.egress {
+                    b = b
+                        .dns_resolver(EgressResolver::new(e.clone(), standard_port))
+                        .no_proxy();
+                }
+                let policy = match &self.egress {
+                    Some(e) => Some(redirect_policy(e.clone(), carrying, standard_port)),
+                    None if carrying => Some(redirect_policy(
+                        Arc::new(Egress::open()),
+                        true,
+                        standard_port,
+                    )),
+                    None => None,
+                };
+                if let Some(p) = policy {
+                    b = b.redirect(p);
+                }
+                b.build().map_err(|e| e.to_string())
+            })
+            .clone()
     }
 
     pub(super) fn run(
@@ -117,9 +154,14 @@ impl Client {
         tool: String,
         params: Map<String, Value>,
     ) -> ActivityFuture {
-        let client = self.http.clone();
-        let egress = self.egress.clone();
+        let carried: Vec<String> = std::iter::once(cfg.url.as_str())
+            .chain(cfg.headers.values().map(String::as_str))
+            .flat_map(super::env_placeholders)
+            .map(str::to_string)
+            .collect();
+        let this = self.clone();
         Box::pin(async move {
+            let (egress, secrets) = (&this.egress, &this.secrets);
             let config_err = |reason: String| ActivityError::Config {
                 tool: tool.clone(),
                 reason,
@@ -129,6 +171,21 @@ impl Client {
             let base =
                 super::fill_env(&cfg.url).map_err(|e| config_err(format!("`_http.url`: {e}")))?;
             let url = fill_template(&base, &params, true);
+            if let Some(s) = &secrets {
+                // Before anything else looks at the URL: its host may carry a value.
+                let refused = |e: crate::grants::SecretHostError| ActivityError::Failed {
+                    message: e.to_string(),
+                    details: json!({"code": e.code()}),
+                };
+                if !carried.is_empty() {
+                    let parsed = reqwest::Url::parse(&url).map_err(|_| ActivityError::Failed {
+                        message: "the request was not sent: its URL does not parse".into(),
+                        details: json!({"code": "grant.egress_url"}),
+                    })?;
+                    s.check(carried.iter().map(String::as_str), &parsed)
+                        .map_err(refused)?;
+                }
+            }
             if let Some(e) = &egress {
                 e.check_str(&url).map_err(|e| ActivityError::Failed {
                     message: format!("the request was not sent: {e}"),
@@ -145,6 +202,11 @@ impl Client {
                 .filter(|(k, _)| !used.contains(k))
                 .map(|(k, v)| (k.clone(), v.clone()))
                 .collect();
+            let standard_port =
+                reqwest::Url::parse(&url).is_ok_and(|u| crate::grants::egress::standard_port(&u));
+            let client = this
+                .client(!carried.is_empty(), standard_port)
+                .map_err(|e| config_err(format!("the HTTP client could not be built: {e}")))?;
             let mut req = client.request(method.clone(), &url).timeout(
                 crate::duration::seconds("_http.timeout_s", cfg.timeout_s.max(0.001))
                     .map_err(|e| config_err(e.to_string()))?,
@@ -212,6 +274,12 @@ fn transport(e: &reqwest::Error, timeout_s: f64) -> ActivityError {
         if let Some(refused) = s.downcast_ref::<crate::grants::EgressError>() {
             return ActivityError::Failed {
                 message: format!("the request was not sent: {refused}"),
+                details: json!({"code": refused.code()}),
+            };
+        }
+        if let Some(refused) = s.downcast_ref::<crate::grants::SecretHostError>() {
+            return ActivityError::Failed {
+                message: refused.to_string(),
                 details: json!({"code": refused.code()}),
             };
         }

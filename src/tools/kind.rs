@@ -55,16 +55,21 @@ fn fail(e: ActivityError) -> ActivityFuture {
 /// egress grant, every request is checked by it (`crate::grants::egress`).
 #[derive(Default)]
 pub(super) struct HttpKind {
-    client: OnceLock<Result<http::Client, String>>,
+    client: OnceLock<http::Client>,
     egress: Option<Arc<crate::grants::Egress>>,
+    secrets: Option<Arc<crate::grants::SecretHosts>>,
 }
 
 impl HttpKind {
-    /// A kind whose requests `egress` checks.
-    pub(super) fn with_egress(egress: Arc<crate::grants::Egress>) -> HttpKind {
+    /// A kind whose requests `egress` checks, and `secrets` those that carry a `${VAR}` value.
+    pub(super) fn with_grants(
+        egress: Option<Arc<crate::grants::Egress>>,
+        secrets: Option<Arc<crate::grants::SecretHosts>>,
+    ) -> HttpKind {
         HttpKind {
             client: OnceLock::new(),
-            egress: Some(egress),
+            egress,
+            secrets,
         }
     }
 }
@@ -80,16 +85,9 @@ impl ActivityKind for HttpKind {
                 if let Some(k) = cx.idempotency_key {
                     cfg.headers.insert("Idempotency-Key".into(), k);
                 }
-                match self
-                    .client
-                    .get_or_init(|| http::Client::new(self.egress.clone()))
-                {
-                    Ok(client) => client.run(cfg, tool.name.clone(), call.params),
-                    Err(e) => fail(ActivityError::Config {
-                        tool: tool.name.clone(),
-                        reason: format!("the HTTP client could not be built: {e}"),
-                    }),
-                }
+                self.client
+                    .get_or_init(|| http::Client::new(self.egress.clone(), self.secrets.clone()))
+                    .run(cfg, tool.name.clone(), call.params)
             }
             Err(e) => fail(e),
         }

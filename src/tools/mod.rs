@@ -294,7 +294,20 @@ impl Registry {
     /// Checks every request of the built-in `http` kind against `egress` (names resolved once,
     /// the checked address connected to, redirects checked alike). Installs the built-in kind.
     pub fn set_egress(&mut self, egress: Arc<crate::grants::Egress>) -> &mut Self {
-        self.register_kind("http", Arc::new(kind::HttpKind::with_egress(egress)))
+        self.set_http_grants(Some(egress), None)
+    }
+
+    /// [`set_egress`](Self::set_egress) (when given), and a request that carries a `${VAR}`
+    /// value only to where `secrets` grants the variable (`grant.env_host`).
+    pub fn set_http_grants(
+        &mut self,
+        egress: Option<Arc<crate::grants::Egress>>,
+        secrets: Option<Arc<crate::grants::SecretHosts>>,
+    ) -> &mut Self {
+        self.register_kind(
+            "http",
+            Arc::new(kind::HttpKind::with_grants(egress, secrets)),
+        )
     }
 
     /// Installs the runner for delegate tools (the built-in `delegate` kind).

@@ -1,6 +1,6 @@
 // dagloop reviewer page: plain JavaScript, no build step. It reads the HTTP API (GET /runs,
-// GET /runs/{id}), follows a run live over SSE (POST /tickets, then EventSource on
-// /runs/{id}/events?ticket=...), and sends decisions (POST /runs/{id}/approvals/{call}).
+// GET /runs/{id}), follows a run live over SSE (POST /tickets sets a single-use cookie, then
+// EventSource on /runs/{id}/events), and sends decisions (POST /runs/{id}/approvals/{call}).
 //
 // The page is several classic scripts sharing one global scope, loaded in order:
 //   app.js   helpers, the API with the token, the selected run and its live stream
@@ -236,18 +236,18 @@ async function openStream() {
     return;
   }
   closeStream();
-  let ticket;
   try {
-    // A ticket opens this run's events only.
-    ticket = (await api("POST", "/tickets", { run: id })).ticket;
+    // A ticket opens this run's events only, once; it comes back as a cookie the EventSource
+    // sends (never in the URL).
+    await api("POST", "/tickets", { run: id });
   } catch (e) {
     setConn("reconnecting", e.message);
     reopenLater();
     return;
   }
   if (id !== page.selected) return;
-  let url = "/runs/" + encodeURIComponent(id) + "/events?ticket=" + encodeURIComponent(ticket);
-  if (page.lastSeq > 0) url += "&after=" + page.lastSeq;
+  let url = "/runs/" + encodeURIComponent(id) + "/events";
+  if (page.lastSeq > 0) url += "?after=" + page.lastSeq;
   const es = new EventSource(url);
   page.es = es;
   const onEvent = (ev) => {
