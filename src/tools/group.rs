@@ -80,13 +80,24 @@ fn start_reaper() -> Option<std::process::ChildStdin> {
     child.stdin.take()
 }
 
+/// Starts the reaper if it has not been started yet. Callers call it just before they start a
+/// program, so that the reaper is told of the new group the moment it exists (starting the
+/// reaper only then would widen the gap in which a killed dagloop leaves the group behind).
+pub(crate) fn arm() {
+    groups().arm();
+}
+
 impl Groups {
-    fn add(&mut self, pgid: i32) {
-        self.live.insert(pgid);
+    fn arm(&mut self) {
         if !self.tried {
             self.tried = true;
             self.reaper = start_reaper();
         }
+    }
+
+    fn add(&mut self, pgid: i32) {
+        self.live.insert(pgid);
+        self.arm();
         self.tell('+', pgid);
     }
 
