@@ -1,6 +1,6 @@
 //! Nothing a run started outlives it, and the process stops cleanly, through the real binary:
-//! a shell tool's background work dies with its call; MCP servers that hang (in the handshake
-//! or in a call) are gone once dagloop exits; SIGTERM leaves a complete events file and a run
+//! a shell tool's background work dies with its call, and with dagloop killed by SIGKILL; MCP
+//! servers that hang (in the handshake or in a call) are gone once dagloop exits or is killed; SIGTERM leaves a complete events file and a run
 //! that `resume` finishes; a closed stdout ends a command quietly (exit 141, no panic); a run
 //! started with relative paths is resumed from another directory; `_http.max_bytes` has a hard
 //! cap (docs/operations.md).
@@ -347,6 +347,65 @@ fn sigterm_kills_the_process_group_of_a_shell_call_in_flight() {
     );
 }
 
+/// `dagloop run` killed with SIGKILL (nothing of it runs after that: no destructor, no
+/// clean-up) while a shell call is in flight: the call's whole process group dies with it
+/// (the reaper kills it), so the background work the call started never writes its marker.
+#[test]
+fn sigkill_of_dagloop_kills_the_process_group_of_a_shell_call_in_flight() {
+    let dir = tempdir();
+    let pidfile = dir.path().join("bg.pids");
+    let marker = dir.path().join("MARKER");
+    let script = format!(
+        "echo $$ > '{p}'; (sleep 2; touch '{m}') & echo $! >> '{p}'; wait",
+        p = pidfile.display(),
+        m = marker.display()
+    );
+    write(
+        dir.path(),
+        "s.json",
+        &json!({"turns": [
+            {"solution": {"calls": [{"_tool": "bg", "_outputPath": "†state.bg"}], "output": null}},
+            {"solution": {"calls": [], "output": {"done": true}}}
+        ]}),
+    );
+    let goal = write(
+        dir.path(),
+        "goal.json",
+        &json!({"goal": "start background work", "model": "scripted:s.json",
+            "output_schema": {"type": "object"},
+            "tools": [{"_tool": "bg", "_activity": "shell", "type": "object", "properties": {},
+                "_shell": {"command": ["sh", "-c", script], "timeout_s": 30}}]}),
+    );
+    let mut child = bin::dagloop()
+        .arg("run")
+        .arg(&goal)
+        .args(["--json", "--allow-shell", "--approve", "auto", "--store"])
+        .arg(dir.path().join("runs.db"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap_or_else(|e| panic!("spawn: {e}"));
+    let start = Instant::now();
+    while pids_in(&pidfile).len() < 2 {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "the shell call never started"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.kill().unwrap_or_else(|e| panic!("kill: {e}"));
+    child.wait().unwrap_or_else(|e| panic!("wait: {e}"));
+    let left = wait_gone(&pids_in(&pidfile), Duration::from_secs(10));
+    assert!(
+        left.is_empty(),
+        "the shell call's group outlived dagloop: {left:?}"
+    );
+    assert!(
+        !marker.exists(),
+        "the shell tool's background work ran on after dagloop was killed"
+    );
+}
+
 /// Starts `dagloop serve` in `dir` (where submitted goals' files are) on a free port with
 /// `store`; the child and its `listening` line.
 fn serve(dir: &Path, store: &Path) -> (std::process::Child, Value) {
@@ -688,6 +747,50 @@ fn sigterm_during_an_mcp_handshake_stops_at_once_and_the_server_is_gone() {
     assert!(
         left.is_empty(),
         "still running after dagloop exited: {left:?}"
+    );
+}
+
+/// `dagloop run` killed with SIGKILL while its MCP server is in the handshake: the server's
+/// process group (the server and the child it started) is gone soon after.
+#[test]
+fn an_mcp_server_is_gone_after_dagloop_is_killed() {
+    let dir = tempdir();
+    let pidfile = dir.path().join("mute.pids");
+    write(
+        dir.path(),
+        "s.json",
+        &json!({"turns": [{"solution": {"calls": [], "output": {}}}]}),
+    );
+    let mut server = mute_server(&pidfile);
+    server["startup_timeout_s"] = json!(60);
+    let goal = write(
+        dir.path(),
+        "goal.json",
+        &json!({"goal": "use a mute server", "model": "scripted:s.json",
+            "output_schema": {"type": "object"}, "mcp_servers": [server]}),
+    );
+    let mut child = bin::dagloop()
+        .arg("run")
+        .arg(&goal)
+        .args(["--json", "--no-store"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap_or_else(|e| panic!("spawn: {e}"));
+    let start = Instant::now();
+    while pids_in(&pidfile).len() < 2 {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "the server never started"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.kill().unwrap_or_else(|e| panic!("kill: {e}"));
+    child.wait().unwrap_or_else(|e| panic!("wait: {e}"));
+    let left = wait_gone(&pids_in(&pidfile), Duration::from_secs(10));
+    assert!(
+        left.is_empty(),
+        "still running after dagloop was killed: {left:?}"
     );
 }
 

@@ -1,6 +1,7 @@
 //! Durable runs through the binary: a run killed (SIGKILL) after every possible number of
-//! journal entries resumes to the same output and state as an uninterrupted run, and no call
-//! whose completion was recorded runs again; a run waiting for a reviewer is decided and resumed
+//! journal entries resumes, at once (the killed owner's lease is taken over without waiting for
+//! it to expire), to the same output and state as an uninterrupted run, and no call whose
+//! completion was recorded runs again; a run waiting for a reviewer is decided and resumed
 //! from another process; bad stores and bad decisions get stable codes.
 
 #[path = "common/bin.rs"]
@@ -85,16 +86,6 @@ fn write_goal(dir: &Path, url: &str, approve: Option<&str>, idempotent: bool) ->
     let path = dir.join("goal.json");
     std::fs::write(&path, goal.to_string()).expect("goal");
     path
-}
-
-/// The lease a process that is about to crash takes on its run (`DAGLOOP_LEASE_MS`): short,
-/// so that the sweep resumes each crashed run soon after, as the next process would once the
-/// lease of a crashed one expired.
-const CRASH_LEASE_MS: u64 = 200;
-
-/// Waits until the lease of a crashed process has expired.
-fn past_the_lease() {
-    std::thread::sleep(Duration::from_millis(CRASH_LEASE_MS + 50));
 }
 
 fn dagloop(store: &Path) -> Command {
@@ -230,7 +221,6 @@ async fn a_run_killed_after_any_journal_entry_resumes_to_the_same_result() {
         let store = dir.path().join(format!("crash-{n}.db"));
         let out = dagloop(&store)
             .env("DAGLOOP_CRASH_AFTER_ENTRIES", n.to_string())
-            .env("DAGLOOP_LEASE_MS", CRASH_LEASE_MS.to_string())
             .args(["run"])
             .arg(&goal)
             .arg("--json")
@@ -242,9 +232,9 @@ async fn a_run_killed_after_any_journal_entry_resumes_to_the_same_result() {
         crashed += 1;
         let run = only_run(&store);
         let done_before = completed(&store, &run);
-        past_the_lease();
+        // At once: the crashed process's lease (20 s) still runs, but its process is gone.
         let out = dagloop(&store)
-            .args(["resume", &run, "--json"])
+            .args(["resume", &run, "--json", "--no-wait"])
             .output()
             .expect("resume");
         resumed_like(&out, &base, &counts, &done_before, &[1, 2, 3, 4], n);
@@ -373,8 +363,7 @@ async fn a_run_waiting_for_approval_killed_after_any_journal_entry_resumes_to_th
     let run = |store: &Path, crash: Option<u64>| {
         let mut c = dagloop(store);
         if let Some(n) = crash {
-            c.env("DAGLOOP_CRASH_AFTER_ENTRIES", n.to_string())
-                .env("DAGLOOP_LEASE_MS", CRASH_LEASE_MS.to_string());
+            c.env("DAGLOOP_CRASH_AFTER_ENTRIES", n.to_string());
         }
         c.args(["run"])
             .arg(&goal)
@@ -418,10 +407,10 @@ async fn a_run_waiting_for_approval_killed_after_any_journal_entry_resumes_to_th
         interrupted += usize::from(!left.interrupted.is_empty());
         mid_stream += usize::from(left.mid_stream);
         let done_before = completed(&store, &id);
-        past_the_lease();
         let events = dir.path().join(format!("ask-{n}.events"));
+        // At once, as in the sweep above.
         let out = dagloop(&store)
-            .args(["resume", &id, "--json", "--decisions"])
+            .args(["resume", &id, "--json", "--no-wait", "--decisions"])
             .arg(&decisions)
             .arg("--events")
             .arg(&events)

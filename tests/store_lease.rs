@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 use axum::Json;
 use axum::extract::State;
 use axum::routing::post;
+use dagloop::store::OwnerProcess;
 use serde_json::{Value, json};
 
 /// What the service does when a call `n` arrives, before it answers (on a blocking thread).
@@ -317,9 +318,9 @@ fn read_only_commands_refuse_a_store_file_that_does_not_exist_and_create_nothing
     assert_eq!(listed.as_array().map(Vec::len), Some(1), "{listed}");
 }
 
-/// N `resume`s of a run that waits for a decision, started at once (N = 2 and 8): exactly one
-/// drives it (with the decisions file) to its end, the others are refused with `store.busy`;
-/// every call ran once and no write failed.
+/// N `resume --no-wait`s of a run that waits for a decision, started at once (N = 2 and 8):
+/// exactly one drives it (with the decisions file) to its end, the others are refused with
+/// `store.busy`; every call ran once and no write failed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_resumes_of_a_waiting_run_leave_exactly_one_driver() {
     let svc = Service::start().await;
@@ -333,7 +334,7 @@ async fn concurrent_resumes_of_a_waiting_run_leave_exactly_one_driver() {
         // ends it (they used to end it `journal_failed`).
         let outs = at_once(n, || {
             let mut c = dagloop(&store);
-            c.args(["resume", &run, "--json", "--detach"]);
+            c.args(["resume", &run, "--json", "--detach", "--no-wait"]);
             c
         });
         for out in &outs {
@@ -350,7 +351,7 @@ async fn concurrent_resumes_of_a_waiting_run_leave_exactly_one_driver() {
         svc.counts.lock().expect("counts").clear();
         let outs = at_once(n, || {
             let mut c = dagloop(&store);
-            c.args(["resume", &run, "--json", "--decisions"])
+            c.args(["resume", &run, "--json", "--no-wait", "--decisions"])
                 .arg(&decisions);
             c
         });
@@ -361,8 +362,9 @@ async fn concurrent_resumes_of_a_waiting_run_leave_exactly_one_driver() {
     }
 }
 
-/// A run killed (SIGKILL) mid-call, then 8 `resume`s at once once its lease has expired: one
-/// drives it to its end, seven are refused with `store.busy`.
+/// A run killed (SIGKILL) mid-call, then at once (its 20 s lease far from expired) 8 `resume
+/// --no-wait`s: the owner's process is gone, so one takes the run over at once and drives it to
+/// its end; the seven others find that one alive and are refused with `store.busy`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_resumes_of_a_killed_run_leave_exactly_one_driver() {
     let svc = Service::start().await;
@@ -378,7 +380,6 @@ async fn concurrent_resumes_of_a_killed_run_leave_exactly_one_driver() {
     });
     svc.set_delay(Duration::from_secs(3));
     let mut child = dagloop(&store)
-        .env("DAGLOOP_LEASE_MS", "300")
         .arg("run")
         .arg(&goal)
         .arg("--json")
@@ -400,10 +401,14 @@ async fn concurrent_resumes_of_a_killed_run_leave_exactly_one_driver() {
         .expect("run id");
     svc.clear_hook();
     svc.set_delay(Duration::from_millis(1500));
-    std::thread::sleep(Duration::from_millis(400));
+    let (_, expires, _) = lease_of(&store, &run);
+    assert!(
+        expires.is_some_and(|e| e > now_ms() + 5_000),
+        "the killed process's lease has not expired"
+    );
     let outs = at_once(8, || {
         let mut c = dagloop(&store);
-        c.args(["resume", &run, "--json"]);
+        c.args(["resume", &run, "--json", "--no-wait"]);
         c
     });
     one_driver(&outs);
@@ -432,17 +437,18 @@ async fn a_live_lease_refuses_and_a_stale_one_is_taken_over() {
     let other = "00112233445566778899aabbccddeeff (pid 1 on elsewhere)";
     set_lease(&store, &run, Some(other), Some(now_ms() + 60_000));
     let out = dagloop(&store)
-        .args(["resume", &run, "--json", "--decisions"])
+        .args(["resume", &run, "--json", "--no-wait", "--decisions"])
         .arg(&decisions)
         .output()
         .expect("resume");
     assert_eq!(out.status.code(), Some(2));
     let v = json_of(&out);
     assert_eq!(v["error"]["code"], "store.busy", "{v}");
+    // It names the owner, and a time a person can read: seconds from now.
+    let message = v["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains(other), "{v}");
     assert!(
-        v["error"]["message"]
-            .as_str()
-            .is_some_and(|m| m.contains(other)),
+        message.contains("for another 60 s") || message.contains("for another 59 s"),
         "{v}"
     );
     let listed = json_of(
@@ -484,6 +490,128 @@ async fn a_live_lease_refuses_and_a_stale_one_is_taken_over() {
     let v = json_of(&out);
     assert_eq!(v["status"], "succeeded", "{v}");
     assert_eq!(v["output"], total());
+    assert_eq!(svc.counts(), BTreeMap::from([(1, 1), (2, 1)]));
+}
+
+/// Sets the lease on `run` as a process left it: its owner id and expiry, and the process
+/// (host, pid, start time) the lease names.
+fn set_process_lease(
+    store: &Path,
+    run: &str,
+    owner: &str,
+    expires_at: i64,
+    process: &OwnerProcess,
+) {
+    let db = rusqlite::Connection::open(store).expect("open");
+    db.busy_timeout(Duration::from_secs(10)).expect("busy");
+    let n = db
+        .execute(
+            "UPDATE runs SET owner = ?2, lease_expires_at = ?3, lease_host = ?4, lease_pid = ?5,
+             lease_started = ?6 WHERE id = ?1",
+            rusqlite::params![
+                run,
+                owner,
+                expires_at,
+                process.host,
+                process.pid,
+                process.started as i64
+            ],
+        )
+        .expect("update");
+    assert_eq!(n, 1);
+}
+
+/// `resume RUN --json --no-wait --detach`: the run parks again (`waiting`), or the error.
+fn resume_no_wait(store: &Path, run: &str) -> Value {
+    json_of(
+        &dagloop(store)
+            .args(["resume", run, "--json", "--no-wait", "--detach"])
+            .output()
+            .expect("resume"),
+    )
+}
+
+/// A lease names its owner's process. One of this host that is gone (a pid no process has, or
+/// a pid now held by a process that started at another time) is taken over at once, however
+/// long the lease still runs. One of this host that is alive (this test's process), and one of
+/// another host (another boot id), are waited for: `--no-wait` refuses with `store.busy`;
+/// without it, `resume` prints one line naming the holder and how many seconds its lease runs,
+/// waits for the lease to expire, and finishes the run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gone_owner_on_this_host_is_taken_over_at_once_and_any_other_is_waited_for() {
+    let Some(me) = OwnerProcess::current() else {
+        eprintln!("SKIPPED: this system does not tell processes apart (/proc)");
+        return;
+    };
+    let svc = Service::start().await;
+    let dir = tempfile::tempdir().expect("dir");
+    let goal = write_goal(dir.path(), &svc.url, false, json!({}));
+    let decisions = approve_all(dir.path());
+    let store = dir.path().join("runs.db");
+    let run = waiting_run(&store, &goal);
+    let other = "00112233445566778899aabbccddeeff (pid 1234 on here)";
+    let long = || now_ms() + 60_000;
+    // Alive on this host: refused.
+    set_process_lease(&store, &run, other, long(), me);
+    let v = resume_no_wait(&store, &run);
+    assert_eq!(v["error"]["code"], "store.busy", "a live owner: {v}");
+    // The same pid, started at another time: a reused pid, its owner is gone.
+    let reused = OwnerProcess {
+        started: me.started + 1,
+        ..me.clone()
+    };
+    set_process_lease(&store, &run, other, long(), &reused);
+    let v = resume_no_wait(&store, &run);
+    assert_eq!(v["status"], "waiting", "a reused pid: {v}");
+    // A pid no process has.
+    let mut exited = Command::new("true").spawn().expect("spawn");
+    let gone = OwnerProcess {
+        pid: exited.id(),
+        ..me.clone()
+    };
+    exited.wait().expect("wait");
+    set_process_lease(&store, &run, other, long(), &gone);
+    let v = resume_no_wait(&store, &run);
+    assert_eq!(v["status"], "waiting", "an exited owner: {v}");
+    // Another host: its process cannot be judged from here, only its lease's expiry counts.
+    let elsewhere = OwnerProcess {
+        host: "0b0e0d1d-0000-4000-8000-000000000000/pid:[4026531836]".into(),
+        ..gone
+    };
+    set_process_lease(&store, &run, other, long(), &elsewhere);
+    let v = resume_no_wait(&store, &run);
+    assert_eq!(v["error"]["code"], "store.busy", "another host: {v}");
+    // Waited for: a lease of another host that runs out in 2 s.
+    set_process_lease(&store, &run, other, now_ms() + 2_000, &elsewhere);
+    let started = Instant::now();
+    let out = dagloop(&store)
+        .args(["resume", &run, "--json", "--decisions"])
+        .arg(&decisions)
+        .output()
+        .expect("resume");
+    let v = json_of(&out);
+    assert_eq!(v["status"], "succeeded", "{v}");
+    assert_eq!(v["output"], total());
+    assert!(
+        started.elapsed() >= Duration::from_millis(1_500),
+        "it waited for the lease"
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let told: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.contains("is being run by"))
+        .collect();
+    assert_eq!(told.len(), 1, "one line about the holder: {stderr}");
+    assert!(told[0].contains(other), "{stderr}");
+    let seconds: Option<u64> = told[0]
+        .split("for another ")
+        .nth(1)
+        .and_then(|rest| rest.split(' ').next())
+        .and_then(|n| n.parse().ok());
+    assert!(
+        seconds.is_some_and(|s| (1..=2).contains(&s)),
+        "how long, in seconds: {stderr}"
+    );
     assert_eq!(svc.counts(), BTreeMap::from([(1, 1), (2, 1)]));
 }
 
@@ -724,6 +852,63 @@ async fn a_store_locked_past_the_busy_timeout_stops_the_run_resumable() {
     assert_eq!(v["output"], total());
 }
 
+/// Another connection holds the store's write lock longer than the busy timeout (300 ms here)
+/// but less than the three tries take in all (3 × 300 ms + 1.25 s of pauses) while a run
+/// tries to journal: the run waits, then completes, every call once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_locked_longer_than_the_busy_timeout_waits_and_the_run_completes() {
+    let svc = Service::start().await;
+    let dir = tempfile::tempdir().expect("dir");
+    let goal = write_goal(dir.path(), &svc.url, true, json!({}));
+    let store = dir.path().join("runs.db");
+    let held: Arc<Mutex<Option<std::thread::JoinHandle<Duration>>>> = Arc::default();
+    {
+        let store = store.clone();
+        let held = held.clone();
+        svc.set_hook(move |n| {
+            if n != 1 {
+                return;
+            }
+            let (locked_tx, locked) = std::sync::mpsc::channel();
+            let store = store.clone();
+            let t = std::thread::spawn(move || {
+                let db = rusqlite::Connection::open(&store).expect("open");
+                db.busy_timeout(Duration::from_secs(10)).expect("busy");
+                db.execute_batch("BEGIN IMMEDIATE").expect("lock");
+                let at = Instant::now();
+                let _ = locked_tx.send(());
+                std::thread::sleep(Duration::from_millis(900));
+                db.execute_batch("ROLLBACK").expect("unlock");
+                at.elapsed()
+            });
+            locked.recv().expect("locked");
+            *held.lock().expect("held") = Some(t);
+        });
+    }
+    let out = dagloop(&store)
+        .env("DAGLOOP_BUSY_TIMEOUT_MS", "300")
+        .arg("run")
+        .arg(&goal)
+        .arg("--json")
+        .output()
+        .expect("run");
+    let v = json_of(&out);
+    let t = held.lock().expect("held").take();
+    let held_for = t.expect("the lock was held").join().expect("holder");
+    assert!(
+        held_for > Duration::from_millis(300),
+        "locked past the busy timeout"
+    );
+    assert_eq!(out.status.code(), Some(0), "{v}");
+    assert_eq!(v["status"], "succeeded", "{v}");
+    assert_eq!(v["output"], total());
+    assert_eq!(svc.counts(), BTreeMap::from([(1, 1), (2, 1)]));
+    assert_eq!(
+        shown_status(&store, v["run_id"].as_str().unwrap_or("")),
+        "succeeded"
+    );
+}
+
 /// `run --approve ask --detach` on a goal with `limits.timeout_s` returns at once with the run
 /// waiting (it used to block until the deadline and end the run `timeout`); the deadline is
 /// kept by the run and fires when the run is next driven after it, not before.
@@ -797,7 +982,6 @@ async fn resume_without_a_reviewer_refuses_instead_of_hanging() {
     });
     svc.set_delay(Duration::from_secs(3));
     let mut child = dagloop(&store)
-        .env("DAGLOOP_LEASE_MS", "300")
         .arg("run")
         .arg(&goal)
         .arg("--json")
@@ -819,7 +1003,6 @@ async fn resume_without_a_reviewer_refuses_instead_of_hanging() {
         .expect("run id");
     svc.clear_hook();
     svc.set_delay(Duration::from_millis(10));
-    std::thread::sleep(Duration::from_millis(400));
     let mut child = dagloop(&store)
         .args(["resume", &run, "--json"])
         .stdout(Stdio::piped())
@@ -837,7 +1020,9 @@ async fn resume_without_a_reviewer_refuses_instead_of_hanging() {
     let out = child.wait_with_output().expect("output");
     assert_eq!(out.status.code(), Some(2));
     assert_eq!(code_of(&out), "approval.no_reviewer");
-    // The refusal let the lease go: a reviewer continues at once.
+    // The refusal gave the lease back (it had taken it over from the killed process).
+    assert_eq!(lease_of(&store, &run), (None, None, false), "given back");
+    // A reviewer continues at once.
     let decisions = approve_all(dir.path());
     let v = json_of(
         &dagloop(&store)

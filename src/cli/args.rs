@@ -303,6 +303,10 @@ pub enum Command {
         /// the new definition is recorded.
         #[arg(long)]
         accept_changes: bool,
+        /// When another live process drives the run, refuse at once (`store.busy`) instead of
+        /// waiting for it to let go.
+        #[arg(long)]
+        no_wait: bool,
         /// Without a terminal: `fail` or `reject` (see `run --on-no-reviewer`).
         #[arg(long, value_enum, default_value = "fail")]
         on_no_reviewer: NoReviewer,

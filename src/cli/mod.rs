@@ -276,6 +276,7 @@ pub async fn main(mut cli: Cli) -> i32 {
             detach,
             decisions,
             accept_changes,
+            no_wait,
             on_no_reviewer,
             mode,
             tools_from,
@@ -304,7 +305,11 @@ pub async fn main(mut cli: Cli) -> i32 {
                 mode: mode.map(run::mode_name),
                 ..Default::default()
             };
-            resume(&id, existing(), over, accept_changes, config, display).await
+            let how = Resuming {
+                accept_changes,
+                wait: !no_wait,
+            };
+            resume(&id, existing(), over, how, config, display).await
         }
         Command::Fork {
             run: id,
@@ -556,11 +561,47 @@ fn decision_of(d: DecideArg) -> Result<crate::protocol::Decision, CliError> {
     })
 }
 
+/// How `resume` continues a run: with the definition as it is now (`--accept-changes`), and
+/// whether it waits for another process that drives the run (not with `--no-wait`).
+struct Resuming {
+    accept_changes: bool,
+    wait: bool,
+}
+
+/// How often `resume` tries again for a run another process drives: a holder on this host
+/// that is gone is taken over at once, one elsewhere once its lease expires.
+const CLAIM_EVERY: std::time::Duration = std::time::Duration::from_millis(250);
+
+/// Takes the run's lease. While another live process holds it: `store.busy` without `wait`;
+/// with it, one line on stderr saying who holds it and for how long (again when the holder
+/// changes), then tries again every [`CLAIM_EVERY`] until the lease is free, expired, or its
+/// holder is gone.
+async fn claim(s: &Store, id: &str, wait: bool) -> Result<(), CliError> {
+    let mut told: Option<String> = None;
+    loop {
+        match s.claim(id) {
+            Ok(()) => return Ok(()),
+            Err(crate::store::StoreError::Busy {
+                owner, remaining_s, ..
+            }) if wait => {
+                if told.as_deref() != Some(owner.as_str()) {
+                    errln!(
+                        "dagloop: run {id} is being run by {owner}; its lease runs for another {remaining_s} s (renewed while that process drives the run): waiting for it to let go (--no-wait to refuse instead)"
+                    );
+                    told = Some(owner);
+                }
+                tokio::time::sleep(CLAIM_EVERY).await;
+            }
+            Err(e) => return Err(CliError::new(e.code(), e)),
+        }
+    }
+}
+
 async fn resume(
     id: &str,
     store: Result<Option<Store>, CliError>,
     over: run::RunOptions,
-    accept_changes: bool,
+    how: Resuming,
     config: Option<&crate::config::Config>,
     display: run::Display,
 ) -> Result<i32, CliError> {
@@ -585,10 +626,10 @@ async fn resume(
     if let Some(r) = &stored.result {
         return finished(r);
     }
-    // The lease decides who drives the run (`store.busy` while another process holds it); the
-    // journal is read again once it is ours, so that no entry another process appended before
-    // it let go is missed.
-    s.claim(id).map_err(|e| CliError::new(e.code(), e))?;
+    // The lease decides who drives the run (another process that holds it is waited for, or
+    // `store.busy` with --no-wait); the journal is read again once it is ours, so that no
+    // entry another process appended before it let go is missed.
+    claim(&s, id, how.wait).await?;
     let stored = match s.load(id) {
         Ok(stored) => stored,
         Err(e) => {
@@ -612,7 +653,7 @@ async fn resume(
         opts.mode = over.mode;
     }
     opts.allow_shell |= over.allow_shell;
-    if accept_changes {
+    if how.accept_changes {
         opts.definition.clear();
     }
     let grants = match grants_for(config, opts.allow_shell, false) {
@@ -630,11 +671,11 @@ async fn resume(
         Some(s.clone()),
     )
     .await;
-    if ran.is_err() {
-        // Refused before it was driven (no reviewer, a goal that no longer loads, a definition
-        // that changed...): the next process may take the run at once.
-        let _ = s.release(id);
-    }
+    // However it went, the lease does not stay with this process: refused before it was driven
+    // (no reviewer, a goal that no longer loads, a definition that changed), stopped while it
+    // was being set up, or stopped by a failed write. (A finished or parked run, and one whose
+    // lease another process took, hold none of this process's: nothing changes.)
+    let _ = s.release(id);
     ran
 }
 

@@ -8,14 +8,19 @@
 //!
 //! Who drives a stored run is a lease on its row (owner id and expiry; see [`RunStore`]): taken
 //! in one atomic update, renewed while the run is driven, checked inside every append's
-//! transaction, taken over by whoever comes next once it expired. Never a process id.
+//! transaction, taken over by whoever comes next once it expired. The lease also records the
+//! owner's process ([`OwnerProcess`]: host, pid, start time), so that a process on the same
+//! host takes over at once from an owner that is gone; a process id alone decides nothing.
 //!
 //! Deliberately not here: deciding what a stored run means (the machine does, by replay) or
 //! running it (the engine does).
 
+mod owner;
 mod query;
 #[cfg(feature = "sqlite")]
 mod sqlite;
+
+pub use owner::OwnerProcess;
 
 pub use query::{
     Cursor, DEFAULT_LIMIT, MAX_LIMIT, QueryError, RunPage, RunQuery, RunSummary, STATUSES,
@@ -77,6 +82,9 @@ pub struct Lease {
     pub owner: String,
     /// When the lease runs out (milliseconds since the Unix epoch) unless renewed.
     pub expires_at: Millis,
+    /// The owner's process, when it recorded one (leases taken by an older dagloop did not).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub process: Option<OwnerProcess>,
 }
 
 /// Everything stored about one run.
@@ -181,7 +189,7 @@ pub enum StoreError {
     },
     /// Another owner holds an unexpired lease on the run: it drives it.
     #[error(
-        "run {id} is being run by {owner} (its lease runs until {expires_at} ms); decide with `dagloop decide`, or try again once that process has stopped and its lease has expired"
+        "run {id} is being run by {owner}, whose lease runs for another {remaining_s} s unless it is renewed; decide with `dagloop decide`, or resume it once that process has stopped (`dagloop resume` without --no-wait waits for it)"
     )]
     Busy {
         /// The run.
@@ -190,6 +198,8 @@ pub enum StoreError {
         owner: String,
         /// Until when (milliseconds since the Unix epoch), unless renewed.
         expires_at: Millis,
+        /// How long that is from the refusal, in whole seconds (rounded up).
+        remaining_s: u64,
     },
     /// This process no longer holds the run's lease (it expired and another owner took it, or
     /// it was released): it must not write to the run.
@@ -272,7 +282,8 @@ pub trait RunStore: JournalSink {
     /// Records a new run (before its first journal entry), leased to this owner.
     fn create(&self, record: &RunRecord) -> Result<(), StoreError>;
     /// Takes the run's lease for this owner, in one atomic update: it succeeds when nobody
-    /// holds it, it expired, or this owner holds it already; otherwise `store.busy`.
+    /// holds it, it expired, this owner holds it already, or its owner ran on this host and is
+    /// gone (see [`OwnerProcess`]); otherwise `store.busy`.
     fn claim(&self, id: &str) -> Result<(), StoreError>;
     /// Gives the lease up (when this owner holds it): the run stays as it is, for the next
     /// process to continue.

@@ -21,6 +21,12 @@
 //! lease (and pushes the expiry on). A commit that finds the file locked past the busy timeout
 //! is tried again after a pause, then refused (`store.locked`).
 //!
+//! Schema version 6 records the lease holder's process beside the lease (`lease_host`: boot id
+//! and PID namespace, `lease_pid`, `lease_started`: its start time): a `claim` that finds the
+//! lease held by a process of this host that is gone takes it over at once, in the same
+//! transaction (see `store::OwnerProcess`). Rows without them (an older dagloop's leases, and
+//! processes that cannot tell their host) wait for the expiry as before.
+//!
 //! Deliberately not here: what the entries mean (the machine replays them).
 
 use std::path::{Path, PathBuf};
@@ -161,6 +167,17 @@ const MIGRATIONS: &[&str] = &[
     ALTER TABLE runs ADD COLUMN compacted TEXT;
     ALTER TABLE runs ADD COLUMN compacted_bytes INTEGER;
 ",
+    // 6: the lease holder's process (host: boot id and PID namespace; pid; start time), so that
+    // a process on the same host can tell the holder is gone and take the run over at once.
+    // NULL (leases an older dagloop took, and runs nobody holds): only the expiry decides. The
+    // index lets a server's watcher find the processes holding leases on this host.
+    "
+    ALTER TABLE runs ADD COLUMN lease_host TEXT;
+    ALTER TABLE runs ADD COLUMN lease_pid INTEGER;
+    ALTER TABLE runs ADD COLUMN lease_started INTEGER;
+    CREATE INDEX runs_lease_host ON runs(lease_host, lease_pid, lease_started)
+        WHERE lease_host IS NOT NULL;
+",
 ];
 
 /// Journal entries as the writer stores them: a batch to a row (see the module docs).
@@ -210,10 +227,12 @@ impl Rows {
     }
 }
 
-/// Who the writer writes as: the store handle's owner id and lease length.
+/// Who the writer writes as: the store handle's owner id and lease length, and its process
+/// (recorded with every lease it takes).
 struct Me {
     owner: std::sync::Arc<str>,
     lease_ms: i64,
+    process: Option<&'static super::OwnerProcess>,
 }
 
 enum Write {
@@ -407,6 +426,7 @@ impl SqliteStore {
         let me = Me {
             owner: owner.clone(),
             lease_ms: i64::try_from(lease.as_millis()).unwrap_or(i64::MAX),
+            process: super::OwnerProcess::current(),
         };
         let writer = std::thread::Builder::new()
             .name("dagloop-store".into())
@@ -564,6 +584,21 @@ fn live_lease(owner: Option<String>, expires: Option<i64>, now: Millis) -> Optio
     (expires_at >= now).then_some(super::Lease {
         owner: owner?,
         expires_at,
+        process: None,
+    })
+}
+
+/// The process a row's lease columns name (`lease_host`, `lease_pid`, `lease_started`), when
+/// they name one.
+fn owner_process(
+    host: Option<String>,
+    pid: Option<i64>,
+    started: Option<i64>,
+) -> Option<super::OwnerProcess> {
+    Some(super::OwnerProcess {
+        host: host?,
+        pid: u32::try_from(pid?).ok()?,
+        started: u64::try_from(started?).ok()?,
     })
 }
 
@@ -660,10 +695,12 @@ impl RunStore for SqliteStore {
             Option<i64>,
             bool,
             i64,
+            Option<super::OwnerProcess>,
         );
         let row: Option<Row> = c
             .query_row(
-                "SELECT record, result, owner, lease_expires_at, compacted IS NOT NULL, entries
+                "SELECT record, result, owner, lease_expires_at, compacted IS NOT NULL, entries,
+                 lease_host, lease_pid, lease_started
                  FROM runs WHERE id = ?1",
                 params![id],
                 |r| {
@@ -674,12 +711,13 @@ impl RunStore for SqliteStore {
                         r.get(3)?,
                         r.get(4)?,
                         r.get(5)?,
+                        owner_process(r.get(6)?, r.get(7)?, r.get(8)?),
                     ))
                 },
             )
             .optional()
             .map_err(io)?;
-        let Some((record, result, owner, expires, compacted, entries)) = row else {
+        let Some((record, result, owner, expires, compacted, entries, process)) = row else {
             return Err(StoreError::UnknownRun { id: id.into() });
         };
         if compacted {
@@ -726,7 +764,7 @@ impl RunStore for SqliteStore {
             record,
             journal,
             result,
-            lease: live_lease(owner, expires, now_ms()),
+            lease: live_lease(owner, expires, now_ms()).map(|l| super::Lease { process, ..l }),
         })
     }
 

@@ -7,23 +7,116 @@
 //! be dropped (the process leaves with `std::process::exit`) or whose grace period has not
 //! ended yet is not left behind either.
 //!
+//! A process killed outright (SIGKILL, the OOM killer) runs none of that, so the list is also
+//! kept by a **reaper**: a tiny `sh` process, started with the first guarded group, in a group
+//! of its own and deaf to SIGINT, SIGTERM and SIGHUP, that reads `+ PGID` and `- PGID` lines
+//! from a pipe only this process writes. When this process is gone, however it went, the pipe
+//! reads end-of-file and the reaper kills every group still listed, then exits. (Not
+//! `PR_SET_PDEATHSIG`: it fires when the *thread* that spawned the program exits, and tokio
+//! spawns from threads that come and go; and it reaches only the group's leader, not what the
+//! leader started.) A group started in the instant before the process was killed, before the
+//! reaper heard of it, is the one gap.
+//!
 //! Deliberately not here: starting the programs (their callers do, with `process_group(0)`),
 //! or waiting for them.
 
 use std::collections::BTreeSet;
+use std::io::Write;
 use std::sync::Mutex;
 use std::time::Duration;
 
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
 
-/// The groups guarded and not yet killed with SIGKILL.
-static LIVE: Mutex<BTreeSet<i32>> = Mutex::new(BTreeSet::new());
+/// The guarded groups not yet killed with SIGKILL, and the reaper that keeps the same list.
+struct Groups {
+    live: BTreeSet<i32>,
+    /// The reaper's pipe (None: not started yet, or it could not be started, or it is gone).
+    reaper: Option<std::process::ChildStdin>,
+    /// Starting the reaper was tried (it is tried once per process).
+    tried: bool,
+}
 
-fn live() -> std::sync::MutexGuard<'static, BTreeSet<i32>> {
-    match LIVE.lock() {
+static GROUPS: Mutex<Groups> = Mutex::new(Groups {
+    live: BTreeSet::new(),
+    reaper: None,
+    tried: false,
+});
+
+fn groups() -> std::sync::MutexGuard<'static, Groups> {
+    match GROUPS.lock() {
         Ok(g) => g,
         Err(p) => p.into_inner(),
+    }
+}
+
+/// The reaper's program: keeps the listed groups, and kills those still listed at end-of-file.
+const REAPER: &str = r#"trap '' INT TERM HUP
+live=' '
+while read -r op pg; do
+  case $op in
+    +) live="$live$pg " ;;
+    -) case $live in *" $pg "*) live="${live%% $pg *} ${live#* $pg }" ;; esac ;;
+  esac
+done
+for pg in $live; do kill -s KILL -- "-$pg" 2>/dev/null; done
+"#;
+
+fn start_reaper() -> Option<std::process::ChildStdin> {
+    use std::os::unix::process::CommandExt;
+    let mut child = std::process::Command::new("/bin/sh")
+        .args(["-c", REAPER])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .current_dir("/")
+        // Its own group: a Ctrl-C at the terminal, or a kill of this process's group, does
+        // not reach it.
+        .process_group(0)
+        .spawn()
+        .map_err(|e| tracing::warn!("cannot start the process-group reaper: {e}"))
+        .ok()?;
+    // Never waited for: it exits only once this process is gone (its parent is then init).
+    child.stdin.take()
+}
+
+/// Starts the reaper if it has not been started yet. Callers call it just before they start a
+/// program, so that the reaper is told of the new group the moment it exists (starting the
+/// reaper only then would widen the gap in which a killed dagloop leaves the group behind).
+pub(crate) fn arm() {
+    groups().arm();
+}
+
+impl Groups {
+    fn arm(&mut self) {
+        if !self.tried {
+            self.tried = true;
+            self.reaper = start_reaper();
+        }
+    }
+
+    fn add(&mut self, pgid: i32) {
+        self.live.insert(pgid);
+        self.arm();
+        self.tell('+', pgid);
+    }
+
+    fn remove(&mut self, pgid: i32) -> bool {
+        let was = self.live.remove(&pgid);
+        if was {
+            self.tell('-', pgid);
+        }
+        was
+    }
+
+    /// One line to the reaper (written under the lock, so that lines about one group id keep
+    /// their order); a reaper that is gone is forgotten.
+    fn tell(&mut self, op: char, pgid: i32) {
+        if let Some(w) = self.reaper.as_mut()
+            && w.write_all(format!("{op} {pgid}\n").as_bytes()).is_err()
+        {
+            self.reaper = None;
+        }
     }
 }
 
@@ -49,7 +142,7 @@ impl KillOnDrop {
         // pid 0 or 1 (or one past `pid_t`) would name far more than the group.
         let pgid = pid.and_then(|p| i32::try_from(p).ok()).filter(|p| *p > 1);
         if let Some(g) = pgid {
-            live().insert(g);
+            groups().add(g);
         }
         KillOnDrop { pgid, grace }
     }
@@ -82,8 +175,10 @@ impl Drop for KillOnDrop {
 
 /// SIGKILL to the group, unless [`kill_all`] (or an earlier call) already sent it.
 fn final_kill(pgid: i32) {
-    if live().remove(&pgid) {
+    let mut g = groups();
+    if g.live.contains(&pgid) {
         let _ = killpg(Pid::from_raw(pgid), Signal::SIGKILL);
+        g.remove(pgid);
     }
 }
 
@@ -91,8 +186,10 @@ fn final_kill(pgid: i32) {
 /// For the way out of the process: call it after the runtime has been dropped, just before
 /// `std::process::exit`.
 pub fn kill_all() {
-    let groups = std::mem::take(&mut *live());
-    for g in groups {
-        let _ = killpg(Pid::from_raw(g), Signal::SIGKILL);
+    let mut g = groups();
+    let live = std::mem::take(&mut g.live);
+    for pgid in live {
+        let _ = killpg(Pid::from_raw(pgid), Signal::SIGKILL);
+        g.tell('-', pgid);
     }
 }

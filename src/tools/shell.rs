@@ -3,7 +3,8 @@
 //!
 //! The program runs in a process group of its own. When the call ends, however it ends (done,
 //! failed, timed out, or cancelled by dropping its future), the whole group is killed
-//! (SIGKILL), so nothing the program started in the background outlives the call.
+//! (SIGKILL), so nothing the program started in the background outlives the call; when dagloop
+//! itself is killed, the reaper kills it (see `group`).
 
 use std::process::Stdio;
 
@@ -75,6 +76,7 @@ pub(super) fn run(cfg: ShellConfig, tool: String, params: Map<String, Value>) ->
             .iter()
             .map(|a| fill_template(a, &params, false))
             .collect();
+        crate::tools::group::arm();
         let mut child = tokio::process::Command::new(&args[0])
             .args(&args[1..])
             .stdin(Stdio::null())

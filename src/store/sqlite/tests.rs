@@ -60,6 +60,7 @@ async fn a_request_that_fails_in_a_batch_leaves_nothing_and_undoes_no_other() {
     let me = Me {
         owner: store.owner.clone(),
         lease_ms: 1000,
+        process: None,
     };
     let out = commit(&mut c, &batch, &path, &me).expect("commit");
     assert!(

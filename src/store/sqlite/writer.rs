@@ -222,10 +222,47 @@ pub(super) fn holder(
     .ok_or_else(|| StoreError::UnknownRun { id: id.into() })
 }
 
+/// A run's lease holder: who, until when, and the process the lease names.
+type Holder = (
+    Option<String>,
+    Option<i64>,
+    Option<crate::store::OwnerProcess>,
+);
+
+/// [`holder`], with the process its lease names (when it names one).
+fn holder_process(c: &Connection, id: &str) -> Result<Holder, StoreError> {
+    type Row = (
+        Option<String>,
+        Option<i64>,
+        Option<String>,
+        Option<i64>,
+        Option<i64>,
+    );
+    let row: Option<Row> = c
+        .query_row(
+            "SELECT owner, lease_expires_at, lease_host, lease_pid, lease_started FROM runs WHERE id = ?1",
+            params![id],
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?)),
+        )
+        .optional()
+        .map_err(io)?;
+    let (owner, expires, host, pid, started) =
+        row.ok_or_else(|| StoreError::UnknownRun { id: id.into() })?;
+    Ok((owner, expires, owner_process(host, pid, started)))
+}
+
 pub(super) fn apply(c: &Connection, me: &Me, w: &Write) -> Result<Done, StoreError> {
     let now = now_ms() as i64;
     let until = now.saturating_add(me.lease_ms);
     let owner: &str = &me.owner;
+    let (host, pid, started) = match me.process {
+        Some(p) => (
+            Some(p.host.as_str()),
+            Some(i64::from(p.pid)),
+            i64::try_from(p.started).ok(),
+        ),
+        None => (None, None, None),
+    };
     match w {
         Write::Create(rec) => {
             let record = serde_json::to_string(rec).map_err(io)?;
@@ -233,9 +270,10 @@ pub(super) fn apply(c: &Connection, me: &Me, w: &Write) -> Result<Done, StoreErr
             let by = rec.options["submitted_by"].as_str();
             let n = c
                 .execute(
-                    "INSERT OR IGNORE INTO runs (id, created_at, updated_at, record, status, owner, lease_expires_at, title, submitted_by, awaiting)
-                     VALUES (?1, ?2, ?2, ?3, 'running', ?4, ?5, ?6, ?7, 0)",
-                    params![rec.id, rec.created_at as i64, record, owner, until, title, by],
+                    "INSERT OR IGNORE INTO runs (id, created_at, updated_at, record, status, owner, lease_expires_at, title, submitted_by, awaiting,
+                     lease_host, lease_pid, lease_started)
+                     VALUES (?1, ?2, ?2, ?3, 'running', ?4, ?5, ?6, ?7, 0, ?8, ?9, ?10)",
+                    params![rec.id, rec.created_at as i64, record, owner, until, title, by, host, pid, started],
                 )
                 .map_err(io)?;
             if n == 0 {
@@ -260,17 +298,34 @@ pub(super) fn apply(c: &Connection, me: &Me, w: &Write) -> Result<Done, StoreErr
             // between a check and a write.
             let n = c
                 .execute(
-                    "UPDATE runs SET owner = ?2, lease_expires_at = ?3, parked = 0 WHERE id = ?1
+                    "UPDATE runs SET owner = ?2, lease_expires_at = ?3, parked = 0,
+                     lease_host = ?5, lease_pid = ?6, lease_started = ?7 WHERE id = ?1
                      AND (owner IS NULL OR owner = ?2 OR lease_expires_at IS NULL OR lease_expires_at < ?4)",
-                    params![id, owner, until, now],
+                    params![id, owner, until, now, host, pid, started],
                 )
                 .map_err(io)?;
             if n == 0 {
-                let (holder, expires) = holder(c, id)?;
+                let (holder, expires, process) = holder_process(c, id)?;
+                // A holder on this host that is gone (crashed, killed) is taken over at once,
+                // in this same transaction: still nobody can come between.
+                if let (Some(gone), Some(p)) = (&holder, &process)
+                    && p.is_gone()
+                {
+                    c.execute(
+                        "UPDATE runs SET owner = ?2, lease_expires_at = ?3, parked = 0,
+                         lease_host = ?5, lease_pid = ?6, lease_started = ?7 WHERE id = ?1 AND owner = ?4",
+                        params![id, owner, until, gone, host, pid, started],
+                    )
+                    .map_err(io)?;
+                    tracing::info!(run = %id, "took the run over from {gone}: that process is gone");
+                    return Ok(Done::Unit);
+                }
+                let expires_at = expires.map_or(0, |e| e.max(0) as u64);
                 return Err(StoreError::Busy {
                     id: id.clone(),
                     owner: holder.unwrap_or_default(),
-                    expires_at: expires.map_or(0, |e| e.max(0) as u64),
+                    expires_at,
+                    remaining_s: expires_at.saturating_sub(now as u64).div_ceil(1000),
                 });
             }
             Ok(Done::Unit)
@@ -290,7 +345,8 @@ pub(super) fn apply(c: &Connection, me: &Me, w: &Write) -> Result<Done, StoreErr
         }
         Write::Release(id) => {
             c.execute(
-                "UPDATE runs SET owner = NULL, lease_expires_at = NULL WHERE id = ?1 AND owner = ?2",
+                "UPDATE runs SET owner = NULL, lease_expires_at = NULL,
+                 lease_host = NULL, lease_pid = NULL, lease_started = NULL WHERE id = ?1 AND owner = ?2",
                 params![id, owner],
             )
             .map_err(io)?;
@@ -326,7 +382,7 @@ pub(super) fn apply(c: &Connection, me: &Me, w: &Write) -> Result<Done, StoreErr
             let n = c
                 .execute(
                     "UPDATE runs SET result = ?2, status = ?3, updated_at = ?4, owner = NULL, lease_expires_at = NULL,
-                     awaiting = 0, wake_at = NULL
+                     lease_host = NULL, lease_pid = NULL, lease_started = NULL, awaiting = 0, wake_at = NULL
                      WHERE id = ?1 AND (owner IS NULL OR owner = ?5)",
                     params![id, text, status, now, owner],
                 )

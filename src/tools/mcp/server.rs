@@ -160,6 +160,7 @@ async fn connect(
                 cmd.env(k, config.expand(v)?);
             }
             cmd.process_group(0);
+            crate::tools::group::arm();
             let (transport, stderr) = TokioChildProcess::builder(cmd)
                 .stderr(Stdio::piped())
                 .spawn()
