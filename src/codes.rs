@@ -151,6 +151,7 @@ codes! {
     "cli.bad_principals" => "The server's principals file cannot be read or is malformed.",
     "cli.bind" => "The server cannot listen on the address given.",
     "cli.events_file" => "The `--events` file cannot be written.",
+    "cli.exists" => "`dagloop init` would overwrite a file that exists; it wrote nothing (choose another folder).",
     "cli.feature_disabled" => "The command needs a feature this binary was built without (for example `temporal`).",
     "cli.junit_file" => "The `--junit` file cannot be written.",
     "cli.no_store" => "The command needs a store and none is given (`--store` or `DAGLOOP_STORE`).",

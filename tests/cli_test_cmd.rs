@@ -287,19 +287,19 @@ fn dagloop_test_runs_the_examples_and_writes_junit() {
     let junit = dir.path().join("junit.xml");
     let (code, out) = test_cmd(&["examples", "--junit", junit.to_str().expect("path")]);
     assert_eq!(code, 0, "{out}");
-    for name in ["delegate", "refund", "research"] {
+    for name in ["delegate", "first-goal", "refund", "research"] {
         assert!(
             out.contains(&format!("test examples/{name} ... ok")),
             "{out}"
         );
     }
     assert!(
-        out.contains("test result: ok. 3 passed; 0 failed;"),
+        out.contains("test result: ok. 4 passed; 0 failed;"),
         "{out}"
     );
     let xml = std::fs::read_to_string(&junit).expect("junit");
     assert!(
-        xml.contains(r#"<testsuite name="dagloop" tests="3" failures="0""#),
+        xml.contains(r#"<testsuite name="dagloop" tests="4" failures="0""#),
         "{xml}"
     );
     assert!(xml.contains(r#"<testcase name="examples/refund""#), "{xml}");
@@ -429,7 +429,7 @@ fn crash_each_point_passes_on_the_examples() {
     let (code, out) = test_cmd(&["--crash-each-point", "examples"]);
     assert_eq!(code, 0, "{out}");
     assert!(
-        out.contains("test result: ok. 3 passed; 0 failed;"),
+        out.contains("test result: ok. 4 passed; 0 failed;"),
         "{out}"
     );
     let points: u64 = out

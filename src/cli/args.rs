@@ -467,6 +467,13 @@ pub enum Command {
         #[command(flatten)]
         temporal: TemporalArgs,
     },
+    /// Write a first goal into DIR (default: the current folder): goal.json, its scripted model
+    /// (script.json), the services' recorded answers (tools.json) and a test case (test.json).
+    /// Refuses to overwrite any file (the walk-through: docs/tutorial.md).
+    Init {
+        /// The folder to write (created if needed).
+        dir: Option<PathBuf>,
+    },
     /// Check a goal file, or a plan (a Solution or an array of calls), without running anything.
     Validate {
         /// The goal or plan file.
