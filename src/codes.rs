@@ -136,6 +136,7 @@ codes! {
     "approval.no_reviewer" => "A call needs a reviewer and none can be asked (no terminal, no `--decisions`, not the server); start it where a reviewer can decide.",
     "approval.rejected" => "A reviewer (or a `deny` rule) rejected the call.",
     "approval.rule_example" => "A rule's `examples` disagree with the rule: an example that must match does not, or one that must not does.",
+    "approval.rule_matches_nothing" => "`dagloop validate`: an approval rule's `tool` pattern matches none of the goal's tools, or uses `[`/`{` (only `*` and `?` are wildcards), so it decides nothing.",
     "auth.forbidden" => "The server knows who you are, and your roles do not allow this request.",
     "auth.invalid" => "The bearer token is not one the server knows.",
     "auth.missing" => "The request carries no credentials and the server requires them.",

@@ -385,3 +385,69 @@ async fn graph_defaults_to_mermaid() {
     let run = dagloop_in("plans", &["graph", "valid.plan.json"]).await;
     assert_eq!(run.stdout, graph("valid.plan.json", "mermaid").await);
 }
+
+// ----- what authors get wrong (issue 49) -----
+
+/// Each mistake a first goal's author makes, as `validate` reports it, with a did-you-mean
+/// wherever something close exists: a reference to a path nothing writes (in a goal's plan and
+/// in a script), a param of the wrong type in a script, rule patterns that match no tool, a plan
+/// that reads `input` validated without `--goal`, and typos in keys that are not meta keys.
+#[tokio::test]
+async fn validate_catches_what_authors_get_wrong() {
+    let mut all = Map::new();
+    for (name, args, exit) in [
+        (
+            "dangling_in_a_goal",
+            &["validate", "dangling.goal.json"][..],
+            1,
+        ),
+        (
+            "script_against_its_goal",
+            &[
+                "validate",
+                "typo.script.json",
+                "--goal",
+                "weather.goal.json",
+            ][..],
+            1,
+        ),
+        ("rule_patterns", &["validate", "rules.goal.json"][..], 1),
+        ("plan_without_goal", &["validate", "input.plan.json"][..], 1),
+        (
+            "typo_in_a_field",
+            &["validate", "typo_field.goal.json"][..],
+            2,
+        ),
+        ("typo_in_http", &["validate", "typo_http.goal.json"][..], 2),
+    ] {
+        let run = dagloop_in("authoring", args).await;
+        assert_eq!(run.code, exit, "{name}: {}", run.stdout);
+        all.insert(name.into(), run.json());
+    }
+    let text = |k: &str| all[k].to_string();
+    assert!(
+        text("dangling_in_a_goal").contains("did you mean `state.weather`"),
+        "{}",
+        text("dangling_in_a_goal")
+    );
+    let script = &all["script_against_its_goal"];
+    assert_eq!(
+        codes(script),
+        ["plan.invalid_params", "plan.dangling_reference"],
+        "{script:#}"
+    );
+    assert!(text("script_against_its_goal").contains("did you mean `state.weather`"));
+    assert_eq!(
+        codes(&all["rule_patterns"]),
+        [
+            "approval.rule_matches_nothing",
+            "approval.rule_matches_nothing"
+        ]
+    );
+    assert!(text("rule_patterns").contains("only `*` (any run of characters) and `?`"));
+    assert!(text("rule_patterns").contains("did you mean `getWeather`"));
+    assert!(text("plan_without_goal").contains("--goal GOAL"));
+    assert!(text("typo_in_a_field").contains("did you mean `tools`"));
+    assert!(text("typo_in_http").contains("did you mean `timeout_s`"));
+    insta::assert_json_snapshot!(Value::Object(all));
+}

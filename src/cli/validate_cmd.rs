@@ -48,7 +48,7 @@ pub(super) fn validate(
         .map(|p| Goal::load(p).map_err(|e| CliError::new(e.code(), &e)))
         .transpose()?;
     if is_script_file(file) {
-        let findings = check::check_script_file(file, other_goal.as_ref().map(|g| &g.tools[..]));
+        let findings = check::check_script_file(file, other_goal.as_ref());
         return Ok(report(json!({"kind": "scripted-model"}), findings));
     }
     let (calls, own_goal) = load_plan(file)?;
@@ -75,10 +75,22 @@ pub(super) fn validate(
             "plan",
             check::check_plan(&calls, Some(&g.tools), &check::initial_data(&g)),
         ),
-        (None, None) => (
-            "plan",
-            check::check_plan(&calls, None, &serde_json::Map::new()),
-        ),
+        (None, None) => {
+            let findings = check::check_plan(&calls, None, &serde_json::Map::new());
+            // Without a goal there is no input: say so rather than leave only "nothing writes
+            // `input.x`" for each reference.
+            let reads_input = findings.iter().any(|f| {
+                f.code == "plan.dangling_reference" && f.message.contains("writes `input")
+            });
+            let mut head = json!({"kind": "plan", "calls": calls.len()});
+            if reads_input {
+                head["hint"] = json!(format!(
+                    "the plan reads `input`, which only a goal gives: dagloop validate {} --goal GOAL",
+                    file.display()
+                ));
+            }
+            return Ok(report(head, findings));
+        }
     };
     Ok(report(
         json!({"kind": kind, "calls": calls.len()}),
@@ -99,6 +111,10 @@ pub(super) fn report(mut head: Value, findings: Vec<check::Finding>) -> i32 {
     let ok = findings.is_empty();
     head["status"] = json!(if ok { "valid" } else { "invalid" });
     head["findings"] = json!(findings);
+    // The hint last, after what it explains.
+    if let Some(hint) = head.as_object_mut().and_then(|m| m.shift_remove("hint")) {
+        head["hint"] = hint;
+    }
     outln!("{}", pretty(&head));
     if ok { 0 } else { 1 }
 }
