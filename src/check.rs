@@ -536,6 +536,107 @@ pub fn check_script(script: &Script, goal: Option<&Goal>) -> Vec<Finding> {
     out
 }
 
+/// What a run's calls did, for `dagloop graph RUN`: each call's id, tool and final status, and
+/// the data that flowed between them.
+pub struct RunCall {
+    /// The call id.
+    pub id: u64,
+    /// The call as it arrived (its references and output path).
+    pub call: Call,
+    /// What became of it (`done`, `error`, `unresolved`, ...).
+    pub status: String,
+}
+
+/// The data flow of a run: `(writer, reader, path)` (indexes into `calls`) when the reader,
+/// which arrived after the writer, reads a path the writer's output path writes (either
+/// alternative of a branch).
+pub fn run_edges(calls: &[RunCall]) -> Vec<(usize, usize, String)> {
+    let reads: Vec<Vec<Path>> = calls.iter().map(|c| read_paths(&c.call)).collect();
+    let writes: Vec<Vec<Path>> = calls.iter().map(|c| write_paths(&c.call)).collect();
+    let mut out = Vec::new();
+    for (r, read) in reads.iter().enumerate() {
+        for (w, written) in writes.iter().enumerate().take(r) {
+            if let Some(p) = read.iter().find(|p| written.iter().any(|q| q.overlaps(p))) {
+                out.push((w, r, p.to_string()));
+            }
+        }
+    }
+    out
+}
+
+/// A failed status, drawn in red.
+fn failed_status(status: &str) -> bool {
+    matches!(
+        status,
+        "error"
+            | "failed"
+            | "timeout"
+            | "panic"
+            | "refused"
+            | "unresolved"
+            | "rejected"
+            | "cancelled"
+            | "interrupted"
+    )
+}
+
+/// A run's calls and data flow as Mermaid ([`run_edges`]); failed calls in red.
+pub fn run_mermaid(calls: &[RunCall]) -> String {
+    let mut s = String::from("graph TD\n    classDef failed fill:#fdd,stroke:#c00\n");
+    for c in calls {
+        let class = if failed_status(&c.status) {
+            ":::failed"
+        } else {
+            ""
+        };
+        s.push_str(&format!(
+            "    c{}[\"#{} {} · {}\"]{class}\n",
+            c.id,
+            c.id,
+            escape(&c.call.tool),
+            escape(&c.status)
+        ));
+    }
+    for (w, r, p) in run_edges(calls) {
+        s.push_str(&format!(
+            "    c{} -- \"{}\" --> c{}\n",
+            calls[w].id,
+            escape(&p),
+            calls[r].id
+        ));
+    }
+    s
+}
+
+/// A run's calls and data flow as Graphviz dot ([`run_edges`]); failed calls in red.
+pub fn run_dot(calls: &[RunCall]) -> String {
+    let mut s = String::from("digraph run {\n");
+    for c in calls {
+        let color = if failed_status(&c.status) {
+            ", color=red"
+        } else {
+            ""
+        };
+        s.push_str(&format!(
+            "    c{} [label=\"#{} {} · {}\"{color}];\n",
+            c.id,
+            c.id,
+            escape(&c.call.tool),
+            escape(&c.status)
+        ));
+    }
+    for (w, r, p) in run_edges(calls) {
+        s.push_str(&format!(
+            "    c{} -> c{} [label=\"{}\"];\n",
+            calls[w].id,
+            calls[r].id,
+            escape(&p)
+        ));
+    }
+    s.push_str("}\n");
+    s
+}
+
 /// The dependency graph as Mermaid (calls numbered from 1; see [`edges`]).
 pub fn mermaid(calls: &[Call], goal: Option<&Goal>) -> String {
     let mut s = String::from("graph TD\n");

@@ -183,6 +183,7 @@ codes! {
     "grant.unknown_mcp_server" => "The goal names an operator-defined MCP server the configuration does not define.",
     "graph.cycle" => "The calls' dependencies form a cycle.",
     "graph.duplicate" => "Two calls have the same id in one graph.",
+    "graph.no_plan" => "`dagloop graph GOAL`: the goal has no `plan`, so there is nothing to draw before a run; draw a run instead (`dagloop graph RUN`).",
     "hook.before_tool" => "A library caller's `before_tool` hook refused the call.",
     "http.bad_body" => "The request body is not the JSON this endpoint takes.",
     "http.bad_host" => "The request's Host header is not one the server answers (DNS rebinding protection).",

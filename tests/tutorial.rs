@@ -148,6 +148,7 @@ fn every_block_of_the_tutorial_runs_as_written() {
         "\"status\": \"valid\"",
         "\"status\": \"identical\"",
         "test result: ok. 2 passed; 0 failed;",
+        "c1 -- \"state.paris.current.temperature_2m\" --> c3",
     ] {
         assert!(stdout.contains(needle), "{needle}:\n{stdout}");
     }

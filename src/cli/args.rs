@@ -485,9 +485,10 @@ pub enum Command {
         #[arg(long)]
         allow_shell: bool,
     },
-    /// Print a plan's dependency graph.
+    /// Print a plan's dependency graph, or what a stored run did (its calls, their status and
+    /// the data that flowed between them).
     Graph {
-        /// The goal or plan file.
+        /// The goal or plan file, or a stored run's id.
         file: PathBuf,
         /// Output format.
         #[arg(long, value_enum, default_value = "mermaid")]

@@ -444,7 +444,7 @@ pub async fn main(cli: Cli) -> i32 {
         } => {
             grants_for(config, allow_shell, false).and_then(|g| validate(&file, goal.as_deref(), g))
         }
-        Command::Graph { file, format } => graph(&file, format),
+        Command::Graph { file, format } => graph(&file, format, || required(existing())),
         Command::Init { dir } => init_cmd::init(dir.as_deref().unwrap_or(FsPath::new("."))),
         Command::MockLlm { script, port } => mock_llm(&script, port).await,
         Command::Serve {

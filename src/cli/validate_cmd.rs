@@ -119,11 +119,68 @@ pub(super) fn report(mut head: Value, findings: Vec<check::Finding>) -> i32 {
     if ok { 0 } else { 1 }
 }
 
-pub(super) fn graph(file: &FsPath, format: GraphFormat) -> Result<i32, CliError> {
+pub(super) fn graph(
+    file: &FsPath,
+    format: GraphFormat,
+    store: impl FnOnce() -> Result<Store, CliError>,
+) -> Result<i32, CliError> {
+    // Not a file: a stored run's id (`dagloop graph RUN`).
+    if !file.exists() && !file.to_string_lossy().ends_with(".json") {
+        return graph_run(&store()?, &file.to_string_lossy(), format);
+    }
     let (calls, goal) = load_plan(file)?;
+    if calls.is_empty() && goal.is_some() {
+        return Err(CliError::new(
+            "graph.no_plan",
+            format!(
+                "{} has no `plan`: its calls come from the model as it runs, so there is no graph to draw before a run; run it, then draw what the run did: dagloop graph RUN",
+                file.display()
+            ),
+        ));
+    }
     let text = match format {
         GraphFormat::Mermaid => check::mermaid(&calls, goal.as_ref()),
         GraphFormat::Dot => check::dot(&calls, goal.as_ref()),
+    };
+    out!("{text}");
+    Ok(0)
+}
+
+/// `dagloop graph RUN`: the calls of a stored run's own agent as they arrived, each with what
+/// became of it, and the data that flowed between them (`check::run_edges`).
+fn graph_run(store: &Store, run: &str, format: GraphFormat) -> Result<i32, CliError> {
+    let stored = store
+        .load(run)
+        .map_err(|e| CliError::new(crate::codes::HasCode::code(&e), e.to_string()))?;
+    let rb = crate::runs::rebuild(&stored.record, &stored.journal)
+        .map_err(|e| CliError::new(e.code(), e.to_string()))?;
+    let view = crate::runs::describe_view(
+        &stored.record.id,
+        &rb,
+        stored.journal.len(),
+        stored.result.as_ref(),
+        stored.lease.is_some(),
+    );
+    let calls: Vec<check::RunCall> = rb
+        .events
+        .iter()
+        .filter(|e| e.depth == 0)
+        .filter_map(|e| match (&e.kind, e.call) {
+            (crate::protocol::EventKind::CallReceived { call }, Some(id)) => Some(check::RunCall {
+                id: id.0,
+                call: (**call).clone(),
+                status: view
+                    .calls
+                    .iter()
+                    .find(|c| c.id == id.0)
+                    .map_or_else(|| "pending".to_string(), |c| c.status.clone()),
+            }),
+            _ => None,
+        })
+        .collect();
+    let text = match format {
+        GraphFormat::Mermaid => check::run_mermaid(&calls),
+        GraphFormat::Dot => check::run_dot(&calls),
     };
     out!("{text}");
     Ok(0)
