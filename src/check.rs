@@ -62,6 +62,54 @@ fn write_paths(c: &Call) -> Vec<Path> {
     }
 }
 
+/// What a call writes, its tool's fixed `_outputPath` (a string) standing in when the call
+/// gives none.
+fn write_paths_with(c: &Call, tools: Option<&[Tool]>) -> Vec<Path> {
+    let fixed = || {
+        let t = tools?.iter().find(|t| t.name == c.tool)?;
+        let text = t.schema.get("_outputPath")?.as_str()?;
+        Some(Call::new(c.tool.clone()).output(text))
+    };
+    match (&c.output_path, fixed()) {
+        (None, Some(with_tools)) => write_paths(&with_tools),
+        _ => write_paths(c),
+    }
+}
+
+/// The paths a reference could be meant to name: `writes`, and the initial data's keys (a few
+/// levels deep), as written in references (`state.weather`).
+fn known_paths(writes: &[Vec<Path>], initial: &Map<String, Value>) -> Vec<String> {
+    fn walk(prefix: &str, v: &Value, depth: usize, out: &mut Vec<String>) {
+        out.push(prefix.to_string());
+        if depth == 0 {
+            return;
+        }
+        if let Value::Object(m) = v {
+            for (k, v) in m {
+                walk(&format!("{prefix}.{k}"), v, depth - 1, out);
+            }
+        }
+    }
+    let mut out: Vec<String> = writes.iter().flatten().map(ToString::to_string).collect();
+    for (kind, v) in initial {
+        walk(kind, v, 4, &mut out);
+    }
+    out.sort();
+    out.dedup();
+    out
+}
+
+/// The message for a reference to `p` that nothing writes, with the closest path something
+/// does write, or the data holds, when one is close enough to be a typo.
+fn dangling_message(p: &Path, known: &[String]) -> String {
+    let text = p.to_string();
+    let mut m = format!("nothing writes `{text}` and it is not in the initial data");
+    if let Some(s) = crate::protocol::meta::closest(&text, known.iter().map(String::as_str)) {
+        m.push_str(&format!(" (did you mean `{s}`?)"));
+    }
+    m
+}
+
 fn read_paths(c: &Call) -> Vec<Path> {
     c.references()
         .map(|refs| {
@@ -229,21 +277,15 @@ fn plan_findings(
             }
         }
     }
-    let writes: Vec<Vec<Path>> = calls.iter().map(write_paths).collect();
+    let writes: Vec<Vec<Path>> = calls.iter().map(|c| write_paths_with(c, tools)).collect();
+    let known = known_paths(&writes, initial);
     for (i, c) in calls.iter().enumerate() {
         for p in read_paths(c) {
-            let written = writes
-                .iter()
-                .enumerate()
-                .any(|(j, w)| j != i && w.iter().any(|q| q.overlaps(&p)));
-            let present = initial
-                .get(p.kind())
-                .is_some_and(|v| crate::state::apply::get(v, p.rest()).is_some());
-            if !written && !present {
+            if !written_or_present(&p, i, &writes, initial) {
                 out.push(Finding::call(
                     "plan.dangling_reference",
                     i,
-                    format!("nothing writes `{p}` and it is not in the initial data"),
+                    dangling_message(&p, &known),
                 ));
             }
         }
@@ -257,6 +299,24 @@ fn plan_findings(
     }
     out.sort_by(|a, b| (a.call, a.code).cmp(&(b.call, b.code)));
     out
+}
+
+/// True when a call other than the `i`th writes a path overlapping `p`, or the initial data
+/// holds it.
+fn written_or_present(
+    p: &Path,
+    i: usize,
+    writes: &[Vec<Path>],
+    initial: &Map<String, Value>,
+) -> bool {
+    let written = writes
+        .iter()
+        .enumerate()
+        .any(|(j, w)| j != i && w.iter().any(|q| q.overlaps(p)));
+    written
+        || initial
+            .get(p.kind())
+            .is_some_and(|v| crate::state::apply::get(v, p.rest()).is_some())
 }
 
 /// The call's params as written, checked by the tool's own [`ParamsValidator`]: a param that
@@ -304,13 +364,14 @@ pub fn check_goal(goal: &Goal) -> Vec<Finding> {
                 for spec in list {
                     if let ModelSpec::Scripted(p) = spec {
                         let path = goal.resolve_path(&p.to_string_lossy());
-                        out.extend(check_script_file(&path, Some(&goal.tools)));
+                        out.extend(check_script_file(&path, Some(goal)));
                     }
                 }
             }
             Err(e) => out.push(model_finding(e.to_string())),
         }
     }
+    out.extend(rule_findings(goal));
     // The run also has the tools of the goal's MCP servers, known once they run: a plan call
     // to a tool the goal does not define may be one of them, so for the graph's verdicts it is
     // taken as a call to a tool with an activity (`plan.unknown_tool` still names it).
@@ -330,6 +391,53 @@ pub fn check_goal(goal: &Goal) -> Vec<Finding> {
         Some(&run_tools),
         &initial_data(goal),
     ));
+    out
+}
+
+/// Approval rules whose `tool` pattern matches none of the goal's tools (when the goal has no
+/// MCP servers, whose tools are known only once they run), and patterns that use a wildcard
+/// the glob does not have (`[`, `]`, `{`, `}`: only `*` and `?` are wildcards, anything else
+/// matches itself).
+fn rule_findings(goal: &Goal) -> Vec<Finding> {
+    let Some(policy) = &goal.approval else {
+        return Vec::new();
+    };
+    let names: Vec<&str> = goal.tools.iter().map(|t| t.name.as_str()).collect();
+    let mut out = Vec::new();
+    for rule in &policy.rules {
+        let pattern = &rule.spec.tool;
+        let matches_one = names
+            .iter()
+            .any(|n| crate::approval::rules::glob(pattern, n));
+        let foreign = pattern.contains(['[', ']', '{', '}']);
+        if !foreign && (matches_one || !goal.mcp_servers.is_empty()) {
+            continue;
+        }
+        let mut message = format!("approval rule {}: tool pattern `{pattern}`", rule.label);
+        if matches_one {
+            message.push_str(" uses `[`, `]`, `{` or `}`, which match themselves");
+        } else {
+            message.push_str(&format!(
+                " matches none of the goal's tools ({})",
+                names.join(", ")
+            ));
+            if let Some(s) = crate::protocol::meta::closest(pattern, names.iter().copied()) {
+                message.push_str(&format!(" (did you mean `{s}`?)"));
+            }
+        }
+        if foreign {
+            message.push_str(
+                "; only `*` (any run of characters) and `?` (one character) are wildcards",
+            );
+        }
+        out.push(Finding {
+            code: "approval.rule_matches_nothing",
+            call: None,
+            tool: None,
+            turn: None,
+            message,
+        });
+    }
     out
 }
 
@@ -358,46 +466,176 @@ fn model_finding(message: String) -> Finding {
 }
 
 /// Loads and checks a scripted-model file (see [`check_script`]).
-pub fn check_script_file(path: &FsPath, tools: Option<&[Tool]>) -> Vec<Finding> {
+pub fn check_script_file(path: &FsPath, goal: Option<&Goal>) -> Vec<Finding> {
     match Script::load(path) {
-        Ok(s) => check_script(&s, tools),
+        Ok(s) => check_script(&s, goal),
         Err(e) => vec![model_finding(e.to_string())],
     }
 }
 
 /// Checks a parsed scripted-model file: each turn's solution parses as a Solution and, when
-/// `tools` is given, every call names one of them.
-pub fn check_script(script: &Script, tools: Option<&[Tool]>) -> Vec<Finding> {
+/// the goal is given, every call names one of its tools, its literal params fit the tool's
+/// schema, and every reference names something the goal's input or state holds or some call
+/// of the script writes (a call of a later turn counts: the check does not follow the turns'
+/// order).
+pub fn check_script(script: &Script, goal: Option<&Goal>) -> Vec<Finding> {
     let mut out = Vec::new();
+    // (turn, call within the turn, the call), from 0.
+    let mut calls: Vec<(usize, usize, Call)> = Vec::new();
     for (i, turn) in script.turns.iter().enumerate() {
         let TurnBody::Solution(v) = &turn.body else {
             continue;
         };
-        let finding = |code, message: String| Finding {
-            code,
-            call: None,
-            tool: None,
-            turn: Some(i + 1),
-            message,
-        };
         match Solution::from_value(v.clone()) {
-            Err(e) => out.push(finding("script.invalid_solution", e.to_string())),
-            Ok(s) => {
-                let Some(tools) = tools else { continue };
-                for (j, c) in s.calls.iter().enumerate() {
-                    if !tools.iter().any(|t| t.name == c.tool) {
-                        let mut f = finding(
-                            "script.unknown_tool",
-                            format!("call {}: no tool named `{}` in the goal", j + 1, c.tool),
-                        );
-                        f.call = Some(j + 1);
-                        out.push(f);
-                    }
-                }
+            Err(e) => out.push(Finding {
+                code: "script.invalid_solution",
+                call: None,
+                tool: None,
+                turn: Some(i + 1),
+                message: e.to_string(),
+            }),
+            Ok(s) => calls.extend(s.calls.into_iter().enumerate().map(|(j, c)| (i, j, c))),
+        }
+    }
+    let Some(goal) = goal else { return out };
+    let tools = &goal.tools[..];
+    let at = |turn: usize, call: usize, f: Finding| Finding {
+        turn: Some(turn + 1),
+        call: Some(call + 1),
+        ..f
+    };
+    let writes: Vec<Vec<Path>> = calls
+        .iter()
+        .map(|(_, _, c)| write_paths_with(c, Some(tools)))
+        .collect();
+    let initial = initial_data(goal);
+    let known = known_paths(&writes, &initial);
+    for (k, (turn, j, c)) in calls.iter().enumerate() {
+        let mut found = Vec::new();
+        match tools.iter().find(|t| t.name == c.tool) {
+            None => found.push(Finding::call(
+                "script.unknown_tool",
+                *j,
+                format!("no tool named `{}` in the goal", c.tool),
+            )),
+            Some(t) => check_literal_params(c, t, *j, &mut found),
+        }
+        if let Err(e) = c.references() {
+            found.push(Finding::call("plan.bad_reference", *j, e));
+        }
+        for p in read_paths(c) {
+            if !written_or_present(&p, k, &writes, &initial) {
+                found.push(Finding::call(
+                    "plan.dangling_reference",
+                    *j,
+                    dangling_message(&p, &known),
+                ));
+            }
+        }
+        out.extend(found.into_iter().map(|f| at(*turn, *j, f)));
+    }
+    out
+}
+
+/// What a run's calls did, for `dagloop graph RUN`: each call's id, tool and final status, and
+/// the data that flowed between them.
+pub struct RunCall {
+    /// The call id.
+    pub id: u64,
+    /// The call as it arrived (its references and output path).
+    pub call: Call,
+    /// What became of it (`done`, `error`, `unresolved`, ...).
+    pub status: String,
+}
+
+/// The data flow of a run: `(writer, reader, path)` (indexes into `calls`) when the reader,
+/// which arrived after the writer, reads a path the writer's output path writes (either
+/// alternative of a branch).
+pub fn run_edges(calls: &[RunCall]) -> Vec<(usize, usize, String)> {
+    let reads: Vec<Vec<Path>> = calls.iter().map(|c| read_paths(&c.call)).collect();
+    let writes: Vec<Vec<Path>> = calls.iter().map(|c| write_paths(&c.call)).collect();
+    let mut out = Vec::new();
+    for (r, read) in reads.iter().enumerate() {
+        for (w, written) in writes.iter().enumerate().take(r) {
+            if let Some(p) = read.iter().find(|p| written.iter().any(|q| q.overlaps(p))) {
+                out.push((w, r, p.to_string()));
             }
         }
     }
     out
+}
+
+/// A failed status, drawn in red.
+fn failed_status(status: &str) -> bool {
+    matches!(
+        status,
+        "error"
+            | "failed"
+            | "timeout"
+            | "panic"
+            | "refused"
+            | "unresolved"
+            | "rejected"
+            | "cancelled"
+            | "interrupted"
+    )
+}
+
+/// A run's calls and data flow as Mermaid ([`run_edges`]); failed calls in red.
+pub fn run_mermaid(calls: &[RunCall]) -> String {
+    let mut s = String::from("graph TD\n    classDef failed fill:#fdd,stroke:#c00\n");
+    for c in calls {
+        let class = if failed_status(&c.status) {
+            ":::failed"
+        } else {
+            ""
+        };
+        s.push_str(&format!(
+            "    c{}[\"#{} {} · {}\"]{class}\n",
+            c.id,
+            c.id,
+            escape(&c.call.tool),
+            escape(&c.status)
+        ));
+    }
+    for (w, r, p) in run_edges(calls) {
+        s.push_str(&format!(
+            "    c{} -- \"{}\" --> c{}\n",
+            calls[w].id,
+            escape(&p),
+            calls[r].id
+        ));
+    }
+    s
+}
+
+/// A run's calls and data flow as Graphviz dot ([`run_edges`]); failed calls in red.
+pub fn run_dot(calls: &[RunCall]) -> String {
+    let mut s = String::from("digraph run {\n");
+    for c in calls {
+        let color = if failed_status(&c.status) {
+            ", color=red"
+        } else {
+            ""
+        };
+        s.push_str(&format!(
+            "    c{} [label=\"#{} {} · {}\"{color}];\n",
+            c.id,
+            c.id,
+            escape(&c.call.tool),
+            escape(&c.status)
+        ));
+    }
+    for (w, r, p) in run_edges(calls) {
+        s.push_str(&format!(
+            "    c{} -> c{} [label=\"{}\"];\n",
+            calls[w].id,
+            calls[r].id,
+            escape(&p)
+        ));
+    }
+    s.push_str("}\n");
+    s
 }
 
 /// The dependency graph as Mermaid (calls numbered from 1; see [`edges`]).

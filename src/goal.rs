@@ -29,7 +29,13 @@ pub fn check_published(doc: &Value) -> Result<(), String> {
     let mut parts: Vec<String> = violations
         .iter()
         .take(MAX_LISTED)
-        .map(ToString::to_string)
+        .map(|v| {
+            let mut text = v.to_string();
+            if v.keyword == "additionalProperties" {
+                text.push_str(&suggest_unexpected(&v.message));
+            }
+            text
+        })
         .collect();
     if violations.len() > MAX_LISTED {
         parts.push(format!("and {} more", violations.len() - MAX_LISTED));
@@ -38,6 +44,69 @@ pub fn check_published(doc: &Value) -> Result<(), String> {
         "does not match schemas/goal.schema.json: {}",
         parts.join("; ")
     ))
+}
+
+/// ` (did you mean `timeout_s`?)` for the first property a schema violation calls unexpected
+/// (`('timout_s' was unexpected)`) that is a typo of a property the goal schema names somewhere;
+/// empty otherwise. The candidates are every property name in `schemas/goal.schema.json`: a
+/// typo is within a few edits of the one meant, which is rarely another place's key.
+fn suggest_unexpected(message: &str) -> String {
+    static NAMES: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
+    let names = NAMES.get_or_init(|| {
+        fn walk(v: &Value, out: &mut Vec<String>) {
+            match v {
+                Value::Object(m) => {
+                    if let Some(Value::Object(props)) = m.get("properties") {
+                        out.extend(props.keys().cloned());
+                    }
+                    m.values().for_each(|v| walk(v, out));
+                }
+                Value::Array(a) => a.iter().for_each(|v| walk(v, out)),
+                _ => {}
+            }
+        }
+        let mut out = Vec::new();
+        if let Ok(schema) = Document::Goal.schema() {
+            walk(&schema, &mut out);
+        }
+        out.sort();
+        out.dedup();
+        out
+    });
+    let Some(start) = message.find('(') else {
+        return String::new();
+    };
+    let listed = message[start + 1..]
+        .split(" was unexpected")
+        .next()
+        .unwrap_or_default()
+        .split(" were unexpected")
+        .next()
+        .unwrap_or_default();
+    listed
+        .split(", ")
+        .map(|k| k.trim_matches('\''))
+        .find_map(|k| {
+            crate::protocol::meta::closest(k, names.iter().map(String::as_str))
+                .filter(|s| *s != k)
+                .map(|s| format!(" (did you mean `{s}`?)"))
+        })
+        .unwrap_or_default()
+}
+
+/// ` (did you mean `tools`?)` for serde's "unknown field `tool`, expected one of `goal`, ..."
+/// when the field is a typo of one it expected; empty otherwise.
+pub(crate) fn suggest_field(message: &str) -> String {
+    let Some(rest) = message.split("unknown field `").nth(1) else {
+        return String::new();
+    };
+    let Some((field, expected)) = rest.split_once('`') else {
+        return String::new();
+    };
+    let candidates: Vec<&str> = expected.split('`').skip(1).step_by(2).collect();
+    crate::protocol::meta::closest(field, candidates)
+        .map(|s| format!(" (did you mean `{s}`?)"))
+        .unwrap_or_default()
 }
 
 /// The goal document's keys a goal may have (its fields, as written).
@@ -364,7 +433,7 @@ impl Goal {
     fn parse(text: &str, origin: &FsPath, base_dir: PathBuf) -> Result<Goal, GoalError> {
         let invalid = |reason: String| GoalError::Invalid {
             path: origin.to_path_buf(),
-            reason,
+            reason: format!("{reason}{}", suggest_field(&reason)),
         };
         let value: Value = serde_json::from_str(text).map_err(|e| invalid(e.to_string()))?;
         Goal::check_meta_keys(&value, origin)?;

@@ -385,3 +385,136 @@ async fn graph_defaults_to_mermaid() {
     let run = dagloop_in("plans", &["graph", "valid.plan.json"]).await;
     assert_eq!(run.stdout, graph("valid.plan.json", "mermaid").await);
 }
+
+// ----- what authors get wrong (issue 49) -----
+
+/// Each mistake a first goal's author makes, as `validate` reports it, with a did-you-mean
+/// wherever something close exists: a reference to a path nothing writes (in a goal's plan and
+/// in a script), a param of the wrong type in a script, rule patterns that match no tool, a plan
+/// that reads `input` validated without `--goal`, and typos in keys that are not meta keys.
+#[tokio::test]
+async fn validate_catches_what_authors_get_wrong() {
+    let mut all = Map::new();
+    for (name, args, exit) in [
+        (
+            "dangling_in_a_goal",
+            &["validate", "dangling.goal.json"][..],
+            1,
+        ),
+        (
+            "script_against_its_goal",
+            &[
+                "validate",
+                "typo.script.json",
+                "--goal",
+                "weather.goal.json",
+            ][..],
+            1,
+        ),
+        ("rule_patterns", &["validate", "rules.goal.json"][..], 1),
+        ("plan_without_goal", &["validate", "input.plan.json"][..], 1),
+        (
+            "typo_in_a_field",
+            &["validate", "typo_field.goal.json"][..],
+            2,
+        ),
+        ("typo_in_http", &["validate", "typo_http.goal.json"][..], 2),
+    ] {
+        let run = dagloop_in("authoring", args).await;
+        assert_eq!(run.code, exit, "{name}: {}", run.stdout);
+        all.insert(name.into(), run.json());
+    }
+    let text = |k: &str| all[k].to_string();
+    assert!(
+        text("dangling_in_a_goal").contains("did you mean `state.weather`"),
+        "{}",
+        text("dangling_in_a_goal")
+    );
+    let script = &all["script_against_its_goal"];
+    assert_eq!(
+        codes(script),
+        ["plan.invalid_params", "plan.dangling_reference"],
+        "{script:#}"
+    );
+    assert!(text("script_against_its_goal").contains("did you mean `state.weather`"));
+    assert_eq!(
+        codes(&all["rule_patterns"]),
+        [
+            "approval.rule_matches_nothing",
+            "approval.rule_matches_nothing"
+        ]
+    );
+    assert!(text("rule_patterns").contains("only `*` (any run of characters) and `?`"));
+    assert!(text("rule_patterns").contains("did you mean `getWeather`"));
+    assert!(text("plan_without_goal").contains("--goal GOAL"));
+    assert!(text("typo_in_a_field").contains("did you mean `tools`"));
+    assert!(text("typo_in_http").contains("did you mean `timeout_s`"));
+    insta::assert_json_snapshot!(Value::Object(all));
+}
+
+/// Issue 49: `dagloop graph RUN` draws what a stored run did. The research example's fan-in
+/// (three searches `concat` into one path, ranked, then drafted): every call with its status
+/// and an edge for each path that flowed, in mermaid and dot. A goal with no plan has nothing
+/// to draw before a run, and says so.
+#[tokio::test]
+async fn graph_of_a_run_draws_its_calls_status_and_edges() {
+    let tmp = tempfile::tempdir().unwrap();
+    let db = tmp.path().join("runs.db");
+    let db = db.to_str().unwrap();
+    let examples = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/research");
+    let goal = examples.join("goal.json");
+    let tools = examples.join("tools.json");
+    let ran = finish(
+        command([
+            "--store",
+            db,
+            "run",
+            goal.to_str().unwrap(),
+            "--json",
+            "--tools-from",
+            tools.to_str().unwrap(),
+        ])
+        .spawn()
+        .unwrap(),
+    )
+    .await;
+    let r = ran.json();
+    assert_eq!(ran.code, 0, "{r:#}");
+    let id = r["run_id"].as_str().unwrap();
+    let draw = |format: &'static str| {
+        let id = id.to_string();
+        let db = db.to_string();
+        async move {
+            let run = finish(
+                command(["--store", &db, "graph", &id, "--format", format])
+                    .spawn()
+                    .unwrap(),
+            )
+            .await;
+            assert_eq!(run.code, 0, "{}{}", run.stdout, run.stderr);
+            run.stdout
+        }
+    };
+    let mermaid = draw("mermaid").await;
+    for line in [
+        "c1[\"#1 search · done\"]",
+        "c4[\"#4 rankSources · done\"]",
+        "c5[\"#5 writeBrief · done\"]",
+        "c1 -- \"state.results\" --> c4",
+        "c2 -- \"state.results\" --> c4",
+        "c3 -- \"state.results\" --> c4",
+        "c4 -- \"state.ranked\" --> c5",
+    ] {
+        assert!(mermaid.contains(line), "{line}:\n{mermaid}");
+    }
+    let dot = draw("dot").await;
+    assert!(dot.starts_with("digraph run {"), "{dot}");
+    assert!(dot.contains("c4 -> c5 [label=\"state.ranked\"];"), "{dot}");
+    assert_eq!(dot.matches(" -> ").count(), 4, "{dot}");
+
+    // A goal with no plan: nothing to draw before a run.
+    let none = dagloop_in("authoring", &["graph", "weather.goal.json"]).await;
+    assert_eq!(none.code, 2, "{}", none.stdout);
+    assert_eq!(none.json()["error"]["code"], "graph.no_plan");
+    assert!(none.stdout.contains("dagloop graph RUN"), "{}", none.stdout);
+}

@@ -287,19 +287,19 @@ fn dagloop_test_runs_the_examples_and_writes_junit() {
     let junit = dir.path().join("junit.xml");
     let (code, out) = test_cmd(&["examples", "--junit", junit.to_str().expect("path")]);
     assert_eq!(code, 0, "{out}");
-    for name in ["delegate", "refund", "research"] {
+    for name in ["delegate", "first-goal", "refund", "research"] {
         assert!(
             out.contains(&format!("test examples/{name} ... ok")),
             "{out}"
         );
     }
     assert!(
-        out.contains("test result: ok. 3 passed; 0 failed;"),
+        out.contains("test result: ok. 4 passed; 0 failed;"),
         "{out}"
     );
     let xml = std::fs::read_to_string(&junit).expect("junit");
     assert!(
-        xml.contains(r#"<testsuite name="dagloop" tests="3" failures="0""#),
+        xml.contains(r#"<testsuite name="dagloop" tests="4" failures="0""#),
         "{xml}"
     );
     assert!(xml.contains(r#"<testcase name="examples/refund""#), "{xml}");
@@ -342,7 +342,7 @@ fn failed_expectations_and_invalid_cases_fail_the_summary_with_reasons() {
         "output: expected",
         "/steps: expected 1, got 3",
         "`issueRefund` was called",
-        "expected a call of `wireMoney`",
+        "expected a successful call of `wireMoney`: it was never called",
         "steps: 3, at most 2 expected",
         "[test.invalid]",
         "outptu",
@@ -359,12 +359,77 @@ fn failed_expectations_and_invalid_cases_fail_the_summary_with_reasons() {
     assert!(out.contains("test.not_found"), "{out}");
 }
 
+/// Issue 49: `examples/research` "passed" while `rankSources` failed with `cassette.miss` (its
+/// recording held the sources in an order `concat` no longer produced) and `writeBrief` never
+/// ran, because `called` counted a failed call. Its case, run against that stale recording,
+/// now fails and says why; a case that expects the failures says so with `expect.failed`.
+#[test]
+fn a_call_that_failed_fails_the_case_unless_the_case_expects_it() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    // The recording as it was: the searches' results in one order only, the one the run that
+    // recorded it happened to finish them in (the second query first).
+    let mut tools: Value = serde_json::from_str(
+        &std::fs::read_to_string(root().join("examples/research/tools.json")).expect("tools"),
+    )
+    .expect("json");
+    let calls = tools["calls"].as_array_mut().expect("calls");
+    calls.retain(|c| {
+        c["tool"] != "rankSources"
+            || (c["params"]["sources"][0]["url"] == "https://example.org/dc-power"
+                && c["params"]["sources"][2]["url"] == "https://example.org/energy-per-token")
+    });
+    assert_eq!(calls.len(), 4, "three searches and one ranking");
+    let stale = dir.path().join("stale.json");
+    std::fs::write(&stale, tools.to_string()).expect("write");
+    let case = |name: &str, expect: Value| {
+        let d = dir.path().join(name);
+        std::fs::create_dir_all(&d).expect("dir");
+        std::fs::write(
+            d.join("test.json"),
+            json!({"goal": example("research/goal.json"), "tools_from": stale, "expect": expect})
+                .to_string(),
+        )
+        .expect("write");
+        test_cmd(&[d.to_str().expect("path")])
+    };
+    let (code, out) = case(
+        "as-shipped",
+        json!({"status": "succeeded", "called": ["search", "rankSources", "writeBrief"]}),
+    );
+    assert_eq!(code, 1, "{out}");
+    for needle in [
+        "call 4 (rankSources) failed: cassette.miss",
+        "call 5 (writeBrief) unresolved",
+        "list `rankSources` in expect.failed",
+        "expected a successful call of `rankSources`: none of its calls succeeded",
+    ] {
+        assert!(out.contains(needle), "{needle}: {out}");
+    }
+    // The run itself "succeeds" on the script's canned output: only the calls tell.
+    let (code, out) = case("only-status", json!({"status": "succeeded"}));
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("(rankSources) failed"), "{out}");
+    let (code, out) = case(
+        "expected",
+        json!({"status": "succeeded", "called": ["search"],
+               "failed": ["rankSources", "writeBrief"]}),
+    );
+    assert_eq!(code, 0, "{out}");
+    // Expecting a failure that did not happen fails too.
+    let (code, out) = case(
+        "not-failing",
+        json!({"failed": ["rankSources", "writeBrief", "search"]}),
+    );
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("expected a failed call of `search`"), "{out}");
+}
+
 #[test]
 fn crash_each_point_passes_on_the_examples() {
     let (code, out) = test_cmd(&["--crash-each-point", "examples"]);
     assert_eq!(code, 0, "{out}");
     assert!(
-        out.contains("test result: ok. 3 passed; 0 failed;"),
+        out.contains("test result: ok. 4 passed; 0 failed;"),
         "{out}"
     );
     let points: u64 = out

@@ -481,6 +481,13 @@ pub enum Command {
         #[command(flatten)]
         temporal: TemporalArgs,
     },
+    /// Write a first goal into DIR (default: the current folder): goal.json, its scripted model
+    /// (script.json), the services' recorded answers (tools.json) and a test case (test.json).
+    /// Refuses to overwrite any file (the walk-through: docs/tutorial.md).
+    Init {
+        /// The folder to write (created if needed).
+        dir: Option<PathBuf>,
+    },
     /// Check a goal file, or a plan (a Solution or an array of calls), without running anything.
     Validate {
         /// The goal or plan file.
@@ -492,9 +499,10 @@ pub enum Command {
         #[arg(long)]
         allow_shell: bool,
     },
-    /// Print a plan's dependency graph.
+    /// Print a plan's dependency graph, or what a stored run did (its calls, their status and
+    /// the data that flowed between them).
     Graph {
-        /// The goal or plan file.
+        /// The goal or plan file, or a stored run's id.
         file: PathBuf,
         /// Output format.
         #[arg(long, value_enum, default_value = "mermaid")]

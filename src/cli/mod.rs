@@ -12,6 +12,7 @@ mod cassette;
 mod codes_cmd;
 mod fork;
 mod grant_cmd;
+mod init_cmd;
 pub use grant_cmd::{GrantArgs, RevokeArgs};
 mod alloc;
 mod policy_cmd;
@@ -494,7 +495,8 @@ pub async fn main(mut cli: Cli) -> i32 {
         } => {
             grants_for(config, allow_shell, false).and_then(|g| validate(&file, goal.as_deref(), g))
         }
-        Command::Graph { file, format } => graph(&file, format),
+        Command::Graph { file, format } => graph(&file, format, || required(existing())),
+        Command::Init { dir } => init_cmd::init(dir.as_deref().unwrap_or(FsPath::new("."))),
         Command::MockLlm { script, port } => mock_llm(&script, port).await,
         Command::Serve {
             addr,

@@ -448,9 +448,19 @@ pub(super) async fn run(
         {
             errln!("dagloop: could not release the run's lease: {e}");
         }
+        // What to do next, with this run's id and its first waiting call filled in.
+        let first = awaiting
+            .first()
+            .and_then(|a| a["call_id"].as_u64())
+            .map_or_else(|| "CALL".to_string(), |c| c.to_string());
+        let next = [
+            format!("dagloop show {id}"),
+            format!("dagloop decide {id} {first} approve"),
+            format!("dagloop resume {id}"),
+        ];
         outln!(
             "{}",
-            pretty(&json!({"status": "waiting", "run_id": id, "awaiting": awaiting}))
+            pretty(&json!({"status": "waiting", "run_id": id, "awaiting": awaiting, "next": next}))
         );
         return Ok(0);
     };

@@ -50,20 +50,42 @@ pub(super) fn list(
     } else if out.is_empty() {
         outln!("no runs in {}", store.path().display());
     } else {
+        // Each column as wide as its widest cell (a JSON value is printed through `as_*`: its
+        // own Display ignores widths).
+        let rows: Vec<[String; 4]> = out
+            .iter()
+            .map(|v| {
+                [
+                    v["id"].as_str().unwrap_or("").to_string(),
+                    v["status"].as_str().unwrap_or("").to_string(),
+                    age(v["age_s"].as_u64().unwrap_or(0)),
+                    v["awaiting"].as_u64().unwrap_or(0).to_string(),
+                ]
+            })
+            .collect();
+        let head = ["RUN", "STATUS", "AGE", "WAITING"];
+        let width = |i: usize| {
+            rows.iter()
+                .map(|r| r[i].chars().count())
+                .chain([head[i].len()])
+                .max()
+                .unwrap_or(0)
+        };
+        let (w0, w1, w2, w3) = (width(0), width(1), width(2), width(3));
         outln!(
-            "{:<36} {:<14} {:>8} {:>8}  TITLE",
-            "RUN",
-            "STATUS",
-            "AGE",
-            "WAITING"
+            "{:<w0$}  {:<w1$}  {:>w2$}  {:>w3$}  TITLE",
+            head[0],
+            head[1],
+            head[2],
+            head[3]
         );
-        for v in &out {
+        for (r, v) in rows.iter().zip(&out) {
             outln!(
-                "{:<36} {:<14} {:>8} {:>8}  {}",
-                v["id"].as_str().unwrap_or(""),
-                v["status"].as_str().unwrap_or(""),
-                age(v["age_s"].as_u64().unwrap_or(0)),
-                v["awaiting"],
+                "{:<w0$}  {:<w1$}  {:>w2$}  {:>w3$}  {}",
+                r[0],
+                r[1],
+                r[2],
+                r[3],
                 v["title"].as_str().unwrap_or(""),
             );
         }
@@ -307,13 +329,17 @@ pub(super) fn print_description(
                 .map(|v| v.to_string())
                 .unwrap_or_else(|| "-".into())
         };
+        // A call nobody was asked about has no "decided" column (blank, so the columns line up).
+        let decided = match c["decided_ms"].as_u64() {
+            Some(ms) => format!("decided {ms:>6}"),
+            None => " ".repeat("decided       ".len()),
+        };
         outln!(
-            "  c{:<4} {:<24} {:<10} received {:>6}  decided {:>6}  ran {:>6} → {:>6}  {}",
-            c["id"],
+            "  {:<5} {:<24} {:<17} received {:>6}  {decided}  ran {:>6} → {:>6}  {}",
+            format!("c{}", c["id"].as_u64().unwrap_or(0)),
             c["tool"].as_str().unwrap_or("?"),
             c["status"].as_str().unwrap_or("pending"),
             f("received_ms"),
-            f("decided_ms"),
             f("started_ms"),
             f("ended_ms"),
             c["decision"]
@@ -330,12 +356,16 @@ pub(super) fn print_description(
                 .unwrap_or_default(),
         );
     }
-    outln!("\ncritical path (what set the run's duration):");
-    for s in out["critical_path"].as_array().into_iter().flatten() {
+    // A run that has not ended (waiting for a reviewer) has no critical path yet: no heading.
+    let path = out["critical_path"].as_array().cloned().unwrap_or_default();
+    if !path.is_empty() {
+        outln!("\ncritical path (what set the run's duration):");
+    }
+    for s in &path {
         outln!(
             "  {:>6} → {:>6}  {}",
-            s["start_ms"],
-            s["end_ms"],
+            s["start_ms"].as_u64().unwrap_or(0),
+            s["end_ms"].as_u64().unwrap_or(0),
             s["what"].as_str().unwrap_or("")
         );
     }

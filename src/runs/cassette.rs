@@ -26,7 +26,7 @@ use super::RunsError;
 use crate::engine::Executor;
 use crate::machine::{Action, JournalEntry, RunInput};
 use crate::protocol::{Call, CallId, Tool};
-use crate::scheduler::Outcome;
+use crate::scheduler::{Outcome, OutcomeKind};
 use crate::tools::ProgressSink;
 
 /// A tools recording that cannot be used.
@@ -55,7 +55,14 @@ impl CassetteError {
 }
 
 /// One recorded tool call: `DIR/tools.json` holds `{"calls": [Recorded...]}`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+///
+/// In the file a call is `{"tool", "params", "result": VALUE}` when it succeeded, or
+/// `{"tool", "params", "error": {"code", "message", ...}}` when it failed, with `"kind":
+/// "timeout" | "panic" | "cancelled"` for a failure that was not the tool's own error and
+/// `"branch": N` when the activity chose the alternative of a `†a || †b` output path
+/// (docs/goal-files.md#cassettes). The form older dagloop wrote, `"outcome": {"result": {"Ok":
+/// VALUE}, "kind": "ok"}`, still loads.
+#[derive(Debug, Clone, PartialEq)]
 pub struct Recorded {
     /// The tool.
     pub tool: String,
@@ -63,6 +70,81 @@ pub struct Recorded {
     pub params: Value,
     /// How it ended.
     pub outcome: Outcome,
+}
+
+impl Serialize for Recorded {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut m = Map::new();
+        m.insert("tool".into(), Value::String(self.tool.clone()));
+        m.insert("params".into(), self.params.clone());
+        match &self.outcome.result {
+            Ok(v) => m.insert("result".into(), (**v).clone()),
+            Err(e) => m.insert("error".into(), (**e).clone()),
+        };
+        let plain = match self.outcome.result {
+            Ok(_) => OutcomeKind::Ok,
+            Err(_) => OutcomeKind::Error,
+        };
+        if self.outcome.kind != plain {
+            m.insert(
+                "kind".into(),
+                serde_json::to_value(self.outcome.kind).unwrap_or(Value::Null),
+            );
+        }
+        if let Some(b) = self.outcome.branch {
+            m.insert("branch".into(), json!(b));
+        }
+        Value::Object(m).serialize(s)
+    }
+}
+
+impl<'de> Deserialize<'de> for Recorded {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        use serde::de::Error;
+        let mut m = Map::<String, Value>::deserialize(d)?;
+        let tool = match m.remove("tool") {
+            Some(Value::String(t)) => t,
+            _ => return Err(D::Error::custom("a recorded call needs a `tool` (a string)")),
+        };
+        let params = m.remove("params").unwrap_or_else(|| json!({}));
+        let kind = |m: &mut Map<String, Value>, default| match m.remove("kind") {
+            None => Ok(default),
+            Some(k) => serde_json::from_value::<OutcomeKind>(k).map_err(D::Error::custom),
+        };
+        let branch = match m.remove("branch") {
+            None | Some(Value::Null) => None,
+            Some(b) => Some(serde_json::from_value::<usize>(b).map_err(D::Error::custom)?),
+        };
+        let outcome = match (m.remove("result"), m.remove("error"), m.remove("outcome")) {
+            (Some(v), None, None) => Outcome {
+                result: Ok(Arc::new(v)),
+                branch,
+                kind: kind(&mut m, OutcomeKind::Ok)?,
+            },
+            (None, Some(e), None) => Outcome {
+                result: Err(Arc::new(e)),
+                branch,
+                kind: kind(&mut m, OutcomeKind::Error)?,
+            },
+            // The form written before: the scheduler's own serialisation.
+            (None, None, Some(o)) => serde_json::from_value(o).map_err(D::Error::custom)?,
+            _ => {
+                return Err(D::Error::custom(format!(
+                    "the recorded call of `{tool}` needs exactly one of `result` (it succeeded) and `error` (it failed)"
+                )));
+            }
+        };
+        if let Some(k) = m.keys().next() {
+            return Err(D::Error::custom(format!(
+                "unknown field `{k}` in the recorded call of `{tool}` (expected tool, params, result or error, kind, branch)"
+            )));
+        }
+        Ok(Recorded {
+            tool,
+            params,
+            outcome,
+        })
+    }
 }
 
 #[derive(Serialize, Deserialize)]
@@ -333,10 +415,8 @@ mod tests {
     #[test]
     fn a_key_ignores_key_order_and_meta_fields_and_gives_its_outcomes_in_order_then_the_last() {
         let text = r#"{"calls": [
-            {"tool": "a", "params": {"b": 1, "a": {"z": 1, "y": 2}},
-             "outcome": {"result": {"Ok": {"v": 1}}, "kind": "ok"}},
-            {"tool": "a", "params": {"a": {"y": 2, "z": 1}, "b": 1},
-             "outcome": {"result": {"Err": {"code": "x"}}, "kind": "error"}}
+            {"tool": "a", "params": {"b": 1, "a": {"z": 1, "y": 2}}, "result": {"v": 1}},
+            {"tool": "a", "params": {"a": {"y": 2, "z": 1}, "b": 1}, "error": {"code": "x"}}
         ]}"#;
         let c = Cassette::parse(text, "tools.json").expect("a recording");
         let params = json!({"_outputPath": "†state.x", "a": {"z": 1, "y": 2}, "b": 1});
@@ -350,11 +430,47 @@ mod tests {
         let mut other = params.clone();
         other.insert("b".into(), json!(2));
         assert_eq!(c.answer("a", &other), None);
-        // The documented form of an outcome (docs/testing.md).
-        assert_eq!(
-            serde_json::to_value(Outcome::ok(json!(1))).expect("json"),
-            json!({"result": {"Ok": 1}, "kind": "ok"})
-        );
+    }
+
+    #[test]
+    fn the_file_form_is_result_or_error_and_the_old_form_still_loads() {
+        let cases = [
+            (Outcome::ok(json!(1)), json!({"tool": "t", "params": {}, "result": 1})),
+            (Outcome::ok(Value::Null), json!({"tool": "t", "params": {}, "result": null})),
+            (
+                Outcome::error(json!({"code": "x"})),
+                json!({"tool": "t", "params": {}, "error": {"code": "x"}}),
+            ),
+            (
+                Outcome::timeout(std::time::Duration::from_millis(5)),
+                json!({"tool": "t", "params": {}, "kind": "timeout",
+                       "error": {"code": "scheduler.timeout",
+                                 "message": "the call did not finish within 5 ms"}}),
+            ),
+        ];
+        for (outcome, form) in cases {
+            let r = Recorded {
+                tool: "t".into(),
+                params: json!({}),
+                outcome,
+            };
+            let written = serde_json::to_value(&r).expect("json");
+            assert_eq!(written, form, "{written}");
+            let back: Recorded = serde_json::from_value(form).expect("reads back");
+            assert_eq!(back, r);
+        }
+        let old: Recorded = serde_json::from_value(json!({"tool": "t", "params": {"a": 1},
+            "outcome": {"result": {"Err": {"code": "x"}}, "kind": "error", "branch": 1}}))
+        .expect("the old form loads");
+        assert_eq!(old.outcome.result, Err(Arc::new(json!({"code": "x"}))));
+        assert_eq!(old.outcome.branch, Some(1));
+        for bad in [
+            json!({"tool": "t", "params": {}}),
+            json!({"tool": "t", "params": {}, "result": 1, "error": {}}),
+            json!({"tool": "t", "params": {}, "result": 1, "reslt": 2}),
+        ] {
+            assert!(serde_json::from_value::<Recorded>(bad.clone()).is_err(), "{bad}");
+        }
     }
 
     #[test]

@@ -74,9 +74,14 @@ pub struct Expect {
     /// JSON pointer into the result (`/output/status`, `/state/receipt/amount`) → value.
     #[serde(default)]
     pub pointers: Map<String, Value>,
-    /// Tools the run's own agent called at least once.
+    /// Tools the run's own agent called at least once with success (a call that failed, was
+    /// refused or never ran does not count).
     #[serde(default)]
     pub called: Vec<String>,
+    /// Tools expected to have a call that failed (failed, refused or unresolved). Without it, any
+    /// such call fails the case: a run that "succeeds" past a broken call is not a pass.
+    #[serde(default)]
+    pub failed: Vec<String>,
     /// Tools it never called.
     #[serde(default)]
     pub not_called: Vec<String>,
@@ -223,6 +228,27 @@ fn walk(dir: &Path, out: &mut Vec<(PathBuf, String)>) {
     }
 }
 
+/// The call statuses that count as a failed call: it ran and failed, it was refused before
+/// running, or it could never run (references to nothing).
+const FAILED: [&str; 3] = ["failed", "refused", "unresolved"];
+
+/// The run's calls as `tool status` pairs, for failure messages.
+fn summary(result: &Value) -> String {
+    let list: Vec<String> = result["calls"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|c| {
+            format!(
+                "{} {}",
+                c["tool"].as_str().unwrap_or("?"),
+                c["status"].as_str().unwrap_or("?")
+            )
+        })
+        .collect();
+    format!("[{}]", list.join(", "))
+}
+
 /// What is wrong with `result` (a run's result JSON: status, output, state, steps, calls...)
 /// against `expect`; empty when it meets every expectation.
 pub fn check(expect: &Expect, result: &Value) -> Vec<String> {
@@ -266,20 +292,59 @@ pub fn check(expect: &Expect, result: &Value) -> Vec<String> {
             None => failures.push(format!("{pointer}: expected {want}, the result has none")),
         }
     }
-    let tools: Vec<&str> = result["calls"]
+    let calls: Vec<(&str, &str)> = result["calls"]
         .as_array()
         .into_iter()
         .flatten()
-        .filter_map(|c| c["tool"].as_str())
+        .filter_map(|c| Some((c["tool"].as_str()?, c["status"].as_str()?)))
         .collect();
+    let made: Vec<&str> = calls.iter().map(|(t, _)| *t).collect();
+    let succeeded = |t: &str| calls.iter().any(|(tool, st)| *tool == t && *st == "done");
     for t in &expect.called {
-        if !tools.contains(&t.as_str()) {
-            failures.push(format!("expected a call of `{t}`; calls made: {tools:?}"));
+        if !succeeded(t) {
+            let why = if made.contains(&t.as_str()) {
+                "none of its calls succeeded"
+            } else {
+                "it was never called"
+            };
+            failures.push(format!(
+                "expected a successful call of `{t}`: {why}; calls made: {}",
+                summary(result)
+            ));
         }
     }
     for t in &expect.not_called {
-        if tools.contains(&t.as_str()) {
+        if made.contains(&t.as_str()) {
             failures.push(format!("`{t}` was called; it must never be"));
+        }
+    }
+    for t in &expect.failed {
+        if !calls
+            .iter()
+            .any(|(tool, st)| *tool == t && FAILED.contains(st))
+        {
+            failures.push(format!(
+                "expected a failed call of `{t}` (expect.failed); calls made: {}",
+                summary(result)
+            ));
+        }
+    }
+    for c in result["calls"].as_array().into_iter().flatten() {
+        let (Some(tool), Some(status)) = (c["tool"].as_str(), c["status"].as_str()) else {
+            continue;
+        };
+        if FAILED.contains(&status) && !expect.failed.iter().any(|t| t == tool) {
+            failures.push(format!(
+                "call {} ({tool}) {status}{}; list `{tool}` in expect.failed if the case expects it",
+                c["id"],
+                c["error"]["code"]
+                    .as_str()
+                    .map(|code| format!(
+                        ": {code} {}",
+                        c["error"]["message"].as_str().unwrap_or_default()
+                    ))
+                    .unwrap_or_default()
+            ));
         }
     }
     if let Some(max) = expect.max_steps {
