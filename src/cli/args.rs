@@ -447,6 +447,11 @@ pub enum Command {
         run: String,
         /// The call id.
         call: u64,
+        /// The presentation the decision answers: the `seq` of the call's `approval_requested`
+        /// event (`presentation` in `dagloop show --json`'s awaiting calls). Without it, the
+        /// decision answers the presentation awaiting a decision when it is checked.
+        #[arg(long, global = true)]
+        presentation: Option<u64>,
         /// The decision.
         #[command(subcommand)]
         decision: DecideArg,

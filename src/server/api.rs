@@ -425,17 +425,20 @@ pub(super) async fn approvals(
 /// Decides a call awaiting approval. The body is a Decision (`{"decision": "approve"}`,
 /// `{"decision": "edit", "params": {...}}`, `{"decision": "replace", "call": {...}}`,
 /// `{"decision": "reject", "reason": "..."}`), optionally with `presented`: the `params_hash`
-/// the reviewer saw (a string; anything else is refused). Needs the `review` role.
+/// the reviewer saw (a string; anything else is refused), and `presentation`: the `seq` of the
+/// `approval_requested` event it answers (a number). Of concurrent decisions about one
+/// presentation, whichever server or command records them, one is accepted; the others get 409
+/// `op.already_decided` naming it. Needs the `review` role.
 #[utoipa::path(post, path = "/runs/{id}/approvals/{call}", tag = "approvals",
     params(("id" = String, Path, description = "The run id"), ("call" = u64, Path, description = "The call id")),
-    request_body(content = super::wire::DecideRequest, description = "A Decision, optionally with `presented`"),
+    request_body(content = super::wire::DecideRequest, description = "A Decision, optionally with `presented` and `presentation`"),
     responses(
         (status = 200, description = "Applied: {status: applied}", body = OpStatus),
         (status = 202, description = "Recorded for a run no process drives now: {status: recorded}", body = OpStatus),
-        (status = 400, description = "Not a decision (or `presented` is not a string)", body = ApiError),
+        (status = 400, description = "Not a decision (or `presented` is not a string, `presentation` not a number)", body = ApiError),
         (status = 403, description = "The caller may not decide", body = ApiError),
         (status = 404, description = "No such run or call", body = ApiError),
-        (status = 409, description = "The call is not awaiting a decision, was decided first by somebody else, or was presented with other params", body = ApiError),
+        (status = 409, description = "The call is not awaiting a decision, was decided first by somebody else (`op.already_decided`, naming that decision and who made it), was presented with other params (`op.stale`), was presented again since (`op.stale_presentation`), or the run moved on while the decision was checked (`op.stale`)", body = ApiError),
         (status = 422, description = "The decision cannot apply (invalid params, an edit that changes the tool)", body = ApiError)))]
 pub(super) async fn decide(
     State(st): State<Arc<AppState>>,
@@ -458,6 +461,18 @@ pub(super) async fn decide(
             ));
         }
     };
+    let presentation = match v.as_object_mut().and_then(|m| m.remove("presentation")) {
+        None | Some(Value::Null) => None,
+        Some(p) => Some(p.as_u64().ok_or_else(|| {
+            ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "op.bad_decision",
+                format!(
+                    "`presentation` must be the seq of the approval_requested event the reviewer saw, not {p}"
+                ),
+            )
+        })?),
+    };
     let decision: Decision = serde_json::from_value(v).map_err(|e| {
         ApiError::new(
             StatusCode::BAD_REQUEST,
@@ -469,6 +484,7 @@ pub(super) async fn decide(
         call: CallId(call),
         decision,
         presented,
+        presentation,
         by: actor(&who),
     };
     submit(&st, &id, op).await

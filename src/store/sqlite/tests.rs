@@ -17,6 +17,7 @@ fn entry(seq: u64, at: u64) -> JournalEntry {
                 reason: "no\n".into(),
             },
             by: None,
+            presentation: None,
         },
         _ => RunInput::Start,
     };
@@ -123,7 +124,10 @@ async fn one_owner_at_a_time_and_an_owner_that_lost_the_lease_writes_nothing() {
         reason: "stop".into(),
         by: None,
     };
-    a.push_op("r", &op).expect("push");
+    assert_eq!(
+        a.push_op("r", &op, 1).expect("push"),
+        crate::store::Queued::Queued
+    );
     assert_eq!(
         a.take_ops("r").map_err(|e| e.code()),
         Err("store.lease_lost")
