@@ -462,7 +462,7 @@ pub(super) async fn decide(
         }
     };
     let presentation = match v.as_object_mut().and_then(|m| m.remove("presentation")) {
-        None | Some(Value::Null) => None,
+        None => None,
         Some(p) => Some(p.as_u64().ok_or_else(|| {
             ApiError::new(
                 StatusCode::BAD_REQUEST,

@@ -417,11 +417,11 @@ pub(super) fn apply(c: &Connection, me: &Me, w: &Write) -> Result<Done, StoreErr
             if last != *seen {
                 return Ok(Done::Queued(crate::store::Queued::Moved { now: last }));
             }
-            if let Some(p) = presentation {
-                if let Some((_, winner)) = holding(c, id, *p)? {
-                    let winner = serde_json::from_str(&winner).map_err(io)?;
-                    return Ok(Done::Queued(crate::store::Queued::Decided { winner }));
-                }
+            if let Some(p) = presentation
+                && let Some((_, winner)) = holding(c, id, *p)?
+            {
+                let winner = serde_json::from_str(&winner).map_err(io)?;
+                return Ok(Done::Queued(crate::store::Queued::Decided { winner }));
             }
             c.execute(
                 "INSERT INTO ops (run_id, op, presentation) VALUES (?1, ?2, ?3)",
