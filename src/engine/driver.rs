@@ -473,18 +473,7 @@ impl Driver {
             match sink.claim_decision(&self.shared.run_id, *p, &op).await {
                 Ok(None) => {}
                 Ok(Some(winner)) => {
-                    let (decision, by) = match &winner {
-                        Op::Decide { decision, by, .. } => (
-                            decision.name().to_string(),
-                            by.as_ref().map(|b| b.principal.clone()),
-                        ),
-                        other => (format!("{other:?}"), None),
-                    };
-                    let _ = req.reply.send(Err(OpError::AlreadyDecided {
-                        call: *call,
-                        decision,
-                        by,
-                    }));
+                    let _ = req.reply.send(Err(OpError::decided_first(*call, &winner)));
                     return;
                 }
                 Err(e) => {

@@ -253,6 +253,19 @@ pub enum OpError {
 crate::codes::has_code!(OpError);
 
 impl OpError {
+    /// `op.already_decided` for call `call`, naming `winner`: the decision that holds the
+    /// presentation (another process recorded it first).
+    pub fn decided_first(call: CallId, winner: &Op) -> OpError {
+        let (decision, by) = match winner {
+            Op::Decide { decision, by, .. } => (
+                decision.name().to_string(),
+                by.as_ref().map(|b| b.principal.clone()),
+            ),
+            other => (format!("{other:?}"), None),
+        };
+        OpError::AlreadyDecided { call, decision, by }
+    }
+
     /// A stable code for programs that react to refusals.
     pub fn code(&self) -> &'static str {
         match self {

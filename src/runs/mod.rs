@@ -173,18 +173,9 @@ pub fn record_op(
                     crate::protocol::Op::Decide { call, .. } => *call,
                     _ => crate::protocol::CallId(0),
                 };
-                let (decision, by) = match &winner {
-                    crate::protocol::Op::Decide { decision, by, .. } => (
-                        decision.name().to_string(),
-                        by.as_ref().map(|b| b.principal.clone()),
-                    ),
-                    other => (format!("{other:?}"), None),
-                };
-                return Err(Refused::Op(crate::protocol::OpError::AlreadyDecided {
-                    call,
-                    decision,
-                    by,
-                }));
+                return Err(Refused::Op(crate::protocol::OpError::decided_first(
+                    call, &winner,
+                )));
             }
         }
     }

@@ -32,30 +32,16 @@ pub type Counts = Arc<Mutex<BTreeMap<u64, u64>>>;
 
 /// A service that counts how many times each `n` was executed and echoes what it got.
 pub async fn counting_service() -> (String, Counts) {
-    let counts: Counts = Arc::default();
-    let app = axum::Router::new()
-        .route(
-            "/step",
-            post(
-                |State(c): State<Counts>, Json(body): Json<Value>| async move {
-                    let n = body["n"].as_u64().unwrap_or(0);
-                    *c.lock().expect("counts").entry(n).or_default() += 1;
-                    Json(json!({"n": n, "v": n * 10, "got": body}))
-                },
-            ),
-        )
-        .with_state(counts.clone());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let url = format!("http://{}/step", listener.local_addr().expect("addr"));
-    tokio::spawn(async move { axum::serve(listener, app).await });
-    (url, counts)
+    service(None).await
 }
 
 /// [`counting_service`], except that an execution with `n == hold` never answers: the call stays
 /// in flight until the process that made it dies.
 pub async fn holding_service(hold: u64) -> (String, Counts) {
+    service(Some(hold)).await
+}
+
+async fn service(hold: Option<u64>) -> (String, Counts) {
     let counts: Counts = Arc::default();
     let app = axum::Router::new()
         .route(
@@ -64,7 +50,7 @@ pub async fn holding_service(hold: u64) -> (String, Counts) {
                 move |State(c): State<Counts>, Json(body): Json<Value>| async move {
                     let n = body["n"].as_u64().unwrap_or(0);
                     *c.lock().expect("counts").entry(n).or_default() += 1;
-                    if n == hold {
+                    if hold == Some(n) {
                         std::future::pending::<()>().await;
                     }
                     Json(json!({"n": n, "v": n * 10, "got": body}))
