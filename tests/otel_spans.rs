@@ -226,6 +226,7 @@ async fn a_resumed_run_reports_the_stopped_process_run_span_its_link_points_at()
             call,
             decision: dagloop::protocol::Decision::Approve,
             presented: None,
+            presentation: None,
             by: None,
         })
         .await
@@ -383,6 +384,7 @@ async fn a_rejected_call_links_to_the_call_it_read_from() {
             call,
             decision,
             presented: None,
+            presentation: None,
             by: None,
         })
         .await

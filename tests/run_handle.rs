@@ -166,6 +166,7 @@ async fn ops_are_checked_against_the_run_and_refusals_change_nothing() {
         call,
         decision: d,
         presented,
+        presentation: None,
         by: None,
     };
     let code = |r: Result<(), dagloop::OpError>| r.err().map(|e| e.code());
@@ -173,6 +174,7 @@ async fn ops_are_checked_against_the_run_and_refusals_change_nothing() {
         call: CallId(99),
         decision: Decision::Approve,
         presented: None,
+        presentation: None,
         by: None,
     };
     assert_eq!(code(h.submit(unknown).await), Some("op.unknown_call"));
@@ -1002,6 +1004,7 @@ async fn late_subscribers_are_caught_up_from_one_replay_then_the_kept_history() 
             call,
             decision: Decision::Approve,
             presented: Some(hash),
+            presentation: None,
             by: None,
         };
         h.submit(op).await.expect("approve");

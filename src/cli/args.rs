@@ -461,6 +461,11 @@ pub enum Command {
         /// The call id, as printed (`c2`) or as a number (`2`).
         #[arg(value_parser = call_id)]
         call: u64,
+        /// The presentation the decision answers: the `seq` of the call's `approval_requested`
+        /// event (`presentation` in `dagloop show --json`'s awaiting calls). Without it, the
+        /// decision answers the presentation awaiting a decision when it is checked.
+        #[arg(long, global = true)]
+        presentation: Option<u64>,
         /// The decision.
         #[command(subcommand)]
         decision: DecideArg,

@@ -450,12 +450,14 @@ pub async fn main(mut cli: Cli) -> i32 {
             call,
             decision,
             temporal,
+            presentation,
         } if temporal.engine == EngineArg::Temporal => match decision_of(decision) {
             Ok(d) => {
                 let op = crate::protocol::Op::Decide {
                     call: crate::protocol::CallId(call),
                     decision: d,
                     presented: None,
+                    presentation,
                     by: Some(me(crate::protocol::Actor::CLI)),
                 };
                 temporal_cmd::decide(&id, op, &temporal).await
@@ -470,6 +472,7 @@ pub async fn main(mut cli: Cli) -> i32 {
             run: id,
             call,
             decision,
+            presentation,
             ..
         } => match (required(existing()), decision_of(decision)) {
             (Ok(s), Ok(d)) => runs::decide(
@@ -479,6 +482,7 @@ pub async fn main(mut cli: Cli) -> i32 {
                     call: crate::protocol::CallId(call),
                     decision: d,
                     presented: None,
+                    presentation,
                     by: Some(me(crate::protocol::Actor::CLI)),
                 },
             ),

@@ -36,6 +36,8 @@ struct Pending {
     id: CallId,
     call: Call,
     hash: String,
+    /// The presentation this prompt answers (the `approval_requested` event's seq).
+    presentation: u64,
     interrupted: bool,
 }
 
@@ -136,7 +138,7 @@ pub(super) async fn serve(handle: RunHandle, tools: BTreeMap<String, Tool>, scre
                         if !*interrupted && tool_grants.values().any(|t| *t == call.tool) {
                             continue;
                         }
-                        queue.push_back(Pending { id, call: Call::clone(call), hash: params_hash.clone(), interrupted: *interrupted });
+                        queue.push_back(Pending { id, call: Call::clone(call), hash: params_hash.clone(), presentation: ev.seq, interrupted: *interrupted });
                     }
                     (EventKind::Decision { decision, timed_out, grant, .. }, Some(id)) => {
                         if let Some(g) = grant {
@@ -216,6 +218,7 @@ async fn decide(handle: &RunHandle, p: &Pending, decision: Decision) {
         call: p.id,
         decision,
         presented: Some(p.hash.clone()),
+        presentation: Some(p.presentation),
         by: Some(super::me(crate::protocol::Actor::TERMINAL)),
     };
     if let Err(e) = handle.submit(op).await {

@@ -617,6 +617,15 @@ impl crate::engine::JournalSink for CrashAfter {
     fn note(&self, run_id: &str, note: crate::engine::RunNote) {
         self.store.note(run_id, note);
     }
+
+    fn claim_decision<'a>(
+        &'a self,
+        run_id: &'a str,
+        presentation: u64,
+        op: &'a crate::protocol::Op,
+    ) -> crate::engine::ClaimFuture<'a> {
+        self.store.claim_decision(run_id, presentation, op)
+    }
 }
 
 pub(super) fn now_ms() -> u64 {

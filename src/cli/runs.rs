@@ -169,7 +169,7 @@ pub(super) fn decide(store: &Store, run: &str, op: Op) -> Result<i32, CliError> 
 /// Records `op` for a stored run (checked against it first) and prints `{status: recorded,
 /// run_id, next}` with the fields of `extra`.
 pub(super) fn record(store: &Store, run: &str, op: Op, extra: Value) -> Result<i32, CliError> {
-    let live = crate::runs::record_op(&**store, run, &op).map_err(|e| match e {
+    let (op, live) = crate::runs::record_op(&**store, run, &op).map_err(|e| match e {
         crate::runs::Refused::Op(e) => CliError::new(e.code(), e.to_string()),
         crate::runs::Refused::Runs(e) => CliError::new(e.code(), e.to_string()),
     })?;
@@ -178,6 +178,16 @@ pub(super) fn record(store: &Store, run: &str, op: Op, extra: Value) -> Result<i
         "run_id": run,
         "next": if live { "the process running it applies the decision now" } else { "run `dagloop resume` to continue" },
     });
+    if let (
+        Some(m),
+        Op::Decide {
+            presentation: Some(p),
+            ..
+        },
+    ) = (v.as_object_mut(), &op)
+    {
+        m.insert("presentation".into(), json!(p));
+    }
     if let (Some(m), Value::Object(x)) = (v.as_object_mut(), extra) {
         m.extend(x);
     }

@@ -29,7 +29,7 @@ use super::timers::Alarm;
 use super::turns::{Models, Read, Turns};
 use crate::llm::Settings;
 use crate::machine::{Action, JournalEntry, RunError, RunInput, RunMachine, RunResult};
-use crate::protocol::{CallId, Event, EventKind};
+use crate::protocol::{CallId, Event, EventKind, Op, OpError};
 use crate::scheduler::Outcome;
 use crate::tools::{Progress, ProgressSink};
 
@@ -426,13 +426,65 @@ impl Driver {
     }
 
     async fn op(&mut self, req: OpRequest) {
-        // The op is checked against the run as journaled so far.
+        // The op is checked against the run as journaled so far, and bound to the presentation
+        // the check saw.
         self.settle().await;
-        if let Err(e) = self.machine.check_op(&req.op) {
-            let _ = req.reply.send(Err(e));
-            return;
+        // A queued decision that names no presentation (an older dagloop queued it) was checked
+        // before the call was presented again: it never answers a re-presentation.
+        let unbound_for_interrupted = match &req.op {
+            Op::Decide {
+                call,
+                presentation: None,
+                ..
+            } if req.queued && self.machine.is_interrupted(*call) => {
+                Some(OpError::StalePresentation {
+                    call: *call,
+                    presented: 0,
+                    current: self.machine.presentation(*call).unwrap_or(0),
+                })
+            }
+            _ => None,
+        };
+        let bound = match unbound_for_interrupted {
+            Some(e) => Err(e),
+            None => self.machine.bind_op(req.op.clone()),
+        };
+        let op = match bound {
+            Ok(op) => op,
+            Err(e) => {
+                if req.queued {
+                    self.drop_queued(req.op, &e).await;
+                }
+                let _ = req.reply.send(Err(e));
+                return;
+            }
+        };
+        // A decision holds its presentation in the store first: of decisions recorded by
+        // several processes at once, one is applied (DESIGN.md 3.6).
+        if let (
+            Some(sink),
+            Op::Decide {
+                call,
+                presentation: Some(p),
+                ..
+            },
+        ) = (&self.sink, &op)
+        {
+            match sink.claim_decision(&self.shared.run_id, *p, &op).await {
+                Ok(None) => {}
+                Ok(Some(winner)) => {
+                    let _ = req.reply.send(Err(OpError::decided_first(*call, &winner)));
+                    return;
+                }
+                Err(e) => {
+                    let _ = req.reply.send(Err(OpError::Unavailable {
+                        reason: e.to_string(),
+                    }));
+                    return;
+                }
+            }
         }
-        let input = RunInput::from_op(req.op);
+        let input = RunInput::from_op(op);
         let ok = self.feed(vec![input]).await;
         self.update_idle();
         let verdict = if ok {
@@ -443,6 +495,36 @@ impl Driver {
             })
         };
         let _ = req.reply.send(verdict);
+    }
+
+    /// Journals a decision taken from the store's queue that no longer applies as dropped: it
+    /// leaves the queue with that entry and shows in the audit. Other ops are only refused.
+    async fn drop_queued(&mut self, op: Op, why: &OpError) {
+        let Op::Decide {
+            call,
+            decision,
+            by,
+            presentation,
+            ..
+        } = op
+        else {
+            return;
+        };
+        if matches!(
+            why,
+            OpError::RunFinished { .. } | OpError::Unavailable { .. }
+        ) {
+            return;
+        }
+        let input = RunInput::Dropped {
+            call,
+            decision,
+            by,
+            presentation,
+            code: why.code().to_string(),
+        };
+        self.feed(vec![input]).await;
+        self.update_idle();
     }
 
     /// What has already happened joins the queue: completions that are in and, with a sink

@@ -28,6 +28,9 @@ use crate::protocol::{Event, Op, OpError};
 /// An op on its way to the driver, with where to send the verdict.
 pub(super) struct OpRequest {
     pub op: Op,
+    /// Taken from the store's queue: recorded (and answered) already, so a decision that no
+    /// longer applies is journaled as dropped rather than only refused.
+    pub queued: bool,
     pub reply: oneshot::Sender<Result<(), OpError>>,
 }
 
@@ -234,7 +237,7 @@ impl Shared {
         (backlog, rx, cut)
     }
 
-    pub async fn submit(&self, op: Op) -> Result<(), OpError> {
+    pub async fn submit(&self, op: Op, queued: bool) -> Result<(), OpError> {
         let (reply, verdict) = oneshot::channel();
         let gone = || {
             let finished = self
@@ -249,7 +252,7 @@ impl Shared {
                 },
             }
         };
-        if self.ops.send(OpRequest { op, reply }).is_err() {
+        if self.ops.send(OpRequest { op, queued, reply }).is_err() {
             return Err(gone());
         }
         verdict.await.unwrap_or_else(|_| Err(gone()))
@@ -381,7 +384,15 @@ impl RunHandle {
     /// Submits an op; `Err` says why it does not apply (nothing changed then). Resolves once
     /// the op is journaled and applied.
     pub async fn submit(&self, op: Op) -> Result<(), OpError> {
-        self.shared.submit(op).await
+        self.shared.submit(op, false).await
+    }
+
+    /// Submits an op taken from the store's queue (recorded, and answered, by another process
+    /// or earlier): like [`RunHandle::submit`], except that a decision that no longer applies
+    /// (its presentation was decided otherwise, or presented again) is journaled as dropped
+    /// (a `decision_dropped` event, in the audit) as well as refused.
+    pub async fn submit_queued(&self, op: Op) -> Result<(), OpError> {
+        self.shared.submit(op, true).await
     }
 
     /// Every event after sequence number `seq` (0: from the start), then live events.

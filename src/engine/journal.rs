@@ -83,7 +83,26 @@ pub trait JournalSink: Send + Sync {
     /// changed. A store writes it after the appends already asked for; ignoring it (the
     /// default) loses nothing the journal does not hold.
     fn note(&self, _run_id: &str, _note: RunNote) {}
+
+    /// Holds presentation `presentation` of run `run_id` for the decision `op`, which the
+    /// driver is about to journal, against decisions recorded by other processes (a store's
+    /// queue: DESIGN.md 3.6). Resolves to the decision that holds it already, when another one
+    /// does (the driver refuses `op` then); None when `op` holds it (or it is the one queued
+    /// for it). The default, for sinks that queue nothing: None.
+    fn claim_decision<'a>(
+        &'a self,
+        _run_id: &'a str,
+        _presentation: u64,
+        _op: &'a crate::protocol::Op,
+    ) -> ClaimFuture<'a> {
+        Box::pin(std::future::ready(Ok(None)))
+    }
 }
+
+/// The future [`JournalSink::claim_decision`] returns: the decision that holds the
+/// presentation already, if another one does.
+pub type ClaimFuture<'a> =
+    Pin<Box<dyn Future<Output = Result<Option<crate::protocol::Op>, JournalError>> + Send + 'a>>;
 
 /// What the driver tells its sink about a run as it goes ([`JournalSink::note`]): how many
 /// calls await a decision, and its earliest deadline (what wakes the run when it is parked).

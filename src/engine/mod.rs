@@ -35,7 +35,7 @@ pub use agent::Agent;
 pub use builder::{AgentBuilder, AgentError};
 pub use exec::{AfterTool, BeforeTool, HookError, Hooks, OnError, RegistryExecutor};
 pub use handle::{RunHandle, Subscription};
-pub use journal::{JournalError, JournalFuture, JournalSink, RunNote};
+pub use journal::{ClaimFuture, JournalError, JournalFuture, JournalSink, RunNote};
 pub use loading::{config_for, config_with};
 #[cfg(feature = "temporal")]
 pub(crate) use remote::{Parts, config_at, config_path};

@@ -48,16 +48,23 @@ pub(super) async fn serve(
                     path: path.clone(),
                     params_hash: params_hash.clone(),
                 };
-                pending.push(decide(approver.clone(), req));
+                // The presentation the answer is for (DESIGN.md 3.6).
+                let seq = ev.seq;
+                let answer = decide(approver.clone(), req);
+                pending.push(async move {
+                    let (id, hash, decision) = answer.await;
+                    (id, hash, decision, seq)
+                });
             }
-            Some((id, hash, decision)) = pending.next(), if !pending.is_empty() => {
+            Some((id, hash, decision, seq)) = pending.next(), if !pending.is_empty() => {
                 let op = Op::Decide {
                     call: id,
                     decision,
                     presented: Some(hash.clone()),
+                    presentation: Some(seq),
                     by: by.clone(),
                 };
-                match shared.submit(op).await {
+                match shared.submit(op, false).await {
                     Ok(()) => {}
                     // The answer itself is invalid (an edit that forms no valid call): a remote
                     // reviewer may answer again, this one will not, so the call is rejected
@@ -66,8 +73,8 @@ pub(super) async fn serve(
                         let reason = format!("the reviewer's decision could not be applied: {e}");
                         let decision = Decision::Reject { reason };
                         let op =
-                            Op::Decide { call: id, decision, presented: Some(hash), by: by.clone() };
-                        if let Err(e) = shared.submit(op).await {
+                            Op::Decide { call: id, decision, presented: Some(hash), presentation: Some(seq), by: by.clone() };
+                        if let Err(e) = shared.submit(op, false).await {
                             tracing::debug!(call = %id, code = e.code(), "rejection not applied: {e}");
                         }
                     }

@@ -80,6 +80,11 @@ pub(super) struct Frame {
     pub brief: Vec<(CallId, Option<Arc<Call>>, CallStatus)>,
     pub calls: Vec<CallSummary>,
     pub decisions: BTreeMap<CallId, Decision>,
+    /// Who made each decision in `decisions` (when its op said).
+    pub decided_by: BTreeMap<CallId, crate::protocol::Actor>,
+    /// The presentation each call awaiting a decision answers to: the `seq` of its latest
+    /// `approval_requested` event (DESIGN.md 3.6).
+    pub presented: BTreeMap<CallId, u64>,
     pub usage: Usage,
     /// Set when the agent must stop at the end of the current step (cancel, timeout).
     pub stopping: Option<RunStatus>,
@@ -169,6 +174,8 @@ impl Frame {
             brief: Vec::new(),
             calls: Vec::new(),
             decisions: BTreeMap::new(),
+            decided_by: BTreeMap::new(),
+            presented: BTreeMap::new(),
             usage: Usage::default(),
             stopping: None,
         }

@@ -443,17 +443,45 @@ impl RunMachine {
                     work.push((frame, scheduler::Input::Finished { id: call, outcome }));
                 }
             }
-            RunInput::Decided { call, decision, by } => {
+            RunInput::Decided {
+                call,
+                decision,
+                by,
+                presentation,
+            } => {
+                // A decision answers one presentation: one for a presentation that is not
+                // the call's current one changes nothing (a driver never journals one; old
+                // journals name none).
+                let answers = presentation.is_none_or(|p| self.presentation(call) == Some(p));
                 // The decision's author, put on the `decision` event the scheduler emits.
                 let grant = None;
-                self.attribution
-                    .insert(call, grants::Attribution { by, grant });
-                if let Some(frame) = self.owner(call) {
+                if answers {
+                    self.attribution
+                        .insert(call, grants::Attribution { by, grant });
+                }
+                if answers && let Some(frame) = self.owner(call) {
                     out.push(Action::ClearTimer {
                         timer: Timer::Approval { call },
                     });
                     work.push((frame, scheduler::Input::Decided { id: call, decision }));
                 }
+            }
+            RunInput::Dropped {
+                call,
+                decision,
+                by,
+                presentation,
+                code,
+            } => {
+                // On the call's agent, or the run's own when that agent is gone.
+                let frame = self.owner(call).unwrap_or(None);
+                let kind = EventKind::DecisionDropped {
+                    decision,
+                    by,
+                    presentation,
+                    code,
+                };
+                self.emit(frame, Some(call), kind, now, out);
             }
             RunInput::Grant { grant, by } => self.grant(grant, by, now, &mut work, out),
             RunInput::Revoke { grant, by } => self.revoke(&grant, by, now, out),

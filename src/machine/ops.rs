@@ -21,13 +21,14 @@ impl RunMachine {
                 status: status.as_str().into(),
             });
         }
-        let (call, decision, presented) = match op {
+        let (call, decision, presented, presentation) = match op {
             Op::Decide {
                 call,
                 decision,
                 presented,
+                presentation,
                 ..
-            } => (call, decision, presented),
+            } => (call, decision, presented, presentation),
             Op::Grant { grant, .. } => return self.check_grant(grant),
             Op::Revoke { grant, .. } => {
                 return if self.grants.iter().any(|g| g.id == *grant && !g.revoked) {
@@ -53,10 +54,23 @@ impl RunMachine {
             .frames
             .get(frame_key)
             .ok_or_else(|| not_awaiting("finished"))?;
+        let current = f.presented.get(&call).copied();
+        // A decision for a presentation that is not the current one never answers it, even
+        // when the call was decided since.
+        if let Some(p) = *presentation
+            && current.is_some_and(|c| c != p)
+        {
+            return Err(OpError::StalePresentation {
+                call,
+                presented: p,
+                current: current.unwrap_or(0),
+            });
+        }
         if let Some(d) = f.decisions.get(&call) {
             return Err(OpError::AlreadyDecided {
                 call,
                 decision: d.name().into(),
+                by: f.decided_by.get(&call).map(|b| b.principal.clone()),
             });
         }
         let sched = f.sched.as_ref().ok_or_else(|| not_awaiting("finished"))?;
@@ -64,14 +78,23 @@ impl RunMachine {
             let status = sched.status_of(call).unwrap_or_else(|| "finished".into());
             return Err(not_awaiting(&status));
         };
-        let current = params_hash(shown);
+        if let Some(p) = *presentation
+            && current != Some(p)
+        {
+            return Err(OpError::StalePresentation {
+                call,
+                presented: p,
+                current: current.unwrap_or(0),
+            });
+        }
+        let hash = params_hash(shown);
         if let Some(p) = presented
-            && *p != current
+            && *p != hash
         {
             return Err(OpError::Stale {
                 call,
                 presented: p.clone(),
-                current,
+                current: hash,
             });
         }
         let invalid = |reason: String| OpError::InvalidDecision { call, reason };
@@ -112,6 +135,37 @@ impl RunMachine {
                 check_params(&f.cfg.params, replacement).map_err(|e| invalid(e.to_string()))
             }
         }
+    }
+
+    /// [`RunMachine::check_op`], then the op bound to what the check saw: a decision that names
+    /// no presentation (an older client's) names the call's current one, so that it never
+    /// answers a later presentation of the call (DESIGN.md 3.6).
+    pub fn bind_op(&self, mut op: Op) -> Result<Op, OpError> {
+        self.check_op(&op)?;
+        if let Op::Decide {
+            call, presentation, ..
+        } = &mut op
+            && presentation.is_none()
+        {
+            *presentation = self.presentation(*call);
+        }
+        Ok(op)
+    }
+
+    /// Whether the call awaits a decision as interrupted by a restart (a re-presentation).
+    pub fn is_interrupted(&self, call: CallId) -> bool {
+        self.owner(call)
+            .and_then(|k| self.frames.get(&k))
+            .and_then(|f| f.sched.as_ref())
+            .is_some_and(|s| s.awaiting(call).is_some() && s.is_interrupted(call))
+    }
+
+    /// The presentation a call awaiting a decision answers to: the `seq` of its latest
+    /// `approval_requested` event (None when it awaits no decision).
+    pub fn presentation(&self, call: CallId) -> Option<u64> {
+        let f = self.frames.get(&self.owner(call)?)?;
+        f.sched.as_ref()?.awaiting(call)?;
+        f.presented.get(&call).copied()
     }
 
     /// A grant applies when it names a tool of the run (with a `when` that is a schema) or lists

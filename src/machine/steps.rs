@@ -232,15 +232,20 @@ impl RunMachine {
             for action in buf.drain(..) {
                 match action {
                     scheduler::Action::Event { call, mut kind } => {
+                        // The seq the event is about to get.
+                        let seq = self.seq + 1;
                         if let (EventKind::ApprovalRequested { path, .. }, Some(f)) =
                             (&mut kind, self.frames.get_mut(&key))
                         {
                             path.clone_from(&f.path);
                             path.extend(call);
-                            // A new presentation (a replacement by another tool) awaits its own
-                            // decision.
+                            // A new presentation (a replacement by another tool, a call
+                            // interrupted by a restart) awaits its own decision: none given
+                            // before it answers it.
                             if let Some(id) = call {
                                 f.decisions.remove(&id);
+                                f.decided_by.remove(&id);
+                                f.presented.insert(id, seq);
                             }
                         }
                         if let (
@@ -261,6 +266,11 @@ impl RunMachine {
                             }
                             if let Some(f) = self.frames.get_mut(&key) {
                                 f.decisions.insert(id, decision.clone());
+                                f.presented.remove(&id);
+                                match by {
+                                    Some(b) => f.decided_by.insert(id, b.clone()),
+                                    None => f.decided_by.remove(&id),
+                                };
                             }
                         }
                         self.emit(key, call, kind, now, out);

@@ -333,6 +333,7 @@ fn ops_are_refused_with_typed_reasons_rule21() {
         call: CallId(call),
         decision,
         presented: presented.map(String::from),
+        presentation: None,
         by: None,
     };
     let code = |m: &RunMachine, op: Op| m.check_op(&op).err().map(|e| e.code());
@@ -368,6 +369,7 @@ fn ops_are_refused_with_typed_reasons_rule21() {
             call: CallId(1),
             decision: Decision::Approve,
             by: Some(by.clone()),
+            presentation: None,
         },
         2,
     );
@@ -585,6 +587,7 @@ fn a_reviewers_call_is_checked_as_written_with_its_references_deferred() {
             params: params.as_object().cloned().unwrap_or_default(),
         },
         presented: None,
+        presentation: None,
         by: None,
     };
     let code = |op: Op| m.check_op(&op).err().map(|e| e.code());
@@ -597,4 +600,116 @@ fn a_reviewers_call_is_checked_as_written_with_its_references_deferred() {
         Some("op.invalid_decision")
     );
     assert_eq!(code(edit(json!({"x": "one", "why": "w"}))), Some("op.invalid_decision"));
+}
+
+/// The seq of the latest `approval_requested` event for `call` among `actions`.
+fn presented_at(actions: &[Action], call: u64) -> Option<u64> {
+    actions.iter().rev().find_map(|a| match a {
+        Action::Emit(e)
+            if e.call == Some(CallId(call))
+                && matches!(e.kind, crate::protocol::EventKind::ApprovalRequested { .. }) =>
+        {
+            Some(e.seq)
+        }
+        _ => None,
+    })
+}
+
+#[test]
+fn a_decision_answers_the_presentation_it_names_and_never_a_later_one() {
+    // DESIGN.md 3.6: every approval request is a presentation (its event's seq); a decision
+    // names one; a re-presentation (a call interrupted by a restart) is a new request.
+    let mut m = machine(json!({}), Policy::ask());
+    m.keep_launched(true);
+    m.handle(RunInput::Start, 0);
+    let a = turn(&mut m, &[json!({"_tool": "act", "x": 1})], Value::Null, 1);
+    let first = presented_at(&a, 1).expect("presented");
+    assert_eq!(m.presentation(CallId(1)), Some(first));
+    let decide = |presentation: Option<u64>, by: &str| Op::Decide {
+        call: CallId(1),
+        decision: Decision::Approve,
+        presented: None,
+        presentation,
+        by: Some(crate::protocol::Actor::new(by, crate::protocol::Actor::HTTP)),
+    };
+    // A presentation that is not the current one is refused; the current one applies.
+    assert!(matches!(m.check_op(&decide(Some(first + 1), "x")),
+        Err(OpError::StalePresentation { presented, current, .. }) if presented == first + 1 && current == first));
+    assert_eq!(
+        m.check_op(&decide(Some(first + 1), "x"))
+            .err()
+            .map(|e| e.code()),
+        Some("op.stale_presentation")
+    );
+    assert_eq!(m.check_op(&decide(Some(first), "alice")), Ok(()));
+    // An older client's decision names none: it is bound to the one its check saw.
+    let bound = m.bind_op(decide(None, "alice")).expect("applies");
+    assert!(matches!(bound, Op::Decide { presentation: Some(p), .. } if p == first));
+    let a = m.handle(RunInput::from_op(bound), 2);
+    assert!(
+        a.iter()
+            .any(|x| matches!(x, Action::Launch { id, .. } if *id == CallId(1))),
+        "{a:?}"
+    );
+    // A second decision about that presentation names the first.
+    assert!(matches!(m.check_op(&decide(Some(first), "bob")),
+        Err(OpError::AlreadyDecided { decision, by: Some(b), .. }) if decision == "approve" && b == "alice"));
+    // The process stops while the call runs: the rebuilt run presents it again, a new
+    // request that no decision given before answers.
+    let a = m.handle(RunInput::Resumed, 3);
+    let second = presented_at(&a, 1).expect("presented again");
+    assert!(second > first);
+    assert_eq!(m.presentation(CallId(1)), Some(second));
+    assert!(matches!(
+        m.check_op(&decide(Some(first), "bob")),
+        Err(OpError::StalePresentation { current, .. }) if current == second
+    ));
+    // A journaled decision for the old presentation changes nothing (nothing runs).
+    let stale = RunInput::Decided {
+        call: CallId(1),
+        decision: Decision::Approve,
+        by: None,
+        presentation: Some(first),
+    };
+    let a = m.handle(stale, 4);
+    assert!(
+        !a.iter().any(|x| matches!(x, Action::Launch { .. })),
+        "{a:?}"
+    );
+    assert_eq!(m.presentation(CallId(1)), Some(second));
+    // A dropped decision is on the record, and changes nothing either.
+    let a = m.handle(
+        RunInput::Dropped {
+            call: CallId(1),
+            decision: Decision::Approve,
+            by: None,
+            presentation: Some(first),
+            code: "op.stale_presentation".into(),
+        },
+        5,
+    );
+    assert!(
+        a.iter().any(|x| matches!(x, Action::Emit(e)
+            if matches!(&e.kind, crate::protocol::EventKind::DecisionDropped { presentation: Some(p), .. } if *p == first))),
+        "{a:?}"
+    );
+    assert!(!a.iter().any(|x| matches!(x, Action::Launch { .. })));
+    // The new presentation takes a new decision.
+    assert_eq!(m.check_op(&decide(Some(second), "carol")), Ok(()));
+    // An old journal's decision (no presentation) still replays as it did.
+    let a = m.handle(
+        RunInput::Decided {
+            call: CallId(1),
+            decision: Decision::Approve,
+            by: None,
+            presentation: None,
+        },
+        6,
+    );
+    assert!(
+        a.iter()
+            .any(|x| matches!(x, Action::Launch { id, .. } if *id == CallId(1))),
+        "{a:?}"
+    );
+    assert_eq!(m.presentation(CallId(1)), None);
 }

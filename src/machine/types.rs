@@ -191,6 +191,28 @@ pub enum RunInput {
         /// Who decided (journals written before this was recorded have none).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         by: Option<Actor>,
+        /// The presentation it answered (the `seq` of the call's `approval_requested` event;
+        /// journals written before this was recorded have none). A decision for a
+        /// presentation that is not the call's current one changes nothing.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        presentation: Option<u64>,
+    },
+    /// A decision taken from the store's queue no longer applied (its presentation was decided
+    /// otherwise or presented again): journaled so that it leaves the queue and shows in the
+    /// audit; it changes nothing else.
+    Dropped {
+        /// The call.
+        call: CallId,
+        /// The decision.
+        decision: Decision,
+        /// Who decided.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        by: Option<Actor>,
+        /// The presentation it answered.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        presentation: Option<u64>,
+        /// Why it no longer applied (the op refusal's code).
+        code: String,
     },
     /// A reviewer's grant was accepted (it approves covered calls as they are presented).
     Grant {
@@ -266,6 +288,7 @@ impl RunInput {
             RunInput::StreamClosed { .. } => "stream_closed",
             RunInput::Outcome { .. } => "outcome",
             RunInput::Decided { .. } => "decided",
+            RunInput::Dropped { .. } => "dropped",
             RunInput::Grant { .. } => "grant",
             RunInput::Revoke { .. } => "revoke",
             RunInput::TimerFired { .. } => "timer_fired",
@@ -282,8 +305,17 @@ impl RunInput {
         use crate::protocol::Op;
         match op {
             Op::Decide {
-                call, decision, by, ..
-            } => RunInput::Decided { call, decision, by },
+                call,
+                decision,
+                by,
+                presentation,
+                ..
+            } => RunInput::Decided {
+                call,
+                decision,
+                by,
+                presentation,
+            },
             Op::Grant { grant, by } => RunInput::Grant { grant, by },
             Op::Revoke { grant, by } => RunInput::Revoke { grant, by },
             Op::Cancel { reason, by } => RunInput::Cancel { reason, by },

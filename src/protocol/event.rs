@@ -245,6 +245,22 @@ pub enum EventKind {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         grant: Option<String>,
     },
+    /// A decision recorded for the call was not applied: by the time its run's driver took it
+    /// from the store's queue, the presentation it answered had been decided otherwise (the
+    /// policy's timeout) or replaced by a new one (the call was interrupted by a restart and
+    /// presented again). Nothing ran because of it; it is in the audit.
+    DecisionDropped {
+        /// The decision.
+        decision: Decision,
+        /// Who made it.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        by: Option<super::Actor>,
+        /// The presentation it answered (the `seq` of an `approval_requested` event).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        presentation: Option<u64>,
+        /// Why it no longer applied (an op refusal's code: `op.stale_presentation`...).
+        code: String,
+    },
     /// A reviewer granted approval ahead of the calls (journaled; applies until revoked or the
     /// run ends).
     GrantAdded {
@@ -442,6 +458,7 @@ impl EventKind {
             EventKind::Unblocked => "unblocked",
             EventKind::ApprovalRequested { .. } => "approval_requested",
             EventKind::Decision { .. } => "decision",
+            EventKind::DecisionDropped { .. } => "decision_dropped",
             EventKind::GrantAdded { .. } => "grant_added",
             EventKind::GrantRevoked { .. } => "grant_revoked",
             EventKind::Started { .. } => "started",
@@ -546,6 +563,15 @@ mod tests {
             EventKind::GrantRevoked {
                 id: "g1".into(),
                 by: None,
+            },
+            EventKind::DecisionDropped {
+                decision: Decision::Approve,
+                by: Some(crate::protocol::Actor::new(
+                    "bob",
+                    crate::protocol::Actor::CLI,
+                )),
+                presentation: Some(7),
+                code: "op.stale_presentation".into(),
             },
             EventKind::Decision {
                 decision: Decision::Edit {

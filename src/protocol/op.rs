@@ -31,6 +31,13 @@ pub enum Op {
         /// was since presented with other params, the op is refused as stale.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         presented: Option<String>,
+        /// The presentation the decision answers: the `seq` of the call's `approval_requested`
+        /// event (DESIGN.md 3.6). A decision answers that presentation only: once the call is
+        /// presented again (interrupted by a restart, sent back by a replacement), it is refused
+        /// (`op.stale_presentation`). When omitted (an older client), whoever records the op
+        /// fills in the presentation its check saw.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        presentation: Option<u64>,
         /// Who decided, through which channel (journaled with the decision).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         by: Option<Actor>,
@@ -151,12 +158,40 @@ pub enum OpError {
         status: String,
     },
     /// Somebody (another reviewer, the policy's timeout default) decided first.
-    #[error("call {call} was already decided ({decision})")]
+    #[error("call {call} was already decided ({decision}{})", by.as_ref().map_or_else(String::new, |b| format!(" by {b}")))]
     AlreadyDecided {
         /// The call.
         call: CallId,
-        /// The decision that was applied, in words.
+        /// The decision that won, in words.
         decision: String,
+        /// Who made it (a principal), when known.
+        by: Option<String>,
+    },
+    /// The decision answers a presentation of the call that is no longer the current one: the
+    /// call was presented again since (after a restart, or a replacement by another tool), and
+    /// a decision given before a presentation never answers it.
+    #[error(
+        "call {call} was presented again since (the decision answers presentation {presented}, the call now awaits a decision on presentation {current}{})",
+        if *current == 0 { ", or none".to_string() } else { String::new() }
+    )]
+    StalePresentation {
+        /// The call.
+        call: CallId,
+        /// The presentation the decision named.
+        presented: u64,
+        /// The presentation awaiting a decision now (0: none).
+        current: u64,
+    },
+    /// The run moved on between the op's check and its recording (its journal grew), more
+    /// often than the recorder tries again: check the run again and resend.
+    #[error(
+        "the run moved on while the op was checked (its journal grew from {seen} to {now} entries); look at the run again and resend"
+    )]
+    Moved {
+        /// The journal length the check saw.
+        seen: u64,
+        /// The journal length found when recording.
+        now: u64,
     },
     /// The call now awaits a decision about other params than the ones the reviewer saw.
     #[error("call {call} was presented with other params (seen {presented}, now {current})")]
@@ -218,13 +253,27 @@ pub enum OpError {
 crate::codes::has_code!(OpError);
 
 impl OpError {
+    /// `op.already_decided` for call `call`, naming `winner`: the decision that holds the
+    /// presentation (another process recorded it first).
+    pub fn decided_first(call: CallId, winner: &Op) -> OpError {
+        let (decision, by) = match winner {
+            Op::Decide { decision, by, .. } => (
+                decision.name().to_string(),
+                by.as_ref().map(|b| b.principal.clone()),
+            ),
+            other => (format!("{other:?}"), None),
+        };
+        OpError::AlreadyDecided { call, decision, by }
+    }
+
     /// A stable code for programs that react to refusals.
     pub fn code(&self) -> &'static str {
         match self {
             OpError::UnknownCall { .. } => "op.unknown_call",
             OpError::NotAwaiting { .. } => "op.not_awaiting",
             OpError::AlreadyDecided { .. } => "op.already_decided",
-            OpError::Stale { .. } => "op.stale",
+            OpError::Stale { .. } | OpError::Moved { .. } => "op.stale",
+            OpError::StalePresentation { .. } => "op.stale_presentation",
             OpError::EditChangesTool { .. } => "op.edit_changes_tool",
             OpError::InvalidDecision { .. } => "op.invalid_decision",
             OpError::UnknownGrant { .. } => "op.unknown_grant",
@@ -292,6 +341,7 @@ mod tests {
                     reason: "no".into()
                 },
                 presented: None,
+                presentation: None,
                 by: None,
             }
         );

@@ -1,5 +1,6 @@
 //! A run's audit trail: every decision about its calls (who, through which channel, when, and
-//! the rule or grant it came from) and every grant given or revoked, in the order they happened,
+//! the rule or grant it came from), every decision recorded but dropped (its presentation was
+//! decided otherwise or presented again first) and every grant given or revoked, in the order they happened,
 //! read from the run's events. `dagloop show RUN --audit` and `GET /runs/{id}/audit` print it.
 //!
 //! Deliberately not here: calls the rules let run without asking (they have no decision; the
@@ -71,6 +72,23 @@ pub fn audit(events: &[Event]) -> Vec<Value> {
                 }
                 out.push(v);
             }
+            EventKind::DecisionDropped {
+                decision,
+                by,
+                presentation,
+                code,
+            } => out.push(json!({
+                "seq": e.seq,
+                "at": e.at,
+                "what": "dropped",
+                "call_id": call,
+                "tool": call.and_then(|id| tools.get(&id)),
+                "decision": decision.name(),
+                "principal": by.as_ref().map(|b| b.principal.clone()),
+                "channel": by.as_ref().map(|b| b.channel.clone()),
+                "presentation": presentation,
+                "code": code,
+            })),
             EventKind::GrantAdded { id, grant, by } => out.push(json!({
                 "seq": e.seq,
                 "at": e.at,
@@ -174,6 +192,13 @@ pub fn lines(entries: &[Value]) -> Vec<String> {
                     }
                     line
                 }
+                "dropped" => format!(
+                    "{head}  c{} {}  {} dropped, never applied ({})  {who}",
+                    v["call_id"],
+                    s("tool"),
+                    s("decision"),
+                    s("code")
+                ),
                 "grant" => format!("{head}  grant {}  {}  {who}", s("grant"), v["covers"]),
                 "revoke" => format!("{head}  revoke {}  {who}", s("grant")),
                 other => format!("{head}  {other} ({})  {who}", s("status")),

@@ -71,6 +71,7 @@ fn subgraph(
         call: id,
         decision: Decision::Approve,
         presented,
+        presentation: None,
         by: None,
     })?;
     let Some((_, shown)) = machine.awaiting().into_iter().find(|(c, _)| *c == id) else {

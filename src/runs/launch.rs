@@ -290,7 +290,7 @@ impl Prepared {
         let mut refused = Vec::new();
         if resumed && let Some(s) = &self.store {
             for op in s.take_ops(handle.run_id())? {
-                if let Err(e) = handle.submit(op).await {
+                if let Err(e) = handle.submit_queued(op).await {
                     refused.push(e);
                 }
             }
@@ -321,7 +321,7 @@ pub fn spawn_op_poller(
                 .and_then(Result::ok)
                 .unwrap_or_default();
             for op in ops {
-                if let Err(e) = handle.submit(op).await {
+                if let Err(e) = handle.submit_queued(op).await {
                     refused(e);
                 }
             }

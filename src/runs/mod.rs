@@ -142,14 +142,56 @@ pub enum Refused {
     Runs(#[from] RunsError),
 }
 
+/// How many times [`record_op`] checks an op again when the run moved on between its check and
+/// its recording, before it answers `op.stale`.
+const RECORD_TRIES: usize = 8;
+
 /// Records an op for a stored run that this process does not drive, after checking it against
 /// the run rebuilt from its journal; the process that drives the run (or the next `resume`)
-/// applies it. Returns whether some process drives the run now (holds an unexpired lease).
+/// applies it. The check and the queueing are one transaction (DESIGN.md 3.6): the op is
+/// queued only if the journal is still the one the check saw (otherwise it is checked again,
+/// then refused `op.stale`) and no other decision holds the presentation it answers
+/// (`op.already_decided`, naming that decision). A decision that names no presentation is bound
+/// to the one its check saw. Returns the op as recorded and whether some process drives the
+/// run now (holds an unexpired lease).
 pub fn record_op(
     store: &dyn crate::store::RunStore,
     id: &str,
     op: &crate::protocol::Op,
-) -> Result<bool, Refused> {
+) -> Result<(crate::protocol::Op, bool), Refused> {
+    let mut moved = None;
+    for _ in 0..RECORD_TRIES {
+        let (stored, rb) = match load_checkable(store, id)? {
+            Ok(x) => x,
+            Err(e) => return Err(Refused::Op(e)),
+        };
+        let bound = rb.machine.bind_op(op.clone()).map_err(Refused::Op)?;
+        let seen = stored.journal.last().map_or(0, |e| e.seq);
+        match store.push_op(id, &bound, seen).map_err(RunsError::from)? {
+            crate::store::Queued::Queued => return Ok((bound, stored.lease.is_some())),
+            crate::store::Queued::Moved { now } => moved = Some((seen, now)),
+            crate::store::Queued::Decided { winner } => {
+                let call = match &bound {
+                    crate::protocol::Op::Decide { call, .. } => *call,
+                    _ => crate::protocol::CallId(0),
+                };
+                return Err(Refused::Op(crate::protocol::OpError::decided_first(
+                    call, &winner,
+                )));
+            }
+        }
+    }
+    let (seen, now) = moved.unwrap_or_default();
+    Err(Refused::Op(crate::protocol::OpError::Moved { seen, now }))
+}
+
+/// A stored run and its rebuilt machine, to check an op against; the refusal when the run has
+/// finished (compacted runs included).
+#[allow(clippy::type_complexity)]
+fn load_checkable(
+    store: &dyn crate::store::RunStore,
+    id: &str,
+) -> Result<Result<(crate::store::StoredRun, Rebuilt), crate::protocol::OpError>, Refused> {
     let stored = match store.load(id) {
         // Only finished runs are compacted.
         Err(crate::store::StoreError::Compacted { .. }) => {
@@ -157,19 +199,15 @@ pub fn record_op(
                 || "finished".into(),
                 |c| c.result.status.as_str().to_string(),
             );
-            return Err(Refused::Op(crate::protocol::OpError::RunFinished {
-                status,
-            }));
+            return Ok(Err(crate::protocol::OpError::RunFinished { status }));
         }
         other => other.map_err(RunsError::from)?,
     };
     if let Some(r) = &stored.result {
-        return Err(Refused::Op(crate::protocol::OpError::RunFinished {
+        return Ok(Err(crate::protocol::OpError::RunFinished {
             status: r.status.as_str().to_string(),
         }));
     }
     let rb = rebuild(&stored.record, &stored.journal)?;
-    rb.machine.check_op(op).map_err(Refused::Op)?;
-    store.push_op(id, op).map_err(RunsError::from)?;
-    Ok(stored.lease.is_some())
+    Ok(Ok((stored, rb)))
 }

@@ -142,11 +142,17 @@ impl Expect {
                     ));
                 }
             }
-            RunInput::Decided { call, decision, by } => {
+            RunInput::Decided {
+                call,
+                decision,
+                by,
+                presentation,
+            } => {
                 let op = Op::Decide {
                     call: *call,
                     decision: decision.clone(),
                     presented: None,
+                    presentation: *presentation,
                     by: by.clone(),
                 };
                 if let Err(e) = machine.check_op(&op) {

@@ -240,6 +240,10 @@ pub struct AwaitingCall {
     pub call_id: u64,
     /// The fingerprint of the call as presented: quote it as `presented` in a decision.
     pub params_hash: String,
+    /// The presentation awaiting a decision: the `seq` of the call's `approval_requested`
+    /// event; quote it as `presentation` in a decision (DESIGN.md 3.6).
+    #[serde(default)]
+    pub presentation: u64,
     /// It had started before the run stopped, and may have had effects.
     pub interrupted: bool,
     /// The approval rule that asked for a reviewer.
@@ -652,6 +656,7 @@ fn awaiting(rb: &Rebuilt) -> Vec<AwaitingCall> {
             AwaitingCall {
                 call_id: id.0,
                 params_hash: params_hash(&call),
+                presentation: rb.machine.presentation(id).unwrap_or(0),
                 interrupted: interrupted.unwrap_or(false),
                 rule: asked.as_ref().and_then(|a| a.1.clone()),
                 timeout_ms,

@@ -457,17 +457,20 @@ pub(super) async fn approvals(
 /// Decides a call awaiting approval. The body is a Decision (`{"decision": "approve"}`,
 /// `{"decision": "edit", "params": {...}}`, `{"decision": "replace", "call": {...}}`,
 /// `{"decision": "reject", "reason": "..."}`), optionally with `presented`: the `params_hash`
-/// the reviewer saw (a string; anything else is refused). Needs the `review` role.
+/// the reviewer saw (a string; anything else is refused), and `presentation`: the `seq` of the
+/// `approval_requested` event it answers (a number). Of concurrent decisions about one
+/// presentation, whichever server or command records them, one is accepted; the others get 409
+/// `op.already_decided` naming it. Needs the `review` role.
 #[utoipa::path(post, path = "/runs/{id}/approvals/{call}", tag = "approvals",
     params(("id" = String, Path, description = "The run id"), ("call" = u64, Path, description = "The call id")),
-    request_body(content = super::wire::DecideRequest, description = "A Decision, optionally with `presented`"),
+    request_body(content = super::wire::DecideRequest, description = "A Decision, optionally with `presented` and `presentation`"),
     responses(
         (status = 200, description = "Applied: {status: applied}", body = OpStatus),
         (status = 202, description = "Recorded for a run no process drives now: {status: recorded}", body = OpStatus),
-        (status = 400, description = "Not a decision (or `presented` is not a string)", body = ApiError),
+        (status = 400, description = "Not a decision (or `presented` is not a string, `presentation` not a number)", body = ApiError),
         (status = 403, description = "The caller may not decide, or submitted the run and the operator separates duties (`approval.own_run`)", body = ApiError),
         (status = 404, description = "No such run or call", body = ApiError),
-        (status = 409, description = "The call is not awaiting a decision, was decided first by somebody else, or was presented with other params", body = ApiError),
+        (status = 409, description = "The call is not awaiting a decision, was decided first by somebody else (`op.already_decided`, naming that decision and who made it), was presented with other params (`op.stale`), was presented again since (`op.stale_presentation`), or the run moved on while the decision was checked (`op.stale`)", body = ApiError),
         (status = 422, description = "The decision cannot apply (invalid params, an edit that changes the tool)", body = ApiError)))]
 pub(super) async fn decide(
     State(st): State<Arc<AppState>>,
@@ -491,6 +494,18 @@ pub(super) async fn decide(
             ));
         }
     };
+    let presentation = match v.as_object_mut().and_then(|m| m.remove("presentation")) {
+        None => None,
+        Some(p) => Some(p.as_u64().ok_or_else(|| {
+            ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "op.bad_decision",
+                format!(
+                    "`presentation` must be the seq of the approval_requested event the reviewer saw, not {p}"
+                ),
+            )
+        })?),
+    };
     let decision: Decision = serde_json::from_value(v).map_err(|e| {
         ApiError::new(
             StatusCode::BAD_REQUEST,
@@ -502,6 +517,7 @@ pub(super) async fn decide(
         call: CallId(call),
         decision,
         presented,
+        presentation,
         by: actor(&who),
     };
     submit(&st, &id, op).await
@@ -584,18 +600,19 @@ pub(super) async fn submit(
     }
     let store = st.store.clone();
     let run = id.to_string();
-    let driven = tokio::task::spawn_blocking(move || crate::runs::record_op(&*store, &run, &op))
-        .await
-        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server.internal", e))?
-        .map_err(|e| match e {
-            crate::runs::Refused::Op(e) => ApiError::from_op(&e),
-            crate::runs::Refused::Runs(crate::runs::RunsError::Store(e)) => {
-                ApiError::from_store(&e)
-            }
-            crate::runs::Refused::Runs(e) => {
-                ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.code(), e)
-            }
-        })?;
+    let (_, driven) =
+        tokio::task::spawn_blocking(move || crate::runs::record_op(&*store, &run, &op))
+            .await
+            .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server.internal", e))?
+            .map_err(|e| match e {
+                crate::runs::Refused::Op(e) => ApiError::from_op(&e),
+                crate::runs::Refused::Runs(crate::runs::RunsError::Store(e)) => {
+                    ApiError::from_store(&e)
+                }
+                crate::runs::Refused::Runs(e) => {
+                    ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.code(), e)
+                }
+            })?;
     if driven {
         // Another process drives it and takes the op from the store.
         return Ok((

@@ -100,9 +100,11 @@ impl ApiError {
         use crate::protocol::OpError as O;
         let status = match e {
             O::UnknownCall { .. } | O::UnknownGrant { .. } => StatusCode::NOT_FOUND,
-            O::NotAwaiting { .. } | O::AlreadyDecided { .. } | O::Stale { .. } => {
-                StatusCode::CONFLICT
-            }
+            O::NotAwaiting { .. }
+            | O::AlreadyDecided { .. }
+            | O::Stale { .. }
+            | O::StalePresentation { .. }
+            | O::Moved { .. } => StatusCode::CONFLICT,
             O::RunFinished { .. } => StatusCode::CONFLICT,
             O::EditChangesTool { .. } | O::InvalidDecision { .. } | O::InvalidGrant { .. } => {
                 StatusCode::UNPROCESSABLE_ENTITY

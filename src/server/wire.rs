@@ -50,6 +50,12 @@ pub struct DecideRequest {
     reason: Option<String>,
     /// The `params_hash` the reviewer saw: the decision applies only to exactly that call.
     presented: Option<String>,
+    /// The presentation the decision answers: the `seq` of the call's `approval_requested`
+    /// event (`presentation` in the run's awaiting calls). A decision answers that presentation
+    /// only; once the call is presented again (after a restart) it is refused with 409
+    /// `op.stale_presentation`. Without it, the decision answers the presentation awaiting a
+    /// decision when the server checks it.
+    presentation: Option<u64>,
 }
 
 /// A decision's name.

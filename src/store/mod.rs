@@ -74,6 +74,24 @@ pub struct RunRow {
     pub owner: Option<String>,
 }
 
+/// What became of an op offered to a run's queue ([`RunStore::push_op`]) or of a driver's claim
+/// on a presentation ([`crate::engine::JournalSink::claim_decision`]).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Queued {
+    /// Queued (claimed).
+    Queued,
+    /// The run's journal no longer ends where the op was checked: it ends at entry `now`.
+    Moved {
+        /// The journal's last entry now.
+        now: u64,
+    },
+    /// Another decision about the same presentation was recorded first.
+    Decided {
+        /// That decision's op.
+        winner: Op,
+    },
+}
+
 /// A claim on a run: the owner (one id per opened store, so per process) that drives it, until
 /// `expires_at` unless renewed. See [`RunStore::claim`].
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -314,13 +332,19 @@ pub trait RunStore: JournalSink {
     /// What a compacted run kept (None: the run is not compacted).
     fn compacted(&self, id: &str) -> Result<Option<Compacted>, StoreError>;
     /// Queues an op for the run (a decision taken while no process runs it, or for the process
-    /// that does to pick up).
-    fn push_op(&self, id: &str, op: &Op) -> Result<(), StoreError>;
+    /// that does to pick up), in one transaction with two checks: the run's journal still ends
+    /// at entry `seen` (the one the op was checked against; otherwise [`Queued::Moved`]), and no
+    /// other decision holds the presentation a decision names ([`Queued::Decided`]): of
+    /// concurrent decisions about one presentation, whichever process records them, one is
+    /// queued. The presentation is held until the decision is journaled (or dropped).
+    fn push_op(&self, id: &str, op: &Op, seen: u64) -> Result<Queued, StoreError>;
     /// Records a run's options anew (`resume --accept-changes` records the new definition).
     fn set_options(&self, id: &str, options: &serde_json::Value) -> Result<(), StoreError>;
     /// Takes the queued ops of a run, oldest first: only the owner that holds its lease
     /// (`store.lease_lost` for another, so that a process that lost the run never takes the
-    /// decisions meant for the one that drives it).
+    /// decisions meant for the one that drives it). A decision stays queued, held by this
+    /// owner, until the driver journals it (applied or dropped); one that an owner took and
+    /// never journaled (it died) is taken again by the next.
     fn take_ops(&self, id: &str) -> Result<Vec<Op>, StoreError>;
     /// The store's size and contents (`dagloop runs --stats`), as JSON.
     fn stats(&self) -> Result<serde_json::Value, StoreError>;

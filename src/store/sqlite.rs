@@ -178,6 +178,15 @@ const MIGRATIONS: &[&str] = &[
     CREATE INDEX runs_lease_host ON runs(lease_host, lease_pid, lease_started)
         WHERE lease_host IS NOT NULL;
 ",
+    // 7: a queued decision names the presentation it answers (`presentation`, the seq of the
+    // call's `approval_requested` event) and is held (`taken_by`, the owner that took it) until
+    // its driver journals it; one decision per presentation (DESIGN.md 3.6).
+    "
+    ALTER TABLE ops ADD COLUMN presentation INTEGER;
+    ALTER TABLE ops ADD COLUMN taken_by TEXT;
+    CREATE UNIQUE INDEX ops_presentation ON ops(run_id, presentation)
+        WHERE presentation IS NOT NULL;
+",
 ];
 
 /// Journal entries as the writer stores them: a batch to a row (see the module docs).
@@ -188,6 +197,9 @@ struct Rows {
     text: String,
     /// Some entry is a decision (committed with `synchronous=FULL`).
     decision: bool,
+    /// The presentations answered by the entries (decisions journaled or dropped): their
+    /// queued ops leave the queue in the same transaction.
+    answered: Vec<u64>,
 }
 
 impl Rows {
@@ -196,8 +208,20 @@ impl Rows {
         let mut buf: Vec<u8> = Vec::with_capacity(entries.len() * 128);
         let mut rows: Vec<(u64, u64, u64, std::ops::Range<usize>)> = Vec::new();
         let mut decision = false;
+        let mut answered = Vec::new();
         for e in entries {
             decision |= matches!(e.input, RunInput::Decided { .. });
+            if let RunInput::Decided {
+                presentation: Some(p),
+                ..
+            }
+            | RunInput::Dropped {
+                presentation: Some(p),
+                ..
+            } = &e.input
+            {
+                answered.push(*p);
+            }
             match rows.last_mut() {
                 Some((seq, n, at, range)) if *at == e.at && *seq + *n == e.seq => {
                     buf.push(b'\n');
@@ -219,6 +243,7 @@ impl Rows {
             rows,
             text,
             decision,
+            answered,
         })
     }
 
@@ -246,7 +271,11 @@ enum Write {
     /// The run, its status and its result, serialised by the caller.
     Finish(String, &'static str, String),
     Prune(Millis),
-    PushOp(String, String),
+    /// An op (JSON) for run, the presentation it decides, the journal's last entry its check
+    /// saw.
+    PushOp(String, String, Option<u64>, u64),
+    /// A driver holds a presentation for a decision (JSON) it is about to journal.
+    ClaimOp(String, String, u64),
     TakeOps(String),
     /// The run's options (JSON), recorded anew (a definition accepted on resume).
     SetOptions(String, String),
@@ -266,6 +295,7 @@ enum Done {
     Count(usize),
     Bytes(u64),
     Ops(Vec<String>),
+    Queued(super::Queued),
 }
 
 /// Where the writer sends one request's outcome (a tokio oneshot for the async journal path, a
@@ -576,6 +606,39 @@ impl JournalSink for SqliteStore {
     fn note(&self, run_id: &str, note: crate::engine::RunNote) {
         self.send(Write::Note(run_id.to_string(), note), Box::new(|_| {}));
     }
+
+    fn claim_decision<'a>(
+        &'a self,
+        run_id: &'a str,
+        presentation: u64,
+        op: &'a Op,
+    ) -> crate::engine::ClaimFuture<'a> {
+        let text = match serde_json::to_string(op) {
+            Ok(t) => t,
+            Err(e) => {
+                let e = JournalError::new(JournalError::WRITE, e.to_string());
+                return Box::pin(async move { Err(e) });
+            }
+        };
+        let (tx, rx) = oneshot::channel();
+        self.send(
+            Write::ClaimOp(run_id.to_string(), text, presentation),
+            Box::new(move |r| {
+                let _ = tx.send(r);
+            }),
+        );
+        Box::pin(async move {
+            match rx.await {
+                Ok(Ok(Done::Queued(super::Queued::Decided { winner }))) => Ok(Some(winner)),
+                Ok(Ok(_)) => Ok(None),
+                Ok(Err(e)) => Err(journal_error(e)),
+                Err(_) => Err(JournalError::new(
+                    JournalError::WRITE,
+                    "the store's writer stopped",
+                )),
+            }
+        })
+    }
 }
 
 /// The lease a `runs` row holds, when it has not expired at `now`.
@@ -796,9 +859,16 @@ impl RunStore for SqliteStore {
         self.compacted_run(id)
     }
 
-    fn push_op(&self, id: &str, op: &Op) -> Result<(), StoreError> {
+    fn push_op(&self, id: &str, op: &Op, seen: u64) -> Result<super::Queued, StoreError> {
         let text = serde_json::to_string(op).map_err(io)?;
-        self.call(Write::PushOp(id.into(), text)).map(|_| ())
+        let presentation = match op {
+            Op::Decide { presentation, .. } => *presentation,
+            _ => None,
+        };
+        match self.call(Write::PushOp(id.into(), text, presentation, seen))? {
+            Done::Queued(q) => Ok(q),
+            _ => Ok(super::Queued::Queued),
+        }
     }
 
     fn take_ops(&self, id: &str) -> Result<Vec<Op>, StoreError> {

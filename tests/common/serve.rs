@@ -32,14 +32,27 @@ pub type Counts = Arc<Mutex<BTreeMap<u64, u64>>>;
 
 /// A service that counts how many times each `n` was executed and echoes what it got.
 pub async fn counting_service() -> (String, Counts) {
+    service(None).await
+}
+
+/// [`counting_service`], except that an execution with `n == hold` never answers: the call stays
+/// in flight until the process that made it dies.
+pub async fn holding_service(hold: u64) -> (String, Counts) {
+    service(Some(hold)).await
+}
+
+async fn service(hold: Option<u64>) -> (String, Counts) {
     let counts: Counts = Arc::default();
     let app = axum::Router::new()
         .route(
             "/step",
             post(
-                |State(c): State<Counts>, Json(body): Json<Value>| async move {
+                move |State(c): State<Counts>, Json(body): Json<Value>| async move {
                     let n = body["n"].as_u64().unwrap_or(0);
                     *c.lock().expect("counts").entry(n).or_default() += 1;
+                    if hold == Some(n) {
+                        std::future::pending::<()>().await;
+                    }
                     Json(json!({"n": n, "v": n * 10, "got": body}))
                 },
             ),
@@ -51,6 +64,11 @@ pub async fn counting_service() -> (String, Counts) {
     let url = format!("http://{}/step", listener.local_addr().expect("addr"));
     tokio::spawn(async move { axum::serve(listener, app).await });
     (url, counts)
+}
+
+/// How many times the service executed `n`.
+pub fn count(counts: &Counts, n: u64) -> u64 {
+    counts.lock().expect("counts").get(&n).copied().unwrap_or(0)
 }
 
 /// A goal with two independent http calls and a final output that reads both; `policy` is the

@@ -30,7 +30,8 @@ function decidedText(run, callId) {
 function renderApprovals(run) {
   const box = $("#approvals");
   const awaiting = run.awaiting || [];
-  const keyOf = (a) => a.call_id + ":" + a.params_hash;
+  // A card is one presentation: a call presented again (after a restart) is a new card.
+  const keyOf = (a) => a.call_id + ":" + a.params_hash + ":" + (a.presentation || 0);
   const keep = new Set(awaiting.map(keyOf));
   // Decided calls go first, so that the cards still awaiting keep their places: moving a card
   // takes the focus out of a reason or an editor the reviewer is typing in.
@@ -185,7 +186,9 @@ function approvalCard(runId, a, key) {
     setBusy(true);
     try {
       const r = await api("POST", "/runs/" + encodeURIComponent(runId) + "/approvals/" + a.call_id,
-        Object.assign({}, decision, { presented: a.params_hash }));
+        Object.assign({}, decision, a.presentation
+          ? { presented: a.params_hash, presentation: a.presentation }
+          : { presented: a.params_hash }));
       card.classList.add("sent");
       card.classList.remove("current");
       // Applied: the run moves. Recorded: somebody else must continue the run; say who.
@@ -197,7 +200,8 @@ function approvalCard(runId, a, key) {
       loadRuns();
     } catch (e) {
       setBusy(false);
-      if (e.status === 409 && ["op.already_decided", "op.not_awaiting", "op.stale"].includes(e.code)) {
+      if (e.status === 409 && ["op.already_decided", "op.not_awaiting", "op.stale",
+        "op.stale_presentation"].includes(e.code)) {
         notice("Another reviewer decided first (call #" + a.call_id + ": " + e.message + "). The run was refreshed.", "conflict");
         card.dataset.conflict = "1";
         // Without an open editor there is nothing of the reviewer's to keep.

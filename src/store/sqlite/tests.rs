@@ -17,6 +17,7 @@ fn entry(seq: u64, at: u64) -> JournalEntry {
                 reason: "no\n".into(),
             },
             by: None,
+            presentation: None,
         },
         _ => RunInput::Start,
     };
@@ -124,7 +125,10 @@ async fn one_owner_at_a_time_and_an_owner_that_lost_the_lease_writes_nothing() {
         reason: "stop".into(),
         by: None,
     };
-    a.push_op("r", &op).expect("push");
+    assert_eq!(
+        a.push_op("r", &op, 1).expect("push"),
+        crate::store::Queued::Queued
+    );
     assert_eq!(
         a.take_ops("r").map_err(|e| e.code()),
         Err("store.lease_lost")
@@ -234,4 +238,91 @@ fn a_row_whose_count_disagrees_with_its_lines_is_damage_not_a_shorter_journal() 
     .expect("insert");
     let e = store.load("r").expect_err("refused");
     assert_eq!(e.code(), "store.corrupt", "{e}");
+}
+
+#[tokio::test]
+async fn the_queue_takes_one_decision_per_presentation_against_the_journal_it_was_checked_against()
+{
+    use crate::store::Queued;
+    let dir = tempfile::tempdir().expect("dir");
+    let (path, a) = with_run(dir.path());
+    a.append("r", &[entry(1, 5)]).await.expect("append");
+    let b = SqliteStore::open(&path).expect("open");
+    let decide = |who: &str, presentation: u64| Op::Decide {
+        call: CallId(4),
+        decision: Decision::Approve,
+        presented: None,
+        presentation: Some(presentation),
+        by: Some(crate::protocol::Actor::new(
+            who,
+            crate::protocol::Actor::CLI,
+        )),
+    };
+    // Checked against a journal that has grown since: not queued.
+    assert_eq!(
+        b.push_op("r", &decide("bob", 7), 0).expect("push"),
+        Queued::Moved { now: 1 }
+    );
+    assert_eq!(
+        b.push_op("r", &decide("bob", 7), 1).expect("push"),
+        Queued::Queued
+    );
+    // A second decision about the same presentation names the first, whoever records it.
+    assert_eq!(
+        a.push_op("r", &decide("carol", 7), 1).expect("push"),
+        Queued::Decided {
+            winner: decide("bob", 7)
+        }
+    );
+    // The driver's own decision for it is refused; the queued one itself holds it.
+    assert_eq!(
+        a.claim_decision("r", 7, &decide("alice", 7))
+            .await
+            .expect("claim"),
+        Some(decide("bob", 7))
+    );
+    assert_eq!(
+        a.take_ops("r").expect("take"),
+        vec![decide("bob", 7)],
+        "taken, and held until journaled"
+    );
+    assert_eq!(
+        a.claim_decision("r", 7, &decide("bob", 7))
+            .await
+            .expect("claim"),
+        None
+    );
+    assert!(a.take_ops("r").expect("take").is_empty());
+    assert_eq!(
+        b.push_op("r", &decide("carol", 7), 1).expect("push"),
+        Queued::Decided {
+            winner: decide("bob", 7)
+        }
+    );
+    // A driver that took it and never journaled it (it died): the next owner takes it again.
+    Connection::open(&path)
+        .expect("sql")
+        .execute("UPDATE runs SET lease_expires_at = 1 WHERE id = 'r'", [])
+        .expect("expire");
+    b.claim("r").expect("claim");
+    assert_eq!(b.take_ops("r").expect("take"), vec![decide("bob", 7)]);
+    // Journaled (applied or dropped), it leaves the queue in the same transaction.
+    let decided = JournalEntry {
+        seq: 2,
+        at: 6,
+        input: RunInput::Dropped {
+            call: CallId(4),
+            decision: Decision::Approve,
+            by: None,
+            presentation: Some(7),
+            code: "op.stale_presentation".into(),
+        },
+    };
+    b.append("r", &[decided]).await.expect("append");
+    assert!(b.take_ops("r").expect("take").is_empty());
+    assert_eq!(
+        a.push_op("r", &decide("carol", 7), 2).expect("push"),
+        Queued::Queued,
+        "from now on the journal answers for that presentation (a recorder's check)"
+    );
 }

@@ -80,7 +80,7 @@ pub(super) fn writer(
             }
         }
         let full = batch.iter().any(|(w, _)| match w {
-            Write::Finish(..) | Write::PushOp(..) => true,
+            Write::Finish(..) | Write::PushOp(..) | Write::ClaimOp(..) => true,
             Write::Append(_, rows) => rows.decision,
             _ => false,
         });
@@ -251,6 +251,24 @@ fn holder_process(c: &Connection, id: &str) -> Result<Holder, StoreError> {
     Ok((owner, expires, owner_process(host, pid, started)))
 }
 
+/// The seq of the run's last journal entry (0: none).
+fn last_entry(c: &Connection, id: &str) -> Result<u64, StoreError> {
+    c.prepare_cached("SELECT seq + n - 1 FROM journal WHERE run_id = ?1 ORDER BY seq DESC LIMIT 1")
+        .and_then(|mut s| s.query_row(params![id], |r| r.get::<_, i64>(0)).optional())
+        .map(|last| last.map_or(0, |l| l.max(0) as u64))
+        .map_err(io)
+}
+
+/// The queued decision holding presentation `p` of run `id`, if one does: its row and op.
+fn holding(c: &Connection, id: &str, p: u64) -> Result<Option<(i64, String)>, StoreError> {
+    c.prepare_cached("SELECT id, op FROM ops WHERE run_id = ?1 AND presentation = ?2")
+        .and_then(|mut s| {
+            s.query_row(params![id, p as i64], |r| Ok((r.get(0)?, r.get(1)?)))
+                .optional()
+        })
+        .map_err(io)
+}
+
 pub(super) fn apply(c: &Connection, me: &Me, w: &Write) -> Result<Done, StoreError> {
     let now = now_ms() as i64;
     let until = now.saturating_add(me.lease_ms);
@@ -376,6 +394,13 @@ pub(super) fn apply(c: &Connection, me: &Me, w: &Write) -> Result<Done, StoreErr
                 stmt.execute(params![id, *seq as i64, *n as i64, *at as i64, text])
                     .map_err(io)?;
             }
+            // A decision journaled (applied or dropped) leaves the queue with it: from now on
+            // the journal itself refuses another one (DESIGN.md 3.6).
+            for p in &rows.answered {
+                c.prepare_cached("DELETE FROM ops WHERE run_id = ?1 AND presentation = ?2")
+                    .and_then(|mut s| s.execute(params![id, *p as i64]))
+                    .map_err(io)?;
+            }
             Ok(Done::Unit)
         }
         Write::Finish(id, status, text) => {
@@ -432,7 +457,7 @@ pub(super) fn apply(c: &Connection, me: &Me, w: &Write) -> Result<Done, StoreErr
             .map_err(io)?;
             Ok(Done::Unit)
         }
-        Write::PushOp(id, op) => {
+        Write::PushOp(id, op, presentation, seen) => {
             let exists: Option<i64> = c
                 .query_row("SELECT 1 FROM runs WHERE id = ?1", params![id], |r| {
                     r.get(0)
@@ -442,19 +467,61 @@ pub(super) fn apply(c: &Connection, me: &Me, w: &Write) -> Result<Done, StoreErr
             if exists.is_none() {
                 return Err(StoreError::UnknownRun { id: id.clone() });
             }
+            // Checked and queued in one transaction: against the journal the check saw, and
+            // against any decision already holding the presentation.
+            let last = last_entry(c, id)?;
+            if last != *seen {
+                return Ok(Done::Queued(crate::store::Queued::Moved { now: last }));
+            }
+            if let Some(p) = presentation
+                && let Some((_, winner)) = holding(c, id, *p)?
+            {
+                let winner = serde_json::from_str(&winner).map_err(io)?;
+                return Ok(Done::Queued(crate::store::Queued::Decided { winner }));
+            }
             c.execute(
-                "INSERT INTO ops (run_id, op) VALUES (?1, ?2)",
-                params![id, op],
+                "INSERT INTO ops (run_id, op, presentation) VALUES (?1, ?2, ?3)",
+                params![id, op, presentation.map(|p| p as i64)],
             )
             .map_err(io)?;
-            Ok(Done::Unit)
+            Ok(Done::Queued(crate::store::Queued::Queued))
+        }
+        Write::ClaimOp(id, op, p) => {
+            match holding(c, id, *p)? {
+                None => {
+                    c.execute(
+                        "INSERT INTO ops (run_id, op, presentation, taken_by) VALUES (?1, ?2, ?3, ?4)",
+                        params![id, op, *p as i64, owner],
+                    )
+                    .map_err(io)?;
+                }
+                Some((row, held)) => {
+                    let same = serde_json::from_str::<serde_json::Value>(&held).ok()
+                        == serde_json::from_str::<serde_json::Value>(op).ok();
+                    if !same {
+                        let winner = serde_json::from_str(&held).map_err(io)?;
+                        return Ok(Done::Queued(crate::store::Queued::Decided { winner }));
+                    }
+                    c.execute(
+                        "UPDATE ops SET taken_by = ?2 WHERE id = ?1",
+                        params![row, owner],
+                    )
+                    .map_err(io)?;
+                }
+            }
+            Ok(Done::Queued(crate::store::Queued::Queued))
         }
         Write::TakeOps(id) => {
+            // Ops nobody took, and decisions an earlier owner took and never journaled (it
+            // stopped first).
             let mut stmt = c
-                .prepare_cached("SELECT op FROM ops WHERE run_id = ?1 ORDER BY id")
+                .prepare_cached(
+                    "SELECT op FROM ops WHERE run_id = ?1 AND (taken_by IS NULL OR taken_by != ?2)
+                     ORDER BY id",
+                )
                 .map_err(io)?;
             let ops: Vec<String> = stmt
-                .query_map(params![id], |r| r.get(0))
+                .query_map(params![id, owner], |r| r.get(0))
                 .map_err(io)?
                 .collect::<Result<_, _>>()
                 .map_err(io)?;
@@ -466,8 +533,18 @@ pub(super) fn apply(c: &Connection, me: &Me, w: &Write) -> Result<Done, StoreErr
             if holder(c, id)?.0.as_deref() != Some(owner) {
                 return Err(StoreError::LeaseLost { id: id.clone() });
             }
-            c.execute("DELETE FROM ops WHERE run_id = ?1", params![id])
-                .map_err(io)?;
+            // A decision stays, held by this owner, until it is journaled (see `Append`);
+            // other ops leave now.
+            c.execute(
+                "DELETE FROM ops WHERE run_id = ?1 AND presentation IS NULL",
+                params![id],
+            )
+            .map_err(io)?;
+            c.execute(
+                "UPDATE ops SET taken_by = ?2 WHERE run_id = ?1",
+                params![id, owner],
+            )
+            .map_err(io)?;
             Ok(Done::Ops(ops))
         }
     }
