@@ -46,6 +46,16 @@ fn detached_run(dir: &Path, store: &Path, url: &str) -> (String, Vec<Value>) {
     (v["run_id"].as_str().expect("id").to_string(), awaiting)
 }
 
+/// `POST /runs/{id}/approvals/{call}` approving, as a reviewer's client sends it.
+async fn approve_through(server: &serve::Server, id: &str, call: u64) -> (u16, Value) {
+    serve::send(
+        serve::client()
+            .post(server.url(&format!("/runs/{id}/approvals/{call}")))
+            .json(&json!({"decision": "approve"})),
+    )
+    .await
+}
+
 fn call_with_n(awaiting: &[Value], n: u64) -> u64 {
     awaiting
         .iter()
@@ -63,12 +73,7 @@ async fn a_decision_through_the_server_moves_a_run_started_with_detach() {
 
     let server = serve::Server::start(&store, None);
     let first = call_with_n(&awaiting, 1);
-    let (status, body) = serve::send(
-        serve::client()
-            .post(server.url(&format!("/runs/{id}/approvals/{first}")))
-            .json(&json!({"decision": "approve"})),
-    )
-    .await;
+    let (status, body) = approve_through(&server, &id, first).await;
     assert_eq!(
         (status, body["status"].as_str()),
         (200, Some("applied")),
@@ -100,12 +105,7 @@ async fn a_server_that_cannot_continue_a_run_says_who_can() {
     std::fs::write(&config, r#"{"grants": {"tools": ["http"]}}"#).expect("config");
     let server = serve::Server::start_config(&store, &config, None, |_| {});
     let first = call_with_n(&awaiting, 1);
-    let (status, body) = serve::send(
-        serve::client()
-            .post(server.url(&format!("/runs/{id}/approvals/{first}")))
-            .json(&json!({"decision": "approve"})),
-    )
-    .await;
+    let (status, body) = approve_through(&server, &id, first).await;
     assert_eq!(
         (status, body["status"].as_str()),
         (202, Some("recorded")),
