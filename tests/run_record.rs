@@ -444,3 +444,52 @@ fn a_store_written_by_the_previous_release_opens_shows_and_resumes() {
         "{record:#}"
     );
 }
+
+/// With the operator's MCP server in `dagloop serve` (a destructive tool the operator always
+/// asks about), the run's view is rebuilt from its record, which holds the tools the server
+/// announced: the call is listed to reviewers, and once approved through the API the view says it
+/// ran (it once said "refused: unknown tool").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_servers_view_of_an_operator_mcp_call_says_what_happened_to_it() {
+    let Some(everything) = npm() else { return };
+    let dir = tempfile::tempdir().expect("tmp");
+    let config = dir.path().join("config.json");
+    std::fs::write(
+        &config,
+        json!({
+            "grants": {"tools": ["mcp"], "files": [dir.path().display().to_string()]},
+            "mcp_servers": {"everything": {"command": everything.display().to_string(),
+                "args": ["stdio"], "approval": {"echo": "always"}}}
+        })
+        .to_string(),
+    )
+    .expect("config");
+    let script = json!({"turns": [
+        {"solution": {"calls": [{"_tool": "echo", "message": "delete everything", "_outputPath": "†state.e"}],
+                      "output": null}},
+        {"solution": {"calls": [], "output": {"e": "†state.e"}}}
+    ]});
+    let sp = dir.path().join("s.json");
+    std::fs::write(&sp, script.to_string()).expect("script");
+    let server = serve::Server::start_config(&dir.path().join("runs.db"), &config, None, |_| {});
+    let id = serve::create(
+        &server,
+        &json!({"goal": {"goal": "echo", "model": format!("scripted:{}", sp.display()),
+            "output_schema": {"type": "object"}, "mcp_servers": [{"name": "everything"}]}}),
+    )
+    .await;
+    let v = serve::until(&server, &id, |v| serve::awaiting(v).len() == 1).await;
+    assert_eq!(v["awaiting"][0]["call"]["_tool"], "echo", "{v}");
+    let call = v["awaiting"][0]["call_id"].as_u64().expect("call id");
+    serve::approve(&server, &id, call).await;
+    let v = serve::until(&server, &id, |v| v["status"] == "succeeded").await;
+    let echo = v["calls"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|c| c["tool"] == "echo")
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(echo["status"], "done", "{v:#}");
+    assert!(!v.to_string().contains("unknown tool"), "{v:#}");
+}

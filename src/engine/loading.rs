@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use serde_json::{Value, json};
 
-use super::builder::AgentError;
+use super::error::AgentError;
 use super::turns::Models;
 use crate::goal::{DelegateGoals, Goal};
 use crate::llm::{Fallback, LlmError, Model, ModelSpec, RetryPolicy, Retrying};

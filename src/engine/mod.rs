@@ -15,6 +15,7 @@ mod activities;
 mod agent;
 mod builder;
 mod driver;
+mod error;
 mod exec;
 mod handle;
 mod journal;
@@ -32,7 +33,8 @@ pub use crate::machine::{
 pub use crate::scheduler::{CallStatus, Outcome, OutcomeKind};
 pub use activities::Executor;
 pub use agent::Agent;
-pub use builder::{AgentBuilder, AgentError};
+pub use builder::AgentBuilder;
+pub use error::AgentError;
 pub use exec::{AfterTool, BeforeTool, HookError, Hooks, OnError, RegistryExecutor};
 pub use handle::{RunHandle, Subscription};
 pub use journal::{ClaimFuture, JournalError, JournalFuture, JournalSink, RunNote};

@@ -69,6 +69,7 @@ pub struct Prepared {
     journal: Option<Vec<JournalEntry>>,
     store: Option<Arc<dyn RunStore>>,
     servers: Option<Servers>,
+    options: RunOptions,
 }
 
 /// A run that is going.
@@ -106,11 +107,11 @@ pub async fn prepare(
     let (builder, servers, mcp_tools) = builder_and_tools(registry, def, pool.as_ref()).await?;
     // The record holds the tools the MCP servers announced now: a reader of the stored run
     // knows its calls to them without starting the servers.
-    let mut opts = def.options().clone();
-    if let Some(r) = opts.record.as_mut() {
+    let mut options = def.options().clone();
+    if let Some(r) = options.record.as_mut() {
         r.mcp_tools = mcp_tools;
     }
-    let opts = &opts;
+    let opts = &options;
     let mut builder = builder.cancel_token(cancel).grants(grants);
     let mut nobody = None;
     builder = match review {
@@ -193,6 +194,7 @@ pub async fn prepare(
         journal,
         store,
         servers,
+        options,
     })
 }
 
@@ -272,6 +274,12 @@ impl Prepared {
     /// The run's id.
     pub fn run_id(&self) -> &str {
         self.agent.run_id()
+    }
+
+    /// The options as recorded with the run: the definition's, with the tools its MCP servers
+    /// announced (what a view of the live run rebuilds it from).
+    pub fn options(&self) -> &RunOptions {
+        &self.options
     }
 
     /// Why a call of the run may have to be presented to a reviewer, None when none can (see

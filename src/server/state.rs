@@ -169,7 +169,6 @@ impl AppState {
     ) -> Result<String, crate::runs::RunsError> {
         let record_goal = serde_json::to_value(def.goal()).unwrap_or(Value::Null);
         let base_dir = def.goal().base_dir.display().to_string();
-        let opts = def.options();
         let resume_flag = resume.is_some();
         let prepared = crate::runs::prepare(
             crate::tools::Registry::new(),
@@ -188,6 +187,8 @@ impl AppState {
         )
         .await?;
         let id = prepared.run_id().to_string();
+        // What the run's views rebuild it from: its record, with its MCP servers' tools.
+        let opts = prepared.options().clone();
         // A resumed run's earlier requests were notified by the process that made them.
         let since = if resume_flag {
             crate::runs::now_ms()
@@ -215,7 +216,7 @@ impl AppState {
                 created_at: crate::runs::now_ms(),
                 goal: record_goal,
                 base_dir,
-                options: serde_json::to_value(opts).unwrap_or(Value::Null),
+                options: serde_json::to_value(&opts).unwrap_or(Value::Null),
             },
             _servers: Mutex::new(
                 launched
