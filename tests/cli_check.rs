@@ -415,10 +415,14 @@ async fn validate_catches_what_authors_get_wrong() {
         ("plan_without_goal", &["validate", "input.plan.json"][..], 1),
         (
             "typo_in_a_field",
-            &["validate", "typo_field.goal.json"][..],
+            &["validate", "bad/typo_field.goal.json"][..],
             2,
         ),
-        ("typo_in_http", &["validate", "typo_http.goal.json"][..], 2),
+        (
+            "typo_in_http",
+            &["validate", "bad/typo_http.goal.json"][..],
+            2,
+        ),
     ] {
         let run = dagloop_in("authoring", args).await;
         assert_eq!(run.code, exit, "{name}: {}", run.stdout);

@@ -108,3 +108,43 @@ fn a_detached_run_says_what_next_and_runs_and_show_line_up() {
     assert!(!shown.contains("decided -"), "{shown}");
     assert!(!shown.contains("critical path"), "{shown}");
 }
+
+/// A script whose output does not match the schema, and then runs out: the run ends with
+/// `run.model_error` (`llm.script_exhausted`), and its `error.cause.output_errors` says why no
+/// output was accepted (before, the validation errors were only on stderr).
+#[test]
+fn a_run_that_never_got_a_valid_output_says_why_in_its_error() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::write(
+        dir.path().join("goal.json"),
+        serde_json::json!({
+            "goal": "Answer with a number.",
+            "model": "scripted:script.json",
+            "output_schema": {"type": "object", "required": ["answer"],
+                              "properties": {"answer": {"type": "integer"}}},
+            "tools": []
+        })
+        .to_string(),
+    )
+    .expect("goal");
+    std::fs::write(
+        dir.path().join("script.json"),
+        serde_json::json!({"turns": [
+            {"solution": {"calls": [], "output": {"answer": "forty-two"}}}
+        ]})
+        .to_string(),
+    )
+    .expect("script");
+    let goal = dir.path().join("goal.json");
+    let (code, out) = dagloop(
+        &dir.path().join("runs.db"),
+        &["run", goal.to_str().expect("path"), "--json"],
+    );
+    assert_eq!(code, 1, "{out}");
+    let r: Value = serde_json::from_str(&out).expect("json");
+    assert_eq!(r["error"]["code"], "run.model_error", "{r:#}");
+    assert_eq!(r["error"]["cause"]["code"], "llm.script_exhausted", "{r:#}");
+    let errors = r["error"]["cause"]["output_errors"].to_string();
+    assert!(errors.contains("answer"), "{r:#}");
+    assert!(errors.contains("integer"), "{r:#}");
+}

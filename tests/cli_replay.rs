@@ -105,7 +105,7 @@ fn edit_journal(db: &Path, run: &str, needle: &str, edit: impl Fn(&str) -> Optio
 async fn every_example_replays_identical() {
     let dir = tempfile::tempdir().expect("tempdir");
     let db = dir.path().join("runs.db");
-    for name in ["delegate", "refund", "research"] {
+    for name in ["delegate", "first-goal", "refund", "research"] {
         let goal = example(&format!("{name}/goal.json"));
         let tools = example(&format!("{name}/tools.json"));
         let mut args = vec!["run", goal.to_str().expect("path"), "--json"];

@@ -394,6 +394,31 @@ impl Frame {
         }
     }
 
+    /// `err` with the validation errors of the model's last output when it was invalid and the
+    /// run then ended otherwise (the model failed, a limit ran out): `cause.output_errors`, so
+    /// the result says why the run never got a valid output (`run.invalid_output` has its own
+    /// `errors`).
+    fn with_output_errors(&self, mut err: RunError) -> RunError {
+        if self.output_errors.is_empty() || !err.errors.is_empty() {
+            return err;
+        }
+        let errors = json!(self.output_errors);
+        match &mut err.cause {
+            Some(Value::Object(m)) => {
+                m.insert("output_errors".into(), errors);
+            }
+            Some(_) => {}
+            None => {
+                err.cause = Some(json!({
+                    "code": "run.invalid_output",
+                    "message": "the model's last output did not match the output schema",
+                    "output_errors": errors,
+                }));
+            }
+        }
+        err
+    }
+
     /// The frame's result.
     pub fn result(
         &mut self,
@@ -421,6 +446,7 @@ impl Frame {
             }
             Some(err)
         });
+        let error = error.map(|e| self.with_output_errors(e));
         let state = self
             .state
             .as_ref()
