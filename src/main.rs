@@ -17,6 +17,11 @@ fn main() -> anyhow::Result<()> {
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
+        // Blocking threads idle this long go (tokio's default is 10 s). A server's watcher asks
+        // for one every 200 ms, and each request wakes another idle thread in turn: with the
+        // default, every thread a burst had started (40 and more) was woken within its 10 s
+        // and none ever went, holding its stack and its allocator's pages.
+        .thread_keep_alive(std::time::Duration::from_secs(1))
         .build()?;
     let code = runtime.block_on(dagloop::cli::main(cli));
     // Every task's destructors run here (a run's shell tools and MCP servers are killed);

@@ -794,6 +794,78 @@ fn an_mcp_server_is_gone_after_dagloop_is_killed() {
     );
 }
 
+/// `resume` stopped by SIGTERM while it starts the run's MCP servers gives the run's lease
+/// back (it used to keep it until it expired): the next process may take the run at once.
+#[test]
+fn a_resume_stopped_while_its_mcp_servers_start_gives_the_lease_back() {
+    let Some(python) = python() else { return };
+    let dir = tempdir();
+    let store = dir.path().join("runs.db");
+    let server = write(dir.path(), "hang.py", &Value::Null);
+    std::fs::write(&server, HANGING_SERVER).unwrap_or_else(|e| panic!("{e}"));
+    let flag = dir.path().join("MUTE");
+    let pidfile = dir.path().join("mute.pids");
+    // The server answers the first time; once MUTE exists it never answers the handshake.
+    let script = format!(
+        "if [ -e '{flag}' ]; then echo $$ > '{pids}'; exec sleep 1000; fi; exec {python} '{server}' '{unused}'",
+        flag = flag.display(),
+        pids = pidfile.display(),
+        server = server.display(),
+        unused = dir.path().join("unused.pids").display()
+    );
+    write(
+        dir.path(),
+        "s.json",
+        &json!({"turns": [
+            {"solution": {"calls": [{"_tool": "hang", "_outputPath": "†state.h"}], "output": null}},
+            {"solution": {"calls": [], "output": {"done": true}}}
+        ]}),
+    );
+    let goal = write(
+        dir.path(),
+        "goal.json",
+        &json!({"goal": "call a server", "model": "scripted:s.json",
+            "output_schema": {"type": "object"},
+            "mcp_servers": [{"name": "hang", "command": "sh", "args": ["-c", script],
+                "startup_timeout_s": 60}]}),
+    );
+    let out = output(
+        bin::dagloop()
+            .arg("run")
+            .arg(&goal)
+            .args(["--json", "--approve", "ask", "--detach", "--store"])
+            .arg(&store),
+    );
+    let waiting = json_of(&out);
+    assert_eq!(waiting["status"], "waiting", "{waiting:#}");
+    let id = waiting["run_id"].as_str().unwrap_or_default().to_string();
+    std::fs::write(&flag, "").unwrap_or_else(|e| panic!("{e}"));
+    let child = bin::dagloop()
+        .args(["resume", &id, "--json", "--detach", "--store"])
+        .arg(&store)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap_or_else(|e| panic!("spawn: {e}"));
+    let start = Instant::now();
+    while pids_in(&pidfile).is_empty() {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "the server never started"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    sigterm(child.id());
+    let out = child
+        .wait_with_output()
+        .unwrap_or_else(|e| panic!("wait: {e}"));
+    assert_eq!(out.status.code(), Some(143));
+    let owner: Option<String> = rusqlite::Connection::open(&store)
+        .and_then(|c| c.query_row("SELECT owner FROM runs WHERE id = ?1", [&id], |r| r.get(0)))
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(owner, None, "the stopped resume gave the lease back");
+}
+
 #[test]
 fn an_mcp_server_that_hangs_in_a_call_is_gone_after_dagloop_exits() {
     let Some(python) = python() else { return };

@@ -406,6 +406,8 @@ async fn concurrent_resumes_of_a_killed_run_leave_exactly_one_driver() {
         expires.is_some_and(|e| e > now_ms() + 5_000),
         "the killed process's lease has not expired"
     );
+    // `show` reads the owner's process too: gone, so nobody drives the run.
+    assert_eq!(shown_status(&store, &run), "stopped");
     let outs = at_once(8, || {
         let mut c = dagloop(&store);
         c.args(["resume", &run, "--json", "--no-wait"]);

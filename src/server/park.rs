@@ -151,9 +151,12 @@ impl AppState {
             if (!opts.server && !adopt) || stored.result.is_some() {
                 return Ok(None);
             }
-            // The lease decides who continues it; the journal is read again once it is ours.
+            // The lease decides who continues it; the journal is read again once it is ours
+            // (and the lease given back when that fails).
             me.store.claim(&run)?;
-            let stored = me.store.load(&run)?;
+            let stored = me.store.load(&run).inspect_err(|_| {
+                let _ = me.store.release(&run);
+            })?;
             Ok::<_, crate::store::StoreError>(Some((opts, stored)))
         })
         .await;

@@ -114,7 +114,8 @@ pub struct StoredRun {
     pub journal: Vec<JournalEntry>,
     /// Its result, once finished.
     pub result: Option<RunResult>,
-    /// The lease of whoever drives it now (None when nobody holds an unexpired one).
+    /// The lease of whoever drives it now (None when nobody holds an unexpired one, or its
+    /// holder ran on this host and is gone).
     pub lease: Option<Lease>,
 }
 

@@ -827,7 +827,11 @@ impl RunStore for SqliteStore {
             record,
             journal,
             result,
-            lease: live_lease(owner, expires, now_ms()).map(|l| super::Lease { process, ..l }),
+            // A lease whose process on this host is gone drives nothing (the next claim takes
+            // it over at once).
+            lease: live_lease(owner, expires, now_ms())
+                .map(|l| super::Lease { process, ..l })
+                .filter(|l| !l.process.as_ref().is_some_and(super::OwnerProcess::is_gone)),
         })
     }
 
