@@ -317,7 +317,10 @@ impl Verdict {
                         }
                         .reason(p, tool)
                     }
-                    _ => format!("`{}` {}", tool.name, self.decision.as_str()),
+                    _ if self.decision == RuleDecision::Deny => {
+                        format!("every call of `{}` is refused", tool.name)
+                    }
+                    _ => format!("a reviewer decides every call of `{}`", tool.name),
                 };
                 format!("{}: {inner}", l.describe())
             }
