@@ -429,7 +429,8 @@ async fn a_client_picks_only_among_the_operators_models() {
 }
 
 /// `dagloop --config FILE policy explain` says which layer decided: the operator's MCP tool,
-/// the tool kind, the published agent, or the goal and the client's `--approve`.
+/// the server-wide rules, the tool kind, the published agent (its config entry or its goal), or
+/// the goal and the client's `--approve`.
 #[test]
 fn policy_explain_names_the_deciding_layer() {
     let dir = tempfile::tempdir().expect("tmp");
@@ -437,8 +438,10 @@ fn policy_explain_names_the_deciding_layer() {
         dir.path(),
         "config.json",
         json!({"mcp_servers": {"billing": {"command": "billing-mcp", "approval": {"delete_all": "always"}}},
-            "approval": {"kinds": {"shell": "deny"}},
-            "agents": {"refunds": {"goal": "goal.json"}}}),
+            "approval": {"kinds": {"shell": "deny"},
+                "rules": [{"name": "wires", "tool": "wire*", "decision": "ask"}]},
+            "agents": {"refunds": {"goal": "goal.json",
+                "approval": {"rules": [{"tool": "delete_all", "decision": "deny"}]}}}}),
     );
     let goal = json!({"goal": "g", "output_schema": {"type": "object"},
         "mcp_servers": [{"name": "billing", "approval": {"delete_all": "never"}}],
@@ -505,6 +508,33 @@ fn policy_explain_names_the_deciding_layer() {
             &json!("floor:agent:refunds:goal/policy:ask")
         ),
         "{agent}"
+    );
+    // The server-wide layer's rule, and the agent's own layer (stricter than the MCP tool's).
+    let wire = explain(&[
+        &g,
+        "--call",
+        r#"{"_tool": "wire_out"}"#,
+        "--approve",
+        "auto",
+    ]);
+    assert_eq!(
+        (&wire["decision"], &wire["layer"], &wire["rule"]),
+        (
+            &json!("ask"),
+            &json!("floor:server"),
+            &json!("floor:server/wires")
+        ),
+        "{wire}"
+    );
+    let denied = explain(&["--agent", "refunds", "--call", r#"{"_tool": "delete_all"}"#]);
+    assert_eq!(
+        (&denied["decision"], &denied["layer"], &denied["rule"]),
+        (
+            &json!("deny"),
+            &json!("floor:agent"),
+            &json!("floor:agent:refunds/rules[0]")
+        ),
+        "{denied}"
     );
     // A shell tool in a goal: the kind layer denies whatever the goal says.
     let shell_goal = json!({"goal": "g", "output_schema": {"type": "object"},
