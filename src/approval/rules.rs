@@ -399,7 +399,8 @@ pub fn evaluate(tool: &Tool, call: &Call, policy: &Policy) -> Verdict {
     }
 }
 
-fn strictness(d: RuleDecision) -> u8 {
+/// Strictness: deny over ask over allow.
+pub(crate) fn strictness(d: RuleDecision) -> u8 {
     match d {
         RuleDecision::Allow => 0,
         RuleDecision::Ask => 1,
