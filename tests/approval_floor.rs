@@ -134,6 +134,19 @@ fn everything() -> Option<PathBuf> {
     Some(bin)
 }
 
+/// `dagloop serve` publishing the agent `refunds`: [`serve::goal`]'s two calls, asking about
+/// every call.
+fn refunds_agent(dir: &Path, url: &str) -> Server {
+    let agent = serve::goal(dir, url, "ask");
+    std::fs::write(dir.join("refunds.json"), agent.to_string()).expect("agent");
+    let cfg = config(
+        dir,
+        "config.json",
+        json!({"agents": {"refunds": {"goal": "refunds.json"}}}),
+    );
+    Server::start_config(&dir.join("runs.db"), &cfg, None, |_| {})
+}
+
 /// The attack of the issue: a submit-only principal runs the operator's published agent, whose
 /// goal asks about every call, with `"approve": "auto"`. Both calls wait for a reviewer (the
 /// agent goal's policy is the floor's), the counting service sees nothing, and a reviewer's
@@ -142,14 +155,7 @@ fn everything() -> Option<PathBuf> {
 async fn a_clients_approve_auto_on_a_published_agent_waits_for_a_reviewer() {
     let (url, counts) = counting_service().await;
     let dir = tempfile::tempdir().expect("tmp");
-    let agent = serve::goal(dir.path(), &url, "ask");
-    std::fs::write(dir.path().join("refunds.json"), agent.to_string()).expect("agent");
-    let cfg = config(
-        dir.path(),
-        "config.json",
-        json!({"agents": {"refunds": {"goal": "refunds.json"}}}),
-    );
-    let s = Server::start_config(&dir.path().join("runs.db"), &cfg, None, |_| {});
+    let s = refunds_agent(dir.path(), &url);
     let id = submit_as(
         &s,
         CI,
@@ -423,7 +429,8 @@ async fn a_client_picks_only_among_the_operators_models() {
 }
 
 /// `dagloop --config FILE policy explain` says which layer decided: the operator's MCP tool,
-/// the tool kind, the published agent, or the goal and the client's `--approve`.
+/// the server-wide rules, the tool kind, the published agent (its config entry or its goal), or
+/// the goal and the client's `--approve`.
 #[test]
 fn policy_explain_names_the_deciding_layer() {
     let dir = tempfile::tempdir().expect("tmp");
@@ -431,8 +438,10 @@ fn policy_explain_names_the_deciding_layer() {
         dir.path(),
         "config.json",
         json!({"mcp_servers": {"billing": {"command": "billing-mcp", "approval": {"delete_all": "always"}}},
-            "approval": {"kinds": {"shell": "deny"}},
-            "agents": {"refunds": {"goal": "goal.json"}}}),
+            "approval": {"kinds": {"shell": "deny"},
+                "rules": [{"name": "wires", "tool": "wire*", "decision": "ask"}]},
+            "agents": {"refunds": {"goal": "goal.json",
+                "approval": {"rules": [{"tool": "delete_all", "decision": "deny"}]}}}}),
     );
     let goal = json!({"goal": "g", "output_schema": {"type": "object"},
         "mcp_servers": [{"name": "billing", "approval": {"delete_all": "never"}}],
@@ -500,6 +509,33 @@ fn policy_explain_names_the_deciding_layer() {
         ),
         "{agent}"
     );
+    // The server-wide layer's rule, and the agent's own layer (stricter than the MCP tool's).
+    let wire = explain(&[
+        &g,
+        "--call",
+        r#"{"_tool": "wire_out"}"#,
+        "--approve",
+        "auto",
+    ]);
+    assert_eq!(
+        (&wire["decision"], &wire["layer"], &wire["rule"]),
+        (
+            &json!("ask"),
+            &json!("floor:server"),
+            &json!("floor:server/wires")
+        ),
+        "{wire}"
+    );
+    let denied = explain(&["--agent", "refunds", "--call", r#"{"_tool": "delete_all"}"#]);
+    assert_eq!(
+        (&denied["decision"], &denied["layer"], &denied["rule"]),
+        (
+            &json!("deny"),
+            &json!("floor:agent"),
+            &json!("floor:agent:refunds/rules[0]")
+        ),
+        "{denied}"
+    );
     // A shell tool in a goal: the kind layer denies whatever the goal says.
     let shell_goal = json!({"goal": "g", "output_schema": {"type": "object"},
         "tools": [{"_tool": "sh", "_activity": "shell", "_shell": {"command": ["true"]}, "type": "object"}]});
@@ -551,5 +587,33 @@ async fn the_command_line_holds_its_runs_to_the_configs_floor() {
             .is_some_and(|m| m.contains("floor:kind:http")),
         "{v}"
     );
+    assert!(counts.lock().expect("counts").is_empty());
+}
+
+/// A fork is a new run, not a way around the floor: forking the published agent's run (which
+/// asked under the agent goal's floor) at step 0 waits for a reviewer again, and a fork asking
+/// for a model the agent's operator does not list is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fork_keeps_the_floor_and_the_agents_models() {
+    let (url, counts) = counting_service().await;
+    let dir = tempfile::tempdir().expect("tmp");
+    let s = refunds_agent(dir.path(), &url);
+    let id = submit_as(&s, CI, &json!({"agent": "refunds", "approve": "auto"})).await;
+    until_as(&s, CI, &id, |v| awaiting(v).len() == 2).await;
+    let at = format!("/runs/{id}/fork");
+    let refusal = post_as(
+        &s,
+        CI,
+        &at,
+        &json!({"at_step": 0, "model": "openai:gpt-4o"}),
+    )
+    .await;
+    refused(refusal, 403, "server.agent_model");
+    let (status, v) = post_as(&s, CI, &at, &json!({"at_step": 0})).await;
+    assert_eq!(status, 201, "{v}");
+    let forked = v["id"].as_str().expect("id").to_string();
+    let run = until_as(&s, CI, &forked, |v| awaiting(v).len() == 2).await;
+    let rule = "floor:agent:refunds:goal/policy:ask".to_string();
+    assert_eq!(asked(&run), [(1, rule.clone()), (2, rule)], "{run}");
     assert!(counts.lock().expect("counts").is_empty());
 }

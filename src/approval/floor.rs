@@ -29,7 +29,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::rules::{Source, Verdict, shorthand_verdict};
+use super::rules::{Source, Verdict, shorthand_verdict, strictness};
 use super::{DefaultDecision, Mode, Policy, RuleDecision};
 use crate::protocol::{Call, Tool};
 
@@ -172,15 +172,6 @@ pub struct Floor {
     pub default_decision: DefaultDecision,
 }
 
-/// Strictness: deny over ask over allow.
-fn rank(d: RuleDecision) -> u8 {
-    match d {
-        RuleDecision::Allow => 0,
-        RuleDecision::Ask => 1,
-        RuleDecision::Deny => 2,
-    }
-}
-
 impl Floor {
     /// No layer: the goal's policy alone decides.
     pub fn is_empty(&self) -> bool {
@@ -198,7 +189,7 @@ impl Floor {
             if decision == RuleDecision::Allow {
                 continue;
             }
-            if best.is_none_or(|b| rank(decision) > rank(b.decision)) {
+            if best.is_none_or(|b| strictness(decision) > strictness(b.decision)) {
                 best = Some(Verdict {
                     decision,
                     source: Source::Floor {

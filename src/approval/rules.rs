@@ -317,7 +317,10 @@ impl Verdict {
                         }
                         .reason(p, tool)
                     }
-                    _ => format!("`{}` {}", tool.name, self.decision.as_str()),
+                    _ if self.decision == RuleDecision::Deny => {
+                        format!("every call of `{}` is refused", tool.name)
+                    }
+                    _ => format!("a reviewer decides every call of `{}`", tool.name),
                 };
                 format!("{}: {inner}", l.describe())
             }
@@ -396,7 +399,8 @@ pub fn evaluate(tool: &Tool, call: &Call, policy: &Policy) -> Verdict {
     }
 }
 
-fn strictness(d: RuleDecision) -> u8 {
+/// Strictness: deny over ask over allow.
+pub(crate) fn strictness(d: RuleDecision) -> u8 {
     match d {
         RuleDecision::Allow => 0,
         RuleDecision::Ask => 1,

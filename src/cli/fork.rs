@@ -38,6 +38,9 @@ pub(super) async fn fork(
         approve: base.approve,
         mode: base.mode,
         allow_shell: over.allow_shell,
+        // The operator's floor the run was submitted under goes on (docs/approval.md).
+        floor: base.floor,
+        agent: base.agent,
         ..Default::default()
     };
     let fork = crate::runs::fork(

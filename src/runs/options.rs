@@ -45,6 +45,10 @@ pub struct RunOptions {
     /// resume applies the same one. Set by the process that accepts the run, never by a client.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub floor: Option<Floor>,
+    /// The published agent the run was started as (`{"agent": NAME}`): its forks choose their
+    /// model among the agent's, as the run did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent: Option<String>,
 }
 
 impl RunOptions {

@@ -25,34 +25,43 @@ impl AppState {
         goal: &Goal,
     ) -> Result<(), ApiError> {
         if let (Some(name), Some(asked)) = (agent, opts.model.as_deref()) {
-            let listed = self.agent_models.get(name);
-            let allowed = goal.model.as_deref() == Some(asked)
-                || listed.is_some_and(|m| m.iter().any(|l| l == asked));
-            if !allowed {
-                let choices: Vec<&str> = goal
-                    .model
-                    .as_deref()
-                    .into_iter()
-                    .chain(listed.into_iter().flatten().map(String::as_str))
-                    .collect();
-                return Err(ApiError::new(
-                    StatusCode::FORBIDDEN,
-                    "server.agent_model",
-                    format!(
-                        "agent `{name}` runs only on the models its operator lists{}",
-                        if choices.is_empty() {
-                            " (leave `model` out)".to_string()
-                        } else {
-                            format!(": {}", choices.join(", "))
-                        }
-                    ),
-                ));
-            }
+            self.check_agent_model(name, asked, goal.model.as_deref())?;
         }
+        opts.agent = agent.map(str::to_string);
         opts.floor = self
             .floor
             .for_run(agent.map(|name| (name, goal.approval.as_ref())));
         Ok(())
+    }
+
+    /// A client may run the published agent `name` on its goal's model (`own`) or one the
+    /// operator lists for it; any other is 403 `server.agent_model`.
+    pub(super) fn check_agent_model(
+        &self,
+        name: &str,
+        asked: &str,
+        own: Option<&str>,
+    ) -> Result<(), ApiError> {
+        let listed = self.agent_models.get(name);
+        if own == Some(asked) || listed.is_some_and(|m| m.iter().any(|l| l == asked)) {
+            return Ok(());
+        }
+        let choices: Vec<&str> = own
+            .into_iter()
+            .chain(listed.into_iter().flatten().map(String::as_str))
+            .collect();
+        Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            "server.agent_model",
+            format!(
+                "agent `{name}` runs only on the models its operator lists{}",
+                if choices.is_empty() {
+                    " (leave `model` out)".to_string()
+                } else {
+                    format!(": {}", choices.join(", "))
+                }
+            ),
+        ))
     }
 
     /// Separation of duties: with the operator's `separate_duties`, the principal that submitted

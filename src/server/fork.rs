@@ -43,7 +43,7 @@ pub(super) struct ForkRequest {
     responses(
         (status = 201, description = "The fork was created and started: {id, status, forked_from}", body = Object),
         (status = 400, description = "Not {at_step, model?, input?}; a step the run never went past (`fork.no_such_step`); an input the goal refuses; something this server does not grant (`grant.*`)", body = ApiError),
-        (status = 403, description = "The caller may not submit runs", body = ApiError),
+        (status = 403, description = "The caller may not submit runs, or asks a published agent's fork for a model its operator does not list (`server.agent_model`)", body = ApiError),
         (status = 404, description = "No such run (or not one the caller may read)", body = ApiError),
         (status = 410, description = "The run was compacted: its journal is gone (`store.compacted`)", body = ApiError),
         (status = 415, description = "Not application/json", body = ApiError)))]
@@ -80,7 +80,13 @@ pub(super) async fn fork(
         .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server.internal", e))?
         .map_err(|e| ApiError::from_store(&e))?;
     let original = RunOptions::from_stored(&stored.record.options).map_err(runs_error)?;
-    // The server's grants and the caller, as for `POST /runs`; the policy and mode go on.
+    // A published agent's fork runs on the agent's models only, as the run did.
+    if let (Some(agent), Some(model)) = (&original.agent, &req.model) {
+        let own = stored.record.goal.get("model").and_then(Value::as_str);
+        st.check_agent_model(agent, model, own)?;
+    }
+    // The server's grants and the caller, as for `POST /runs`; the policy, the operator's floor
+    // (the run's, else the server's) and the mode go on.
     let opts = RunOptions {
         model: original.model,
         approve: original.approve,
@@ -88,6 +94,8 @@ pub(super) async fn fork(
         allow_shell: st.grants.allows_shell(),
         server: true,
         submitted_by: Some(who.name.clone()),
+        floor: original.floor.or_else(|| st.floor.for_run(None)),
+        agent: original.agent,
         ..RunOptions::default()
     };
     let fork = crate::runs::fork(
