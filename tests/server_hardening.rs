@@ -648,3 +648,82 @@ async fn values_from_files_are_never_echoed_in_errors() {
         }
     }
 }
+
+/// `dagloop serve` with a token, limited to 1024 open files as a process commonly is.
+fn serve_with_1024_files(dir: &Path, token: &str) -> Server {
+    use std::io::BufRead;
+    // The tests' own environment for the binary (`bin::dagloop`), run through a shell that
+    // lowers the limit first.
+    let env = bin::dagloop();
+    let mut c = std::process::Command::new("sh");
+    for (k, v) in env.get_envs() {
+        match v {
+            Some(v) => c.env(k, v),
+            None => c.env_remove(k),
+        };
+    }
+    c.arg("-c")
+        .arg("ulimit -n 1024 && exec \"$0\" \"$@\"")
+        .arg(bin::BIN)
+        .arg("--config")
+        .arg(bin::open_config())
+        .args(["serve", "--addr", "127.0.0.1:0", "--store"])
+        .arg(dir.join("runs.db"))
+        .env("DAGLOOP_TOKEN", token)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null());
+    let mut child = c.spawn().expect("spawn dagloop serve");
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().expect("stdout"))
+        .read_line(&mut line)
+        .expect("read");
+    let v: Value = serde_json::from_str(&line).expect("the first line is JSON");
+    let base = v["url"]
+        .as_str()
+        .expect("url")
+        .trim_end_matches('/')
+        .to_string();
+    Server {
+        child,
+        base,
+        resumed: Vec::new(),
+    }
+}
+
+/// 1,100 connections that send half a request and wait (more than the server's 1024 files):
+/// a token holder's `GET /runs` is still answered within a second.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn half_sent_requests_do_not_lock_a_token_holder_out() {
+    use tokio::io::AsyncWriteExt;
+    let dir = tempfile::tempdir().expect("tmp");
+    let s = serve_with_1024_files(dir.path(), "t0ken");
+    let addr = s.base.trim_start_matches("http://").to_string();
+    let mut held = Vec::new();
+    for _ in 0..1100 {
+        let Ok(mut tcp) = tokio::net::TcpStream::connect(&addr).await else {
+            break;
+        };
+        let _ = tcp
+            .write_all(b"GET /runs HTTP/1.1\r\nHost: localhost\r\n")
+            .await;
+        held.push(tcp);
+    }
+    assert_eq!(
+        held.len(),
+        1100,
+        "this test process could not open its connections"
+    );
+    let started = std::time::Instant::now();
+    let answer = tokio::time::timeout(
+        std::time::Duration::from_secs(1),
+        client().get(s.url("/runs")).bearer_auth("t0ken").send(),
+    )
+    .await;
+    let status = match answer {
+        Ok(Ok(r)) => r.status().as_u16(),
+        Ok(Err(e)) => panic!("the token holder's request failed: {e}"),
+        Err(_) => panic!("no answer within 1 s (after {:?})", started.elapsed()),
+    };
+    assert_eq!(status, 200);
+    drop(held);
+}
