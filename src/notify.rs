@@ -4,15 +4,19 @@
 //! `tool`, `link`), retried with a doubling wait until it is answered with a 2xx.
 //!
 //! Never in the way of a run: a run's watcher only reads its events and hands notifications to
-//! one delivery task through a bounded queue (full: the notification is dropped and logged).
+//! one delivery task through a queue kept per principal (who submitted the run; the operator's
+//! own runs, with none, are one more), each bounded (full: that principal's newest notification
+//! is dropped and logged), delivered in turn, so one client's flood of asked calls never delays
+//! or drops another's notification, the operator's included.
 //! Deliberately not here: who configures the URL (the config) or what the page shows.
 
-use std::sync::Arc;
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
-use tokio::sync::mpsc;
+use tokio::sync::Notify;
 
 use crate::engine::RunHandle;
 use crate::protocol::EventKind;
@@ -76,16 +80,100 @@ impl NotifyError {
     }
 }
 
-/// Queued notifications at most; past that new ones are dropped (and logged).
-const QUEUE: usize = 1024;
+/// Queued notifications of one principal at most; past that its new ones are dropped (and
+/// logged).
+const QUEUE: usize = 256;
 /// The longest wait between two tries.
 const MAX_BACKOFF: Duration = Duration::from_secs(60);
 
-/// A webhook ready to post to: one delivery task, fed through a bounded queue.
+/// A webhook ready to post to: one delivery task, fed through [`Fair`] queues.
 #[derive(Debug, Clone)]
 pub struct Notifier {
-    tx: mpsc::Sender<Value>,
+    tx: Arc<Sender>,
     page: Option<String>,
+}
+
+/// The notifications waiting, one queue per principal, taken in turn.
+#[derive(Debug, Default)]
+struct Fair {
+    queues: Mutex<FairState>,
+    ready: Notify,
+}
+
+#[derive(Debug, Default)]
+struct FairState {
+    /// By principal (`""`: runs nobody submitted, the operator's).
+    waiting: BTreeMap<String, VecDeque<Value>>,
+    /// Whose turn is next, in order.
+    turns: VecDeque<String>,
+    /// Every sender is gone: deliver what is left, then end.
+    closed: bool,
+}
+
+impl Fair {
+    fn lock(&self) -> std::sync::MutexGuard<'_, FairState> {
+        match self.queues.lock() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        }
+    }
+
+    /// Queues `body` for `principal`; false when that principal's queue is full.
+    fn push(&self, principal: &str, body: Value) -> bool {
+        let mut st = self.lock();
+        let q = st.waiting.entry(principal.to_string()).or_default();
+        if q.len() >= QUEUE {
+            return false;
+        }
+        q.push_back(body);
+        if q.len() == 1 {
+            st.turns.push_back(principal.to_string());
+        }
+        drop(st);
+        self.ready.notify_one();
+        true
+    }
+
+    /// The next notification, principals in turn; None once closed and empty.
+    async fn pop(&self) -> Option<Value> {
+        loop {
+            let notified = self.ready.notified();
+            {
+                let mut st = self.lock();
+                while let Some(who) = st.turns.pop_front() {
+                    let Some(q) = st.waiting.get_mut(&who) else {
+                        continue;
+                    };
+                    let Some(body) = q.pop_front() else {
+                        st.waiting.remove(&who);
+                        continue;
+                    };
+                    if q.is_empty() {
+                        st.waiting.remove(&who);
+                    } else {
+                        st.turns.push_back(who);
+                    }
+                    return Some(body);
+                }
+                if st.closed {
+                    return None;
+                }
+            }
+            notified.await;
+        }
+    }
+}
+
+/// The senders' share of the queues: when the last [`Notifier`] clone (and watcher) is gone,
+/// the queues close and the delivery task ends once they are empty.
+#[derive(Debug)]
+struct Sender(Arc<Fair>);
+
+impl Drop for Sender {
+    fn drop(&mut self) {
+        self.0.lock().closed = true;
+        self.0.ready.notify_one();
+    }
 }
 
 /// The delivery task of a [`Notifier`] started by [`Notifier::start_owned`]: a process that
@@ -150,13 +238,19 @@ impl Notifier {
             .map_err(|e| NotifyError::BadUrl {
                 url: format!("{} ({e})", cfg.url),
             })?;
-        let (tx, rx) = mpsc::channel(QUEUE);
+        let fair = Arc::new(Fair::default());
         let attempts = cfg.attempts.unwrap_or(5).max(1);
         let backoff = Duration::from_millis(cfg.backoff_ms.unwrap_or(500));
-        let task = tokio::spawn(deliver(client, cfg.url.clone(), rx, attempts, backoff));
+        let task = tokio::spawn(deliver(
+            client,
+            cfg.url.clone(),
+            fair.clone(),
+            attempts,
+            backoff,
+        ));
         Ok((
             Notifier {
-                tx,
+                tx: Arc::new(Sender(fair)),
                 page: cfg.page_url.clone(),
             },
             Deliveries(task),
@@ -172,7 +266,20 @@ impl Notifier {
     /// Watches a run: every `approval_requested` published after `since` (milliseconds since
     /// the epoch; 0 for a new run) is posted. Ends with the run's events.
     pub fn watch(&self, handle: &RunHandle, page: &str, since: u64) -> tokio::task::JoinHandle<()> {
+        self.watch_for(handle, page, since, None)
+    }
+
+    /// [`watch`](Self::watch) for a run `principal` submitted: its notifications wait in that
+    /// principal's queue (None: the operator's).
+    pub fn watch_for(
+        &self,
+        handle: &RunHandle,
+        page: &str,
+        since: u64,
+        principal: Option<&str>,
+    ) -> tokio::task::JoinHandle<()> {
         let tx = self.tx.clone();
+        let principal = principal.unwrap_or_default().to_string();
         let page = self.page(page).trim_end_matches('/').to_string();
         let mut events = handle.subscribe_from(0);
         tokio::spawn(async move {
@@ -200,8 +307,9 @@ impl Notifier {
                     rule.as_deref(),
                     &page,
                 );
-                if tx.try_send(body).is_err() {
-                    tracing::warn!(run = %ev.run_id, call = %id, "webhook queue full: notification dropped");
+                if !tx.0.push(&principal, body) {
+                    tracing::warn!(run = %ev.run_id, call = %id, principal = %principal,
+                        "this principal's webhook queue is full: notification dropped");
                 }
             }
         })
@@ -263,12 +371,12 @@ pub fn mrkdwn_escape(text: &str) -> String {
 async fn deliver(
     client: reqwest::Client,
     url: String,
-    mut rx: mpsc::Receiver<Value>,
+    queue: Arc<Fair>,
     attempts: u32,
     backoff: Duration,
 ) {
     let client = Arc::new(client);
-    while let Some(body) = rx.recv().await {
+    while let Some(body) = queue.pop().await {
         let mut wait = backoff;
         for attempt in 1..=attempts {
             let sent = client.post(&url).json(&body).send().await;
@@ -286,5 +394,45 @@ async fn deliver(
                 wait = (wait * 2).min(MAX_BACKOFF);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[tokio::test]
+    async fn principals_take_turns_and_the_queue_ends_with_its_senders() {
+        let fair = Arc::new(Fair::default());
+        let tx = Sender(fair.clone());
+        for i in 0..3 {
+            assert!(tx.0.push("flood", json!(i)));
+        }
+        assert!(tx.0.push("", json!("own")));
+        for i in 3..QUEUE {
+            assert!(tx.0.push("flood", json!(i)));
+        }
+        assert!(!tx.0.push("flood", json!("over")), "a full queue refuses");
+        assert!(tx.0.push("", json!("own 2")), "another principal's is not full");
+        let first: Vec<Value> = [fair.pop().await, fair.pop().await, fair.pop().await]
+            .into_iter()
+            .flatten()
+            .collect();
+        assert_eq!(first, vec![json!(0), json!("own"), json!(1)]);
+        drop(tx);
+        let mut rest = 0;
+        while fair.pop().await.is_some() {
+            rest += 1;
+        }
+        assert_eq!(rest, QUEUE - 2 + 1, "what was queued is delivered, then it ends");
+    }
+
+    #[test]
+    fn mrkdwn_control_characters_are_escaped() {
+        assert_eq!(
+            mrkdwn_escape("<!channel> <https://x|y> & z"),
+            "&lt;!channel&gt; &lt;https://x|y&gt; &amp; z"
+        );
     }
 }

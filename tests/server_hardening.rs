@@ -648,3 +648,170 @@ async fn values_from_files_are_never_echoed_in_errors() {
         }
     }
 }
+
+/// `dagloop serve` with a token, limited to 1024 open files as a process commonly is.
+fn serve_with_1024_files(dir: &Path, token: &str) -> Server {
+    use std::io::BufRead;
+    // The tests' own environment for the binary (`bin::dagloop`), run through a shell that
+    // lowers the limit first.
+    let env = bin::dagloop();
+    let mut c = std::process::Command::new("sh");
+    for (k, v) in env.get_envs() {
+        match v {
+            Some(v) => c.env(k, v),
+            None => c.env_remove(k),
+        };
+    }
+    c.arg("-c")
+        .arg("ulimit -n 1024 && exec \"$0\" \"$@\"")
+        .arg(bin::BIN)
+        .arg("--config")
+        .arg(bin::open_config())
+        .args(["serve", "--addr", "127.0.0.1:0", "--store"])
+        .arg(dir.join("runs.db"))
+        .env("DAGLOOP_TOKEN", token)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null());
+    let mut child = c.spawn().expect("spawn dagloop serve");
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().expect("stdout"))
+        .read_line(&mut line)
+        .expect("read");
+    let v: Value = serde_json::from_str(&line).expect("the first line is JSON");
+    let base = v["url"]
+        .as_str()
+        .expect("url")
+        .trim_end_matches('/')
+        .to_string();
+    Server {
+        child,
+        base,
+        resumed: Vec::new(),
+    }
+}
+
+/// 1,100 connections that send half a request and wait (more than the server's 1024 files):
+/// a token holder's `GET /runs` is still answered within a second.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn half_sent_requests_do_not_lock_a_token_holder_out() {
+    use tokio::io::AsyncWriteExt;
+    let dir = tempfile::tempdir().expect("tmp");
+    let s = serve_with_1024_files(dir.path(), "t0ken");
+    let addr = s.base.trim_start_matches("http://").to_string();
+    let mut held = Vec::new();
+    for _ in 0..1100 {
+        let Ok(mut tcp) = tokio::net::TcpStream::connect(&addr).await else {
+            break;
+        };
+        let _ = tcp
+            .write_all(b"GET /runs HTTP/1.1\r\nHost: localhost\r\n")
+            .await;
+        held.push(tcp);
+    }
+    assert_eq!(
+        held.len(),
+        1100,
+        "this test process could not open its connections"
+    );
+    let started = std::time::Instant::now();
+    let answer = tokio::time::timeout(
+        std::time::Duration::from_secs(1),
+        client().get(s.url("/runs")).bearer_auth("t0ken").send(),
+    )
+    .await;
+    let status = match answer {
+        Ok(Ok(r)) => r.status().as_u16(),
+        Ok(Err(e)) => panic!("the token holder's request failed: {e}"),
+        Err(_) => panic!("no answer within 1 s (after {:?})", started.elapsed()),
+    };
+    assert_eq!(status, 200);
+    drop(held);
+}
+
+/// A webhook receiver that takes `delay` over each delivery and records the run ids it got.
+async fn slow_receiver(delay: std::time::Duration) -> (String, Arc<Mutex<Vec<String>>>) {
+    let got: Arc<Mutex<Vec<String>>> = Arc::default();
+    let g = got.clone();
+    let app = axum::Router::new().route(
+        "/hook",
+        axum::routing::post(move |axum::Json(b): axum::Json<Value>| {
+            let g = g.clone();
+            async move {
+                tokio::time::sleep(delay).await;
+                g.lock()
+                    .expect("got")
+                    .push(b["run_id"].as_str().unwrap_or_default().to_string());
+                axum::http::StatusCode::OK
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let url = format!("http://{}/hook", listener.local_addr().expect("addr"));
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (url, got)
+}
+
+/// A client's run asks about 300 calls at once; the operator's run, started after, asks about
+/// one: its notification is delivered in turn, not behind the client's flood.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clients_flood_of_notifications_does_not_hold_back_the_operators() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let (hook, got) = slow_receiver(std::time::Duration::from_millis(30)).await;
+    let (url, _) = counting_service().await;
+    let p = |name: &str, roles: &[&str]| {
+        json!({"name": name,
+        "token_sha256": dagloop::server::token_sha256(&format!("token-of-{name}")), "roles": roles})
+    };
+    let mut config: Value =
+        serde_json::from_str(&std::fs::read_to_string(bin::open_config()).expect("config"))
+            .expect("json");
+    config["notify"] = json!({"webhook": {"url": hook}});
+    config["principals"] = json!([p("ci", &["submit"]), p("root", &["admin"])]);
+    let cfg = dir.path().join("config.json");
+    std::fs::write(&cfg, config.to_string()).expect("config");
+    let s = Server::start_config(&dir.path().join("runs.db"), &cfg, None, |_| {});
+    let asking = |name: &str, n: usize| {
+        let calls: Vec<Value> = (0..n).map(|i| json!({"_tool": "step", "n": i})).collect();
+        let script = dir.path().join(format!("{name}.json"));
+        std::fs::write(
+            &script,
+            json!({"turns": [{"solution": {"calls": calls, "output": null}}]}).to_string(),
+        )
+        .expect("script");
+        json!({"goal": name, "model": format!("scripted:{}", script.display()),
+            "output_schema": {"type": "object"}, "approval": {"policy": "ask"},
+            "tools": [{"_tool": "step", "_activity": "http", "_http": {"url": url},
+                       "type": "object", "properties": {"n": {"type": "integer"}}}]})
+    };
+    let submit = |who: &str, goal: Value| {
+        client()
+            .post(s.url("/runs"))
+            .bearer_auth(format!("token-of-{who}"))
+            .json(&goal)
+    };
+    let (st, flood) = send(submit("ci", asking("flood", 300))).await;
+    assert_eq!(st, 201, "{flood}");
+    // The flood has begun to go out.
+    for _ in 0..600 {
+        if !got.lock().expect("got").is_empty() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    let (st, own) = send(submit("root", asking("own", 1))).await;
+    assert_eq!(st, 201, "{own}");
+    let own = own["id"].as_str().expect("id").to_string();
+    let mut at = None;
+    for _ in 0..1200 {
+        at = got.lock().expect("got").iter().position(|r| *r == own);
+        if at.is_some() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    let at = at.unwrap_or_else(|| panic!("the operator's notification never came"));
+    // In turn: long before the client's 300 (before, it came after all of them).
+    assert!(at < 150, "the operator's notification came as number {at}");
+}

@@ -20,6 +20,7 @@ pub use crate::runs::{ForkedFrom, RunOptions, RunsError};
 mod api;
 mod auth;
 mod cassette;
+mod conns;
 mod desk;
 mod error;
 mod floor;
@@ -163,10 +164,9 @@ pub async fn serve(opts: ServeOptions) -> Result<(), ServerError> {
             "resumed": resumed,
         })
     );
-    // Events are small writes that must leave at once (no Nagle delay behind a delayed ACK).
-    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
-        let _ = tcp.set_nodelay(true);
-    });
+    // Connections bounded (header-read deadline, a cap that closes the quietest) and without
+    // Nagle delay: events are small writes that must leave at once.
+    let listener = conns::Bounded::new(listener);
     let graceful = stop.clone();
     let serving = axum::serve(listener, router(state.clone()))
         .with_graceful_shutdown(async move { graceful.cancelled().await })

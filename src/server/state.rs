@@ -201,7 +201,7 @@ impl AppState {
         }
         let handle = launched.handle;
         if let Some(n) = &self.notifier {
-            n.watch(&handle, &self.page, since);
+            n.watch_for(&handle, &self.page, since, opts.submitted_by.as_deref());
         }
         let run_id = id.clone();
         let poller = crate::runs::spawn_op_poller(
