@@ -7,6 +7,8 @@ mod bin;
 
 #[path = "common/e2e.rs"]
 mod harness;
+#[path = "common/serve.rs"]
+mod serve;
 
 use harness::{ToolServer, Workspace};
 use rexpect::session::{PtySession, spawn_command};
@@ -64,11 +66,17 @@ async fn the_prompt_is_visible_and_approve_runs_the_call() {
             .env("DAGLOOP_STORE", &store)
             .output()
             .expect("show");
+        let presentation = serve::decided_presentation(&store, &id, 1);
         drop(ws);
-        (rest, shown)
+        (rest, shown, presentation)
     })
     .await;
-    let (out, shown) = out;
+    let (out, shown, (named, presented)) = out;
+    // The terminal's decision named the presentation it answered (DESIGN.md 3.6).
+    assert!(
+        named.is_some() && named == presented,
+        "{named:?} / {presented:?}"
+    );
     assert!(out.contains("\"status\": \"succeeded\""), "{out}");
     assert_eq!(server.hits("/ping"), 1);
     // The decision is journaled as the terminal user's.

@@ -627,6 +627,9 @@ async fn keyboard_shortcuts_decide_the_current_card_but_not_while_typing() {
         .and_then(|cs| cs.iter().find(|x| x["id"] == second))
         .map(|x| x["decision"].clone());
     assert_eq!(decided, Some(json!("approve")));
+    // The page's decision named the presentation it answered (DESIGN.md 3.6).
+    let (named, shown) = serve::decided_presentation(&d.dir.path().join("runs.db"), &id, second);
+    assert!(named.is_some() && named == shown, "{named:?} / {shown:?}");
     no_errors(c).await;
 }
 

@@ -623,8 +623,9 @@ impl crate::engine::JournalSink for CrashAfter {
         run_id: &'a str,
         presentation: u64,
         op: &'a crate::protocol::Op,
+        queued: bool,
     ) -> crate::engine::ClaimFuture<'a> {
-        self.store.claim_decision(run_id, presentation, op)
+        self.store.claim_decision(run_id, presentation, op, queued)
     }
 }
 

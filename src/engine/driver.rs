@@ -470,7 +470,10 @@ impl Driver {
             },
         ) = (&self.sink, &op)
         {
-            match sink.claim_decision(&self.shared.run_id, *p, &op).await {
+            match sink
+                .claim_decision(&self.shared.run_id, *p, &op, req.queued)
+                .await
+            {
                 Ok(None) => {}
                 Ok(Some(winner)) => {
                     let _ = req.reply.send(Err(OpError::decided_first(*call, &winner)));

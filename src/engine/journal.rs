@@ -86,14 +86,16 @@ pub trait JournalSink: Send + Sync {
 
     /// Holds presentation `presentation` of run `run_id` for the decision `op`, which the
     /// driver is about to journal, against decisions recorded by other processes (a store's
-    /// queue: DESIGN.md 3.6). Resolves to the decision that holds it already, when another one
-    /// does (the driver refuses `op` then); None when `op` holds it (or it is the one queued
-    /// for it). The default, for sinks that queue nothing: None.
+    /// queue: DESIGN.md 3.6). `queued`: `op` was taken from that queue (it holds the
+    /// presentation itself). Resolves to the decision that holds it already, when another one
+    /// does (the driver refuses `op` then, even when it is the same decision: exactly one is
+    /// accepted); None when `op` holds it. The default, for sinks that queue nothing: None.
     fn claim_decision<'a>(
         &'a self,
         _run_id: &'a str,
         _presentation: u64,
         _op: &'a crate::protocol::Op,
+        _queued: bool,
     ) -> ClaimFuture<'a> {
         Box::pin(std::future::ready(Ok(None)))
     }

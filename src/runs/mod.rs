@@ -161,10 +161,7 @@ pub fn record_op(
 ) -> Result<(crate::protocol::Op, bool), Refused> {
     let mut moved = None;
     for _ in 0..RECORD_TRIES {
-        let (stored, rb) = match load_checkable(store, id)? {
-            Ok(x) => x,
-            Err(e) => return Err(Refused::Op(e)),
-        };
+        let (stored, rb) = load_checkable(store, id)?;
         let bound = rb.machine.bind_op(op.clone()).map_err(Refused::Op)?;
         let seen = stored.journal.last().map_or(0, |e| e.seq);
         match store.push_op(id, &bound, seen).map_err(RunsError::from)? {
@@ -185,13 +182,12 @@ pub fn record_op(
     Err(Refused::Op(crate::protocol::OpError::Moved { seen, now }))
 }
 
-/// A stored run and its rebuilt machine, to check an op against; the refusal when the run has
-/// finished (compacted runs included).
-#[allow(clippy::type_complexity)]
+/// A stored run and its rebuilt machine, to check an op against (`op.run_finished` when the run
+/// has finished, compacted runs included).
 fn load_checkable(
     store: &dyn crate::store::RunStore,
     id: &str,
-) -> Result<Result<(crate::store::StoredRun, Rebuilt), crate::protocol::OpError>, Refused> {
+) -> Result<(crate::store::StoredRun, Rebuilt), Refused> {
     let stored = match store.load(id) {
         // Only finished runs are compacted.
         Err(crate::store::StoreError::Compacted { .. }) => {
@@ -199,15 +195,17 @@ fn load_checkable(
                 || "finished".into(),
                 |c| c.result.status.as_str().to_string(),
             );
-            return Ok(Err(crate::protocol::OpError::RunFinished { status }));
+            return Err(Refused::Op(crate::protocol::OpError::RunFinished {
+                status,
+            }));
         }
         other => other.map_err(RunsError::from)?,
     };
     if let Some(r) = &stored.result {
-        return Ok(Err(crate::protocol::OpError::RunFinished {
+        return Err(Refused::Op(crate::protocol::OpError::RunFinished {
             status: r.status.as_str().to_string(),
         }));
     }
     let rb = rebuild(&stored.record, &stored.journal)?;
-    Ok(Ok((stored, rb)))
+    Ok((stored, rb))
 }

@@ -274,8 +274,9 @@ enum Write {
     /// An op (JSON) for run, the presentation it decides, the journal's last entry its check
     /// saw.
     PushOp(String, String, Option<u64>, u64),
-    /// A driver holds a presentation for a decision (JSON) it is about to journal.
-    ClaimOp(String, String, u64),
+    /// A driver holds a presentation for a decision (JSON) it is about to journal; whether
+    /// the decision was taken from the queue (then it may hold it already).
+    ClaimOp(String, String, u64, bool),
     TakeOps(String),
     /// The run's options (JSON), recorded anew (a definition accepted on resume).
     SetOptions(String, String),
@@ -612,6 +613,7 @@ impl JournalSink for SqliteStore {
         run_id: &'a str,
         presentation: u64,
         op: &'a Op,
+        queued: bool,
     ) -> crate::engine::ClaimFuture<'a> {
         let text = match serde_json::to_string(op) {
             Ok(t) => t,
@@ -622,7 +624,7 @@ impl JournalSink for SqliteStore {
         };
         let (tx, rx) = oneshot::channel();
         self.send(
-            Write::ClaimOp(run_id.to_string(), text, presentation),
+            Write::ClaimOp(run_id.to_string(), text, presentation, queued),
             Box::new(move |r| {
                 let _ = tx.send(r);
             }),

@@ -71,6 +71,26 @@ pub fn count(counts: &Counts, n: u64) -> u64 {
     counts.lock().expect("counts").get(&n).copied().unwrap_or(0)
 }
 
+/// The presentation the journaled decision about call `call` of a stored run named, and the
+/// one the call awaited a decision on just before that decision (what its reviewer saw).
+pub fn decided_presentation(store: &Path, run: &str, call: u64) -> (Option<u64>, Option<u64>) {
+    use dagloop::store::{RunStore, SqliteStore};
+    let stored = SqliteStore::open(store)
+        .and_then(|s| s.load(run))
+        .expect("load");
+    let at = stored
+        .journal
+        .iter()
+        .position(|e| matches!(&e.input, dagloop::RunInput::Decided { call: c, .. } if c.0 == call))
+        .expect("a decision about the call");
+    let named = match &stored.journal[at].input {
+        dagloop::RunInput::Decided { presentation, .. } => *presentation,
+        _ => None,
+    };
+    let before = dagloop::runs::rebuild(&stored.record, &stored.journal[..at]).expect("rebuild");
+    (named, before.machine.presentation(dagloop::CallId(call)))
+}
+
 /// A goal with two independent http calls and a final output that reads both; `policy` is the
 /// approval policy. The scripted model file is written beside it.
 pub fn goal(dir: &Path, url: &str, policy: &str) -> Value {

@@ -276,7 +276,14 @@ async fn the_queue_takes_one_decision_per_presentation_against_the_journal_it_wa
     );
     // The driver's own decision for it is refused; the queued one itself holds it.
     assert_eq!(
-        a.claim_decision("r", 7, &decide("alice", 7))
+        a.claim_decision("r", 7, &decide("alice", 7), false)
+            .await
+            .expect("claim"),
+        Some(decide("bob", 7))
+    );
+    // The same decision, not from the queue, came second all the same.
+    assert_eq!(
+        a.claim_decision("r", 7, &decide("bob", 7), false)
             .await
             .expect("claim"),
         Some(decide("bob", 7))
@@ -287,7 +294,7 @@ async fn the_queue_takes_one_decision_per_presentation_against_the_journal_it_wa
         "taken, and held until journaled"
     );
     assert_eq!(
-        a.claim_decision("r", 7, &decide("bob", 7))
+        a.claim_decision("r", 7, &decide("bob", 7), true)
             .await
             .expect("claim"),
         None

@@ -486,7 +486,7 @@ pub(super) fn apply(c: &Connection, me: &Me, w: &Write) -> Result<Done, StoreErr
             .map_err(io)?;
             Ok(Done::Queued(crate::store::Queued::Queued))
         }
-        Write::ClaimOp(id, op, p) => {
+        Write::ClaimOp(id, op, p, queued) => {
             match holding(c, id, *p)? {
                 None => {
                     c.execute(
@@ -496,9 +496,12 @@ pub(super) fn apply(c: &Connection, me: &Me, w: &Write) -> Result<Done, StoreErr
                     .map_err(io)?;
                 }
                 Some((row, held)) => {
-                    let same = serde_json::from_str::<serde_json::Value>(&held).ok()
-                        == serde_json::from_str::<serde_json::Value>(op).ok();
-                    if !same {
+                    // Only a queued decision holds its own presentation already: any other,
+                    // the same decision included, came second.
+                    let itself = *queued
+                        && serde_json::from_str::<serde_json::Value>(&held).ok()
+                            == serde_json::from_str::<serde_json::Value>(op).ok();
+                    if !itself {
                         let winner = serde_json::from_str(&held).map_err(io)?;
                         return Ok(Done::Queued(crate::store::Queued::Decided { winner }));
                     }
