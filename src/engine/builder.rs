@@ -14,6 +14,7 @@ use tokio_util::sync::CancellationToken;
 use super::activities::Executor;
 use super::agent::Agent;
 use super::bus::{Clock, new_run_id, system_clock};
+use super::error::AgentError;
 use super::exec::{Hooks, RegistryExecutor};
 use super::journal::JournalSink;
 use super::loading::{
@@ -24,7 +25,6 @@ use super::turns::Models;
 use crate::approval::{Approver, Policy};
 use crate::context::SanitizeLimits;
 use crate::goal::{DelegateGoals, Goal};
-use super::error::AgentError;
 use crate::llm::{Model, ModelSpec, RetryPolicy, Settings};
 use crate::protocol::Tool;
 use crate::tools::{Activity, Registry};
