@@ -15,7 +15,7 @@
 //! command line prints (the `cli` module; neither front-end depends on the other).
 
 pub use crate::notify::{NotifyError, WebhookConfig};
-pub use crate::runs::{ForkedFrom, RunOptions, RunsError};
+pub use crate::runs::{DefRecord, ForkedFrom, RunOptions, RunsError};
 
 mod api;
 mod auth;

@@ -147,7 +147,11 @@ pub fn trace_id(run_id: &str) -> ids::TraceId {
 /// driver publishes no events: a Temporal run is reported this way when it ends, by the worker
 /// that ends it. Nothing is marked replayed (no process reported any of it before). False when
 /// nothing would use it (no pipeline or the trace not sampled, and metrics off).
-pub fn report_journal(mut machine: crate::machine::RunMachine, journal: &[JournalEntry]) -> bool {
+#[cfg_attr(not(feature = "temporal"), allow(dead_code))]
+pub(crate) fn report_journal(
+    mut machine: crate::machine::RunMachine,
+    journal: &[JournalEntry],
+) -> bool {
     let run_id = machine.run_id().to_string();
     let Some(mut spans) = for_run(&run_id, machine.root(), None) else {
         return false;
