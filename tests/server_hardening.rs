@@ -390,6 +390,22 @@ async fn an_idempotency_key_reused_with_another_body_is_refused() {
     );
     let (_, list) = send(client().get(s.url("/runs"))).await;
     assert_eq!(list.as_array().map(Vec::len), Some(1), "{list}");
+    // The store keeps the body's digest: after a restart too.
+    drop(s);
+    let s = Server::start(&dir.path().join("runs.db"), None);
+    let post = |body: &Value| {
+        client()
+            .post(s.url("/runs"))
+            .header("idempotency-key", "k-47")
+            .json(body)
+    };
+    refused(
+        send(post(&json!({"goal": other}))).await,
+        422,
+        "http.idempotency_key_reused",
+    );
+    let (st, v) = send(post(&json!({"goal": first}))).await;
+    assert_eq!((st, &v["id"]), (200, &id), "{v}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
