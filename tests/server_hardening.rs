@@ -4,7 +4,9 @@
 //!
 //! - Secrets go where they are granted: a variable bound to host A is not sent to host B (in the
 //!   URL, in a header, or by A's redirect), while A receives it; a variable granted by name alone
-//!   is sent nowhere by a server.
+//!   is sent nowhere by a server (the command line, where the user is the operator, sends it).
+//! - Half-sent requests do not lock a token holder out.
+//! - A client's flood of notifications does not hold back the operator's.
 //! - The page in another site's frame does not render (Chromium); every answer forbids framing.
 //! - Tickets travel in a cookie or a header, never the URL, and open a stream once.
 //! - An `Idempotency-Key` reused with another body gets 422.
@@ -12,6 +14,7 @@
 //! - Two `Host` headers are refused.
 //! - Names a goal chose are escaped in the Slack message.
 //! - A granted internal address without a port list is granted on 80 and 443 only.
+//! - Answers carry no host name, pid or working directory, and no file's content.
 
 #[path = "common/bin.rs"]
 mod bin;
@@ -387,6 +390,22 @@ async fn an_idempotency_key_reused_with_another_body_is_refused() {
     );
     let (_, list) = send(client().get(s.url("/runs"))).await;
     assert_eq!(list.as_array().map(Vec::len), Some(1), "{list}");
+    // The store keeps the body's digest: after a restart too.
+    drop(s);
+    let s = Server::start(&dir.path().join("runs.db"), None);
+    let post = |body: &Value| {
+        client()
+            .post(s.url("/runs"))
+            .header("idempotency-key", "k-47")
+            .json(body)
+    };
+    refused(
+        send(post(&json!({"goal": other}))).await,
+        422,
+        "http.idempotency_key_reused",
+    );
+    let (st, v) = send(post(&json!({"goal": first}))).await;
+    assert_eq!((st, &v["id"]), (200, &id), "{v}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -814,4 +833,54 @@ async fn a_clients_flood_of_notifications_does_not_hold_back_the_operators() {
     let at = at.unwrap_or_else(|| panic!("the operator's notification never came"));
     // In turn: long before the client's 300 (before, it came after all of them).
     assert!(at < 150, "the operator's notification came as number {at}");
+}
+
+/// On the command line the user is the operator: a variable granted by name alone in its config
+/// is sent where the goal says (the egress grant permitting), as without a config; one bound to
+/// hosts goes only there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_command_line_sends_a_secret_granted_by_name_where_the_goal_says() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let (a, seen) = recording_service().await;
+    let goal = dir.path().join("goal.json");
+    std::fs::write(
+        &goal,
+        json!({"goal": "x", "output_schema": {"type": "object"},
+            "model": script_calling(dir.path(), &["to_a"]),
+            "env": ["DAGLOOP_T47_KEY"],
+            "tools": [get_tool("to_a", &format!("http://127.0.0.1:{a}/a?key=${{DAGLOOP_T47_KEY}}"), json!({}))]})
+        .to_string(),
+    )
+    .expect("goal");
+    for (env, reaches) in [
+        ("[\"DAGLOOP_T47_KEY\"]", true),
+        (
+            "[{name = \"DAGLOOP_T47_KEY\", hosts = [\"api.weather.example\"]}]",
+            false,
+        ),
+    ] {
+        let cfg = dir.path().join("cli.toml");
+        std::fs::write(
+            &cfg,
+            format!("[grants]\nenv = {env}\nfiles = [\".\"]\n[grants.egress]\nprivate = true\n"),
+        )
+        .expect("config");
+        seen.lock().expect("seen").clear();
+        let out = bin::dagloop_tokio()
+            .arg("--config")
+            .arg(&cfg)
+            .args(["run", "--no-store"])
+            .arg(&goal)
+            .env("DAGLOOP_T47_KEY", SECRET)
+            .output()
+            .await
+            .expect("run");
+        let got = seen.lock().expect("seen").clone();
+        assert_eq!(
+            got.iter().any(|l| l.contains(SECRET)),
+            reaches,
+            "{env}: {got:?} {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+    }
 }

@@ -123,20 +123,22 @@ pub(super) async fn create_run(
     // for the first and then finds its run.
     let _one = st.idempotent_create.lock().await;
     let slot = (who.name.clone(), key.clone());
-    // The body's digest is kept beside the run, under a key no header can spell (a NUL).
-    let body_slot = (who.name.clone(), format!("\0body {key}"));
-    let digest = body_digest(&v);
-    let known = remembered(&st, &slot).await?;
-    if let Some(id) = known {
-        match remembered(&st, &body_slot).await? {
-            Some(d) if d != digest => {
-                return Err(ApiError::new(
-                    StatusCode::UNPROCESSABLE_ENTITY,
-                    "http.idempotency_key_reused",
-                    "this Idempotency-Key was used with another body; use a new key for a new run",
-                ));
-            }
-            _ => {}
+    // Beside the key, under names no header can spell (a line break): that a digest is kept
+    // for it, and the key with this body's digest. Both name the run, as the key does.
+    let marked = (who.name.clone(), format!("\nsha256 {key}"));
+    let this_body = (
+        who.name.clone(),
+        format!("\nsha256 {key} {}", body_digest(&v)),
+    );
+    if let Some(id) = remembered(&st, &slot).await? {
+        // A key kept before digests were (no mark) replays whatever the body.
+        if remembered(&st, &this_body).await?.is_none() && remembered(&st, &marked).await?.is_some()
+        {
+            return Err(ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "http.idempotency_key_reused",
+                "this Idempotency-Key was used with another body; use a new key for a new run",
+            ));
         }
         let mut r = answer(&st, StatusCode::OK, id, wait).await?;
         r.headers_mut()
@@ -144,9 +146,9 @@ pub(super) async fn create_run(
         return Ok(r);
     }
     let id = start_run(&st, &who, v).await?;
-    // The digest first: a key whose run is remembered always has its body's digest.
-    for (slot, value) in [(body_slot, digest), (slot, id.clone())] {
-        remember(&st, slot, value).await;
+    // The digest and its mark first: a key whose run is remembered has them.
+    for slot in [this_body, marked, slot] {
+        remember(&st, slot, id.clone()).await;
     }
     answer(&st, StatusCode::CREATED, id, wait).await
 }
