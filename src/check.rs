@@ -55,14 +55,14 @@ impl Finding {
     }
 }
 
-fn write_paths(c: &Call) -> Vec<Path> {
+pub(crate) fn write_paths(c: &Call) -> Vec<Path> {
     match c.output_target() {
         Ok(Some(e)) => e.refs.into_iter().map(|r| r.path).collect(),
         _ => Vec::new(),
     }
 }
 
-fn read_paths(c: &Call) -> Vec<Path> {
+pub(crate) fn read_paths(c: &Call) -> Vec<Path> {
     c.references()
         .map(|refs| {
             refs.into_iter()

@@ -266,6 +266,8 @@ function approvalCard(runId, a, key) {
         paramsDiff(editableParams(call), edited));
     };
     ta.addEventListener("input", showDiff);
+    // The errors were about the text sent; once it changes they no longer describe it.
+    ta.addEventListener("input", () => showErrors([]));
     showDiff();
     const sendBtn = el("button", { type: "button", class: "send-edit primary", text: "Send edit",
       onclick: () => {
