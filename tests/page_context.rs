@@ -2,8 +2,10 @@
 //! in headless Chromium against `dagloop serve` on 127.0.0.1: the run's goal, its input and
 //! its submitter beside the cards; a waiting run's duration that goes on counting; run titles
 //! with their submitter and duration; the calls drawn as a graph with one edge per dependency,
-//! live; the audit as a tab with ISO times and the diff of an edit; and the queue across runs
-//! ("next waiting call", `n`) that opens the oldest waiting call of any run.
+//! live; an edit's inline schema errors that go once its text changes, and the edited call's
+//! "what was presented → what ran" in values, not references; the audit as a tab with ISO times
+//! and the diff of the edit; and the queue across runs ("next waiting call", `n`) that opens the
+//! oldest waiting call of any run.
 //!
 //! Needs `chromium` and `chromedriver` (`scripts/setup-browser.sh`); DAGLOOP_SKIP_BROWSER=1
 //! skips these tests when they are missing. Screenshots go to `<target>/dagloop-artifacts/`.
@@ -160,14 +162,27 @@ async fn the_page_shows_the_goal_the_graph_of_dependencies_and_the_audit_with_th
     .await;
     browser::save_screenshot(c, "page-context-graph.png").await;
 
-    // An edit of the third call: its note changes.
-    let (status, body) = serve::send(
-        serve::client()
-            .post(server.url(&format!("/runs/{id}/approvals/{}", ids[2])))
-            .json(&json!({"decision": "edit", "params": {"n": 10, "note": "edited", "from": {}}})),
+    // An edit of the third call on the page: one that breaks the tool's schema is refused
+    // inline; the errors go as soon as the text changes; the fixed edit is sent.
+    let card = format!(".approval[data-call-id=\"{}\"]", ids[2]);
+    browser::click(c, &format!("{card} button.edit")).await;
+    let editor = format!("{card} textarea.params-editor");
+    browser::type_into(c, &editor, r#"{"n": "ten"}"#).await;
+    browser::click(c, &format!("{card} button.send-edit")).await;
+    let errors_shown = format!("return document.querySelectorAll('{card} ul.errors li').length");
+    browser::until(
+        c,
+        "the edit's schema errors",
+        &format!("{errors_shown} > 0"),
     )
     .await;
-    assert_eq!(status, 200, "{body}");
+    browser::type_into(c, &editor, r#"{"n": 10, "note": "edited", "from": {}}"#).await;
+    assert_eq!(
+        browser::eval(c, &errors_shown).await,
+        json!(0),
+        "the errors went with the text they were about"
+    );
+    browser::click(c, &format!("{card} button.send-edit")).await;
     serve::until(&server, &id, |v| {
         serve::awaiting(v).iter().any(|a| a["call_id"] == ids[3])
     })
@@ -234,7 +249,8 @@ async fn the_page_shows_the_goal_the_graph_of_dependencies_and_the_audit_with_th
         "values, not references: {diff}"
     );
     browser::save_screenshot(c, "page-context-audit.png").await;
-    // Back to the calls: every node done.
+    // Back to the calls: every node done; the edited call shows what was presented (values,
+    // not references) against what ran.
     browser::click(c, "#tabs button[data-tab=\"calls\"]").await;
     browser::until(
         c,
@@ -243,6 +259,21 @@ async fn the_page_shows_the_goal_the_graph_of_dependencies_and_the_audit_with_th
          return n.length === 4 && n.every(x => x.dataset.status === 'done');",
     )
     .await;
+    let ran = browser::eval(
+        c,
+        &format!(
+            "return document.querySelector('#calls .call[data-call-id=\"{}\"] .call-diff').textContent",
+            ids[2]
+        ),
+    )
+    .await;
+    let ran = ran.as_str().unwrap_or("");
+    assert!(ran.starts_with("what was presented → what ran"), "{ran}");
+    assert!(
+        ran.contains("- note: \"first\"") && ran.contains("+ note: \"edited\""),
+        "{ran}"
+    );
+    assert!(!ran.contains('†'), "values, not references: {ran}");
     browser::no_errors(c).await;
 }
 
