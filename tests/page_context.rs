@@ -2,7 +2,8 @@
 //! in headless Chromium against `dagloop serve` on 127.0.0.1: the run's goal, its input and
 //! its submitter beside the cards; a waiting run's duration that goes on counting; run titles
 //! with their submitter and duration; the calls drawn as a graph with one edge per dependency,
-//! live; an edit's inline schema errors that go once its text changes, and the edited call's
+//! live; an edit's inline schema errors that go once its text changes, the card's action that
+//! follows the edit being typed (`POST .../preview`), and the edited call's
 //! "what was presented → what ran" in values, not references; the audit as a tab with ISO times
 //! and the diff of the edit; and the queue across runs ("next waiting call", `n`) that opens the
 //! oldest waiting call of any run.
@@ -182,6 +183,16 @@ async fn the_page_shows_the_goal_the_graph_of_dependencies_and_the_audit_with_th
         json!(0),
         "the errors went with the text they were about"
     );
+    // The card's action follows the edit: the request it would send, with the edited params.
+    browser::until(
+        c,
+        "the action following the edit",
+        &format!(
+            "const b = document.querySelector('{card} > .action.previewed .body');
+             return b !== null && b.textContent === '{{\"n\":10,\"note\":\"edited\",\"from\":{{}}}}';"
+        ),
+    )
+    .await;
     browser::click(c, &format!("{card} button.send-edit")).await;
     serve::until(&server, &id, |v| {
         serve::awaiting(v).iter().any(|a| a["call_id"] == ids[3])
@@ -333,4 +344,31 @@ async fn next_waiting_call_opens_the_oldest_waiting_call_of_any_run() {
     .await;
     browser::save_screenshot(c, "page-context-next-waiting.png").await;
     browser::no_errors(c).await;
+
+    // The preview an edit's card follows: what the call would do with other params; a call
+    // that does not await a decision, or a body without params, is refused.
+    let preview = |call: u64| server.url(&format!("/runs/{older}/approvals/{call}/preview"));
+    let (status, v) = serve::send(
+        serve::client()
+            .post(preview(older_calls[0].1))
+            .json(&json!({"params": {"n": 7, "note": "seven"}})),
+    )
+    .await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["action"]["kind"], "http", "{v}");
+    assert_eq!(v["action"]["body"], json!({"n": 7, "note": "seven"}), "{v}");
+    let (status, v) = serve::send(
+        serve::client()
+            .post(preview(99))
+            .json(&json!({"params": {}})),
+    )
+    .await;
+    serve::refused((status, v), 409, "op.not_awaiting");
+    let (status, v) = serve::send(
+        serve::client()
+            .post(preview(older_calls[0].1))
+            .json(&json!({"params": [1]})),
+    )
+    .await;
+    serve::refused((status, v), 400, "http.bad_body");
 }

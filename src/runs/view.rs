@@ -637,6 +637,24 @@ fn call_event(
 
 /// The calls awaiting a decision, with what a reviewer needs: the resolved call, the
 /// fingerprint a decision may quote, whether it was interrupted, and the tool's params schema.
+/// What a call of `tool` with `params` would do in this run, described without doing it
+/// (`tools::describe_action`): the `action` of a call awaiting a decision, and of an edit of it
+/// being typed. Null for a tool the run does not know.
+pub fn action_of(rb: &Rebuilt, tool: &str, params: &serde_json::Map<String, Value>) -> Value {
+    match rb.tools.iter().find(|t| t.name == tool) {
+        Some(t) => json!(crate::tools::describe_action(t, params)),
+        // MCP tools join the run when their servers start; they are not in the goal.
+        None if !rb.goal.mcp_servers.is_empty() => json!(crate::tools::Action::Mcp {
+            server: match rb.goal.mcp_servers.as_slice() {
+                [one] => Some(one.name().to_string()),
+                _ => None,
+            },
+            tool: tool.to_string(),
+        }),
+        None => Value::Null,
+    }
+}
+
 fn awaiting(rb: &Rebuilt) -> Vec<AwaitingCall> {
     rb.machine
         .awaiting()
@@ -671,18 +689,7 @@ fn awaiting(rb: &Rebuilt) -> Vec<AwaitingCall> {
                 _ => None,
             });
             let tool = rb.tools.iter().find(|t| t.name == call.tool);
-            let action = match tool {
-                Some(t) => json!(crate::tools::describe_action(t, &call.params)),
-                // MCP tools join the run when their servers start; they are not in the goal.
-                None if !rb.goal.mcp_servers.is_empty() => json!(crate::tools::Action::Mcp {
-                    server: match rb.goal.mcp_servers.as_slice() {
-                        [one] => Some(one.name().to_string()),
-                        _ => None,
-                    },
-                    tool: call.tool.clone(),
-                }),
-                None => Value::Null,
-            };
+            let action = action_of(rb, &call.tool, &call.params);
             let description = tool
                 .and_then(|t| t.schema.get("description"))
                 .cloned()

@@ -11,6 +11,7 @@
 //   audit.js the audit tab
 //   queue.js the queue across runs ("next waiting call")
 //   cards.js the cards awaiting a decision: what the call will do, sources, edit diff
+//   preview.js an edit's preview: the card's action follows the edit being typed
 //   grants.js grants from a card (a tool, a call and those waiting on it) and the run's grants
 //   keys.js  keyboard shortcuts and their help
 //   start.js wiring and the light list poll

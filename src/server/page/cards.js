@@ -264,6 +264,7 @@ function approvalCard(runId, a, key) {
       }
       diff.replaceChildren(el("div", { class: "muted small", text: "against what the model proposed:" }),
         paramsDiff(editableParams(call), edited));
+      followEdit(card, runId, a.call_id, edited);
     };
     ta.addEventListener("input", showDiff);
     // The errors were about the text sent; once it changes they no longer describe it.
