@@ -342,6 +342,15 @@ async fn next_waiting_call_opens_the_oldest_waiting_call_of_any_run() {
         &focused(&older, older_calls[1].1),
     )
     .await;
+    assert_eq!(
+        browser::eval(
+            c,
+            "return document.querySelectorAll('.approval.linked, .approval.current').length"
+        )
+        .await,
+        json!(1),
+        "one card is the one opened"
+    );
     browser::save_screenshot(c, "page-context-next-waiting.png").await;
     browser::no_errors(c).await;
 

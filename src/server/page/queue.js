@@ -49,6 +49,8 @@ async function nextWaiting() {
 
 // Opens `run` with the card of `call` focused (as a notification's link does).
 function openCall(run, call) {
+  // One card is the linked one: the one this queue (or a link) opened last.
+  for (const c of document.querySelectorAll("#approvals .approval.linked")) c.classList.remove("linked");
   page.focusCall = call;
   if (page.selected === run) {
     page.current = null;
