@@ -11,9 +11,11 @@ function renderContext(run) {
   box.hidden = !goal && run.input === undefined && !run.submitted_by;
   $("#ctx-goal").textContent = goal || "—";
   const hasInput = run.input !== undefined && run.input !== null;
-  $("#ctx-input").textContent = hasInput ? pretty(run.input) : "—";
-  $("#ctx-input").classList.toggle("empty", !hasInput);
-  $("#ctx-submitter").textContent = run.submitted_by || "—";
+  $("#ctx-input").textContent = hasInput ? pretty(run.input) : "";
+  $("#ctx-submitter").textContent = run.submitted_by || "";
+  // A goal without input, a run started without a server: the row is left out.
+  for (const e of document.querySelectorAll("#context .ctx-input")) e.hidden = !hasInput;
+  for (const e of document.querySelectorAll("#context .ctx-submitter")) e.hidden = !run.submitted_by;
 }
 
 // How long the run has lasted: from its first event to its last once it ended, to now while a
