@@ -55,7 +55,7 @@ impl Finding {
     }
 }
 
-fn write_paths(c: &Call) -> Vec<Path> {
+pub(crate) fn write_paths(c: &Call) -> Vec<Path> {
     match c.output_target() {
         Ok(Some(e)) => e.refs.into_iter().map(|r| r.path).collect(),
         _ => Vec::new(),
@@ -110,7 +110,7 @@ fn dangling_message(p: &Path, known: &[String]) -> String {
     m
 }
 
-fn read_paths(c: &Call) -> Vec<Path> {
+pub(crate) fn read_paths(c: &Call) -> Vec<Path> {
     c.references()
         .map(|refs| {
             refs.into_iter()

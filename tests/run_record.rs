@@ -508,15 +508,16 @@ fn a_resumed_run_counts_each_models_usage_under_one_name() {
     )
     .output()
     .expect("run");
-    let id = json_of(&out)["run_id"]
-        .as_str()
-        .expect("id")
-        .to_string();
+    let id = json_of(&out)["run_id"].as_str().expect("id").to_string();
     let approve = approve_file(dir.path());
-    let out = cmd(dir.path(), &store, &["resume", &id, "--json", "--decisions"])
-        .arg(&approve)
-        .output()
-        .expect("resume");
+    let out = cmd(
+        dir.path(),
+        &store,
+        &["resume", &id, "--json", "--decisions"],
+    )
+    .arg(&approve)
+    .output()
+    .expect("resume");
     ok(&out, "resume");
     let models = json_of(&out)["usage"]["models"].clone();
     let names: Vec<&String> = models.as_object().expect("models").keys().collect();

@@ -30,6 +30,8 @@ pub struct Rebuilt {
     pub tools: Vec<crate::protocol::Tool>,
     /// The run this one was forked from, and after which step (`dagloop fork`).
     pub forked_from: Option<super::ForkedFrom>,
+    /// The principal that submitted the run to a server (None for runs started otherwise).
+    pub submitted_by: Option<String>,
 }
 
 /// What the driver would have noted for the run `record` describes after `journal`: how many
@@ -78,8 +80,10 @@ pub fn rebuild(record: &RunRecord, journal: &[JournalEntry]) -> Result<Rebuilt, 
         _ => None,
     });
     let forked_from = def.options().forked_from.clone();
+    let submitted_by = def.options().submitted_by.clone();
     Ok(Rebuilt {
         forked_from,
+        submitted_by,
         goal: def.goal().clone(),
         machine,
         events,
@@ -127,6 +131,19 @@ pub struct RunView {
     pub status: String,
     /// From the first event to the last (ms).
     pub duration_ms: u64,
+    /// When its first event happened (milliseconds since the Unix epoch): a run still going has
+    /// lasted from then to now.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_at: Option<u64>,
+    /// The goal's text, as submitted.
+    #[serde(default)]
+    pub goal: String,
+    /// The goal's input, when it has one; any JSON value.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input: Option<Value>,
+    /// The principal that submitted it to a server.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub submitted_by: Option<String>,
     /// Entries in its journal.
     pub journal_entries: usize,
     /// Every call, by id.
@@ -188,6 +205,10 @@ pub struct CallView {
     /// The params as the model proposed them (before references resolved or a decision).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub proposed: Option<serde_json::Map<String, Value>>,
+    /// The params as presented to the reviewer, references resolved (before a decision
+    /// changed them): an edit's diff is against these.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub presented: Option<serde_json::Map<String, Value>>,
     /// When it arrived from the model.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub received_ms: Option<u64>,
@@ -197,6 +218,10 @@ pub struct CallView {
     /// The paths it waits on (blocked), or that point at nothing (unresolved).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub waiting_on: Option<Vec<String>>,
+    /// The earlier calls of its agent that write a path it reads (its dependencies, as the
+    /// graph of calls has them: one per writer however many of its params read it).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub waits_for: Vec<u64>,
     /// When it was presented to a reviewer.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub asked_ms: Option<u64>,
@@ -327,12 +352,29 @@ pub fn describe_view(
     // the provider refused them as too long.
     let mut reasks: Vec<Value> = Vec::new();
     let mut compactions: Vec<Value> = Vec::new();
+    // What each received call writes, with its agent (its delegate call): later calls of that
+    // agent reading an overlapping path depend on it.
+    let mut writers: Vec<(u64, Option<u64>, Vec<crate::protocol::Path>)> = Vec::new();
     for e in &rb.events {
         let t = rel(e.at);
         if let Some(id) = e.call.map(|c| c.0) {
             let c = calls
                 .entry(id)
                 .or_insert_with(|| CallView::new(id, e.step, e.depth, e.parent.map(|p| p.0)));
+            if let EventKind::CallReceived { call } = &e.kind {
+                let parent = e.parent.map(|p| p.0);
+                let reads = crate::check::read_paths(call);
+                c.waits_for = writers
+                    .iter()
+                    .filter(|(w, p, writes)| {
+                        *w != id
+                            && *p == parent
+                            && writes.iter().any(|q| reads.iter().any(|r| q.overlaps(r)))
+                    })
+                    .map(|(w, ..)| *w)
+                    .collect();
+                writers.push((id, parent, crate::check::write_paths(call)));
+            }
             if let Some(span) = call_event(c, &e.kind, t, &mut asked, id) {
                 spans.push(span);
             }
@@ -426,6 +468,10 @@ pub fn describe_view(
         id: id.to_string(),
         status: status.to_string(),
         duration_ms: end,
+        started_at: rb.events.first().map(|e| e.at),
+        goal: rb.goal.goal.clone(),
+        input: rb.goal.input.clone(),
+        submitted_by: rb.submitted_by.clone(),
         journal_entries,
         calls: calls.into_values().collect(),
         spans,
@@ -455,9 +501,11 @@ impl CallView {
             parent,
             params: None,
             proposed: None,
+            presented: None,
             received_ms: None,
             error: None,
             waiting_on: None,
+            waits_for: Vec::new(),
             asked_ms: None,
             interrupted: None,
             decision: None,
@@ -515,6 +563,7 @@ fn call_event(
             c.status = "awaiting_approval".into();
             c.tool = Some(call.tool.clone());
             c.params = Some(call.params.clone());
+            c.presented = Some(call.params.clone());
             c.asked_ms = Some(t);
             if *interrupted {
                 c.interrupted = Some(true);
@@ -592,6 +641,24 @@ fn call_event(
 
 /// The calls awaiting a decision, with what a reviewer needs: the resolved call, the
 /// fingerprint a decision may quote, whether it was interrupted, and the tool's params schema.
+/// What a call of `tool` with `params` would do in this run, described without doing it
+/// (`tools::describe_action`): the `action` of a call awaiting a decision, and of an edit of it
+/// being typed. Null for a tool the run does not know.
+pub fn action_of(rb: &Rebuilt, tool: &str, params: &serde_json::Map<String, Value>) -> Value {
+    match rb.tools.iter().find(|t| t.name == tool) {
+        Some(t) => json!(crate::tools::describe_action(t, params)),
+        // MCP tools join the run when their servers start; they are not in the goal.
+        None if !rb.goal.mcp_servers.is_empty() => json!(crate::tools::Action::Mcp {
+            server: match rb.goal.mcp_servers.as_slice() {
+                [one] => Some(one.name().to_string()),
+                _ => None,
+            },
+            tool: tool.to_string(),
+        }),
+        None => Value::Null,
+    }
+}
+
 fn awaiting(rb: &Rebuilt) -> Vec<AwaitingCall> {
     rb.machine
         .awaiting()
@@ -630,18 +697,7 @@ fn awaiting(rb: &Rebuilt) -> Vec<AwaitingCall> {
                 _ => None,
             });
             let tool = rb.tools.iter().find(|t| t.name == call.tool);
-            let action = match tool {
-                Some(t) => json!(crate::tools::describe_action(t, &call.params)),
-                // MCP tools join the run when their servers start; they are not in the goal.
-                None if !rb.goal.mcp_servers.is_empty() => json!(crate::tools::Action::Mcp {
-                    server: match rb.goal.mcp_servers.as_slice() {
-                        [one] => Some(one.name().to_string()),
-                        _ => None,
-                    },
-                    tool: call.tool.clone(),
-                }),
-                None => Value::Null,
-            };
+            let action = action_of(rb, &call.tool, &call.params);
             let description = tool
                 .and_then(|t| t.schema.get("description"))
                 .cloned()

@@ -30,6 +30,7 @@ mod list;
 mod openapi;
 mod page;
 mod park;
+mod preview;
 pub mod principals;
 mod result;
 mod retain;
@@ -101,6 +102,7 @@ fn api_routes() -> (Router<Arc<AppState>>, utoipa::openapi::OpenApi) {
         .routes(utoipa_axum::routes!(sse::events))
         .routes(utoipa_axum::routes!(api::approvals))
         .routes(utoipa_axum::routes!(api::decide))
+        .routes(utoipa_axum::routes!(preview::preview))
         .routes(utoipa_axum::routes!(api::cancel))
         .routes(utoipa_axum::routes!(desk::list_grants, desk::create_grant))
         .routes(utoipa_axum::routes!(desk::revoke_grant))

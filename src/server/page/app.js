@@ -6,7 +6,12 @@
 //   app.js   helpers, the API with the token, the selected run and its live stream
 //   runs.js  the run list: filter, search, pages
 //   calls.js the calls (nested agents' calls inside their parent) and the timeline
+//   context.js the goal, its input and submitter; the run's duration, counted on while live
+//   graph.js the calls as a graph with an edge per dependency
+//   audit.js the audit tab
+//   queue.js the queue across runs ("next waiting call")
 //   cards.js the cards awaiting a decision: what the call will do, sources, edit diff
+//   preview.js an edit's preview: the card's action follows the edit being typed
 //   grants.js grants from a card (a tool, a call and those waiting on it) and the run's grants
 //   keys.js  keyboard shortcuts and their help
 //   start.js wiring and the light list poll
@@ -40,6 +45,7 @@ const page = {
   tokenWaiters: null, // resolvers waiting for the token form
   current: null,      // the key of the card the shortcuts act on
   focusCall: null,    // the call a link named (`?run=RUN&call=N`), focused once its card shows
+  tab: "calls",       // the tab shown: the calls (graph, calls, timeline) or the audit
 };
 
 const $ = (sel, root) => (root || document).querySelector(sel);
@@ -175,6 +181,7 @@ function select(id) {
     li.classList.toggle("selected", li.dataset.runId === id);
   }
   $("#approvals").replaceChildren();
+  $("#audit").replaceChildren();
   page.current = null;
   $("#notice").hidden = true;
   $("#run").hidden = false;
@@ -314,12 +321,15 @@ function render(run) {
   st.textContent = run.status +
     (run.cancelled_by ? " by " + run.cancelled_by.principal + " (" + run.cancelled_by.channel + ")" : "");
   st.dataset.status = run.status;
-  $("#run-duration").textContent = fmtMs(run.duration_ms) + " · " + run.journal_entries + " journal entries";
+  renderDuration(run);
+  renderContext(run);
   $("#cancel-run").hidden = finished(run);
   renderApprovals(run);
   renderGrants(run);
+  renderGraph(run);
   renderCalls(run);
   renderGantt(run);
+  if (page.tab === "audit") loadAudit();
   $("#output").textContent = run.output === null || run.output === undefined ? "—" : pretty(run.output);
   $("#output").classList.toggle("empty", run.output === null || run.output === undefined);
   $("#state").textContent = run.state === null || run.state === undefined ? "—" : pretty(run.state);

@@ -75,10 +75,11 @@ function callCard(c) {
   }
   if (c.started_ms !== undefined && c.ended_ms !== undefined) times.push("ran " + fmtMs(c.ended_ms - c.started_ms));
   if (times.length) card.append(el("div", { class: "call-meta muted", text: times.join(" · ") }));
-  if ((c.decision === "edit" || c.decision === "replace") && c.proposed && c.params) {
+  // Against the params as presented (references resolved to their values), else as proposed.
+  if ((c.decision === "edit" || c.decision === "replace") && (c.presented || c.proposed) && c.params) {
     card.append(el("details", { class: "call-diff" },
-      el("summary", { class: "small", text: "what the model proposed → what ran" }),
-      paramsDiff(c.proposed, c.params)));
+      el("summary", { class: "small", text: (c.presented ? "what was presented" : "what the model proposed") + " → what ran" }),
+      paramsDiff(c.presented || c.proposed, c.params)));
   }
   if (c.error) {
     const msg = typeof c.error === "string" ? c.error : (c.error.error || c.error.message || JSON.stringify(c.error));

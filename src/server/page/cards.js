@@ -268,8 +268,11 @@ function approvalCard(runId, a, key) {
       }
       diff.replaceChildren(el("div", { class: "muted small", text: "against what the model proposed:" }),
         paramsDiff(editableParams(call), edited));
+      followEdit(card, runId, a.call_id, edited);
     };
     ta.addEventListener("input", showDiff);
+    // The errors were about the text sent; once it changes they no longer describe it.
+    ta.addEventListener("input", () => showErrors([]));
     showDiff();
     const sendBtn = el("button", { type: "button", class: "send-edit primary", text: "Send edit",
       onclick: () => {

@@ -1,6 +1,7 @@
 // Keyboard shortcuts, like the terminal reviewer's: j/k move between the cards awaiting a
 // decision, a approves the current card's call, A opens its "approve every call of this tool"
-// grant, e opens its editor, r its rejection reason, ? shows the help. Nothing fires while the reviewer types in a field (Esc leaves the field).
+// grant, e opens its editor, r its rejection reason, n opens the next waiting call of any run,
+// ? shows the help. Nothing fires while the reviewer types in a field (Esc leaves the field).
 "use strict";
 
 function liveCards() {
@@ -64,6 +65,7 @@ function onKey(e) {
     case "A": act("grant-tool"); break;
     case "e": act("edit"); break;
     case "r": act("reject"); break;
+    case "n": nextWaiting(); break;
     case "?": toggleHelp(); break;
     default: return;
   }

@@ -66,6 +66,22 @@ function runTitle(r) {
   return t.length > 90 ? t.slice(0, 87) + "…" : t;
 }
 
+// How long a listed run has lasted: to now while it is live, else to its last update.
+function listedDuration(r) {
+  const end = LIVE.includes(r.status) ? Math.max(Date.now(), r.updated_at) : r.updated_at;
+  return typeof r.created_at === "number" && typeof end === "number" ? Math.max(end - r.created_at, 0) : null;
+}
+
+// What tells runs of one goal apart: who submitted it, how long it has lasted, when it began.
+function runMeta(r) {
+  const parts = [];
+  if (r.submitted_by) parts.push("by " + r.submitted_by);
+  const d = listedDuration(r);
+  if (d !== null) parts.push(fmtMs(d));
+  parts.push("started " + fmtTime(r.created_at));
+  return parts.join(" · ");
+}
+
 function renderRuns(runs) {
   const ul = $("#runs");
   const seen = new Set();
@@ -83,12 +99,13 @@ function renderRuns(runs) {
     li.title = r.title || r.id;
     li.replaceChildren(
       el("span", { class: "run-title", text: runTitle(r) || "(no goal text)" }),
+      el("span", { class: "run-meta muted small", text: runMeta(r) }),
       el("span", { class: "run-line" },
         el("code", { class: "rid", text: r.id }),
         waiting > 0 ? el("span", { class: "waiting", title: "calls awaiting a decision", text: waiting + " waiting" }) : null),
       el("span", { class: "run-line" },
         el("span", { class: "badge", "data-status": r.status, text: r.status }),
-        el("span", { class: "muted small", text: fmtTime(r.updated_at || r.created_at) })),
+        el("span", { class: "muted small", title: "last update", text: fmtTime(r.updated_at || r.created_at) })),
     );
     if (ul.children[i] !== li) ul.insertBefore(li, ul.children[i] || null);
   });

@@ -24,6 +24,9 @@ function start() {
   legend();
   setupRunList();
   setupKeys();
+  setupTabs();
+  $("#next-waiting").addEventListener("click", nextWaiting);
+  setInterval(tickDuration, 1000);
   $("#token-form").addEventListener("submit", tokenGiven);
   $("#cancel-run").addEventListener("click", cancelRun);
   // A link names a run as `#RUN` or, from a notification, `?run=RUN&call=N` (the call's card
