@@ -494,38 +494,3 @@ async fn the_servers_view_of_an_operator_mcp_call_says_what_happened_to_it() {
     assert!(!v.to_string().contains("unknown tool"), "{v:#}");
 }
 
-/// A model named relative to its goal is one model before and after a resume: the run's usage
-/// has one entry for it (it had two, `scripted:support.script.json` and the absolute path).
-#[test]
-fn a_resumed_run_counts_each_models_usage_under_one_name() {
-    let dir = tempfile::tempdir().expect("tmp");
-    copy_delegate_example(dir.path());
-    let store = dir.path().join("runs.db");
-    let out = cmd(
-        dir.path(),
-        &store,
-        &["run", "goal.json", "--approve", "ask", "--detach", "--json"],
-    )
-    .output()
-    .expect("run");
-    let id = json_of(&out)["run_id"].as_str().expect("id").to_string();
-    let approve = approve_file(dir.path());
-    let out = cmd(
-        dir.path(),
-        &store,
-        &["resume", &id, "--json", "--decisions"],
-    )
-    .arg(&approve)
-    .output()
-    .expect("resume");
-    ok(&out, "resume");
-    let models = json_of(&out)["usage"]["models"].clone();
-    let names: Vec<&String> = models.as_object().expect("models").keys().collect();
-    assert_eq!(names.len(), 2, "one entry per model: {models:#}");
-    assert!(
-        names
-            .iter()
-            .any(|n| n.ends_with("/support.script.json") && n.starts_with("scripted:/")),
-        "{models:#}"
-    );
-}

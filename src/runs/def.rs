@@ -41,14 +41,10 @@ pub struct RunDef {
 /// (`run.definition_changed` otherwise). `${VAR}` placeholders must be set in this process:
 /// it is the one that will drive the run.
 pub fn define(
-    mut goal: Goal,
+    goal: Goal,
     mut options: RunOptions,
     grants: Arc<Grants>,
 ) -> Result<RunDef, RunsError> {
-    // One folder for the run's relative paths, absolute from the start: a model named relative
-    // to the goal is the same model (and the same key in the run's usage) before and after a
-    // resume from another directory.
-    goal.base_dir = super::absolute_dir(&goal.base_dir);
     let previous = options.record.take();
     let source = match &previous {
         Some(r) => DelegateGoals::Recorded(&r.delegates),
