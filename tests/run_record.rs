@@ -494,3 +494,87 @@ async fn the_servers_view_of_an_operator_mcp_call_says_what_happened_to_it() {
     assert!(!v.to_string().contains("unknown tool"), "{v:#}");
 }
 
+/// The `node` processes of the everything server among the descendants of `pid`.
+fn everything_processes_under(pid: u32) -> usize {
+    let mut parent = std::collections::BTreeMap::new();
+    let mut cmdlines = std::collections::BTreeMap::new();
+    for e in std::fs::read_dir("/proc").expect("/proc").flatten() {
+        let Ok(p) = e.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{p}/stat")) else {
+            continue;
+        };
+        // The fields after the command's closing parenthesis: state, ppid, ...
+        let ppid = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+            .and_then(|s| s.parse::<u32>().ok())
+            .unwrap_or(0);
+        parent.insert(p, ppid);
+        let cmd = std::fs::read(format!("/proc/{p}/cmdline")).unwrap_or_default();
+        cmdlines.insert(p, String::from_utf8_lossy(&cmd).replace('\0', " "));
+    }
+    let under = |mut p: u32| {
+        while let Some(&pp) = parent.get(&p) {
+            if pp == pid {
+                return true;
+            }
+            if pp <= 1 {
+                return false;
+            }
+            p = pp;
+        }
+        false
+    };
+    cmdlines
+        .iter()
+        .filter(|(p, c)| c.starts_with("node ") && c.contains("everything") && under(**p))
+        .count()
+}
+
+/// Runs whose goals name the operator's MCP server with different approval maps share its one
+/// process (40 such runs once started 40 copies of the server).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runs_with_different_approval_maps_share_the_operators_mcp_server() {
+    let Some(everything) = npm() else { return };
+    let dir = tempfile::tempdir().expect("tmp");
+    let config = dir.path().join("config.json");
+    std::fs::write(
+        &config,
+        json!({
+            "grants": {"tools": ["mcp"], "files": [dir.path().display().to_string()]},
+            "mcp_servers": {"everything": {"command": everything.display().to_string(),
+                "args": ["stdio"]}}
+        })
+        .to_string(),
+    )
+    .expect("config");
+    let script = json!({"turns": [
+        {"solution": {"calls": [{"_tool": "echo", "message": "hi", "_outputPath": "†state.e"}],
+                      "output": null}},
+        {"solution": {"calls": [], "output": {"e": "†state.e"}}}
+    ]});
+    let sp = dir.path().join("s.json");
+    std::fs::write(&sp, script.to_string()).expect("script");
+    let server = serve::Server::start_config(&dir.path().join("runs.db"), &config, None, |_| {});
+    for map in [
+        json!({"echo": "never"}),
+        json!({"echo": "always"}),
+        json!({"add": "always"}),
+    ] {
+        let id = serve::create(
+            &server,
+            &json!({"goal": {"goal": "echo", "model": format!("scripted:{}", sp.display()),
+                "output_schema": {"type": "object"},
+                "mcp_servers": [{"name": "everything", "approval": map}]}}),
+        )
+        .await;
+        // Started: its MCP tools are known (the echo call has been received).
+        serve::until(&server, &id, |v| {
+            v["calls"].as_array().is_some_and(|c| !c.is_empty())
+        })
+        .await;
+    }
+    assert_eq!(everything_processes_under(server.child.id()), 1);
+}

@@ -93,19 +93,21 @@ impl McpServers {
         };
         // Start every server at once; report the first failure in config order.
         let listed = futures::future::join_all(out.servers.iter().map(|s| s.list_tools())).await;
+        // Each tool is described with this run's configuration (its approval map): a pooled
+        // server may have been started for another run's.
         let mut all = Vec::new();
-        for (server, tools) in out.servers.iter().zip(listed) {
+        for ((server, config), tools) in out.servers.iter().zip(configs).zip(listed) {
             for t in tools? {
-                all.push((server.clone(), t));
+                all.push((server.clone(), config, t));
             }
         }
         let pairs: Vec<(String, String)> = all
             .iter()
-            .map(|(s, t)| (s.config.name().to_string(), t.name.to_string()))
+            .map(|(s, _, t)| (s.config.name().to_string(), t.name.to_string()))
             .collect();
         let names = final_names(&pairs, reserved);
         let mut taken: Vec<&String> = reserved.iter().collect();
-        for (name, (server, t)) in names.iter().zip(&all) {
+        for (name, (server, config, t)) in names.iter().zip(&all) {
             if taken.contains(&name) {
                 return Err(McpError::ToolClash {
                     server: server.config.name().to_string(),
@@ -117,7 +119,7 @@ impl McpServers {
                 server: server.clone(),
                 tool: t.name.to_string(),
             });
-            out.tools.push((to_tool(name, &server.config, t), activity));
+            out.tools.push((to_tool(name, config, t), activity));
         }
         Ok(out)
     }

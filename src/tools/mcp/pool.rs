@@ -1,9 +1,9 @@
 //! MCP servers shared by the runs of one process (`dagloop serve`).
 //!
-//! A server is keyed by its whole configuration (name, command or URL, arguments, environment,
-//! headers, timeouts, approval map) as canonical JSON: the first run whose goal names it starts
-//! it, later runs with the same configuration use the same process or connection, and it stays
-//! up between runs. A server that died is restarted by the next call, as for a single run.
+//! A server is keyed by what makes its process (name, command or URL, arguments, environment,
+//! headers, timeouts) as canonical JSON, not by a run's approval map (each run's tools carry its
+//! own): the first run whose goal names it starts it, later runs with the same definition use
+//! the same process or connection, whatever their approval maps, and it stays up between runs. A server that died is restarted by the next call, as for a single run.
 //!
 //! Deliberately not here: stopping idle servers or bounding how many run; the pool lives as long
 //! as the process and [`McpPool::shutdown`] stops everything it started.
@@ -50,7 +50,11 @@ impl McpPool {
         config: &McpServerConfig,
         make: impl FnOnce() -> Arc<Server>,
     ) -> Arc<Server> {
-        let key = crate::protocol::canonical(&serde_json::to_value(config).unwrap_or_default())
+        // A run's approval map says how its calls are gated, not which process serves them:
+        // runs with different maps share one server.
+        let mut process = config.clone();
+        process.approval_overrides_mut().clear();
+        let key = crate::protocol::canonical(&serde_json::to_value(&process).unwrap_or_default())
             .to_string();
         self.lock().entry(key).or_insert_with(make).clone()
     }
