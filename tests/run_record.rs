@@ -445,21 +445,16 @@ fn a_store_written_by_the_previous_release_opens_shows_and_resumes() {
     );
 }
 
-/// With the operator's MCP server in `dagloop serve` (a destructive tool the operator always
-/// asks about), the run's view is rebuilt from its record, which holds the tools the server
-/// announced: the call is listed to reviewers, and once approved through the API the view says it
-/// ran (it once said "refused: unknown tool").
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_servers_view_of_an_operator_mcp_call_says_what_happened_to_it() {
-    let Some(everything) = npm() else { return };
-    let dir = tempfile::tempdir().expect("tmp");
-    let config = dir.path().join("config.json");
+/// `dagloop serve` in `dir` with the operator's everything server (its approval map
+/// `approval`), and a script (returned) whose one call is that server's `echo`.
+fn operator_mcp_server(dir: &Path, everything: &Path, approval: Value) -> (serve::Server, PathBuf) {
+    let config = dir.join("config.json");
     std::fs::write(
         &config,
         json!({
-            "grants": {"tools": ["mcp"], "files": [dir.path().display().to_string()]},
+            "grants": {"tools": ["mcp"], "files": [dir.display().to_string()]},
             "mcp_servers": {"everything": {"command": everything.display().to_string(),
-                "args": ["stdio"], "approval": {"echo": "always"}}}
+                "args": ["stdio"], "approval": approval}}
         })
         .to_string(),
     )
@@ -469,9 +464,21 @@ async fn the_servers_view_of_an_operator_mcp_call_says_what_happened_to_it() {
                       "output": null}},
         {"solution": {"calls": [], "output": {"e": "†state.e"}}}
     ]});
-    let sp = dir.path().join("s.json");
+    let sp = dir.join("s.json");
     std::fs::write(&sp, script.to_string()).expect("script");
-    let server = serve::Server::start_config(&dir.path().join("runs.db"), &config, None, |_| {});
+    let server = serve::Server::start_config(&dir.join("runs.db"), &config, None, |_| {});
+    (server, sp)
+}
+
+/// With the operator's MCP server in `dagloop serve` (a destructive tool the operator always
+/// asks about), the run's view is rebuilt from its record, which holds the tools the server
+/// announced: the call is listed to reviewers, and once approved through the API the view says it
+/// ran (it once said "refused: unknown tool").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_servers_view_of_an_operator_mcp_call_says_what_happened_to_it() {
+    let Some(everything) = npm() else { return };
+    let dir = tempfile::tempdir().expect("tmp");
+    let (server, sp) = operator_mcp_server(dir.path(), &everything, json!({"echo": "always"}));
     let id = serve::create(
         &server,
         &json!({"goal": {"goal": "echo", "model": format!("scripted:{}", sp.display()),
@@ -539,25 +546,7 @@ fn everything_processes_under(pid: u32) -> usize {
 async fn runs_with_different_approval_maps_share_the_operators_mcp_server() {
     let Some(everything) = npm() else { return };
     let dir = tempfile::tempdir().expect("tmp");
-    let config = dir.path().join("config.json");
-    std::fs::write(
-        &config,
-        json!({
-            "grants": {"tools": ["mcp"], "files": [dir.path().display().to_string()]},
-            "mcp_servers": {"everything": {"command": everything.display().to_string(),
-                "args": ["stdio"]}}
-        })
-        .to_string(),
-    )
-    .expect("config");
-    let script = json!({"turns": [
-        {"solution": {"calls": [{"_tool": "echo", "message": "hi", "_outputPath": "†state.e"}],
-                      "output": null}},
-        {"solution": {"calls": [], "output": {"e": "†state.e"}}}
-    ]});
-    let sp = dir.path().join("s.json");
-    std::fs::write(&sp, script.to_string()).expect("script");
-    let server = serve::Server::start_config(&dir.path().join("runs.db"), &config, None, |_| {});
+    let (server, sp) = operator_mcp_server(dir.path(), &everything, json!({}));
     for map in [
         json!({"echo": "never"}),
         json!({"echo": "always"}),
