@@ -541,7 +541,8 @@ fn everything_processes_under(pid: u32) -> usize {
 }
 
 /// Runs whose goals name the operator's MCP server with different approval maps share its one
-/// process (40 such runs once started 40 copies of the server).
+/// process (40 such runs once started 40 copies of the server), and each is still gated by its
+/// own map.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn runs_with_different_approval_maps_share_the_operators_mcp_server() {
     let Some(everything) = npm() else { return };
@@ -559,11 +560,18 @@ async fn runs_with_different_approval_maps_share_the_operators_mcp_server() {
                 "mcp_servers": [{"name": "everything", "approval": map}]}}),
         )
         .await;
-        // Started: its MCP tools are known (the echo call has been received).
-        serve::until(&server, &id, |v| {
-            v["calls"].as_array().is_some_and(|c| !c.is_empty())
+        // Each run is gated by its own map, though the process was started for the first:
+        // `echo: always` waits for a reviewer, the others run the call and finish.
+        let asks = map["echo"] == "always";
+        let v = serve::until(&server, &id, |v| {
+            if asks {
+                serve::awaiting(v).len() == 1
+            } else {
+                v["status"] == "succeeded"
+            }
         })
         .await;
+        assert_eq!(v["calls"][0]["tool"], "echo", "{v}");
     }
     assert_eq!(everything_processes_under(server.child.id()), 1);
 }
