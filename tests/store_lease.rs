@@ -233,6 +233,17 @@ fn dagloop(store: &Path) -> Command {
     c
 }
 
+/// The one run `dagloop runs --json` lists.
+fn listed_row(store: &Path) -> Value {
+    let out = dagloop(store)
+        .args(["runs", "--json"])
+        .output()
+        .expect("runs");
+    let v = json_of(&out);
+    assert_eq!(v.as_array().map(Vec::len), Some(1), "{v}");
+    v[0].clone()
+}
+
 fn json_of(out: &Output) -> Value {
     serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
         panic!(
@@ -389,6 +400,13 @@ async fn concurrent_resumes_of_a_killed_run_leave_exactly_one_driver() {
         .expect("spawn");
     rx.recv_timeout(Duration::from_secs(60))
         .expect("call 1 arrived");
+    // While its owner lives, the list says it is driven, and by whom.
+    let listed = listed_row(&store);
+    assert_eq!(
+        (listed["status"].as_str(), listed["owner"].is_string()),
+        (Some("running"), true),
+        "{listed}"
+    );
     child.kill().expect("kill");
     let out = child.wait_with_output().expect("wait");
     let run = String::from_utf8_lossy(&out.stderr)
@@ -399,6 +417,19 @@ async fn concurrent_resumes_of_a_killed_run_leave_exactly_one_driver() {
                 .map(String::from)
         })
         .expect("run id");
+    // Its owner is gone (its lease has not expired): `runs` lists it as driven by nobody, as
+    // `show` does, and `?status=running` no longer finds it.
+    let listed = listed_row(&store);
+    assert_eq!(listed["id"], run.as_str());
+    assert_eq!(listed["status"], "stopped", "{listed}");
+    assert!(listed.get("owner").is_none(), "{listed}");
+    let running = json_of(
+        &dagloop(&store)
+            .args(["runs", "--json", "--status", "running"])
+            .output()
+            .expect("runs"),
+    );
+    assert_eq!(running, json!([]), "no run is driven");
     svc.clear_hook();
     svc.set_delay(Duration::from_millis(1500));
     let (_, expires, _) = lease_of(&store, &run);
@@ -993,6 +1024,13 @@ async fn resume_without_a_reviewer_refuses_instead_of_hanging() {
         .expect("spawn");
     rx.recv_timeout(Duration::from_secs(60))
         .expect("call 1 arrived");
+    // While its owner lives, the list says it is driven, and by whom.
+    let listed = listed_row(&store);
+    assert_eq!(
+        (listed["status"].as_str(), listed["owner"].is_string()),
+        (Some("running"), true),
+        "{listed}"
+    );
     child.kill().expect("kill");
     let out = child.wait_with_output().expect("wait");
     let run = String::from_utf8_lossy(&out.stderr)
@@ -1003,6 +1041,19 @@ async fn resume_without_a_reviewer_refuses_instead_of_hanging() {
                 .map(String::from)
         })
         .expect("run id");
+    // Its owner is gone (its lease has not expired): `runs` lists it as driven by nobody, as
+    // `show` does, and `?status=running` no longer finds it.
+    let listed = listed_row(&store);
+    assert_eq!(listed["id"], run.as_str());
+    assert_eq!(listed["status"], "stopped", "{listed}");
+    assert!(listed.get("owner").is_none(), "{listed}");
+    let running = json_of(
+        &dagloop(&store)
+            .args(["runs", "--json", "--status", "running"])
+            .output()
+            .expect("runs"),
+    );
+    assert_eq!(running, json!([]), "no run is driven");
     svc.clear_hook();
     svc.set_delay(Duration::from_millis(10));
     let mut child = dagloop(&store)

@@ -352,7 +352,20 @@ fn connect(path: &Path, flags: OpenFlags) -> Result<Connection, StoreError> {
         reason: e.to_string(),
     })?;
     c.busy_timeout(busy_timeout()).map_err(io)?;
+    register_functions(&c)?;
     Ok(c)
+}
+
+/// The functions the store's SQL calls: `dagloop_owner_gone(lease_host, lease_pid,
+/// lease_started)` is 1 when the lease's process ran on this host and is gone (a NULL column,
+/// another host or anything uncertain is 0: only the lease's expiry decides then).
+fn register_functions(c: &Connection) -> Result<(), StoreError> {
+    use rusqlite::functions::FunctionFlags;
+    c.create_scalar_function("dagloop_owner_gone", 3, FunctionFlags::SQLITE_UTF8, |ctx| {
+        let process = owner_process(ctx.get(0)?, ctx.get(1)?, ctx.get(2)?);
+        Ok(process.is_some_and(|p| p.is_gone()))
+    })
+    .map_err(io)
 }
 
 /// Checks the file is ours (or empty), at a version we know; upgrades an older one. Runs in
@@ -721,7 +734,8 @@ impl RunStore for SqliteStore {
         let now = now_ms();
         let mut stmt = c
             .prepare(
-                "SELECT id, status, entries, created_at, updated_at, owner, lease_expires_at, result IS NOT NULL
+                "SELECT id, status, entries, created_at, updated_at, owner, lease_expires_at, result IS NOT NULL,
+                        lease_host, lease_pid, lease_started
                  FROM runs ORDER BY created_at DESC, id DESC",
             )
             .map_err(io)?;
@@ -729,7 +743,11 @@ impl RunStore for SqliteStore {
             .query_map([], |r| {
                 let finished: bool = r.get(7)?;
                 let mut status: String = r.get(1)?;
-                let owner = live_lease(r.get(5)?, r.get(6)?, now).map(|l| l.owner);
+                let gone =
+                    owner_process(r.get(8)?, r.get(9)?, r.get(10)?).is_some_and(|p| p.is_gone());
+                let owner = live_lease(r.get(5)?, r.get(6)?, now)
+                    .filter(|_| !gone)
+                    .map(|l| l.owner);
                 if !finished {
                     status = if owner.is_some() {
                         "running"

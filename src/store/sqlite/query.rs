@@ -18,8 +18,15 @@ use crate::store::{Cursor, DEFAULT_LIMIT, MAX_LIMIT, RunPage, RunQuery, RunSumma
 /// column is `running` or `stopped`; a finished one's is its ending.
 pub(super) const STATUS: &str = "CASE WHEN status NOT IN ('running', 'stopped') THEN status
     WHEN ifnull(awaiting, 0) > 0 THEN 'waiting'
-    WHEN owner IS NOT NULL AND lease_expires_at >= ?1 THEN 'running'
+    WHEN owner IS NOT NULL AND lease_expires_at >= ?1
+         AND NOT dagloop_owner_gone(lease_host, lease_pid, lease_started) THEN 'running'
     ELSE 'stopped' END";
+
+/// Whether a row's lease is held, in SQL (`?1` is now): unexpired, and not by a process on
+/// this host that is gone (see [`crate::store::OwnerProcess::is_gone`]; the next claim takes
+/// such a run over at once, so it is listed as driven by nobody).
+pub(super) const HELD: &str = "owner IS NOT NULL AND lease_expires_at >= ?1
+    AND NOT dagloop_owner_gone(lease_host, lease_pid, lease_started)";
 
 /// The statuses `finished` stands for: every ending.
 fn finished_sql() -> &'static str {
@@ -87,7 +94,7 @@ impl SqliteStore {
              FROM (SELECT id, title, awaiting, created_at, updated_at, entries, submitted_by,
                      CASE WHEN status NOT IN ('running', 'stopped') THEN NULL ELSE wake_at END AS wake_at,
                      {STATUS} AS st,
-                     CASE WHEN owner IS NOT NULL AND lease_expires_at >= ?1 THEN owner END AS live,
+                     CASE WHEN {HELD} THEN owner END AS live,
                      ({STATUS}) <> 'waiting' AS rank
                    FROM runs {})
              {}
@@ -213,6 +220,54 @@ mod tests {
                     assert_eq!(failed.runs.len(), usize::from(is_failed), "{want}");
                 }
             }
+        }
+    }
+
+    /// A lease whose process on this host is gone drives nothing: the list says `stopped`
+    /// with no owner (the next claim takes the run over at once), while a live process's
+    /// lease still says `running`.
+    #[test]
+    fn a_lease_whose_process_is_gone_is_listed_as_driven_by_nobody() {
+        let Some(me) = crate::store::OwnerProcess::current() else {
+            return; // no /proc: only the expiry decides
+        };
+        let dir = tempfile::tempdir().expect("dir");
+        let path = dir.path().join("s.db");
+        let store = SqliteStore::open(&path).expect("open");
+        store
+            .create(&RunRecord {
+                id: "r".into(),
+                created_at: 1,
+                goal: json!({"goal": "t"}),
+                base_dir: ".".into(),
+                options: json!({}),
+            })
+            .expect("create");
+        let mut child = std::process::Command::new("true").spawn().expect("spawn");
+        let dead = child.id();
+        child.wait().expect("wait");
+        let c = rusqlite::Connection::open(&path).expect("sql");
+        let far = now_ms() as i64 + 60_000;
+        for (pid, started, want) in [
+            (me.pid, me.started, "running"),
+            (dead, 1, "stopped"),
+            (me.pid, me.started + 1, "running"), // this process's own pid is never judged
+        ] {
+            c.execute(
+                "UPDATE runs SET status = 'running', awaiting = 0, owner = 'o',
+                 lease_expires_at = ?1, lease_host = ?2, lease_pid = ?3, lease_started = ?4",
+                params![far, me.host, pid, started as i64],
+            )
+            .expect("set");
+            assert_eq!(store.status_of("r").expect("status").as_deref(), Some(want));
+            let page = store.query_page(&RunQuery::default()).expect("page");
+            assert_eq!(page.runs[0].status, want, "pid {pid}");
+            assert_eq!(page.runs[0].owner.is_some(), want == "running");
+            let row = &store.list().expect("list")[0];
+            assert_eq!(
+                (row.status.as_str(), row.owner.is_some()),
+                (want, want == "running")
+            );
         }
     }
 }
