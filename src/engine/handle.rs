@@ -477,6 +477,14 @@ impl RunHandle {
             .collect()
     }
 
+    /// The run's end signal, without a handle: it does not keep the run going (the run stops
+    /// when its last handle is dropped, as ever). Resolves `true` once the run has its result,
+    /// `false` when its driver stopped without one (dropped, parked).
+    pub fn ended(&self) -> impl std::future::Future<Output = bool> + Send + 'static {
+        let mut rx = self.shared.done.subscribe();
+        async move { rx.wait_for(Option::is_some).await.is_ok() }
+    }
+
     /// Waits for the run to end and returns its result.
     pub async fn wait(&self) -> RunResult {
         let mut rx = self.shared.done.subscribe();

@@ -662,8 +662,13 @@ pub(super) async fn metrics(
         .map_err(|e| ApiError::from_store(&e))?;
     let by_status = stats.runs;
     let runs: Vec<(String, u64)> = by_status.into_iter().collect();
-    Ok((
-        [("content-type", "text/plain; version=0.0.4")],
-        crate::telemetry::metrics::render(&runs),
-    ))
+    let mut text = crate::telemetry::metrics::render(&runs);
+    let (watched, waiters) = st.watches.counts();
+    text.push_str(&format!(
+        "# HELP dagloop_run_watchers Runs that clients wait on (one watcher each).\n\
+         # TYPE dagloop_run_watchers gauge\ndagloop_run_watchers {watched}\n\
+         # HELP dagloop_run_waiters Clients waiting on a run's end (`wait`).\n\
+         # TYPE dagloop_run_waiters gauge\ndagloop_run_waiters {waiters}\n"
+    ));
+    Ok(([("content-type", "text/plain; version=0.0.4")], text))
 }

@@ -36,6 +36,7 @@ mod result;
 mod retain;
 mod sse;
 mod state;
+mod watch;
 mod wire;
 
 use std::io::Write;

@@ -2,7 +2,7 @@
 //! `GET /runs/{id}/result?wait=SECONDS` answer with the run's final result when it ends within
 //! that time, else with its current status and the calls awaiting a decision.
 //!
-//! The wait is the run's own end signal (the handle's `wait`), bounded by a timer: no polling.
+//! The wait is the run's one watcher (`watch`, shared by every waiter), bounded by a timer.
 //! Deliberately not here: deciding calls or cancelling a run because the wait ran out (the run
 //! goes on; the caller asks again or follows its events).
 
@@ -77,10 +77,6 @@ impl RunOutcome {
     }
 }
 
-/// How often a wait looks again at a run no driver of this process holds (parked, or another
-/// process's).
-const PARKED_RECHECK: Duration = Duration::from_millis(200);
-
 /// `wait` as a duration: a number of seconds from 0 to [`MAX_WAIT_SECONDS`]; anything else is
 /// 400 `http.bad_wait`.
 pub fn wait_duration(v: &Value) -> Result<Duration, ApiError> {
@@ -99,22 +95,20 @@ pub fn wait_duration(v: &Value) -> Result<Duration, ApiError> {
     }
 }
 
-/// Waits up to `wait` for the run to end (on its end signal), then says where it stands.
+/// Waits up to `wait` for the run to end, through the run's one watcher (shared with every
+/// other waiter: `watch`), then says where it stands: the watcher's description of the ended
+/// run, else the run described once, now.
 pub async fn outcome(st: &Arc<AppState>, id: &str, wait: Duration) -> Result<RunOutcome, ApiError> {
-    let deadline = tokio::time::Instant::now() + wait;
-    let view = loop {
-        if let Some(live) = st.live(id) {
-            let _ = tokio::time::timeout_at(deadline, live.handle.wait()).await;
+    let mut ended = None;
+    if !wait.is_zero() {
+        let watch = st.watch_run(id);
+        if let Ok(Some(view)) = tokio::time::timeout(wait, watch.ended()).await {
+            ended = Some(view);
         }
-        let view = st.describe_view(id).await?;
-        // A description has usage exactly when the run has its result.
-        if view.usage.is_some() || tokio::time::Instant::now() >= deadline {
-            break view;
-        }
-        // Its driver stopped without an ending: the run was parked (a decision wakes it, on this
-        // server or another) or another process drives it. Look again as often as the parking
-        // watcher does.
-        tokio::time::sleep_until(deadline.min(tokio::time::Instant::now() + PARKED_RECHECK)).await;
+    }
+    let view = match ended {
+        Some(view) => Arc::unwrap_or_clone(view),
+        None => st.describe_view(id).await?,
     };
     let finished = view.usage.is_some();
     Ok(RunOutcome {

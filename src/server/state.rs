@@ -58,6 +58,8 @@ pub(super) struct AppState {
     /// Held while a run is woken, so one process never launches a run twice.
     pub(super) waking: tokio::sync::Mutex<()>,
     pub tickets: super::auth::Tickets,
+    /// The runs clients wait on, one watcher each.
+    pub(super) watches: super::watch::Watches,
     /// MCP servers shared by the server's runs: started once per configuration.
     #[cfg(feature = "mcp")]
     pub mcp: crate::runs::Pool,
@@ -106,6 +108,7 @@ impl AppState {
             skip: Mutex::new(Default::default()),
             waking: tokio::sync::Mutex::new(()),
             tickets: Default::default(),
+            watches: Default::default(),
             #[cfg(feature = "mcp")]
             mcp: Default::default(),
             stopping: CancellationToken::new(),

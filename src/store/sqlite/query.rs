@@ -130,6 +130,22 @@ impl SqliteStore {
         Ok(RunPage { runs, next })
     }
 
+    /// Whether run `id` has ended (its result, or what compaction kept of it, is recorded),
+    /// from its row alone; None for no such run. What a server's waiters poll (one indexed row,
+    /// no journal).
+    pub fn has_ended(&self, id: &str) -> Result<Option<bool>, StoreError> {
+        use rusqlite::OptionalExtension as _;
+        self.reader()?
+            .query_row(
+                "SELECT status NOT IN ('running', 'stopped') OR result IS NOT NULL
+                 FROM runs WHERE id = ?1",
+                [id],
+                |r| r.get(0),
+            )
+            .optional()
+            .map_err(io)
+    }
+
     /// Unfinished runs whose row does not say how many calls await a decision (written by an
     /// older dagloop).
     pub(crate) fn underived_ids(&self) -> Result<Vec<String>, StoreError> {

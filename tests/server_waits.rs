@@ -1,0 +1,160 @@
+//! Issue 47 item 3, waits: clients waiting on one run's end share one watcher, whatever their
+//! number. Through the real binary and real HTTP on 127.0.0.1:
+//!
+//! - 50 held `GET /runs/{id}/result?wait=` on a parked run with a long journal hold one
+//!   watcher (`/metrics`: `dagloop_run_watchers 1`, `dagloop_run_waiters 50`) and cost the
+//!   server under 10% of a core (its CPU time, read from `/proc`); before, each rebuilt the
+//!   journal every 200 ms.
+//! - A decision ends the run: every waiter is answered with the final result, and the watcher
+//!   is gone once they are.
+
+#[path = "common/bin.rs"]
+mod bin;
+#[path = "common/serve.rs"]
+mod serve;
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use serve::{Server, client, counting_service, send, until};
+
+/// A goal whose one turn makes `n` unreviewed calls and one a reviewer must approve (the last
+/// call, `n + 1`).
+fn gated_goal(dir: &Path, url: &str, n: u64) -> Value {
+    let tool = |name: &str, approval: &str| {
+        json!({"_tool": name, "_activity": "http", "_http": {"method": "POST", "url": url},
+            "_approval": approval,
+            "type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]})
+    };
+    let mut calls: Vec<Value> = (1..=n).map(|i| json!({"_tool": "step", "n": i})).collect();
+    calls.push(json!({"_tool": "gate", "n": 0}));
+    let script = json!({"turns": [
+        {"solution": {"calls": calls, "output": null}},
+        {"solution": {"calls": [], "output": {"done": true}}}
+    ]});
+    let path = dir.join("s.json");
+    std::fs::write(&path, script.to_string()).expect("script");
+    json!({"goal": "many steps, one gate", "model": format!("scripted:{}", path.display()),
+        "output_schema": {"type": "object", "required": ["done"]},
+        "tools": [tool("step", "never"), tool("gate", "always")],
+        "approval": {"policy": "auto"}})
+}
+
+/// `name`'s value in the server's `/metrics`.
+async fn metric(s: &Server, name: &str) -> Option<u64> {
+    let text = client()
+        .get(s.url("/metrics"))
+        .send()
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("text");
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+}
+
+/// Polls `/metrics` until `name` reads `want` (bounded).
+async fn metric_until(s: &Server, name: &str, want: u64) {
+    for _ in 0..400 {
+        if metric(s, name).await == Some(want) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    panic!("{name} never read {want}: {:?}", metric(s, name).await);
+}
+
+/// The CPU time (user + system) process `pid` has used so far.
+fn cpu_time(pid: u32) -> Duration {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("stat");
+    let rest = &stat[stat.rfind(')').expect("comm") + 1..];
+    let f: Vec<&str> = rest.split_ascii_whitespace().collect();
+    // Fields 14 and 15 (utime, stime), counted from the state (field 3).
+    let ticks: u64 = f[11].parse::<u64>().expect("utime") + f[12].parse::<u64>().expect("stime");
+    // In USER_HZ, which Linux fixes at 100 for what /proc reports.
+    Duration::from_millis(ticks * 10)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fifty_waiters_on_one_run_share_one_watcher_and_all_get_its_end() {
+    const WAITERS: u64 = 50;
+    let dir = tempfile::tempdir().expect("tmp");
+    let s = Server::start(&dir.path().join("runs.db"), None);
+    let (url, _) = counting_service().await;
+    let (st, v) = send(
+        client()
+            .post(s.url("/runs"))
+            .json(&gated_goal(dir.path(), &url, 300)),
+    )
+    .await;
+    assert_eq!(st, 201, "{v}");
+    let id = v["id"].as_str().expect("id").to_string();
+    let waiting = until(&s, &id, |v| v["status"] == "waiting").await;
+    assert!(
+        waiting["entries"].as_u64().unwrap_or(0) >= 600
+            || waiting["calls"].as_array().map_or(0, Vec::len) >= 300,
+        "a long journal: {waiting}"
+    );
+    metric_until(&s, "dagloop_run_watchers", 0).await;
+    let waiters: Vec<_> = (0..WAITERS)
+        .map(|_| {
+            let url = s.url(&format!("/runs/{id}/result?wait=60"));
+            tokio::spawn(async move { send(client().get(url)).await })
+        })
+        .collect();
+    metric_until(&s, "dagloop_run_waiters", WAITERS).await;
+    assert_eq!(metric(&s, "dagloop_run_watchers").await, Some(1));
+    // Held, they cost the server under 10% of a core.
+    let pid = s.child.id();
+    let (cpu0, t0) = (cpu_time(pid), Instant::now());
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let (used, elapsed) = (cpu_time(pid) - cpu0, t0.elapsed());
+    eprintln!("{WAITERS} held waits: {used:?} of the server's CPU in {elapsed:?}");
+    assert!(
+        used.as_secs_f64() < 0.10 * elapsed.as_secs_f64(),
+        "{WAITERS} waits used {used:?} of CPU in {elapsed:?}"
+    );
+    assert!(waiters.iter().all(|w| !w.is_finished()), "still waiting");
+    // The decision ends the run: every waiter gets the final result.
+    let call = waiting["awaiting"][0]["call_id"].as_u64().expect("call");
+    let (st, v) = send(
+        client()
+            .post(s.url(&format!("/runs/{id}/approvals/{call}")))
+            .json(&json!({"decision": "approve"})),
+    )
+    .await;
+    assert!(matches!(st, 200 | 202), "{st} {v}");
+    for w in waiters {
+        let (st, v) = tokio::time::timeout(Duration::from_secs(30), w)
+            .await
+            .expect("answered")
+            .expect("task");
+        assert_eq!((st, &v["status"]), (200, &json!("succeeded")), "{v}");
+        assert_eq!(v["output"], json!({"done": true}));
+    }
+    metric_until(&s, "dagloop_run_watchers", 0).await;
+    assert_eq!(metric(&s, "dagloop_run_waiters").await, Some(0));
+}
+
+/// A wait that runs out answers 202 with where the run stands, and leaves no watcher behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_that_runs_out_answers_the_runs_state_and_leaves_no_watcher() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let s = Server::start(&dir.path().join("runs.db"), None);
+    let (url, _) = counting_service().await;
+    let (st, v) = send(
+        client()
+            .post(s.url("/runs"))
+            .json(&gated_goal(dir.path(), &url, 2)),
+    )
+    .await;
+    assert_eq!(st, 201, "{v}");
+    let id = v["id"].as_str().expect("id").to_string();
+    until(&s, &id, |v| v["status"] == "waiting").await;
+    let (st, v) = send(client().get(s.url(&format!("/runs/{id}/result?wait=0.5")))).await;
+    assert_eq!((st, &v["status"]), (202, &json!("waiting")), "{v}");
+    assert_eq!(v["awaiting"].as_array().map(Vec::len), Some(1), "{v}");
+    metric_until(&s, "dagloop_run_watchers", 0).await;
+}
