@@ -78,6 +78,11 @@ pub struct GrantsConfig {
     /// directory of the process.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub files: Option<Vec<PathBuf>>,
+    /// The most bytes of tool results one run keeps in the store, over all its calls (default
+    /// 64 MiB); a result over it is kept as a `run.result_bound` failure: its size, SHA-256 and
+    /// first 1,024 characters.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kept_result_bytes: Option<u64>,
 }
 
 /// One variable of `grants.env`.
@@ -381,6 +386,7 @@ impl Config {
             secrets: SecretHosts::bound(bound),
             egress: g.egress.clone(),
             files,
+            kept_result_bytes: g.kept_result_bytes,
         })
     }
 

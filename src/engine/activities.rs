@@ -93,9 +93,19 @@ pub(super) struct Activities {
     tasks: FxHashMap<tokio::task::Id, CallId>,
     handles: FxHashMap<CallId, AbortHandle>,
     detached: JoinSet<()>,
+    /// What the run keeps of results: each outcome passes it before the machine sees it.
+    bound: super::bound::ResultBound,
 }
 
 impl Activities {
+    /// No activity yet, under `bound`.
+    pub fn bounded(bound: super::bound::ResultBound) -> Activities {
+        Activities {
+            bound,
+            ..Activities::default()
+        }
+    }
+
     /// Runs a call's activity (under `limit`, reporting progress to `progress`); a detached
     /// one is not awaited.
     #[allow(clippy::too_many_arguments)]
@@ -165,7 +175,7 @@ impl Activities {
         let id = self.tasks.remove(&task)?;
         // An aborted call's outcome is no longer wanted.
         self.handles.remove(&id)?;
-        Some((id, outcome))
+        Some((id, self.bound.admit(outcome)))
     }
 
     pub async fn shutdown(&mut self) {

@@ -30,6 +30,7 @@ pub struct Agent {
     pub(super) config: Arc<AgentConfig>,
     pub(super) policy: Policy,
     pub(super) sanitize: SanitizeLimits,
+    pub(super) kept_result_bytes: u64,
     pub(super) models: Models,
     pub(super) settings: Settings,
     pub(super) executor: Arc<dyn Executor>,
@@ -112,6 +113,10 @@ impl Agent {
             catch_up: Mutex::new(false),
             replays: Default::default(),
         });
+        let bound = match &journal {
+            Some(j) => super::bound::ResultBound::resumed(self.kept_result_bytes, j),
+            None => super::bound::ResultBound::new(self.kept_result_bytes),
+        };
         let mut aux = JoinSet::new();
         if let Some(approver) = self.approver {
             aux.spawn(review::serve(shared.clone(), approver, self.tools));
@@ -128,7 +133,7 @@ impl Agent {
             clock: self.clock,
             cancel: self.cancel,
             aux,
-            activities: Default::default(),
+            activities: super::activities::Activities::bounded(bound),
             turns: Turns::default(),
             alarm: Alarm::default(),
             result: None,

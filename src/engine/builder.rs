@@ -72,6 +72,7 @@ pub struct AgentBuilder {
     settings: Settings,
     retry: RetryPolicy,
     sanitize: SanitizeLimits,
+    kept_result_bytes: u64,
     event_capacity: usize,
     mode: Option<crate::llm::Mode>,
     traced: bool,
@@ -100,6 +101,7 @@ impl AgentBuilder {
             settings: Settings::default(),
             retry: RetryPolicy::default(),
             sanitize: SanitizeLimits::default(),
+            kept_result_bytes: super::bound::DEFAULT_KEPT_RESULT_BYTES,
             event_capacity: super::bus::DEFAULT_CAPACITY,
             mode: None,
             traced: true,
@@ -269,6 +271,14 @@ impl AgentBuilder {
         self
     }
 
+    /// The most bytes of tool results the run keeps (journals), over all its calls; a result
+    /// that would take it over is kept as a `run.result_bound` failure with its size, hash and
+    /// first characters (default [`super::DEFAULT_KEPT_RESULT_BYTES`]).
+    pub fn kept_result_bytes(mut self, bytes: u64) -> Self {
+        self.kept_result_bytes = bytes;
+        self
+    }
+
     /// Resolves the model, policy and reviewers, reads delegate goals, and checks every tool can
     /// run.
     pub fn build(mut self) -> Result<Agent, AgentError> {
@@ -321,6 +331,7 @@ impl AgentBuilder {
             config: Arc::new(config),
             policy,
             sanitize: self.sanitize,
+            kept_result_bytes: self.kept_result_bytes,
             models,
             settings: self.settings,
             executor,

@@ -13,6 +13,7 @@ pub mod bus;
 
 mod activities;
 mod agent;
+mod bound;
 mod builder;
 mod driver;
 mod error;
@@ -33,6 +34,7 @@ pub use crate::machine::{
 pub use crate::scheduler::{CallStatus, Outcome, OutcomeKind};
 pub use activities::Executor;
 pub use agent::Agent;
+pub use bound::DEFAULT_KEPT_RESULT_BYTES;
 pub use builder::AgentBuilder;
 pub use error::AgentError;
 pub use exec::{AfterTool, BeforeTool, HookError, Hooks, OnError, RegistryExecutor};

@@ -74,6 +74,9 @@ pub struct Grants {
     pub egress: Egress,
     /// Where files named by a goal may be read from.
     pub files: FileRoots,
+    /// The most bytes of tool results one run keeps (`kept_result_bytes`; None: the engine's
+    /// default, [`crate::engine::DEFAULT_KEPT_RESULT_BYTES`]). Recorded with each run.
+    pub kept_result_bytes: Option<u64>,
 }
 
 /// What a goal asked that is not granted.
@@ -255,6 +258,7 @@ impl Grants {
             secrets: SecretHosts::anywhere(),
             egress: Egress::open(),
             files: FileRoots::Anywhere,
+            kept_result_bytes: None,
         }
     }
 
@@ -294,6 +298,7 @@ impl Grants {
             egress: Egress::default(),
             files: FileRoots::under(&[base.to_path_buf()], base)
                 .unwrap_or_else(|_| FileRoots::Under(vec![base.to_path_buf()])),
+            kept_result_bytes: None,
         }
     }
 

@@ -76,6 +76,11 @@ pub fn define(
             return Err(RunsError::DefinitionChanged { changed });
         }
     }
+    // A new run's bound is this process's; a recorded run keeps the one it was defined with.
+    let kept_result_bytes = match &previous {
+        Some(p) => p.kept_result_bytes,
+        None => grants.kept_result_bytes,
+    };
     let previous = previous.unwrap_or_default();
     options.record = Some(DefRecord {
         version: DefRecord::VERSION,
@@ -87,6 +92,7 @@ pub fn define(
         // run keeps what it recorded until then.
         mcp_tools: previous.mcp_tools,
         sanitize: previous.sanitize,
+        kept_result_bytes,
     });
     let mut effective = goal.clone();
     grants.resolve_mcp(&mut effective)?;

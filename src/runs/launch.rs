@@ -234,7 +234,8 @@ async fn builder_and_tools(
         .registry(registry)
         .policy(def.policy().clone())
         .delegate_goals(def.record().delegates.clone())
-        .sanitize(def.sanitize());
+        .sanitize(def.sanitize())
+        .kept_result_bytes(def.kept_result_bytes());
     let grants = def.grants();
     builder.registry_mut().enable_shell(grants.allows_shell());
     if !grants.egress.is_open() || !grants.secrets.is_open() {

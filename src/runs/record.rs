@@ -39,6 +39,10 @@ pub struct DefRecord {
     /// What is shown of tool results.
     #[serde(default)]
     pub sanitize: SanitizeLimits,
+    /// The most bytes of tool results the run keeps (the grants' `kept_result_bytes` when it
+    /// was defined; None: the engine's default).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kept_result_bytes: Option<u64>,
 }
 
 impl DefRecord {
@@ -53,6 +57,7 @@ impl Default for DefRecord {
             delegates: BTreeMap::new(),
             mcp_tools: Vec::new(),
             sanitize: SanitizeLimits::default(),
+            kept_result_bytes: None,
         }
     }
 }
@@ -114,6 +119,13 @@ impl RunDef {
             .as_ref()
             .map(|r| r.sanitize)
             .unwrap_or_default()
+    }
+
+    /// The most bytes of tool results the run keeps (what it was defined with).
+    pub fn kept_result_bytes(&self) -> u64 {
+        self.record()
+            .kept_result_bytes
+            .unwrap_or(crate::engine::DEFAULT_KEPT_RESULT_BYTES)
     }
 
     /// A fresh machine for the run, nothing consumed yet, that keeps what a replay needs (see
