@@ -5,8 +5,13 @@
 //! run (runs held waiting for a reviewer). Then the bounded-store rows (support/parked.rs):
 //! idle cost of 10,000 parked runs, first answer over 10,000 stored runs, decision latency among
 //! them, WAL and database sizes after 20,000 runs (`DAGLOOP_BENCH_PARKED`,
-//! `DAGLOOP_BENCH_STORED` change the counts).
+//! `DAGLOOP_BENCH_STORED` change the counts). Then issue 46's rows (support/burst.rs): RSS and
+//! threads after a burst of 5,000 runs parked and a minute idle, beside a restarted server, and
+//! the time from SIGKILL of a run's server to another server driving it.
+//! `DAGLOOP_BENCH_ONLY=burst` runs only those.
 
+#[path = "support/burst.rs"]
+mod burst;
 #[path = "support/parked.rs"]
 mod parked;
 
@@ -147,6 +152,11 @@ fn main() {
     println!("server: dagloop serve on loopback, scripted model, SQLite store (WAL)");
     rt.block_on(async {
         let c = dagloop::net::client().expect("an HTTP client");
+        if std::env::var("DAGLOOP_BENCH_ONLY").as_deref() == Ok("burst") {
+            burst::burst(&c, dir.path(), &goal(dir.path(), "ask")).await;
+            burst::takeover(&c, dir.path()).await;
+            return;
+        }
         one_run(&c, &base, &auto).await; // warm-up
         for (clients, runs_each) in [(1usize, 100usize), (10, 30), (100, 5)] {
             let t = Instant::now();
@@ -207,5 +217,7 @@ fn main() {
             "output_schema": {"type": "object", "required": ["greeting"]}, "tools": [echo],
             "approval": {"policy": "ask"}});
         parked::rows(&c, dir.path(), &auto, &ask).await;
+        burst::burst(&c, dir.path(), &held).await;
+        burst::takeover(&c, dir.path()).await;
     });
 }

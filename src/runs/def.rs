@@ -28,6 +28,9 @@ pub struct RunDef {
     pub(super) policy: Policy,
     /// The root agent's configuration, built on first use ([`RunDef::config`]).
     pub(super) config: Arc<OnceLock<Arc<AgentConfig>>>,
+    /// A stored run held to what it recorded (not `--accept-changes`): its MCP servers must
+    /// announce the tools it recorded (`launch`).
+    pub(super) held: bool,
 }
 
 /// Defines a run of `goal` under `options` in a process that grants `grants`: everything the
@@ -61,6 +64,7 @@ pub fn define(
     }
     let policy = policy_for(&goal, &options);
     let recorded = std::mem::take(&mut options.definition);
+    let held = !recorded.is_empty();
     options.definition = fingerprint(&goal, &delegates);
     if !recorded.is_empty() {
         let changed: Vec<String> = options
@@ -103,6 +107,7 @@ pub fn define(
         grants,
         policy,
         config: Arc::default(),
+        held,
     })
 }
 
@@ -148,6 +153,12 @@ impl RunDef {
     /// The approval policy (the goal's, with the options' `approve` over it).
     pub fn policy(&self) -> &Policy {
         &self.policy
+    }
+
+    /// Whether the run is held to its record: a stored run resumed without `--accept-changes`
+    /// (its MCP servers must announce the tools it recorded, `launch`).
+    pub fn held_to_record(&self) -> bool {
+        self.held
     }
 
     /// What the run was defined with: its delegate goals, its MCP servers' tools, its limits.

@@ -82,6 +82,34 @@ pub struct Launched {
     pub servers: Option<Servers>,
 }
 
+/// The MCP tools that differ between what a run recorded and what its servers announce now
+/// (`mcp tool NAME added`, `removed`, `changed`: its schema, annotations or approval), by name.
+/// Nothing when the run recorded none (a run recorded by an older dagloop: nothing to hold it
+/// to).
+fn changed_tools(recorded: &[Tool], announced: &[Tool]) -> Vec<String> {
+    if recorded.is_empty() {
+        return Vec::new();
+    }
+    let by_name = |ts: &[Tool]| -> std::collections::BTreeMap<String, Value> {
+        ts.iter()
+            .map(|t| (t.name.clone(), serde_json::to_value(t).unwrap_or(Value::Null)))
+            .collect()
+    };
+    let (was, now) = (by_name(recorded), by_name(announced));
+    let mut changed = Vec::new();
+    for (name, t) in &was {
+        match now.get(name) {
+            None => changed.push(format!("mcp tool {name} removed")),
+            Some(n) if n != t => changed.push(format!("mcp tool {name} changed")),
+            Some(_) => {}
+        }
+    }
+    for name in now.keys().filter(|n| !was.contains_key(*n)) {
+        changed.push(format!("mcp tool {name} added"));
+    }
+    changed
+}
+
 /// Builds the run (`resume`: its id and journal) and records it in the host's store.
 /// `registry` holds the activities a program registered for the goal's tools (Rust functions,
 /// extra activity kinds; the command line and the server pass an empty one, the store benchmark
@@ -109,6 +137,15 @@ pub async fn prepare(
     // knows its calls to them without starting the servers.
     let mut options = def.options().clone();
     if let Some(r) = options.record.as_mut() {
+        // The record is the truth a replay reads: a run resumed under its recorded definition
+        // (not `--accept-changes`, which clears the digests) goes on only with the tools it
+        // recorded. Servers that now announce other tools refuse the resume.
+        if resume.is_some() && def.held_to_record() {
+            let changed = changed_tools(&r.mcp_tools, &mcp_tools);
+            if !changed.is_empty() {
+                return Err(RunsError::DefinitionChanged { changed });
+            }
+        }
         r.mcp_tools = mcp_tools;
     }
     let opts = &options;

@@ -88,6 +88,7 @@ impl RunDef {
             grants: Arc::new(crate::grants::Grants::closed(&base)),
             policy,
             config: Arc::default(),
+            held: true,
         })
     }
 
