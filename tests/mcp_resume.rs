@@ -130,14 +130,19 @@ fn a_resume_under_other_mcp_tools_is_refused_unless_the_changes_are_accepted() {
         let v = json_of(&out);
         assert_eq!(v["error"]["code"], "run.definition_changed", "{v}");
         assert!(
-            v["error"]["message"].as_str().is_some_and(|m| m.contains(named)),
+            v["error"]["message"]
+                .as_str()
+                .is_some_and(|m| m.contains(named)),
             "{v}"
         );
         // Nothing ran, and the record still holds the tools the run started with.
         let shown = json_of(&dagloop(d, &["show", &id, "--json"]));
         assert_eq!(shown["status"], "waiting", "{shown}");
         let runs = json_of(&dagloop(d, &["runs", "--json"]));
-        assert!(runs[0].get("owner").is_none(), "the lease was given back: {runs}");
+        assert!(
+            runs[0].get("owner").is_none(),
+            "the lease was given back: {runs}"
+        );
     }
     let record: Value = {
         let c = rusqlite::Connection::open(d.join("runs.db")).expect("sql");
@@ -149,7 +154,10 @@ fn a_resume_under_other_mcp_tools_is_refused_unless_the_changes_are_accepted() {
     let recorded = &record["options"]["record"]["mcp_tools"];
     assert_eq!(recorded.as_array().map(Vec::len), Some(1), "{recorded}");
     assert_eq!(recorded[0]["_tool"], "poke", "{recorded}");
-    assert!(recorded[0].get("required").is_none(), "the schema it started with: {recorded}");
+    assert!(
+        recorded[0].get("required").is_none(),
+        "the schema it started with: {recorded}"
+    );
 
     // Accepted, the run goes on under the new list (one tool added) and records it.
     std::fs::write(
@@ -160,7 +168,14 @@ fn a_resume_under_other_mcp_tools_is_refused_unless_the_changes_are_accepted() {
     .expect("tools");
     let v = json_of(&dagloop(
         d,
-        &["resume", &id, "--json", "--no-wait", "--detach", "--accept-changes"],
+        &[
+            "resume",
+            &id,
+            "--json",
+            "--no-wait",
+            "--detach",
+            "--accept-changes",
+        ],
     ));
     assert_eq!(v["status"], "succeeded", "{v}");
     let shown = json_of(&dagloop(d, &["show", &id, "--json"]));

@@ -27,7 +27,11 @@ fn rss_and_threads(pid: u32) -> (u64, u64) {
 
 fn parked(store: &Path) -> i64 {
     rusqlite::Connection::open(store)
-        .and_then(|c| c.query_row("SELECT count(*) FROM runs WHERE parked = 1", [], |r| r.get(0)))
+        .and_then(|c| {
+            c.query_row("SELECT count(*) FROM runs WHERE parked = 1", [], |r| {
+                r.get(0)
+            })
+        })
         .unwrap_or(0)
 }
 
