@@ -21,7 +21,7 @@ use super::turns::{Models, Turns};
 use crate::approval::{Approver, Policy};
 use crate::context::SanitizeLimits;
 use crate::llm::Settings;
-use crate::machine::{AgentConfig, JournalEntry, RunMachine, RunResult};
+use crate::machine::{AgentConfig, JournalEntry, RunResult};
 use crate::protocol::Tool;
 
 /// Everything one run needs. Build it with [`AgentBuilder`]; run it with [`Agent::run`], or
@@ -85,15 +85,18 @@ impl Agent {
     }
 
     fn launch(self, journal: Option<Vec<JournalEntry>>) -> RunHandle {
+        let def = super::MachineDef {
+            config: self.config.clone(),
+            policy: self.policy.clone(),
+            sanitize: self.sanitize,
+        };
         let (tx, _) = broadcast::channel(self.event_capacity);
         let (ops_tx, ops) = mpsc::unbounded_channel();
         let (done, _) = watch::channel(None);
         let (idle, _) = watch::channel(false);
         let shared = Arc::new(Shared {
             run_id: Arc::from(self.run_id.as_str()),
-            root: self.config.clone(),
-            policy: self.policy.clone(),
-            sanitize: self.sanitize,
+            def: def.clone(),
             log: Mutex::new(Log {
                 spans: self
                     .traced
@@ -122,7 +125,7 @@ impl Agent {
             aux.spawn(review::serve(shared.clone(), approver, self.tools));
         }
         let driver = Driver {
-            machine: RunMachine::new(self.run_id, self.config, self.policy, self.sanitize),
+            machine: def.machine(&self.run_id, super::MachineUse::Drive),
             shared: shared.clone(),
             ops,
             models: self.models,

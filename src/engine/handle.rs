@@ -20,9 +20,7 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::{broadcast, mpsc, oneshot, watch};
 use tokio::task::AbortHandle;
 
-use crate::approval::Policy;
-use crate::context::SanitizeLimits;
-use crate::machine::{AgentConfig, JournalEntry, RunResult};
+use crate::machine::{JournalEntry, RunResult};
 use crate::protocol::{Event, Op, OpError};
 
 /// An op on its way to the driver, with where to send the verdict.
@@ -37,9 +35,8 @@ pub(super) struct OpRequest {
 /// What the driver shares with handles and subscribers.
 pub(super) struct Shared {
     pub run_id: Arc<str>,
-    pub root: Arc<AgentConfig>,
-    pub policy: Policy,
-    pub sanitize: SanitizeLimits,
+    /// What the run's machines are built from (its catch-up replays, `awaiting`).
+    pub def: super::MachineDef,
     pub log: Mutex<Log>,
     pub tx: broadcast::Sender<Arc<Event>>,
     /// The ring's size (events a subscriber may fall behind before it lags).
@@ -212,13 +209,7 @@ impl Shared {
             (log.journal.clone(), cut, rx)
         };
         self.replays.fetch_add(1, Ordering::Relaxed);
-        let replayed = crate::machine::replay(
-            &self.run_id,
-            self.root.clone(),
-            self.policy.clone(),
-            self.sanitize,
-            &journal,
-        );
+        let (_, replayed) = self.def.replay(&self.run_id, &journal);
         drop(journal);
         let mut log = lock();
         let kept = log.history.take().unwrap_or_default();
@@ -458,16 +449,7 @@ impl RunHandle {
 
     /// The calls awaiting a decision now, with the fingerprint a decision may quote.
     pub fn awaiting(&self) -> Vec<(crate::protocol::CallId, crate::protocol::Call, String)> {
-        let journal = self.journal();
-        let mut m = crate::machine::RunMachine::replaying(
-            self.shared.run_id.clone(),
-            self.shared.root.clone(),
-            self.shared.policy.clone(),
-            self.shared.sanitize,
-        );
-        for e in journal {
-            m.handle(e.input, e.at);
-        }
+        let (m, _) = self.shared.def.replay(&self.shared.run_id, &self.journal());
         m.awaiting()
             .into_iter()
             .map(|(id, c)| {

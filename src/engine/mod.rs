@@ -21,6 +21,7 @@ mod exec;
 mod handle;
 mod journal;
 mod loading;
+mod machines;
 #[cfg(feature = "temporal")]
 mod remote;
 mod review;
@@ -41,5 +42,6 @@ pub use exec::{AfterTool, BeforeTool, HookError, Hooks, OnError, RegistryExecuto
 pub use handle::{RunHandle, Subscription};
 pub use journal::{ClaimFuture, JournalError, JournalFuture, JournalSink, RunNote};
 pub use loading::{config_for, config_with};
+pub(crate) use machines::{MachineDef, MachineUse};
 #[cfg(feature = "temporal")]
 pub(crate) use remote::{Parts, config_at, config_path};

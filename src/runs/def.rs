@@ -155,6 +155,44 @@ impl RunDef {
         &self.policy
     }
 
+    /// A library caller's run of `goal`: default options, open grants ([`Grants::open`]).
+    pub fn from_goal(goal: Goal) -> Result<RunDef, RunsError> {
+        define(goal, RunOptions::default(), Arc::new(Grants::open()))
+    }
+
+    /// The agent builder of this run, set as the run is defined: its goal (the operator's MCP
+    /// servers in place), policy, recorded delegate goals, sanitize limits, kept-result bound,
+    /// model and mode, and the grants' shell and egress rules on its registry. What it does not
+    /// do is start the run's MCP servers: `runs::prepare` does (and records what they announce),
+    /// or a library caller registers the tools itself.
+    pub fn agent_builder(&self, registry: crate::tools::Registry) -> crate::engine::AgentBuilder {
+        let mut builder = crate::engine::AgentBuilder::new(self.effective.clone())
+            .registry(registry)
+            .policy(self.policy.clone())
+            .delegate_goals(self.record().delegates.clone())
+            .sanitize(self.sanitize())
+            .kept_result_bytes(self.kept_result_bytes());
+        let grants = &self.grants;
+        builder.registry_mut().enable_shell(grants.allows_shell());
+        if !grants.egress.is_open() || !grants.secrets.is_open() {
+            builder.registry_mut().set_http_grants(
+                Some(Arc::new(grants.egress.clone())),
+                Some(Arc::new(grants.secrets.clone())),
+            );
+        }
+        if let Some(m) = &self.options.model {
+            builder = builder.model_spec(m.clone());
+        }
+        if let Some(m) = self.options.mode.as_deref() {
+            builder = builder.mode(if m == "tools" {
+                crate::llm::Mode::ToolCalls
+            } else {
+                crate::llm::Mode::StructuredOutput
+            });
+        }
+        builder
+    }
+
     /// Whether the run is held to its record: a stored run resumed without `--accept-changes`
     /// (its MCP servers must announce the tools it recorded, `launch`).
     pub fn held_to_record(&self) -> bool {
@@ -177,5 +215,42 @@ impl RunDef {
         record.version = DefRecord::VERSION;
         record.mcp_tools = tools;
         self.config = Arc::default();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A library caller starts from a definition: `RunDef::from_goal`, then its builder runs the
+    /// goal as defined (its recorded bound and limits included).
+    #[tokio::test]
+    async fn a_library_run_starts_from_its_definition() {
+        let dir = tempfile::tempdir().expect("dir");
+        let script = dir.path().join("s.json");
+        std::fs::write(
+            &script,
+            serde_json::json!({"turns": [{"solution": {"calls": [], "output": {"ok": true}}}]})
+                .to_string(),
+        )
+        .expect("script");
+        let text = serde_json::json!({"goal": "say ok",
+            "model": format!("scripted:{}", script.display()),
+            "output_schema": {"type": "object", "required": ["ok"]}})
+        .to_string();
+        let goal = Goal::from_json(&text, std::path::Path::new("goal.json"), dir.path().into())
+            .expect("goal");
+        let def = RunDef::from_goal(goal).expect("defined");
+        assert_eq!(
+            def.kept_result_bytes(),
+            crate::engine::DEFAULT_KEPT_RESULT_BYTES
+        );
+        let result = def
+            .agent_builder(crate::tools::Registry::new())
+            .build()
+            .expect("built")
+            .run()
+            .await;
+        assert_eq!(result.output, Some(serde_json::json!({"ok": true})));
     }
 }

@@ -264,33 +264,9 @@ async fn builder_and_tools(
     def: &RunDef,
     pool: Option<&Pool>,
 ) -> Result<(AgentBuilder, Option<Servers>, Vec<Tool>), RunsError> {
-    let opts = def.options();
     let goal = def.effective_goal().clone();
     let mcp = start_mcp(&goal, pool).await?;
-    let mut builder = AgentBuilder::new(goal)
-        .registry(registry)
-        .policy(def.policy().clone())
-        .delegate_goals(def.record().delegates.clone())
-        .sanitize(def.sanitize())
-        .kept_result_bytes(def.kept_result_bytes());
-    let grants = def.grants();
-    builder.registry_mut().enable_shell(grants.allows_shell());
-    if !grants.egress.is_open() || !grants.secrets.is_open() {
-        builder.registry_mut().set_http_grants(
-            Some(Arc::new(grants.egress.clone())),
-            Some(Arc::new(grants.secrets.clone())),
-        );
-    }
-    if let Some(m) = &opts.model {
-        builder = builder.model_spec(m.clone());
-    }
-    if let Some(m) = opts.mode.as_deref() {
-        builder = builder.mode(if m == "tools" {
-            crate::llm::Mode::ToolCalls
-        } else {
-            crate::llm::Mode::StructuredOutput
-        });
-    }
+    let mut builder = def.agent_builder(registry);
     let mut announced = Vec::new();
     let servers = match mcp {
         Some((tools, activities, servers)) => {

@@ -129,30 +129,27 @@ impl RunDef {
             .unwrap_or(crate::engine::DEFAULT_KEPT_RESULT_BYTES)
     }
 
+    /// What the run's machines are built from, as it was defined.
+    pub(crate) fn machine_def(&self) -> Result<crate::engine::MachineDef, RunsError> {
+        Ok(crate::engine::MachineDef {
+            config: self.config()?,
+            policy: self.policy.clone(),
+            sanitize: self.sanitize(),
+        })
+    }
+
     /// A fresh machine for the run, nothing consumed yet, that keeps what a replay needs (see
-    /// [`RunMachine::replaying`]). Outside the core's own tests, this and [`RunDef::replay`] are
-    /// the only ways to a run's machine.
+    /// [`RunMachine::replaying`]). Built, like the engine's own, by
+    /// [`crate::engine::MachineDef::machine`]: the one way outside the core to a machine.
     pub fn machine(&self, run_id: &str) -> Result<RunMachine, RunsError> {
-        Ok(RunMachine::replaying(
-            run_id.to_string(),
-            self.config()?,
-            self.policy.clone(),
-            self.sanitize(),
-        ))
+        Ok(self
+            .machine_def()?
+            .machine(run_id, crate::engine::MachineUse::Replay))
     }
 
     /// The run's machine after `journal`, and the events it published.
     pub fn replay(&self, run_id: &str, journal: &[JournalEntry]) -> Result<Replay, RunsError> {
-        let mut machine = self.machine(run_id)?;
-        let mut events = Vec::new();
-        let mut out = Vec::new();
-        for e in journal {
-            machine.handle_into(e.input.clone(), e.at, &mut out);
-            events.extend(out.drain(..).filter_map(|a| match a {
-                crate::machine::Action::Emit(ev) => Some(ev),
-                _ => None,
-            }));
-        }
+        let (machine, events) = self.machine_def()?.replay(run_id, journal);
         Ok(Replay { machine, events })
     }
 }
