@@ -251,6 +251,6 @@ mod tests {
             .expect("built")
             .run()
             .await;
-        assert_eq!(result.output, Some(serde_json::json!({"ok": true})));
+        assert_eq!(result.output, serde_json::json!({"ok": true}), "{result:?}");
     }
 }
