@@ -1,7 +1,7 @@
 //! Issue 47 item 3, waits: clients waiting on one run's end share one watcher, whatever their
 //! number. Through the real binary and real HTTP on 127.0.0.1:
 //!
-//! - 50 held `GET /runs/{id}/result?wait=` on a parked run with a long journal hold one
+//! - 50 held `GET /runs/{id}/result?wait=` on a run of 2,001 calls waiting for a reviewer hold one
 //!   watcher (`/metrics`: `dagloop_run_watchers 1`, `dagloop_run_waiters 50`) and cost the
 //!   server under 10% of a core (its CPU time, read from `/proc`); before, each rebuilt the
 //!   journal every 200 ms.
@@ -86,15 +86,15 @@ async fn fifty_waiters_on_one_run_share_one_watcher_and_all_get_its_end() {
     let (st, v) = send(
         client()
             .post(s.url("/runs"))
-            .json(&gated_goal(dir.path(), &url, 300)),
+            .json(&gated_goal(dir.path(), &url, 2000)),
     )
     .await;
     assert_eq!(st, 201, "{v}");
     let id = v["id"].as_str().expect("id").to_string();
     let waiting = until(&s, &id, |v| v["status"] == "waiting").await;
     assert!(
-        waiting["entries"].as_u64().unwrap_or(0) >= 600
-            || waiting["calls"].as_array().map_or(0, Vec::len) >= 300,
+        waiting["entries"].as_u64().unwrap_or(0) >= 4000
+            || waiting["calls"].as_array().map_or(0, Vec::len) >= 2000,
         "a long journal: {waiting}"
     );
     metric_until(&s, "dagloop_run_watchers", 0).await;
