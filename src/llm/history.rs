@@ -101,9 +101,11 @@ pub fn pair_calls(messages: Vec<Value>) -> Vec<Value> {
             let mut ids: Vec<String> = Vec::new();
             calls.retain(|c| {
                 let id = c["id"].as_str().unwrap_or("").to_string();
-                let fresh = !ids.contains(&id);
+                if ids.contains(&id) {
+                    return false;
+                }
                 ids.push(id);
-                fresh
+                true
             });
             if calls.is_empty() {
                 if let Some(o) = m.as_object_mut() {
