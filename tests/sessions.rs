@@ -380,3 +380,42 @@ async fn the_api_continues_only_runs_the_caller_may_read() {
     assert_eq!(status, 200, "{v}");
     assert_eq!(v.as_array().map(Vec::len), Some(2), "{v:#}");
 }
+
+/// A run of the session whose process was killed (its lease ran out: it is stopped) is not
+/// waited for: a follow-up that would wait is refused `session.busy` at once, naming it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_run_of_the_session_is_not_waited_for() {
+    let mut hang = Canned::sse(&[oa_delta(json!({"role": "assistant", "content": ""}))]);
+    hang.pieces.push(Piece::Hang);
+    let server = serve(vec![answer(greet_call()), answer(final_output()), hang]).await;
+    let dir = tempfile::tempdir().expect("dir");
+    let store = dir.path().join("runs.db");
+    let first = first_run(&server, &store).await;
+    let mut a = bin::dagloop_tokio()
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .args(["run", "--continue", &first, "A", "--json", "--store"])
+        .arg(&store)
+        .env("OPENAI_BASE_URL", server.openai_base())
+        .env("DAGLOOP_LEASE_MS", "300")
+        .env_remove("OPENAI_API_KEY")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn");
+    // A asked its model (which never answers): kill it there.
+    for _ in 0..400 {
+        if server.hits() >= 3 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+    }
+    assert_eq!(server.hits(), 3);
+    a.kill().await.expect("kill");
+    tokio::time::sleep(std::time::Duration::from_millis(600)).await;
+    let started = std::time::Instant::now();
+    let (code, r, _) = dl(&server, &store, &["run", "--continue", &first, "B"]).await;
+    assert_eq!(code, Some(2), "{r:#}");
+    assert_eq!(r["error"]["code"], "session.busy", "{r:#}");
+    assert!(started.elapsed() < std::time::Duration::from_secs(10));
+}

@@ -161,7 +161,12 @@ pub fn follow_up(
         Next::Goal(g) => g.base_dir.display().to_string(),
     };
     options.definition.clear();
-    options.record = None;
+    // A follow-up of the parent's own goal goes on with what the parent was defined with (its
+    // delegate goals and MCP tools as recorded), as a fork does; another goal is defined afresh.
+    options.record = match &how.next {
+        Next::Text(_) => RunOptions::from_stored(&parent.record.options)?.record,
+        Next::Goal(_) => None,
+    };
     options.forked_from = None;
     options.session = Some(SessionOf {
         root: session.root,
@@ -186,7 +191,8 @@ pub fn follow_up(
 /// refuse it before anything is recorded (the front-end defines it under its grants there),
 /// and records it, leased to this process, for the front-end to resume. While a run of the
 /// session is unfinished (the parent included), it waits and plans again from the parent as it
-/// then stands, unless `how.wait` is false: then `session.busy`.
+/// then stands, unless `how.wait` is false or that run is stopped (nobody drives it: resume or
+/// cancel it first): then `session.busy`.
 pub async fn continue_run(
     store: &dyn RunStore,
     parent: &str,
@@ -206,12 +212,26 @@ pub async fn continue_run(
             Err(e) => e,
         };
         match busy {
-            RunsError::Store(StoreError::SessionBusy { .. }) if how.wait => {
+            RunsError::Store(StoreError::SessionBusy { session, running })
+                if how.wait && !stopped(store, &session, &running)? =>
+            {
                 tokio::time::sleep(BUSY_POLL).await;
             }
             other => return Err(other),
         }
     }
+}
+
+/// Whether the unfinished run `running` of `session` is stopped: nobody drives it, so waiting
+/// for it would never end (a run waiting for a reviewer is not stopped).
+fn stopped(store: &dyn RunStore, session: &str, running: &str) -> Result<bool, RunsError> {
+    let page = store.query(&crate::store::RunQuery {
+        session: Some(session.to_string()),
+        statuses: vec!["stopped".into()],
+        limit: crate::store::MAX_LIMIT,
+        ..Default::default()
+    })?;
+    Ok(page.runs.iter().any(|r| r.id == running))
 }
 
 /// The follow-up's initial state: the parent's final state, with what the new goal's own
