@@ -462,3 +462,68 @@ async fn other_errors_do_not_switch_the_response_format() {
     assert_eq!(server.hits(), 1);
     assert_eq!(p.effective_response_format(), ResponseFormat::JsonSchema);
 }
+
+/// History sanitised (spec/sessions.md SE6): native tool calls in the history (a goal's
+/// `context`) are sent as the API's own in tool-call mode, each followed by its result: a call
+/// without one is completed with a result that says so, a result that answers no call is
+/// dropped. Checked on the request the loopback server received; structured mode sends them
+/// as text.
+#[tokio::test]
+async fn native_tool_calls_in_history_each_have_their_result() {
+    use dagloop::llm::history::NO_RESULT;
+    use dagloop::protocol::{Message, Role};
+    let text = |role: Role, text: &str, extra: Value| Message::Text {
+        role,
+        text: text.into(),
+        extra: extra.as_object().cloned().unwrap_or_default(),
+    };
+    let call = |id: &str| json!({"id": id, "type": "function", "function": {"name": "greet", "arguments": "{\"name\":\"Ada\"}"}});
+    let history = vec![
+        text(
+            Role::Assistant,
+            "",
+            json!({"tool_calls": [call("c1"), call("c2")]}),
+        ),
+        text(
+            Role::User,
+            "{\"greeting\":\"Hello, Ada!\"}",
+            json!({"tool_call_id": "c1"}),
+        ),
+        text(Role::User, "stray", json!({"tool_call_id": "c9"})),
+        text(Role::User, "Now greet Grace.", json!({})),
+    ];
+    let answer = || {
+        Canned::sse(&[
+            oa_delta(json!({"role": "assistant", "content": ""})),
+            oa_text("{}"),
+            oa_finish("stop"),
+            DONE.to_string(),
+        ])
+    };
+    let server = serve(vec![answer(), answer()]).await;
+    let mut req = request(Mode::ToolCalls);
+    req.messages.extend(history.clone());
+    let _ = collect(provider(&server).stream(&req)).await;
+    let mut structured = request(Mode::StructuredOutput);
+    structured.messages.extend(history);
+    let _ = collect(provider(&server).stream(&structured)).await;
+    let sent = server.requests();
+    let msgs = sent[0].body["messages"].as_array().expect("messages")[2..].to_vec();
+    assert_eq!(
+        msgs,
+        vec![
+            json!({"role": "assistant", "content": null, "tool_calls": [call("c1"), call("c2")]}),
+            json!({"role": "tool", "tool_call_id": "c1", "content": "{\"greeting\":\"Hello, Ada!\"}"}),
+            json!({"role": "tool", "tool_call_id": "c2", "content": NO_RESULT}),
+            json!({"role": "user", "content": "Now greet Grace."}),
+        ]
+    );
+    // Every call id has exactly one result, right after its call.
+    let plain = sent[1].body["messages"].as_array().expect("messages");
+    assert!(
+        plain
+            .iter()
+            .all(|m| m.get("tool_calls").is_none() && m["role"] != "tool"),
+        "{plain:#?}"
+    );
+}

@@ -35,6 +35,17 @@ pub struct Cli {
     pub log_format: LogFormatArg,
 }
 
+/// `run --carry`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum CarryArg {
+    /// The run's final state.
+    State,
+    /// A summary of the session's history.
+    History,
+    /// Both.
+    Both,
+}
+
 /// `--log-format`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum LogFormatArg {
@@ -219,8 +230,21 @@ pub enum GraphFormat {
 pub enum Command {
     /// Run a goal file to a validated output.
     Run {
-        /// The goal file (JSON).
+        /// The goal file (JSON). With --continue: a goal file, or the follow-up's instruction
+        /// in words (the run's goal with this as its goal text).
+        #[arg(value_name = "GOAL_OR_TEXT")]
         goal: PathBuf,
+        /// Continue this finished run in its session (docs/sessions.md): the follow-up starts
+        /// from its final state with a summary of its history in context.
+        #[arg(long = "continue", value_name = "RUN", conflicts_with = "input")]
+        continue_from: Option<String>,
+        /// With --continue: what carries over from the run (state, history or both).
+        #[arg(long, value_enum, requires = "continue_from", default_value = "both")]
+        carry: CarryArg,
+        /// With --continue: refuse at once (`session.busy`) instead of waiting while a run of
+        /// the session has not finished.
+        #[arg(long, requires = "continue_from")]
+        no_wait: bool,
         /// Model: scripted:PATH, openai:MODEL or anthropic:MODEL (default: the goal's `model`).
         #[arg(long)]
         model: Option<String>,
@@ -412,6 +436,9 @@ pub enum Command {
         /// bytes.
         #[arg(long)]
         stats: bool,
+        /// Only the runs of this session (its first run and its follow-ups).
+        #[arg(long, value_name = "RUN")]
+        session: Option<String>,
     },
     /// A stored run's timeline, critical path, state and output.
     Show {
@@ -565,7 +592,11 @@ impl Command {
             {
                 None
             }
-            Command::Resume { run, .. }
+            Command::Run {
+                continue_from: Some(run),
+                ..
+            }
+            | Command::Resume { run, .. }
             | Command::Fork { run, .. }
             | Command::Show { run, .. }
             | Command::Export { run, .. }

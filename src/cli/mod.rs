@@ -13,6 +13,7 @@ mod codes_cmd;
 mod fork;
 mod grant_cmd;
 mod init_cmd;
+mod session_cmd;
 pub use grant_cmd::{GrantArgs, RevokeArgs};
 mod alloc;
 mod policy_cmd;
@@ -182,6 +183,64 @@ pub async fn main(mut cli: Cli) -> i32 {
     let outcome = match cli.command {
         Command::Run {
             goal,
+            continue_from: Some(parent),
+            carry,
+            no_wait,
+            model,
+            approve,
+            json,
+            quiet,
+            events,
+            allow_shell,
+            detach,
+            decisions,
+            on_no_reviewer,
+            mode,
+            tools_from,
+            tools_from_passthrough,
+            input: _,
+            temporal,
+        } => 'cont: {
+            if temporal.engine == EngineArg::Temporal {
+                break 'cont Err(CliError::new(
+                    "cli.usage",
+                    "--continue works with the embedded engine only",
+                ));
+            }
+            let tools_from =
+                match cassette::load_tools(tools_from.as_deref(), tools_from_passthrough) {
+                    Ok(t) => t,
+                    Err(e) => break 'cont Err(e),
+                };
+            let display = run::Display {
+                json_only: json,
+                quiet,
+                events,
+                detach,
+                decisions,
+                reject_without_reviewer: on_no_reviewer == NoReviewer::Reject,
+                tools_from,
+                webhook: config.and_then(|c| c.notify.webhook.clone()),
+            };
+            let over = session_cmd::Over {
+                goal_or_text: goal,
+                carry,
+                wait: !no_wait,
+                model,
+                approve: run::approve_name(approve),
+                mode: mode.map(run::mode_name),
+                allow_shell,
+            };
+            match required(existing()) {
+                Ok(s) => session_cmd::continue_run(s, &parent, over, config, display).await,
+                Err(e) => Err(e),
+            }
+        }
+        Command::Run {
+            goal,
+            continue_from: None,
+            carry: _,
+            no_wait: _,
             model,
             approve,
             json,
@@ -371,6 +430,7 @@ pub async fn main(mut cli: Cli) -> i32 {
             query,
             limit,
             stats,
+            session,
         } => match (required(existing()), action) {
             (Ok(s), None) if stats => s
                 .stats()
@@ -381,7 +441,12 @@ pub async fn main(mut cli: Cli) -> i32 {
                 .map_err(|e| CliError::new(e.code(), e)),
             (Ok(s), None) => {
                 let mut params = Vec::new();
-                for (k, v) in [("status", status), ("q", query), ("limit", limit)] {
+                for (k, v) in [
+                    ("status", status),
+                    ("q", query),
+                    ("limit", limit),
+                    ("session", session),
+                ] {
                     if let Some(v) = v {
                         params.push((k, v));
                     }

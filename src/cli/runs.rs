@@ -205,7 +205,7 @@ pub(super) fn show(store: &Store, run: &str, json_out: bool, trace: bool) -> Res
     }
     let stored = store.load(run).map_err(err)?;
     let rb = rebuild(&stored)?;
-    let out = crate::runs::describe(
+    let mut out = crate::runs::describe(
         &stored.record.id,
         &rb,
         stored.journal.len(),
@@ -215,7 +215,33 @@ pub(super) fn show(store: &Store, run: &str, json_out: bool, trace: bool) -> Res
     if trace {
         return print_trace(&out, json_out);
     }
+    let session = session_runs(store, &stored.record)?;
+    if !session.is_empty() {
+        out["session_runs"] = Value::Array(session);
+    }
     print_description(&out, stored.journal.len(), stored.result.as_ref(), json_out)
+}
+
+/// The runs of the session `record` belongs to, oldest first (`id`, `status`, `title`,
+/// `parent`): empty when the run is alone in its session.
+fn session_runs(store: &Store, record: &crate::store::RunRecord) -> Result<Vec<Value>, CliError> {
+    let root = crate::runs::session_of(record).root;
+    let page = store
+        .query(&crate::store::RunQuery {
+            session: Some(root),
+            limit: crate::store::MAX_LIMIT,
+            ..Default::default()
+        })
+        .map_err(err)?;
+    if page.runs.len() < 2 {
+        return Ok(Vec::new());
+    }
+    let mut runs = page.runs;
+    runs.sort_by(|a, b| (a.created_at, &a.id).cmp(&(b.created_at, &b.id)));
+    Ok(runs
+        .iter()
+        .map(|r| json!({"id": r.id, "status": r.status, "title": r.title}))
+        .collect())
 }
 
 /// `dagloop show RUN --audit`: the run's decisions and grants (`runs::audit`), as JSON or lines.
@@ -325,6 +351,23 @@ pub(super) fn print_description(
         out["forked_from"]["step"].as_u64(),
     ) {
         outln!("forked from {run} after step {step}");
+    }
+    if let (Some(root), Some(parent)) = (
+        out["session"]["root"].as_str(),
+        out["session"]["parent"].as_str(),
+    ) {
+        outln!("session {root} · follows {parent}");
+    }
+    if let Some(runs) = out["session_runs"].as_array() {
+        outln!("\nsession runs (oldest first):");
+        for r in runs {
+            outln!(
+                "  {:<28} {:<10} {}",
+                r["id"].as_str().unwrap_or(""),
+                r["status"].as_str().unwrap_or(""),
+                r["title"].as_str().unwrap_or("")
+            );
+        }
     }
     if let (Some(p), Some(ch)) = (
         out["cancelled_by"]["principal"].as_str(),

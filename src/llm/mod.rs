@@ -14,6 +14,7 @@
 mod anthropic;
 mod error;
 mod fallback;
+pub mod history;
 mod http;
 #[cfg(feature = "server")]
 mod mock;

@@ -23,7 +23,7 @@ use super::http::{HttpCall, post_json, sse_stream};
 use super::openai_stream::OpenAiDecoder;
 use super::secret::Redactor;
 use super::strict::strict_schema;
-use super::wire::{functions, role_and_text, role_name};
+use super::wire::functions;
 use super::{
     ApiKey, EventStream, FinishReason, LlmError, Mode, Model, Request, StreamEvent, ToolChoice,
 };
@@ -264,14 +264,7 @@ impl OpenAi {
         } else {
             &s.model
         };
-        let messages: Vec<Value> = req
-            .messages
-            .iter()
-            .map(|m| {
-                let (role, text) = role_and_text(m);
-                json!({"role": role_name(role), "content": text})
-            })
-            .collect();
+        let messages = super::history::openai_messages(&req.messages, s.mode == Mode::ToolCalls);
         let mut body = json!({
             "model": model,
             "messages": messages,

@@ -20,6 +20,7 @@ mod list;
 mod options;
 mod record;
 mod replay;
+pub mod session;
 mod view;
 
 pub use cassette::{
@@ -36,6 +37,7 @@ pub use launch::{
 pub use list::{derive_missing, list_runs};
 pub use options::{RunOptions, policy_for};
 pub use record::{DefRecord, Replay};
+pub use session::{Carry, Continue, Next, SessionOf, continue_run, follow_up, session_of};
 pub use replay::{Divergence, Replayed, fresh_machine, replay_run};
 pub use view::{
     AwaitingCall, CallView, ModelFallback, Rebuilt, RunView, Span, action_of, describe, describe_view,

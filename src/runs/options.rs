@@ -35,6 +35,10 @@ pub struct RunOptions {
     /// The run is a fork of another (`dagloop fork`): which run, after which of its steps.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub forked_from: Option<super::ForkedFrom>,
+    /// The run is a follow-up in a session (`run --continue`): its session and the run it
+    /// follows.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session: Option<super::SessionOf>,
     /// What the run was defined with beyond its goal (delegate goals by content, its MCP
     /// servers' tools, its limits): written by [`super::define`], read back by every reader of
     /// the stored run ([`super::RunDef::from_record`]). Never taken from a client.

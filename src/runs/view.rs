@@ -30,6 +30,8 @@ pub struct Rebuilt {
     pub tools: Vec<crate::protocol::Tool>,
     /// The run this one was forked from, and after which step (`dagloop fork`).
     pub forked_from: Option<super::ForkedFrom>,
+    /// The session this follow-up belongs to and the run it follows (`run --continue`).
+    pub session: Option<super::SessionOf>,
     /// The principal that submitted the run to a server (None for runs started otherwise).
     pub submitted_by: Option<String>,
 }
@@ -80,9 +82,11 @@ pub fn rebuild(record: &RunRecord, journal: &[JournalEntry]) -> Result<Rebuilt, 
         _ => None,
     });
     let forked_from = def.options().forked_from.clone();
+    let session = def.options().session.clone();
     let submitted_by = def.options().submitted_by.clone();
     Ok(Rebuilt {
         forked_from,
+        session,
         submitted_by,
         goal: def.goal().clone(),
         machine,
@@ -178,6 +182,10 @@ pub struct RunView {
     /// The run this one was forked from, and after which step.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub forked_from: Option<super::ForkedFrom>,
+    /// For a follow-up (`run --continue`): its session (the first run's id) and the run it
+    /// follows.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session: Option<super::SessionOf>,
 }
 
 /// One call of a run and what became of it (times in ms from the run's start).
@@ -487,6 +495,7 @@ pub fn describe_view(
         error: result.and_then(|r| r.error.clone()),
         cancelled_by: rb.cancelled_by.clone(),
         forked_from: rb.forked_from.clone(),
+        session: rb.session.clone(),
     }
 }
 

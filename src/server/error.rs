@@ -121,7 +121,7 @@ impl ApiError {
         use crate::store::StoreError as S;
         let status = match e {
             S::UnknownRun { .. } => StatusCode::NOT_FOUND,
-            S::Busy { .. } => StatusCode::CONFLICT,
+            S::Busy { .. } | S::SessionBusy { .. } => StatusCode::CONFLICT,
             S::Locked { .. } => StatusCode::SERVICE_UNAVAILABLE,
             S::Compacted { .. } => StatusCode::GONE,
             _ => StatusCode::INTERNAL_SERVER_ERROR,
@@ -131,6 +131,7 @@ impl ApiError {
             | S::Compacted { .. }
             | S::NotFinished { .. }
             | S::Exists { .. }
+            | S::SessionBusy { .. }
             | S::LeaseLost { .. } => e.to_string(),
             S::Busy { id, expires_at, .. } => format!(
                 "run {id} is being run by another process (its lease runs until {expires_at} ms); try again once its lease has expired"

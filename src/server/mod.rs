@@ -15,7 +15,7 @@
 //! command line prints (the `cli` module; neither front-end depends on the other).
 
 pub use crate::notify::{NotifyError, WebhookConfig};
-pub use crate::runs::{DefRecord, ForkedFrom, RunOptions, RunsError};
+pub use crate::runs::{DefRecord, ForkedFrom, RunOptions, RunsError, SessionOf};
 
 mod api;
 mod auth;
@@ -34,6 +34,7 @@ mod preview;
 pub mod principals;
 mod result;
 mod retain;
+mod session;
 mod sse;
 mod state;
 mod watch;
@@ -110,6 +111,7 @@ fn api_routes() -> (Router<Arc<AppState>>, utoipa::openapi::OpenApi) {
         .routes(utoipa_axum::routes!(desk::audit))
         .routes(utoipa_axum::routes!(cassette::cassette))
         .routes(utoipa_axum::routes!(fork::fork))
+        .routes(utoipa_axum::routes!(session::continue_run))
         .routes(utoipa_axum::routes!(auth::ticket))
         .split_for_parts()
 }

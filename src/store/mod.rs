@@ -251,6 +251,17 @@ pub enum StoreError {
         /// The run.
         id: String,
     },
+    /// A run of the session is not finished: a follow-up starts only when the session's runs
+    /// have all ended (runs of one session are serialised).
+    #[error(
+        "session {session} is busy: its run {running} has not finished (wait for it, or leave out --no-wait to wait)"
+    )]
+    SessionBusy {
+        /// The session (the id of its first run).
+        session: String,
+        /// The unfinished run.
+        running: String,
+    },
     /// A run with this id exists already.
     #[error("a run `{id}` exists already")]
     Exists {
@@ -284,6 +295,7 @@ impl StoreError {
             StoreError::Io { .. } => "store.io",
             StoreError::Compacted { .. } => "store.compacted",
             StoreError::NotFinished { .. } => "store.not_finished",
+            StoreError::SessionBusy { .. } => "session.busy",
         }
     }
 }

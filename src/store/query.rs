@@ -66,6 +66,8 @@ pub struct RunQuery {
     pub text: Option<String>,
     /// Only runs submitted by this principal.
     pub submitted_by: Option<String>,
+    /// Only the runs of this session: the run with this id and its follow-ups.
+    pub session: Option<String>,
     /// At most this many (capped at [`MAX_LIMIT`]; 0 means [`DEFAULT_LIMIT`]).
     pub limit: usize,
     /// Start after this run (the cursor of the previous page).
@@ -136,6 +138,7 @@ impl RunQuery {
                     }
                 }
                 "q" => q.text = Some(v.to_string()).filter(|t| !t.is_empty()),
+                "session" => q.session = Some(v.to_string()).filter(|t| !t.is_empty()),
                 "limit" => {
                     q.limit = v
                         .parse::<usize>()
@@ -166,6 +169,9 @@ impl RunQuery {
         }
         if let Some(t) = &self.text {
             out.push(format!("q={}", encode(t)));
+        }
+        if let Some(t) = &self.session {
+            out.push(format!("session={}", encode(t)));
         }
         if self.limit > 0 {
             out.push(format!("limit={}", self.limit));

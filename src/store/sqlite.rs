@@ -187,6 +187,14 @@ const MIGRATIONS: &[&str] = &[
     CREATE UNIQUE INDEX ops_presentation ON ops(run_id, presentation)
         WHERE presentation IS NOT NULL;
 ",
+    // 8: sessions (`runs::session`): a follow-up run names its session (the id of the session's
+    // first run) on its row, so that starting one can check in its insert's transaction that no
+    // run of the session is unfinished, and a session's runs are listed by an index.
+    "
+    ALTER TABLE runs ADD COLUMN session TEXT;
+    UPDATE runs SET session = json_extract(record, '$.options.session.root');
+    CREATE INDEX runs_session ON runs(session) WHERE session IS NOT NULL;
+",
 ];
 
 /// Journal entries as the writer stores them: a batch to a row (see the module docs).

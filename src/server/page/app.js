@@ -324,6 +324,7 @@ function render(run) {
   renderDuration(run);
   renderContext(run);
   $("#cancel-run").hidden = finished(run);
+  $("#follow-up").hidden = !finished(run);
   renderApprovals(run);
   renderGrants(run);
   renderGraph(run);

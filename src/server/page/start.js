@@ -20,6 +20,25 @@ async function cancelRun() {
   scheduleRefresh();
 }
 
+// A follow-up of the finished run in its session (docs/sessions.md): the run's goal with the
+// instruction typed here, from its final state and history. A busy session is refused
+// (`session.busy`), not waited for.
+async function followUp(ev) {
+  ev.preventDefault();
+  const id = page.selected;
+  const text = $("#follow-up-text").value.trim();
+  if (!id || !text) return;
+  try {
+    const made = await api("POST", "/runs/" + encodeURIComponent(id) + "/continue", { text });
+    $("#follow-up-text").value = "";
+    notice("Follow-up " + made.id + " started.", "ok");
+    await loadRuns();
+    select(made.id);
+  } catch (e) {
+    notice("Cannot follow up: " + e.message, "error");
+  }
+}
+
 function start() {
   legend();
   setupRunList();
@@ -29,6 +48,7 @@ function start() {
   setInterval(tickDuration, 1000);
   $("#token-form").addEventListener("submit", tokenGiven);
   $("#cancel-run").addEventListener("click", cancelRun);
+  $("#follow-up").addEventListener("submit", followUp);
   // A link names a run as `#RUN` or, from a notification, `?run=RUN&call=N` (the call's card
   // is focused once it is shown; `c2` and `2` both name call 2).
   const query = new URLSearchParams(location.search);

@@ -55,6 +55,10 @@ impl SqliteStore {
         if let Some(by) = &q.submitted_by {
             inner.push(format!("submitted_by = {}", arg(Sql::Text(by.clone()))));
         }
+        if let Some(root) = &q.session {
+            let p = arg(Sql::Text(root.clone()));
+            inner.push(format!("(id = {p} OR session = {p})"));
+        }
         if let Some(t) = q.text.as_deref().filter(|t| !t.is_empty()) {
             let p = arg(Sql::Text(t.to_lowercase()));
             inner.push(format!(

@@ -286,12 +286,31 @@ pub(super) fn apply(c: &Connection, me: &Me, w: &Write) -> Result<Done, StoreErr
             let record = serde_json::to_string(rec).map_err(io)?;
             let title = crate::store::title_of(rec.goal["goal"].as_str().unwrap_or(""));
             let by = rec.options["submitted_by"].as_str();
+            let session = rec.options["session"]["root"].as_str();
+            // Runs of one session are serialised: checked in this transaction, so two
+            // follow-ups started at once cannot both see the session idle.
+            if let Some(root) = session
+                && let Some(running) = c
+                    .query_row(
+                        "SELECT id FROM runs WHERE (id = ?1 OR session = ?1) AND result IS NULL
+                         ORDER BY created_at LIMIT 1",
+                        params![root],
+                        |r| r.get::<_, String>(0),
+                    )
+                    .optional()
+                    .map_err(io)?
+            {
+                return Err(StoreError::SessionBusy {
+                    session: root.to_string(),
+                    running,
+                });
+            }
             let n = c
                 .execute(
                     "INSERT OR IGNORE INTO runs (id, created_at, updated_at, record, status, owner, lease_expires_at, title, submitted_by, awaiting,
-                     lease_host, lease_pid, lease_started)
-                     VALUES (?1, ?2, ?2, ?3, 'running', ?4, ?5, ?6, ?7, 0, ?8, ?9, ?10)",
-                    params![rec.id, rec.created_at as i64, record, owner, until, title, by, host, pid, started],
+                     lease_host, lease_pid, lease_started, session)
+                     VALUES (?1, ?2, ?2, ?3, 'running', ?4, ?5, ?6, ?7, 0, ?8, ?9, ?10, ?11)",
+                    params![rec.id, rec.created_at as i64, record, owner, until, title, by, host, pid, started, session],
                 )
                 .map_err(io)?;
             if n == 0 {
