@@ -15,6 +15,7 @@ mod grant_cmd;
 mod init_cmd;
 pub use grant_cmd::{GrantArgs, RevokeArgs};
 mod alloc;
+mod card;
 mod policy_cmd;
 mod progress;
 mod replay;
@@ -546,6 +547,7 @@ fn decision_of(d: DecideArg) -> Result<crate::protocol::Decision, CliError> {
     Ok(match d {
         DecideArg::Approve => Decision::Approve,
         DecideArg::Reject { reason } => Decision::Reject { reason },
+        DecideArg::SendBack { feedback } => Decision::SendBack { feedback },
         DecideArg::Edit { params } => match json("params", &params)? {
             Value::Object(params) => Decision::Edit { params },
             _ => {

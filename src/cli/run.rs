@@ -345,8 +345,10 @@ pub(super) async fn run(
         })
     });
     let screen = Arc::new(review::Screen::default());
-    let reviewer = (interactive && decisions.is_none() && asks)
-        .then(|| tokio::spawn(review::serve(handle.clone(), tools, screen.clone())));
+    let reviewer = (interactive && decisions.is_none() && asks).then(|| {
+        let cards = store.as_ref().map(|s| (s.shared(), id.clone()));
+        tokio::spawn(review::serve(handle.clone(), tools, screen.clone(), cards))
+    });
     let progress = (!display.json_only && !display.quiet).then(|| {
         tokio::spawn(progress::show(
             handle.subscribe_from(0),
@@ -373,9 +375,12 @@ pub(super) async fn run(
     };
     let ended = async {
         if display.detach {
-            handle.wait_or_idle().await
-        } else {
-            Some(handle.wait().await)
+            return handle.wait_or_idle().await;
+        }
+        tokio::select! {
+            r = handle.wait() => Some(r),
+            // The reviewer's `d`: the calls stay waiting, the run is detached once idle.
+            () = screen.detach.notified() => handle.wait_or_idle().await,
         }
     };
     let result = tokio::select! {

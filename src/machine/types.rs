@@ -197,6 +197,14 @@ pub enum RunInput {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         presentation: Option<u64>,
     },
+    /// A call awaiting a decision was shown to somebody (prompted at a terminal, listed to
+    /// the page or the API): its reviewer timeout starts now, once per presentation.
+    Shown {
+        /// The call.
+        call: CallId,
+        /// The presentation shown (the `seq` of its `approval_requested` event).
+        presentation: u64,
+    },
     /// A decision taken from the store's queue no longer applied (its presentation was decided
     /// otherwise or presented again): journaled so that it leaves the queue and shows in the
     /// audit; it changes nothing else.
@@ -289,6 +297,7 @@ impl RunInput {
             RunInput::Outcome { .. } => "outcome",
             RunInput::Decided { .. } => "decided",
             RunInput::Dropped { .. } => "dropped",
+            RunInput::Shown { .. } => "shown",
             RunInput::Grant { .. } => "grant",
             RunInput::Revoke { .. } => "revoke",
             RunInput::TimerFired { .. } => "timer_fired",
@@ -319,6 +328,7 @@ impl RunInput {
             Op::Grant { grant, by } => RunInput::Grant { grant, by },
             Op::Revoke { grant, by } => RunInput::Revoke { grant, by },
             Op::Cancel { reason, by } => RunInput::Cancel { reason, by },
+            Op::Shown { call, presentation } => RunInput::Shown { call, presentation },
         }
     }
 }

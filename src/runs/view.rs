@@ -275,7 +275,9 @@ pub struct AwaitingCall {
     pub rule: Option<String>,
     /// How long a reviewer has (ms), when the policy sets a timeout.
     pub timeout_ms: Option<u64>,
-    /// When the timeout's default applies (ms since the epoch), when there is one.
+    /// When the timeout's default applies (ms since the epoch): set once the call was first
+    /// shown to somebody (a terminal prompt, the page, this API), whose time starts then; null
+    /// before that, or when the policy sets no timeout.
     pub deadline_at: Option<u64>,
     /// What happens when nobody decides in time (`reject` or `approve`).
     pub default_decision: Value,
@@ -716,9 +718,10 @@ fn awaiting(rb: &Rebuilt) -> Vec<AwaitingCall> {
                 interrupted: interrupted.unwrap_or(false),
                 rule: asked.as_ref().and_then(|a| a.1.clone()),
                 timeout_ms,
-                deadline_at: timeout_ms
-                    .zip(asked.as_ref())
-                    .map(|(t, a)| a.2.saturating_add(t)),
+                // Set once somebody was shown the call (its clock starts then).
+                deadline_at: rb
+                    .machine
+                    .timer_at(crate::machine::Timer::Approval { call: id }),
                 default_decision: serde_json::to_value(default_decision).unwrap_or(Value::Null),
                 downstream,
                 tool_schema: schema,

@@ -34,6 +34,7 @@ mod preview;
 pub mod principals;
 mod result;
 mod retain;
+mod shown;
 mod sse;
 mod state;
 mod wire;

@@ -1,0 +1,291 @@
+//! The reviewer's deadline and answers, through the binaries (issue 48, items 3 and 4): a call's
+//! reviewer timeout starts when it is shown to somebody (a terminal prompt, the API or the page
+//! listing it), not when its batch was asked about, and is journaled; the terminal prompt shows
+//! the call's card (action, each param's source, the rule that asked, the deadline); "send back"
+//! reaches the model's next request as feedback to do it differently, not a veto; `d` at the
+//! prompt leaves the call waiting and detaches the run.
+
+mod common;
+
+#[path = "common/bin.rs"]
+mod bin;
+#[path = "common/serve.rs"]
+mod serve;
+
+use std::path::Path;
+
+use dagloop::store::{RunStore, SqliteStore};
+use dagloop::{CallId, RunInput};
+use rexpect::session::spawn_command;
+use serde_json::{Value, json};
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// [`serve::goal`]'s two independent calls under `approval`, written to `dir/goal.json`.
+fn goal_with(dir: &Path, url: &str, approval: Value) {
+    let mut goal = serve::goal(dir, url, "ask");
+    goal["approval"] = approval;
+    std::fs::write(dir.join("goal.json"), goal.to_string()).expect("goal");
+}
+
+/// When each call was shown, and when its reviewer timer fired, from the run's journal (ms).
+fn shown_and_fired(store: &Path, run: &str, call: u64) -> (u64, u64) {
+    let stored = SqliteStore::open(store)
+        .and_then(|s| s.load(run))
+        .expect("load");
+    let at = |f: &dyn Fn(&RunInput) -> bool| {
+        stored
+            .journal
+            .iter()
+            .find(|e| f(&e.input))
+            .map(|e| e.at)
+            .unwrap_or_else(|| panic!("call {call}: no such entry in {:?}", stored.journal))
+    };
+    let shown = at(&|i| matches!(i, RunInput::Shown { call: c, .. } if *c == CallId(call)));
+    let fired = at(
+        &|i| matches!(i, RunInput::TimerFired { timer: dagloop::Timer::Approval { call: c } } if *c == CallId(call)),
+    );
+    (shown, fired)
+}
+
+fn run_id_of(text: &str) -> String {
+    text.split("\"run_id\": \"")
+        .nth(1)
+        .and_then(|r| r.split('"').next())
+        .unwrap_or_default()
+        .to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_parallel_calls_are_each_shown_for_their_whole_timeout_before_the_default_applies() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let store = dir.path().join("runs.db");
+    let (url, counts) = serve::counting_service().await;
+    goal_with(
+        dir.path(),
+        &url,
+        json!({"policy": "ask", "timeout_s": 2, "default_decision": "approve"}),
+    );
+    let (d, s) = (dir.path().to_path_buf(), store.clone());
+    let (screen, rest) = tokio::task::spawn_blocking(move || {
+        let mut cmd = bin::dagloop();
+        cmd.current_dir(&d)
+            .arg("--store")
+            .arg(&s)
+            .args(["run", "goal.json"]);
+        let mut p = spawn_command(cmd, Some(30_000)).expect("spawn in a pty");
+        // The first call's card: what it does, where each value came from, the rule, the
+        // deadline with its default.
+        let first = p
+            .exp_regex(r"deadline: approve at \d\d:\d\d:\d\d UTC \(in 2 s\) unless you decide")
+            .expect("the first card's deadline")
+            .0;
+        p.exp_string("[s]end back").expect("the answers");
+        p.exp_string("was decided: approved (the reviewer's time ran out)")
+            .expect("the first default");
+        p.exp_regex(r"deadline: approve at \d\d:\d\d:\d\d UTC \(in 2 s\)")
+            .expect("the second call gets its own 2 s");
+        p.exp_string("was decided: approved (the reviewer's time ran out)")
+            .expect("the second default");
+        let rest = p.exp_eof().expect("exits when the run ends");
+        (first, rest)
+    })
+    .await
+    .expect("pty");
+    assert!(
+        screen.contains("action: POST http://127.0.0.1:"),
+        "{screen}"
+    );
+    assert!(screen.contains("(as the model wrote it)"), "{screen}");
+    assert!(screen.contains("asked by: "), "{screen}");
+    assert!(rest.contains("\"status\": \"succeeded\""), "{rest}");
+    let id = run_id_of(&rest);
+    let (s1, f1) = shown_and_fired(&store, &id, 1);
+    let (s2, f2) = shown_and_fired(&store, &id, 2);
+    // Each call's whole timeout ran from its own showing (bounds, no sleeps).
+    assert!(
+        (2000..3500).contains(&(f1 - s1)),
+        "call 1: shown {s1}, fired {f1}"
+    );
+    assert!(
+        (2000..3500).contains(&(f2 - s2)),
+        "call 2: shown {s2}, fired {f2}"
+    );
+    // The second was shown only once the first prompt was done with.
+    assert!(
+        s2 >= f1,
+        "call 2 shown at {s2}, before call 1's default at {f1}"
+    );
+    assert_eq!(counts.lock().expect("counts").len(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_api_starts_and_shows_the_deadline_when_it_lists_a_call() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let store = dir.path().join("runs.db");
+    let (url, _counts) = serve::counting_service().await;
+    goal_with(
+        dir.path(),
+        &url,
+        json!({"policy": "ask", "timeout_s": 60, "default_decision": "reject"}),
+    );
+    let out = bin::dagloop()
+        .current_dir(dir.path())
+        .arg("--store")
+        .arg(&store)
+        .args(["run", "goal.json", "--detach", "--json"])
+        .output()
+        .expect("run");
+    let v: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!(v["status"], "waiting", "{v}");
+    let id = v["run_id"].as_str().expect("id").to_string();
+    // Nobody was shown the calls yet: no clock runs.
+    let stored = SqliteStore::open(&store)
+        .and_then(|s| s.load(&id))
+        .expect("load");
+    assert!(
+        !stored
+            .journal
+            .iter()
+            .any(|e| matches!(e.input, RunInput::Shown { .. })),
+        "{:?}",
+        stored.journal
+    );
+    let server = serve::Server::start(&store, None);
+    let before = now_ms();
+    let (status, listed) =
+        serve::send(serve::client().get(server.url(&format!("/runs/{id}/approvals")))).await;
+    let after = now_ms();
+    assert_eq!(status, 200, "{listed}");
+    let cards = listed.as_array().cloned().unwrap_or_default();
+    assert_eq!(cards.len(), 2, "{listed}");
+    for a in &cards {
+        assert_eq!(a["timeout_ms"], 60_000, "{a}");
+        assert_eq!(a["default_decision"], "reject", "{a}");
+        let at = a["deadline_at"].as_u64().expect("a deadline once listed");
+        // It started with this listing, not when the run asked.
+        assert!(
+            (before + 60_000..=after + 60_000).contains(&at),
+            "{before}..{after}: {a}"
+        );
+    }
+    // Every later reader sees the same deadline (it started once).
+    let (_, run) = serve::send(serve::client().get(server.url(&format!("/runs/{id}")))).await;
+    let deadlines =
+        |v: &[Value]| -> Vec<Value> { v.iter().map(|a| a["deadline_at"].clone()).collect() };
+    assert_eq!(
+        deadlines(run["awaiting"].as_array().expect("awaiting")),
+        deadlines(&cards),
+        "{run}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn send_back_reaches_the_models_next_request_as_feedback_not_a_veto() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let store = dir.path().join("runs.db");
+    let (url, counts) = serve::counting_service().await;
+    goal_with(dir.path(), &url, json!({"policy": "ask"}));
+    let first =
+        json!({"calls": [{"_tool": "step", "n": 1, "_outputPath": "†state.a"}], "output": null});
+    let second = json!({"calls": [], "output": {"a": 0, "b": 0}});
+    let model = common::serve(vec![
+        common::Canned::sse(&common::oa_stream(&first.to_string())),
+        common::Canned::sse(&common::oa_stream(&second.to_string())),
+    ])
+    .await;
+    let dagloop = |args: &[&str]| {
+        bin::dagloop()
+            .current_dir(dir.path())
+            .arg("--store")
+            .arg(&store)
+            .args(args)
+            .env("OPENAI_BASE_URL", model.openai_base())
+            .env("OPENAI_API_KEY", "dummy")
+            .output()
+            .expect("dagloop")
+    };
+    let out = dagloop(&[
+        "run",
+        "goal.json",
+        "--model",
+        "openai:test",
+        "--detach",
+        "--json",
+    ]);
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|_| {
+        panic!(
+            "{}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    assert_eq!(v["status"], "waiting", "{v}");
+    let id = v["run_id"].as_str().expect("id").to_string();
+    let feedback = "use n = 5: the first step starts at five";
+    let out = dagloop(&["decide", &id, "c1", "send-back", "--feedback", feedback]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let out = dagloop(&["resume", &id, "--detach", "--json"]);
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|_| {
+        panic!(
+            "{}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    assert_eq!(v["status"], "succeeded", "{v}");
+    // The call never ran; the model's next request carries the feedback, as a retry.
+    assert!(counts.lock().expect("counts").is_empty());
+    let requests = model.requests();
+    assert_eq!(requests.len(), 2);
+    let told = requests[1].body["messages"].to_string();
+    assert!(told.contains(feedback), "{told}");
+    assert!(told.contains("sent this call back"), "{told}");
+    assert!(told.contains("approval.sent_back"), "{told}");
+    assert!(!told.contains("Do not retry it"), "{told}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn d_at_the_prompt_leaves_the_call_waiting_and_detaches_the_run() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let store = dir.path().join("runs.db");
+    let (url, counts) = serve::counting_service().await;
+    goal_with(dir.path(), &url, json!({"policy": "ask"}));
+    let (d, s) = (dir.path().to_path_buf(), store.clone());
+    let rest = tokio::task::spawn_blocking(move || {
+        let mut cmd = bin::dagloop();
+        cmd.current_dir(&d)
+            .arg("--store")
+            .arg(&s)
+            .args(["run", "goal.json"]);
+        let mut p = spawn_command(cmd, Some(30_000)).expect("spawn in a pty");
+        p.exp_string("no deadline: the call waits for a decision")
+            .expect("the card");
+        p.exp_string("[d]etach").expect("the answers");
+        p.send_line("d").expect("send");
+        p.exp_string("left waiting; the run is detached")
+            .expect("said");
+        p.exp_eof().expect("exits")
+    })
+    .await
+    .expect("pty");
+    assert!(rest.contains("\"status\": \"waiting\""), "{rest}");
+    assert!(rest.contains("dagloop resume"), "{rest}");
+    assert!(counts.lock().expect("counts").is_empty());
+    let id = run_id_of(&rest);
+    let stored = SqliteStore::open(&store)
+        .and_then(|s| s.load(&id))
+        .expect("load");
+    assert!(stored.result.is_none());
+    let rb = dagloop::runs::rebuild(&stored.record, &stored.journal).expect("rebuild");
+    assert_eq!(rb.machine.awaiting().len(), 2);
+}
