@@ -9,6 +9,8 @@ mod common;
 
 #[path = "common/bin.rs"]
 mod bin;
+#[path = "common/browser.rs"]
+mod browser;
 #[path = "common/serve.rs"]
 mod serve;
 
@@ -288,4 +290,80 @@ async fn d_at_the_prompt_leaves_the_call_waiting_and_detaches_the_run() {
     assert!(stored.result.is_none());
     let rb = dagloop::runs::rebuild(&stored.record, &stored.journal).expect("rebuild");
     assert_eq!(rb.machine.awaiting().len(), 2);
+}
+
+/// The page's card shows the deadline as a countdown with its default, and sends a call back
+/// with feedback (the screenshot is docs/img/reviewer-deadline.png).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_page_counts_down_to_the_deadline_and_sends_a_call_back() {
+    let Some(session) = browser::session().await else {
+        return;
+    };
+    let c = &session.c;
+    let dir = tempfile::tempdir().expect("tmp");
+    let store = dir.path().join("runs.db");
+    let (url, counts) = serve::counting_service().await;
+    goal_with(
+        dir.path(),
+        &url,
+        json!({"policy": "ask", "timeout_s": 600, "default_decision": "reject"}),
+    );
+    let out = bin::dagloop()
+        .current_dir(dir.path())
+        .arg("--store")
+        .arg(&store)
+        .args(["run", "goal.json", "--detach", "--json"])
+        .output()
+        .expect("run");
+    let v: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let id = v["run_id"].as_str().expect("id").to_string();
+    let server = serve::Server::start(&store, None);
+    c.goto(&server.url(&format!("/?run={id}&call=1")))
+        .await
+        .expect("open the link");
+    let countdown =
+        r"/deadline: rejected by default in \d+ s \(at \d\d:\d\d:\d\d UTC\) unless you decide/";
+    let first = browser::until(
+        c,
+        "the deadline counting down",
+        &format!(
+            "const d = document.querySelector('.approval[data-call-id=\"1\"] .deadline');
+             return d && {countdown}.test(d.textContent) ? d.textContent : null;"
+        ),
+    )
+    .await;
+    browser::until(
+        c,
+        "the rule that asked",
+        "return document.querySelector('.approval[data-call-id=\"1\"] .rule') !== null",
+    )
+    .await;
+    browser::save_screenshot(c, "reviewer-deadline.png").await;
+    // It ticks.
+    browser::until(
+        c,
+        "the countdown moving",
+        &format!(
+            "const d = document.querySelector('.approval[data-call-id=\"1\"] .deadline');
+             return d && d.textContent !== {first};"
+        ),
+    )
+    .await;
+    browser::click(c, ".approval[data-call-id=\"1\"] button.send-back").await;
+    browser::type_into(
+        c,
+        ".approval[data-call-id=\"1\"] .send-back-feedback",
+        "start at five",
+    )
+    .await;
+    browser::click(c, ".approval[data-call-id=\"1\"] button.send-send-back").await;
+    let v = serve::until(&server, &id, |v| serve::awaiting(v).len() == 1).await;
+    let call = v["calls"]
+        .as_array()
+        .and_then(|c| c.iter().find(|c| c["id"] == 1))
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(call["decision"], "send_back", "{v}");
+    browser::no_errors(c).await;
+    assert!(counts.lock().expect("counts").get(&1).is_none());
 }
