@@ -133,19 +133,13 @@ pub(super) async fn serve(
     let mut tool_grants: BTreeMap<String, String> = BTreeMap::new();
     let mut lines = Lines::new();
     loop {
-        if current.is_none()
-            && let Some(p) = queue.pop_front()
-        {
-            screen.prompt_open.store(true, Ordering::SeqCst);
-            present(&handle, &p, &cards).await;
-            prompt(&p);
-            waiting = Waiting::Answer;
-            current = Some(p);
-        }
         if current.is_some() {
             lines.request();
         }
+        // Events first: the next call is prompted only once the events already out are read
+        // (a grant or a decision they carry may have settled it).
         tokio::select! {
+            biased;
             ev = events.recv() => {
                 let Some(ev) = ev else { break };
                 match (&ev.kind, ev.call) {
@@ -181,6 +175,14 @@ pub(super) async fn serve(
                     (EventKind::RunFinished { .. }, _) if ev.parent.is_none() => break,
                     _ => {}
                 }
+            }
+            () = std::future::ready(()), if current.is_none() && !queue.is_empty() => {
+                let Some(p) = queue.pop_front() else { continue };
+                screen.prompt_open.store(true, Ordering::SeqCst);
+                present(&handle, &p, &cards).await;
+                prompt(&p);
+                waiting = Waiting::Answer;
+                current = Some(p);
             }
             line = lines.next(), if current.is_some() => {
                 let Some(p) = current.take() else { continue };
