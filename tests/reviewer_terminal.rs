@@ -236,7 +236,8 @@ async fn send_back_reaches_the_models_next_request_as_feedback_not_a_veto() {
         "{}",
         String::from_utf8_lossy(&out.stdout)
     );
-    let out = dagloop(&["resume", &id, "--detach", "--json"]);
+    // Nothing is left to ask: `resume` runs without a terminal.
+    let out = dagloop(&["resume", &id, "--json"]);
     let v: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|_| {
         panic!(
             "{}\n{}",
@@ -366,4 +367,86 @@ async fn the_page_counts_down_to_the_deadline_and_sends_a_call_back() {
     assert_eq!(call["decision"], "send_back", "{v}");
     browser::no_errors(c).await;
     assert!(counts.lock().expect("counts").get(&1).is_none());
+}
+
+/// The model's thoughts for the step are on the page beside the cards (journaled with the turn),
+/// and the Fork tab starts a new run from a step of this one (docs/img/reviewer-thoughts.png).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_page_shows_the_models_thoughts_and_forks_from_a_step() {
+    let Some(session) = browser::session().await else {
+        return;
+    };
+    let c = &session.c;
+    let dir = tempfile::tempdir().expect("tmp");
+    let store = dir.path().join("runs.db");
+    let (url, _counts) = serve::counting_service().await;
+    goal_with(dir.path(), &url, json!({"policy": "ask"}));
+    let thoughts = "Two independent steps: both can run at once, neither reads the other.";
+    let script = json!({"turns": [
+        {"solution": {"thoughts": thoughts, "calls": [
+            {"_tool": "step", "n": 1, "note": "first", "_outputPath": "†state.a"},
+            {"_tool": "step", "n": 2, "_outputPath": "†state.b"}
+        ], "output": null}, "chunk_chars": 32, "chunk_delay_ms": 2},
+        {"solution": {"calls": [], "output": {"a": "†state.a", "b": "†state.b.v"}}, "chunk_chars": 32}
+    ]});
+    std::fs::write(dir.path().join("s.json"), script.to_string()).expect("script");
+    let out = bin::dagloop()
+        .current_dir(dir.path())
+        .arg("--store")
+        .arg(&store)
+        .args(["run", "goal.json", "--detach", "--json"])
+        .output()
+        .expect("run");
+    let v: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let id = v["run_id"].as_str().expect("id").to_string();
+    let server = serve::Server::start(&store, None);
+    let (_, run) = serve::send(serve::client().get(server.url(&format!("/runs/{id}")))).await;
+    assert_eq!(
+        run["thoughts"],
+        json!([{"step": 1, "thoughts": thoughts}]),
+        "{run}"
+    );
+
+    c.goto(&server.url(&format!("/#{id}"))).await.expect("open");
+    browser::until(
+        c,
+        "the model's thoughts",
+        &format!(
+            "const t = document.querySelector('#thoughts .thought[data-step=\"1\"] .thought-text');
+             return t !== null && !document.querySelector('#ctx-thoughts').hidden
+                 && t.textContent === {};",
+            json!(thoughts)
+        ),
+    )
+    .await;
+    browser::save_screenshot(c, "reviewer-thoughts.png").await;
+    browser::click(c, "#tabs button[data-tab=\"fork\"]").await;
+    browser::until(
+        c,
+        "the fork form",
+        "return document.querySelector('#fork-step') !== null && !document.querySelector('#fork').closest('.tab-panel').hidden",
+    )
+    .await;
+    browser::eval(
+        c,
+        "document.querySelector('#fork-step').value = '0'; return true;",
+    )
+    .await;
+    browser::click(c, "#fork-go").await;
+    let forked = browser::until(
+        c,
+        "the fork opened",
+        &format!(
+            "const r = document.querySelector('#run-id').textContent;
+             return r && r !== '{id}' ? r : null;"
+        ),
+    )
+    .await;
+    let forked = forked.as_str().expect("an id").to_string();
+    let (status, v) =
+        serve::send(serve::client().get(server.url(&format!("/runs/{forked}")))).await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["forked_from"]["run"], id.as_str(), "{v}");
+    assert_eq!(v["forked_from"]["step"], 0, "{v}");
+    browser::no_errors(c).await;
 }

@@ -466,6 +466,8 @@ impl RunMachine {
                     work.push((frame, scheduler::Input::Decided { id: call, decision }));
                 }
             }
+            // Read by the run's readers only (the page shows them beside the calls).
+            RunInput::Thoughts { .. } => {}
             RunInput::Shown { call, presentation } => {
                 // The reviewer's clock starts at the call's first showing (of this
                 // presentation); a later showing changes nothing.

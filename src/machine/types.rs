@@ -89,6 +89,15 @@ pub enum RunInput {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         code: Option<String>,
     },
+    /// The model's `thoughts` for the turn, as it wrote them (journaled so that a reader of
+    /// the run, the reviewer's page, shows them beside the calls; they change nothing).
+    Thoughts {
+        /// The agent.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        frame: FrameKey,
+        /// The thoughts (a string, usually; any JSON value the model wrote).
+        thoughts: Value,
+    },
     /// Tokens reported by the provider (or estimated when it reports none).
     Usage {
         /// The agent.
@@ -290,6 +299,7 @@ impl RunInput {
             RunInput::Output { .. } => "output",
             RunInput::Problem { .. } => "problem",
             RunInput::Usage { .. } => "usage",
+            RunInput::Thoughts { .. } => "thoughts",
             RunInput::Retry { .. } => "retry",
             RunInput::Fallback { .. } => "fallback",
             RunInput::Reask { .. } => "reask",

@@ -38,7 +38,8 @@ pub use options::{RunOptions, policy_for};
 pub use record::{DefRecord, Replay};
 pub use replay::{Divergence, Replayed, fresh_machine, replay_run};
 pub use view::{
-    AwaitingCall, CallView, ModelFallback, Rebuilt, RunView, Span, action_of, describe, describe_view,
+    AwaitingCall, CallView, ModelFallback, Rebuilt, RunView, Span, Thought, action_of, describe,
+    describe_view,
     rebuild, rebuild_machine,
 };
 
