@@ -185,6 +185,21 @@ async fn the_api_starts_and_shows_the_deadline_when_it_lists_a_call() {
         deadlines(&cards),
         "{run}"
     );
+    // Journaled: the server gone, the run rebuilt from its record keeps the same deadlines.
+    let mut server = server;
+    server.kill();
+    let out = bin::dagloop()
+        .arg("--store")
+        .arg(&store)
+        .args(["show", "--json", &id])
+        .output()
+        .expect("show");
+    let shown: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!(
+        deadlines(shown["awaiting"].as_array().expect("awaiting")),
+        deadlines(&cards),
+        "{shown}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

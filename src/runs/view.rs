@@ -46,7 +46,6 @@ pub struct Thought {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub delegate_call: Option<u64>,
     /// What the model wrote (a string, usually).
-    #[cfg_attr(feature = "server", schema(value_type = Object))]
     pub thoughts: Value,
 }
 
