@@ -319,6 +319,16 @@ async fn a_goal_cannot_lower_an_operator_mcp_tools_always() {
     let is = |e: &Value, kind: &str, call: u64| e["type"] == kind && e["call_id"] == call;
     for (what, body) in &cases {
         let id = submit_as(&s, CI, body).await;
+        if what.contains("timeout") {
+            // A reviewer's deadline starts when the call is shown (spec/reviewer.md R1): here,
+            // listed by the API to a reviewer.
+            until_as(&s, ALICE, &id, |v| {
+                v["calls"]
+                    .as_array()
+                    .is_some_and(|c| c.iter().any(|c| c["id"] == 2 && !c["decision"].is_null()))
+            })
+            .await;
+        }
         // Read from the run's live events: `GET /runs/{id}` rebuilds a run without its MCP
         // servers' tools.
         let events = serve::events_until(&s.url(&format!("/runs/{id}/events")), Some(CI), |evs| {

@@ -47,7 +47,7 @@ async fn the_prompt_is_visible_and_approve_runs_the_call() {
         // One line per call: id, tool, resolved params; then the answers.
         p.exp_string("c1 ping {\"n\":7}")
             .expect("the call on one line");
-        p.exp_string("[a]pprove [A]pprove all ping [e]dit [r]eject [?]show >")
+        p.exp_string("[a]pprove [A]pprove all ping [e]dit [r]eject [s]end back [d]etach [?]show >")
             .expect("the prompt is on screen");
         p.send_line("?").expect("send");
         p.exp_string("\"_tool\": \"ping\"").expect("the whole call");

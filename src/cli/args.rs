@@ -101,6 +101,12 @@ pub enum DecideArg {
         #[arg(long)]
         call: String,
     },
+    /// Do not run it; tell the model to do it differently (not a veto).
+    SendBack {
+        /// What the model should do differently.
+        #[arg(long)]
+        feedback: String,
+    },
     /// Only for a call interrupted by a restart: it happened; this is its result (JSON).
     Done {
         /// The call's result.

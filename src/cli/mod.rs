@@ -16,6 +16,7 @@ mod init_cmd;
 mod session_cmd;
 pub use grant_cmd::{GrantArgs, RevokeArgs};
 mod alloc;
+mod card;
 mod policy_cmd;
 mod progress;
 mod replay;
@@ -611,6 +612,7 @@ fn decision_of(d: DecideArg) -> Result<crate::protocol::Decision, CliError> {
     Ok(match d {
         DecideArg::Approve => Decision::Approve,
         DecideArg::Reject { reason } => Decision::Reject { reason },
+        DecideArg::SendBack { feedback } => Decision::SendBack { feedback },
         DecideArg::Edit { params } => match json("params", &params)? {
             Value::Object(params) => Decision::Edit { params },
             _ => {

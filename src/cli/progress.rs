@@ -140,6 +140,7 @@ fn decision_words(d: &Decision, timed_out: bool) -> String {
         Decision::Edit { .. } => "approved with edited params".to_string(),
         Decision::Replace { call } => format!("replaced by a call to {}", call.tool),
         Decision::Reject { reason } => format!("rejected ({reason})"),
+        Decision::SendBack { feedback } => format!("sent back to the model ({feedback})"),
         Decision::Done { .. } => "marked done with a supplied result".into(),
     };
     if timed_out {

@@ -4,10 +4,14 @@
 //! One call is prompted at a time, on one line: its id, tool, resolved params (compact) and,
 //! when it had started before a restart, that it was interrupted. Answers: `a` approve, `A`
 //! approve every call of this tool for the rest of the run (a journaled grant, revocable through
-//! the API), `e` edit the params in `$EDITOR` (run on the terminal, `/dev/tty`, never on stdout,
+//! the API), `s` send it back to the model with feedback (it is told to do it differently, not
+//! vetoed), `d` leave it waiting and detach the run (decide later on the page or with
+//! `dagloop decide`, continue with `dagloop resume`), `e` edit the params in `$EDITOR` (run on the terminal, `/dev/tty`, never on stdout,
 //! which may be the run's result redirected to a file; checked against the tool's schema, the changes
-//! shown before they are sent), `r` reject with a reason, `d` (an interrupted call only) mark it
-//! done with a result given as JSON, `?` show the whole call. While a prompt is open the progress view does not redraw.
+//! shown before they are sent), `r` reject with a reason, `m` (an interrupted call only) mark it
+//! done with a result given as JSON, `?` show the whole call. Each prompt starts with the call's
+//! card (the page's: description, action, each param's source, the rule that asked, the
+//! deadline), and its showing is journaled: the call's reviewer deadline starts then. While a prompt is open the progress view does not redraw.
 //! A prompt is withdrawn when the call is decided another way (the policy's timeout, another
 //! reviewer, cancel). Only call params are shown: tool definitions (and so header values) never.
 //!
@@ -26,11 +30,17 @@ use tokio::sync::mpsc;
 use crate::engine::RunHandle;
 use crate::protocol::{Call, CallId, Decision, EventKind, Op, Tool};
 
-/// What the reviewer and the progress view share: whether a prompt is on screen.
+/// What the reviewer, the progress view and the run command share: whether a prompt is on
+/// screen, and the reviewer's `d` (leave the calls waiting and detach the run).
 #[derive(Debug, Default)]
 pub(super) struct Screen {
     pub prompt_open: AtomicBool,
+    pub detach: tokio::sync::Notify,
 }
+
+/// Where the terminal's card of a call comes from: the run's record in its store (the page's
+/// card is described from the same record and journal).
+pub(super) type Cards = Option<(Arc<dyn crate::store::RunStore>, String)>;
 
 struct Pending {
     id: CallId,
@@ -44,6 +54,7 @@ struct Pending {
 enum Waiting {
     Answer,
     Reason,
+    Feedback,
     Result,
     Confirm(Map<String, Value>),
 }
@@ -108,7 +119,12 @@ fn compact(params: &Map<String, Value>, max: usize) -> String {
 }
 
 /// Answers the run's approval requests on the terminal until the run ends.
-pub(super) async fn serve(handle: RunHandle, tools: BTreeMap<String, Tool>, screen: Arc<Screen>) {
+pub(super) async fn serve(
+    handle: RunHandle,
+    tools: BTreeMap<String, Tool>,
+    screen: Arc<Screen>,
+    cards: Cards,
+) {
     let mut events = handle.subscribe_from(0);
     let mut queue: VecDeque<Pending> = VecDeque::new();
     let mut current: Option<Pending> = None;
@@ -117,18 +133,13 @@ pub(super) async fn serve(handle: RunHandle, tools: BTreeMap<String, Tool>, scre
     let mut tool_grants: BTreeMap<String, String> = BTreeMap::new();
     let mut lines = Lines::new();
     loop {
-        if current.is_none()
-            && let Some(p) = queue.pop_front()
-        {
-            screen.prompt_open.store(true, Ordering::SeqCst);
-            prompt(&p);
-            waiting = Waiting::Answer;
-            current = Some(p);
-        }
         if current.is_some() {
             lines.request();
         }
+        // Events first: the next call is prompted only once the events already out are read
+        // (a grant or a decision they carry may have settled it).
         tokio::select! {
+            biased;
             ev = events.recv() => {
                 let Some(ev) = ev else { break };
                 match (&ev.kind, ev.call) {
@@ -165,6 +176,14 @@ pub(super) async fn serve(handle: RunHandle, tools: BTreeMap<String, Tool>, scre
                     _ => {}
                 }
             }
+            () = std::future::ready(()), if current.is_none() && !queue.is_empty() => {
+                let Some(p) = queue.pop_front() else { continue };
+                screen.prompt_open.store(true, Ordering::SeqCst);
+                present(&handle, &p, &cards).await;
+                prompt(&p);
+                waiting = Waiting::Answer;
+                current = Some(p);
+            }
             line = lines.next(), if current.is_some() => {
                 let Some(p) = current.take() else { continue };
                 let Some(line) = line else {
@@ -175,7 +194,13 @@ pub(super) async fn serve(handle: RunHandle, tools: BTreeMap<String, Tool>, scre
                 };
                 let tool = tools.get(&p.call.tool);
                 match answer(&handle, &p, tool, &mut waiting, line.trim()).await {
-                    Some(()) => screen.prompt_open.store(false, Ordering::SeqCst),
+                    Some(Answered::Decided) => screen.prompt_open.store(false, Ordering::SeqCst),
+                    Some(Answered::Detach) => {
+                        say(&format!("  {} left waiting; the run is detached\n", p.id));
+                        screen.prompt_open.store(false, Ordering::SeqCst);
+                        screen.detach.notify_one();
+                        return;
+                    }
                     None => current = Some(p),
                 }
             }
@@ -187,18 +212,53 @@ pub(super) async fn serve(handle: RunHandle, tools: BTreeMap<String, Tool>, scre
     screen.prompt_open.store(false, Ordering::SeqCst);
 }
 
-fn prompt(p: &Pending) {
+/// Puts the call in front of the reviewer: its showing is journaled (its deadline, if the
+/// policy sets one, starts now) and its card drawn: what the page's card shows.
+async fn present(handle: &RunHandle, p: &Pending, cards: &Cards) {
+    let shown = Op::Shown {
+        call: p.id,
+        presentation: p.presentation,
+    };
+    if let Err(e) = handle.submit(shown).await {
+        tracing::trace!(call = %p.id, code = e.code(), "showing not recorded: {e}");
+    }
     let flag = if p.interrupted {
         " (interrupted: it had started when the run stopped)"
     } else {
         ""
     };
-    let done = if p.interrupted { " [d]one" } else { "" };
+    let card = match cards {
+        Some((store, id)) => {
+            let (store, id, call) = (store.clone(), id.clone(), p.id.0);
+            tokio::task::spawn_blocking(move || card_of(&*store, &id, call))
+                .await
+                .ok()
+                .flatten()
+        }
+        None => None,
+    };
     say(&format!(
-        "\r\x1b[2K\n  {} {} {}{flag}\n  [a]pprove [A]pprove all {} [e]dit [r]eject{done} [?]show > ",
+        "\r\x1b[2K\n  {} {} {}{flag}\n{}",
         p.id,
         p.call.tool,
         compact(&p.call.params, 120),
+        card.unwrap_or_default()
+    ));
+}
+
+/// The card of call `call` of run `id`, from the run's record and journal in `store`.
+fn card_of(store: &dyn crate::store::RunStore, id: &str, call: u64) -> Option<String> {
+    let stored = store.load(id).ok()?;
+    let rb = crate::runs::rebuild(&stored.record, &stored.journal).ok()?;
+    let view = crate::runs::describe_view(id, &rb, stored.journal.len(), None, true);
+    let a = view.awaiting.iter().find(|a| a.call_id == call)?;
+    Some(super::card::lines(a, super::run::now_ms()))
+}
+
+fn prompt(p: &Pending) {
+    let done = if p.interrupted { " [m]ark done" } else { "" };
+    say(&format!(
+        "  [a]pprove [A]pprove all {} [e]dit [r]eject [s]end back{done} [d]etach [?]show > ",
         p.call.tool
     ));
 }
@@ -209,6 +269,7 @@ fn words(d: &Decision) -> String {
         Decision::Edit { .. } => "approved with edited params".into(),
         Decision::Replace { call } => format!("replaced by a call to {}", call.tool),
         Decision::Reject { reason } => format!("rejected ({reason})"),
+        Decision::SendBack { feedback } => format!("sent back to the model ({feedback})"),
         Decision::Done { .. } => "marked done with a supplied result".into(),
     }
 }
@@ -226,8 +287,31 @@ async fn decide(handle: &RunHandle, p: &Pending, decision: Decision) {
     }
 }
 
-/// Handles one line; `Some(())` when the call is decided, `None` to keep prompting.
+/// What a line did with the call on screen.
+enum Answered {
+    /// It was decided.
+    Decided,
+    /// It is left waiting and the run detached (`d`).
+    Detach,
+}
+
+/// Handles one line; `Some` when the prompt is done with, `None` to keep prompting.
 async fn answer(
+    handle: &RunHandle,
+    p: &Pending,
+    tool: Option<&Tool>,
+    waiting: &mut Waiting,
+    line: &str,
+) -> Option<Answered> {
+    if matches!(waiting, Waiting::Answer) && matches!(line, "d" | "detach") {
+        return Some(Answered::Detach);
+    }
+    answer_line(handle, p, tool, waiting, line)
+        .await
+        .map(|()| Answered::Decided)
+}
+
+async fn answer_line(
     handle: &RunHandle,
     p: &Pending,
     tool: Option<&Tool>,
@@ -242,6 +326,16 @@ async fn answer(
                 line.to_string()
             };
             decide(handle, p, Decision::Reject { reason }).await;
+            return Some(());
+        }
+        Waiting::Feedback => {
+            if line.is_empty() {
+                say("  feedback is what the model is told to do differently; nothing sent\n");
+                prompt(p);
+                return None;
+            }
+            let feedback = line.to_string();
+            decide(handle, p, Decision::SendBack { feedback }).await;
             return Some(());
         }
         Waiting::Result => match serde_json::from_str::<Value>(line) {
@@ -289,7 +383,12 @@ async fn answer(
             }
             Some(())
         }
-        "d" | "done" if p.interrupted => {
+        "s" | "send back" => {
+            *waiting = Waiting::Feedback;
+            say("  what should the model do differently? > ");
+            None
+        }
+        "m" | "done" if p.interrupted => {
             *waiting = Waiting::Result;
             say("  the call's result (JSON) > ");
             None

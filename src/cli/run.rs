@@ -45,11 +45,19 @@ pub(super) struct Display {
 
 /// True when the stored run, continued now, presents calls to a reviewer at once: calls that
 /// were waiting for a decision, and calls cut off mid-call whose tool is not idempotent.
-fn presents_on_resume(stored: &crate::store::StoredRun) -> bool {
+/// Decisions recorded meanwhile (`queued`: `dagloop decide`, the page) apply first: a run whose
+/// every waiting call was decided asks nothing at once.
+fn presents_on_resume(stored: &crate::store::StoredRun, queued: Vec<crate::protocol::Op>) -> bool {
     let Ok(mut machine) = crate::runs::rebuild_machine(&stored.record, &stored.journal) else {
         return false;
     };
-    machine.handle(crate::machine::RunInput::Resumed, now_ms());
+    let now = now_ms();
+    for op in queued {
+        if let Ok(op) = machine.bind_op(op) {
+            machine.handle(crate::machine::RunInput::from_op(op), now);
+        }
+    }
+    machine.handle(crate::machine::RunInput::Resumed, now);
     !machine.awaiting().is_empty()
 }
 
@@ -183,7 +191,11 @@ pub(super) async fn run(
             (goal, None, None)
         }
         Start::Resume(stored) => {
-            resumed_asks = presents_on_resume(&stored);
+            let queued = store
+                .as_ref()
+                .and_then(|s| s.shared().queued_ops(&stored.record.id).ok())
+                .unwrap_or_default();
+            resumed_asks = presents_on_resume(&stored, queued);
             let doc = stored.record.goal.to_string();
             let base = PathBuf::from(&stored.record.base_dir);
             let goal = Goal::from_json(&doc, FsPath::new(&stored.record.id), base)
@@ -216,6 +228,15 @@ pub(super) async fn run(
         None => None,
     };
     let mut file_grants = Vec::new();
+    // A resumed run with nothing to ask at once (every waiting call decided meanwhile) goes on
+    // without a terminal, as if detached: should it come to ask again, it waits for a decision
+    // and the process says how to give one.
+    let detach = display.detach
+        || (journal.is_some()
+            && !interactive
+            && decisions.is_none()
+            && !display.reject_without_reviewer
+            && !resumed_asks);
     let review = if let Some(path) = &decisions {
         let (approver, grants) = load_decisions(path)?;
         // A resumed run has its grants in its journal already.
@@ -223,7 +244,7 @@ pub(super) async fn run(
             file_grants = grants;
         }
         Review::Approver(Arc::new(approver))
-    } else if display.detach || interactive {
+    } else if detach || interactive {
         Review::External
     } else if display.reject_without_reviewer {
         Review::Approver(Arc::new(
@@ -345,8 +366,10 @@ pub(super) async fn run(
         })
     });
     let screen = Arc::new(review::Screen::default());
-    let reviewer = (interactive && decisions.is_none() && asks)
-        .then(|| tokio::spawn(review::serve(handle.clone(), tools, screen.clone())));
+    let reviewer = (interactive && decisions.is_none() && asks).then(|| {
+        let cards = store.as_ref().map(|s| (s.shared(), id.clone()));
+        tokio::spawn(review::serve(handle.clone(), tools, screen.clone(), cards))
+    });
     let progress = (!display.json_only && !display.quiet).then(|| {
         tokio::spawn(progress::show(
             handle.subscribe_from(0),
@@ -372,10 +395,13 @@ pub(super) async fn run(
         })
     };
     let ended = async {
-        if display.detach {
-            handle.wait_or_idle().await
-        } else {
-            Some(handle.wait().await)
+        if detach {
+            return handle.wait_or_idle().await;
+        }
+        tokio::select! {
+            r = handle.wait() => Some(r),
+            // The reviewer's `d`: the calls stay waiting, the run is detached once idle.
+            () = screen.detach.notified() => handle.wait_or_idle().await,
         }
     };
     let result = tokio::select! {

@@ -50,6 +50,11 @@ pub(super) async fn serve(
                 };
                 // The presentation the answer is for (DESIGN.md 3.6).
                 let seq = ev.seq;
+                // Handed to the approver: shown, so its reviewer deadline (if any) starts now.
+                let shown = Op::Shown { call: id, presentation: seq };
+                if let Err(e) = shared.submit(shown, false).await {
+                    tracing::trace!(call = %id, code = e.code(), "showing not recorded: {e}");
+                }
                 let answer = decide(approver.clone(), req);
                 pending.push(async move {
                     let (id, hash, decision) = answer.await;

@@ -85,6 +85,10 @@ pub(super) struct Frame {
     /// The presentation each call awaiting a decision answers to: the `seq` of its latest
     /// `approval_requested` event (DESIGN.md 3.6).
     pub presented: BTreeMap<CallId, u64>,
+    /// The reviewer timeout (ms) of each call awaiting a decision whose clock has not started:
+    /// it starts when the call is first shown to somebody (`RunInput::Shown`), not when it
+    /// was asked about (issue 48: a call prompted after another one gets its whole time).
+    pub unshown: BTreeMap<CallId, u64>,
     pub usage: Usage,
     /// Set when the agent must stop at the end of the current step (cancel, timeout).
     pub stopping: Option<RunStatus>,
@@ -176,6 +180,7 @@ impl Frame {
             decisions: BTreeMap::new(),
             decided_by: BTreeMap::new(),
             presented: BTreeMap::new(),
+            unshown: BTreeMap::new(),
             usage: Usage::default(),
             stopping: None,
         }

@@ -466,6 +466,21 @@ impl RunMachine {
                     work.push((frame, scheduler::Input::Decided { id: call, decision }));
                 }
             }
+            // Read by the run's readers only (the page shows them beside the calls).
+            RunInput::Thoughts { .. } => {}
+            RunInput::Shown { call, presentation } => {
+                // The reviewer's clock starts at the call's first showing (of this
+                // presentation); a later showing changes nothing.
+                if self.presentation(call) == Some(presentation)
+                    && let Some(f) = self.owner(call).and_then(|k| self.frames.get_mut(&k))
+                    && let Some(ms) = f.unshown.remove(&call)
+                {
+                    out.push(Action::SetTimer {
+                        timer: Timer::Approval { call },
+                        at: now.saturating_add(ms),
+                    });
+                }
+            }
             RunInput::Dropped {
                 call,
                 decision,

@@ -40,6 +40,7 @@ impl RunMachine {
                 };
             }
             Op::Cancel { .. } => return Ok(()),
+            Op::Shown { call, presentation } => return self.check_shown(*call, *presentation),
         };
         let call = *call;
         let frame_key = usize::try_from(call.0.wrapping_sub(1))
@@ -99,7 +100,7 @@ impl RunMachine {
         }
         let invalid = |reason: String| OpError::InvalidDecision { call, reason };
         match decision {
-            Decision::Approve | Decision::Reject { .. } => Ok(()),
+            Decision::Approve | Decision::Reject { .. } | Decision::SendBack { .. } => Ok(()),
             Decision::Done { .. } if sched.is_interrupted(call) => Ok(()),
             Decision::Done { .. } => Err(invalid(
                 "only a call interrupted by a restart can be marked done".into(),
@@ -150,6 +151,35 @@ impl RunMachine {
             *presentation = self.presentation(*call);
         }
         Ok(op)
+    }
+
+    /// A showing applies to the call's current presentation while its clock has not started.
+    fn check_shown(&self, call: CallId, presentation: u64) -> Result<(), OpError> {
+        let current = self.presentation(call);
+        if current.is_none() {
+            return Err(OpError::NotAwaiting {
+                call,
+                status: "not awaiting a decision".into(),
+            });
+        }
+        if current != Some(presentation) {
+            return Err(OpError::StalePresentation {
+                call,
+                presented: presentation,
+                current: current.unwrap_or(0),
+            });
+        }
+        match self.unshown_timeout(call) {
+            Some(_) => Ok(()),
+            None => Err(OpError::AlreadyShown { call }),
+        }
+    }
+
+    /// The reviewer timeout (ms) of a call awaiting a decision whose clock has not started
+    /// (nobody was shown it yet); None once it runs or when the policy sets none.
+    pub fn unshown_timeout(&self, call: CallId) -> Option<u64> {
+        let f = self.frames.get(&self.owner(call)?)?;
+        f.unshown.get(&call).copied()
     }
 
     /// Whether the call awaits a decision as interrupted by a restart (a re-presentation).

@@ -223,7 +223,11 @@ impl TurnReader {
                 }),
                 ParseEvent::Output(output) => out.push(self.output(frame, output, false)),
                 ParseEvent::UnknownField { key, value } => self.unknown.push((key, value)),
-                _ => {}
+                ParseEvent::Solution(s) => {
+                    if let Some(thoughts) = s.thoughts.filter(|t| !t.is_null() && *t != "") {
+                        out.push(RunInput::Thoughts { frame, thoughts });
+                    }
+                }
             }
         }
     }

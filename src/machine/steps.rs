@@ -243,6 +243,7 @@ impl RunMachine {
                             // interrupted by a restart) awaits its own decision: none given
                             // before it answers it.
                             if let Some(id) = call {
+                                f.unshown.remove(&id);
                                 f.decisions.remove(&id);
                                 f.decided_by.remove(&id);
                                 f.presented.insert(id, seq);
@@ -267,6 +268,7 @@ impl RunMachine {
                             if let Some(f) = self.frames.get_mut(&key) {
                                 f.decisions.insert(id, decision.clone());
                                 f.presented.remove(&id);
+                                f.unshown.remove(&id);
                                 match by {
                                     Some(b) => f.decided_by.insert(id, b.clone()),
                                     None => f.decided_by.remove(&id),
@@ -281,12 +283,12 @@ impl RunMachine {
                         // A grant in force approves the call at once (no reviewer, no timer).
                         if let Some(g) = self.covering_grant(key, id, &call) {
                             self.approve_by_grant(key, id, g, work);
-                        } else if let Some(t) = timeout {
+                        } else if let Some(t) = timeout
+                            && let Some(f) = self.frames.get_mut(&key)
+                        {
+                            // The clock starts when somebody is shown the call.
                             let ms = u64::try_from(t.as_millis()).unwrap_or(u64::MAX);
-                            out.push(Action::SetTimer {
-                                timer: Timer::Approval { call: id },
-                                at: now.saturating_add(ms),
-                            });
+                            f.unshown.insert(id, ms);
                         }
                     }
                     scheduler::Action::Launch {

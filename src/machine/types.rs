@@ -89,6 +89,15 @@ pub enum RunInput {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         code: Option<String>,
     },
+    /// The model's `thoughts` for the turn, as it wrote them (journaled so that a reader of
+    /// the run, the reviewer's page, shows them beside the calls; they change nothing).
+    Thoughts {
+        /// The agent.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        frame: FrameKey,
+        /// The thoughts (a string, usually; any JSON value the model wrote).
+        thoughts: Value,
+    },
     /// Tokens reported by the provider (or estimated when it reports none).
     Usage {
         /// The agent.
@@ -197,6 +206,14 @@ pub enum RunInput {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         presentation: Option<u64>,
     },
+    /// A call awaiting a decision was shown to somebody (prompted at a terminal, listed to
+    /// the page or the API): its reviewer timeout starts now, once per presentation.
+    Shown {
+        /// The call.
+        call: CallId,
+        /// The presentation shown (the `seq` of its `approval_requested` event).
+        presentation: u64,
+    },
     /// A decision taken from the store's queue no longer applied (its presentation was decided
     /// otherwise or presented again): journaled so that it leaves the queue and shows in the
     /// audit; it changes nothing else.
@@ -282,6 +299,7 @@ impl RunInput {
             RunInput::Output { .. } => "output",
             RunInput::Problem { .. } => "problem",
             RunInput::Usage { .. } => "usage",
+            RunInput::Thoughts { .. } => "thoughts",
             RunInput::Retry { .. } => "retry",
             RunInput::Fallback { .. } => "fallback",
             RunInput::Reask { .. } => "reask",
@@ -289,6 +307,7 @@ impl RunInput {
             RunInput::Outcome { .. } => "outcome",
             RunInput::Decided { .. } => "decided",
             RunInput::Dropped { .. } => "dropped",
+            RunInput::Shown { .. } => "shown",
             RunInput::Grant { .. } => "grant",
             RunInput::Revoke { .. } => "revoke",
             RunInput::TimerFired { .. } => "timer_fired",
@@ -319,6 +338,7 @@ impl RunInput {
             Op::Grant { grant, by } => RunInput::Grant { grant, by },
             Op::Revoke { grant, by } => RunInput::Revoke { grant, by },
             Op::Cancel { reason, by } => RunInput::Cancel { reason, by },
+            Op::Shown { call, presentation } => RunInput::Shown { call, presentation },
         }
     }
 }

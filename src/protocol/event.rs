@@ -169,6 +169,12 @@ pub enum Decision {
         /// Why, in the reviewer's words.
         reason: String,
     },
+    /// Do not run the call, and tell the model to do it differently: not a veto (the model is
+    /// told what the reviewer wants instead and may propose another call).
+    SendBack {
+        /// What to do differently, in the reviewer's words.
+        feedback: String,
+    },
     /// Only for a call interrupted by a restart: it did happen; this is its result (the
     /// reviewer's receipt). The result is written as if the activity had returned it.
     Done {
@@ -435,6 +441,7 @@ impl Decision {
             Decision::Edit { .. } => "edit",
             Decision::Replace { .. } => "replace",
             Decision::Reject { .. } => "reject",
+            Decision::SendBack { .. } => "send_back",
             Decision::Done { .. } => "done",
         }
     }

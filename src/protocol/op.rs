@@ -58,6 +58,15 @@ pub enum Op {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         by: Option<Actor>,
     },
+    /// A call awaiting a decision is shown to somebody (a terminal prompt, the page, the API):
+    /// its reviewer timeout, if the policy sets one, starts now. Refused once it has started
+    /// (`op.already_shown`) or when the presentation is not the call's current one.
+    Shown {
+        /// The call.
+        call: CallId,
+        /// The presentation shown (the `seq` of the call's `approval_requested` event).
+        presentation: u64,
+    },
     /// Stop the run: nothing more launches, running calls are aborted.
     Cancel {
         /// Why, in the canceller's words.
@@ -193,6 +202,12 @@ pub enum OpError {
         /// The journal length found when recording.
         now: u64,
     },
+    /// The call's reviewer clock already runs (it was shown before), or it has none.
+    #[error("call {call}'s reviewer deadline already runs, or it has none")]
+    AlreadyShown {
+        /// The call.
+        call: CallId,
+    },
     /// The call now awaits a decision about other params than the ones the reviewer saw.
     #[error("call {call} was presented with other params (seen {presented}, now {current})")]
     Stale {
@@ -274,6 +289,7 @@ impl OpError {
             OpError::AlreadyDecided { .. } => "op.already_decided",
             OpError::Stale { .. } | OpError::Moved { .. } => "op.stale",
             OpError::StalePresentation { .. } => "op.stale_presentation",
+            OpError::AlreadyShown { .. } => "op.already_shown",
             OpError::EditChangesTool { .. } => "op.edit_changes_tool",
             OpError::InvalidDecision { .. } => "op.invalid_decision",
             OpError::UnknownGrant { .. } => "op.unknown_grant",

@@ -40,7 +40,8 @@ pub use record::{DefRecord, Replay};
 pub use session::{Carry, Continue, Next, SessionOf, continue_run, follow_up, session_of};
 pub use replay::{Divergence, Replayed, fresh_machine, replay_run};
 pub use view::{
-    AwaitingCall, CallView, ModelFallback, Rebuilt, RunView, Span, action_of, describe, describe_view,
+    AwaitingCall, CallView, ModelFallback, Rebuilt, RunView, Span, Thought, action_of, describe,
+    describe_view,
     rebuild, rebuild_machine,
 };
 

@@ -34,6 +34,21 @@ pub struct Rebuilt {
     pub session: Option<super::SessionOf>,
     /// The principal that submitted the run to a server (None for runs started otherwise).
     pub submitted_by: Option<String>,
+    /// The model's thoughts, turn by turn, as journaled.
+    pub thoughts: Vec<Thought>,
+}
+
+/// The model's `thoughts` for one step of one agent.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[cfg_attr(feature = "server", derive(utoipa::ToSchema))]
+pub struct Thought {
+    /// The step (model turn) whose Solution carried them.
+    pub step: u32,
+    /// The delegate call whose nested agent wrote them (none: the run's own agent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delegate_call: Option<u64>,
+    /// What the model wrote (a string, usually).
+    pub thoughts: Value,
 }
 
 /// What the driver would have noted for the run `record` describes after `journal`: how many
@@ -77,6 +92,26 @@ pub fn rebuild(record: &RunRecord, journal: &[JournalEntry]) -> Result<Rebuilt, 
             _ => None,
         })
         .collect();
+    // The model's thoughts, with the step of the turn that wrote them (a turn's stream closes
+    // after its Solution: the step is one more than the streams its agent closed before).
+    let mut closed: std::collections::BTreeMap<Option<u64>, u32> = Default::default();
+    let mut thoughts = Vec::new();
+    for e in journal {
+        match &e.input {
+            crate::machine::RunInput::StreamClosed { frame, .. } => {
+                *closed.entry(frame.map(|c| c.0)).or_default() += 1;
+            }
+            crate::machine::RunInput::Thoughts { frame, thoughts: t } => {
+                let key = frame.map(|c| c.0);
+                thoughts.push(Thought {
+                    step: closed.get(&key).copied().unwrap_or(0) + 1,
+                    delegate_call: key,
+                    thoughts: t.clone(),
+                });
+            }
+            _ => {}
+        }
+    }
     let cancelled_by = journal.iter().find_map(|e| match &e.input {
         crate::machine::RunInput::Cancel { by, .. } => by.clone(),
         _ => None,
@@ -94,6 +129,7 @@ pub fn rebuild(record: &RunRecord, journal: &[JournalEntry]) -> Result<Rebuilt, 
         streams_closed,
         cancelled_by,
         tools,
+        thoughts,
     })
 }
 
@@ -158,6 +194,8 @@ pub struct RunView {
     pub critical_path: Vec<Span>,
     /// The calls awaiting a decision.
     pub awaiting: Vec<AwaitingCall>,
+    /// The model's `thoughts`, step by step (what it said it was doing, beside the calls).
+    pub thoughts: Vec<Thought>,
     /// The grants added (and revoked) during the run, with the calls they covered.
     pub grants: Vec<Value>,
     /// Turns that went to the next model of their agent's list.
@@ -283,7 +321,9 @@ pub struct AwaitingCall {
     pub rule: Option<String>,
     /// How long a reviewer has (ms), when the policy sets a timeout.
     pub timeout_ms: Option<u64>,
-    /// When the timeout's default applies (ms since the epoch), when there is one.
+    /// When the timeout's default applies (ms since the epoch): set once the call was first
+    /// shown to somebody (a terminal prompt, the page, this API), whose time starts then; null
+    /// before that, or when the policy sets no timeout.
     pub deadline_at: Option<u64>,
     /// What happens when nobody decides in time (`reject` or `approve`).
     pub default_decision: Value,
@@ -485,6 +525,7 @@ pub fn describe_view(
         spans,
         critical_path: critical,
         awaiting,
+        thoughts: rb.thoughts.clone(),
         grants: super::audit::grants(&rb.events),
         model_fallbacks: fallbacks,
         stream_reasks: reasks,
@@ -725,9 +766,10 @@ fn awaiting(rb: &Rebuilt) -> Vec<AwaitingCall> {
                 interrupted: interrupted.unwrap_or(false),
                 rule: asked.as_ref().and_then(|a| a.1.clone()),
                 timeout_ms,
-                deadline_at: timeout_ms
-                    .zip(asked.as_ref())
-                    .map(|(t, a)| a.2.saturating_add(t)),
+                // Set once somebody was shown the call (its clock starts then).
+                deadline_at: rb
+                    .machine
+                    .timer_at(crate::machine::Timer::Approval { call: id }),
                 default_decision: serde_json::to_value(default_decision).unwrap_or(Value::Null),
                 downstream,
                 tool_schema: schema,

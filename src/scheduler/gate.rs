@@ -226,6 +226,10 @@ impl Scheduler {
                 let err = SchedulerError::Rejected { reason }.to_value();
                 self.fail(ix, err.into(), FailKind::Rejected, None, now, out);
             }
+            Decision::SendBack { feedback } => {
+                let err = SchedulerError::SentBack { feedback }.to_value();
+                self.fail(ix, err.into(), FailKind::Rejected, None, now, out);
+            }
             Decision::Edit { params } => match self.edited(ix, params) {
                 Ok(call) => self.rewrite(ix, Box::new(call), true, out),
                 Err(reason) => {

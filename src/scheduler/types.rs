@@ -363,6 +363,14 @@ pub enum SchedulerError {
         /// The reviewer's reason.
         reason: String,
     },
+    /// A reviewer sent the call back: not a veto, the model is to do it differently.
+    #[error(
+        "a reviewer sent this call back: {feedback}. It did not run; do what it asks differently (a changed call, or another way to the goal)."
+    )]
+    SentBack {
+        /// What the reviewer wants done differently.
+        feedback: String,
+    },
     /// The stream closed and these references point at nothing.
     #[error("unresolved: nothing wrote {}", .missing.join(", "))]
     Unresolved {
@@ -387,6 +395,7 @@ impl SchedulerError {
             SchedulerError::BadEdit { .. } => "approval.bad_edit",
             SchedulerError::State(e) => e.code(),
             SchedulerError::Rejected { .. } => "approval.rejected",
+            SchedulerError::SentBack { .. } => "approval.sent_back",
             SchedulerError::Unresolved { .. } => "scheduler.unresolved",
         }
     }
@@ -397,6 +406,9 @@ impl SchedulerError {
         let details = match self {
             SchedulerError::Cycle(GraphError::Cycle { cycle }) => Some(json!({"cycle": cycle})),
             SchedulerError::Rejected { reason } => Some(json!({"reason": reason, "retry": false})),
+            SchedulerError::SentBack { feedback } => {
+                Some(json!({"feedback": feedback, "retry": true}))
+            }
             SchedulerError::Unresolved { missing } => Some(json!({"missing": missing})),
             _ => None,
         };

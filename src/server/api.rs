@@ -437,11 +437,14 @@ pub(super) async fn get_run(
     Path(id): Path<String>,
 ) -> ApiResult<Json<Value>> {
     st.readable(&who, &id).await?;
-    st.describe(&id).await.map(Json)
+    let v = st.describe(&id).await?;
+    Ok(Json(super::shown::show(&st, &who, &id, v).await))
 }
 
 /// The calls awaiting a decision: the resolved call, its `params_hash`, whether it was
-/// interrupted by a restart, and its tool's params schema.
+/// interrupted by a restart, and its tool's params schema. Listed to a reviewer, a call is
+/// shown: its deadline (`deadline_at`), when the policy sets a timeout, starts at the first
+/// listing (or terminal prompt) and is the same for every later reader.
 #[utoipa::path(get, path = "/runs/{id}/approvals", tag = "approvals",
     params(("id" = String, Path, description = "The run id")),
     responses((status = 200, description = "Calls awaiting a decision", body = Vec<crate::runs::AwaitingCall>),
@@ -452,13 +455,15 @@ pub(super) async fn approvals(
     Path(id): Path<String>,
 ) -> ApiResult<Json<Value>> {
     st.readable(&who, &id).await?;
-    let mut v = st.describe(&id).await?;
+    let v = st.describe(&id).await?;
+    let mut v = super::shown::show(&st, &who, &id, v).await;
     Ok(Json(v["awaiting"].take()))
 }
 
 /// Decides a call awaiting approval. The body is a Decision (`{"decision": "approve"}`,
 /// `{"decision": "edit", "params": {...}}`, `{"decision": "replace", "call": {...}}`,
-/// `{"decision": "reject", "reason": "..."}`), optionally with `presented`: the `params_hash`
+/// `{"decision": "reject", "reason": "..."}`, `{"decision": "send_back", "feedback": "..."}`:
+/// not run, and the model is told to do it differently), optionally with `presented`: the `params_hash`
 /// the reviewer saw (a string; anything else is refused), and `presentation`: the `seq` of the
 /// `approval_requested` event it answers (a number). Of concurrent decisions about one
 /// presentation, whichever server or command records them, one is accepted; the others get 409

@@ -35,6 +35,7 @@ pub mod principals;
 mod result;
 mod retain;
 mod session;
+mod shown;
 mod sse;
 mod state;
 mod watch;

@@ -14,13 +14,14 @@ const INDEX: &str = include_str!("page/index.html");
 const STYLE: &str = include_str!("page/style.css");
 
 /// The page's scripts, by path, in the order `index.html` loads them.
-const SCRIPTS: [(&str, &str); 12] = [
+const SCRIPTS: [(&str, &str); 13] = [
     ("/app.js", include_str!("page/app.js")),
     ("/runs.js", include_str!("page/runs.js")),
     ("/calls.js", include_str!("page/calls.js")),
     ("/context.js", include_str!("page/context.js")),
     ("/graph.js", include_str!("page/graph.js")),
     ("/audit.js", include_str!("page/audit.js")),
+    ("/fork.js", include_str!("page/fork.js")),
     ("/queue.js", include_str!("page/queue.js")),
     ("/cards.js", include_str!("page/cards.js")),
     ("/preview.js", include_str!("page/preview.js")),

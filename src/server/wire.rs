@@ -46,8 +46,10 @@ pub struct DecideRequest {
     params: Option<serde_json::Map<String, Value>>,
     /// For `replace`: the call to run in its place.
     call: Option<crate::protocol::Call>,
-    /// For `reject`: why, in the reviewer's words (the model is told).
+    /// For `reject`: why, in the reviewer's words (the model is told not to retry).
     reason: Option<String>,
+    /// For `send_back`: what the model should do differently (it is told so; not a veto).
+    feedback: Option<String>,
     /// The `params_hash` the reviewer saw: the decision applies only to exactly that call.
     presented: Option<String>,
     /// The presentation the decision answers: the `seq` of the call's `approval_requested`
@@ -69,8 +71,10 @@ pub enum DecisionName {
     Edit,
     /// Run `call` in its place.
     Replace,
-    /// Do not run it.
+    /// Do not run it; the model is told `reason` and not to retry it.
     Reject,
+    /// Do not run it; the model is told `feedback`: what to do differently (not a veto).
+    SendBack,
 }
 
 /// One run as `GET /runs` lists it.

@@ -359,6 +359,11 @@ pub trait RunStore: JournalSink {
     /// owner, until the driver journals it (applied or dropped); one that an owner took and
     /// never journaled (it died) is taken again by the next.
     fn take_ops(&self, id: &str) -> Result<Vec<Op>, StoreError>;
+    /// The ops queued for a run, oldest first, without taking them (what a resume will apply
+    /// first). A store that cannot say lists none.
+    fn queued_ops(&self, _id: &str) -> Result<Vec<Op>, StoreError> {
+        Ok(Vec::new())
+    }
     /// The store's size and contents (`dagloop runs --stats`), as JSON.
     fn stats(&self) -> Result<serde_json::Value, StoreError>;
     /// One page of runs from their rows (no journal is read): waiting first, then newest.

@@ -903,6 +903,21 @@ impl RunStore for SqliteStore {
         }
     }
 
+    fn queued_ops(&self, id: &str) -> Result<Vec<Op>, StoreError> {
+        let c = self.reader()?;
+        let mut stmt = c
+            .prepare("SELECT op FROM ops WHERE run_id = ?1 ORDER BY id")
+            .map_err(io)?;
+        let ops: Vec<String> = stmt
+            .query_map(rusqlite::params![id], |r| r.get(0))
+            .map_err(io)?
+            .collect::<Result<_, _>>()
+            .map_err(io)?;
+        ops.iter()
+            .map(|o| serde_json::from_str(o).map_err(io))
+            .collect()
+    }
+
     fn take_ops(&self, id: &str) -> Result<Vec<Op>, StoreError> {
         match self.call(Write::TakeOps(id.into()))? {
             Done::Ops(ops) => ops

@@ -331,6 +331,7 @@ function render(run) {
   renderCalls(run);
   renderGantt(run);
   if (page.tab === "audit") loadAudit();
+  if (page.tab === "fork") renderFork(run);
   $("#output").textContent = run.output === null || run.output === undefined ? "—" : pretty(run.output);
   $("#output").classList.toggle("empty", run.output === null || run.output === undefined);
   $("#state").textContent = run.state === null || run.state === undefined ? "—" : pretty(run.state);

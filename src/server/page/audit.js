@@ -11,6 +11,7 @@ function showTab(name) {
   for (const p of document.querySelectorAll(".tab-panel")) p.hidden = p.dataset.tab !== name;
   page.tab = name;
   if (name === "audit") loadAudit();
+  if (name === "fork") renderFork(page.run);
 }
 
 function isoTime(ms) {

@@ -6,7 +6,35 @@
 // and keeps the typed text. The grant buttons open panels from grants.js.
 "use strict";
 
-const PAST = { approve: "approved", edit: "edited", replace: "replaced", reject: "rejected" };
+const PAST = { approve: "approved", edit: "edited", replace: "replaced", reject: "rejected",
+  send_back: "sent back to the model" };
+
+// The reviewer's deadline of a card: a countdown to `deadline_at` with what happens at it (the
+// clock started when the call was first shown to somebody), or the timeout still to start.
+function deadlineText(a) {
+  const what = a.default_decision === "approve" ? "approved" : "rejected";
+  if (a.deadline_at) {
+    const left = Math.max(0, Math.ceil((a.deadline_at - Date.now()) / 1000));
+    return "deadline: " + what + " by default in " + left + " s (at " +
+      new Date(a.deadline_at).toISOString().slice(11, 19) + " UTC) unless you decide";
+  }
+  if (a.timeout_ms) return "deadline: " + what + " by default " + Math.ceil(a.timeout_ms / 1000) + " s after it is shown";
+  return "no deadline: the call waits for a decision";
+}
+
+function deadlineView(a) {
+  const d = el("div", { class: "deadline muted small", "data-deadline": a.deadline_at || "",
+    "data-default": a.default_decision || "", text: deadlineText(a) });
+  d.card = a;
+  return d;
+}
+
+// The countdowns tick once a second.
+setInterval(() => {
+  for (const d of document.querySelectorAll(".approval .deadline")) {
+    if (d.card && d.card.deadline_at) d.textContent = deadlineText(d.card);
+  }
+}, 1000);
 
 function editableParams(call) {
   const p = {};
@@ -55,6 +83,13 @@ function renderApprovals(run) {
     const key = keyOf(a);
     let card = box.querySelector(`.approval[data-key="${CSS.escape(key)}"]`);
     if (!card) card = approvalCard(run.id, a, key);
+    // The deadline may have started since the card was drawn (shown on another screen).
+    const d = card.querySelector(".deadline");
+    if (d && !card.classList.contains("decided")) {
+      d.card = a;
+      d.dataset.deadline = a.deadline_at || "";
+      d.textContent = deadlineText(a);
+    }
     // Right after the previous awaiting card, past any kept decided card.
     let at = anchor ? anchor.nextElementSibling : box.firstElementChild;
     while (at && at !== card && at.classList.contains("decided")) at = at.nextElementSibling;
@@ -345,6 +380,23 @@ function approvalCard(runId, a, key) {
     return [input, sendBtn];
   };
 
+  // Not a veto: the model is told what to do differently and may propose another call.
+  const sendBackPanel = () => {
+    const input = el("input", { class: "send-back-feedback", type: "text",
+      placeholder: "what the model should do differently" });
+    const sendBtn = el("button", { type: "button", class: "send-send-back primary", text: "Send back",
+      onclick: () => {
+        const feedback = input.value.trim();
+        if (!feedback) {
+          showErrors([{ message: "say what to do differently" }]);
+          return;
+        }
+        send({ decision: "send_back", feedback });
+      } });
+    input.addEventListener("keydown", (e) => { if (e.key === "Enter") sendBtn.click(); });
+    return [input, sendBtn];
+  };
+
   // (`append` writes a null as the text "null": the optional pieces are left out instead.)
   const present = (...parts) => parts.filter((p) => p !== null && p !== undefined);
   buttons.append(...present(
@@ -352,7 +404,12 @@ function approvalCard(runId, a, key) {
       onclick: () => send({ decision: "approve" }) }),
     el("button", { type: "button", class: "edit", text: "Edit…", onclick: () => open("edit", editPanel) }),
     el("button", { type: "button", class: "replace", text: "Replace…", onclick: () => open("replace", replacePanel) }),
-    el("button", { type: "button", class: "reject danger", text: "Reject…", onclick: () => open("reject", rejectPanel) }),
+    el("button", { type: "button", class: "send-back", text: "Send back…",
+      title: "the call does not run; the model is told what to do differently (not a veto)",
+      onclick: () => open("send-back", sendBackPanel) }),
+    el("button", { type: "button", class: "reject danger", text: "Reject…",
+      title: "the call does not run; the model is told not to retry it",
+      onclick: () => open("reject", rejectPanel) }),
     el("button", { type: "button", class: "grant-tool", text: "Approve every " + call._tool + " call…",
       title: "a grant: this call and every later call of the tool (optionally only those matching a schema)",
       onclick: () => open("grant-tool", () => grantToolPanel(call, give, showErrors)) }),
@@ -375,6 +432,8 @@ function approvalCard(runId, a, key) {
       call._outputPath ? el("span", { class: "muted small" }, "writes ", el("code", { text: call._outputPath })) : null),
     a.description ? el("p", { class: "description", text: String(a.description) }) : null,
     actionView(a),
+    a.rule ? el("div", { class: "rule muted small" }, "asked by ", el("code", { text: a.rule })) : null,
+    deadlineView(a),
     sourcesView(a, call),
     el("details", { class: "as-json" }, el("summary", { class: "muted small", text: "params as JSON" }),
       el("pre", { class: "json params", text: pretty(editableParams(call)) })),
