@@ -1,0 +1,43 @@
+"""dagloop from Python: tools are Python functions, outputs are Pydantic models, runs are
+driven by the dagloop library (the same code as the `dagloop` command line) through its native
+module `dagloop._dagloop`. See docs/python.md."""
+
+from ._agent import (
+    Agent,
+    ApprovalRequest,
+    Decision,
+    RunFailed,
+    RunResult,
+    RunStream,
+    ScriptedModel,
+    approve,
+    call,
+    edit,
+    reject,
+)
+from ._bridge import DagloopError
+from ._client import Client, RunOutcome
+from ._events import *  # noqa: F403
+from ._events import Event, parse_event
+from ._tools import Tool, tool
+
+__all__ = [
+    "Agent",
+    "ApprovalRequest",
+    "Client",
+    "DagloopError",
+    "Decision",
+    "Event",
+    "RunFailed",
+    "RunOutcome",
+    "RunResult",
+    "RunStream",
+    "ScriptedModel",
+    "Tool",
+    "approve",
+    "call",
+    "edit",
+    "parse_event",
+    "reject",
+    "tool",
+]

@@ -1,0 +1,134 @@
+"""Agents from Python: Pydantic outputs (and the re-ask on an invalid one), the reviewer
+callback, streamed events and decisions while iterating, goal files and cassettes."""
+
+from __future__ import annotations
+
+import pathlib
+
+import pydantic
+import pytest
+
+import dagloop
+from dagloop import ScriptedModel, call
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+class Refund(pydantic.BaseModel):
+    amount: float
+    approved: bool
+    note: str | None = None
+
+
+@dagloop.tool(approval="always")
+def pay(amount: float) -> dict:
+    """Pays an amount."""
+    pay.seen.append(amount)  # type: ignore[attr-defined]
+    return {"paid": amount}
+
+
+pay.seen = []  # type: ignore[attr-defined]
+
+
+async def test_the_output_is_a_pydantic_instance_and_a_bad_answer_is_re_asked() -> None:
+    model = ScriptedModel([
+        ScriptedModel.solution(output={"amount": "lots", "approved": True}),
+        ScriptedModel.solution(output={"amount": 12.5, "approved": True}),
+    ])
+    agent = dagloop.Agent(model=model, output_type=Refund)
+    schema = agent.output_schema()
+    assert schema is not None and schema["required"] == ["amount", "approved"]
+    run = agent.stream("refund")
+    invalid = [ev async for ev in run if isinstance(ev, dagloop.OutputInvalid)]
+    out = await run.output()
+    assert isinstance(out, Refund) and out.amount == 12.5
+    assert len(invalid) == 1 and invalid[0].errors
+
+
+def test_an_output_that_never_validates_fails_the_run() -> None:
+    model = ScriptedModel([ScriptedModel.solution(output={"amount": "lots"})] * 4)
+    agent = dagloop.Agent(model=model, output_type=Refund, limits={"max_steps": 2})
+    with pytest.raises(dagloop.RunFailed) as e:
+        agent.run_sync("refund")
+    assert not e.value.result.succeeded
+
+
+async def test_the_reviewer_callback_edits_a_call() -> None:
+    pay.seen.clear()  # type: ignore[attr-defined]
+    shown: list[dagloop.ApprovalRequest] = []
+
+    async def review(req: dagloop.ApprovalRequest) -> dagloop.Decision:
+        shown.append(req)
+        return dagloop.edit({"amount": min(req.params["amount"], 10.0)})
+
+    model = ScriptedModel([
+        ScriptedModel.solution([call(pay, amount=99.0, output_path="†state.payment")]),
+        ScriptedModel.solution(output={"amount": 10.0, "approved": True}),
+    ])
+    out = await dagloop.Agent(model=model, tools=[pay], output_type=Refund, on_approval=review).run("pay")
+    assert out.amount == 10.0
+    assert pay.seen == [10.0]  # type: ignore[attr-defined]
+    assert [(r.tool, r.params) for r in shown] == [("pay", {"amount": 99.0})]
+
+
+def test_a_run_that_asks_without_a_reviewer_is_refused_before_it_starts() -> None:
+    model = ScriptedModel([ScriptedModel.solution([call(pay, amount=1.0)])])
+    with pytest.raises(dagloop.DagloopError) as e:
+        dagloop.Agent(model=model, tools=[pay]).run_sync("pay")
+    assert e.value.code == "approval.no_reviewer"
+
+
+async def test_events_stream_and_calls_are_decided_while_iterating() -> None:
+    pay.seen.clear()  # type: ignore[attr-defined]
+    model = ScriptedModel([
+        ScriptedModel.solution(
+            [call(pay, amount=5.0, output_path="†state.a || †state.no"), call(pay, amount=6.0, output_path="†state.b")],
+            chunk_chars=8,
+            chunk_delay_ms=1,
+        ),
+        ScriptedModel.solution(output={"amount": 5.0, "approved": False}),
+    ])
+    run = dagloop.Agent(model=model, tools=[pay], output_type=Refund).stream("pay twice")
+    seen: list[dagloop.Event] = []
+    async for ev in run:
+        seen.append(ev)
+        if isinstance(ev, dagloop.ApprovalRequested):
+            amount = ev.params["amount"]
+            await run.decide(ev.call_id, dagloop.approve() if amount == 6.0 else dagloop.reject("too much"))
+    out = await run.output()
+    assert out.approved is False
+    assert pay.seen == [6.0]  # type: ignore[attr-defined]
+    types = [ev.type for ev in seen]
+    for t in ["run_started", "model_delta", "call_received", "approval_requested", "decision", "started", "finished", "run_finished"]:
+        assert t in types, (t, types)
+    assert [ev.seq for ev in seen if ev.type != "model_delta"] == sorted(ev.seq for ev in seen if ev.type != "model_delta")
+    assert (await run.wait()).state["no"]["code"] == "call.rejected" or "no" in (await run.wait()).state
+
+
+async def test_a_goal_file_runs_with_python_functions_for_its_rust_tools() -> None:
+    @dagloop.tool
+    def checkBillingHistory(customerId: str) -> dict:
+        return {"customerId": customerId, "lastOrder": {"id": "ord_981", "total": 50.0, "refundable": 40.0}}
+
+    @dagloop.tool
+    def issueRefund(customerId: str, orderId: str, amount: float) -> dict:
+        if amount > 40.0:
+            raise ValueError(f"amount {amount:.2f} exceeds the refundable balance 40.00")
+        return {"refundId": f"rf_{orderId}_{amount:g}", "amount": amount}
+
+    agent = dagloop.Agent.from_goal(ROOT / "examples/refund/goal.json", tools=[checkBillingHistory, issueRefund])
+    run = agent.stream()
+    async for _ in run:
+        pass
+    result = await run.wait()
+    assert result.status == "succeeded", result
+    assert result.output["status"] == "partially_refunded"
+    assert result.state["refundError"]["message"].startswith("ValueError: amount 50.00")
+
+
+async def test_a_cassette_answers_the_calls_offline() -> None:
+    agent = dagloop.Agent.from_goal(ROOT / "examples/refund/goal.json", tools_from=ROOT / "examples/refund/tools.json")
+    result = await agent.stream().wait()
+    assert result.status == "succeeded"
+    assert result.output["refundedAmount"] == 40.0
+    assert result.state["receipt"]["amount"] == 40.0

@@ -1,0 +1,85 @@
+"""Runs in the store: a run whose process was killed (SIGKILL, mid-call) is resumed from Python
+and finishes, its interrupted idempotent call run again."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import dagloop
+from dagloop import ScriptedModel, call
+
+CHILD = textwrap.dedent(
+    """
+    import asyncio, json, pathlib, sys, time
+    import dagloop
+    from dagloop import ScriptedModel, call
+
+    work = pathlib.Path(sys.argv[1])
+
+    @dagloop.tool(idempotent=True)
+    def slow(n: int) -> int:
+        (work / "entered").write_text("yes")
+        time.sleep(600)
+        return n
+
+    async def main():
+        model = ScriptedModel(path=work / "script.json")
+        agent = dagloop.Agent(model=model, tools=[slow], store=work / "runs.db")
+        run = agent.stream("count slowly")
+        await run.start()
+        (work / "run_id").write_text(run.run_id)
+        async for _ in run:
+            pass
+
+    asyncio.run(main())
+    """
+)
+
+
+def test_a_killed_run_is_resumed_from_python(tmp_path: pathlib.Path) -> None:
+    import json
+
+    (tmp_path / "script.json").write_text(json.dumps({"turns": [
+        ScriptedModel.solution([call("slow", n=7, output_path="†state.n")]),
+        ScriptedModel.solution(output={"done": True}),
+    ]}))
+    child = subprocess.Popen([sys.executable, "-c", CHILD, str(tmp_path)])
+    try:
+        deadline = time.monotonic() + 60
+        while not (tmp_path / "entered").exists():
+            assert child.poll() is None, "the child exited before the call started"
+            assert time.monotonic() < deadline, "the call never started"
+            time.sleep(0.05)
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait()
+    finally:
+        if child.poll() is None:
+            child.kill()
+    run_id = (tmp_path / "run_id").read_text()
+
+    @dagloop.tool(idempotent=True)
+    def slow(n: int) -> int:
+        return n * 6
+
+    agent = dagloop.Agent(tools=[slow], store=tmp_path / "runs.db")
+    result = dagloop_run(agent, run_id)
+    assert result.status == "succeeded", result
+    assert result.state["n"] == 42
+    # Resuming a finished run gives its stored result.
+    again = dagloop_run(agent, run_id)
+    assert again.status == "succeeded" and again.state == result.state
+
+
+def dagloop_run(agent: dagloop.Agent, run_id: str) -> dagloop.RunResult:
+    import asyncio
+
+    async def go() -> dagloop.RunResult:
+        return await agent.resume(run_id).wait()
+
+    return asyncio.run(go())
