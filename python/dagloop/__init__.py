@@ -2,6 +2,9 @@
 driven by the dagloop library (the same code as the `dagloop` command line) through its native
 module `dagloop._dagloop`. See docs/python.md."""
 
+import atexit as _atexit
+
+from . import _dagloop as _native  # type: ignore[attr-defined]
 from ._agent import (
     Agent,
     ApprovalRequest,
@@ -20,6 +23,10 @@ from ._client import Client, RunOutcome
 from ._events import *  # noqa: F403
 from ._events import Event, parse_event
 from ._tools import Tool, tool
+
+# Nothing is handed back to Python once the interpreter exits (runs still going are left to
+# their store, as a killed process leaves them).
+_atexit.register(_native._exiting)
 
 __all__ = [
     "Agent",

@@ -7,6 +7,7 @@ Done = Callable[[Any, tuple[str, str] | None], None]
 __version__: str
 
 def start(spec: str, done: Done) -> None: ...
+def _exiting() -> None: ...
 
 class Run:
     @property

@@ -10,6 +10,7 @@
 
 use std::future::Future;
 use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
@@ -33,6 +34,16 @@ fn runtime() -> PyResult<&'static tokio::runtime::Runtime> {
     .map_err(|e| PyRuntimeError::new_err(format!("cannot start the tokio runtime: {e}")))
 }
 
+/// Set when the interpreter exits (`atexit`): from then on nothing is handed back to Python (a
+/// thread taking the GIL while the interpreter finalizes aborts the process).
+static EXITING: AtomicBool = AtomicBool::new(false);
+
+/// Called by the package's `atexit` hook.
+#[pyfunction]
+fn _exiting() {
+    EXITING.store(true, Ordering::SeqCst);
+}
+
 /// A failure handed to Python: a stable code and the message.
 type Failure = (String, String);
 
@@ -45,6 +56,9 @@ where
 {
     runtime()?.spawn(async move {
         let out = fut.await;
+        if EXITING.load(Ordering::SeqCst) {
+            return;
+        }
         Python::attach(|py| {
             let called = match out {
                 Ok(v) => done.call1(py, (v, py.None())),
@@ -62,6 +76,7 @@ where
 #[pymodule]
 fn _dagloop(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(start::start, m)?)?;
+    m.add_function(wrap_pyfunction!(_exiting, m)?)?;
     m.add_class::<run::Run>()?;
     m.add_class::<tool::Reply>()?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;

@@ -54,13 +54,19 @@ impl Run {
     }
 
     /// `done([(tool, params_json, reply), ...])`: the calls of Python tools waiting to run (at
-    /// least one; every one queued by then).
+    /// least one; every one queued by then), or `[]` once the run is over.
     fn next_work(&self, done: Py<PyAny>) -> PyResult<()> {
         let work = self.work.clone();
+        let handle = self.handle.clone();
         complete(done, async move {
             let mut rx = work.lock().await;
             let mut batch: Vec<(String, String, Reply)> = Vec::new();
-            match rx.recv().await {
+            let first = tokio::select! {
+                biased;
+                w = rx.recv() => w,
+                _ = handle.wait() => None,
+            };
+            match first {
                 Some(w) => batch.push((w.tool, w.params, w.reply)),
                 None => return Ok(batch),
             }
