@@ -121,6 +121,18 @@ class RunResult:
         return self.status == "succeeded"
 
 
+@dataclass(frozen=True)
+class Replay:
+    """A stored run replayed: `identical`, or `divergence` says where it first differs."""
+
+    identical: bool
+    entries: int
+    events: int
+    events_digest: str
+    status: str | None
+    divergence: dict[str, Any] | None
+
+
 class RunFailed(Exception):
     """The run ended without a valid output; `result` says how."""
 
@@ -243,6 +255,35 @@ class Agent(Generic[T]):
         spec = self._spec(None, None, resume=run_id)
         spec["reviewer"] = True
         return RunStream(self, spec)
+
+    def fork(self, run_id: str, at_step: int, *, input: Any = None) -> "RunStream[T]":
+        """A new run from stored run `run_id`'s state, plan and context after step `at_step`
+        (as `dagloop fork`; the agent's model, when given, and `input` replace the original's),
+        recorded in the agent's store and continued here."""
+        if self.store is None:
+            raise ValueError("forking needs the agent's store")
+        spec = self._spec(None, None, resume="")
+        del spec["resume"]
+        spec["fork"] = {"run_id": run_id, "at_step": at_step}
+        if input is not None:
+            spec["input"] = _jsonable(input)
+        spec["reviewer"] = True
+        return RunStream(self, spec)
+
+    async def replay(self, run_id: str) -> "Replay":
+        """Stored run `run_id`'s journal through fresh machines, offline (`dagloop replay`):
+        `identical`, or the first divergence."""
+        if self.store is None:
+            raise ValueError("replaying needs the agent's store")
+        doc = json.loads(await native(lambda done: _native.replay(self.store, run_id, done)))
+        return Replay(
+            identical=doc.get("divergence") is None,
+            entries=doc["entries"],
+            events=doc["events"],
+            events_digest=doc["events_digest"],
+            status=doc.get("status"),
+            divergence=doc.get("divergence"),
+        )
 
     async def run(self, goal: str | None = None, *, input: Any = None) -> T:
         """Runs to the end; the output as an instance of `output_type` (`RunFailed` when the

@@ -17,6 +17,7 @@ use pyo3::prelude::*;
 
 mod run;
 mod start;
+mod store;
 mod tool;
 
 /// The runtime every run of the process runs on (its worker threads never hold the GIL
@@ -77,6 +78,7 @@ where
 fn _dagloop(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(start::start, m)?)?;
     m.add_function(wrap_pyfunction!(_exiting, m)?)?;
+    m.add_function(wrap_pyfunction!(store::replay, m)?)?;
     m.add_class::<run::Run>()?;
     m.add_class::<tool::Reply>()?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;

@@ -50,6 +50,8 @@ struct Spec {
     store: Option<PathBuf>,
     /// Continue this stored run instead of starting one.
     resume: Option<String>,
+    /// Start a fork of this stored run after one of its steps (`dagloop fork`).
+    fork: Option<ForkSpec>,
     /// Answer calls from this cassette (`--tools-from`).
     tools_from: Option<PathBuf>,
     #[serde(default)]
@@ -57,6 +59,14 @@ struct Spec {
     /// Someone in Python decides approvals (a callback or `run.decide`).
     #[serde(default)]
     reviewer: bool,
+}
+
+/// `dagloop fork RUN --at-step N`: the run forked and the step after which the fork starts.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ForkSpec {
+    run_id: String,
+    at_step: u32,
 }
 
 fn failure(code: &str, e: impl std::fmt::Display) -> Failure {
@@ -99,8 +109,14 @@ async fn launch(spec: Spec) -> Result<Started, Failure> {
     };
     let tools_from = match &spec.tools_from {
         Some(p) => {
-            let text = std::fs::read_to_string(p)
-                .map_err(|e| failure("cli.unreadable", format!("{}: {e}", p.display())))?;
+            let text = std::fs::read_to_string(p).map_err(|e| {
+                let code = if e.kind() == std::io::ErrorKind::NotFound {
+                    "cli.not_found"
+                } else {
+                    "cli.unreadable"
+                };
+                failure(code, format!("cannot read {}: {e}", p.display()))
+            })?;
             let c = runs::Cassette::parse(&text, &p.display().to_string())
                 .map_err(|e| failure(e.code(), e))?;
             Some((Arc::new(c), spec.passthrough))
@@ -112,8 +128,17 @@ async fn launch(spec: Spec) -> Result<Started, Failure> {
         model: spec.model.clone(),
         ..RunOptions::default()
     };
-    let (goal, resume) = match &spec.resume {
-        Some(id) => {
+    let grants = Arc::new(dagloop::grants::Grants::cli(false));
+    let (goal, resume) = match (&spec.resume, &spec.fork) {
+        (None, Some(f)) => {
+            let s = store
+                .as_ref()
+                .ok_or_else(|| failure("cli.no_store", "forking a run needs its store"))?;
+            let (goal, id, journal, fork_opts) = fork(s, f, &spec, grants.clone()).await?;
+            opts = fork_opts;
+            (goal, Some((id, journal)))
+        }
+        (Some(id), _) => {
             let s = store
                 .as_ref()
                 .ok_or_else(|| failure("cli.no_store", "resuming a run needs its store"))?;
@@ -136,7 +161,7 @@ async fn launch(spec: Spec) -> Result<Started, Failure> {
                 Goal::from_json(&doc, Path::new(id), base).map_err(|e| failure(e.code(), e))?;
             (goal, Some((id.clone(), stored.journal)))
         }
-        None => (new_goal(&spec, offline)?, None),
+        (None, None) => (new_goal(&spec, offline)?, None),
     };
     if let Some(a) = &spec.approve {
         opts.approve = Some(ModeName::parse(a).map_err(|e| failure(e.code(), e))?);
@@ -147,7 +172,6 @@ async fn launch(spec: Spec) -> Result<Started, Failure> {
     for t in &spec.tools {
         registry.register(t.name.clone(), activity.clone());
     }
-    let grants = Arc::new(dagloop::grants::Grants::cli(false));
     let def = runs::define(goal, opts, grants).map_err(|e| failure(e.code(), e))?;
     let review = if spec.reviewer {
         Review::External
@@ -173,6 +197,41 @@ async fn launch(spec: Spec) -> Result<Started, Failure> {
     .map_err(|e| failure(e.code(), e))?;
     let launched = prepared.start().await.map_err(|e| failure(e.code(), e))?;
     Ok(Started::Run(Run::new(launched, work, store)))
+}
+
+/// Records a fork of a stored run as `dagloop fork` does (the original's policy and mode go on;
+/// the model and input may change): its goal, id, journal and options, to be continued like a
+/// resumed run.
+async fn fork(
+    store: &Arc<dyn RunStore>,
+    f: &ForkSpec,
+    spec: &Spec,
+    grants: Arc<dagloop::grants::Grants>,
+) -> Result<(Goal, String, Vec<dagloop::JournalEntry>, RunOptions), Failure> {
+    let err = |e: runs::RunsError| failure(e.code(), e);
+    let stored = store.load(&f.run_id).map_err(|e| failure(e.code(), e))?;
+    let base = RunOptions::from_stored(&stored.record.options).map_err(err)?;
+    let opts = RunOptions {
+        model: base.model,
+        approve: base.approve,
+        mode: base.mode,
+        floor: base.floor,
+        agent: base.agent,
+        ..RunOptions::default()
+    };
+    let fork = runs::fork(
+        &stored,
+        f.at_step,
+        spec.model.clone(),
+        spec.input.clone(),
+        opts,
+        runs::now_ms(),
+    )
+    .map_err(err)?;
+    // Refused before anything is recorded: a fork the grants do not allow leaves no run.
+    runs::define(fork.goal.clone(), fork.options.clone(), grants).map_err(err)?;
+    let seeded = runs::seed(&**store, &fork).await.map_err(err)?;
+    Ok((fork.goal, fork.record.id, seeded.journal, fork.options))
 }
 
 /// The goal of a new run: the file, or the document, with the Python tools added.

@@ -83,3 +83,28 @@ def dagloop_run(agent: dagloop.Agent, run_id: str) -> dagloop.RunResult:
         return await agent.resume(run_id).wait()
 
     return asyncio.run(go())
+
+
+async def test_a_stored_run_replays_identically_and_forks(tmp_path: pathlib.Path) -> None:
+    @dagloop.tool
+    def add(a: int, b: int) -> int:
+        return a + b
+
+    model = ScriptedModel([
+        ScriptedModel.solution([call(add, a=2, b=3, output_path="†state.sum")]),
+        ScriptedModel.solution(output={"done": True}),
+    ])
+    agent = dagloop.Agent(model=model, tools=[add], store=tmp_path / "runs.db")
+    run = agent.stream("add")
+    first = await run.wait()
+    assert first.status == "succeeded"
+    replayed = await agent.replay(first.run_id)
+    assert replayed.identical and replayed.status == "succeeded" and replayed.entries > 0
+    # A fork after step 1 starts from its state and asks the model for step 2.
+    fork = agent.fork(first.run_id, 1, input={"again": True})
+    forked = await fork.wait()
+    assert forked.run_id != first.run_id
+    assert forked.status == "succeeded" and forked.state["sum"] == 5 and forked.output == {"done": True}
+    with __import__("pytest").raises(dagloop.DagloopError) as e:
+        await agent.fork(first.run_id, 9).wait()
+    assert e.value.code == "fork.no_such_step"
