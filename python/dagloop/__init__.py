@@ -4,7 +4,7 @@ module `dagloop._dagloop`. See docs/python.md."""
 
 import atexit as _atexit
 
-from . import _dagloop as _native  # type: ignore[attr-defined]
+from . import _dagloop as _native
 from ._agent import (
     Agent,
     ApprovalRequest,
@@ -21,8 +21,37 @@ from ._agent import (
 )
 from ._bridge import DagloopError
 from ._client import Client, RunOutcome
-from ._events import *  # noqa: F403
-from ._events import Event, parse_event
+from ._events import (
+    Event,
+    RunStarted,
+    RequestStarted,
+    ModelDelta,
+    Solution,
+    OutputInvalid,
+    CallReceived,
+    CallRefused,
+    Blocked,
+    Unblocked,
+    ApprovalRequested,
+    DecisionMade,
+    DecisionDropped,
+    GrantAdded,
+    GrantRevoked,
+    CallStarted,
+    CallProgress,
+    CallFinished,
+    CallFailed,
+    Written,
+    Unresolved,
+    CallCancelled,
+    StepDrained,
+    ModelRetry,
+    ModelFallback,
+    ContextCompacted,
+    StreamReasked,
+    RunFinished,
+    parse_event,
+)
 from ._tools import Tool, tool
 
 # Nothing is handed back to Python once the interpreter exits (runs still going are left to
@@ -36,6 +65,33 @@ __all__ = [
     "DagloopError",
     "Decision",
     "Event",
+    "RunStarted",
+    "RequestStarted",
+    "ModelDelta",
+    "Solution",
+    "OutputInvalid",
+    "CallReceived",
+    "CallRefused",
+    "Blocked",
+    "Unblocked",
+    "ApprovalRequested",
+    "DecisionMade",
+    "DecisionDropped",
+    "GrantAdded",
+    "GrantRevoked",
+    "CallStarted",
+    "CallProgress",
+    "CallFinished",
+    "CallFailed",
+    "Written",
+    "Unresolved",
+    "CallCancelled",
+    "StepDrained",
+    "ModelRetry",
+    "ModelFallback",
+    "ContextCompacted",
+    "StreamReasked",
+    "RunFinished",
     "Replay",
     "RunFailed",
     "RunOutcome",

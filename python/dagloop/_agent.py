@@ -14,16 +14,18 @@ import json
 import os
 import tempfile
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Awaitable, Callable, Generic, Iterable, TypeVar, Union
+from typing import Any, AsyncIterator, Awaitable, Callable, Generic, Iterable, Union
 
 import pydantic
+from typing_extensions import TypeVar
 
-from . import _dagloop as _native  # type: ignore[attr-defined]
+from . import _dagloop as _native
 from ._bridge import DagloopError, native
 from ._events import ApprovalRequested, Event, parse_event
 from ._tools import Tool
 
-T = TypeVar("T")
+# The output type; Any for an agent given none.
+T = TypeVar("T", default=Any)
 
 
 class ScriptedModel:
@@ -273,9 +275,10 @@ class Agent(Generic[T]):
     async def replay(self, run_id: str) -> "Replay":
         """Stored run `run_id`'s journal through fresh machines, offline (`dagloop replay`):
         `identical`, or the first divergence."""
-        if self.store is None:
+        store = self.store
+        if store is None:
             raise ValueError("replaying needs the agent's store")
-        doc = json.loads(await native(lambda done: _native.replay(self.store, run_id, done)))
+        doc = json.loads(await native(lambda done: _native.replay(store, run_id, done)))
         return Replay(
             identical=doc.get("divergence") is None,
             entries=doc["entries"],
@@ -299,7 +302,7 @@ class Agent(Generic[T]):
             raise RunFailed(result)
         if self._adapter is None:
             return result.output  # type: ignore[no-any-return]
-        return self._adapter.validate_python(result.output)  # type: ignore[no-any-return]
+        return self._adapter.validate_python(result.output)
 
 
 def _jsonable(v: Any) -> Any:

@@ -90,10 +90,11 @@ class Client:
     def submit(self, goal: dict[str, Any] | str | os.PathLike[str], *, model: str | None = None, approve: str | None = None, mode: str | None = None, input: Any = None, wait: float | None = None) -> RunOutcome:
         """Submits a goal document (a dict, or a goal file's path read here). With `wait`
         (seconds), the answer waits for the run to end or to need a decision."""
-        if not isinstance(goal, dict):
+        if isinstance(goal, dict):
+            doc = dict(goal)
+        else:
             with open(goal) as f:
-                goal = json.load(f)
-        doc = dict(goal)
+                doc = json.load(f)
         if input is not None:
             doc["input"] = input
         body: dict[str, Any] = {"goal": doc}

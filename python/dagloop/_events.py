@@ -254,9 +254,6 @@ class RunFinished(Event):
     by: dict[str, Any] | None = None
 
 
-_COMMON = {f.name for f in fields(Event)} - {"raw"}
-
-
 def parse_event(doc: dict[str, Any]) -> Event:
     """The typed event of one event object (the HTTP API's and the journal's shape)."""
     cls = _KINDS.get(doc.get("type", ""), Event)
@@ -272,7 +269,34 @@ def parse_event(doc: dict[str, Any]) -> Event:
     return cls(raw=doc, **kw)
 
 
-__all__ = [n for n, c in list(globals().items()) if isinstance(c, type) and issubclass(c, Event)] + [
-    "parse_event"
+__all__ = [
+    "Event",
+    "RunStarted",
+    "RequestStarted",
+    "ModelDelta",
+    "Solution",
+    "OutputInvalid",
+    "CallReceived",
+    "CallRefused",
+    "Blocked",
+    "Unblocked",
+    "ApprovalRequested",
+    "DecisionMade",
+    "DecisionDropped",
+    "GrantAdded",
+    "GrantRevoked",
+    "CallStarted",
+    "CallProgress",
+    "CallFinished",
+    "CallFailed",
+    "Written",
+    "Unresolved",
+    "CallCancelled",
+    "StepDrained",
+    "ModelRetry",
+    "ModelFallback",
+    "ContextCompacted",
+    "StreamReasked",
+    "RunFinished",
+    "parse_event",
 ]
-del _COMMON

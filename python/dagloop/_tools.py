@@ -44,7 +44,7 @@ class Tool:
             ann = hints.get(p.name, Any)
             default = ... if p.default is p.empty else p.default
             fields[p.name] = (ann, default)
-        self.params = pydantic.create_model(f"{self.name}_params", **fields)  # type: ignore[call-overload]
+        self.params = pydantic.create_model(f"{self.name}_params", **fields)
         self.__doc__ = fn.__doc__
         self.__name__ = self.name
 

@@ -4,6 +4,7 @@ callback, streamed events and decisions while iterating, goal files and cassette
 from __future__ import annotations
 
 import pathlib
+from typing import Any
 
 import pydantic
 import pytest
@@ -27,7 +28,7 @@ class Refund(pydantic.BaseModel):
 
 
 @dagloop.tool(approval="always")
-def pay(amount: float) -> dict:
+def pay(amount: float) -> dict[str, Any]:
     """Pays an amount."""
     pay.seen.append(amount)  # type: ignore[attr-defined]
     return {"paid": amount}
@@ -103,6 +104,7 @@ async def test_events_stream_and_calls_are_decided_while_iterating() -> None:
         seen.append(ev)
         if isinstance(ev, dagloop.ApprovalRequested):
             amount = ev.params["amount"]
+            assert ev.call_id is not None  # by the call's id: the latest presentation is quoted
             await run.decide(ev.call_id, dagloop.approve() if amount == 6.0 else dagloop.reject("too much"))
     out = await run.output()
     assert out.approved is False
@@ -117,11 +119,11 @@ async def test_events_stream_and_calls_are_decided_while_iterating() -> None:
 
 async def test_a_goal_file_runs_with_python_functions_for_its_rust_tools() -> None:
     @dagloop.tool
-    def checkBillingHistory(customerId: str) -> dict:
+    def checkBillingHistory(customerId: str) -> dict[str, Any]:
         return {"customerId": customerId, "lastOrder": {"id": "ord_981", "total": 50.0, "refundable": 40.0}}
 
     @dagloop.tool
-    def issueRefund(customerId: str, orderId: str, amount: float) -> dict:
+    def issueRefund(customerId: str, orderId: str, amount: float) -> dict[str, Any]:
         if amount > 40.0:
             raise ValueError(f"amount {amount:.2f} exceeds the refundable balance 40.00")
         return {"refundId": f"rf_{orderId}_{amount:g}", "amount": amount}

@@ -8,6 +8,7 @@ import contextlib
 import io
 import os
 import re
+from typing import Any
 
 import dagloop
 from dagloop import ScriptedModel, call
@@ -56,7 +57,7 @@ def test_the_examples_run() -> None:
         if code.startswith("# sketch"):
             compile(code, f"docs/python.md ({section})", "exec")
             continue
-        ns: dict = {"__name__": "__docs__"}
+        ns: dict[str, Any] = {"__name__": "__docs__"}
         if '"openai:gpt-4o-mini"' in code:
             ns["__model__"] = ScriptedModel(TURNS[section])
             code = code.replace('"openai:gpt-4o-mini"', "__model__")

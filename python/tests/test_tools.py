@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from typing import Any
 
 import pytest
 
@@ -14,7 +15,7 @@ from dagloop import ScriptedModel, call
 
 
 @dagloop.tool
-async def nap(seconds: float, i: int) -> dict:
+async def nap(seconds: float, i: int) -> dict[str, Any]:
     """Sleeps, then says which call it was."""
     await asyncio.sleep(seconds)
     return {"i": i}
