@@ -112,6 +112,10 @@ async def test_events_stream_and_calls_are_decided_while_iterating() -> None:
     types = [ev.type for ev in seen]
     for t in ["run_started", "model_delta", "call_received", "approval_requested", "decision", "started", "finished", "run_finished"]:
         assert t in types, (t, types)
+    # Events arrive while the model streams: the first call was received (and presented)
+    # before the model's answer had finished streaming.
+    deltas = [i for i, ev in enumerate(seen) if isinstance(ev, dagloop.ModelDelta) and ev.step == 1]
+    assert types.index("call_received") < deltas[-1] and types.index("approval_requested") < deltas[-1]
     assert [ev.seq for ev in seen if ev.type != "model_delta"] == sorted(ev.seq for ev in seen if ev.type != "model_delta")
     rejected = (await run.wait()).state["no"]
     assert rejected["code"] == "approval.rejected" and "too much" in rejected["message"], rejected
