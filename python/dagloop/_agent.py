@@ -375,7 +375,13 @@ class RunStream(Generic[T]):
         if self._finished is not None:
             self.result = self._finished
             return self.result
-        text = await native(self._run.wait)
+        try:
+            text = await native(self._run.wait)
+        except asyncio.CancelledError:
+            # Whoever waited is gone (a cancelled task, Ctrl-C): the run is cancelled with it,
+            # not left running with nobody to answer its Python tools.
+            self._run.cancel(lambda _v, _e: None, "the Python task waiting for the run was cancelled")
+            raise
         if self._listener is not None:
             await self._listener
         if self._pump is not None:

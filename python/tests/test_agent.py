@@ -3,6 +3,7 @@ callback, streamed events and decisions while iterating, goal files and cassette
 
 from __future__ import annotations
 
+import asyncio
 import pathlib
 from typing import Any
 
@@ -148,3 +149,48 @@ async def test_a_cassette_answers_the_calls_offline() -> None:
     assert result.status == "succeeded"
     assert result.output["refundedAmount"] == 40.0
     assert result.state["receipt"]["amount"] == 40.0
+
+
+@dagloop.tool
+async def linger(seconds: float) -> str:
+    await asyncio.sleep(seconds)
+    return "done"
+
+
+async def test_a_run_is_cancelled_from_python() -> None:
+    model = ScriptedModel([ScriptedModel.solution([call(linger, seconds=30, output_path="†state.x")])])
+    run = dagloop.Agent(model=model, tools=[linger], approval="auto").stream("linger")
+    async for ev in run:
+        if isinstance(ev, dagloop.CallStarted):
+            await run.cancel("enough")
+    result = await run.wait()
+    assert result.status == "cancelled", result
+
+
+async def test_cancelling_the_task_that_waits_cancels_the_run() -> None:
+    model = ScriptedModel([ScriptedModel.solution([call(linger, seconds=30, output_path="†state.x")])])
+    run = dagloop.Agent(model=model, tools=[linger]).stream("linger")
+    await run.start()
+    waiting = asyncio.ensure_future(run.wait())
+    await asyncio.sleep(0.2)
+    waiting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    result = await asyncio.wait_for(run.wait(), 10)
+    assert result.status == "cancelled", result
+
+
+async def test_the_agents_approval_policy_asks_for_every_call() -> None:
+    asked: list[str] = []
+
+    def review(req: dagloop.ApprovalRequest) -> dagloop.Decision:
+        asked.append(req.tool)
+        return dagloop.approve()
+
+    model = ScriptedModel([
+        ScriptedModel.solution([call(linger, seconds=0, output_path="†state.x")]),
+        ScriptedModel.solution(output="ok"),
+    ])
+    agent = dagloop.Agent(model=model, tools=[linger], approval="ask", on_approval=review)
+    assert await agent.run("linger") == "ok"
+    assert asked == ["linger"]
