@@ -71,14 +71,17 @@ impl Reply {
 
 #[pymethods]
 impl Reply {
-    /// The call's result, as JSON text (text that is not JSON fails the call).
-    fn ok(&self, result: &str) {
-        self.send(match serde_json::from_str::<Value>(result) {
-            Ok(v) => Ok(v.into()),
-            Err(e) => Err(ActivityError::Failed {
-                message: format!("the tool's result is not JSON: {e}"),
-                details: Value::Null,
-            }),
+    /// The call's result, as JSON text (text that is not JSON fails the call). Read without
+    /// the GIL: other Python tools go on meanwhile.
+    fn ok(&self, py: Python<'_>, result: &str) {
+        py.detach(|| {
+            self.send(match serde_json::from_str::<Value>(result) {
+                Ok(v) => Ok(v.into()),
+                Err(e) => Err(ActivityError::Failed {
+                    message: format!("the tool's result is not JSON: {e}"),
+                    details: Value::Null,
+                }),
+            })
         });
     }
 
