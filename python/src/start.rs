@@ -39,7 +39,7 @@ struct Spec {
     input: Option<Value>,
     /// The Python tools: added to a new run's goal (replacing its tools of the same name), and
     /// the `"_activity": "rust"` tools whose calls go to Python (a goal's `rust` tool without
-    /// one is refused by the builder, `activity.unknown`).
+    /// one is refused by the builder, `agent.missing_activity`).
     #[serde(default)]
     tools: Vec<dagloop::Tool>,
     /// A model spec over the goal's.
@@ -107,6 +107,16 @@ async fn launch(spec: Spec) -> Result<Started, Failure> {
         )),
         None => None,
     };
+    let started = launch_in(&spec, store.clone()).await;
+    // However a resume was refused (a goal that no longer loads, a definition that changed, no
+    // reviewer), the lease does not stay with this process, as with `dagloop resume`.
+    if let (Err(_), Some(s), Some(id)) = (&started, &store, &spec.resume) {
+        let _ = s.release(id);
+    }
+    started
+}
+
+async fn launch_in(spec: &Spec, store: Option<Arc<dyn RunStore>>) -> Result<Started, Failure> {
     let tools_from = match &spec.tools_from {
         Some(p) => {
             let text = std::fs::read_to_string(p).map_err(|e| {
@@ -134,7 +144,7 @@ async fn launch(spec: Spec) -> Result<Started, Failure> {
             let s = store
                 .as_ref()
                 .ok_or_else(|| failure("cli.no_store", "forking a run needs its store"))?;
-            let (goal, id, journal, fork_opts) = fork(s, f, &spec, grants.clone()).await?;
+            let (goal, id, journal, fork_opts) = fork(s, f, spec, grants.clone()).await?;
             opts = fork_opts;
             (goal, Some((id, journal)))
         }
@@ -161,7 +171,7 @@ async fn launch(spec: Spec) -> Result<Started, Failure> {
                 Goal::from_json(&doc, Path::new(id), base).map_err(|e| failure(e.code(), e))?;
             (goal, Some((id.clone(), stored.journal)))
         }
-        (None, None) => (new_goal(&spec, offline)?, None),
+        (None, None) => (new_goal(spec, offline)?, None),
     };
     if let Some(a) = &spec.approve {
         opts.approve = Some(ModeName::parse(a).map_err(|e| failure(e.code(), e))?);

@@ -11,7 +11,10 @@ import sys
 import textwrap
 import time
 
+import pytest
+
 import dagloop
+from conftest import dagloop_binary
 from dagloop import ScriptedModel, call
 
 CHILD = textwrap.dedent(
@@ -62,6 +65,17 @@ def test_a_killed_run_is_resumed_from_python(tmp_path: pathlib.Path) -> None:
         if child.poll() is None:
             child.kill()
     run_id = (tmp_path / "run_id").read_text()
+
+    # Refused (no function for its Python tool): the lease is let go, so another process may
+    # take the run at once (the command line's `--no-wait` refuses only a live holder).
+    with pytest.raises(dagloop.DagloopError) as refused:
+        dagloop_run(dagloop.Agent(store=tmp_path / "runs.db"), run_id)
+    assert refused.value.code == "agent.missing_activity", refused.value
+    other = subprocess.run(
+        [str(dagloop_binary()), "resume", run_id, "--store", str(tmp_path / "runs.db"), "--no-wait"],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert "store.busy" not in other.stdout + other.stderr, other
 
     @dagloop.tool(idempotent=True)
     def slow(n: int) -> int:
