@@ -340,6 +340,12 @@ class RunStream(Generic[T]):
             try:
                 spec = json.dumps(self._spec)
                 started = await native(lambda done: _native.start(spec, done))
+            except DagloopError as e:
+                if e.code == "agent.missing_activity":
+                    e = DagloopError(e.code, e.message + " (from Python: pass a @dagloop.tool function of that name in tools=[...])")
+                self._started.set_exception(e)
+                self._started.exception()
+                raise e from None
             except BaseException as e:
                 self._started.set_exception(e)
                 self._started.exception()

@@ -71,6 +71,7 @@ def test_a_killed_run_is_resumed_from_python(tmp_path: pathlib.Path) -> None:
     with pytest.raises(dagloop.DagloopError) as refused:
         dagloop_run(dagloop.Agent(store=tmp_path / "runs.db"), run_id)
     assert refused.value.code == "agent.missing_activity", refused.value
+    assert "@dagloop.tool" in refused.value.message
     other = subprocess.run(
         [str(dagloop_binary()), "resume", run_id, "--store", str(tmp_path / "runs.db"), "--no-wait"],
         capture_output=True, text=True, timeout=60,
