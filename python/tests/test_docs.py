@@ -68,3 +68,15 @@ def test_the_examples_run() -> None:
             assert EXPECT[section] in out.getvalue(), (section, out.getvalue())
         ran.add(section)
     assert ran >= set(EXPECT) | {"Testing offline"}
+
+
+def test_the_readmes_quick_start_runs() -> None:
+    text = (ROOT / "README.md").read_text()
+    found = re.findall(r"^```python\n(.*?)^```", text, re.M | re.S)
+    assert len(found) == 1
+    code = found[0].replace('"openai:gpt-4o-mini"', "__model__")
+    ns: dict[str, Any] = {"__name__": "__readme__", "__model__": ScriptedModel(TURNS["A first agent"])}
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(compile(code, "README.md", "exec"), ns)
+    assert out.getvalue().strip() == "Weather(city='Lisbon', celsius=21.5)"
