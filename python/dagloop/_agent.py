@@ -90,11 +90,14 @@ def reject(reason: str) -> Decision:
 @dataclass(frozen=True)
 class ApprovalRequest:
     """What a reviewer callback is shown: the tool, its params resolved (`read_from`: the calls
-    they were resolved from), the rule that asked, and the event itself."""
+    they were resolved from), what the call would do (`action`: the HTTP request, the command,
+    `{"kind": "other", "activity": "rust"}` for a Python tool...; None for a tool the goal does
+    not define), the rule that asked, and the event itself."""
 
     call_id: int
     tool: str
     params: dict[str, Any]
+    action: dict[str, Any] | None
     rule: str | None
     read_from: list[int]
     interrupted: bool
@@ -459,7 +462,10 @@ class RunStream(Generic[T]):
 
     async def _review(self, ev: ApprovalRequested) -> None:
         assert self._agent.on_approval is not None and ev.call_id is not None
-        req = ApprovalRequest(ev.call_id, ev.tool, ev.params, ev.rule, ev.read_from, ev.interrupted, ev)
+        action = self._run.action(ev.tool, json.dumps(ev.params))
+        req = ApprovalRequest(
+            ev.call_id, ev.tool, ev.params, json.loads(action) if action else None, ev.rule, ev.read_from, ev.interrupted, ev
+        )
         try:
             d = self._agent.on_approval(req)
             if inspect.isawaitable(d):

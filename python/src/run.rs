@@ -4,9 +4,10 @@
 //! Deliberately not here: what a decision means or whether it applies (the run's machine
 //! decides and refuses with an `OpError` code), or how events are typed for Python.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use dagloop::protocol::{CallId, Decision, Op};
+use dagloop::protocol::{CallId, Decision, Op, Tool};
 use dagloop::runs::{Launched, Servers};
 use dagloop::store::RunStore;
 use dagloop::{RunHandle, Subscription};
@@ -25,6 +26,8 @@ pub(crate) struct Run {
     work: Arc<Mutex<mpsc::UnboundedReceiver<Work>>>,
     events: Arc<Mutex<Option<Subscription>>>,
     store: Option<Arc<dyn RunStore>>,
+    /// The run's tools by name (what a call awaiting a decision would do is described from them).
+    tools: BTreeMap<String, Tool>,
     /// The goal's MCP servers, stopped when the run is dropped.
     _servers: std::sync::Mutex<Option<Servers>>,
 }
@@ -34,12 +37,14 @@ impl Run {
         launched: Launched,
         work: mpsc::UnboundedReceiver<Work>,
         store: Option<Arc<dyn RunStore>>,
+        tools: &[Tool],
     ) -> Run {
         Run {
             handle: launched.handle,
             work: Arc::new(Mutex::new(work)),
             events: Arc::new(Mutex::new(None)),
             store,
+            tools: tools.iter().map(|t| (t.name.clone(), t.clone())).collect(),
             _servers: std::sync::Mutex::new(launched.servers),
         }
     }
@@ -88,6 +93,18 @@ impl Run {
             let sub = sub.get_or_insert_with(|| handle.subscribe_from(after));
             Ok::<_, Failure>(sub.recv().await.map(|e| to_json(&*e)))
         })
+    }
+
+    /// What a call of `tool` with `params` (JSON) would do, described without doing it
+    /// (`tools::describe_action`, the `action` the server shows a reviewer), as JSON; None for a
+    /// tool the run's goal does not define.
+    fn action(&self, tool: &str, params: &str) -> PyResult<Option<String>> {
+        let params: serde_json::Map<String, serde_json::Value> = serde_json::from_str(params)
+            .map_err(|e| PyValueError::new_err(format!("bad params: {e}")))?;
+        Ok(self
+            .tools
+            .get(tool)
+            .map(|t| to_json(&dagloop::tools::describe_action(t, &params))))
     }
 
     /// Submits a decision (`{"decision": "approve" | "edit" | "reject", ...}` as JSON) on

@@ -206,7 +206,12 @@ async fn launch_in(spec: &Spec, store: Option<Arc<dyn RunStore>>) -> Result<Star
     .await
     .map_err(|e| failure(e.code(), e))?;
     let launched = prepared.start().await.map_err(|e| failure(e.code(), e))?;
-    Ok(Started::Run(Run::new(launched, work, store)))
+    Ok(Started::Run(Run::new(
+        launched,
+        work,
+        store,
+        &def.effective_goal().tools,
+    )))
 }
 
 /// Records a fork of a stored run as `dagloop fork` does (the original's policy and mode go on;

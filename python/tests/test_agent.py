@@ -80,6 +80,7 @@ async def test_the_reviewer_callback_edits_a_call() -> None:
     assert out.amount == 10.0
     assert pay.seen == [10.0]  # type: ignore[attr-defined]
     assert [(r.tool, r.params) for r in shown] == [("pay", {"amount": 99.0})]
+    assert shown[0].action == {"kind": "other", "activity": "rust"}  # what the call would do
 
 
 def test_a_run_that_asks_without_a_reviewer_is_refused_before_it_starts() -> None:
