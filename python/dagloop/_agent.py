@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Awaitable, Callable, Generic, Iterable, Union
 
 import pydantic
+import pydantic_core
 from typing_extensions import TypeVar
 
 from . import _dagloop as _native
@@ -309,7 +310,8 @@ class Agent(Generic[T]):
 
 
 def _jsonable(v: Any) -> Any:
-    return json.loads(pydantic.TypeAdapter(type(v)).dump_json(v)) if isinstance(v, pydantic.BaseModel) else v
+    """An input as JSON values (a Pydantic model, a dataclass, dates... as Pydantic dumps them)."""
+    return pydantic_core.to_jsonable_python(v)
 
 
 class RunStream(Generic[T]):

@@ -195,3 +195,16 @@ async def test_the_agents_approval_policy_asks_for_every_call() -> None:
     agent = dagloop.Agent(model=model, tools=[linger], approval="ask", on_approval=review)
     assert await agent.run("linger") == "ok"
     assert asked == ["linger"]
+
+
+async def test_the_input_may_be_a_pydantic_model() -> None:
+    @dagloop.tool
+    def echo(sku: str, qty: int) -> str:
+        return f"{qty} x {sku}"
+
+    model = ScriptedModel([
+        ScriptedModel.solution([call(echo, sku="†input.sku", qty="†input.qty", output_path="†state.line")]),
+        ScriptedModel.solution(output={"amount": 1.0, "approved": True}),
+    ])
+    run = dagloop.Agent(model=model, tools=[echo], output_type=Refund).stream("refund", input=Line(sku="b", qty=3))
+    assert (await run.wait()).state["line"] == "3 x b"
