@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import contextlib
 import io
-import os
 import re
 from typing import Any
+
+import pytest
 
 import dagloop
 from dagloop import ScriptedModel, call
@@ -48,10 +49,10 @@ def blocks() -> list[tuple[str, str]]:
     return out
 
 
-def test_the_examples_run() -> None:
+def test_the_examples_run(monkeypatch: pytest.MonkeyPatch) -> None:
     found = blocks()
     assert len(found) >= 6
-    os.chdir(ROOT)
+    monkeypatch.chdir(ROOT)  # the examples name files under the repository
     ran = set()
     for section, code in found:
         if code.startswith("# sketch"):
