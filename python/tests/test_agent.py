@@ -208,3 +208,30 @@ async def test_the_input_may_be_a_pydantic_model() -> None:
     ])
     run = dagloop.Agent(model=model, tools=[echo], output_type=Refund).stream("refund", input=Line(sku="b", qty=3))
     assert (await run.wait()).state["line"] == "3 x b"
+
+
+async def test_a_python_tool_is_added_to_a_goal_files_agent() -> None:
+    @dagloop.tool
+    def audit(note: str) -> dict[str, Any]:
+        """Files an audit note."""
+        return {"filed": note}
+
+    @dagloop.tool
+    def checkBillingHistory(customerId: str) -> dict[str, Any]:
+        return {"customerId": customerId}
+
+    @dagloop.tool
+    def issueRefund(customerId: str, orderId: str, amount: float) -> dict[str, Any]:
+        return {"amount": amount}
+
+    output = {"status": "denied", "refundedAmount": 0.0, "message": "no"}
+    model = ScriptedModel([
+        ScriptedModel.solution([call(audit, note="†input.customerId", output_path="†state.audit")]),
+        ScriptedModel.solution(output=output),
+    ])
+    agent = dagloop.Agent.from_goal(
+        ROOT / "examples/refund/goal.json", model=model, tools=[audit, checkBillingHistory, issueRefund]
+    )
+    result = await agent.stream().wait()
+    assert result.status == "succeeded" and result.output == output
+    assert result.state["audit"] == {"filed": "cust_123"}
