@@ -1,0 +1,59 @@
+"""Per-call overhead of a Python tool (a no-op `async def`) in a 1,000-call fan-out run by
+dagloop, against the same 1,000 calls under plain `asyncio.gather`.
+
+    $DAGLOOP_PYTHON python/bench/overhead.py [N]
+
+dagloop's per-call figure is (a run with N calls - the same run with none) / N, so that the
+model's turns and the run's set-up are not counted; the baseline's is gather's time / N. Both
+are the best of five. Prints both figures and their ratio (the issue's target: <= 3x).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+
+import dagloop
+from dagloop import ScriptedModel, call
+
+
+@dagloop.tool
+async def noop(i: int) -> int:
+    return i
+
+
+def agent(n: int) -> dagloop.Agent:
+    calls = [call(noop, i=i, output_path=f"†state.r{i}") for i in range(n)]
+    turns = [ScriptedModel.solution(calls)] if n else []
+    model = ScriptedModel(turns + [ScriptedModel.solution(output="ok")])
+    return dagloop.Agent(model=model, tools=[noop], limits={"max_steps": 4})
+
+
+async def timed_run(n: int) -> float:
+    a = agent(n)
+    a.model.spec()  # type: ignore[union-attr]  # the script file is written before the clock starts
+    t = time.perf_counter()
+    assert await a.run("fan out") == "ok"
+    return time.perf_counter() - t
+
+
+async def timed_gather(n: int) -> float:
+    t = time.perf_counter()
+    await asyncio.gather(*(noop.fn(i) for i in range(n)))
+    return time.perf_counter() - t
+
+
+async def main(n: int) -> None:
+    empty = min([await timed_run(0) for _ in range(5)])
+    full = min([await timed_run(n) for _ in range(5)])
+    base = min([await timed_gather(n) for _ in range(5)])
+    per_call = (full - empty) / n
+    per_base = base / n
+    print(f"dagloop: {per_call * 1e6:.1f} us per call ({n} calls: {full * 1e3:.1f} ms, empty run {empty * 1e3:.1f} ms)")
+    print(f"asyncio.gather: {per_base * 1e6:.2f} us per call ({base * 1e3:.2f} ms)")
+    print(f"ratio: {per_call / per_base:.1f}x (target <= 3x)")
+
+
+if __name__ == "__main__":
+    asyncio.run(main(int(sys.argv[1]) if len(sys.argv) > 1 else 1000))

@@ -1,0 +1,163 @@
+//! A started run as Python sees it: tool calls out (`next_work`), events out as the HTTP API's
+//! JSON (`next_event`), decisions and cancellation in, the result at the end.
+//!
+//! Deliberately not here: what a decision means or whether it applies (the run's machine
+//! decides and refuses with an `OpError` code), or how events are typed for Python.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use dagloop::protocol::{CallId, Decision, Op, Tool};
+use dagloop::runs::{Launched, Servers};
+use dagloop::store::RunStore;
+use dagloop::{RunHandle, Subscription};
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use tokio::sync::{Mutex, mpsc};
+
+use super::start::to_json;
+use super::tool::{Reply, Work};
+use super::{Failure, complete};
+
+/// A run going on in this process.
+#[pyclass(frozen, module = "dagloop._dagloop")]
+pub(crate) struct Run {
+    handle: RunHandle,
+    work: Arc<Mutex<mpsc::UnboundedReceiver<Work>>>,
+    events: Arc<Mutex<Option<Subscription>>>,
+    store: Option<Arc<dyn RunStore>>,
+    /// The run's tools by name (what a call awaiting a decision would do is described from them).
+    tools: BTreeMap<String, Tool>,
+    /// The goal's MCP servers, stopped when the run is dropped.
+    _servers: std::sync::Mutex<Option<Servers>>,
+}
+
+impl Run {
+    pub(crate) fn new(
+        launched: Launched,
+        work: mpsc::UnboundedReceiver<Work>,
+        store: Option<Arc<dyn RunStore>>,
+        tools: &[Tool],
+    ) -> Run {
+        Run {
+            handle: launched.handle,
+            work: Arc::new(Mutex::new(work)),
+            events: Arc::new(Mutex::new(None)),
+            store,
+            tools: tools.iter().map(|t| (t.name.clone(), t.clone())).collect(),
+            _servers: std::sync::Mutex::new(launched.servers),
+        }
+    }
+}
+
+#[pymethods]
+impl Run {
+    /// The run's id.
+    #[getter]
+    fn run_id(&self) -> String {
+        self.handle.run_id().to_string()
+    }
+
+    /// `done([(tool, params_json, reply), ...])`: the calls of Python tools waiting to run (at
+    /// least one; every one queued by then), or `[]` once the run is over.
+    fn next_work(&self, done: Py<PyAny>) -> PyResult<()> {
+        let work = self.work.clone();
+        let handle = self.handle.clone();
+        complete(done, async move {
+            let mut rx = work.lock().await;
+            let mut batch: Vec<(String, String, Reply)> = Vec::new();
+            let first = tokio::select! {
+                biased;
+                w = rx.recv() => w,
+                _ = handle.wait() => None,
+            };
+            match first {
+                Some(w) => batch.push((w.tool, w.params, w.reply)),
+                None => return Ok(batch),
+            }
+            while let Ok(w) = rx.try_recv() {
+                batch.push((w.tool, w.params, w.reply));
+            }
+            Ok::<_, Failure>(batch)
+        })
+    }
+
+    /// `done(event_json | None)`: the next event after `after` the first time (then the next
+    /// one), None once the run is over and every event was delivered.
+    #[pyo3(signature = (done, after = 0))]
+    fn next_event(&self, done: Py<PyAny>, after: u64) -> PyResult<()> {
+        let events = self.events.clone();
+        let handle = self.handle.clone();
+        complete(done, async move {
+            let mut sub = events.lock().await;
+            let sub = sub.get_or_insert_with(|| handle.subscribe_from(after));
+            Ok::<_, Failure>(sub.recv().await.map(|e| to_json(&*e)))
+        })
+    }
+
+    /// What a call of `tool` with `params` (JSON) would do, described without doing it
+    /// (`tools::describe_action`, the `action` the server shows a reviewer), as JSON; None for a
+    /// tool the run's goal does not define.
+    fn action(&self, tool: &str, params: &str) -> PyResult<Option<String>> {
+        let params: serde_json::Map<String, serde_json::Value> = serde_json::from_str(params)
+            .map_err(|e| PyValueError::new_err(format!("bad params: {e}")))?;
+        Ok(self
+            .tools
+            .get(tool)
+            .map(|t| to_json(&dagloop::tools::describe_action(t, &params))))
+    }
+
+    /// Submits a decision (`{"decision": "approve" | "edit" | "reject", ...}` as JSON) on
+    /// `call_id`; `presented` and `presentation` quote the `approval_requested` event it
+    /// answers. `done(None, (code, message))` when the run refuses it.
+    #[pyo3(signature = (done, call_id, decision, presented = None, presentation = None))]
+    fn decide(
+        &self,
+        done: Py<PyAny>,
+        call_id: u64,
+        decision: &str,
+        presented: Option<String>,
+        presentation: Option<u64>,
+    ) -> PyResult<()> {
+        let decision: Decision = serde_json::from_str(decision)
+            .map_err(|e| PyValueError::new_err(format!("bad decision: {e}")))?;
+        let op = Op::Decide {
+            call: CallId(call_id),
+            decision,
+            presented,
+            presentation,
+            by: Some(dagloop::protocol::Actor::new("python", "python")),
+        };
+        let handle = self.handle.clone();
+        complete(done, async move {
+            handle
+                .submit(op)
+                .await
+                .map_err(|e| (e.code().to_string(), e.to_string()))
+        })
+    }
+
+    /// Cancels the run (its result says `cancelled`).
+    fn cancel(&self, done: Py<PyAny>, reason: String) -> PyResult<()> {
+        let handle = self.handle.clone();
+        complete(done, async move {
+            handle
+                .cancel(reason)
+                .await
+                .map_err(|e| (e.code().to_string(), e.to_string()))
+        })
+    }
+
+    /// `done(result_json)` once the run is over; the store's lease on it is let go.
+    fn wait(&self, done: Py<PyAny>) -> PyResult<()> {
+        let handle = self.handle.clone();
+        let store = self.store.clone();
+        complete(done, async move {
+            let result = handle.wait().await;
+            if let Some(s) = store {
+                let _ = s.release(handle.run_id());
+            }
+            Ok::<_, Failure>(to_json(&result))
+        })
+    }
+}

@@ -1,0 +1,98 @@
+"""`dagloop.Client` against a real `dagloop serve` (the binary cargo built), and checked against
+schemas/openapi.json: the operations it calls, and every event type of the API having a typed
+class with its fields."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import pathlib
+import subprocess
+from typing import Iterator
+
+import pytest
+
+import dagloop
+from dagloop import ScriptedModel, call
+from dagloop._client import OPERATIONS
+from dagloop._events import _KINDS
+
+from conftest import ROOT, dagloop_binary
+
+OPENAPI = json.loads((ROOT / "schemas/openapi.json").read_text())
+
+
+def test_the_clients_operations_are_the_documents() -> None:
+    for op_id, (method, path) in OPERATIONS.items():
+        op = OPENAPI["paths"].get(path, {}).get(method.lower())
+        assert op is not None, f"{method} {path} is not in schemas/openapi.json"
+        assert op["operationId"] == op_id
+
+
+def test_every_event_of_the_api_has_a_typed_class_with_its_fields() -> None:
+    schemas = OPENAPI["components"]["schemas"]
+    refs = [v["$ref"].rsplit("/", 1)[1] for v in schemas["Event"]["oneOf"]]
+    assert refs
+    for name in refs:
+        props = schemas[name]["properties"]
+        kind = props["type"].get("enum", [props["type"].get("const")])[0]
+        cls = _KINDS.get(kind)
+        assert cls is not None, f"no class for event type {kind}"
+        fields = {f.name for f in dataclasses.fields(cls)}
+        missing = {("from_" if p == "from" else p) for p in props} - fields
+        assert not missing, f"{cls.__name__} lacks {missing}"
+
+
+@pytest.fixture
+def server(tmp_path: pathlib.Path) -> Iterator[str]:
+    binary = dagloop_binary()
+    assert binary.exists(), f"{binary} is missing: build it first (cargo build)"
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"grants": {"tools": ["http"], "egress": {"private": True}, "files": ["/"]}}))
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "DAGLOOP_TOKEN": "py-secret"}
+    proc = subprocess.Popen(
+        [str(binary), "--config", str(config), "serve", "--addr", "127.0.0.1:0", "--store", str(tmp_path / "runs.db")],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env,
+    )
+    try:
+        assert proc.stdout is not None
+        line = json.loads(proc.stdout.readline())
+        assert line["status"] == "listening", line
+        yield line["url"]
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_remote_run_is_submitted_followed_decided_and_waited_for(server: str, tmp_path: pathlib.Path) -> None:
+    model = ScriptedModel([
+        ScriptedModel.solution([call("note", text="hello", output_path="†state.note || †state.noteError")]),
+        ScriptedModel.solution(output={"ok": True}),
+    ])
+    goal = {
+        "goal": "save a note",
+        "output_schema": {"type": "object", "required": ["ok"], "properties": {"ok": {"type": "boolean"}}},
+        "tools": [{
+            "_tool": "note", "_activity": "http", "_http": {"method": "GET", "url": server, "timeout_s": 10},
+            "description": "Reads the server's page.", "type": "object", "properties": {"text": {"type": "string"}},
+        }],
+    }
+    with pytest.raises(dagloop.DagloopError) as e:
+        dagloop.Client(server, token="wrong").submit(goal, model=model.spec())
+    assert e.value.code == "auth.invalid"
+    client = dagloop.Client(server, token="py-secret")
+    submitted = client.submit(goal, model=model.spec(), approve="ask")
+    assert not submitted.finished
+    kinds = []
+    for ev in client.events(submitted.id):
+        kinds.append(ev.type)
+        if isinstance(ev, dagloop.ApprovalRequested):
+            assert ev.tool == "note" and ev.params == {"text": "hello"}
+            assert client.decide(submitted.id, ev, dagloop.approve()) == "applied"
+        if isinstance(ev, dagloop.RunFinished):
+            break
+    out = client.wait(submitted.id)
+    assert out.finished and out.status == "succeeded", out
+    assert out.output == {"ok": True}
+    assert "approval_requested" in kinds and "decision" in kinds
+    assert "note" in client.run(submitted.id)["state"]  # the approved call ran

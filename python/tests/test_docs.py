@@ -1,0 +1,83 @@
+"""docs/python.md's examples, run: each ```python block in order, with a scripted model in place
+of `openai:gpt-4o-mini` (the turns below answer what each example asks); a block that starts with
+`# sketch` needs what the tests do not have (FastAPI, a server) and is only compiled."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import re
+from typing import Any
+
+import pytest
+
+import dagloop
+from dagloop import ScriptedModel, call
+
+from conftest import ROOT
+
+TURNS = {
+    "A first agent": [
+        ScriptedModel.solution([call("temperature", city="Lisbon", output_path="†state.t")]),
+        ScriptedModel.solution(output={"city": "Lisbon", "celsius": 21.5}),
+    ],
+    "A reviewer in a few lines": [
+        ScriptedModel.solution([call("refund", order="o1", amount=250, output_path="†state.refund")]),
+        ScriptedModel.solution(output={"refunded": 100}),
+    ],
+    "Events": [
+        ScriptedModel.solution([call("send_email", to="ada@example.com", body="hi", output_path="†state.sent")]),
+        ScriptedModel.solution(output="done"),
+    ],
+}
+
+EXPECT = {
+    "A first agent": "city='Lisbon' celsius=21.5",
+    "A reviewer in a few lines": "{'refunded': 100}",
+    "Events": "succeeded",
+}
+
+
+def blocks() -> list[tuple[str, str]]:
+    text = (ROOT / "docs/python.md").read_text()
+    out, section = [], ""
+    for m in re.finditer(r"^## ([^\n]+)$|^```python\n(.*?)^```", text, re.M | re.S):
+        if m.group(1):
+            section = m.group(1)
+        else:
+            out.append((section, m.group(2)))
+    return out
+
+
+def test_the_examples_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    found = blocks()
+    assert len(found) >= 6
+    monkeypatch.chdir(ROOT)  # the examples name files under the repository
+    ran = set()
+    for section, code in found:
+        if code.startswith("# sketch"):
+            compile(code, f"docs/python.md ({section})", "exec")
+            continue
+        ns: dict[str, Any] = {"__name__": "__docs__"}
+        if '"openai:gpt-4o-mini"' in code:
+            ns["__model__"] = ScriptedModel(TURNS[section])
+            code = code.replace('"openai:gpt-4o-mini"', "__model__")
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            exec(compile(code, f"docs/python.md ({section})", "exec"), ns)
+        if section in EXPECT:
+            assert EXPECT[section] in out.getvalue(), (section, out.getvalue())
+        ran.add(section)
+    assert ran >= set(EXPECT) | {"Testing offline"}
+
+
+def test_the_readmes_quick_start_runs() -> None:
+    text = (ROOT / "README.md").read_text()
+    found = re.findall(r"^```python\n(.*?)^```", text, re.M | re.S)
+    assert len(found) == 1
+    code = found[0].replace('"openai:gpt-4o-mini"', "__model__")
+    ns: dict[str, Any] = {"__name__": "__readme__", "__model__": ScriptedModel(TURNS["A first agent"])}
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(compile(code, "README.md", "exec"), ns)
+    assert out.getvalue().strip() == "Weather(city='Lisbon', celsius=21.5)"

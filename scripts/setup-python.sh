@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# The Python package `dagloop` (python/: PyO3 + maturin) built into a virtual environment outside
+# the checkout, at ${DAGLOOP_CACHE:-$HOME/.cache/dagloop}/py-venv: maturin, pytest, pydantic and
+# mypy from PyPI (pinned; installed again only when the pins change), then `maturin develop`
+# (dev profile) into the venv. The Rust build goes to CARGO_TARGET_DIR like the rest of the
+# project's (default ~/.cache/dagloop/target), so a later run only relinks what changed.
+#
+# On success it prints one line on stdout, ready for `eval`:
+#   export DAGLOOP_PYTHON=/path/to/venv/bin/python
+# Everything else goes to stderr.
+#
+# Usage:  eval "$(scripts/setup-python.sh)" && "$DAGLOOP_PYTHON" -m pytest python/tests
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+CACHE="${DAGLOOP_CACHE:-$HOME/.cache/dagloop}"
+VENV="$CACHE/py-venv"
+PY="$VENV/bin/python"
+BASE_PYTHON="${PYTHON:-python3}"
+PINS="maturin==1.16.0 pytest==9.2.0 pydantic==2.14.4 mypy==2.4.1"
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$CACHE/target}"
+
+log() { echo "setup-python: $*" >&2; }
+
+mkdir -p "$CACHE"
+if [ ! -x "$PY" ]; then
+    log "creating venv at $VENV"
+    "$BASE_PYTHON" -m venv "$VENV" >&2
+fi
+if [ "$(cat "$VENV/.dagloop-pins" 2>/dev/null)" != "$PINS" ]; then
+    log "installing $PINS"
+    # shellcheck disable=SC2086 # one word per pin
+    "$PY" -m pip install -q $PINS >&2
+    echo "$PINS" > "$VENV/.dagloop-pins"
+fi
+start=$(date +%s)
+log "building the package into $VENV (maturin develop)"
+VIRTUAL_ENV="$VENV" PATH="$VENV/bin:$PATH" "$VENV/bin/maturin" develop -q -m python/Cargo.toml >&2
+log "built in $(( $(date +%s) - start )) s"
+echo "export DAGLOOP_PYTHON=$PY"
