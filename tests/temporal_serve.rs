@@ -19,7 +19,10 @@ use serve::{Server, client, count, counting_service, goal, read_events, send};
 use temporal::{DevServer, WorkerProcess};
 
 /// How many runs the test submits.
-const RUNS: usize = 10;
+const RUNS: usize = 50;
+
+/// Runs whose call 1 gets two concurrent approvals, one through each server.
+const RACED: std::ops::Range<usize> = 2..12;
 
 /// `dagloop serve --engine temporal` on a free port, in `dir` (where the goals' scripts are).
 fn temporal_server(dir: &std::path::Path, s: &DevServer, queue: &str) -> Server {
@@ -120,6 +123,16 @@ async fn two_servers_serve_the_same_runs_on_temporal() {
         (404, Some("op.unknown_call")),
         "{v}"
     );
+
+    // More races: two approvals of one presentation at once, one through each server.
+    for (id, _) in &runs[RACED] {
+        let v = until(&a, id, awaits_both).await;
+        let presentation = serve::awaiting(&v)[0]["presentation"].clone();
+        let body = json!({"decision": "approve", "presentation": presentation});
+        let (x, y) = tokio::join!(decide(&a, id, 1, body.clone()), decide(&b, id, 1, body));
+        let codes = [x.0, y.0];
+        assert!(codes.contains(&200) && codes.contains(&409), "{x:?} {y:?}");
+    }
 
     // An SSE client follows run 1 (started on B) on A.
     let (followed, _) = runs[1].clone();
