@@ -7,6 +7,8 @@
 
 #[path = "common/bin.rs"]
 mod bin;
+#[path = "common/browser.rs"]
+mod browser;
 #[path = "common/serve.rs"]
 mod serve;
 #[path = "common/temporal.rs"]
@@ -71,21 +73,48 @@ fn awaits_both(v: &Value) -> bool {
     serve::awaiting(v).len() == 2
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn two_servers_serve_the_same_runs_on_temporal() {
+/// Temporal's dev server, two workers and two servers on it, in a folder of their own.
+struct Cluster {
+    a: Server,
+    b: Server,
+    _workers: [WorkerProcess; 2],
+    dir: tempfile::TempDir,
+    _dev: DevServer,
+}
+
+/// A [`Cluster`], or None (SKIPPED) without `DAGLOOP_TEMPORAL`.
+async fn cluster() -> Option<Cluster> {
     let Some(s) = DevServer::start() else {
         println!("SKIPPED: DAGLOOP_TEMPORAL is not set (scripts/setup-temporal.sh prints it)");
-        return;
+        return None;
     };
     let _conn = s.connect().await;
     let dir = tempfile::tempdir().expect("dir");
-    let (url, counts) = counting_service().await;
-    let body = goal(dir.path(), &url, "ask");
     let w1 = WorkerProcess::start(bin::dagloop(), &s, "serve");
     let w2 = WorkerProcess::start(bin::dagloop(), &s, "serve");
     s.wait_for_pollers("serve", &[&w1, &w2]);
-    let mut a = temporal_server(dir.path(), &s, "serve");
+    let a = temporal_server(dir.path(), &s, "serve");
     let b = temporal_server(dir.path(), &s, "serve");
+    Some(Cluster {
+        a,
+        b,
+        _workers: [w1, w2],
+        dir,
+        _dev: s,
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_servers_serve_the_same_runs_on_temporal() {
+    // Bound whole: the fields not named below (the dev server, the workers) live to the end.
+    let Some(cluster) = cluster().await else {
+        return;
+    };
+    let Cluster {
+        mut a, b, ref dir, ..
+    } = cluster;
+    let (url, counts) = counting_service().await;
+    let body = goal(dir.path(), &url, "ask");
 
     // Submitted alternately to both servers; each run asks a reviewer for both its calls.
     let mut runs = Vec::new();
@@ -258,4 +287,54 @@ async fn two_servers_serve_the_same_runs_on_temporal() {
         (409, Some("op.run_finished")),
         "{v}"
     );
+}
+
+/// The page, unchanged, on server B approves a run started on server A (Chromium; without the
+/// browser binaries the test says SKIPPED).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_page_on_one_server_approves_a_run_started_on_the_other() {
+    let Some(cluster) = cluster().await else {
+        return;
+    };
+    let Cluster { a, b, ref dir, .. } = cluster;
+    let Some(session) = browser::session().await else {
+        return;
+    };
+    let (url, counts) = counting_service().await;
+    let id = serve::create(&a, &goal(dir.path(), &url, "ask")).await;
+    until(&b, &id, awaits_both).await;
+    let c = &session.c;
+    browser::open_page_at_run(c, &b.base, None, &id).await;
+    browser::until(
+        c,
+        "two approvals",
+        "return document.querySelectorAll('.approval[data-call-id]').length === 2",
+    )
+    .await;
+    for call in [1, 2] {
+        let card = format!(".approval[data-call-id=\"{call}\"]");
+        browser::until(
+            c,
+            "the card's approve button",
+            &format!("return document.querySelector('{card} button.approve') !== null"),
+        )
+        .await;
+        browser::click(c, &format!("{card} button.approve")).await;
+        browser::until(
+            c,
+            "the card gone",
+            &format!("return document.querySelector('{card}') === null"),
+        )
+        .await;
+    }
+    let (st, v) = send(client().get(a.url(&format!("/runs/{id}/result?wait=60")))).await;
+    assert_eq!((st, v["status"].as_str()), (200, Some("succeeded")), "{v}");
+    assert_eq!((count(&counts, 1), count(&counts, 2)), (1, 1));
+    browser::until(
+        c,
+        "the run shown succeeded",
+        "return document.querySelector('#run-status').dataset.status === 'succeeded'",
+    )
+    .await;
+    browser::no_errors(c).await;
 }
