@@ -26,10 +26,16 @@ const RUNS: usize = 50;
 /// Runs whose call 1 gets two concurrent approvals, one through each server.
 const RACED: std::ops::Range<usize> = 2..12;
 
-/// `dagloop serve --engine temporal` on a free port, in `dir` (where the goals' scripts are).
-fn temporal_server(dir: &std::path::Path, s: &DevServer, queue: &str) -> Server {
+/// `dagloop serve --engine temporal` on a free port under the operator config `config`, in
+/// `dir` (where the goals' scripts are).
+fn temporal_server(
+    dir: &std::path::Path,
+    config: &std::path::Path,
+    s: &DevServer,
+    queue: &str,
+) -> Server {
     let store = dir.join(format!("unused-{}.db", rand_suffix()));
-    Server::start_with(&store, None, |c| {
+    Server::start_config(&store, config, None, |c| {
         c.current_dir(dir).args([
             "--engine",
             "temporal",
@@ -82,8 +88,9 @@ struct Cluster {
     _dev: DevServer,
 }
 
-/// A [`Cluster`], or None (SKIPPED) without `DAGLOOP_TEMPORAL`.
-async fn cluster() -> Option<Cluster> {
+/// A [`Cluster`] whose servers run under the operator config `config` (the tests' open one when
+/// None), or None (SKIPPED) without `DAGLOOP_TEMPORAL`.
+async fn cluster(config: Option<Value>) -> Option<Cluster> {
     let Some(s) = DevServer::start() else {
         println!("SKIPPED: DAGLOOP_TEMPORAL is not set (scripts/setup-temporal.sh prints it)");
         return None;
@@ -93,8 +100,16 @@ async fn cluster() -> Option<Cluster> {
     let w1 = WorkerProcess::start(bin::dagloop(), &s, "serve");
     let w2 = WorkerProcess::start(bin::dagloop(), &s, "serve");
     s.wait_for_pollers("serve", &[&w1, &w2]);
-    let a = temporal_server(dir.path(), &s, "serve");
-    let b = temporal_server(dir.path(), &s, "serve");
+    let config = match config {
+        Some(c) => {
+            let path = dir.path().join("config.json");
+            std::fs::write(&path, c.to_string()).expect("config");
+            path
+        }
+        None => bin::open_config(),
+    };
+    let a = temporal_server(dir.path(), &config, &s, "serve");
+    let b = temporal_server(dir.path(), &config, &s, "serve");
     Some(Cluster {
         a,
         b,
@@ -107,7 +122,7 @@ async fn cluster() -> Option<Cluster> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_servers_serve_the_same_runs_on_temporal() {
     // Bound whole: the fields not named below (the dev server, the workers) live to the end.
-    let Some(cluster) = cluster().await else {
+    let Some(cluster) = cluster(None).await else {
         return;
     };
     let Cluster {
@@ -293,7 +308,7 @@ async fn two_servers_serve_the_same_runs_on_temporal() {
 /// browser binaries the test says SKIPPED).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_page_on_one_server_approves_a_run_started_on_the_other() {
-    let Some(cluster) = cluster().await else {
+    let Some(cluster) = cluster(None).await else {
         return;
     };
     let Cluster { a, b, ref dir, .. } = cluster;
@@ -337,4 +352,112 @@ async fn the_page_on_one_server_approves_a_run_started_on_the_other() {
     )
     .await;
     browser::no_errors(c).await;
+}
+
+const CI: &str = "token-of-ci";
+const ALICE: &str = "token-of-alice";
+const DUAL: &str = "token-of-dual";
+
+async fn as_(token: &str, rb: reqwest::RequestBuilder) -> (u16, Value) {
+    send(rb.bearer_auth(token)).await
+}
+
+/// Polls `GET /runs/{id}` as `token` until `pred` holds (60 s at most).
+async fn until_as(s: &Server, token: &str, id: &str, pred: impl Fn(&Value) -> bool) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let (status, v) = as_(token, client().get(s.url(&format!("/runs/{id}")))).await;
+        if status == 200 && pred(&v) {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "never reached: {status} {v}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Principals, the operator's floor and separation of duties hold on Temporal as embedded
+/// (the same functions define and check): `ci`'s `approve: auto` under a floor of `http = "ask"`
+/// still waits for a reviewer under the floor's rule; a submitter cannot read another's run
+/// (404, through either server); `dual` may not decide the run it submitted (403 `approval.own_run`), through either
+/// server; `alice` may.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn principals_and_the_floor_hold_across_servers() {
+    let p = |name: &str, token: &str, roles: &[&str]| json!({"name": name, "token_sha256": dagloop::server::token_sha256(token), "roles": roles});
+    let config = json!({
+        "grants": {"tools": ["http"], "egress": {"private": true}, "files": ["/"]},
+        "principals": [p("ci", CI, &["submit"]), p("alice", ALICE, &["review"]),
+                       p("dual", DUAL, &["submit", "review"])],
+        "approval": {"kinds": {"http": "ask"}, "separate_duties": true},
+    });
+    let Some(cluster) = cluster(Some(config)).await else {
+        return;
+    };
+    let Cluster { a, b, ref dir, .. } = cluster;
+    let (url, counts) = counting_service().await;
+    let auto = goal(dir.path(), &url, "auto");
+    let (st, v) = as_(
+        CI,
+        client()
+            .post(a.url("/runs"))
+            .json(&json!({"goal": auto, "approve": "auto"})),
+    )
+    .await;
+    assert_eq!(st, 201, "{v}");
+    let ci_run = v["id"].as_str().expect("id").to_string();
+    let run = until_as(&b, ALICE, &ci_run, awaits_both).await;
+    let rules: Vec<String> = serve::awaiting(&run)
+        .iter()
+        .filter_map(|c| c["rule"].as_str().map(str::to_string))
+        .collect();
+    assert_eq!(rules, ["floor:kind:http", "floor:kind:http"], "{run}");
+    assert_eq!(run["submitted_by"], "ci", "{run}");
+    // `dual`'s own run: it may not decide it, through either server; alice may.
+    let (st, v) = as_(
+        DUAL,
+        client()
+            .post(b.url("/runs"))
+            .json(&json!({"goal": goal(dir.path(), &url, "ask")})),
+    )
+    .await;
+    assert_eq!(st, 201, "{v}");
+    let own = v["id"].as_str().expect("id").to_string();
+    until_as(&a, ALICE, &own, awaits_both).await;
+    // Another submitter's run is nothing to `ci` (a submitter only), on either server.
+    for s in [&a, &b] {
+        let (st, v) = as_(CI, client().get(s.url(&format!("/runs/{own}")))).await;
+        assert_eq!(st, 404, "{v}");
+    }
+    for s in [&a, &b] {
+        let got = as_(
+            DUAL,
+            client()
+                .post(s.url(&format!("/runs/{own}/approvals/1")))
+                .json(&json!({"decision": "approve"})),
+        )
+        .await;
+        serve::refused(got, 403, "approval.own_run");
+    }
+    assert!(
+        counts.lock().expect("counts").is_empty(),
+        "nothing ran unreviewed"
+    );
+    for (id, s) in [(&ci_run, &b), (&own, &a)] {
+        for call in [1, 2] {
+            let (st, v) = as_(
+                ALICE,
+                client()
+                    .post(s.url(&format!("/runs/{id}/approvals/{call}")))
+                    .json(&json!({"decision": "approve"})),
+            )
+            .await;
+            assert_eq!(st, 200, "{v}");
+        }
+        let (st, v) = as_(
+            ALICE,
+            client().get(s.url(&format!("/runs/{id}/result?wait=60"))),
+        )
+        .await;
+        assert_eq!((st, v["status"].as_str()), (200, Some("succeeded")), "{v}");
+    }
+    assert_eq!((count(&counts, 1), count(&counts, 2)), (2, 2));
 }
