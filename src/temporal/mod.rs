@@ -72,6 +72,7 @@ impl RunSpec {
     /// its options), under `run_id`. Workers define the run again from it for every activity
     /// (their goal lists the MCP tools apart), so the digests of the goal as the starting
     /// process saw it are not kept.
+    #[cfg(any(feature = "cli", feature = "server"))]
     pub(crate) fn of_def(run_id: impl Into<String>, def: &crate::runs::RunDef) -> Self {
         let mut options = def.options().clone();
         options.definition.clear();
