@@ -267,6 +267,21 @@ async fn two_servers_serve_the_same_runs_on_temporal() {
     );
     assert_eq!(count(&counts, 2), RUNS as u64, "call 2 ran once per run");
 
+    // `wait` on POST /runs answers with the result of a run that needs no reviewer.
+    let auto = goal(dir.path(), &url, "auto");
+    let (st, v) = send(
+        client()
+            .post(b.url("/runs"))
+            .json(&json!({"goal": auto, "wait": 60})),
+    )
+    .await;
+    assert_eq!(st, 201, "{v}");
+    assert_eq!(
+        (v["finished"].as_bool(), v["status"].as_str()),
+        (Some(true), Some("succeeded")),
+        "{v}"
+    );
+
     // The list on B has every run (visibility is eventually consistent: polled).
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {

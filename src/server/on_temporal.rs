@@ -105,9 +105,22 @@ impl Engine {
         Ok(id)
     }
 
-    /// The run's record, journal and result, as its workflow holds them.
+    /// The run's record, journal and result, as its workflow holds them. A query that fails
+    /// (a workflow whose first task no worker took yet, a worker just lost) is asked again for
+    /// up to [`QUERY_TRIES`] × [`EVENT_POLL`].
     pub(super) async fn source(&self, id: &str) -> Result<Source, ApiError> {
-        let snap = self.conn.snapshot(id).await.map_err(|e| api_error(&e))?;
+        let mut tries = 0;
+        let snap = loop {
+            match self.conn.snapshot(id).await {
+                Ok(s) => break s,
+                Err(e @ TemporalError::UnknownRun { .. }) => return Err(api_error(&e)),
+                Err(e) if tries >= QUERY_TRIES => return Err(api_error(&e)),
+                Err(_) => {
+                    tries += 1;
+                    tokio::time::sleep(EVENT_POLL).await;
+                }
+            }
+        };
         Ok(Source {
             record: snap.spec.record(),
             journal: snap.journal,
