@@ -14,9 +14,8 @@
 //! Temporal's visibility list, each run described by its workflow.
 //!
 //! Deliberately not here: any rule about runs (the machine's, checked in the workflow), who may
-//! do what (`principals`, the handlers), the workflow itself (`crate::temporal`). Not supported
-//! on this engine: webhooks, forks, cassettes, per-run grants through the desk, and the audit
-//! view are answered from the store only.
+//! do what (`principals`, the handlers), the workflow itself (`crate::temporal`). Not on this
+//! engine: webhooks, and forks and cassettes (they read the store only).
 
 use std::convert::Infallible;
 use std::sync::Arc;
