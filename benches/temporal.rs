@@ -5,7 +5,10 @@
 //!
 //! Prints, as JSON lines: the makespan of one run (median of 7) embedded and on Temporal, with
 //! their ratio; and runs/s over 100 runs started at once, with two workers on Temporal and
-//! embedded in one process (the baseline). `DAGLOOP_BENCH_RUNS=N` changes the count.
+//! embedded in one process (the baseline). `DAGLOOP_BENCH_RUNS=N` changes the count. Then the
+//! server on Temporal (`support/servers.rs`): runs/s through two servers and two workers and the
+//! median from a call's `started` to its SSE event on the other server, beside one embedded
+//! server's (`DAGLOOP_BENCH_SERVER_RUNS=N`, default 50).
 
 use std::path::Path;
 use std::sync::Arc;
@@ -16,8 +19,14 @@ use dagloop::runs::RunOptions;
 use dagloop::temporal::{Connection, RunSpec, WorkerOptions};
 use serde_json::json;
 
+#[path = "../tests/common/bin.rs"]
+mod bin;
 #[path = "support/research.rs"]
 mod research;
+#[path = "../tests/common/serve.rs"]
+mod serve;
+#[path = "support/servers.rs"]
+mod servers;
 #[path = "../tests/common/temporal.rs"]
 mod temporal;
 
@@ -130,4 +139,9 @@ fn main() {
         let _ = stop.send(());
         let _ = h.join();
     }
+    let n: usize = std::env::var("DAGLOOP_BENCH_SERVER_RUNS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(50);
+    rt.block_on(servers::bench(&server, n));
 }

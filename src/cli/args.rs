@@ -564,6 +564,11 @@ pub enum Command {
         /// "review" | "admin"]}]` (token_sha256: lowercase hex SHA-256 of the bearer token).
         #[arg(long, value_name = "FILE")]
         principals: Option<PathBuf>,
+        /// Where runs are driven (`--engine temporal`: every run a Temporal workflow run by
+        /// `dagloop worker`s; nothing of a run kept in this process, so several servers serve
+        /// the same runs).
+        #[command(flatten)]
+        temporal: TemporalArgs,
     },
     /// Serve a scripted-model file as an OpenAI-compatible streaming endpoint.
     MockLlm {

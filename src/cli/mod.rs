@@ -573,6 +573,7 @@ pub async fn main(mut cli: Cli) -> i32 {
             allow_shell,
             allow_host,
             principals,
+            temporal,
         } => match grants_for(config, allow_shell, true) {
             Ok(g) => {
                 serve(
@@ -581,8 +582,8 @@ pub async fn main(mut cli: Cli) -> i32 {
                     config,
                     allow_host,
                     principals.as_deref(),
-                    cli.store.as_deref(),
-                    cli.no_store,
+                    (cli.store.as_deref(), cli.no_store),
+                    &temporal,
                 )
                 .await
             }

@@ -37,9 +37,23 @@ pub(super) async fn serve(
     config: Option<&crate::config::Config>,
     allowed_hosts: Vec<String>,
     principals: Option<&FsPath>,
-    store: Option<&FsPath>,
-    no_store: bool,
+    (store, no_store): (Option<&FsPath>, bool),
+    temporal: &super::TemporalArgs,
 ) -> Result<i32, CliError> {
+    #[cfg(feature = "temporal")]
+    let temporal =
+        (temporal.engine == super::EngineArg::Temporal).then(|| crate::server::TemporalServe {
+            address: temporal.address(),
+            namespace: temporal.namespace.clone(),
+            task_queue: temporal.task_queue.clone(),
+        });
+    #[cfg(not(feature = "temporal"))]
+    if temporal.engine == super::EngineArg::Temporal {
+        return Err(CliError::new(
+            "cli.feature_disabled",
+            "this dagloop was built without Temporal; build it with `--features temporal`",
+        ));
+    }
     let store = match (
         no_store,
         store
@@ -112,6 +126,8 @@ pub(super) async fn serve(
         retention: config
             .and_then(|c| c.store.retention().ok())
             .unwrap_or_default(),
+        #[cfg(feature = "temporal")]
+        temporal,
     })
     .await
     .map_err(|e| CliError::new(e.code(), e))?;
@@ -140,8 +156,8 @@ pub(super) async fn serve(
     _config: Option<&crate::config::Config>,
     _allowed_hosts: Vec<String>,
     _principals: Option<&FsPath>,
-    _store: Option<&FsPath>,
-    _no_store: bool,
+    _store: (Option<&FsPath>, bool),
+    _temporal: &super::TemporalArgs,
 ) -> Result<i32, CliError> {
     Err(CliError::new(
         "cli.feature_disabled",

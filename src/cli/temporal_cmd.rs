@@ -52,12 +52,7 @@ mod on {
             crate::runs::define(goal, opts, grants).map_err(|e| CliError::new(e.code(), &e))?;
         crate::runs::RunDef::config(&def).map_err(|e| CliError::new(e.code(), &e))?;
         let id = crate::engine::bus::new_run_id();
-        // The spec carries the record (delegate goals by content); the workers define the run
-        // again from it for every activity (their goal lists the MCP tools apart), so the
-        // digests of the goal as this process saw it are not theirs to compare.
-        let mut options = def.options().clone();
-        options.definition.clear();
-        let spec = RunSpec::new(id.clone(), def.goal(), options);
+        let spec = RunSpec::of_def(id.clone(), &def);
         let conn = connect(t).await?;
         conn.start(spec, &t.task_queue).await.map_err(err)?;
         if display.json_only || display.quiet {

@@ -229,6 +229,11 @@ async fn start_run(st: &Arc<AppState>, who: &Principal, v: Value) -> ApiResult<S
     let goal = check_goal(&doc, &base)?;
     st.hold_to_floor(&mut opts, agent.as_deref(), &goal)?;
     let def = crate::runs::define(goal, opts, st.grants.clone()).map_err(runs_error)?;
+    #[cfg(feature = "temporal")]
+    if let Some(t) = st.temporal() {
+        crate::runs::RunDef::config(&def).map_err(runs_error)?;
+        return t.start(&def).await;
+    }
     st.launch_defined(&def, None).await.map_err(runs_error)
 }
 
@@ -591,6 +596,10 @@ pub(super) async fn submit(
     id: &str,
     op: Op,
 ) -> ApiResult<(StatusCode, Json<OpStatus>)> {
+    #[cfg(feature = "temporal")]
+    if let Some(t) = st.temporal() {
+        return t.submit(id, op).await;
+    }
     // A parked run of this server is woken to take the op itself (another process's run, or
     // one being parked right now, gets it recorded: its driver takes it when next driven).
     let live = match st.live(id) {

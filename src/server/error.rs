@@ -40,6 +40,12 @@ pub enum ServerError {
         /// Why.
         reason: String,
     },
+    /// Temporal cannot be reached (`serve --engine temporal`).
+    #[error("cannot use Temporal: {reason}")]
+    Temporal {
+        /// Why.
+        reason: String,
+    },
 }
 
 crate::codes::has_code!(ServerError);
@@ -54,6 +60,7 @@ impl ServerError {
             ServerError::Store(e) => e.code(),
             ServerError::Notify(e) => e.code(),
             ServerError::Serve { .. } => "server.serve",
+            ServerError::Temporal { .. } => "temporal.connect",
         }
     }
 }
@@ -97,21 +104,25 @@ impl ApiError {
 
     /// The status an op refusal maps to.
     pub fn from_op(e: &crate::protocol::OpError) -> Self {
-        use crate::protocol::OpError as O;
-        let status = match e {
-            O::UnknownCall { .. } | O::UnknownGrant { .. } => StatusCode::NOT_FOUND,
-            O::NotAwaiting { .. }
-            | O::AlreadyDecided { .. }
-            | O::Stale { .. }
-            | O::StalePresentation { .. }
-            | O::Moved { .. } => StatusCode::CONFLICT,
-            O::RunFinished { .. } => StatusCode::CONFLICT,
-            O::EditChangesTool { .. } | O::InvalidDecision { .. } | O::InvalidGrant { .. } => {
+        ApiError::new(Self::op_status(e.code()), e.code(), e)
+    }
+
+    /// The status of an op refused with `code` (the one mapping for refusals by this process's
+    /// run and by a Temporal workflow's validator): an unknown call or grant is 404, an op
+    /// that cannot apply 422, one that came too late or too early 409, the rest 503.
+    pub fn op_status(code: &str) -> StatusCode {
+        match code {
+            "op.unknown_call" | "op.unknown_grant" => StatusCode::NOT_FOUND,
+            "op.not_awaiting"
+            | "op.already_decided"
+            | "op.stale"
+            | "op.stale_presentation"
+            | "op.run_finished" => StatusCode::CONFLICT,
+            "op.edit_changes_tool" | "op.invalid_decision" | "op.invalid_grant" => {
                 StatusCode::UNPROCESSABLE_ENTITY
             }
             _ => StatusCode::SERVICE_UNAVAILABLE,
-        };
-        ApiError::new(status, e.code(), e)
+        }
     }
 
     /// A store failure: unknown runs are 404, a compacted run's journal 410, the rest 500.

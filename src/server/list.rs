@@ -46,6 +46,10 @@ pub(super) async fn list_runs(
         }
         q.submitted_by = Some(who.name.clone());
     }
+    #[cfg(feature = "temporal")]
+    if let Some(t) = st.temporal() {
+        return temporal_list(&st, t, &q).await;
+    }
     let store = st.store.clone();
     let query = q.clone();
     let page = tokio::task::spawn_blocking(move || crate::runs::list_runs(&*store, &query))
@@ -74,4 +78,70 @@ pub(super) async fn list_runs(
         }
     }
     Ok(resp)
+}
+
+/// The list on Temporal: the runs visibility lists (newest first, up to the most a page may
+/// hold), each described by its workflow, filtered as the store filters (status, text,
+/// submitter) and ordered as it orders (waiting first, then newest). One page: no cursor.
+#[cfg(feature = "temporal")]
+async fn temporal_list(
+    st: &Arc<AppState>,
+    t: &Arc<super::on_temporal::Engine>,
+    q: &RunQuery,
+) -> Result<Response, ApiError> {
+    use futures::StreamExt;
+    let ids = t.list(crate::store::MAX_LIMIT).await?;
+    let views: Vec<_> = futures::stream::iter(ids)
+        .map(|id| async move { st.describe_view(&id).await.ok() })
+        .buffered(8)
+        .collect()
+        .await;
+    let mut runs: Vec<RunSummary> = views
+        .into_iter()
+        .flatten()
+        .filter(|v| {
+            q.statuses.is_empty()
+                || q.statuses
+                    .iter()
+                    .any(|f| crate::store::status_matches(&v.status, f))
+        })
+        .filter(|v| {
+            q.text
+                .as_deref()
+                .is_none_or(|x| v.id.contains(x) || v.goal.contains(x))
+        })
+        .filter(|v| {
+            q.submitted_by
+                .as_deref()
+                .is_none_or(|p| v.submitted_by.as_deref() == Some(p))
+        })
+        .map(|v| {
+            let created_at = v.started_at.unwrap_or(0);
+            let awaiting = v.awaiting.len() as u64;
+            RunSummary {
+                waiting: awaiting,
+                row: crate::store::RunSummary {
+                    title: crate::store::title_of(&v.goal),
+                    id: v.id,
+                    status: v.status,
+                    awaiting,
+                    created_at,
+                    updated_at: created_at.saturating_add(v.duration_ms),
+                    entries: v.journal_entries as u64,
+                    submitted_by: v.submitted_by,
+                    owner: None,
+                    wake_at: None,
+                },
+            }
+        })
+        .collect();
+    runs.sort_by(|a, b| {
+        (b.row.status == "waiting", b.row.created_at, &b.row.id).cmp(&(
+            a.row.status == "waiting",
+            a.row.created_at,
+            &a.row.id,
+        ))
+    });
+    runs.truncate(q.limit);
+    Ok(Json(runs).into_response())
 }

@@ -27,6 +27,8 @@ mod floor;
 mod fork;
 mod guard;
 mod list;
+#[cfg(feature = "temporal")]
+mod on_temporal;
 mod openapi;
 mod page;
 mod park;
@@ -51,6 +53,8 @@ use utoipa::OpenApi;
 use utoipa_axum::router::OpenApiRouter;
 
 pub use error::ServerError;
+#[cfg(feature = "temporal")]
+pub use on_temporal::TemporalServe;
 pub use principals::{PrincipalConfig, PrincipalError, Role, token_sha256};
 use state::AppState;
 
@@ -90,6 +94,10 @@ pub struct ServeOptions {
     /// How long finished runs are kept (`[store]` of the config), applied at start and every
     /// [`RETENTION_EVERY`].
     pub retention: crate::store::Retention,
+    /// Serve runs on Temporal (`--engine temporal`): every run is a workflow, nothing of a
+    /// run is kept or driven here.
+    #[cfg(feature = "temporal")]
+    pub temporal: Option<TemporalServe>,
 }
 
 /// How often `dagloop serve` applies its retention policy (besides once at start).
@@ -146,6 +154,18 @@ pub async fn serve(opts: ServeOptions) -> Result<(), ServerError> {
     // `/metrics` counts what the runs driven from now on do.
     crate::telemetry::metrics::enable();
     let state = AppState::open(&opts, local)?;
+    #[cfg(feature = "temporal")]
+    let on_temporal = match &opts.temporal {
+        Some(t) => {
+            let _ = state
+                .temporal
+                .set(Arc::new(on_temporal::Engine::connect(t).await?));
+            true
+        }
+        None => false,
+    };
+    #[cfg(not(feature = "temporal"))]
+    let on_temporal = false;
     // Listening for SIGTERM before anybody can be told the server is up.
     let term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
     let stop = tokio_util::sync::CancellationToken::new();
@@ -156,9 +176,18 @@ pub async fn serve(opts: ServeOptions) -> Result<(), ServerError> {
     });
     // The runs to continue are found by one indexed read; they are continued in the
     // background, so the listener answers at once.
-    let resumed = state.wakeable().await;
-    let takeover = state.spawn_watcher(resumed.clone());
-    let retention = state.spawn_retention(opts.retention);
+    // On Temporal nothing is continued, taken over or retained here: the cluster holds it all.
+    let (resumed, takeover, retention) = if on_temporal {
+        (Vec::new(), None, None)
+    } else {
+        let resumed = state.wakeable().await;
+        let takeover = state.spawn_watcher(resumed.clone());
+        (
+            resumed,
+            Some(takeover),
+            state.spawn_retention(opts.retention),
+        )
+    };
     // A closed stdout must not stop the server (`println!` would panic).
     let _ = writeln!(
         std::io::stdout(),
@@ -191,7 +220,9 @@ pub async fn serve(opts: ServeOptions) -> Result<(), ServerError> {
         reason: e.to_string(),
     });
     signals.abort();
-    takeover.abort();
+    if let Some(t) = takeover {
+        t.abort();
+    }
     if let Some(r) = retention {
         r.abort();
     }

@@ -52,6 +52,11 @@ pub(super) async fn events(
         .and_then(|v| v.trim().parse::<u64>().ok())
         .or(q.after)
         .unwrap_or(0);
+    #[cfg(feature = "temporal")]
+    if let Some(t) = st.temporal() {
+        let stream = t.events(id, after, frame);
+        return Ok(Sse::new(stream).keep_alive(KeepAlive::default()));
+    }
     // A run this server parked is woken for its follower: a followed run is not parked, so the
     // stream stays live (spec/server.md H19).
     let live = match st.live(&id) {

@@ -69,6 +69,9 @@ pub(super) struct AppState {
     /// Triggered when the server stops: runs are no longer driven, and none is recorded as
     /// finished because of it.
     pub(super) stopping: CancellationToken,
+    /// With `--engine temporal`: where every run lives (this process drives none).
+    #[cfg(feature = "temporal")]
+    pub(super) temporal: std::sync::OnceLock<Arc<super::on_temporal::Engine>>,
 }
 
 pub(super) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -112,7 +115,15 @@ impl AppState {
             #[cfg(feature = "mcp")]
             mcp: Default::default(),
             stopping: CancellationToken::new(),
+            #[cfg(feature = "temporal")]
+            temporal: std::sync::OnceLock::new(),
         }))
+    }
+
+    /// The Temporal engine, when the server serves runs on Temporal.
+    #[cfg(feature = "temporal")]
+    pub(super) fn temporal(&self) -> Option<&Arc<super::on_temporal::Engine>> {
+        self.temporal.get()
     }
 
     pub fn live(&self, id: &str) -> Option<Arc<LiveRun>> {
@@ -121,6 +132,13 @@ impl AppState {
 
     /// Who submitted a run (None for runs recorded without a submitter); 404 for no such run.
     pub async fn submitter(&self, id: &str) -> Result<Option<String>, ApiError> {
+        #[cfg(feature = "temporal")]
+        if let Some(t) = self.temporal() {
+            let s = t.source(id).await?;
+            return Ok(s.record.options["submitted_by"]
+                .as_str()
+                .map(str::to_string));
+        }
         if let Some(l) = self.live(id) {
             return Ok(l.record.options["submitted_by"]
                 .as_str()
@@ -267,6 +285,21 @@ impl AppState {
         self: &Arc<Self>,
         id: &str,
     ) -> Result<crate::runs::RunView, ApiError> {
+        #[cfg(feature = "temporal")]
+        if let Some(t) = self.temporal() {
+            let s = t.source(id).await?;
+            return blocking(move || {
+                let rb = rebuild(&s.record, &s.journal)?;
+                Ok(crate::runs::describe_view(
+                    &s.record.id,
+                    &rb,
+                    s.journal.len(),
+                    s.result.as_ref(),
+                    s.result.is_none(),
+                ))
+            })
+            .await;
+        }
         let me = self.clone();
         let id = id.to_string();
         tokio::task::spawn_blocking(move || me.describe_now(&id))
@@ -286,6 +319,11 @@ impl AppState {
         id: &str,
         f: impl FnOnce(&crate::runs::Rebuilt) -> T + Send + 'static,
     ) -> Result<T, ApiError> {
+        #[cfg(feature = "temporal")]
+        if let Some(t) = self.temporal() {
+            let s = t.source(id).await?;
+            return blocking(move || Ok(f(&rebuild(&s.record, &s.journal)?))).await;
+        }
         let me = self.clone();
         let id = id.to_string();
         tokio::task::spawn_blocking(move || {
@@ -400,4 +438,28 @@ impl AppState {
             live,
         ))
     }
+}
+
+/// A run rebuilt from its record and journal, or why not (500 with the run's code).
+#[cfg(feature = "temporal")]
+fn rebuild(
+    record: &RunRecord,
+    journal: &[crate::machine::JournalEntry],
+) -> Result<crate::runs::Rebuilt, ApiError> {
+    crate::runs::rebuild(record, journal)
+        .map_err(|e| ApiError::new(axum::http::StatusCode::INTERNAL_SERVER_ERROR, e.code(), e))
+}
+
+/// `f` off the async threads.
+#[cfg(feature = "temporal")]
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, ApiError> + Send + 'static,
+) -> Result<T, ApiError> {
+    tokio::task::spawn_blocking(f).await.map_err(|e| {
+        ApiError::new(
+            axum::http::StatusCode::INTERNAL_SERVER_ERROR,
+            "server.internal",
+            e,
+        )
+    })?
 }

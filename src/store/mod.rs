@@ -24,7 +24,7 @@ pub use owner::OwnerProcess;
 
 pub use query::{
     Cursor, DEFAULT_LIMIT, MAX_LIMIT, QueryError, RunPage, RunQuery, RunSummary, STATUSES,
-    TITLE_CHARS, derive_status, title_of,
+    TITLE_CHARS, derive_status, status_matches, title_of,
 };
 
 use serde::{Deserialize, Serialize};

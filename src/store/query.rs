@@ -30,6 +30,17 @@ pub fn derive_status(finished: Option<&str>, awaiting: u64, leased: bool) -> &st
     }
 }
 
+/// Whether a run of `status` (as [`derive_status`] says) is listed under `filter` (one of
+/// [`STATUSES`]): the status itself, `finished` for any ending, `failed` for any ending but
+/// success. The SQLite store's list query says the same in SQL; a list that is not the store's
+/// (runs on Temporal) filters with this.
+pub fn status_matches(status: &str, filter: &str) -> bool {
+    let ended = RunStatus::ENDINGS.iter().any(|e| e.as_str() == status);
+    status == filter
+        || (filter == "finished" && ended)
+        || (filter == "failed" && ended && status != RunStatus::Succeeded.as_str())
+}
+
 /// The statuses a run can be listed by: the derived ones, `finished` (any ending), `failed`
 /// (any ending but success) and each ending ([`RunStatus::ENDINGS`], so a new ending is
 /// listable the day it exists).

@@ -11,7 +11,7 @@ use temporalio_client::{
 use temporalio_sdk::{Runtime, Worker};
 
 use super::activities::DagloopActivities;
-use super::workflow::{Described, RunWorkflow, Snapshot};
+use super::workflow::{Described, EventPage, RunWorkflow, Snapshot};
 use super::{RunSpec, TemporalError};
 use crate::machine::RunResult;
 use crate::protocol::Op;
@@ -155,6 +155,34 @@ impl Connection {
             .query(RunWorkflow::describe, (), WorkflowQueryOptions::default())
             .await
             .map_err(|e| query_failed(run, e.to_string()))
+    }
+
+    /// The run's events after sequence number `after`, a page at a time (the `events` query).
+    pub async fn events(&self, run: &str, after: u64) -> Result<EventPage, TemporalError> {
+        self.client
+            .get_workflow_handle::<RunWorkflow>(run)
+            .query(RunWorkflow::events, after, WorkflowQueryOptions::default())
+            .await
+            .map_err(|e| query_failed(run, e.to_string()))
+    }
+
+    /// The ids of the runs (workflows of type `RunWorkflow`) Temporal's visibility lists, newest
+    /// first, at most `limit`. Visibility is eventually consistent: a run started a moment ago
+    /// may be missing for a moment.
+    pub async fn list(&self, limit: usize) -> Result<Vec<String>, TemporalError> {
+        use futures::StreamExt;
+        let mut stream = self.client.list_workflows(
+            "WorkflowType = 'RunWorkflow'",
+            temporalio_client::WorkflowListOptions::builder()
+                .limit(limit)
+                .build(),
+        );
+        let mut ids = Vec::new();
+        while let Some(w) = stream.next().await {
+            let w = w.map_err(|e| request("list the runs")(e.to_string()))?;
+            ids.push(w.id().to_string());
+        }
+        Ok(ids)
     }
 
     /// The run's workflow history, as JSON (what the replay tester reads).

@@ -31,7 +31,7 @@ use serde_json::Value;
 
 pub use activities::DagloopActivities;
 pub use client::{Connection, WorkerOptions, replay, run_worker, run_worker_with};
-pub use workflow::{Described, RunWorkflow, Snapshot, TurnItem};
+pub use workflow::{Described, EVENT_PAGE, EventPage, RunWorkflow, Snapshot, TurnItem};
 
 use crate::goal::Goal;
 use crate::runs::RunOptions;
@@ -66,6 +66,17 @@ impl RunSpec {
             base_dir: goal.base_dir.display().to_string(),
             options,
         }
+    }
+
+    /// The spec of a defined run (the run's record: its goal with delegate goals by content,
+    /// its options), under `run_id`. Workers define the run again from it for every activity
+    /// (their goal lists the MCP tools apart), so the digests of the goal as the starting
+    /// process saw it are not kept.
+    #[cfg(any(feature = "cli", feature = "server"))]
+    pub(crate) fn of_def(run_id: impl Into<String>, def: &crate::runs::RunDef) -> Self {
+        let mut options = def.options().clone();
+        options.definition.clear();
+        RunSpec::new(run_id, def.goal(), options)
     }
 
     /// The goal again.

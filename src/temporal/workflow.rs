@@ -21,7 +21,7 @@ use super::perform::Performer;
 use crate::machine::{
     Action, FrameKey, JournalEntry, RunError, RunInput, RunMachine, RunResult, RunStatus, Usage,
 };
-use crate::protocol::Op;
+use crate::protocol::{Event, Op, OpError};
 
 /// How long a worker may go silent before its activity counts as lost.
 pub(super) const HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -86,6 +86,22 @@ pub struct RunWorkflow {
     pub(super) turns: BTreeMap<FrameKey, TurnMark>,
     pub(super) journal: Vec<JournalEntry>,
     pub(super) result: Option<RunResult>,
+    /// The run's events as the machine emitted them (ephemeral ones left out), for the
+    /// `events` query: any server reads them by sequence range.
+    pub(super) events: Vec<Event>,
+}
+
+/// The most events one `events` query returns.
+pub const EVENT_PAGE: usize = 256;
+
+/// What the `events` query returns: the events after a sequence number (at most
+/// [`EVENT_PAGE`]), and whether the run has ended (then nothing follows the last page).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct EventPage {
+    /// Events with `seq` above the one asked for, in order.
+    pub events: Vec<Event>,
+    /// True once the run ended: with an empty page, the stream is over.
+    pub finished: bool,
 }
 
 #[workflow_methods]
@@ -104,6 +120,7 @@ impl RunWorkflow {
             turns: BTreeMap::new(),
             journal: Vec::new(),
             result: None,
+            events: Vec::new(),
         }
     }
 
@@ -194,10 +211,15 @@ impl RunWorkflow {
             )
             .into());
         }
+        let refused = |e: OpError| format!("{}: {e}", e.code()).into();
         match &self.machine {
-            Some(m) => m
-                .check_op(op)
-                .map_err(|e| format!("{}: {e}", e.code()).into()),
+            Some(m) => {
+                let bound = m.bind_op(op.clone()).map_err(refused)?;
+                match self.pending_winner(&bound) {
+                    Some(e) => Err(refused(e)),
+                    None => Ok(()),
+                }
+            }
             None => Err("op.unavailable: the run could not be set up".into()),
         }
     }
@@ -209,6 +231,12 @@ impl RunWorkflow {
         match op {
             Op::Cancel { .. } => false,
             op => {
+                // Bound to the presentation its validator saw, as the store binds an op it
+                // records (`RunMachine::bind_op`).
+                let op = match &self.machine {
+                    Some(m) => m.bind_op(op.clone()).unwrap_or(op),
+                    None => op,
+                };
                 self.inbox.push(RunInput::from_op(op));
                 true
             }
@@ -243,6 +271,20 @@ impl RunWorkflow {
         }
     }
 
+    /// The run's events after sequence number `after` (at most [`EVENT_PAGE`]).
+    #[query]
+    pub fn events(&self, _ctx: &WorkflowContextView, after: u64) -> EventPage {
+        let from = self.events.partition_point(|e| e.seq <= after);
+        EventPage {
+            events: self.events[from..]
+                .iter()
+                .take(EVENT_PAGE)
+                .cloned()
+                .collect(),
+            finished: self.result.is_some() || self.setup.is_some(),
+        }
+    }
+
     /// The run's spec, whole journal and result.
     #[query]
     pub fn snapshot(&self, _ctx: &WorkflowContextView) -> Snapshot {
@@ -255,6 +297,32 @@ impl RunWorkflow {
 }
 
 impl RunWorkflow {
+    /// A decision already accepted (an update taken, not yet fed to the machine) for the same
+    /// presentation of the same call as `op`: `op.already_decided`, naming it. The machine
+    /// refuses decisions it has seen ([`RunMachine::check_op`]); this covers those still in
+    /// the inbox, so of two concurrent updates exactly one is accepted.
+    fn pending_winner(&self, op: &Op) -> Option<OpError> {
+        let Op::Decide {
+            call, presentation, ..
+        } = op
+        else {
+            return None;
+        };
+        self.inbox.iter().find_map(|i| match i {
+            RunInput::Decided {
+                call: c,
+                decision,
+                by,
+                presentation: p,
+            } if c == call && p == presentation => Some(OpError::AlreadyDecided {
+                call: *call,
+                decision: decision.name().into(),
+                by: by.as_ref().map(|b| b.principal.clone()),
+            }),
+            _ => None,
+        })
+    }
+
     /// Journals `inputs` and hands them to the machine; returns what it asks for.
     fn feed(&mut self, inputs: Vec<RunInput>, now: u64) -> Vec<Action> {
         let mut out = Vec::new();
@@ -271,8 +339,10 @@ impl RunWorkflow {
             m.handle_into(input, now, &mut out);
         }
         for a in &out {
-            if let Action::Finished(r) = a {
-                self.result = Some((**r).clone());
+            match a {
+                Action::Finished(r) => self.result = Some((**r).clone()),
+                Action::Emit(e) if !e.kind.is_ephemeral() => self.events.push(e.clone()),
+                _ => {}
             }
         }
         out
