@@ -1,7 +1,7 @@
 //! What a run may touch, granted by whoever runs the process, never by the goal (DESIGN.md
 //! section 3.3): activity kinds, MCP servers (the operator's, by name, and whether a goal may
-//! start its own), environment variables, HTTP egress and the file roots scripted models and
-//! delegate goals are read from.
+//! start its own), environment variables, HTTP egress and the file roots scripted models,
+//! delegate goals and workspace memory folders are read from.
 //!
 //! A goal only *asks*. [`Grants::check_goal`] compares what a goal (and every delegate goal it
 //! names, read only once its path is inside the granted roots) asks with what is granted, before
@@ -385,6 +385,9 @@ impl Grants {
                     });
                 }
             }
+        }
+        if let Some(m) = &goal.memory {
+            self.file(&format!("{at}/memory/path"), &m.path, &goal.base_dir)?;
         }
         self.check_mcp(goal, at)?;
         for (i, t) in goal.tools.iter().enumerate() {

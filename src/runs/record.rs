@@ -39,6 +39,10 @@ pub struct DefRecord {
     /// What is shown of tool results.
     #[serde(default)]
     pub sanitize: SanitizeLimits,
+    /// The workspace memory chunks the run's context shows (`runs::memory`), chosen when the
+    /// run began: readers and replays use these, never the folder.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub memory: Vec<crate::context::memory::Chunk>,
 }
 
 impl DefRecord {
@@ -53,6 +57,7 @@ impl Default for DefRecord {
             delegates: BTreeMap::new(),
             mcp_tools: Vec::new(),
             sanitize: SanitizeLimits::default(),
+            memory: Vec::new(),
         }
     }
 }
@@ -95,6 +100,7 @@ impl RunDef {
         }
         let mut goal = self.asked.clone();
         let record = self.options.record.as_ref();
+        super::def::with_memory(&mut goal, record);
         for t in record.map(|r| r.mcp_tools.as_slice()).unwrap_or_default() {
             goal.tools.retain(|g| g.name != t.name);
             goal.tools.push(t.clone());
