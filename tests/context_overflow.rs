@@ -1,5 +1,5 @@
 //! Context overflow through the binary against an in-process OpenAI-compatible server on
-//! 127.0.0.1 (spec/context.md C3-C5): a "context length exceeded" answer that names no window
+//! 127.0.0.1 (spec/context.md C4-C6): a "context length exceeded" answer that names no window
 //! makes the run ask the turn again compacted one level further (oldest large values first),
 //! until it fits or the most compacted level is refused too (`run.context_overflow`); one that
 //! names the window is met at once with the least level that fits, later steps are compacted

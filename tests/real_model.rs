@@ -541,3 +541,70 @@ async fn a_context_larger_than_the_window_is_compacted() {
         );
     }
 }
+
+/// The run's context is longer than a 2,048-token window (the tiny goal without its tool, with
+/// 12 notes of about 1,200 characters in its state: some 4,000 tokens), on SmolLM2 served by
+/// llama-cpp-python with `--n_ctx 2048`. Its refusal names the window ("maximum context length
+/// is 2048 tokens. However, your messages resulted in N tokens"), so the run compacts straight
+/// to a level whose estimate fits (spec/context.md C5), and the run must succeed with an
+/// output that validates; no request after the first is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_2048_token_window_is_met_by_compaction_and_the_run_succeeds() {
+    const GOAL: &str = "tests/fixtures/real_model/tiny-output.goal.json";
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let dir = tempfile::tempdir().unwrap();
+    let mut goal: Value =
+        serde_json::from_str(&std::fs::read_to_string(root.join(GOAL)).unwrap()).unwrap();
+    let mut notes = serde_json::Map::new();
+    for i in 0..12 {
+        let text = format!("Note {i}: the meeting about the garden moved to another day. ");
+        notes.insert(format!("note{i:02}"), json!(text.repeat(20)));
+    }
+    goal["state"] = Value::Object(notes);
+    let goal_path = dir.path().join("long.goal.json");
+    std::fs::write(&goal_path, goal.to_string()).unwrap();
+    let events = dir.path().join("events.jsonl");
+    let server = start_server_with_window(Some("chatml-function-calling"), 2048).await;
+    let (goal_arg, events_arg) = (
+        goal_path.display().to_string(),
+        events.display().to_string(),
+    );
+    let r = tokio::task::block_in_place(|| {
+        run_dagloop(
+            &server,
+            &goal_arg,
+            "tools",
+            &["--no-store", "--events", &events_arg],
+        )
+    });
+    let evs: Vec<Value> = std::fs::read_to_string(&events)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    let compacted: Vec<(Value, Value, Value)> = evs
+        .iter()
+        .filter(|e| e["type"] == "context_compacted")
+        .map(|e| {
+            (
+                e["step"].clone(),
+                e["level"].clone(),
+                e["refused_chars"].clone(),
+            )
+        })
+        .collect();
+    eprintln!(
+        "status {} after {} step(s) in {:.1} s; compactions (step, level, refused): {compacted:?}",
+        r.status,
+        r.steps,
+        r.wall.as_secs_f64()
+    );
+    assert_eq!(r.status, "succeeded", "{}\n{}", r.result, server.log_tail());
+    assert!(output_validates(GOAL, &r.result["output"]), "{}", r.result);
+    assert!(!compacted.is_empty(), "{}", r.result);
+    let refused = compacted.iter().filter(|c| !c.2.is_null()).count();
+    assert_eq!(
+        refused, 1,
+        "only the first request was refused: {compacted:?}"
+    );
+}
