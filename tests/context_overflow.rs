@@ -165,15 +165,9 @@ async fn a_long_run_compacts_step_by_step_until_it_fits_and_succeeds() {
         .map(|q| dagloop_chars(&q.body))
         .collect();
     let evs = events_of(&events);
-    let compacted: Vec<(u64, u64)> = evs
-        .iter()
-        .filter(|e| e["type"] == "context_compacted")
-        .map(|e| {
-            (
-                e["step"].as_u64().unwrap_or(0),
-                e["level"].as_u64().unwrap_or(0),
-            )
-        })
+    let compacted: Vec<(u64, u64)> = compactions(&evs)
+        .into_iter()
+        .map(|(step, level, _)| (step, level))
         .collect();
     assert_eq!(
         compacted,
