@@ -240,6 +240,10 @@ pub struct Config {
     /// The approval floor under every run (`[approval]`).
     #[serde(default, skip_serializing_if = "is_default_approval")]
     pub approval: ApprovalConfig,
+    /// Workspace memory for goals that name none (`[memory] path = "notes"`, relative to this
+    /// file's folder; docs/memory.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory: Option<crate::context::memory::MemorySource>,
     /// The folder relative paths resolve against (the file's folder).
     #[serde(skip)]
     pub base_dir: PathBuf,
@@ -381,6 +385,10 @@ impl Config {
             secrets: SecretHosts::bound(bound),
             egress: g.egress.clone(),
             files,
+            memory: self.memory.clone().map(|mut m| {
+                m.path = self.resolve(Path::new(&m.path)).display().to_string();
+                m
+            }),
         })
     }
 

@@ -219,3 +219,40 @@ async fn a_memory_folder_outside_the_file_roots_is_refused() {
     assert_eq!(v["chunks"][0]["source"], "ada-history.md", "{v:#}");
     assert_eq!(v["chunks"].as_array().map(Vec::len), Some(1), "{v:#}");
 }
+
+/// The operator's config may name a memory folder (`memory.path`, relative to the config's
+/// folder) for goals that name none: a goal without `memory` run under that config gets the
+/// relevant chunks, and `dagloop memory search` shows them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_operators_memory_serves_goals_that_name_none() {
+    let done = json!({"calls": [], "output": {"name": "Ada", "greeting": "Hello, Countess!"}});
+    let server = serve(vec![answer(done)]).await;
+    let dir = tempfile::tempdir().expect("dir");
+    notes(dir.path());
+    let config = dir.path().join("config.json");
+    std::fs::write(
+        &config,
+        json!({"memory": {"path": "notes", "top": 1}}).to_string(),
+    )
+    .expect("config");
+    let config = config.display().to_string();
+    let events = dir.path().join("events.jsonl");
+    let (code, r, stderr) = run(
+        &server,
+        "openai:a",
+        &["--no-store", "--config", &config],
+        &events,
+    )
+    .await;
+    assert_eq!(code, Some(0), "{r:#}\n{stderr}");
+    let memory = memory_text(&server.requests()[0].body);
+    assert!(memory.contains("[ada-"), "{memory}");
+    assert_eq!(memory.matches("\n[").count(), 1, "top 1: {memory}");
+    let out = bin::dagloop()
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .args(["--config", &config, "memory", "search", TINY, "--json"])
+        .output()
+        .expect("memory search");
+    let v: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!(v["chunks"].as_array().map(Vec::len), Some(1), "{v:#}");
+}

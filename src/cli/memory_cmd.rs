@@ -41,10 +41,13 @@ pub(super) fn memory(arg: MemoryArg, grants: &Grants) -> Result<i32, CliError> {
     let code = |e: &dyn crate::codes::HasCode, m: String| CliError::new(e.code(), m);
     let load = |path: &PathBuf| -> Result<Goal, CliError> {
         let goal = Goal::load_offline(path).map_err(|e| code(&e, e.to_string()))?;
-        if goal.memory.is_none() {
+        if goal.memory.is_none() && grants.memory.is_none() {
             return Err(CliError::new(
                 "cli.usage",
-                format!("{}: the goal has no `memory` folder", path.display()),
+                format!(
+                    "{}: the goal has no `memory` folder (nor does the operator's config)",
+                    path.display()
+                ),
             ));
         }
         Ok(goal)

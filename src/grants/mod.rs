@@ -74,6 +74,8 @@ pub struct Grants {
     pub egress: Egress,
     /// Where files named by a goal may be read from.
     pub files: FileRoots,
+    /// The operator's workspace memory (an absolute folder), for goals that name none.
+    pub memory: Option<crate::context::memory::MemorySource>,
 }
 
 /// What a goal asked that is not granted.
@@ -255,6 +257,7 @@ impl Grants {
             secrets: SecretHosts::anywhere(),
             egress: Egress::open(),
             files: FileRoots::Anywhere,
+            memory: None,
         }
     }
 
@@ -294,6 +297,7 @@ impl Grants {
             egress: Egress::default(),
             files: FileRoots::under(&[base.to_path_buf()], base)
                 .unwrap_or_else(|_| FileRoots::Under(vec![base.to_path_buf()])),
+            memory: None,
         }
     }
 

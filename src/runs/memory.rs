@@ -68,12 +68,17 @@ pub fn query_of(goal: &Goal) -> String {
     }
 }
 
-/// The goal's memory folder, indexed; `None` when the goal has no `memory`.
+/// The goal's memory folder, indexed (the goal's own, held to the file roots; else the
+/// operator's, from its config); `None` when there is neither.
 pub fn index(goal: &Goal, grants: &Grants) -> Result<Option<(MemorySource, Index)>, MemoryError> {
-    let Some(source) = &goal.memory else {
-        return Ok(None);
+    let (source, folder) = match (&goal.memory, &grants.memory) {
+        (Some(own), _) => (
+            own,
+            grants.file("/memory/path", &own.path, &goal.base_dir)?,
+        ),
+        (None, Some(operator)) => (operator, PathBuf::from(&operator.path)),
+        (None, None) => return Ok(None),
     };
-    let folder = grants.file("/memory/path", &source.path, &goal.base_dir)?;
     let chunks = read(&folder, &source.path)?;
     Ok(Some((source.clone(), Index::new(chunks))))
 }
