@@ -138,16 +138,16 @@ fn long_goal(dir: &std::path::Path) -> String {
     tiny_goal_with_state(dir, Value::Object(state))
 }
 
-/// A model whose window is smaller than the run's context: every request longer than the
-/// limit is refused with "context length exceeded". Each turn is compacted step by step (level
-/// 1 replaces the oldest notes, level 2 more of them under tighter caps) until it fits, and the
-/// run succeeds; what reached the model always fit, and the oldest notes went first.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_long_run_compacts_step_by_step_until_it_fits_and_succeeds() {
-    const LIMIT: usize = 9_000;
+/// The long goal (one greet call, then the output) against a server that refuses every
+/// request longer than `limit` bytes with `refusal`; the run must succeed. Returns the server,
+/// the sizes of the requests it received and the run's events.
+async fn long_run_refused_past(
+    limit: usize,
+    refusal: Canned,
+) -> (TestServer, Vec<usize>, Vec<Value>) {
     let server = serve_with_limit(
         vec![answer(greet_call()), answer(final_output())],
-        Some((LIMIT, overflow())),
+        Some((limit, refusal)),
     )
     .await;
     let dir = tempfile::tempdir().expect("dir");
@@ -164,7 +164,17 @@ async fn a_long_run_compacts_step_by_step_until_it_fits_and_succeeds() {
         .iter()
         .map(|q| dagloop_chars(&q.body))
         .collect();
-    let evs = events_of(&events);
+    (server, sizes, events_of(&events))
+}
+
+/// A model whose window is smaller than the run's context: every request longer than the
+/// limit is refused with "context length exceeded". Each turn is compacted step by step (level
+/// 1 replaces the oldest notes, level 2 more of them under tighter caps) until it fits, and the
+/// run succeeds; what reached the model always fit, and the oldest notes went first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_run_compacts_step_by_step_until_it_fits_and_succeeds() {
+    const LIMIT: usize = 9_000;
+    let (server, sizes, evs) = long_run_refused_past(LIMIT, overflow()).await;
     let compacted: Vec<(u64, u64)> = compactions(&evs)
         .into_iter()
         .map(|(step, level, _)| (step, level))
@@ -264,25 +274,10 @@ fn compactions(evs: &[Value]) -> Vec<(u64, u64, Value)> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_window_named_by_the_refusal_is_met_at_once_and_later_steps_compact_before_asking() {
     const LIMIT: usize = 9_000;
-    let server = serve_with_limit(
-        vec![answer(greet_call()), answer(final_output())],
-        Some((LIMIT, overflow_of(LIMIT / 3))),
-    )
-    .await;
-    let dir = tempfile::tempdir().expect("dir");
-    let goal_arg = long_goal(dir.path());
-    let events = dir.path().join("events.jsonl");
-    let (code, r, stderr) = run(&server, "openai:a", &["--no-store", &goal_arg], &events).await;
-    assert_eq!(code, Some(0), "{r:#}\n{stderr}");
-    let sizes: Vec<usize> = server
-        .requests()
-        .iter()
-        .map(|q| dagloop_chars(&q.body))
-        .collect();
+    let (_, sizes, evs) = long_run_refused_past(LIMIT, overflow_of(LIMIT / 3)).await;
     assert_eq!(sizes.len(), 3, "{sizes:?}");
     assert!(sizes[0] > LIMIT, "{sizes:?}");
     assert!(sizes[1..].iter().all(|s| *s <= LIMIT), "{sizes:?}");
-    let evs = events_of(&events);
     let refused = json!(sizes[0]);
     let compacted = compactions(&evs);
     assert_eq!(compacted.len(), 2, "{compacted:?}");
