@@ -256,3 +256,25 @@ async fn the_operators_memory_serves_goals_that_name_none() {
     let v: Value = serde_json::from_slice(&out.stdout).expect("JSON");
     assert_eq!(v["chunks"].as_array().map(Vec::len), Some(1), "{v:#}");
 }
+
+/// Memory is part of what compaction may drop: refused three times (a refusal naming no
+/// window), the turn is asked at levels 1 and 2 with the memory chunks and at level 3, the most
+/// compacted, without them (spec/context.md C4).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_most_compacted_context_leaves_the_memory_out() {
+    let done = json!({"calls": [], "output": {"name": "Ada", "greeting": "Hello, Countess!"}});
+    let server = serve(vec![overflow(), overflow(), overflow(), answer(done)]).await;
+    let dir = tempfile::tempdir().expect("dir");
+    notes(dir.path());
+    let goal = goal_with_memory(dir.path(), json!({"path": "notes"}));
+    let goal_arg = format!("goal={}", goal.display());
+    let events = dir.path().join("events.jsonl");
+    let (code, r, stderr) = run(&server, "openai:a", &["--no-store", &goal_arg], &events).await;
+    assert_eq!(code, Some(0), "{r:#}\n{stderr}");
+    let shown: Vec<bool> = server
+        .requests()
+        .iter()
+        .map(|q| memory_text(&q.body).contains("Countess Lovelace"))
+        .collect();
+    assert_eq!(shown, [true, true, true, false], "levels 0 to 3");
+}

@@ -245,7 +245,7 @@ impl Frame {
             .as_ref()
             .map(|v| context::sanitize_owned(compact::input(v.clone(), level), &limits));
         let input_schema = cfg.input.as_ref().and_then(|(_, s)| s.as_ref());
-        let mut extra = cfg.context.clone();
+        let mut extra = compact::context(&cfg.context, level);
         extra.extend(self.extra.iter().cloned());
         let mut out = context::assemble(ContextInput {
             goal: &cfg.goal,
