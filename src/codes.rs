@@ -76,6 +76,7 @@ pub const AREAS: &[(&str, &str)] = &[
     ),
     ("llm", "the model: providers, streams, scripted models"),
     ("mcp", "MCP servers and their tools"),
+    ("memory", "a goal's workspace memory folder (`memory`)"),
     ("model", "`dagloop validate` on a scripted-model file"),
     (
         "notify",
@@ -233,6 +234,8 @@ codes! {
     "mcp.tool_clash" => "Two MCP servers offer a tool with the same name.",
     "mcp.tool_error" => "An MCP tool reported an error result (`isError`).",
     "mcp.unexpected_response" => "An MCP server's answer is not the shape the protocol gives.",
+    "memory.too_large" => "The goal's memory folder holds more files or bytes than dagloop indexes (10,000 files, 64 MiB); point `memory.path` at a smaller folder.",
+    "memory.unreadable" => "The goal's memory folder (or a file in it) cannot be read, or is not a folder.",
     "model.script" => "A scripted-model file given to `dagloop validate` cannot be read or is not valid.",
     "notify.bad_timeout" => "The webhook's timeout is not a positive number of seconds.",
     "notify.bad_url" => "The webhook's URL is not an http(s) URL.",

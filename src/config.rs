@@ -245,6 +245,10 @@ pub struct Config {
     /// The approval floor under every run (`[approval]`).
     #[serde(default, skip_serializing_if = "is_default_approval")]
     pub approval: ApprovalConfig,
+    /// Workspace memory for goals that name none (`[memory] path = "notes"`, relative to this
+    /// file's folder; docs/memory.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory: Option<crate::context::memory::MemorySource>,
     /// The folder relative paths resolve against (the file's folder).
     #[serde(skip)]
     pub base_dir: PathBuf,
@@ -387,6 +391,10 @@ impl Config {
             egress: g.egress.clone(),
             files,
             kept_result_bytes: g.kept_result_bytes,
+            memory: self.memory.clone().map(|mut m| {
+                m.path = self.resolve(Path::new(&m.path)).display().to_string();
+                m
+            }),
         })
     }
 

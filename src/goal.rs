@@ -9,8 +9,10 @@ use std::path::{Path as FsPath, PathBuf};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+pub use crate::context::memory::{Chunk as MemoryChunk, MemorySource};
 pub use crate::duration::DurationError;
 use crate::protocol::{Call, Message, Tool};
+pub use crate::runs::memory::MemoryError;
 use crate::schema::published::Document;
 pub use crate::schema::{
     OutputValidator, ParamsValidator, SchemaError, Subject, ToolValidators, Violation,
@@ -280,6 +282,10 @@ pub struct Goal {
     /// Environment variables the goal may read (`${VAR}` in an http tool's `url` and headers).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub env: Vec<String>,
+    /// Workspace memory: a folder of notes whose passages most relevant to the goal join its
+    /// context (`context::memory`, `runs::memory`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory: Option<crate::context::memory::MemorySource>,
     /// The folder the goal was read from (relative paths resolve against it).
     #[serde(skip)]
     pub base_dir: PathBuf,

@@ -1,7 +1,10 @@
 //! Context overflow through the binary against an in-process OpenAI-compatible server on
-//! 127.0.0.1: a "context length exceeded" answer makes the run ask the turn again compacted one
-//! level further (oldest large values first), until it fits or the most compacted level is
-//! refused too (`run.context_overflow`).
+//! 127.0.0.1 (spec/context.md C4-C6): a "context length exceeded" answer that names no window
+//! makes the run ask the turn again compacted one level further (oldest large values first),
+//! until it fits or the most compacted level is refused too (`run.context_overflow`); one that
+//! names the window is met at once with the least level that fits, later steps are compacted
+//! before they are asked, and a context whose smallest form cannot fit ends the run with the
+//! sizes.
 #![cfg(feature = "server")]
 
 #[path = "common/bin.rs"]
@@ -135,16 +138,16 @@ fn long_goal(dir: &std::path::Path) -> String {
     tiny_goal_with_state(dir, Value::Object(state))
 }
 
-/// A model whose window is smaller than the run's context: every request longer than the
-/// limit is refused with "context length exceeded". Each turn is compacted step by step (level
-/// 1 replaces the oldest notes, level 2 more of them under tighter caps) until it fits, and the
-/// run succeeds; what reached the model always fit, and the oldest notes went first.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_long_run_compacts_step_by_step_until_it_fits_and_succeeds() {
-    const LIMIT: usize = 9_000;
+/// The long goal (one greet call, then the output) against a server that refuses every
+/// request longer than `limit` bytes with `refusal`; the run must succeed. Returns the server,
+/// the sizes of the requests it received and the run's events.
+async fn long_run_refused_past(
+    limit: usize,
+    refusal: Canned,
+) -> (TestServer, Vec<usize>, Vec<Value>) {
     let server = serve_with_limit(
         vec![answer(greet_call()), answer(final_output())],
-        Some((LIMIT, overflow())),
+        Some((limit, refusal)),
     )
     .await;
     let dir = tempfile::tempdir().expect("dir");
@@ -161,16 +164,20 @@ async fn a_long_run_compacts_step_by_step_until_it_fits_and_succeeds() {
         .iter()
         .map(|q| dagloop_chars(&q.body))
         .collect();
-    let evs = events_of(&events);
-    let compacted: Vec<(u64, u64)> = evs
-        .iter()
-        .filter(|e| e["type"] == "context_compacted")
-        .map(|e| {
-            (
-                e["step"].as_u64().unwrap_or(0),
-                e["level"].as_u64().unwrap_or(0),
-            )
-        })
+    (server, sizes, events_of(&events))
+}
+
+/// A model whose window is smaller than the run's context: every request longer than the
+/// limit is refused with "context length exceeded". Each turn is compacted step by step (level
+/// 1 replaces the oldest notes, level 2 more of them under tighter caps) until it fits, and the
+/// run succeeds; what reached the model always fit, and the oldest notes went first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_run_compacts_step_by_step_until_it_fits_and_succeeds() {
+    const LIMIT: usize = 9_000;
+    let (server, sizes, evs) = long_run_refused_past(LIMIT, overflow()).await;
+    let compacted: Vec<(u64, u64)> = compactions(&evs)
+        .into_iter()
+        .map(|(step, level, _)| (step, level))
         .collect();
     assert_eq!(
         compacted,
@@ -242,4 +249,72 @@ async fn a_compacted_context_still_shows_the_last_steps_calls_in_brief() {
         json!([{"_tool": "greet", "_outputPath": "†state.greeting", "_status": "done"}]),
         "the compacted context shows it in brief"
     );
+}
+
+/// The context_compacted events of a run: (step, level, refused_chars).
+fn compactions(evs: &[Value]) -> Vec<(u64, u64, Value)> {
+    evs.iter()
+        .filter(|e| e["type"] == "context_compacted")
+        .map(|e| {
+            (
+                e["step"].as_u64().unwrap_or(0),
+                e["level"].as_u64().unwrap_or(0),
+                e["refused_chars"].clone(),
+            )
+        })
+        .collect()
+}
+
+/// A refusal that names the model's window (OpenAI's "maximum context length is 3000 tokens.
+/// However, your messages resulted in N tokens") is met at once: the turn is asked again at
+/// the least compaction level whose estimate fits (level 2 here, skipping level 1), and the
+/// window is remembered, so the next step is compacted before it is asked (a
+/// `context_compacted` event without `refused_chars`) and never refused. Only the first request
+/// was too long, and the run succeeds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_window_named_by_the_refusal_is_met_at_once_and_later_steps_compact_before_asking() {
+    const LIMIT: usize = 9_000;
+    let (_, sizes, evs) = long_run_refused_past(LIMIT, overflow_of(LIMIT / 3)).await;
+    assert_eq!(sizes.len(), 3, "{sizes:?}");
+    assert!(sizes[0] > LIMIT, "{sizes:?}");
+    assert!(sizes[1..].iter().all(|s| *s <= LIMIT), "{sizes:?}");
+    let refused = json!(sizes[0]);
+    let compacted = compactions(&evs);
+    assert_eq!(compacted.len(), 2, "{compacted:?}");
+    assert_eq!((compacted[0].0, compacted[0].1), (1, 2), "{compacted:?}");
+    assert!(
+        compacted[0].2.as_u64().is_some_and(|c| c > 0),
+        "{compacted:?} {refused}"
+    );
+    assert_eq!(compacted[1], (2, 2, Value::Null), "{compacted:?}");
+}
+
+/// When the window is known and even the most compacted context is estimated longer than it,
+/// the run ends at once `run.context_overflow` (no request it knows to be refused is sent),
+/// its error naming the window, the smallest context's size and the refused sizes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_context_whose_smallest_form_exceeds_the_window_ends_the_run_with_the_sizes() {
+    let server =
+        serve_with_limit(vec![answer(final_output())], Some((300, overflow_of(100)))).await;
+    let dir = tempfile::tempdir().expect("dir");
+    let events = dir.path().join("events.jsonl");
+    let (code, r, stderr) = run(&server, "openai:a", &["--no-store"], &events).await;
+    assert_eq!(code, Some(1), "{r:#}\n{stderr}");
+    assert_eq!(r["error"]["code"], "run.context_overflow", "{r:#}");
+    assert_eq!(
+        server.requests().len(),
+        1,
+        "nothing sent past the first refusal"
+    );
+    let cause = &r["error"]["cause"];
+    assert_eq!(cause["window_tokens"], 100, "{r:#}");
+    let smallest = cause["smallest_tokens"].as_u64().unwrap_or(0);
+    assert!(smallest > 100, "{r:#}");
+    let message = r["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("window of 100 tokens") && message.contains(&smallest.to_string()),
+        "{message}"
+    );
+    assert_eq!(cause["refused_chars"].as_array().map(Vec::len), Some(1));
+    assert!(compactions(&events_of(&events)).is_empty());
 }

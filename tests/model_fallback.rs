@@ -392,20 +392,16 @@ async fn a_stream_that_breaks_after_content_is_asked_again_without_streaming() {
     assert_eq!(replayed["status"], "identical", "{replayed:#}");
 }
 
-/// When the whole request fails too (a 503 on every attempt), the turn falls back to the next
-/// model, which streams the answer; the call taken before the break is not taken again.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_broken_stream_whose_reask_fails_falls_back_to_the_next_model() {
+/// A stream broken after its first call, then `whole` as each of the four attempts of the
+/// whole re-ask, then the next model's streamed answer: the run must succeed with the call
+/// taken once, `stream_reasked` then `model_fallback`, and only the second model's usage (the
+/// broken and failed answers report none). Returns the requests' (stream, model).
+async fn reask_fails_then_falls_back(whole: Canned) -> Vec<(Value, Value)> {
     let s = greet_and_output();
-    let server = serve(vec![
-        broken(&s, after_first_call(&s)),
-        unavailable(),
-        unavailable(),
-        unavailable(),
-        unavailable(),
-        answer(s.clone()),
-    ])
-    .await;
+    let mut answers = vec![broken(&s, after_first_call(&s))];
+    answers.extend(std::iter::repeat_n(whole, 4));
+    answers.push(answer(s.clone()));
+    let server = serve(answers).await;
     let dir = tempfile::tempdir().expect("dir");
     let events = dir.path().join("events.jsonl");
     let (code, r, stderr) = run(&server, "openai:a,openai:b", &["--no-store"], &events).await;
@@ -414,11 +410,35 @@ async fn a_broken_stream_whose_reask_fails_falls_back_to_the_next_model() {
         r["output"],
         json!({"name": "Ada", "greeting": "Hello, Ada!"})
     );
-    assert_eq!(r["calls"].as_array().map(Vec::len), Some(1), "{r:#}");
+    assert_eq!(
+        r["calls"].as_array().map(Vec::len),
+        Some(1),
+        "the call taken before the break is not taken again: {r:#}"
+    );
+    let evs = events_of(&events);
+    let kinds: Vec<&str> = evs
+        .iter()
+        .filter_map(|e| e["type"].as_str())
+        .filter(|t| ["stream_reasked", "model_fallback"].contains(t))
+        .collect();
+    assert_eq!(kinds, ["stream_reasked", "model_fallback"], "{evs:#?}");
+    assert_eq!(
+        (&r["usage"]["input_tokens"], &r["usage"]["output_tokens"]),
+        (&json!(10), &json!(3)),
+        "{r:#}"
+    );
+    asked(&server)
+}
+
+/// When the whole request fails too (a 503 on every attempt), the turn falls back to the next
+/// model, which streams the answer; the call taken before the break is not taken again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broken_stream_whose_reask_fails_falls_back_to_the_next_model() {
+    let asked = reask_fails_then_falls_back(unavailable()).await;
     let (t, f) = (json!(true), json!(false));
     let (a, b) = (json!("a"), json!("b"));
     assert_eq!(
-        asked(&server),
+        asked,
         vec![
             (t.clone(), a.clone()),
             (f.clone(), a.clone()),
@@ -428,13 +448,37 @@ async fn a_broken_stream_whose_reask_fails_falls_back_to_the_next_model() {
             (t, b)
         ]
     );
-    let evs = events_of(&events);
-    let kinds: Vec<&str> = evs
-        .iter()
-        .filter_map(|e| e["type"].as_str())
-        .filter(|t| ["stream_reasked", "model_fallback"].contains(t))
-        .collect();
-    assert_eq!(kinds, ["stream_reasked", "model_fallback"], "{evs:#?}");
-    // Only the second model's answer reported usage (the broken stream reported none).
-    assert_eq!(r["usage"]["input_tokens"], 10, "{r:#}");
+}
+
+/// A whole (`stream: false`) answer whose connection drops halfway through its body.
+fn cut_whole(solution: &Value) -> Canned {
+    let mut c = whole(solution);
+    let bytes = match c.pieces.first() {
+        Some(Piece::Bytes(b)) => b.clone(),
+        _ => Vec::new(),
+    };
+    c.pieces = vec![
+        Piece::Bytes(bytes[..bytes.len() / 2].to_vec()),
+        Piece::Sleep(std::time::Duration::from_millis(100)),
+        Piece::Break,
+    ];
+    c
+}
+
+/// The stream is cut mid-answer, and so is the non-streamed re-ask on the same model (its body
+/// drops halfway, on every attempt): the turn falls back to the next model, which streams the
+/// answer. The server's request log shows the order: streamed on `a`, asked whole on `a` (its
+/// attempts), then streamed on `b`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_cut_again_when_asked_whole_falls_back_to_the_next_model() {
+    let asked = reask_fails_then_falls_back(cut_whole(&greet_and_output())).await;
+    let (t, f) = (json!(true), json!(false));
+    let (a, b) = (json!("a"), json!("b"));
+    assert_eq!(asked.first(), Some(&(t.clone(), a.clone())), "{asked:?}");
+    assert_eq!(asked.last(), Some(&(t, b)), "{asked:?}");
+    let middle = &asked[1..asked.len() - 1];
+    assert!(
+        !middle.is_empty() && middle.iter().all(|q| *q == (f.clone(), a.clone())),
+        "asked whole on `a` between: {asked:?}"
+    );
 }

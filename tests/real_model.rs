@@ -443,17 +443,10 @@ async fn dagloop_runs_goals_on_the_local_model() {
     );
 }
 
-/// A goal whose context exceeds SmolLM2's window: the tiny goal (without its tool) with 12 notes
-/// of about 1,200 characters in its state, against a server started with a 1,024-token window.
-/// In tool-call mode, which llama-cpp-python is asked without streaming, its own answer (a 400
-/// `context_length_exceeded`, "This model's maximum context length is 1024 tokens") comes back
-/// as `llm.context_overflow` (a streamed request it refuses mid-stream instead, as an incomplete
-/// stream with nothing to recognise), the run compacts its
-/// context (`context_compacted` events, oldest notes first) and asks again; it must then end
-/// with a result whose status has its own code (success, or `run.context_overflow` if even the
-/// most compacted context does not fit, or a limit the model reached).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_context_larger_than_the_window_is_compacted() {
+/// The tiny goal without its tool, with 12 notes of about 1,200 characters in its state (some
+/// 4,000 tokens), run in tool mode against a server started with a window of `n_ctx` tokens.
+/// Returns the run, its `context_compacted` events, and the server (for its log).
+async fn long_goal_on_window(n_ctx: u32) -> (RunOutcome, Vec<Value>, Server) {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
     let dir = tempfile::tempdir().unwrap();
     let mut goal: Value = serde_json::from_str(
@@ -470,7 +463,7 @@ async fn a_context_larger_than_the_window_is_compacted() {
     let goal_path = dir.path().join("long.goal.json");
     std::fs::write(&goal_path, goal.to_string()).unwrap();
     let events = dir.path().join("events.jsonl");
-    let server = start_server_with_window(Some("chatml-function-calling"), 1024).await;
+    let server = start_server_with_window(Some("chatml-function-calling"), n_ctx).await;
     let (goal_arg, events_arg) = (
         goal_path.display().to_string(),
         events.display().to_string(),
@@ -483,15 +476,27 @@ async fn a_context_larger_than_the_window_is_compacted() {
             &["--no-store", "--events", &events_arg],
         )
     });
-    let evs: Vec<Value> = std::fs::read_to_string(&events)
+    let compacted: Vec<Value> = std::fs::read_to_string(&events)
         .unwrap_or_default()
         .lines()
-        .filter_map(|l| serde_json::from_str(l).ok())
-        .collect();
-    let compacted: Vec<&Value> = evs
-        .iter()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
         .filter(|e| e["type"] == "context_compacted")
         .collect();
+    (r, compacted, server)
+}
+
+/// A goal whose context exceeds SmolLM2's window: the tiny goal (without its tool) with 12 notes
+/// of about 1,200 characters in its state, against a server started with a 1,024-token window.
+/// In tool-call mode, which llama-cpp-python is asked without streaming, its own answer (a 400
+/// `context_length_exceeded`, "This model's maximum context length is 1024 tokens") comes back
+/// as `llm.context_overflow` (a streamed request it refuses mid-stream instead, as an incomplete
+/// stream with nothing to recognise), the run compacts its context to the window the refusal
+/// names (`context_compacted` events, oldest notes first) and asks again; it must then end
+/// with a result whose status has its own code (success, or `run.context_overflow` if even the
+/// most compacted context does not fit, or a limit the model reached).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_context_larger_than_the_window_is_compacted() {
+    let (r, compacted, server) = long_goal_on_window(1024).await;
     eprintln!(
         "status {} after {} step(s) in {:.1} s; compactions (step, level, chars, refused): {:?}",
         r.status,
@@ -507,14 +512,29 @@ async fn a_context_larger_than_the_window_is_compacted() {
             ))
             .collect::<Vec<_>>()
     );
-    assert!(
-        !compacted.is_empty(),
-        "no compaction: {}\n{}",
-        r.result,
-        server.log_tail()
-    );
-    assert_eq!(compacted[0]["step"], 1, "{}", compacted[0]);
-    assert_eq!(compacted[0]["level"], 1, "{}", compacted[0]);
+    // The refusal names the window: the run compacts to the least level whose estimate fits
+    // (any level), or, when even the most compacted context cannot fit 1,024 tokens, ends at
+    // once `run.context_overflow` naming the window (spec/context.md C5, C6).
+    match compacted.first() {
+        Some(first) => {
+            assert_eq!(first["step"], 1, "{first}");
+            assert!(first["refused_chars"].as_u64().is_some(), "{first}");
+        }
+        None => {
+            assert_eq!(
+                r.status,
+                "context_overflow",
+                "{}\n{}",
+                r.result,
+                server.log_tail()
+            );
+            assert_eq!(
+                r.result["error"]["cause"]["window_tokens"], 1024,
+                "{}",
+                r.result
+            );
+        }
+    }
     if r.status == "succeeded" {
         assert!(
             output_validates(
@@ -540,4 +560,40 @@ async fn a_context_larger_than_the_window_is_compacted() {
             r.result
         );
     }
+}
+
+/// The run's context is longer than a 2,048-token window (the tiny goal without its tool, with
+/// 12 notes of about 1,200 characters in its state: some 4,000 tokens), on SmolLM2 served by
+/// llama-cpp-python with `--n_ctx 2048`. Its refusal names the window ("maximum context length
+/// is 2048 tokens. However, your messages resulted in N tokens"), so the run compacts straight
+/// to a level whose estimate fits (spec/context.md C5), and the run must succeed with an
+/// output that validates; no request after the first is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_2048_token_window_is_met_by_compaction_and_the_run_succeeds() {
+    const GOAL: &str = "tests/fixtures/real_model/tiny-output.goal.json";
+    let (r, events, server) = long_goal_on_window(2048).await;
+    let compacted: Vec<(Value, Value, Value)> = events
+        .iter()
+        .map(|e| {
+            (
+                e["step"].clone(),
+                e["level"].clone(),
+                e["refused_chars"].clone(),
+            )
+        })
+        .collect();
+    eprintln!(
+        "status {} after {} step(s) in {:.1} s; compactions (step, level, refused): {compacted:?}",
+        r.status,
+        r.steps,
+        r.wall.as_secs_f64()
+    );
+    assert_eq!(r.status, "succeeded", "{}\n{}", r.result, server.log_tail());
+    assert!(output_validates(GOAL, &r.result["output"]), "{}", r.result);
+    assert!(!compacted.is_empty(), "{}", r.result);
+    let refused = compacted.iter().filter(|c| !c.2.is_null()).count();
+    assert_eq!(
+        refused, 1,
+        "only the first request was refused: {compacted:?}"
+    );
 }

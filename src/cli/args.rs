@@ -526,6 +526,13 @@ pub enum Command {
         /// The folder to write (created if needed).
         dir: Option<PathBuf>,
     },
+    /// Workspace memory: the chunks a goal's `memory` folder is cut into (`index`), and those a
+    /// run of the goal would put into its context (`search`).
+    Memory {
+        /// What to show.
+        #[command(subcommand)]
+        action: memory_cmd::MemoryArg,
+    },
     /// Check a goal file, or a plan (a Solution or an array of calls), without running anything.
     Validate {
         /// The goal or plan file.

@@ -14,7 +14,9 @@ mod fork;
 mod grant_cmd;
 mod init_cmd;
 mod session_cmd;
+mod memory_cmd;
 pub use grant_cmd::{GrantArgs, RevokeArgs};
+pub use memory_cmd::MemoryArg;
 mod alloc;
 mod card;
 mod policy_cmd;
@@ -558,6 +560,9 @@ pub async fn main(mut cli: Cli) -> i32 {
         Command::Revoke(a) => grant_cmd::revoke(a, existing()).await,
         Command::Schema { goal, mode } => schema_cmd::schema(&goal, mode),
         Command::Codes { code, json } => codes_cmd::codes(code.as_deref(), json),
+        Command::Memory { action } => {
+            grants_for(config, false, false).and_then(|g| memory_cmd::memory(action, &g))
+        }
         Command::Validate {
             file,
             goal,

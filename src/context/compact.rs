@@ -9,7 +9,7 @@
 //!   shown under much tighter caps (strings cut at 200 characters, arrays at 10 items, 2 KiB in
 //!   all, blobs from 64 characters).
 //! - Level 3 ([`MAX_LEVEL`]): every large value of state and input is replaced by its path and
-//!   size, under caps of 1 KiB.
+//!   size, under caps of 1 KiB, and the workspace memory chunks are left out.
 //!
 //! Every level ends with a note telling the model the context was shortened and that the full
 //! values are still in state, reachable by reference. Pure and deterministic: the same state
@@ -97,6 +97,16 @@ pub fn state(view: Value, log: &[Write], level: u8) -> Value {
         }
     }
     replace(view, "state", &places, full, budget)
+}
+
+/// The goal's context messages as shown at `level`: from [`MAX_LEVEL`], without the workspace
+/// memory message (`super::memory::message`).
+pub fn context(messages: &[crate::protocol::Message], level: u8) -> Vec<crate::protocol::Message> {
+    messages
+        .iter()
+        .filter(|m| level < MAX_LEVEL || !super::memory::is_message(m))
+        .cloned()
+        .collect()
 }
 
 /// The input as shown at `level`: from [`MAX_LEVEL`], its large members replaced by a marker.

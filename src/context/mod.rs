@@ -6,6 +6,8 @@
 
 pub mod compact;
 pub mod correction;
+pub mod fit;
+pub mod memory;
 pub mod sanitize;
 mod signature;
 

@@ -1,7 +1,7 @@
 //! What a run may touch, granted by whoever runs the process, never by the goal (DESIGN.md
 //! section 3.3): activity kinds, MCP servers (the operator's, by name, and whether a goal may
-//! start its own), environment variables, HTTP egress and the file roots scripted models and
-//! delegate goals are read from.
+//! start its own), environment variables, HTTP egress and the file roots scripted models,
+//! delegate goals and workspace memory folders are read from.
 //!
 //! A goal only *asks*. [`Grants::check_goal`] compares what a goal (and every delegate goal it
 //! names, read only once its path is inside the granted roots) asks with what is granted, before
@@ -77,6 +77,8 @@ pub struct Grants {
     /// The most bytes of tool results one run keeps (`kept_result_bytes`; None: the engine's
     /// default, [`crate::engine::DEFAULT_KEPT_RESULT_BYTES`]). Recorded with each run.
     pub kept_result_bytes: Option<u64>,
+    /// The operator's workspace memory (an absolute folder), for goals that name none.
+    pub memory: Option<crate::context::memory::MemorySource>,
 }
 
 /// What a goal asked that is not granted.
@@ -259,6 +261,7 @@ impl Grants {
             egress: Egress::open(),
             files: FileRoots::Anywhere,
             kept_result_bytes: None,
+            memory: None,
         }
     }
 
@@ -299,6 +302,7 @@ impl Grants {
             files: FileRoots::under(&[base.to_path_buf()], base)
                 .unwrap_or_else(|_| FileRoots::Under(vec![base.to_path_buf()])),
             kept_result_bytes: None,
+            memory: None,
         }
     }
 
@@ -390,6 +394,9 @@ impl Grants {
                     });
                 }
             }
+        }
+        if let Some(m) = &goal.memory {
+            self.file(&format!("{at}/memory/path"), &m.path, &goal.base_dir)?;
         }
         self.check_mcp(goal, at)?;
         for (i, t) in goal.tools.iter().enumerate() {

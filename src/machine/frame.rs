@@ -211,6 +211,25 @@ impl Frame {
         })
     }
 
+    /// The least compaction level from `from` whose context fits `window`, or the most
+    /// compacted level when none does; with that context and its size.
+    pub fn fitting_level(
+        &self,
+        from: u8,
+        window: &crate::context::fit::Window,
+        usual: SanitizeLimits,
+    ) -> (u8, Vec<Message>, u64) {
+        let mut level = from.clamp(1, compact::MAX_LEVEL);
+        loop {
+            let messages = self.compacted_messages(level, usual);
+            let chars = crate::llm::wire::json_chars(&messages) as u64;
+            if level >= compact::MAX_LEVEL || window.fits(chars) {
+                return (level, messages, chars);
+            }
+            level += 1;
+        }
+    }
+
     /// The current turn's context compacted to `level` (after the provider said
     /// `llm.context_overflow`; see `context::compact` for what each level drops).
     /// Deterministic: a replay of the same journal compacts the same way.
@@ -231,7 +250,7 @@ impl Frame {
             .as_ref()
             .map(|v| context::sanitize_owned(compact::input(v.clone(), level), &limits));
         let input_schema = cfg.input.as_ref().and_then(|(_, s)| s.as_ref());
-        let mut extra = cfg.context.clone();
+        let mut extra = compact::context(&cfg.context, level);
         extra.extend(self.extra.iter().cloned());
         let mut out = context::assemble(ContextInput {
             goal: &cfg.goal,

@@ -71,6 +71,9 @@ pub struct RunMachine {
     /// Who cancelled the run, when its cancellation said so (put on its `run_finished`).
     cancelled_by: Option<crate::protocol::Actor>,
     keep_launched: bool,
+    /// The model's window, once a provider's "too long" answer named it (`context::fit`):
+    /// later turns are compacted before they are asked when they would not fit.
+    window: Option<crate::context::fit::Window>,
     /// The grants given in the run, in order (`g1` first).
     grants: Vec<crate::approval::grant::ActiveGrant>,
     /// Who the decisions being applied by the current input came from (cleared after it).
@@ -115,6 +118,7 @@ impl RunMachine {
             finished: None,
             cancelled_by: None,
             keep_launched: false,
+            window: None,
             grants: Vec::new(),
             attribution: BTreeMap::new(),
             pending: Default::default(),

@@ -12,6 +12,7 @@ use serde_json::{Value, json};
 
 use super::{Action, FrameKey, RunError, RunMachine};
 use crate::context::compact::MAX_LEVEL;
+use crate::context::fit::Window;
 use crate::protocol::{EventKind, Millis};
 
 impl RunMachine {
@@ -61,33 +62,71 @@ impl RunMachine {
             return false;
         }
         f.turn.refused.extend(refused);
-        if f.turn.compaction >= MAX_LEVEL {
+        // The window the refusal names, if it does (kept for the run's later turns).
+        let window = text("message")
+            .and_then(|m| Window::from_refusal(m, refused.unwrap_or(0)))
+            .or(self.window);
+        let give_up = |f: &super::frame::Frame, smallest: Option<(u64, u64)>| {
             let sizes: Vec<String> = f.turn.refused.iter().map(u64::to_string).collect();
+            let sizes = if sizes.is_empty() {
+                "unknown".to_string()
+            } else {
+                sizes.join(", ")
+            };
+            let (how, fit) = match (smallest, window) {
+                (Some((chars, tokens)), Some(w)) => (
+                    format!(
+                        "even its most compacted form ({chars} characters, about {tokens} \
+                         tokens) is longer than the model's window of {} tokens",
+                        w.tokens
+                    ),
+                    json!({"window_tokens": w.tokens, "smallest_chars": chars,
+                           "smallest_tokens": tokens}),
+                ),
+                _ => (format!("even compacted {MAX_LEVEL} times"), json!({})),
+            };
             let mut e = RunError::new(
                 "run.context_overflow",
                 format!(
-                    "the context did not fit the model's window, even compacted {MAX_LEVEL} \
-                     times (contexts refused, in characters: {}): {}",
-                    if sizes.is_empty() {
-                        "unknown".to_string()
-                    } else {
-                        sizes.join(", ")
-                    },
+                    "the context did not fit the model's window: {how} (contexts refused, in \
+                     characters: {sizes}): {}",
                     text("message").unwrap_or("the provider said the context is too long"),
                 ),
             );
-            e.cause = Some(json!({
+            let mut cause = json!({
                 "code": "llm.context_overflow",
                 "message": text("message"),
                 "refused_chars": f.turn.refused,
                 "levels": MAX_LEVEL,
-            }));
-            *error = e;
+            });
+            if let (Some(c), Value::Object(extra)) = (cause.as_object_mut(), fit) {
+                c.extend(extra);
+            }
+            e.cause = Some(cause);
+            e
+        };
+        if f.turn.compaction >= MAX_LEVEL {
+            *error = give_up(f, None);
             return false;
         }
-        let level = f.turn.compaction + 1;
-        let messages = f.compacted_messages(level, usual);
-        let chars = crate::llm::wire::json_chars(&messages) as u64;
+        // Without a known window, one level further; with one, the least level that fits.
+        let (level, messages, chars) = match window {
+            Some(w) => {
+                let (level, messages, chars) =
+                    f.fitting_level(f.turn.compaction + 1, &w, usual);
+                if w.exceeded_by(chars) {
+                    *error = give_up(f, Some((chars, w.tokens_of(chars))));
+                    return false;
+                }
+                (level, messages, chars)
+            }
+            None => {
+                let level = f.turn.compaction + 1;
+                let messages = f.compacted_messages(level, usual);
+                let chars = crate::llm::wire::json_chars(&messages) as u64;
+                (level, messages, chars)
+            }
+        };
         f.turn.compaction = level;
         f.turn.attempt = 1;
         if keep {
@@ -99,6 +138,7 @@ impl RunMachine {
             level,
             refused_chars: refused,
         };
+        self.window = window;
         self.turn_restarted(frame, kind, now, out);
         out.push(Action::Request {
             frame,

@@ -91,6 +91,7 @@ impl RunMachine {
     ) {
         let sanitize = self.sanitize;
         let keep = self.keep_launched;
+        let window = self.window;
         let Some(f) = self.frames.get_mut(&key) else {
             return;
         };
@@ -99,11 +100,22 @@ impl RunMachine {
             return self.finish(key, RunStatus::MaxSteps, None, Value::Null, now, work, out);
         }
         let state = f.state.take();
-        let messages = match &state {
+        let mut messages = match &state {
             Some(state) => f.messages(state, sanitize),
             None => Vec::new(),
         };
         f.state = state;
+        // A window learned from an earlier refusal: a context that would not fit is compacted
+        // before it is asked (the least compaction that fits, else the most).
+        let mut compacted = None;
+        if let Some(w) = window {
+            let chars = crate::llm::wire::json_chars(&messages) as u64;
+            if !w.fits(chars) {
+                let (level, m, c) = f.fitting_level(1, &w, sanitize);
+                messages = m;
+                compacted = Some((level, c));
+            }
+        }
         let config = f.cfg.clone();
         // Kept only by a machine that may be resumed (it asks the turn again as it was); a
         // fresh run's never is, and the context holds the whole plan and state.
@@ -115,8 +127,17 @@ impl RunMachine {
             f.streaming = true;
             f.turn = frame::Turn {
                 attempt: 1,
+                compaction: compacted.map_or(0, |(level, _)| level),
                 ..Default::default()
             };
+        }
+        if let Some((level, chars)) = compacted {
+            let kind = EventKind::ContextCompacted {
+                chars,
+                level,
+                refused_chars: None,
+            };
+            self.emit(key, None, kind, now, out);
         }
         self.emit(
             key,

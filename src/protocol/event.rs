@@ -380,17 +380,18 @@ pub enum EventKind {
         /// The error, in words.
         error: String,
     },
-    /// The provider said the turn's context does not fit the model's window
-    /// (`llm.context_overflow`): the turn is asked again with a context compacted one level
-    /// further.
+    /// The turn's context was compacted: the provider said it does not fit the model's window
+    /// (`llm.context_overflow`) and the turn is asked again compacted further (to the least
+    /// level that fits when the refusal named the window), or, the window being known from an
+    /// earlier refusal, the step's context was compacted before it was asked.
     ContextCompacted {
         /// The size of the compacted context (characters of its messages as JSON).
         chars: u64,
         /// The compaction level (from 1; each level drops more than the one before).
         #[serde(default)]
         level: u8,
-        /// The size of the context the provider refused (characters of its messages as JSON),
-        /// when known.
+        /// The size of the context the provider refused (characters of its messages as JSON);
+        /// absent when the context was compacted before it was asked.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         refused_chars: Option<u64>,
     },

@@ -85,6 +85,15 @@ pub fn define(
         Some(p) => p.kept_result_bytes,
         None => grants.kept_result_bytes,
     };
+    // Workspace memory is ranked once, when the run begins; a resumed run shows what it
+    // recorded (the folder may have changed or gone).
+    let memory = match &previous {
+        Some(r) => r.memory.clone(),
+        None => super::memory::retrieve(&goal, &grants)?
+            .into_iter()
+            .map(|f| f.chunk)
+            .collect(),
+    };
     let previous = previous.unwrap_or_default();
     options.record = Some(DefRecord {
         version: DefRecord::VERSION,
@@ -97,9 +106,11 @@ pub fn define(
         mcp_tools: previous.mcp_tools,
         sanitize: previous.sanitize,
         kept_result_bytes,
+        memory,
     });
     let mut effective = goal.clone();
     grants.resolve_mcp(&mut effective)?;
+    with_memory(&mut effective, options.record.as_ref());
     Ok(RunDef {
         asked: goal,
         effective,
@@ -109,6 +120,15 @@ pub fn define(
         config: Arc::default(),
         held,
     })
+}
+
+/// Adds the context message of the workspace memory chunks `record` holds to `goal`'s context
+/// (after the goal's own messages): the run's agent and every reader of the run build their
+/// context from the same record.
+pub(super) fn with_memory(goal: &mut Goal, record: Option<&DefRecord>) {
+    if let Some(m) = record.and_then(|r| crate::context::memory::message(&r.memory)) {
+        goal.context.push(m);
+    }
 }
 
 /// The digest of each part a run is defined from.

@@ -17,6 +17,7 @@ mod fork;
 mod grant;
 mod launch;
 mod list;
+pub mod memory;
 mod options;
 mod record;
 mod replay;
@@ -103,6 +104,9 @@ pub enum RunsError {
         /// The last step the run asked its model for.
         last: u32,
     },
+    /// The goal's workspace memory could not be read.
+    #[error(transparent)]
+    Memory(#[from] memory::MemoryError),
     /// A tool source (an MCP server) could not start.
     #[error("{message}")]
     Tools {
@@ -123,6 +127,7 @@ impl RunsError {
             RunsError::Agent(e) => e.code(),
             RunsError::Store(e) => e.code(),
             RunsError::Grant(e) => e.code(),
+            RunsError::Memory(e) => e.code(),
             RunsError::DefinitionChanged { .. } => "run.definition_changed",
             RunsError::NoReviewer { .. } => "approval.no_reviewer",
             RunsError::Approval(e) => e.code(),

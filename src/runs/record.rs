@@ -43,6 +43,10 @@ pub struct DefRecord {
     /// was defined; None: the engine's default).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kept_result_bytes: Option<u64>,
+    /// The workspace memory chunks the run's context shows (`runs::memory`), chosen when the
+    /// run began: readers and replays use these, never the folder.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub memory: Vec<crate::context::memory::Chunk>,
 }
 
 impl DefRecord {
@@ -58,6 +62,7 @@ impl Default for DefRecord {
             mcp_tools: Vec::new(),
             sanitize: SanitizeLimits::default(),
             kept_result_bytes: None,
+            memory: Vec::new(),
         }
     }
 }
@@ -101,6 +106,7 @@ impl RunDef {
         }
         let mut goal = self.asked.clone();
         let record = self.options.record.as_ref();
+        super::def::with_memory(&mut goal, record);
         for t in record.map(|r| r.mcp_tools.as_slice()).unwrap_or_default() {
             goal.tools.retain(|g| g.name != t.name);
             goal.tools.push(t.clone());

@@ -203,7 +203,8 @@ pub struct RunView {
     /// Turns asked again without streaming after their stream broke: `{step, depth, at_ms,
     /// model, code, calls_kept}`.
     pub stream_reasks: Vec<Value>,
-    /// Contexts compacted after the provider refused them as too long: `{step, depth, at_ms,
+    /// Contexts compacted to fit the model's window (after the provider refused them, or
+    /// before they were asked once the window was known): `{step, depth, at_ms,
     /// level, chars, refused_chars}`.
     pub context_compactions: Vec<Value>,
     /// Tokens used, once the run ended.

@@ -145,7 +145,8 @@ pub async fn serve(responses: Vec<Canned>) -> TestServer {
 }
 
 /// Like [`serve`], but a request whose `messages` serialise to more than `limit.0` bytes gets
-/// `limit.1` (a "context length exceeded" answer) and takes no canned response.
+/// `limit.1` (a "context length exceeded" answer, `{request_tokens}` in it replaced by the
+/// request's bytes / 3) and takes no canned response.
 pub async fn serve_with_limit(
     responses: Vec<Canned>,
     limit: Option<(usize, Canned)>,
@@ -175,6 +176,7 @@ async fn handle(
 ) -> Response {
     st.hits.fetch_add(1, Ordering::SeqCst);
     let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    let body_len = body["messages"].to_string().len();
     let too_long = st
         .limit
         .as_ref()
@@ -185,7 +187,19 @@ async fn handle(
         body,
     });
     let canned = match too_long {
-        Some((_, refusal)) => refusal.clone(),
+        // `{request_tokens}` in the refusal: the request's size at three bytes a token.
+        Some((_, refusal)) => {
+            let tokens = (body_len / 3).to_string();
+            let mut refusal = refusal.clone();
+            for p in &mut refusal.pieces {
+                if let Piece::Bytes(b) = p {
+                    *b = String::from_utf8_lossy(b)
+                        .replace("{request_tokens}", &tokens)
+                        .into_bytes();
+                }
+            }
+            refusal
+        }
         None => {
             let n = st.served.fetch_add(1, Ordering::SeqCst);
             st.responses[n.min(st.responses.len() - 1)].clone()

@@ -69,11 +69,22 @@ pub async fn run(
     (out.status.code(), v, stderr)
 }
 
+/// A "too long" refusal that names no window (the llama.cpp server's): the run compacts one
+/// level further per refusal.
 pub fn overflow() -> Canned {
     Canned::status(
         400,
-        r#"{"error": {"message": "This model's maximum context length is 8192 tokens. However, your messages resulted in 9120 tokens.", "type": "invalid_request_error", "param": "messages", "code": "context_length_exceeded"}}"#,
+        r#"{"error": {"code": 400, "message": "the request exceeds the available context size, try increasing it", "type": "exceed_context_size_error"}}"#,
     )
+}
+
+/// OpenAI's refusal, naming a window of `tokens` and the request's tokens (filled in by
+/// `serve_with_limit`: its bytes / 3).
+pub fn overflow_of(tokens: usize) -> Canned {
+    let body = json!({"error": {
+        "message": format!("This model's maximum context length is {tokens} tokens. However, your messages resulted in {{request_tokens}} tokens. Please reduce the length of the messages."),
+        "type": "invalid_request_error", "param": "messages", "code": "context_length_exceeded"}});
+    Canned::status(400, &body.to_string())
 }
 
 /// A streamed answer that stops after its first `keep` characters of `solution`'s text: the
