@@ -165,9 +165,9 @@ impl Reference {
             if self.reading(k) && producer(k) {
                 return true;
             }
-            for j in 0..n {
+            for (j, &done) in seen.iter().enumerate() {
                 if j != k
-                    && !seen[j]
+                    && !done
                     && self.reading(j)
                     && alive(k)
                     && feeds(&self.calls[k].1.writes, &self.calls[j].1.reads)
@@ -400,7 +400,7 @@ fn compare(calls: Vec<Value>, schedule: Vec<u8>) -> Result<Vec<Record>, TestCase
         } else if let Some(&id) =
             running.get(usize::from(b.unwrap_or(0) / 3) % running.len().max(1))
         {
-            let ok = b.unwrap_or(0) % 2 == 0;
+            let ok = b.unwrap_or(0).is_multiple_of(2);
             r.finish(id, ok, &mut expected);
             let outcome = if ok {
                 Outcome::ok(result_value(id, true))

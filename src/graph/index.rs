@@ -188,7 +188,9 @@ impl PathIndex {
     /// Visits the ids strictly below `path`, depth first, through live children only; stops
     /// when `f` returns true.
     fn below(&self, path: PathId, mut f: impl FnMut(&Ids) -> bool) {
-        let Some(slot) = self.slot(path) else { return };
+        let Some(slot) = self.slot(path).filter(|s| !s.live.is_empty()) else {
+            return;
+        };
         let mut stack: Vec<&[PathId]> = vec![&slot.live];
         while let Some(top) = stack.last_mut() {
             let Some((&next, rest)) = top.split_first() else {

@@ -14,6 +14,12 @@
 //! tombstones that traversals skip, and the graph is rebuilt from its live part once tombstones
 //! outnumber live nodes, which keeps removal amortised O(degree).
 //!
+//! Paths are interned once into the graph's [`PathTable`] (an integer id per distinct path,
+//! with its parent's): the scheduler interns a call's read and write paths when it accepts the
+//! call and keeps the ids, and the indexes walk parent ids and per-id lists of live children,
+//! so no lookup hashes a segment or allocates. The methods taking `&Path` intern or locate the
+//! path first; they are for callers that keep no ids (tests, `check`).
+//!
 //! Deliberately not here: whether a reference is *satisfied* (that needs state; the scheduler
 //! asks [`CallGraph::writable_by_other`] through `State::resolve_params`), approvals, or IO.
 
