@@ -585,6 +585,22 @@ async fn ideal_us_per_call(dag: &Dag) -> f64 {
     v[1] * 1000.0 / dag.dur.len() as f64
 }
 
+/// Microseconds per call of `benches/asyncio_ideal.py` (a plain asyncio scheduler, stdlib only)
+/// on the same workload, run as a `python3` subprocess between dagloop's runs; None when no
+/// `python3` runs here (the line then says null).
+fn asyncio_ideal_us_per_call(workload: &str, n: usize) -> Option<f64> {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/benches/asyncio_ideal.py");
+    // The script's N is the workload's size parameter: the fan-out's middle, the chain's length.
+    let size = if workload == "fanout0" { n - 2 } else { n };
+    let out = std::process::Command::new("python3")
+        .args([script, workload, &size.to_string()])
+        .output()
+        .ok()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line: Value = serde_json::from_str(text.lines().next()?).ok()?;
+    line["asyncio_ideal_us_per_call"].as_f64()
+}
+
 /// The zero-latency lines: dagloop's µs per call beside the tokio-ideal figure of the same run.
 async fn zero_line(workload: &str, calls: Vec<Value>, dag: &Dag) {
     let n = calls.len();
@@ -602,6 +618,7 @@ async fn zero_line(workload: &str, calls: Vec<Value>, dag: &Dag) {
     let allocations = alloc::allocations() - before;
     alloc::counting(false);
     let ideal = ideal_us_per_call(dag).await;
+    let asyncio = asyncio_ideal_us_per_call(workload, n);
     let core = core_only(as_calls(calls));
     let us = m * 1000.0 / n as f64;
     let cpu = r.cpu_ms * 1000.0 / n as f64;
@@ -617,6 +634,8 @@ async fn zero_line(workload: &str, calls: Vec<Value>, dag: &Dag) {
             "cpu_us_per_call": round(cpu),
             "tokio_ideal_us_per_call": round(ideal),
             "ratio_to_ideal": round(us / ideal),
+            "asyncio_ideal_us_per_call": asyncio.map(round),
+            "ratio_to_asyncio_ideal": asyncio.map(|a| round(us / a)),
             "core_only_us_per_call": round(core),
             "allocations_per_call": round(allocations as f64 / n as f64),
             "subscriber_caught_up_events": r.replayed,

@@ -1,15 +1,13 @@
 //! A path index: which calls touch which paths, with overlap lookups (rule 4) that visit only the
-//! matching entries. It is a trie over path segments: the ancestors of a path are the nodes on
-//! the way down to it, its extensions are the subtree below it, and each node counts the
-//! registrations in its subtree, so finding the writers or readers of a path never scans all
-//! calls, and each level costs one hash of a single segment rather than comparisons of whole
-//! paths.
+//! matching entries. Paths are ids of the run's [`PathTable`] (a trie): the ancestors of a path
+//! are its parent chain, its extensions the subtree below it, and each id counts the
+//! registrations in its subtree and lists its children that have any, so finding the writers or
+//! readers of a path never scans all calls, hashes nothing and allocates nothing per lookup.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 
-use crate::fxhash::FxBuildHasher;
-
-use crate::protocol::{CallId, Path, Segment};
+use super::paths::{PathId, PathTable};
+use crate::protocol::CallId;
 /// The calls registered at one path. Most paths have one, so that case does not allocate a set.
 #[derive(Debug, Clone)]
 enum Ids {
@@ -34,15 +32,17 @@ impl Ids {
     }
 }
 
+/// What one index keeps for one path id.
 #[derive(Debug, Clone, Default)]
-struct Node {
+struct Slot {
     ids: Option<Ids>,
-    /// Registrations at this node and below.
-    count: usize,
-    /// Children by segment. A hash map: lookups hash one segment instead of comparing it with
-    /// ~log2(n) siblings; nothing depends on its iteration order (callers collect into sorted
-    /// sets or only ask whether something exists).
-    children: HashMap<Segment, Node, FxBuildHasher>,
+    /// Registrations at this path and below.
+    count: u32,
+    /// The children (path ids one segment further down) with registrations below them, in no
+    /// particular order (callers collect into sorted sets or only ask whether one exists).
+    live: Vec<PathId>,
+    /// Where this path sits in its parent's `live`, while it is there.
+    pos: u32,
 }
 
 impl Ids {
@@ -89,72 +89,12 @@ fn take(slot: &mut Option<Ids>, id: CallId) -> bool {
     }
 }
 
-fn insert_at(node: &mut Node, segs: &[Segment], id: CallId) -> bool {
-    let added = match segs.split_first() {
-        None => add(&mut node.ids, id),
-        Some((first, rest)) => match node.children.get_mut(first) {
-            Some(child) => insert_at(child, rest, id),
-            None => {
-                let mut child = Node::default();
-                let added = insert_at(&mut child, rest, id);
-                node.children.insert(first.clone(), child);
-                added
-            }
-        },
-    };
-    if added {
-        node.count += 1;
-    }
-    added
-}
-
-fn remove_at(node: &mut Node, segs: &[Segment], id: CallId) -> bool {
-    let removed = match segs.split_first() {
-        None => take(&mut node.ids, id),
-        Some((first, rest)) => {
-            let Some(child) = node.children.get_mut(first) else {
-                return false;
-            };
-            let removed = remove_at(child, rest, id);
-            if child.count == 0 {
-                node.children.remove(first);
-            }
-            removed
-        }
-    };
-    if removed {
-        node.count -= 1;
-    }
-    removed
-}
-
-/// Visits the ids strictly below `node`, depth first, lazily (a wide node's
-/// children are never collected up front); stops when `f` returns true.
-fn visit_below(node: &Node, mut f: impl FnMut(&Ids) -> bool) {
-    let mut stack = vec![node.children.values()];
-    while let Some(top) = stack.last_mut() {
-        match top.next() {
-            None => {
-                stack.pop();
-            }
-            Some(n) => {
-                if let Some(ids) = &n.ids
-                    && f(ids)
-                {
-                    return;
-                }
-                if !n.children.is_empty() {
-                    stack.push(n.children.values());
-                }
-            }
-        }
-    }
-}
-
-/// Calls by path, answering "who overlaps this path" without scanning.
+/// Calls by path id, answering "who overlaps this path" without scanning: the ancestors of a
+/// path are its parent chain in the [`PathTable`], its extensions the live subtree below it.
+/// Every method takes the table the ids came from.
 #[derive(Debug, Clone, Default)]
 pub struct PathIndex {
-    root: Node,
+    slots: Vec<Slot>,
 }
 
 impl PathIndex {
@@ -165,82 +105,167 @@ impl PathIndex {
 
     /// Number of registrations (call, path).
     pub fn len(&self) -> usize {
-        self.root.count
+        self.slots.first().map_or(0, |s| s.count as usize)
     }
 
     /// True when nothing is registered.
     pub fn is_empty(&self) -> bool {
-        self.root.count == 0
+        self.len() == 0
+    }
+
+    fn slot(&self, p: PathId) -> Option<&Slot> {
+        self.slots.get(p.index())
     }
 
     /// Registers `id` at `path`.
-    pub fn insert(&mut self, path: &Path, id: CallId) {
-        insert_at(&mut self.root, path.segments(), id);
+    pub fn insert(&mut self, table: &PathTable, path: PathId, id: CallId) {
+        if self.slots.len() < table.len() {
+            self.slots.resize_with(table.len(), Slot::default);
+        }
+        if !add(&mut self.slots[path.index()].ids, id) {
+            return;
+        }
+        let mut at = path;
+        loop {
+            let slot = &mut self.slots[at.index()];
+            slot.count += 1;
+            let first = slot.count == 1;
+            let Some(parent) = table.parent(at) else {
+                break;
+            };
+            if first {
+                let live = &mut self.slots[parent.index()].live;
+                let pos = live.len() as u32;
+                live.push(at);
+                self.slots[at.index()].pos = pos;
+            }
+            at = parent;
+        }
     }
 
     /// Unregisters `id` from `path` (no-op when absent).
-    pub fn remove(&mut self, path: &Path, id: CallId) {
-        remove_at(&mut self.root, path.segments(), id);
+    pub fn remove(&mut self, table: &PathTable, path: PathId, id: CallId) {
+        let Some(slot) = self.slots.get_mut(path.index()) else {
+            return;
+        };
+        if !take(&mut slot.ids, id) {
+            return;
+        }
+        let mut at = path;
+        loop {
+            let slot = &mut self.slots[at.index()];
+            slot.count -= 1;
+            let (gone, pos) = (slot.count == 0, slot.pos as usize);
+            let Some(parent) = table.parent(at) else {
+                break;
+            };
+            if gone {
+                let live = &mut self.slots[parent.index()].live;
+                live.swap_remove(pos);
+                if let Some(&moved) = live.get(pos) {
+                    self.slots[moved.index()].pos = pos as u32;
+                }
+            }
+            at = parent;
+        }
     }
 
-    /// The node at `path`, calling `on_ancestor` with the ids of every node on the way (the
-    /// node itself included).
-    fn walk(&self, path: &Path, mut on_ancestor: impl FnMut(&Ids) -> bool) -> Option<&Node> {
-        let mut node = &self.root;
-        for seg in path.segments() {
-            node = node.children.get(seg)?;
-            if let Some(ids) = &node.ids
-                && on_ancestor(ids)
+    /// Calls `f` with the ids registered at `path` and at each of its ancestors; stops when `f`
+    /// returns true (and then returns true).
+    fn up(&self, table: &PathTable, path: PathId, mut f: impl FnMut(&Ids) -> bool) -> bool {
+        let mut at = Some(path);
+        while let Some(p) = at {
+            if let Some(ids) = self.slot(p).and_then(|s| s.ids.as_ref())
+                && f(ids)
             {
-                return None;
+                return true;
+            }
+            at = table.parent(p);
+        }
+        false
+    }
+
+    /// Visits the ids strictly below `path`, depth first, through live children only; stops
+    /// when `f` returns true.
+    fn below(&self, path: PathId, mut f: impl FnMut(&Ids) -> bool) {
+        let Some(slot) = self.slot(path).filter(|s| !s.live.is_empty()) else {
+            return;
+        };
+        let mut stack: Vec<&[PathId]> = vec![&slot.live];
+        while let Some(top) = stack.last_mut() {
+            let Some((&next, rest)) = top.split_first() else {
+                stack.pop();
+                continue;
+            };
+            *top = rest;
+            let s = &self.slots[next.index()];
+            if let Some(ids) = &s.ids
+                && f(ids)
+            {
+                return;
+            }
+            if !s.live.is_empty() {
+                stack.push(&s.live);
             }
         }
-        Some(node)
     }
 
-    /// True if some call other than `except` is registered at a path overlapping `path`.
-    /// Stops at the first match.
-    pub fn any_overlapping_except(&self, path: &Path, except: CallId) -> bool {
-        let mut found = false;
-        let Some(node) = self.walk(path, |ids| {
-            found = ids.has_other_than(except);
-            found
-        }) else {
-            return found;
+    /// True if some call other than `except` is registered at a path overlapping `path`
+    /// (`exact`: `path` is the path asked about; otherwise it is the deepest interned prefix of
+    /// a path the table does not hold, which nothing below can extend). Stops at the first match.
+    pub fn any_overlapping_except(
+        &self,
+        table: &PathTable,
+        path: PathId,
+        exact: bool,
+        except: CallId,
+    ) -> bool {
+        if self.up(table, path, |ids| ids.has_other_than(except)) {
+            return true;
+        }
+        let Some(slot) = self.slot(path).filter(|_| exact) else {
+            return false;
         };
-        let own = node.ids.as_ref().map_or(0, Ids::len);
-        if node.count == own {
+        let own = slot.ids.as_ref().map_or(0, Ids::len);
+        if slot.count as usize == own {
             return false;
         }
         // Below `path`: any registration that is not `except`. Subtrees holding only `except`
         // are small (one call registers few paths), so this stops early.
         let mut found = false;
-        visit_below(node, |ids| {
+        self.below(path, |ids| {
             found = ids.has_other_than(except);
             found
         });
         found
     }
 
-    /// Calls every call registered at a path overlapping `path` (a call may be reported more
-    /// than once when several of its paths overlap).
-    pub fn for_each_overlapping(&self, path: &Path, mut f: impl FnMut(CallId)) {
-        let Some(node) = self.walk(path, |ids| {
-            ids.iter().for_each(&mut f);
-            false
-        }) else {
-            return;
-        };
-        visit_below(node, |ids| {
+    /// Calls every call registered at a path overlapping `path` (see
+    /// [`PathIndex::any_overlapping_except`] for `exact`; a call may be reported more than once
+    /// when several of its paths overlap).
+    pub fn for_each_overlapping(
+        &self,
+        table: &PathTable,
+        path: PathId,
+        exact: bool,
+        mut f: impl FnMut(CallId),
+    ) {
+        self.up(table, path, |ids| {
             ids.iter().for_each(&mut f);
             false
         });
+        if exact {
+            self.below(path, |ids| {
+                ids.iter().for_each(&mut f);
+                false
+            });
+        }
     }
 
     /// The calls registered at paths overlapping `path`, sorted and without duplicates.
-    pub fn overlapping(&self, path: &Path) -> BTreeSet<CallId> {
+    pub fn overlapping(&self, table: &PathTable, path: PathId) -> BTreeSet<CallId> {
         let mut out = BTreeSet::new();
-        self.for_each_overlapping(path, |id| {
+        self.for_each_overlapping(table, path, true, |id| {
             out.insert(id);
         });
         out
@@ -251,50 +276,79 @@ impl PathIndex {
 mod tests {
     use super::*;
 
-    fn p(s: &str) -> Path {
-        Path::parse(s).expect("path")
+    use crate::protocol::Path;
+
+    fn p(t: &mut PathTable, s: &str) -> PathId {
+        t.intern(&Path::parse(s).expect("path"))
     }
 
     #[test]
     fn overlap_finds_prefixes_equals_and_extensions_only() {
+        let mut t = PathTable::new();
         let mut ix = PathIndex::new();
-        ix.insert(&p("state"), CallId(1));
-        ix.insert(&p("state.a"), CallId(2));
-        ix.insert(&p("state.a.b"), CallId(3));
-        ix.insert(&p("state.a.b.c"), CallId(4));
-        ix.insert(&p("state.ab"), CallId(5));
-        ix.insert(&p("state.a.x"), CallId(6));
-        ix.insert(&p("input.a.b"), CallId(7));
-        let got: Vec<u64> = ix
-            .overlapping(&p("state.a.b"))
-            .iter()
-            .map(|c| c.0)
-            .collect();
+        for (s, id) in [
+            ("state", 1),
+            ("state.a", 2),
+            ("state.a.b", 3),
+            ("state.a.b.c", 4),
+            ("state.ab", 5),
+            ("state.a.x", 6),
+            ("input.a.b", 7),
+        ] {
+            let at = p(&mut t, s);
+            ix.insert(&t, at, CallId(id));
+        }
+        let ab = p(&mut t, "state.a.b");
+        let got: Vec<u64> = ix.overlapping(&t, ab).iter().map(|c| c.0).collect();
         assert_eq!(got, vec![1, 2, 3, 4]);
-        assert!(ix.any_overlapping_except(&p("state.a.b"), CallId(3)));
+        assert!(ix.any_overlapping_except(&t, ab, true, CallId(3)));
         let mut solo = PathIndex::new();
-        solo.insert(&p("state.a.b"), CallId(3));
-        assert!(!solo.any_overlapping_except(&p("state.a"), CallId(3)));
-        assert!(solo.any_overlapping_except(&p("state.a"), CallId(9)));
-        assert!(!solo.any_overlapping_except(&p("state.a.c"), CallId(9)));
+        solo.insert(&t, ab, CallId(3));
+        let a = p(&mut t, "state.a");
+        let ac = p(&mut t, "state.a.c");
+        assert!(!solo.any_overlapping_except(&t, a, true, CallId(3)));
+        assert!(solo.any_overlapping_except(&t, a, true, CallId(9)));
+        assert!(!solo.any_overlapping_except(&t, ac, true, CallId(9)));
+        // A path the table does not hold: only its interned prefixes can overlap it.
+        assert!(!solo.any_overlapping_except(&t, a, false, CallId(9)));
     }
 
     #[test]
     fn many_ids_per_path_shrink_back_and_disappear() {
+        let mut t = PathTable::new();
+        let x = p(&mut t, "state.x");
         let mut ix = PathIndex::new();
         for i in 0..4 {
-            ix.insert(&p("state.x"), CallId(i));
+            ix.insert(&t, x, CallId(i));
         }
-        ix.insert(&p("state.x"), CallId(2));
-        assert_eq!(ix.overlapping(&p("state.x")).len(), 4);
+        ix.insert(&t, x, CallId(2));
+        assert_eq!(ix.overlapping(&t, x).len(), 4);
         for i in [0, 1, 3] {
-            ix.remove(&p("state.x"), CallId(i));
+            ix.remove(&t, x, CallId(i));
         }
-        assert!(!ix.any_overlapping_except(&p("state.x"), CallId(2)));
-        assert!(ix.any_overlapping_except(&p("state.x"), CallId(0)));
-        ix.remove(&p("state.x"), CallId(2));
+        assert!(!ix.any_overlapping_except(&t, x, true, CallId(2)));
+        assert!(ix.any_overlapping_except(&t, x, true, CallId(0)));
+        ix.remove(&t, x, CallId(2));
         assert!(ix.is_empty());
-        ix.remove(&p("state.x"), CallId(2));
+        ix.remove(&t, x, CallId(2));
         assert!(ix.is_empty());
+    }
+
+    #[test]
+    fn live_children_follow_removals_in_any_order() {
+        let mut t = PathTable::new();
+        let ks: Vec<PathId> = (0..50).map(|i| p(&mut t, &format!("state.r.k{i}"))).collect();
+        let r = p(&mut t, "state.r");
+        let mut ix = PathIndex::new();
+        for (i, &k) in ks.iter().enumerate() {
+            ix.insert(&t, k, CallId(i as u64));
+        }
+        for i in (0..50).filter(|i| i % 3 != 1) {
+            ix.remove(&t, ks[i], CallId(i as u64));
+        }
+        let left: Vec<u64> = ix.overlapping(&t, r).iter().map(|c| c.0).collect();
+        let want: Vec<u64> = (0..50).filter(|i| i % 3 == 1).collect();
+        assert_eq!(left, want);
+        assert_eq!(ix.len(), want.len());
     }
 }

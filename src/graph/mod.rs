@@ -14,10 +14,17 @@
 //! tombstones that traversals skip, and the graph is rebuilt from its live part once tombstones
 //! outnumber live nodes, which keeps removal amortised O(degree).
 //!
+//! Paths are interned once into the graph's [`PathTable`] (an integer id per distinct path,
+//! with its parent's): the scheduler interns a call's read and write paths when it accepts the
+//! call and keeps the ids, and the indexes walk parent ids and per-id lists of live children,
+//! so no lookup hashes a segment or allocates. The methods taking `&Path` intern or locate the
+//! path first; they are for callers that keep no ids (tests, `check`).
+//!
 //! Deliberately not here: whether a reference is *satisfied* (that needs state; the scheduler
 //! asks [`CallGraph::writable_by_other`] through `State::resolve_params`), approvals, or IO.
 
 pub mod index;
+pub mod paths;
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 
@@ -29,6 +36,7 @@ use petgraph::visit::{EdgeRef, IntoEdgeReferences};
 
 use crate::protocol::{CallId, Path};
 pub use index::PathIndex;
+pub use paths::{PathId, PathTable};
 
 /// Rebuild the petgraph once at least this many tombstones exist and they outnumber live nodes.
 const COMPACT_MIN_TOMBSTONES: usize = 1024;
@@ -83,6 +91,8 @@ struct Node {
 pub struct CallGraph {
     g: StableGraph<Node, ()>,
     nodes: HashMap<CallId, NodeIndex, FxBuildHasher>,
+    /// Every path the graph was given, interned once: the indexes below hold its ids.
+    paths: PathTable,
     writers: PathIndex,
     readers: PathIndex,
     tombstones: usize,
@@ -144,45 +154,74 @@ impl CallGraph {
         self.nodes.get(&id).map(|&ix| &self.g[ix])
     }
 
+    /// The id of `path` in the graph's path table, made when it is new. A call's paths are
+    /// interned once, when it arrives; every other method then takes ids.
+    pub fn intern(&mut self, path: &Path) -> PathId {
+        self.paths.intern(path)
+    }
+
+    /// The graph's path table.
+    pub fn paths(&self) -> &PathTable {
+        &self.paths
+    }
+
     /// Adds a call that reads `reads` and may write `writes` (every alternative of its output
-    /// target). Fails, changing nothing, if it would close a cycle.
-    ///
-    /// The graph does not keep the paths: the caller owns them and passes the same ones to
-    /// [`CallGraph::stop_reading`] and [`CallGraph::remove`] (duplicates are harmless).
+    /// target). Fails, changing nothing, if it would close a cycle. The paths are interned
+    /// here; a caller that keeps ids uses [`CallGraph::insert_ids`].
     pub fn insert(
         &mut self,
         id: CallId,
         reads: &[&Path],
         writes: &[&Path],
     ) -> Result<(), GraphError> {
+        let reads: Vec<PathId> = reads.iter().map(|p| self.paths.intern(p)).collect();
+        let writes: Vec<PathId> = writes.iter().map(|p| self.paths.intern(p)).collect();
+        self.insert_ids(id, &reads, &writes)
+    }
+
+    /// [`CallGraph::insert`] with interned paths ([`CallGraph::intern`]).
+    ///
+    /// The graph does not keep the paths: the caller owns them and passes the same ones to
+    /// [`CallGraph::stop_reading_ids`] and [`CallGraph::remove_ids`] (duplicates are harmless).
+    pub fn insert_ids(
+        &mut self,
+        id: CallId,
+        reads: &[PathId],
+        writes: &[PathId],
+    ) -> Result<(), GraphError> {
         if self.nodes.contains_key(&id) {
             return Err(GraphError::Duplicate { id });
         }
-        let mut producers = BTreeSet::new();
-        for p in reads {
-            self.writers.for_each_overlapping(p, |w| {
+        let t = &self.paths;
+        let mut producers = Vec::new();
+        for &p in reads {
+            self.writers.for_each_overlapping(t, p, true, |w| {
                 if w != id {
-                    producers.insert(w);
+                    producers.push(w);
                 }
             });
         }
-        let mut consumers = BTreeSet::new();
-        for p in writes {
-            self.readers.for_each_overlapping(p, |r| {
+        producers.sort_unstable();
+        producers.dedup();
+        let mut consumers = Vec::new();
+        for &p in writes {
+            self.readers.for_each_overlapping(t, p, true, |r| {
                 if r != id {
-                    consumers.insert(r);
+                    consumers.push(r);
                 }
             });
         }
+        consumers.sort_unstable();
+        consumers.dedup();
         if let Some(mut cycle) = self.find_path(&consumers, &producers) {
             cycle.insert(0, id);
             return Err(GraphError::Cycle { cycle });
         }
-        for p in reads {
-            self.readers.insert(p, id);
+        for &p in reads {
+            self.readers.insert(t, p, id);
         }
-        for p in writes {
-            self.writers.insert(p, id);
+        for &p in writes {
+            self.writers.insert(t, p, id);
         }
         let reading = !reads.is_empty();
         let ix = self.g.add_node(Node {
@@ -206,7 +245,7 @@ impl CallGraph {
 
     /// A path of live edges from one of `from` (waiting calls) to one of `to` that is still
     /// waiting, as call ids from start to end; None when there is none.
-    fn find_path(&self, from: &BTreeSet<CallId>, to: &BTreeSet<CallId>) -> Option<Vec<CallId>> {
+    fn find_path(&self, from: &[CallId], to: &[CallId]) -> Option<Vec<CallId>> {
         if from.is_empty() || to.is_empty() {
             return None;
         }
@@ -253,9 +292,27 @@ impl CallGraph {
         None
     }
 
+    /// The ids of the paths the table holds, of those given (paths never interned were never
+    /// registered).
+    fn known<'a>(&self, paths: impl IntoIterator<Item = &'a Path>) -> Vec<PathId> {
+        paths
+            .into_iter()
+            .filter_map(|p| match self.paths.locate(p) {
+                (at, true) => Some(at),
+                _ => None,
+            })
+            .collect()
+    }
+
     /// The call no longer waits on anything (it was unblocked): its reads (the paths given to
     /// `insert`) are unregistered and edges into it stop counting.
     pub fn stop_reading<'a>(&mut self, id: CallId, reads: impl IntoIterator<Item = &'a Path>) {
+        let reads = self.known(reads);
+        self.stop_reading_ids(id, &reads);
+    }
+
+    /// [`CallGraph::stop_reading`] with the ids given to [`CallGraph::insert_ids`].
+    pub fn stop_reading_ids(&mut self, id: CallId, reads: &[PathId]) {
         let Some(&ix) = self.nodes.get(&id) else {
             return;
         };
@@ -264,8 +321,8 @@ impl CallGraph {
             return;
         }
         node.reading = false;
-        for p in reads {
-            self.readers.remove(p, id);
+        for &p in reads {
+            self.readers.remove(&self.paths, p, id);
         }
     }
 
@@ -277,6 +334,12 @@ impl CallGraph {
         reads: impl IntoIterator<Item = &'a Path>,
         writes: impl IntoIterator<Item = &'a Path>,
     ) {
+        let (reads, writes) = (self.known(reads), self.known(writes));
+        self.remove_ids(id, &reads, &writes);
+    }
+
+    /// [`CallGraph::remove`] with the ids given to [`CallGraph::insert_ids`].
+    pub fn remove_ids(&mut self, id: CallId, reads: &[PathId], writes: &[PathId]) {
         let Some(ix) = self.nodes.remove(&id) else {
             return;
         };
@@ -284,12 +347,12 @@ impl CallGraph {
         node.alive = false;
         if node.reading {
             node.reading = false;
-            for p in reads {
-                self.readers.remove(p, id);
+            for &p in reads {
+                self.readers.remove(&self.paths, p, id);
             }
         }
-        for p in writes {
-            self.writers.remove(p, id);
+        for &p in writes {
+            self.writers.remove(&self.paths, p, id);
         }
         self.tombstones += 1;
         if self.tombstones >= COMPACT_MIN_TOMBSTONES && self.tombstones > self.nodes.len() {
@@ -324,19 +387,36 @@ impl CallGraph {
 
     /// True if a call other than `except` may still write a path overlapping `path` (rule 5).
     pub fn writable_by_other(&self, path: &Path, except: CallId) -> bool {
-        self.writers.any_overlapping_except(path, except)
+        let (at, exact) = self.paths.locate(path);
+        self.writers
+            .any_overlapping_except(&self.paths, at, exact, except)
+    }
+
+    /// [`CallGraph::writable_by_other`] for an interned path.
+    pub fn writable_by_other_id(&self, path: PathId, except: CallId) -> bool {
+        self.writers
+            .any_overlapping_except(&self.paths, path, true, except)
     }
 
     /// Waiting calls whose reads overlap `path`, added to `out`.
     pub fn readers_of(&self, path: &Path, out: &mut BTreeSet<CallId>) {
-        self.readers.for_each_overlapping(path, |id| {
+        let (at, exact) = self.paths.locate(path);
+        self.readers.for_each_overlapping(&self.paths, at, exact, |id| {
+            out.insert(id);
+        });
+    }
+
+    /// [`CallGraph::readers_of`] for an interned path.
+    pub fn readers_of_id(&self, path: PathId, out: &mut BTreeSet<CallId>) {
+        self.readers.for_each_overlapping(&self.paths, path, true, |id| {
             out.insert(id);
         });
     }
 
     /// Calls that may write a path overlapping `path`, added to `out`.
     pub fn writers_of(&self, path: &Path, out: &mut BTreeSet<CallId>) {
-        self.writers.for_each_overlapping(path, |id| {
+        let (at, exact) = self.paths.locate(path);
+        self.writers.for_each_overlapping(&self.paths, at, exact, |id| {
             out.insert(id);
         });
     }

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use serde_json::Value;
 
-use super::core::{emit, path_strings, read_paths, write_paths};
+use super::core::{emit, path_strings, read_ids, write_ids};
 use super::{Phase, Scheduler};
 use crate::protocol::{Call, CallId, EventKind, FailKind, Millis, OutputMethod, Path};
 use crate::scheduler::{Action, CallStatus, Outcome, OutcomeKind, SchedulerError};
@@ -187,7 +187,7 @@ impl Scheduler {
             self.entries[ix].waiting_on = Vec::new();
             self.set_phase(ix, Phase::Done(CallStatus::Cancelled));
             let e = &self.entries[ix];
-            self.graph.remove(id, read_paths(e), write_paths(e));
+            self.graph.remove_ids(id, read_ids(e), write_ids(e));
         }
     }
 }

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use super::{Entry, Phase, Scheduler, ToolEntry};
-use crate::graph::GraphError;
+use crate::graph::{GraphError, PathId};
 use crate::protocol::{Call, CallId, EventKind, FailKind, Millis, Path};
 use crate::scheduler::resolve::{self, Check, RefAt};
 use crate::scheduler::{Action, CallStatus, Parsed, SchedulerError, UnreadableCall};
@@ -18,16 +18,35 @@ pub(super) fn emit(out: &mut Vec<Action>, id: CallId, kind: EventKind) {
     });
 }
 
-/// Every path the entry's references may read (all alternatives).
-pub(super) fn read_paths(e: &Entry) -> impl Iterator<Item = &Path> {
-    e.refs
-        .iter()
-        .flat_map(|(_, x)| x.refs.iter().map(|r| &r.path))
+/// The ids of every path the entry's references may read (all alternatives).
+pub(super) fn read_ids(e: &Entry) -> &[PathId] {
+    e.paths.get(..e.reads).unwrap_or_default()
 }
 
-/// Every path the entry's output target may write (all alternatives).
-pub(super) fn write_paths(e: &Entry) -> impl Iterator<Item = &Path> {
-    e.target.iter().flat_map(|t| t.refs.iter().map(|r| &r.path))
+/// The ids of every path the entry's output target may write (all alternatives).
+pub(super) fn write_ids(e: &Entry) -> &[PathId] {
+    e.paths.get(e.reads..).unwrap_or_default()
+}
+
+/// The id of the read path at `at` (see `Entry::paths`).
+pub(super) fn read_id(e: &Entry, at: RefAt) -> Option<PathId> {
+    let before: usize = e
+        .refs
+        .get(..at.0 as usize)?
+        .iter()
+        .map(|(_, x)| x.refs.len())
+        .sum();
+    read_ids(e).get(before + at.1 as usize).copied()
+}
+
+/// The id of a read path of the entry, found by identity (`p` is one of its references' own
+/// paths, as the state's evaluation hands them back); None for any other path.
+fn read_id_of(e: &Entry, p: &Path) -> Option<PathId> {
+    e.refs
+        .iter()
+        .flat_map(|(_, x)| x.refs.iter())
+        .position(|r| std::ptr::eq(&r.path, p))
+        .and_then(|k| read_ids(e).get(k).copied())
 }
 
 pub(super) fn path_strings(paths: &[Path]) -> Vec<String> {
@@ -54,6 +73,8 @@ impl Entry {
             presented: None,
             interrupted: false,
             refs: Vec::new(),
+            paths: Vec::new(),
+            reads: 0,
             value: None,
             read_from: Vec::new(),
         }
@@ -120,18 +141,20 @@ impl Scheduler {
             Ok(p) => p,
             Err(e) => return self.refuse(ix, e, out),
         };
-        let reads: Vec<&Path> = refs
-            .iter()
-            .flat_map(|(_, x)| x.refs.iter().map(|r| &r.path))
-            .collect();
-        let writes: Vec<&Path> = target
-            .iter()
-            .flat_map(|t| t.refs.iter().map(|r| &r.path))
-            .collect();
-        if let Err(e) = self.graph.insert(id, &reads, &writes) {
+        let mut paths: Vec<PathId> = Vec::new();
+        for (_, x) in &refs {
+            paths.extend(x.refs.iter().map(|r| self.graph.intern(&r.path)));
+        }
+        let reads = paths.len();
+        if let Some(t) = &target {
+            paths.extend(t.refs.iter().map(|r| self.graph.intern(&r.path)));
+        }
+        if let Err(e) = self.graph.insert_ids(id, &paths[..reads], &paths[reads..]) {
             return self.refuse(ix, e.into(), out);
         }
         let e = &mut self.entries[ix];
+        e.paths = paths;
+        e.reads = reads;
         e.tool = Some(tool);
         e.target = target;
         e.refs = refs;
@@ -200,9 +223,9 @@ impl Scheduler {
     /// Takes the call out of the graph and queues the waiting readers of what it could write.
     pub(super) fn release(&mut self, ix: usize) {
         let e = &self.entries[ix];
-        self.graph.remove(e.id, read_paths(e), write_paths(e));
-        for w in write_paths(e) {
-            self.graph.readers_of(w, &mut self.recheck);
+        self.graph.remove_ids(e.id, read_ids(e), write_ids(e));
+        for &w in write_ids(e) {
+            self.graph.readers_of_id(w, &mut self.recheck);
         }
     }
 
@@ -260,11 +283,11 @@ impl Scheduler {
         let open = self.stream_open;
         let e = &mut self.entries[ix];
         while let Some(&at) = e.waiting_on.get(e.watch) {
-            let Some(p) = resolve::path_at(&e.refs, at) else {
+            let (Some(p), Some(pid)) = (resolve::path_at(&e.refs, at), read_id(e, at)) else {
                 e.watch += 1;
                 continue;
             };
-            if self.graph.writable_by_other(p, e.id) || (open && !self.state.has(p)) {
+            if self.graph.writable_by_other_id(pid, e.id) || (open && !self.state.has(p)) {
                 return true;
             }
             e.watch += 1;
@@ -285,8 +308,13 @@ impl Scheduler {
                 return;
             };
             let (graph, state) = (&self.graph, &self.state);
-            let writable =
-                |p: &Path| graph.writable_by_other(p, id) || (open && !state.has(p));
+            let writable = |p: &Path| {
+                let by_other = match read_id_of(e, p) {
+                    Some(pid) => graph.writable_by_other_id(pid, id),
+                    None => graph.writable_by_other(p, id),
+                };
+                by_other || (open && !state.has(p))
+            };
             resolve::check(state, &call.params, &e.refs, &writable)
         };
         match resolved {

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use serde_json::{Map, Value};
 
-use super::core::{emit, read_paths};
+use super::core::{emit, read_ids};
 use super::{Phase, Scheduler, ToolEntry, is_idempotent};
 use crate::approval::{DefaultDecision, RuleDecision, evaluate};
 use crate::protocol::{
@@ -22,7 +22,7 @@ impl Scheduler {
         out: &mut Vec<Action>,
     ) {
         let id = self.entries[ix].id;
-        self.graph.stop_reading(id, read_paths(&self.entries[ix]));
+        self.graph.stop_reading_ids(id, read_ids(&self.entries[ix]));
         let e = &mut self.entries[ix];
         e.waiting_on = Vec::new();
         if e.announced {
@@ -301,8 +301,8 @@ impl Scheduler {
         while let Some(c) = todo.pop() {
             let Some(ix) = self.ix(c) else { continue };
             let mut readers = std::collections::BTreeSet::new();
-            for p in super::core::write_paths(&self.entries[ix]) {
-                self.graph.readers_of(p, &mut readers);
+            for &p in super::core::write_ids(&self.entries[ix]) {
+                self.graph.readers_of_id(p, &mut readers);
             }
             for r in readers {
                 if r != id && seen.insert(r) {
@@ -361,6 +361,8 @@ impl Scheduler {
         let e = &mut self.entries[ix];
         e.revised = Some(call);
         e.refs = Vec::new();
+        e.paths = Vec::new();
+        e.reads = 0;
         e.approved = approved;
         e.announced = false;
         e.waiting_on = Vec::new();

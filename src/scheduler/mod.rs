@@ -32,7 +32,7 @@ pub use types::{
 
 use crate::approval::Policy;
 use crate::fxhash::FxHashMap;
-use crate::graph::CallGraph;
+use crate::graph::{CallGraph, PathId};
 use crate::protocol::{Call, CallId, Expression, Millis, Tool};
 use crate::state::State;
 
@@ -107,6 +107,12 @@ struct Entry {
     interrupted: bool,
     /// The references in the current call's params, parsed once.
     refs: resolve::Refs,
+    /// The ids in the graph's path table of every path the references may read (in the order
+    /// of `refs`, alternatives in order), then of every path the output target may write:
+    /// interned once, when the call is accepted.
+    paths: Vec<PathId>,
+    /// How many of `paths` are reads.
+    reads: usize,
     /// The result (status done) or the error object (any other finished status), shared with
     /// the state and the call's events.
     value: Option<Arc<Value>>,

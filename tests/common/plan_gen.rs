@@ -271,3 +271,70 @@ pub fn positions(len: usize, (every_byte, picks): &(bool, Vec<prop::sample::Inde
     }
     picks.iter().map(|i| i.index(len + 1)).collect()
 }
+
+/// Concrete paths that overlap in every way rule 4 knows (equal, prefix, extension, an index
+/// below a key), for plans whose calls read and write each other's paths. No two index paths
+/// are siblings: a write to `state.b[1]` pads `state.b[0]` with null, which a reader of
+/// `state.b[0]` (no overlap, rule 4) is not rechecked for until the stream closes; the core and
+/// the reference then launch it at different inputs (known, see tests/core_reference.rs).
+pub const CORE_PATHS: [&str; 8] = [
+    "state.a",
+    "state.a.b",
+    "state.a.c",
+    "state.a.b.d",
+    "state.b",
+    "state.b[0]",
+    "state.b[0].x",
+    "state.c",
+];
+
+/// A reference expression over [`CORE_PATHS`]: one path, or two joined by `||` or `&&`.
+pub fn core_expression() -> impl Strategy<Value = String> {
+    let path = prop::sample::select(CORE_PATHS.to_vec());
+    (path.clone(), path, 0..4u8).prop_map(|(a, b, op)| match op {
+        0 => format!("†{a} || †{b}"),
+        1 => format!("†{a} && †{b}"),
+        _ => format!("†{a}"),
+    })
+}
+
+/// A call of tool `t` whose params hold up to three references (some nested in an array) and
+/// whose output goes to one of [`CORE_PATHS`] (or two, as `||`), set or pushed; sometimes no
+/// output path.
+pub fn core_call() -> impl Strategy<Value = Value> {
+    (
+        prop::collection::vec(core_expression(), 0..3),
+        prop::option::of(core_expression().prop_filter("no && target", |e| !e.contains("&&"))),
+        any::<bool>(),
+        any::<u8>(),
+    )
+        .prop_map(|(refs, target, push, k)| {
+            let mut m = Map::new();
+            m.insert("_tool".into(), "t".into());
+            m.insert("k".into(), json!(k));
+            for (i, r) in refs.into_iter().enumerate() {
+                if i == 2 {
+                    m.insert(format!("r{i}"), json!([r, k]));
+                } else {
+                    m.insert(format!("r{i}"), r.into());
+                }
+            }
+            if let Some(t) = target {
+                m.insert("_outputPath".into(), t.into());
+                if push {
+                    m.insert("_outputMethod".into(), "push".into());
+                }
+            }
+            Value::Object(m)
+        })
+}
+
+/// A plan for the core's property tests: up to ten calls, and the schedule of what happens
+/// between them: each byte says whether the next input is the next call's arrival or the end of
+/// a running call (which one, and whether it succeeds, failing to the `||` target's last branch).
+pub fn core_plan() -> impl Strategy<Value = (Vec<Value>, Vec<u8>)> {
+    (
+        prop::collection::vec(core_call(), 1..10),
+        prop::collection::vec(any::<u8>(), 0..40),
+    )
+}
