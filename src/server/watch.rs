@@ -3,7 +3,8 @@
 //! when the last one leaves. It follows the run's end signal while this process drives it and,
 //! while nobody here does (parked, or another process's), reads one row of the store every
 //! [`POLL`] — never the journal; the run is described (its journal replayed) once, when it
-//! has ended, and every waiter is answered from that one description.
+//! has ended, and every waiter is answered from that one description. On the Temporal engine
+//! (`serve --engine temporal`) it asks the workflow for the run's description every [`POLL`].
 //!
 //! `GET /metrics` shows how many runs are watched and how many clients wait on them
 //! (`dagloop_run_watchers`, `dagloop_run_waiters`).
@@ -95,6 +96,23 @@ impl AppState {
 async fn follow(st: Weak<AppState>, id: String, tx: watch::Sender<Option<Arc<RunView>>>) {
     loop {
         let Some(me) = st.upgrade() else { return };
+        // On Temporal no run lives here or in the store: the workflow's description says
+        // whether it has ended (one query per look).
+        #[cfg(feature = "temporal")]
+        if me.temporal().is_some() {
+            match me.describe_view(&id).await {
+                Ok(view) if view.usage.is_some() => {
+                    let _ = tx.send(Some(Arc::new(view)));
+                    return;
+                }
+                Ok(_) => {
+                    drop(me);
+                    tokio::time::sleep(POLL).await;
+                    continue;
+                }
+                Err(_) => return,
+            }
+        }
         let ended = match me.live(&id) {
             // Driven here: its end signal, which holds neither the run nor its handle (the run
             // is parked as if nobody waited; then its driver stops and the row decides).
