@@ -8,11 +8,10 @@
 //! what the reference did. Within one input the order may differ (the scheduler's recheck queue
 //! is incremental), so each input's records are compared as sorted lists.
 //!
-//! Known difference, kept out of the generated plans (`plan_gen::CORE_PATHS`): a write to
-//! `state.b[1]` makes `state.b[0]` read as null (the array is padded), but rule 4 says the two
-//! do not overlap, so a call waiting on `state.b[0]` is only checked again when the stream
-//! closes; the reference, which checks every waiting call after every input, launches it at
-//! the write.
+//! The plans include sibling indexes (`state.b[0]`, `state.b[1]`): a write to `state.b[1]`
+//! pads `state.b[0]` with null, and the scheduler wakes the readers of the padded indexes at
+//! that write (spec/state.md S6a), as the reference, which checks every waiting call after
+//! every input, does.
 
 #[path = "common/plan_gen.rs"]
 mod plan_gen;
@@ -451,4 +450,32 @@ fn a_known_plan_exercises_every_record_kind() {
         assert!(all.iter().any(|r| r.1 == kind), "no {kind} in {all:?}");
     }
     assert!(all.contains(&(7, "refused".into(), Value::Null)), "{all:?}");
+}
+
+/// The padding case the generated plans may miss: a write to `state.b[1]` while the stream is
+/// open makes `state.b[0]` read as null, and both launch its waiting reader at that write
+/// (spec/state.md S6a), not when the stream closes.
+#[test]
+fn a_write_past_the_end_launches_the_reader_of_a_padded_index_at_once() {
+    let calls = vec![
+        json!({"_tool": "t", "k": 1, "r0": "†state.b[0]"}),
+        json!({"_tool": "t", "k": 2, "_outputPath": "†state.b[1]"}),
+        json!({"_tool": "t", "k": 3}),
+    ];
+    // Arrive, arrive, call 2 succeeds, arrive (the stream is still open until then). Records
+    // are compared per input with the reference, so call 1 launched at call 2's write.
+    let all = compare(calls, vec![0, 0, 2, 0]).expect("same as the reference");
+    let launched = all
+        .iter()
+        .position(|r| r.0 == 1 && r.1 == "launched")
+        .expect("call 1 launched");
+    assert_eq!(all[launched].2["r0"], Value::Null, "{all:?}");
+    let third = all
+        .iter()
+        .position(|r| r.0 == 3 && r.1 == "launched")
+        .expect("call 3 launched");
+    assert!(
+        launched < third,
+        "launched before the stream closed: {all:?}"
+    );
 }

@@ -515,3 +515,23 @@ async fn a_started_event_names_the_calls_whose_writes_it_read() {
     );
     assert!(read_from(1).is_empty());
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_write_past_the_end_of_an_array_wakes_readers_of_the_padded_indexes() {
+    // `state.b[1]` written into a missing array pads `state.b[0]` with null (S6): the reader of
+    // `state.b[0]` starts at that write, not when the stream closes at 200.
+    let mut step = Step::new(vec![tool("w"), tool("r")])
+        .at(
+            0,
+            json!({"_tool": "r", "v": "†state.b[0]", "x": "†state.c[2].y[0]"}),
+        )
+        .at(0, json!({"_tool": "w", "_outputPath": "†state.b[1]"}))
+        .at(20, json!({"_tool": "w", "_outputPath": "†state.c[2].y[3]"}));
+    step.close_at = Some(200);
+    let o = run(step, TestExec::new(Instant::now())).await;
+    assert_eq!(o.run_of(2).end, Some(10));
+    assert_eq!(o.run_of(3).end, Some(30));
+    assert_eq!(o.run_of(1).start, 30, "woken by the second padding write");
+    assert_eq!(o.run_of(1).params["v"], json!(null));
+    assert_eq!(o.run_of(1).params["x"], json!(null));
+}

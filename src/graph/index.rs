@@ -262,6 +262,46 @@ impl PathIndex {
         }
     }
 
+    /// Calls every call registered at a path a write to `path` pads: a write at index `i` of
+    /// an array too short for it fills indexes below `i` with `null` (spec/state.md S6), so for
+    /// every index segment `[i]` on `path` (or `next`, the index segment right below `path`
+    /// when `path` is only the deepest interned prefix of the written path), the registrations
+    /// at a sibling `[j]` with `j < i` and below it.
+    pub fn for_each_padded(
+        &self,
+        table: &PathTable,
+        path: PathId,
+        next: Option<usize>,
+        mut f: impl FnMut(CallId),
+    ) {
+        let mut visit = |parent: PathId, i: usize| {
+            let Some(slot) = self.slot(parent) else {
+                return;
+            };
+            for &c in &slot.live {
+                if table.index_of(c).is_some_and(|j| j < i) {
+                    if let Some(ids) = &self.slots[c.index()].ids {
+                        ids.iter().for_each(&mut f);
+                    }
+                    self.below(c, |ids| {
+                        ids.iter().for_each(&mut f);
+                        false
+                    });
+                }
+            }
+        };
+        if let Some(i) = next {
+            visit(path, i);
+        }
+        let mut at = path;
+        while let Some(parent) = table.parent(at) {
+            if let Some(i) = table.index_of(at) {
+                visit(parent, i);
+            }
+            at = parent;
+        }
+    }
+
     /// The calls registered at paths overlapping `path`, sorted and without duplicates.
     pub fn overlapping(&self, table: &PathTable, path: PathId) -> BTreeSet<CallId> {
         let mut out = BTreeSet::new();

@@ -34,7 +34,7 @@ use petgraph::Direction;
 use petgraph::stable_graph::{NodeIndex, StableGraph};
 use petgraph::visit::{EdgeRef, IntoEdgeReferences};
 
-use crate::protocol::{CallId, Path};
+use crate::protocol::{CallId, Path, Segment};
 pub use index::PathIndex;
 pub use paths::{PathId, PathTable};
 
@@ -398,19 +398,31 @@ impl CallGraph {
             .any_overlapping_except(&self.paths, path, true, except)
     }
 
-    /// Waiting calls whose reads overlap `path`, added to `out`.
+    /// Waiting calls whose reads a write to `path` can change, added to `out`: the reads that
+    /// overlap it (rule 4) and the reads of array elements the write pads with `null` (an index
+    /// below one on `path`, spec/state.md S6), which become present at that write.
     pub fn readers_of(&self, path: &Path, out: &mut BTreeSet<CallId>) {
         let (at, exact) = self.paths.locate(path);
-        self.readers.for_each_overlapping(&self.paths, at, exact, |id| {
+        let next = match path.segments().get(self.paths.depth(at)) {
+            Some(Segment::Index(i)) if !exact => Some(*i),
+            _ => None,
+        };
+        let mut add = |id| {
             out.insert(id);
-        });
+        };
+        self.readers
+            .for_each_overlapping(&self.paths, at, exact, &mut add);
+        self.readers.for_each_padded(&self.paths, at, next, add);
     }
 
     /// [`CallGraph::readers_of`] for an interned path.
     pub fn readers_of_id(&self, path: PathId, out: &mut BTreeSet<CallId>) {
-        self.readers.for_each_overlapping(&self.paths, path, true, |id| {
+        let mut add = |id| {
             out.insert(id);
-        });
+        };
+        self.readers
+            .for_each_overlapping(&self.paths, path, true, &mut add);
+        self.readers.for_each_padded(&self.paths, path, None, add);
     }
 
     /// Calls that may write a path overlapping `path`, added to `out`.

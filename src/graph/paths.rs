@@ -30,6 +30,8 @@ impl PathId {
 struct Node {
     parent: u32,
     depth: u32,
+    /// The array index when this node's segment is one (`[i]`), for the padding rule.
+    index: Option<usize>,
     /// The nodes one segment further down. Only interning reads it.
     children: HashMap<Segment, u32, FxBuildHasher>,
 }
@@ -74,9 +76,14 @@ impl PathTable {
                     // Ids fit u32: a run that interned four billion paths ran out of memory first.
                     let c = u32::try_from(self.nodes.len()).unwrap_or(u32::MAX);
                     let depth = self.nodes[at as usize].depth + 1;
+                    let index = match seg {
+                        Segment::Index(i) => Some(*i),
+                        Segment::Key(_) => None,
+                    };
                     self.nodes.push(Node {
                         parent: at,
                         depth,
+                        index,
                         children: HashMap::default(),
                     });
                     self.nodes[at as usize].children.insert(seg.clone(), c);
@@ -108,6 +115,11 @@ impl PathTable {
     /// Number of segments of the path `id` stands for.
     pub fn depth(&self, id: PathId) -> usize {
         self.nodes[id.index()].depth as usize
+    }
+
+    /// The array index `id`'s last segment stands for, if it is an index.
+    pub fn index_of(&self, id: PathId) -> Option<usize> {
+        self.nodes[id.index()].index
     }
 
     /// True if `a` equals `b` or is an ancestor of it.

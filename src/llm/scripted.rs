@@ -34,10 +34,15 @@ impl ScriptedModel {
         }
     }
 
-    /// Loads a script file (`llm.script_io`, `llm.script_invalid`).
+    /// Loads a script file (`llm.script_io`, `llm.script_invalid`). The model is named
+    /// `scripted:` + the file's name, not the path: the path is resolved against the goal's
+    /// folder or the working directory, so it differs between the process that started a run
+    /// and one that resumes it (splitting the run's usage into two keys), and it is a machine
+    /// path that must not reach spans or output.
     pub fn load(path: &Path) -> Result<ScriptedModel, LlmError> {
         let mut m = ScriptedModel::new(Script::load(path)?);
-        m.name = format!("scripted:{}", path.display());
+        let file = path.file_name().unwrap_or(path.as_os_str());
+        m.name = format!("scripted:{}", file.to_string_lossy());
         Ok(m)
     }
 

@@ -273,11 +273,10 @@ pub fn positions(len: usize, (every_byte, picks): &(bool, Vec<prop::sample::Inde
 }
 
 /// Concrete paths that overlap in every way rule 4 knows (equal, prefix, extension, an index
-/// below a key), for plans whose calls read and write each other's paths. No two index paths
-/// are siblings: a write to `state.b[1]` pads `state.b[0]` with null, which a reader of
-/// `state.b[0]` (no overlap, rule 4) is not rechecked for until the stream closes; the core and
-/// the reference then launch it at different inputs (known, see tests/core_reference.rs).
-pub const CORE_PATHS: [&str; 8] = [
+/// below a key), for plans whose calls read and write each other's paths, and two sibling
+/// indexes: a write to `state.b[1]` pads `state.b[0]` with null, which wakes a reader of
+/// `state.b[0]` (and below) at that write (spec/state.md S6a).
+pub const CORE_PATHS: [&str; 9] = [
     "state.a",
     "state.a.b",
     "state.a.c",
@@ -285,6 +284,7 @@ pub const CORE_PATHS: [&str; 8] = [
     "state.b",
     "state.b[0]",
     "state.b[0].x",
+    "state.b[1]",
     "state.c",
 ];
 
