@@ -308,6 +308,58 @@ async fn d_at_the_prompt_leaves_the_call_waiting_and_detaches_the_run() {
     assert_eq!(rb.machine.awaiting().len(), 2);
 }
 
+/// Without a store the prompt still has the whole card (rebuilt from the run's live journal),
+/// and the line the answer is typed on counts down to the deadline, redrawn each second.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_store_the_prompt_shows_the_card_and_counts_down() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let (url, counts) = serve::counting_service().await;
+    goal_with(
+        dir.path(),
+        &url,
+        json!({"policy": "ask", "timeout_s": 5, "default_decision": "reject"}),
+    );
+    let d = dir.path().to_path_buf();
+    let (card, left, rest) = tokio::task::spawn_blocking(move || {
+        let mut cmd = bin::dagloop();
+        cmd.current_dir(&d).args(["--no-store", "run", "goal.json"]);
+        let mut p = spawn_command(cmd, Some(30_000)).expect("spawn in a pty");
+        let card = p
+            .exp_regex(r"deadline: reject at \d\d:\d\d:\d\d UTC \(in 5 s\) unless you decide")
+            .expect("the card's deadline")
+            .0;
+        let mut left = Vec::new();
+        // Drawn with the answers, then redrawn in place (from the line's start) each second.
+        left.push(p.exp_regex(r"reject in \d s > ").expect("the countdown").1);
+        left.push(
+            p.exp_regex(r"\r  reject in \d s > ")
+                .expect("the countdown redrawn")
+                .1,
+        );
+        p.send_line("a").expect("send");
+        p.exp_regex(r"reject in \d s > ")
+            .expect("the second call's countdown");
+        p.send_line("a").expect("send");
+        let rest = p.exp_eof().expect("exits when the run ends");
+        (card, left, rest)
+    })
+    .await
+    .expect("pty");
+    assert!(card.contains("action: POST http://127.0.0.1:"), "{card}");
+    assert!(
+        card.contains("note = \"first\"   (as the model wrote it)"),
+        "{card}"
+    );
+    assert!(card.contains("asked by: "), "{card}");
+    assert_ne!(
+        left[0].trim(),
+        left[1].trim(),
+        "the time left did not change: {left:?}"
+    );
+    assert!(rest.contains("\"status\": \"succeeded\""), "{rest}");
+    assert_eq!(counts.lock().expect("counts").len(), 2);
+}
+
 /// The page's card shows the deadline as a countdown with its default, and sends a call back
 /// with feedback (the screenshot is docs/img/reviewer-deadline.png).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,8 +1,8 @@
 //! The terminal reviewer for `--approve ask` (and any policy that asks): a consumer of the run's
 //! `approval_requested` events and a producer of `Decide` ops.
 //!
-//! One call is prompted at a time, on one line: its id, tool, resolved params (compact) and,
-//! when it had started before a restart, that it was interrupted. Answers: `a` approve, `A`
+//! One call is prompted at a time: a line with its id, tool, resolved params (compact) and,
+//! when it had started before a restart, that it was interrupted, then its card. Answers: `a` approve, `A`
 //! approve every call of this tool for the rest of the run (a journaled grant, revocable through
 //! the API), `s` send it back to the model with feedback (it is told to do it differently, not
 //! vetoed), `d` leave it waiting and detach the run (decide later on the page or with
@@ -11,7 +11,10 @@
 //! shown before they are sent), `r` reject with a reason, `m` (an interrupted call only) mark it
 //! done with a result given as JSON, `?` show the whole call. Each prompt starts with the call's
 //! card (the page's: description, action, each param's source, the rule that asked, the
-//! deadline), and its showing is journaled: the call's reviewer deadline starts then. While a prompt is open the progress view does not redraw.
+//! deadline), and its showing is journaled: the call's reviewer deadline starts then. The card
+//! is rebuilt from the run's record and live journal, so it needs no store. With a deadline the
+//! answer is typed on a line that counts the seconds down, redrawn in place each second (on a
+//! terminal only). While a prompt is open the progress view does not redraw.
 //! A prompt is withdrawn when the call is decided another way (the policy's timeout, another
 //! reviewer, cancel). Only call params are shown: tool definitions (and so header values) never.
 //!
@@ -38,9 +41,13 @@ pub(super) struct Screen {
     pub detach: tokio::sync::Notify,
 }
 
-/// Where the terminal's card of a call comes from: the run's record in its store (the page's
-/// card is described from the same record and journal).
-pub(super) type Cards = Option<(Arc<dyn crate::store::RunStore>, String)>;
+/// A call's deadline on screen: when the reviewer's time runs out (ms since the epoch), what
+/// happens then, and how wide the seconds left were first drawn (so a redraw covers them).
+struct Deadline {
+    at: u64,
+    default: String,
+    width: usize,
+}
 
 struct Pending {
     id: CallId,
@@ -49,6 +56,8 @@ struct Pending {
     /// The presentation this prompt answers (the `approval_requested` event's seq).
     presentation: u64,
     interrupted: bool,
+    /// Its deadline, once it is shown and when the policy sets one.
+    deadline: Option<Deadline>,
 }
 
 enum Waiting {
@@ -123,8 +132,13 @@ pub(super) async fn serve(
     handle: RunHandle,
     tools: BTreeMap<String, Tool>,
     screen: Arc<Screen>,
-    cards: Cards,
+    record: crate::store::RunRecord,
 ) {
+    let record = Arc::new(record);
+    // The countdown is redrawn in place only on a terminal (never into a log file).
+    let ticking = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut events = handle.subscribe_from(0);
     let mut queue: VecDeque<Pending> = VecDeque::new();
     let mut current: Option<Pending> = None;
@@ -149,7 +163,7 @@ pub(super) async fn serve(
                         if !*interrupted && tool_grants.values().any(|t| *t == call.tool) {
                             continue;
                         }
-                        queue.push_back(Pending { id, call: Call::clone(call), hash: params_hash.clone(), presentation: ev.seq, interrupted: *interrupted });
+                        queue.push_back(Pending { id, call: Call::clone(call), hash: params_hash.clone(), presentation: ev.seq, interrupted: *interrupted, deadline: None });
                     }
                     (EventKind::Decision { decision, timed_out, grant, .. }, Some(id)) => {
                         if let Some(g) = grant {
@@ -177,12 +191,18 @@ pub(super) async fn serve(
                 }
             }
             () = std::future::ready(()), if current.is_none() && !queue.is_empty() => {
-                let Some(p) = queue.pop_front() else { continue };
+                let Some(mut p) = queue.pop_front() else { continue };
                 screen.prompt_open.store(true, Ordering::SeqCst);
-                present(&handle, &p, &cards).await;
+                present(&handle, &mut p, &record).await;
                 prompt(&p);
+                tick.reset();
                 waiting = Waiting::Answer;
                 current = Some(p);
+            }
+            _ = tick.tick(), if ticking && matches!(waiting, Waiting::Answer) && current.as_ref().is_some_and(|p| p.deadline.is_some()) => {
+                if let Some(d) = current.as_ref().and_then(|p| p.deadline.as_ref()) {
+                    say(&format!("\x1b7\r{}\x1b8", countdown(d, super::run::now_ms())));
+                }
             }
             line = lines.next(), if current.is_some() => {
                 let Some(p) = current.take() else { continue };
@@ -213,8 +233,9 @@ pub(super) async fn serve(
 }
 
 /// Puts the call in front of the reviewer: its showing is journaled (its deadline, if the
-/// policy sets one, starts now) and its card drawn: what the page's card shows.
-async fn present(handle: &RunHandle, p: &Pending, cards: &Cards) {
+/// policy sets one, starts now) and its card drawn: what the page's card shows, rebuilt from the
+/// run's record and its live journal (the same description the page reads; no store needed).
+async fn present(handle: &RunHandle, p: &mut Pending, record: &Arc<crate::store::RunRecord>) {
     let shown = Op::Shown {
         call: p.id,
         presentation: p.presentation,
@@ -227,40 +248,61 @@ async fn present(handle: &RunHandle, p: &Pending, cards: &Cards) {
     } else {
         ""
     };
-    let card = match cards {
-        Some((store, id)) => {
-            let (store, id, call) = (store.clone(), id.clone(), p.id.0);
-            tokio::task::spawn_blocking(move || card_of(&*store, &id, call))
-                .await
-                .ok()
-                .flatten()
-        }
-        None => None,
-    };
+    let (record, journal, call) = (record.clone(), handle.journal(), p.id.0);
+    let card = tokio::task::spawn_blocking(move || card_of(&record, &journal, call))
+        .await
+        .ok()
+        .flatten();
+    let now = super::run::now_ms();
+    let text = card.as_ref().map(|a| super::card::lines(a, now));
+    p.deadline = card.and_then(|a| {
+        let at = a.deadline_at?;
+        let default = a.default_decision.as_str().unwrap_or("reject").to_string();
+        let width = at.saturating_sub(now).div_ceil(1000).to_string().len();
+        Some(Deadline { at, default, width })
+    });
     say(&format!(
         "\r\x1b[2K\n  {} {} {}{flag}\n{}",
         p.id,
         p.call.tool,
         compact(&p.call.params, 120),
-        card.unwrap_or_default()
+        text.unwrap_or_default()
     ));
 }
 
-/// The card of call `call` of run `id`, from the run's record and journal in `store`.
-fn card_of(store: &dyn crate::store::RunStore, id: &str, call: u64) -> Option<String> {
-    let stored = store.load(id).ok()?;
-    let rb = crate::runs::rebuild(&stored.record, &stored.journal).ok()?;
-    let view = crate::runs::describe_view(id, &rb, stored.journal.len(), None, true);
-    let a = view.awaiting.iter().find(|a| a.call_id == call)?;
-    Some(super::card::lines(a, super::run::now_ms()))
+/// The card of call `call` of the run `record` describes, after `journal`.
+fn card_of(
+    record: &crate::store::RunRecord,
+    journal: &[crate::machine::JournalEntry],
+    call: u64,
+) -> Option<crate::runs::AwaitingCall> {
+    let rb = crate::runs::rebuild(record, journal).ok()?;
+    let view = crate::runs::describe_view(&record.id, &rb, journal.len(), None, true);
+    view.awaiting.into_iter().find(|a| a.call_id == call)
+}
+
+/// The line the answer is typed on while a deadline runs: `  approve in 12 s > `, the seconds
+/// padded to the width first drawn so that a redraw (from the line's start, the cursor kept
+/// where the reviewer types) covers the last one.
+fn countdown(d: &Deadline, now: u64) -> String {
+    let s = d.at.saturating_sub(now).div_ceil(1000);
+    format!("  {} in {s:>w$} s > ", d.default, w = d.width)
 }
 
 fn prompt(p: &Pending) {
     let done = if p.interrupted { " [m]ark done" } else { "" };
-    say(&format!(
-        "  [a]pprove [A]pprove all {} [e]dit [r]eject [s]end back{done} [d]etach [?]show > ",
+    let answers = format!(
+        "  [a]pprove [A]pprove all {} [e]dit [r]eject [s]end back{done} [d]etach [?]show",
         p.call.tool
-    ));
+    );
+    // With a deadline the answer is typed on a line of its own that counts down.
+    match &p.deadline {
+        Some(d) => say(&format!(
+            "{answers}\n{}",
+            countdown(d, super::run::now_ms())
+        )),
+        None => say(&format!("{answers} > ")),
+    }
 }
 
 fn words(d: &Decision) -> String {

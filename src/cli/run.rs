@@ -313,6 +313,8 @@ pub(super) async fn run(
     };
     let id = prepared.run_id().to_string();
     let asks = prepared.who_asks().is_some() || resumed_asks;
+    // What the terminal's card of a call is rebuilt from (with the live journal): no store needed.
+    let record = prepared.record(&def);
     if let Some(s) = &store {
         if display.json_only {
             errln!("{}", json!({"run_id": id}));
@@ -366,10 +368,8 @@ pub(super) async fn run(
         })
     });
     let screen = Arc::new(review::Screen::default());
-    let reviewer = (interactive && decisions.is_none() && asks).then(|| {
-        let cards = store.as_ref().map(|s| (s.shared(), id.clone()));
-        tokio::spawn(review::serve(handle.clone(), tools, screen.clone(), cards))
-    });
+    let reviewer = (interactive && decisions.is_none() && asks)
+        .then(|| tokio::spawn(review::serve(handle.clone(), tools, screen.clone(), record)));
     let progress = (!display.json_only && !display.quiet).then(|| {
         tokio::spawn(progress::show(
             handle.subscribe_from(0),

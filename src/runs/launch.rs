@@ -302,6 +302,18 @@ impl Prepared {
         self.agent.who_asks()
     }
 
+    /// The run's record as a store would hold it (`def` is the definition it was prepared
+    /// from): what a view of the live run is rebuilt from, with or without a store.
+    pub fn record(&self, def: &RunDef) -> RunRecord {
+        RunRecord {
+            id: self.run_id().to_string(),
+            created_at: now_ms(),
+            goal: serde_json::to_value(def.goal()).unwrap_or(Value::Null),
+            base_dir: absolute_dir(&def.goal().base_dir).display().to_string(),
+            options: recorded(&self.options),
+        }
+    }
+
     /// Starts (or continues) the run; decisions recorded while no process ran it apply first.
     pub async fn start(self) -> Result<Launched, RunsError> {
         let resumed = self.journal.is_some();
