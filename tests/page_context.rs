@@ -381,3 +381,95 @@ async fn next_waiting_call_opens_the_oldest_waiting_call_of_any_run() {
     .await;
     serve::refused((status, v), 400, "http.bad_body");
 }
+
+/// The list's "failed" filter is the API's: every ending but success (a model that never gave
+/// a valid output, a cancelled run), and nothing else (a run that succeeded, one that waits).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_failed_filter_lists_exactly_the_failed_runs() {
+    let Some(session) = browser::session().await else {
+        return;
+    };
+    let c = &session.c;
+    let dir = tempfile::tempdir().expect("tmp");
+    let store = dir.path().join("runs.db");
+    let (url, _counts) = serve::counting_service().await;
+    let server = serve::Server::start(&store, None);
+    let succeeded = serve::create(&server, &serve::goal(dir.path(), &url, "auto")).await;
+    serve::until(&server, &succeeded, |v| v["status"] == "succeeded").await;
+    let waiting = serve::create(&server, &serve::goal(dir.path(), &url, "ask")).await;
+    serve::until(&server, &waiting, |v| serve::awaiting(v).len() == 2).await;
+    // A script whose only output breaks the schema: the run ends `model_error`.
+    let bad_script = dir.path().join("bad.script.json");
+    std::fs::write(
+        &bad_script,
+        json!({"turns": [{"solution": {"calls": [], "output": {"answer": "forty-two"}}}]})
+            .to_string(),
+    )
+    .expect("script");
+    let model_error = serve::create(
+        &server,
+        &json!({"goal": "Answer with a number.",
+            "model": format!("scripted:{}", bad_script.display()),
+            "output_schema": {"type": "object", "required": ["answer"],
+                              "properties": {"answer": {"type": "integer"}}},
+            "tools": []}),
+    )
+    .await;
+    serve::until(&server, &model_error, |v| v["status"] == "model_error").await;
+    let cancelled = serve::create(&server, &serve::goal(dir.path(), &url, "ask")).await;
+    serve::until(&server, &cancelled, |v| serve::awaiting(v).len() == 2).await;
+    let (status, v) = serve::send(
+        serve::client()
+            .post(server.url(&format!("/runs/{cancelled}/cancel")))
+            .json(&json!({"reason": "not today"})),
+    )
+    .await;
+    assert_eq!(status, 200, "{v}");
+    serve::until(&server, &cancelled, |v| v["status"] == "cancelled").await;
+    let mut failed = vec![model_error.clone(), cancelled.clone()];
+    failed.sort();
+    // The API's answer to the same filter.
+    let (status, listed) =
+        serve::send(serve::client().get(server.url("/runs?status=failed"))).await;
+    assert_eq!(status, 200, "{listed}");
+    let mut api: Vec<String> = listed
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|r| r["id"].as_str().map(String::from))
+        .collect();
+    api.sort();
+    assert_eq!(api, failed);
+
+    browser::open_page_at_run(c, &server.base, None, &waiting).await;
+    browser::until(
+        c,
+        "four runs listed",
+        "return document.querySelectorAll('#runs li').length === 4",
+    )
+    .await;
+    browser::eval(
+        c,
+        "const s = document.querySelector('#runs-status'); s.value = 'failed';
+         s.dispatchEvent(new Event('change'));",
+    )
+    .await;
+    let shown = browser::until(
+        c,
+        "the failed runs",
+        "const li = [...document.querySelectorAll('#runs li')];
+         return li.length === 2 && !li.some(l => l.dataset.status === 'waiting')
+             ? li.map(l => [l.dataset.runId, l.querySelector('.badge').textContent]) : null;",
+    )
+    .await;
+    let mut shown: Vec<(String, String)> =
+        serde_json::from_value(shown).expect("pairs of id and badge");
+    shown.sort();
+    let mut want = vec![
+        (model_error.clone(), "model_error".to_string()),
+        (cancelled.clone(), "cancelled".to_string()),
+    ];
+    want.sort();
+    assert_eq!(shown, want);
+    browser::no_errors(c).await;
+}

@@ -52,12 +52,15 @@ fn presents_on_resume(stored: &crate::store::StoredRun, queued: Vec<crate::proto
         return false;
     };
     let now = now_ms();
+    // In the order a resume applies them: the run resumes (calls cut off mid-call go back
+    // through the gate), then the queued decisions apply (a call they approve is dispatched,
+    // not cut off).
+    machine.handle(crate::machine::RunInput::Resumed, now);
     for op in queued {
         if let Ok(op) = machine.bind_op(op) {
             machine.handle(crate::machine::RunInput::from_op(op), now);
         }
     }
-    machine.handle(crate::machine::RunInput::Resumed, now);
     !machine.awaiting().is_empty()
 }
 

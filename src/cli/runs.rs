@@ -43,6 +43,7 @@ pub(super) fn list(
         // The name this list used before `awaiting`.
         v["waiting_approvals"] = json!(r.awaiting);
         v["age_s"] = json!(now.saturating_sub(r.updated_at) / 1000);
+        v["step"] = json!(step_of(store, &r.id));
         out.push(v);
     }
     if json_out {
@@ -52,18 +53,19 @@ pub(super) fn list(
     } else {
         // Each column as wide as its widest cell (a JSON value is printed through `as_*`: its
         // own Display ignores widths).
-        let rows: Vec<[String; 4]> = out
+        let rows: Vec<[String; 5]> = out
             .iter()
             .map(|v| {
                 [
                     v["id"].as_str().unwrap_or("").to_string(),
                     v["status"].as_str().unwrap_or("").to_string(),
+                    v["step"].as_u64().map_or_else(|| "-".into(), |s| s.to_string()),
                     age(v["age_s"].as_u64().unwrap_or(0)),
                     v["awaiting"].as_u64().unwrap_or(0).to_string(),
                 ]
             })
             .collect();
-        let head = ["RUN", "STATUS", "AGE", "WAITING"];
+        let head = ["RUN", "STATUS", "STEP", "AGE", "WAITING"];
         let width = |i: usize| {
             rows.iter()
                 .map(|r| r[i].chars().count())
@@ -71,21 +73,23 @@ pub(super) fn list(
                 .max()
                 .unwrap_or(0)
         };
-        let (w0, w1, w2, w3) = (width(0), width(1), width(2), width(3));
+        let (w0, w1, w2, w3, w4) = (width(0), width(1), width(2), width(3), width(4));
         outln!(
-            "{:<w0$}  {:<w1$}  {:>w2$}  {:>w3$}  TITLE",
+            "{:<w0$}  {:<w1$}  {:>w2$}  {:>w3$}  {:>w4$}  TITLE",
             head[0],
             head[1],
             head[2],
-            head[3]
+            head[3],
+            head[4]
         );
         for (r, v) in rows.iter().zip(&out) {
             outln!(
-                "{:<w0$}  {:<w1$}  {:>w2$}  {:>w3$}  {}",
+                "{:<w0$}  {:<w1$}  {:>w2$}  {:>w3$}  {:>w4$}  {}",
                 r[0],
                 r[1],
                 r[2],
                 r[3],
+                r[4],
                 v["title"].as_str().unwrap_or(""),
             );
         }
@@ -98,6 +102,26 @@ pub(super) fn list(
         );
     }
     Ok(0)
+}
+
+/// The step a run is at: the model requests it made (its result's `steps` once it finished;
+/// before, the turns of its own agent its journal closed); None when the run cannot be read.
+fn step_of(store: &Store, id: &str) -> Option<u32> {
+    let stored = store.load(id).ok()?;
+    if let Some(r) = &stored.result {
+        return Some(r.steps);
+    }
+    let closed = stored
+        .journal
+        .iter()
+        .filter(|e| {
+            matches!(
+                &e.input,
+                crate::machine::RunInput::StreamClosed { frame: None, .. }
+            )
+        })
+        .count();
+    Some(u32::try_from(closed).unwrap_or(u32::MAX))
 }
 
 fn age(s: u64) -> String {
