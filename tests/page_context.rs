@@ -383,7 +383,8 @@ async fn next_waiting_call_opens_the_oldest_waiting_call_of_any_run() {
 }
 
 /// The list's "failed" filter is the API's: every ending but success (a model that never gave
-/// a valid output, a cancelled run), and nothing else (a run that succeeded, one that waits).
+/// a valid output, a cancelled run), and nothing else (a run that succeeded, one that waits);
+/// a failed run's error is shown in words (docs/img/page-failed-filter.png).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_failed_filter_lists_exactly_the_failed_runs() {
     let Some(session) = browser::session().await else {
@@ -471,5 +472,34 @@ async fn the_failed_filter_lists_exactly_the_failed_runs() {
     ];
     want.sort();
     assert_eq!(shown, want);
+    // Why it failed, in words: the message, then its cause with the output's schema errors.
+    browser::click(c, &format!("#runs li[data-run-id=\"{model_error}\"]")).await;
+    let words = browser::until(
+        c,
+        "the error in words",
+        "const e = document.querySelector('#run-error');
+         return e && !e.hidden && e.querySelector('.error-words') ? {
+             lead: e.querySelector('.error-words').textContent,
+             cause: [...e.querySelectorAll('.error-cause')].map(p => p.textContent),
+             output: [...e.querySelectorAll('.output-errors li')].map(li => li.textContent)} : null;",
+    )
+    .await;
+    let lead = words["lead"].as_str().unwrap_or("");
+    assert!(
+        lead.starts_with("the model failed") && lead.ends_with("run.model_error"),
+        "{words}"
+    );
+    assert!(
+        words["cause"][0]
+            .as_str()
+            .is_some_and(|c| c.starts_with("because: ") && c.ends_with("llm.script_exhausted")),
+        "{words}"
+    );
+    assert_eq!(
+        words["output"],
+        json!(["at /answer: \"forty-two\" is not of type \"integer\""]),
+        "{words}"
+    );
+    browser::save_screenshot(c, "page-failed-filter.png").await;
     browser::no_errors(c).await;
 }

@@ -337,13 +337,36 @@ function render(run) {
   $("#state").textContent = run.state === null || run.state === undefined ? "—" : pretty(run.state);
   $("#state").classList.toggle("empty", run.state === null || run.state === undefined);
   renderUsage(run.usage);
-  const err = $("#run-error");
-  err.hidden = !run.error;
-  err.textContent = run.error ? pretty(run.error) : "";
+  renderError(run.error);
   if (finished(run)) {
     if (page.es) closeStream();
     setConn("finished");
   }
+}
+
+// Why a run failed, in words: its message and code, then each cause's (with the output errors
+// of a model that never gave a valid output), and the whole error as JSON below.
+function renderError(error) {
+  const box = $("#run-error");
+  box.hidden = !error;
+  if (!error) {
+    box.replaceChildren();
+    return;
+  }
+  const line = (e, lead) => el("p", { class: lead ? "error-words" : "error-cause" },
+    lead ? null : "because: ", el("strong", { text: e.message || "(no message)" }),
+    e.code ? " " : null, e.code ? el("code", { text: e.code }) : null);
+  const parts = [line(error, true)];
+  for (let c = error.cause, depth = 0; c && typeof c === "object" && depth < 8; c = c.cause, depth++) {
+    parts.push(line(c, false));
+    if (Array.isArray(c.output_errors) && c.output_errors.length) {
+      parts.push(el("ul", { class: "output-errors" },
+        ...c.output_errors.map((o) => el("li", { text: typeof o === "string" ? o : JSON.stringify(o) }))));
+    }
+  }
+  parts.push(el("details", {}, el("summary", { text: "the error as JSON" }),
+    el("pre", { class: "json error", text: pretty(error) })));
+  box.replaceChildren(...parts);
 }
 
 // Tokens used, and the same figures for each model when more than one answered (fallback
