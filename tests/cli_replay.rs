@@ -235,6 +235,13 @@ async fn export(db: &Path, run: &str, cas: &Path) -> Value {
     .await;
     assert_eq!(code, 0, "{r:#}");
     assert_eq!(r["status"], "exported", "{r:#}");
+    // The documented form (docs/goal-files.md#cassettes): `result` or `error`, no Rust enum
+    // names (`{"result": {"Ok": ...}}` was the form before).
+    let tools = std::fs::read_to_string(cas.join("tools.json")).expect("tools.json");
+    assert!(
+        !tools.contains("\"Ok\"") && !tools.contains("\"Err\""),
+        "Rust enum names in the cassette: {tools}"
+    );
     serde_json::from_str(&std::fs::read_to_string(cas.join("model.json")).expect("model.json"))
         .expect("model.json is JSON")
 }
