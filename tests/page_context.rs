@@ -1,7 +1,7 @@
 //! The reviewer page gives the context to decide and the tools to move on (issue 48, item 5),
 //! in headless Chromium against `dagloop serve` on 127.0.0.1: the run's goal, its input and
 //! its submitter beside the cards; a waiting run's duration that goes on counting; run titles
-//! with their submitter and duration; the calls drawn as a graph with one edge per dependency,
+//! with their input, submitter and duration; the calls drawn as a graph with one edge per dependency,
 //! live; an edit's inline schema errors that go once its text changes, the card's action that
 //! follows the edit being typed (`POST .../preview`), and the edited call's
 //! "what was presented → what ran" in values, not references; the audit as a tab with ISO times
@@ -125,6 +125,14 @@ async fn the_page_shows_the_goal_the_graph_of_dependencies_and_the_audit_with_th
     .await;
     let meta = meta.as_str().unwrap_or("");
     assert!(meta.contains(&format!("by {submitter}")), "{meta}");
+    assert!(
+        meta.starts_with("input {\"city\":\"Lyon\",\"stops\":4}"),
+        "the input tells runs of one goal apart: {meta}"
+    );
+    assert_eq!(
+        listed[0]["input"], "{\"city\":\"Lyon\",\"stops\":4}",
+        "GET /runs: {listed}"
+    );
     assert!(meta.contains("started "), "{meta}");
 
     // One edge per dependency: the third call reads the first (twice) and the second; the
@@ -429,17 +437,25 @@ async fn the_failed_filter_lists_exactly_the_failed_runs() {
     serve::until(&server, &cancelled, |v| v["status"] == "cancelled").await;
     let mut failed = vec![model_error.clone(), cancelled.clone()];
     failed.sort();
-    // The API's answer to the same filter.
-    let (status, listed) =
-        serve::send(serve::client().get(server.url("/runs?status=failed"))).await;
-    assert_eq!(status, 200, "{listed}");
-    let mut api: Vec<String> = listed
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|r| r["id"].as_str().map(String::from))
-        .collect();
-    api.sort();
+    // The API's answer to the same filter (the runs' rows are written as they finish: bounded
+    // polling).
+    let mut api = Vec::new();
+    for _ in 0..200 {
+        let (status, listed) =
+            serve::send(serve::client().get(server.url("/runs?status=failed"))).await;
+        assert_eq!(status, 200, "{listed}");
+        api = listed
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|r| r["id"].as_str().map(String::from))
+            .collect();
+        api.sort();
+        if api == failed {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+    }
     assert_eq!(api, failed);
 
     browser::open_page_at_run(c, &server.base, None, &waiting).await;

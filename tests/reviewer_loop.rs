@@ -12,6 +12,8 @@
 mod bin;
 #[path = "common/browser.rs"]
 mod browser;
+#[path = "common/desk.rs"]
+mod desk;
 #[path = "common/e2e.rs"]
 mod harness;
 #[path = "common/serve.rs"]
@@ -24,12 +26,18 @@ use serde_json::{Value, json};
 /// `dagloop run goal.json --approve ask --detach` in `dir` on `store`: the run id and the calls
 /// awaiting a decision.
 fn detached_run(dir: &Path, store: &Path, url: &str) -> (String, Vec<Value>) {
+    detached_run_with(dir, store, url, &[])
+}
+
+/// [`detached_run`] with `global` options before `run` (`--config FILE`).
+fn detached_run_with(dir: &Path, store: &Path, url: &str, global: &[&str]) -> (String, Vec<Value>) {
     let goal = serve::goal(dir, url, "ask");
     std::fs::write(dir.join("goal.json"), goal.to_string()).expect("goal");
     let out = bin::dagloop()
         .current_dir(dir)
         .arg("--store")
         .arg(store)
+        .args(global)
         .args(["run", "goal.json", "--detach", "--json"])
         .output()
         .expect("run");
@@ -145,14 +153,30 @@ async fn the_notification_link_opens_the_call_and_a_decision_on_the_page_finishe
     let dir = tempfile::tempdir().expect("tmp");
     let store = dir.path().join("runs.db");
     let (url, counts) = serve::counting_service().await;
-    let (id, awaiting) = detached_run(dir.path(), &store, &url);
     let server = serve::Server::start(&store, None);
+    // The operator's config names a webhook, and the server's page for its links.
+    let hook = desk::receiver(0).await;
+    let mut config: Value =
+        serde_json::from_str(&std::fs::read_to_string(bin::open_config()).expect("config"))
+            .expect("json");
+    config["notify"] = json!({"webhook": {"url": hook.url, "backoff_ms": 50,
+        "page_url": server.base}});
+    let config_path = dir.path().join("config.json");
+    std::fs::write(&config_path, config.to_string()).expect("config");
+    let config_arg = config_path.display().to_string();
+    let (id, awaiting) =
+        detached_run_with(dir.path(), &store, &url, &["--config", config_arg.as_str()]);
     let second = call_with_n(&awaiting, 2);
 
-    // What the webhook sends (`src/notify.rs`): the page's address, the run and the call.
-    c.goto(&server.url(&format!("/?run={id}&call={second}")))
-        .await
-        .expect("open the link");
+    // The link the webhook got for the second call (delivered before `run` exited).
+    let got = hook.got.lock().expect("got").clone();
+    let link = got
+        .iter()
+        .find(|(_, b)| b["run_id"] == id.as_str() && b["call_id"] == second)
+        .and_then(|(_, b)| b["link"].as_str().map(String::from))
+        .unwrap_or_else(|| panic!("no link for call {second}: {got:?}"));
+    assert_eq!(link, server.url(&format!("/?run={id}&call={second}")));
+    c.goto(&link).await.expect("open the link");
     browser::until(
         c,
         "the linked run selected",

@@ -59,7 +59,9 @@ pub(super) fn list(
                 [
                     v["id"].as_str().unwrap_or("").to_string(),
                     v["status"].as_str().unwrap_or("").to_string(),
-                    v["step"].as_u64().map_or_else(|| "-".into(), |s| s.to_string()),
+                    v["step"]
+                        .as_u64()
+                        .map_or_else(|| "-".into(), |s| s.to_string()),
                     age(v["age_s"].as_u64().unwrap_or(0)),
                     v["awaiting"].as_u64().unwrap_or(0).to_string(),
                 ]

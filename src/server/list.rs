@@ -131,6 +131,7 @@ async fn temporal_list(
                     submitted_by: v.submitted_by,
                     owner: None,
                     wake_at: None,
+                    input: None,
                 },
             }
         })

@@ -23,8 +23,8 @@ mod sqlite;
 pub use owner::OwnerProcess;
 
 pub use query::{
-    Cursor, DEFAULT_LIMIT, MAX_LIMIT, QueryError, RunPage, RunQuery, RunSummary, STATUSES,
-    TITLE_CHARS, derive_status, status_matches, title_of,
+    Cursor, DEFAULT_LIMIT, INPUT_SUMMARY_CHARS, MAX_LIMIT, QueryError, RunPage, RunQuery,
+    RunSummary, STATUSES, TITLE_CHARS, derive_status, input_summary, status_matches, title_of,
 };
 
 use serde::{Deserialize, Serialize};

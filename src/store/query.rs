@@ -235,6 +235,29 @@ pub struct RunSummary {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[cfg_attr(feature = "server", schema(value_type = Option<u64>))]
     pub wake_at: Option<Millis>,
+    /// The goal's input in one line (compact JSON, cut at [`INPUT_SUMMARY_CHARS`]): what tells
+    /// runs of one goal apart. Absent when the goal has none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input: Option<String>,
+}
+
+/// How much of a run's input [`RunSummary::input`] keeps.
+pub const INPUT_SUMMARY_CHARS: usize = 120;
+
+/// A run's input (`$.goal.input` of its record, as SQLite's `json_extract` gives it: JSON text
+/// for an object or array, the bare value for a scalar) in one line of at most
+/// [`INPUT_SUMMARY_CHARS`] characters.
+pub fn input_summary(raw: &str) -> String {
+    let flat: String = raw
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect();
+    if flat.chars().count() > INPUT_SUMMARY_CHARS {
+        let cut: String = flat.chars().take(INPUT_SUMMARY_CHARS - 1).collect();
+        format!("{cut}…")
+    } else {
+        flat
+    }
 }
 
 impl RunSummary {

@@ -72,9 +72,11 @@ function listedDuration(r) {
   return typeof r.created_at === "number" && typeof end === "number" ? Math.max(end - r.created_at, 0) : null;
 }
 
-// What tells runs of one goal apart: who submitted it, how long it has lasted, when it began.
+// What tells runs of one goal apart: its input, who submitted it, how long it has lasted, when
+// it began.
 function runMeta(r) {
   const parts = [];
+  if (typeof r.input === "string" && r.input) parts.push("input " + r.input);
   if (r.submitted_by) parts.push("by " + r.submitted_by);
   const d = listedDuration(r);
   if (d !== null) parts.push(fmtMs(d));

@@ -120,11 +120,32 @@ impl SqliteStore {
                     submitted_by: r.get(7)?,
                     owner: r.get(8)?,
                     wake_at: r.get::<_, Option<i64>>(9)?.map(|w| w.max(0) as u64),
+                    input: None,
                 })
             })
             .map_err(io)?
             .collect::<Result<_, _>>()
             .map_err(io)?;
+        // The inputs of this page's runs only (one lookup each: the list's index holds no input).
+        let mut input = c
+            .prepare("SELECT json_extract(record, '$.goal.input') FROM runs WHERE id = ?1")
+            .map_err(io)?;
+        for run in &mut runs {
+            let raw: Option<String> = input
+                .query_row([&run.id], |r| {
+                    Ok(match r.get_ref(0)? {
+                        rusqlite::types::ValueRef::Null => None,
+                        rusqlite::types::ValueRef::Text(t) => {
+                            Some(String::from_utf8_lossy(t).into_owned())
+                        }
+                        rusqlite::types::ValueRef::Integer(i) => Some(i.to_string()),
+                        rusqlite::types::ValueRef::Real(f) => Some(f.to_string()),
+                        rusqlite::types::ValueRef::Blob(_) => None,
+                    })
+                })
+                .map_err(io)?;
+            run.input = raw.as_deref().map(crate::store::input_summary);
+        }
         let next = if runs.len() > limit {
             runs.truncate(limit);
             runs.last().map(RunSummary::cursor)
