@@ -328,14 +328,13 @@ async fn without_a_store_the_prompt_shows_the_card_and_counts_down() {
             .exp_regex(r"deadline: reject at \d\d:\d\d:\d\d UTC \(in 5 s\) unless you decide")
             .expect("the card's deadline")
             .0;
-        let mut left = Vec::new();
         // Drawn with the answers, then redrawn in place (from the line's start) each second.
-        left.push(p.exp_regex(r"reject in \d s > ").expect("the countdown").1);
-        left.push(
-            p.exp_regex(r"\r  reject in \d s > ")
-                .expect("the countdown redrawn")
-                .1,
-        );
+        let drawn = p.exp_regex(r"reject in \d s > ").expect("the countdown").1;
+        let redrawn = p
+            .exp_regex(r"\r  reject in \d s > ")
+            .expect("the countdown redrawn")
+            .1;
+        let left = [drawn, redrawn];
         p.send_line("a").expect("send");
         p.exp_regex(r"reject in \d s > ")
             .expect("the second call's countdown");

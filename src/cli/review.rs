@@ -2,9 +2,9 @@
 //! `approval_requested` events and a producer of `Decide` ops.
 //!
 //! One call is prompted at a time: a line with its id, tool, resolved params (compact) and,
-//! when it had started before a restart, that it was interrupted, then its card. Answers: `a` approve, `A`
-//! approve every call of this tool for the rest of the run (a journaled grant, revocable through
-//! the API), `s` send it back to the model with feedback (it is told to do it differently, not
+//! when it had started before a restart, that it was interrupted, then its card. Answers: `a`
+//! approve, `A` approve every call of this tool for the rest of the run (a journaled grant,
+//! revocable through the API), `s` send it back to the model with feedback (it is told to do it differently, not
 //! vetoed), `d` leave it waiting and detach the run (decide later on the page or with
 //! `dagloop decide`, continue with `dagloop resume`), `e` edit the params in `$EDITOR` (run on the terminal, `/dev/tty`, never on stdout,
 //! which may be the run's result redirected to a file; checked against the tool's schema, the changes
