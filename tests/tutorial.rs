@@ -161,6 +161,13 @@ fn every_block_of_the_tutorial_runs_as_written() {
         result["state"]["report"]["json"]["paris"], 14.2,
         "{result:#}"
     );
+    // The exported run, run again from its cassette alone.
+    let rerun: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(dir.path().join("rerun.json")).expect("rerun.json"),
+    )
+    .expect("the rerun's result is JSON");
+    assert_eq!(rerun["status"], "succeeded", "{rerun:#}");
+    assert_eq!(rerun["output"], result["output"], "{rerun:#}");
     // `dagloop init` wrote the very files the tutorial shows.
     for name in init_files {
         assert_eq!(
