@@ -69,38 +69,37 @@ impl Default for DefRecord {
 
 impl RunRecord {
     /// The record of a new run of `goal` with `options`, under `id`, created now (what
-    /// `temporal::RunSpec::new` is).
+    /// `temporal::RunSpec::new` is), for a library caller starting a Temporal run itself.
+    #[cfg(any(feature = "temporal", feature = "test-util"))]
     pub fn new(id: impl Into<String>, goal: &Goal, options: RunOptions) -> RunRecord {
-        RunRecord {
-            id: id.into(),
-            created_at: super::now_ms(),
-            goal: serde_json::to_value(goal).unwrap_or(serde_json::Value::Null),
-            base_dir: goal.base_dir.display().to_string(),
-            options: serde_json::to_value(&options).unwrap_or(serde_json::Value::Null),
-        }
+        RunRecord::of(id.into(), goal, &options)
     }
 
     /// The record of a defined run (its goal with delegate goals by content, its options),
     /// under `id`, for a Temporal workflow: workers define the run again from it for every
     /// activity (their goal lists the MCP tools apart), so the digests of the goal as the
     /// starting process saw it are not kept.
-    pub fn of_def(id: impl Into<String>, def: &RunDef) -> RunRecord {
+    #[cfg(feature = "temporal")]
+    pub(crate) fn of_def(id: impl Into<String>, def: &RunDef) -> RunRecord {
         let mut options = def.options().clone();
         options.definition.clear();
-        RunRecord::new(id, def.goal(), options)
+        RunRecord::of(id.into(), def.goal(), &options)
     }
 
-    /// The goal again (placeholders by name: [`Goal::from_record`]).
-    pub fn goal(&self) -> Result<Goal, crate::goal::GoalError> {
-        Goal::from_record(
-            &self.goal,
-            FsPath::new(&self.id),
-            PathBuf::from(&self.base_dir),
-        )
+    #[cfg(any(feature = "temporal", feature = "test-util"))]
+    fn of(id: String, goal: &Goal, options: &RunOptions) -> RunRecord {
+        RunRecord {
+            id,
+            created_at: super::now_ms(),
+            goal: serde_json::to_value(goal).unwrap_or(serde_json::Value::Null),
+            base_dir: goal.base_dir.display().to_string(),
+            options: serde_json::to_value(options).unwrap_or(serde_json::Value::Null),
+        }
     }
 
     /// The options again, typed.
-    pub fn run_options(&self) -> Result<RunOptions, RunsError> {
+    #[cfg(feature = "temporal")]
+    pub(crate) fn run_options(&self) -> Result<RunOptions, RunsError> {
         RunOptions::from_stored(&self.options)
     }
 }

@@ -26,9 +26,6 @@ mod client;
 mod perform;
 mod workflow;
 
-use serde::{Deserialize, Serialize};
-use serde_json::Value;
-
 pub use activities::DagloopActivities;
 pub use client::{Connection, WorkerOptions, replay, run_worker, run_worker_with};
 pub use workflow::{Described, EVENT_PAGE, EventPage, RunWorkflow, Snapshot, TurnItem};
