@@ -332,7 +332,7 @@ impl Config {
                 .collect(),
         };
         for k in &kinds {
-            if !(crate::tools::KINDS.contains(&k.as_str()) || k == crate::grants::MCP) {
+            if !(crate::protocol::KINDS.contains(&k.as_str()) || k == crate::grants::MCP) {
                 return Err(invalid(format!(
                     "grants.tools: unknown kind `{k}` (delegate, http, mcp, rust, shell)"
                 )));
@@ -354,9 +354,9 @@ impl Config {
                 if let Some(m) = v.as_object_mut() {
                     m.insert("name".into(), Value::String(name.clone()));
                 }
-                let s = crate::tools::mcp::McpServerConfig::from_value(v)
+                let s = crate::protocol::McpServerConfig::from_value(v)
                     .map_err(|e| invalid(format!("mcp_servers.{name}: {e}")))?;
-                if matches!(s, crate::tools::mcp::McpServerConfig::Named(_)) {
+                if matches!(s, crate::protocol::McpServerConfig::Named(_)) {
                     return Err(invalid(format!(
                         "mcp_servers.{name}: give a `command` (stdio) or a `url` (HTTP)"
                     )));
@@ -459,7 +459,7 @@ impl Config {
         }
         let mut kinds = BTreeMap::new();
         for (kind, d) in &a.kinds {
-            if !(crate::tools::KINDS.contains(&kind.as_str()) || kind == crate::grants::MCP) {
+            if !(crate::protocol::KINDS.contains(&kind.as_str()) || kind == crate::grants::MCP) {
                 return Err(format!(
                     "approval.kinds: unknown kind `{kind}` (delegate, http, mcp, rust, shell)"
                 ));

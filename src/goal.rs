@@ -12,7 +12,6 @@ use serde_json::Value;
 pub use crate::context::memory::{Chunk as MemoryChunk, MemorySource};
 pub use crate::duration::DurationError;
 use crate::protocol::{Call, Message, Tool};
-pub use crate::runs::memory::MemoryError;
 use crate::schema::published::Document;
 pub use crate::schema::{
     OutputValidator, ParamsValidator, SchemaError, Subject, ToolValidators, Violation,
@@ -274,7 +273,7 @@ pub struct Goal {
     pub mode: Option<crate::llm::Mode>,
     /// MCP servers whose tools join `tools` (see `tools::mcp`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub mcp_servers: Vec<crate::tools::mcp::McpServerConfig>,
+    pub mcp_servers: Vec<crate::protocol::McpServerConfig>,
     /// Approval policy; absent means run everything. Read once, here: the builder, the run's
     /// options and the command line take it typed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -469,7 +468,7 @@ impl Goal {
         if let Some(servers) = value.get("mcp_servers").and_then(Value::as_array) {
             let mut names = BTreeSet::new();
             for (i, s) in servers.iter().enumerate() {
-                let c = crate::tools::mcp::McpServerConfig::from_value(s.clone())
+                let c = crate::protocol::McpServerConfig::from_value(s.clone())
                     .map_err(|e| invalid(format!("mcp_servers[{i}]: {e}")))?;
                 if !names.insert(c.name().to_string()) {
                     return Err(invalid(format!(
@@ -591,7 +590,7 @@ impl Goal {
                 }
             }
             for (field, text) in fields {
-                for var in crate::tools::env_placeholders(text) {
+                for var in crate::protocol::env_placeholders(text) {
                     let at = format!("tools[{i}] ({})._http.{field}", t.name);
                     if !self.env.iter().any(|e| e == var) {
                         return Err(format!(
@@ -635,7 +634,7 @@ impl Goal {
     /// only by their loaders (the builder, the grants, `validate`) through this and
     /// [`Goal::load`]; the activity kinds never read goal files.
     pub fn delegate_file(&self, tool: &Tool) -> Option<PathBuf> {
-        if crate::tools::kind_of(tool) != Some("delegate") {
+        if crate::protocol::kind_of(tool) != Some("delegate") {
             return None;
         }
         match tool.schema.get("_delegate").and_then(Value::as_str) {

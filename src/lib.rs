@@ -92,5 +92,8 @@ pub use machine::{
     RunStatus, Timer, Usage,
 };
 pub use protocol::{Call, CallId, Decision, Event, EventKind, Op, OpError, Tool};
+/// Why a goal's memory folder could not be read (once `goal::MemoryError`; the goal no longer
+/// reaches up into `runs` for it).
+pub use runs::memory::MemoryError;
 pub use scheduler::{CallStatus, Outcome, OutcomeKind, Parsed};
 pub use tools::{Activity, ActivityError, Registry};

@@ -4,11 +4,16 @@
 //! `store`, `goal`). A run's machine is built from what a goal *says* (`machine::AgentSpec`),
 //! never from the goal file type.
 //!
+//! Nor do the modules import each other in a circle, even through others (a circle once ran
+//! `goal → tools → grants → goal`, through eight files and four layers), and the engine's files
+//! import each other without one (`builder ↔ loading` once did).
+//!
 //! The check reads the sources: every `crate::NAME` path and every `crate::{...}` group in a core
 //! module's files, test code and comments excepted (files named `tests.rs` or `*_tests.rs`,
 //! the part of a file from its `#[cfg(test)]` module on, and `//` lines: a doc link is no
 //! dependency).
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 const CORE: [&str; 9] = [
@@ -125,4 +130,185 @@ fn the_check_sees_paths_and_groups() {
     );
     assert!(reached("fn f() {}\n#[cfg(test)]\nmod tests { use crate::goal::Goal; }").is_empty());
     assert!(reached("/// Built like [`crate::goal::Goal`] says.\nfn f() {}").is_empty());
+}
+
+/// The crate's top-level modules: `src/NAME.rs` and `src/NAME/`, the crate root and `main.rs`
+/// left out.
+fn modules() -> Vec<String> {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut out = BTreeSet::new();
+    for e in std::fs::read_dir(&src).expect("src").flatten() {
+        let p = e.path();
+        let name = p
+            .file_stem()
+            .and_then(|s| s.to_str())
+            .unwrap_or("")
+            .to_string();
+        if p.is_dir()
+            || (p.extension().is_some_and(|x| x == "rs") && name != "lib" && name != "main")
+        {
+            out.insert(name);
+        }
+    }
+    out.into_iter().collect()
+}
+
+/// The non-test code of `file`, as [`reached`] reads it.
+fn code_of(file: &Path) -> String {
+    std::fs::read_to_string(file).expect("read a source")
+}
+
+/// A circle in `edges` (each name to the names it imports), as the names along it, first name
+/// repeated at the end; None when there is none. Deterministic: names in order.
+fn a_circle(edges: &BTreeMap<String, BTreeSet<String>>) -> Option<Vec<String>> {
+    fn visit(
+        n: &str,
+        edges: &BTreeMap<String, BTreeSet<String>>,
+        done: &mut BTreeSet<String>,
+        path: &mut Vec<String>,
+    ) -> Option<Vec<String>> {
+        if let Some(i) = path.iter().position(|p| p == n) {
+            let mut circle = path[i..].to_vec();
+            circle.push(n.to_string());
+            return Some(circle);
+        }
+        if done.contains(n) {
+            return None;
+        }
+        path.push(n.to_string());
+        for next in edges.get(n).into_iter().flatten() {
+            if let Some(c) = visit(next, edges, done, path) {
+                return Some(c);
+            }
+        }
+        path.pop();
+        done.insert(n.to_string());
+        None
+    }
+    let mut done = BTreeSet::new();
+    edges
+        .keys()
+        .find_map(|n| visit(n, edges, &mut done, &mut Vec::new()))
+}
+
+#[test]
+fn no_two_modules_import_each_other_even_through_others() {
+    let names = modules();
+    assert!(names.len() > 20, "found only {names:?}");
+    let mut edges: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for m in &names {
+        let mut to = BTreeSet::new();
+        for file in sources(m) {
+            if is_test_file(&file) {
+                continue;
+            }
+            for name in reached(&code_of(&file)) {
+                if &name != m && names.contains(&name) {
+                    to.insert(name);
+                }
+            }
+        }
+        edges.insert(m.clone(), to);
+    }
+    // The circle of issue 45 is gone for good: the goal reaches neither tools nor grants.
+    for above in ["tools", "grants", "runs"] {
+        assert!(!edges["goal"].contains(above), "goal imports {above} again");
+    }
+    if let Some(c) = a_circle(&edges) {
+        panic!("modules import each other in a circle: {}", c.join(" → "));
+    }
+}
+
+/// The files of one module a file reaches: `super::NAME` and `crate::MODULE::NAME` where
+/// `src/MODULE/NAME.rs` exists.
+fn siblings_reached(module: &str, text: &str) -> BTreeSet<String> {
+    let code = match text.find("#[cfg(test)]\nmod ") {
+        Some(i) => &text[..i],
+        None => text,
+    };
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("src")
+        .join(module);
+    let mut out = BTreeSet::new();
+    for line in code.lines().filter(|l| !l.trim_start().starts_with("//")) {
+        for prefix in ["super::".to_string(), format!("crate::{module}::")] {
+            let mut rest = line;
+            while let Some(i) = rest.find(&prefix) {
+                let after = &rest[i + prefix.len()..];
+                let name: String = after
+                    .chars()
+                    .take_while(|c| c.is_alphanumeric() || *c == '_')
+                    .collect();
+                if dir.join(format!("{name}.rs")).exists() {
+                    out.insert(name);
+                }
+                rest = after;
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn the_engines_files_import_each_other_without_a_circle() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/engine");
+    let mut edges: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for file in sources("engine") {
+        let name = file
+            .file_stem()
+            .and_then(|s| s.to_str())
+            .unwrap_or("")
+            .to_string();
+        if file.parent() != Some(dir.as_path()) || name == "mod" || is_test_file(&file) {
+            continue;
+        }
+        let mut to = siblings_reached("engine", &code_of(&file));
+        to.remove(&name);
+        edges.insert(name, to);
+    }
+    assert!(edges.contains_key("builder") && edges.contains_key("loading"));
+    assert!(
+        !edges["loading"].contains("builder"),
+        "engine/loading.rs imports engine/builder.rs again"
+    );
+    if let Some(c) = a_circle(&edges) {
+        panic!(
+            "the engine's files import each other in a circle: {}",
+            c.join(" → ")
+        );
+    }
+}
+
+/// The circle finder finds a circle through others, and none where there is none.
+#[test]
+fn the_circle_finder_sees_a_circle_through_others() {
+    let graph = |pairs: &[(&str, &str)]| {
+        let mut g: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+        for (a, b) in pairs {
+            g.entry(a.to_string()).or_default().insert(b.to_string());
+            g.entry(b.to_string()).or_default();
+        }
+        g
+    };
+    assert_eq!(
+        a_circle(&graph(&[
+            ("goal", "tools"),
+            ("tools", "grants"),
+            ("grants", "goal")
+        ])),
+        Some(vec![
+            "goal".into(),
+            "tools".into(),
+            "grants".into(),
+            "goal".into()
+        ])
+    );
+    assert_eq!(
+        a_circle(&graph(&[("a", "b"), ("a", "c"), ("b", "c")])),
+        None
+    );
+    assert_eq!(
+        siblings_reached("engine", "use super::loading::X;\n// super::builder\n"),
+        BTreeSet::from(["loading".to_string()])
+    );
 }

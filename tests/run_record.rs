@@ -575,3 +575,37 @@ async fn runs_with_different_approval_maps_share_the_operators_mcp_server() {
     }
     assert_eq!(everything_processes_under(server.child.id()), 1);
 }
+
+/// One record of a run: the store's row and Temporal's workflow input are one type
+/// (`temporal::RunSpec` is `store::RunRecord`). A workflow input written before the two merged
+/// (`run_id`, no `created_at`, typed options) loads as the record and defines the same run; the
+/// record reads back what it wrote.
+#[test]
+fn a_temporal_input_from_before_the_merge_loads_as_the_runs_record() {
+    let goal = json!({
+        "goal": "Say hi",
+        "model": "scripted:hi.json",
+        "env": ["SVC_URL"],
+        "output_schema": {"type": "object"},
+        "tools": [{"_tool": "step", "_activity": "http",
+                   "_http": {"method": "GET", "url": "${SVC_URL}/step"},
+                   "type": "object", "properties": {}}]
+    });
+    let old = json!({
+        "run_id": "run-old-1",
+        "goal": goal,
+        "base_dir": "/nowhere",
+        "options": {"approve": "auto"}
+    });
+    let record: dagloop::store::RunRecord =
+        serde_json::from_value(old).expect("an old Temporal input loads as the record");
+    assert_eq!(record.id, "run-old-1");
+    assert_eq!(record.created_at, 0);
+    let again: dagloop::store::RunRecord =
+        serde_json::from_value(serde_json::to_value(&record).expect("JSON")).expect("reads back");
+    assert_eq!(again, record);
+    // A reader defines the run from it alone, the variable unset.
+    let def = dagloop::runs::RunDef::from_record(&record).expect("defined");
+    let machine = def.machine(&record.id).expect("a machine");
+    assert!(machine.awaiting().is_empty());
+}

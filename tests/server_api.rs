@@ -335,6 +335,31 @@ async fn the_run_list_filters_pages_and_puts_waiting_runs_first() {
             code,
         );
     }
+    // Every status in the one list is a filter the API takes and the page offers: every
+    // ending included (`context_overflow` was once refused, missing from a hand-kept copy).
+    let page = client()
+        .get(s.url("/"))
+        .send()
+        .await
+        .expect("page")
+        .text()
+        .await
+        .expect("html");
+    assert!(
+        !page.contains("<!-- statuses"),
+        "the filter was not written"
+    );
+    for status in dagloop::store::STATUSES {
+        let (st, _, v) = list(&s, &format!("?status={status}")).await;
+        assert_eq!(st, 200, "{status}: {v}");
+        assert!(
+            page.contains(&format!("<option value=\"{status}\">")),
+            "the page's filter lacks {status}"
+        );
+    }
+    for ending in ["context_overflow", "setup_failed"] {
+        assert!(dagloop::store::STATUSES.contains(&ending), "{ending}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -924,3 +924,35 @@ async fn ctrl_c_cancels_the_workflow_and_the_run_ends_cancelled() {
     // Call 4 (after 2 and 3, which wait on call 1) never ran.
     assert!(!seen.lock().expect("seen").contains_key(&4));
 }
+
+/// A spec that makes no machine (here a goal that does not load) ends the workflow at once as
+/// a run of its own ending, `setup_failed`, whose cause is the goal's error: not a
+/// `model_error`, since no model was asked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_goal_that_does_not_load_ends_the_run_setup_failed() {
+    let Some(s) = server() else { return };
+    let conn = s.connect().await;
+    let w = WorkerProcess::start(bin::dagloop(), &s, "setup");
+    s.wait_for_pollers("setup", &[&w]);
+    let spec = RunSpec {
+        id: "setup-1".into(),
+        created_at: 0,
+        goal: json!({"goal": "x", "no_such_field": true}),
+        base_dir: ".".into(),
+        options: json!({}),
+    };
+    conn.start(spec, "setup").await.expect("start");
+    let r = tokio::time::timeout(Duration::from_secs(60), conn.result("setup-1"))
+        .await
+        .expect("ended")
+        .expect("result");
+    assert_eq!(r.status.as_str(), "setup_failed", "{r:?}");
+    let err = r.error.expect("an error");
+    assert_eq!(err.code, "run.setup_failed", "{err:?}");
+    assert_eq!(
+        err.cause.as_ref().and_then(|c| c["code"].as_str()),
+        Some("goal.invalid"),
+        "{err:?}"
+    );
+    assert_eq!(r.steps, 0);
+}

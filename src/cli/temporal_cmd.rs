@@ -102,7 +102,7 @@ mod on {
     ) -> Result<i32, CliError> {
         let conn = connect(t).await?;
         let snap = conn.snapshot(run).await.map_err(err)?;
-        let rb = crate::runs::rebuild(&snap.spec.record(), &snap.journal)
+        let rb = crate::runs::rebuild(&snap.spec, &snap.journal)
             .map_err(|e| CliError::new(e.code(), e))?;
         let op =
             crate::runs::grant_op(&rb.machine, req, by).map_err(|e| CliError::new(e.code(), e))?;

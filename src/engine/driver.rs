@@ -318,9 +318,9 @@ impl Driver {
             spans.flush();
         }
         drop(log);
-        for ((list, index), n) in self.machine.requests_answered() {
+        for ((list, index), r) in self.machine.requests() {
             if let Some(m) = self.models.get(list.as_deref()).models().get(index) {
-                m.resume_after(n);
+                m.resume_after(r.answered());
             }
         }
     }

@@ -32,7 +32,7 @@ pub use secrets::{SecretHostError, SecretHosts};
 
 use crate::goal::{DelegateGoals, Goal};
 #[cfg(feature = "mcp")]
-use crate::tools::mcp::McpServerConfig;
+use crate::protocol::McpServerConfig;
 
 /// What a grant may name besides the built-in activity kinds (`tools::KINDS`): `mcp`, the
 /// tools of MCP servers.
@@ -271,7 +271,7 @@ impl Grants {
         let mut g = Grants::open();
         if !allow_shell {
             g.kinds = Some(
-                crate::tools::KINDS
+                crate::protocol::KINDS
                     .iter()
                     .chain([&MCP])
                     .filter(|k| **k != "shell")
@@ -401,9 +401,9 @@ impl Grants {
         self.check_mcp(goal, at)?;
         for (i, t) in goal.tools.iter().enumerate() {
             let pointer = format!("{at}/tools/{i}");
-            let kind = crate::tools::kind_of(t);
+            let kind = crate::protocol::kind_of(t);
             // A kind dagloop does not define is the registry's to refuse (or a program's own).
-            let known = |k: &str| crate::tools::KINDS.contains(&k) || k == MCP;
+            let known = |k: &str| crate::protocol::KINDS.contains(&k) || k == MCP;
             if let Some(kind) = kind
                 && known(kind)
                 && !self.grants_kind(kind)

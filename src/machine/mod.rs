@@ -12,6 +12,25 @@
 //! [`RunMachine::check_op`] says whether an [`Op`] applies right now (rule 21) without changing
 //! anything; the engine journals only ops that apply.
 //!
+//! ## The call order a driver follows
+//!
+//! 1. Get the machine from the run's definition (`runs::RunDef::machine`, or `replay` for a
+//!    stored run; the engine's `MachineDef::machine`): nothing outside this module and the
+//!    core's tests builds one by hand.
+//! 2. [`RunMachine::handle`] `RunInput::Start`, then every input as it happens, each with the
+//!    time it happened, in the order the driver journals them (journal first, then hand it
+//!    over: a replay of the journal is the same calls in the same order). An op goes through
+//!    [`RunMachine::check_op`] first; only one that applies is journaled and handed over.
+//! 3. Perform the returned [`Action`]s in order (ask a model, launch or abort a call, publish
+//!    an event) before the next input.
+//! 4. Between inputs, wake at [`RunMachine::poll_timeout`] (the earliest timer due) and hand over
+//!    `RunInput::TimerFired` for each timer [`RunMachine::timers_by_due`] lists as due; one no
+//!    longer set is ignored, so a driver keeps no timer table. (`Action::SetTimer`/`ClearTimer`
+//!    say the same for a driver that arms one timer per setting, Temporal's; the embedded
+//!    engine ignores them.)
+//! 5. Stop after `Action::Finished`. Counting what a model answered is the machine's too
+//!    ([`RunMachine::requests`]).
+//!
 //! Deliberately not here: streaming from the model, running activities, sleeping, persisting or
 //! delivering events (the engine performs the actions), and the inner loop's rules (the
 //! scheduler's).
@@ -38,7 +57,7 @@ use std::sync::Arc;
 use serde_json::{Map, Value};
 
 pub use config::{AgentConfig, AgentSpec, CheckedLimits, ConfigError, MAX_SECONDS, checked_ms};
-pub use pending::ModelKey;
+pub use pending::{ModelKey, Requests};
 pub(crate) use reader::TurnReader;
 pub use replay::{Replayer, replay};
 pub use types::{
@@ -204,31 +223,24 @@ impl RunMachine {
         self.pending.timer_at(timer)
     }
 
-    /// How many requests each model (its agent's model list, the position in it) has answered
-    /// so far, retries, re-asks and fallbacks included: what a rebuilt run's models are told
-    /// they already answered, so that a scripted or replayed model goes on where it was. A turn
-    /// streaming now is not counted: it is asked again when the run is driven again.
-    pub fn requests_answered(&self) -> Vec<(pending::ModelKey, usize)> {
-        let mut counts = self.pending.requests().clone();
-        for (_, list, index) in self.streaming_frames() {
-            if let Some(n) = counts.get_mut(&(list, index)) {
-                *n = n.saturating_sub(1);
-            }
-        }
-        counts.into_iter().collect()
-    }
-
-    /// How many requests the run has made of the model list `list` (None: the run's own), all
-    /// its models together, retries, re-asks and fallbacks included, and the one just asked
-    /// too: what a driver that asks each turn of a fresh model (Temporal's turn activity) tells
-    /// it came before, less that one.
-    pub fn requests_made(&self, list: Option<&str>) -> usize {
-        self.pending
+    /// How many requests each model (its agent's model list, the position in it) has had, and
+    /// how many of them stream now ([`Requests`]): the one count a driver reads. The engine
+    /// tells a rebuilt run's models what they [answered](Requests::answered); Temporal's turn
+    /// activity, which asks each turn of a fresh model, sums what a list's models `made` (the
+    /// request being asked included).
+    pub fn requests(&self) -> Vec<(ModelKey, Requests)> {
+        let mut out: BTreeMap<ModelKey, Requests> = self
+            .pending
             .requests()
             .iter()
-            .filter(|((l, _), _)| l.as_deref() == list)
-            .map(|(_, n)| n)
-            .sum()
+            .map(|(k, n)| (k.clone(), Requests { made: *n, streaming: 0 }))
+            .collect();
+        for (_, list, index) in self.streaming_frames() {
+            if let Some(r) = out.get_mut(&(list, index)) {
+                r.streaming += 1;
+            }
+        }
+        out.into_iter().collect()
     }
 
     /// The approval policy of the run (every agent of it).

@@ -14,6 +14,25 @@ use crate::protocol::Millis;
 /// A model of a run: its agent's model list (None: the run's own) and its position in it.
 pub type ModelKey = (Option<String>, usize);
 
+/// How many requests one model ([`ModelKey`]) has had: the machine's one answer to "how many
+/// requests has model N had", retries, re-asks and fallbacks included.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Requests {
+    /// Requests made of it, those streaming now included.
+    pub made: usize,
+    /// Of those, the turns streaming from it now (not answered yet: a rebuilt run asks them
+    /// again).
+    pub streaming: usize,
+}
+
+impl Requests {
+    /// The requests it answered: made, less those still streaming. What a rebuilt run's model
+    /// is told it already answered, so that a scripted or replayed model goes on where it was.
+    pub fn answered(self) -> usize {
+        self.made.saturating_sub(self.streaming)
+    }
+}
+
 #[derive(Debug, Default)]
 pub(super) struct Pending {
     timers: BTreeMap<Timer, Millis>,

@@ -508,7 +508,13 @@ fn the_machine_keeps_its_pending_timers_and_the_requests_each_model_answered() {
     assert_eq!(m.timers().collect::<Vec<_>>(), vec![(deadline, 3000)]);
     assert_eq!(m.poll_timeout(), Some(3000));
     // The first turn streams: not yet answered (it is asked again after a restart).
-    assert_eq!(m.requests_answered(), vec![((None, 0), 0)]);
+    let counts = |m: &RunMachine| -> Vec<(usize, usize, usize)> {
+        m.requests()
+            .into_iter()
+            .map(|((_, i), r)| (i, r.made, r.answered()))
+            .collect()
+    };
+    assert_eq!(counts(&m), vec![(0, 1, 0)]);
     // A retry inside the turn asked the model once more.
     m.handle(
         RunInput::Retry {
@@ -520,10 +526,10 @@ fn the_machine_keeps_its_pending_timers_and_the_requests_each_model_answered() {
         },
         1100,
     );
-    assert_eq!(m.requests_answered(), vec![((None, 0), 1)]);
-    // Asked twice so far, the turn streaming now included (what Temporal's turn activity reads).
-    assert_eq!(m.requests_made(None), 2);
-    assert_eq!(m.requests_made(Some("other")), 0);
+    // Asked twice so far, the turn streaming now included (what Temporal's turn activity
+    // reads); answered once.
+    assert_eq!(counts(&m), vec![(0, 2, 1)]);
+    assert!(m.requests().iter().all(|((list, _), _)| list.is_none()));
     // A turn that ends asks the next one (counted once it has streamed).
     turn(
         &mut m,
@@ -531,8 +537,7 @@ fn the_machine_keeps_its_pending_timers_and_the_requests_each_model_answered() {
         Value::Null,
         1200,
     );
-    assert_eq!(m.requests_answered(), vec![((None, 0), 2)]);
-    assert_eq!(m.requests_made(None), 3);
+    assert_eq!(counts(&m), vec![(0, 3, 2)]);
     // A fired timer is no longer pending.
     m.handle(RunInput::TimerFired { timer: deadline }, 3000);
     assert_eq!(m.timers().count(), 0);

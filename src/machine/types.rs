@@ -448,6 +448,10 @@ pub enum RunStatus {
     /// The provider kept saying the context does not fit the model's window, even at the most
     /// compacted level.
     ContextOverflow,
+    /// The run could not be set up: what it was defined with does not make a machine (a goal
+    /// that does not load, a schema that does not compile, a record this version cannot read).
+    /// The machine decided nothing and no model was asked; the error's `cause` says what failed.
+    SetupFailed,
     /// Not an ending: the run's journal could not be written (or this process lost the run's
     /// lease), so the run stopped rather than go on unrecorded. Its journal is intact and it
     /// can be resumed; no result is recorded for it. The error says why (`store.journal_write`,
@@ -458,7 +462,7 @@ pub enum RunStatus {
 impl RunStatus {
     /// Every way a run ends, in one place: what a run can be listed by
     /// ([`crate::store::STATUSES`] is built from it). [`RunStatus::Stopped`] is not an ending.
-    pub const ENDINGS: [RunStatus; 10] = [
+    pub const ENDINGS: [RunStatus; 11] = [
         RunStatus::Succeeded,
         RunStatus::MaxSteps,
         RunStatus::DoomLoop,
@@ -469,6 +473,7 @@ impl RunStatus {
         RunStatus::InvalidOutput,
         RunStatus::ModelError,
         RunStatus::ContextOverflow,
+        RunStatus::SetupFailed,
     ];
 
     /// The status as written in results and events.
@@ -484,6 +489,7 @@ impl RunStatus {
             RunStatus::InvalidOutput => "invalid_output",
             RunStatus::ModelError => "model_error",
             RunStatus::ContextOverflow => "context_overflow",
+            RunStatus::SetupFailed => "setup_failed",
             RunStatus::Stopped => "stopped",
         }
     }
@@ -501,6 +507,7 @@ impl RunStatus {
             RunStatus::InvalidOutput => Some("run.invalid_output"),
             RunStatus::ModelError => Some("run.model_error"),
             RunStatus::ContextOverflow => Some("run.context_overflow"),
+            RunStatus::SetupFailed => Some("run.setup_failed"),
             RunStatus::Stopped => Some("run.stopped"),
         }
     }
@@ -675,6 +682,22 @@ impl RunResult {
             usage: Usage::default(),
             calls: Vec::new(),
             error: Some(error),
+        }
+    }
+
+    /// The ending of a run whose machine could not be built from its definition
+    /// ([`RunStatus::SetupFailed`]): final, with nothing run and no model asked. `cause` is the
+    /// failure (its code and message become the error's `cause`), so a reader tells a goal that
+    /// does not load from a model that failed.
+    pub fn setup_failed(cause: &RunError) -> RunResult {
+        let mut error = RunError::new(
+            "run.setup_failed",
+            format!("the run could not be set up: {}", cause.message),
+        );
+        error.cause = Some(serde_json::json!({"code": cause.code, "message": cause.message}));
+        RunResult {
+            status: RunStatus::SetupFailed,
+            ..RunResult::stopped(error)
         }
     }
 

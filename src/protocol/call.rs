@@ -479,6 +479,33 @@ pub struct Tool {
     pub schema: Map<String, Value>,
 }
 
+/// The built-in activity kinds (a registry may add more with `Registry::register_kind`).
+pub const KINDS: [&str; 4] = ["delegate", "http", "rust", "shell"];
+
+/// The activity kind a tool names: its `_activity`, `delegate` for a `_delegate` tool, none for a
+/// latent tool ([`Tool::kind`]). The one answer the registry, `validate`, the grants and the
+/// approval floor use.
+pub fn kind_of(tool: &Tool) -> Option<&str> {
+    tool.kind()
+}
+
+/// The names of the `${VAR}` placeholders in `text`, in order: what a goal or a tool config
+/// reads from the environment of the process that runs it (a run's record keeps the names,
+/// never the values).
+pub fn env_placeholders(text: &str) -> Vec<&str> {
+    let mut out = Vec::new();
+    let mut rest = text;
+    while let Some(open) = rest.find("${") {
+        let after = &rest[open + 2..];
+        let Some(close) = after.find('}') else {
+            break;
+        };
+        out.push(&after[..close]);
+        rest = &after[close + 1..];
+    }
+    out
+}
+
 impl Tool {
     /// A tool with an empty object schema.
     pub fn new(name: impl Into<String>) -> Self {

@@ -6,6 +6,7 @@
 mod call;
 mod event;
 mod limits;
+pub mod mcp_server;
 mod message;
 pub mod meta;
 mod op;
@@ -13,9 +14,13 @@ mod plan_item;
 pub mod reference;
 
 pub(crate) use call::SplitCall;
-pub use call::{Call, OutputMethod, Tool, ToolApproval, collect_refs, json_type, without_meta};
+pub use call::{
+    Call, KINDS, OutputMethod, Tool, ToolApproval, collect_refs, env_placeholders, json_type,
+    kind_of, without_meta,
+};
 pub use event::{Decision, Event, EventKind, FailKind, LaunchedParams};
 pub use limits::Limits;
+pub use mcp_server::{HttpServer, McpConfigError, McpServerConfig, NamedServer, StdioServer};
 pub use message::{Message, Role, Solution};
 pub use meta::{CALL_META_KEYS, TOOL_META_KEYS, UnknownMetaKey, is_meta_key};
 pub use op::{Actor, GrantSpec, GrantedCall, Op, OpError, canonical, params_hash};

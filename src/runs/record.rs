@@ -67,6 +67,43 @@ impl Default for DefRecord {
     }
 }
 
+impl RunRecord {
+    /// The record of a new run of `goal` with `options`, under `id`, created now (what
+    /// `temporal::RunSpec::new` is), for a library caller starting a Temporal run itself.
+    #[cfg(any(feature = "temporal", feature = "test-util"))]
+    pub fn new(id: impl Into<String>, goal: &Goal, options: RunOptions) -> RunRecord {
+        RunRecord::of(id.into(), goal, &options)
+    }
+
+    /// The record of a defined run (its goal with delegate goals by content, its options),
+    /// under `id`, for a Temporal workflow: workers define the run again from it for every
+    /// activity (their goal lists the MCP tools apart), so the digests of the goal as the
+    /// starting process saw it are not kept.
+    #[cfg(feature = "temporal")]
+    pub(crate) fn of_def(id: impl Into<String>, def: &RunDef) -> RunRecord {
+        let mut options = def.options().clone();
+        options.definition.clear();
+        RunRecord::of(id.into(), def.goal(), &options)
+    }
+
+    #[cfg(any(feature = "temporal", feature = "test-util"))]
+    fn of(id: String, goal: &Goal, options: &RunOptions) -> RunRecord {
+        RunRecord {
+            id,
+            created_at: super::now_ms(),
+            goal: serde_json::to_value(goal).unwrap_or(serde_json::Value::Null),
+            base_dir: goal.base_dir.display().to_string(),
+            options: serde_json::to_value(options).unwrap_or(serde_json::Value::Null),
+        }
+    }
+
+    /// The options again, typed.
+    #[cfg(feature = "temporal")]
+    pub(crate) fn run_options(&self) -> Result<RunOptions, RunsError> {
+        RunOptions::from_stored(&self.options)
+    }
+}
+
 /// A stored run's machine after its journal, and the events it published.
 pub struct Replay {
     /// The machine after the whole journal (what awaits a decision, whether an op applies).

@@ -121,7 +121,7 @@ impl Engine {
             }
         };
         Ok(Source {
-            record: snap.spec.record(),
+            record: snap.spec,
             journal: snap.journal,
             result: snap.result,
         })

@@ -2,7 +2,7 @@
 //! It is public (no token); it asks for the token when the API answers 401. The script is a
 //! few classic scripts sharing one scope (`page/app.js` lists them), so each stays readable.
 
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 
 use axum::Router;
 use axum::http::header;
@@ -11,6 +11,19 @@ use axum::routing::get;
 use super::state::AppState;
 
 const INDEX: &str = include_str!("page/index.html");
+/// Where the page's status filter takes its options.
+const STATUS_OPTIONS: &str =
+    "<!-- statuses: one option per store::STATUSES, written by the server (page.rs) -->";
+
+/// The page as served: the status filter offers every status the list takes
+/// ([`crate::store::STATUSES`], the one list), not a hand-kept copy of it.
+static PAGE: LazyLock<String> = LazyLock::new(|| {
+    let options: String = crate::store::STATUSES
+        .iter()
+        .map(|s| format!("<option value=\"{s}\">{s}</option>\n        "))
+        .collect();
+    INDEX.replacen(STATUS_OPTIONS, options.trim_end(), 1)
+});
 const STYLE: &str = include_str!("page/style.css");
 
 /// The page's scripts, by path, in the order `index.html` loads them.
@@ -34,7 +47,12 @@ pub(super) fn routes() -> Router<Arc<AppState>> {
     let mut r = Router::new()
         .route(
             "/",
-            get(|| async { ([(header::CONTENT_TYPE, "text/html; charset=utf-8")], INDEX) }),
+            get(|| async {
+                (
+                    [(header::CONTENT_TYPE, "text/html; charset=utf-8")],
+                    PAGE.as_str(),
+                )
+            }),
         )
         .route(
             "/style.css",

@@ -37,13 +37,22 @@ use crate::engine::JournalSink;
 use crate::machine::{JournalEntry, RunResult};
 use crate::protocol::{Millis, Op};
 
-/// What a stored run needs to be rebuilt: its goal as loaded, where relative paths resolve, and
-/// the options the run was started with.
+/// A run's record, the one record of what a run is: its goal as loaded (placeholders by name,
+/// delegate goals and MCP tools by content in `options.record`, versioned by
+/// `options.record.version`), where relative paths resolve, and the options it was started
+/// with. The store's run row holds it, and a Temporal workflow's input is it
+/// (`temporal::RunSpec` is this type); `runs::RunDef::from_record` reads it back. A record
+/// written before `options.record` existed (dagloop 802893f) still loads: its delegate goals
+/// are read from their files until a process that drives the run records them. Temporal inputs
+/// written before the merge named the id `run_id` and had no `created_at`; they load too.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RunRecord {
-    /// The run id.
+    /// The run id (the workflow's id on Temporal).
+    #[serde(alias = "run_id")]
     pub id: String,
-    /// When it was created (milliseconds since the Unix epoch).
+    /// When it was created (milliseconds since the Unix epoch; 0 in a Temporal input written
+    /// before the merge).
+    #[serde(default)]
     pub created_at: Millis,
     /// The goal document.
     pub goal: Value,

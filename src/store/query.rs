@@ -354,12 +354,13 @@ mod tests {
             | RunStatus::Cancelled
             | RunStatus::InvalidOutput
             | RunStatus::ModelError
-            | RunStatus::ContextOverflow => true,
+            | RunStatus::ContextOverflow
+            | RunStatus::SetupFailed => true,
         };
         assert!(RunStatus::ENDINGS.iter().all(|s| ending(*s)));
         assert_eq!(
             RunStatus::ENDINGS.len(),
-            10,
+            11,
             "a new ending goes into ENDINGS"
         );
         for s in RunStatus::ENDINGS {

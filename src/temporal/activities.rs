@@ -15,6 +15,7 @@ use temporalio_sdk::activities::{ActivityContext, ActivityError};
 use super::RunSpec;
 use super::workflow::{HEARTBEAT_EVERY, RunWorkflow, TurnItem};
 use crate::engine::{Parts, config_at};
+use crate::goal::Goal;
 use crate::machine::{FrameKey, RunInput};
 use crate::protocol::{Call, CallId, Message, Tool};
 use crate::runs::{Pool, RunsError, Servers, builder_for};
@@ -106,18 +107,20 @@ pub(super) async fn parts(
     pool: Option<&Pool>,
     grants: &Arc<crate::grants::Grants>,
 ) -> Result<(Parts, Option<Servers>), RunsError> {
-    let mut goal = spec.goal()?;
+    // The process that drives the run: its `${VAR}` placeholders must be set here.
+    let mut goal = Goal::from_json(
+        &spec.goal.to_string(),
+        std::path::Path::new(&spec.id),
+        std::path::PathBuf::from(&spec.base_dir),
+    )?;
     // The MCP tools the spec lists (`runs::with_mcp_tools`) come back from the servers, with
     // their activities.
     if !goal.mcp_servers.is_empty() {
         goal.tools.retain(|t| t.activity.as_deref() != Some("mcp"));
     }
-    let def = crate::runs::define(goal, spec.options.clone(), grants.clone())?;
+    let def = crate::runs::define(goal, spec.run_options()?, grants.clone())?;
     let (builder, servers) = builder_for(registry.clone(), &def, pool).await?;
-    let agent = builder
-        .external_review()
-        .run_id(spec.run_id.clone())
-        .build()?;
+    let agent = builder.external_review().run_id(spec.id.clone()).build()?;
     Ok((agent.into_parts(), servers))
 }
 

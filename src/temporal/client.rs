@@ -64,7 +64,7 @@ impl Connection {
 
     /// Starts a run as a workflow (its id is the run's) on `task_queue`.
     pub async fn start(&self, spec: RunSpec, task_queue: &str) -> Result<(), TemporalError> {
-        let id = spec.run_id.clone();
+        let id = spec.id.clone();
         self.client
             .start_workflow(
                 RunWorkflow::run,

@@ -26,15 +26,9 @@ mod client;
 mod perform;
 mod workflow;
 
-use serde::{Deserialize, Serialize};
-use serde_json::Value;
-
 pub use activities::DagloopActivities;
 pub use client::{Connection, WorkerOptions, replay, run_worker, run_worker_with};
 pub use workflow::{Described, EVENT_PAGE, EventPage, RunWorkflow, Snapshot, TurnItem};
-
-use crate::goal::Goal;
-use crate::runs::RunOptions;
 
 /// The task queue runs and workers use unless told otherwise.
 pub const DEFAULT_TASK_QUEUE: &str = "dagloop";
@@ -42,63 +36,10 @@ pub const DEFAULT_TASK_QUEUE: &str = "dagloop";
 /// The namespace used unless told otherwise.
 pub const DEFAULT_NAMESPACE: &str = "default";
 
-/// Everything a workflow and its activities need to know of a run: its id (the workflow id),
-/// the goal as loaded (with the directory its relative paths start from) and the options it was
-/// started with. Activities build the agent from it; the workflow builds the machine from it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct RunSpec {
-    /// The run's id, also the workflow's.
-    pub run_id: String,
-    /// The goal, as `Goal` serialises it.
-    pub goal: Value,
-    /// The directory the goal's relative paths start from.
-    pub base_dir: String,
-    /// The options the run was started with.
-    pub options: RunOptions,
-}
-
-impl RunSpec {
-    /// The spec of a new run of `goal` with `options`, under `run_id`.
-    pub fn new(run_id: impl Into<String>, goal: &Goal, options: RunOptions) -> Self {
-        RunSpec {
-            run_id: run_id.into(),
-            goal: serde_json::to_value(goal).unwrap_or(Value::Null),
-            base_dir: goal.base_dir.display().to_string(),
-            options,
-        }
-    }
-
-    /// The spec of a defined run (the run's record: its goal with delegate goals by content,
-    /// its options), under `run_id`. Workers define the run again from it for every activity
-    /// (their goal lists the MCP tools apart), so the digests of the goal as the starting
-    /// process saw it are not kept.
-    #[cfg(any(feature = "cli", feature = "server"))]
-    pub(crate) fn of_def(run_id: impl Into<String>, def: &crate::runs::RunDef) -> Self {
-        let mut options = def.options().clone();
-        options.definition.clear();
-        RunSpec::new(run_id, def.goal(), options)
-    }
-
-    /// The goal again.
-    pub fn goal(&self) -> Result<Goal, crate::goal::GoalError> {
-        Goal::from_json(
-            &self.goal.to_string(),
-            std::path::Path::new(&self.run_id),
-            std::path::PathBuf::from(&self.base_dir),
-        )
-    }
-
-    /// What the run store would record for it (`show` describes a Temporal run with it).
-    pub fn record(&self) -> crate::store::RunRecord {
-        crate::store::RunRecord {
-            id: self.run_id.clone(),
-            created_at: 0,
-            goal: self.goal.clone(),
-            base_dir: self.base_dir.clone(),
-            options: serde_json::to_value(&self.options).unwrap_or(Value::Null),
-        }
-    }
-}
+/// Everything a workflow and its activities need to know of a run: the run's record, the very
+/// type the store keeps ([`crate::store::RunRecord`]: one record of a run, whichever engine
+/// runs it). Activities define the run from it; the workflow builds the machine from it.
+pub type RunSpec = crate::store::RunRecord;
 
 /// What went wrong talking to Temporal.
 #[derive(Debug, thiserror::Error)]

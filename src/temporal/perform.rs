@@ -214,9 +214,13 @@ impl Performer {
         });
         // The machine counted this request with the action: those before it are one fewer.
         let asked_before = ctx.state(|s| {
-            s.machine
-                .as_ref()
-                .map_or(0, |m| m.requests_made(config.model.as_deref()))
+            s.machine.as_ref().map_or(0, |m| {
+                m.requests()
+                    .iter()
+                    .filter(|((list, _), _)| list.as_deref() == config.model.as_deref())
+                    .map(|(_, r)| r.made)
+                    .sum()
+            })
         });
         let asked_before = asked_before.saturating_sub(1);
         ctx.state_mut(|s| {

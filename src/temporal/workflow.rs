@@ -18,9 +18,7 @@ use temporalio_workflow::RetryPolicy;
 
 use super::RunSpec;
 use super::perform::Performer;
-use crate::machine::{
-    Action, FrameKey, JournalEntry, RunError, RunInput, RunMachine, RunResult, RunStatus, Usage,
-};
+use crate::machine::{Action, FrameKey, JournalEntry, RunError, RunInput, RunMachine, RunResult};
 use crate::protocol::{Event, Op, OpError};
 
 /// How long a worker may go silent before its activity counts as lost.
@@ -79,8 +77,9 @@ pub(super) struct TurnMark {
 #[workflow]
 pub struct RunWorkflow {
     pub(super) spec: RunSpec,
+    /// None when the spec did not make a machine: the run then ended at once,
+    /// [`crate::machine::RunStatus::SetupFailed`] (its result is set).
     pub(super) machine: Option<RunMachine>,
-    pub(super) setup: Option<RunError>,
     /// Inputs that arrived by signal or update, waiting for the main loop.
     pub(super) inbox: Vec<RunInput>,
     pub(super) turns: BTreeMap<FrameKey, TurnMark>,
@@ -108,26 +107,22 @@ pub struct EventPage {
 impl RunWorkflow {
     #[init]
     fn new(_ctx: &WorkflowContextView, spec: RunSpec) -> Self {
-        let (machine, setup) = match machine_for(&spec) {
-            Ok(m) => (Some(m), None),
-            Err(e) => (None, Some(RunError::new(e.code(), e.to_string()))),
-        };
+        let (machine, result) = set_up(&spec);
         RunWorkflow {
             spec,
             machine,
-            setup,
             inbox: Vec::new(),
             turns: BTreeMap::new(),
             journal: Vec::new(),
-            result: None,
+            result,
             events: Vec::new(),
         }
     }
 
     #[run]
     pub async fn run(ctx: &mut WorkflowContext<Self>) -> WorkflowResult<RunResult> {
-        if let Some(err) = ctx.state(|s| s.setup.clone()) {
-            return Ok(failed(err));
+        if let Some(r) = ctx.state(|s| s.machine.is_none().then(|| s.result.clone()).flatten()) {
+            return Ok(r);
         }
         let mut p = Performer::default();
         let mut inputs = vec![RunInput::Start];
@@ -247,10 +242,10 @@ impl RunWorkflow {
     /// The run described as `dagloop show` describes it (see [`Described`]).
     #[query]
     pub fn describe(&self, _ctx: &WorkflowContextView) -> Described {
-        let (description, error) = match crate::runs::rebuild(&self.spec.record(), &self.journal) {
+        let (description, error) = match crate::runs::rebuild(&self.spec, &self.journal) {
             Ok(rb) => (
                 crate::runs::describe(
-                    &self.spec.run_id,
+                    &self.spec.id,
                     &rb,
                     self.journal.len(),
                     self.result.as_ref(),
@@ -281,7 +276,7 @@ impl RunWorkflow {
                 .take(EVENT_PAGE)
                 .cloned()
                 .collect(),
-            finished: self.result.is_some() || self.setup.is_some(),
+            finished: self.result.is_some(),
         }
     }
 
@@ -353,7 +348,23 @@ impl RunWorkflow {
 /// variable: nothing the workflow must not do), as every reader of a run builds it
 /// ([`crate::runs::RunDef::from_record`]).
 pub(super) fn machine_for(spec: &RunSpec) -> Result<RunMachine, crate::runs::RunsError> {
-    crate::runs::RunDef::from_record(&spec.record())?.machine(&spec.run_id)
+    crate::runs::RunDef::from_record(spec)?.machine(&spec.id)
+}
+
+/// The run's machine, or the ending of a run whose spec makes none: a goal that does not load
+/// (or a record this version cannot read) ends the run [`crate::machine::RunStatus::SetupFailed`], its error's
+/// cause saying why, not as a model error.
+pub(super) fn set_up(spec: &RunSpec) -> (Option<RunMachine>, Option<RunResult>) {
+    match machine_for(spec) {
+        Ok(m) => (Some(m), None),
+        Err(e) => (
+            None,
+            Some(RunResult::setup_failed(&RunError::new(
+                e.code(),
+                e.to_string(),
+            ))),
+        ),
+    }
 }
 
 /// Has the run's trace reported by the worker that ends it (a local activity: the journal is
@@ -377,16 +388,4 @@ pub(super) fn now_ms(ctx: &WorkflowContext<RunWorkflow>) -> u64 {
     ctx.workflow_time()
         .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-}
-
-fn failed(err: RunError) -> RunResult {
-    RunResult {
-        status: RunStatus::ModelError,
-        output: serde_json::Value::Null,
-        state: serde_json::Value::Null,
-        steps: 0,
-        usage: Usage::default(),
-        calls: Vec::new(),
-        error: Some(err),
-    }
 }

@@ -13,15 +13,7 @@ use std::sync::LazyLock;
 use super::{ActivityError, Registry};
 use crate::protocol::Tool;
 
-/// The built-in activity kinds (a registry may add more with `Registry::register_kind`).
-pub const KINDS: [&str; 4] = ["delegate", "http", "rust", "shell"];
-
-/// The activity kind a tool names: its `_activity`, `delegate` for a `_delegate` tool, none for a
-/// latent tool ([`Tool::kind`]). The one answer the registry, `validate`, the grants and the
-/// approval floor use.
-pub fn kind_of(tool: &Tool) -> Option<&str> {
-    tool.kind()
-}
+pub use crate::protocol::{KINDS, kind_of};
 
 impl Registry {
     /// Checks a tool's activity kind and configuration by this registry's kinds. `base_dir` is the

@@ -377,20 +377,7 @@ impl Registry {
     }
 }
 
-/// The names of the `${VAR}` placeholders in `text`, in order.
-pub fn env_placeholders(text: &str) -> Vec<&str> {
-    let mut out = Vec::new();
-    let mut rest = text;
-    while let Some(open) = rest.find("${") {
-        let after = &rest[open + 2..];
-        let Some(close) = after.find('}') else {
-            break;
-        };
-        out.push(&after[..close]);
-        rest = &after[close + 1..];
-    }
-    out
-}
+pub use crate::protocol::env_placeholders;
 
 /// Replaces every `${VAR}` in `text` by the environment variable's value; an unset variable
 /// is an error naming it (never a value).

@@ -31,7 +31,6 @@
 
 #[cfg(feature = "mcp")]
 mod client;
-mod config;
 #[cfg(feature = "mcp")]
 mod mapping;
 #[cfg(feature = "mcp")]
@@ -45,7 +44,9 @@ use serde_json::Value;
 
 use crate::protocol::{Tool, ToolApproval};
 
-pub use config::{HttpServer, McpServerConfig, NamedServer, StdioServer};
+pub use crate::protocol::mcp_server::{
+    HttpServer, McpConfigError, McpServerConfig, NamedServer, StdioServer,
+};
 
 #[cfg(feature = "mcp")]
 pub use client::McpServers;
@@ -138,6 +139,22 @@ pub enum McpError {
 }
 
 crate::codes::has_code!(McpError);
+
+impl From<McpConfigError> for McpError {
+    fn from(e: McpConfigError) -> Self {
+        match e {
+            McpConfigError::Config { server, reason } => McpError::Config { server, reason },
+            McpConfigError::EnvNotListed { server, var } => McpError::EnvNotListed { server, var },
+            McpConfigError::EnvMissing { server, var } => McpError::EnvMissing { server, var },
+        }
+    }
+}
+
+/// A config's `${VAR}` values filled from this process's environment (only the variables the
+/// config lists in `from_env`; see [`McpServerConfig::expand`]).
+pub fn expand_env(config: &McpServerConfig, value: &str) -> Result<String, McpError> {
+    Ok(config.expand(value, |k| std::env::var(k).ok())?)
+}
 
 impl McpError {
     /// A stable code for programs that react to failures.

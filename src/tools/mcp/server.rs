@@ -151,13 +151,13 @@ async fn connect(
     };
     match config {
         McpServerConfig::Stdio(s) => {
-            let command = config.expand(&s.command)?;
+            let command = super::expand_env(config, &s.command)?;
             let mut cmd = tokio::process::Command::new(&command);
             for a in &s.args {
-                cmd.arg(config.expand(a)?);
+                cmd.arg(super::expand_env(config, a)?);
             }
             for (k, v) in &s.env {
-                cmd.env(k, config.expand(v)?);
+                cmd.env(k, super::expand_env(config, v)?);
             }
             cmd.process_group(0);
             crate::tools::group::arm();
@@ -217,7 +217,7 @@ async fn connect(
                 };
                 let name = reqwest::header::HeaderName::try_from(k.as_str())
                     .map_err(|e| bad(format!("header `{k}`: {e}")))?;
-                let value = reqwest::header::HeaderValue::try_from(config.expand(v)?)
+                let value = reqwest::header::HeaderValue::try_from(super::expand_env(config, v)?)
                     .map_err(|e| bad(format!("header `{k}`: {e}")))?;
                 headers.insert(name, value);
             }

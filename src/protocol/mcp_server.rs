@@ -1,5 +1,10 @@
-//! MCP server configuration as written in a goal's `mcp_servers` (serde only, no IO but reading
-//! the environment variables a config names).
+//! MCP server configuration as written in a goal's `mcp_servers` and the operator's config:
+//! the values and their checks, part of the protocol so that a goal, the grants and the run's
+//! record can hold them without reaching up into `tools`.
+//!
+//! Deliberately not here: starting or talking to a server (`tools::mcp`), and reading the
+//! environment: [`McpServerConfig::expand`] takes the lookup, `tools::mcp` passes the process's
+//! environment.
 
 use std::collections::BTreeMap;
 
@@ -7,7 +12,49 @@ use serde::{Deserialize, Serialize};
 
 use crate::protocol::ToolApproval;
 
-use super::McpError;
+/// A server config that cannot be used, found without starting anything. `tools::mcp::McpError`
+/// carries each variant on under the same name and code.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum McpConfigError {
+    /// The config is unusable (bad name, URL, timeout, header).
+    #[error("MCP server `{server}`: {reason}")]
+    Config {
+        /// The server.
+        server: String,
+        /// Why.
+        reason: String,
+    },
+    /// `${VAR}` names a variable the config does not list in `from_env`.
+    #[error("MCP server `{server}`: `${{{var}}}` is not listed in `from_env`")]
+    EnvNotListed {
+        /// The server.
+        server: String,
+        /// The variable.
+        var: String,
+    },
+    /// A listed variable is not set.
+    #[error("MCP server `{server}`: environment variable `{var}` is not set")]
+    EnvMissing {
+        /// The server.
+        server: String,
+        /// The variable.
+        var: String,
+    },
+}
+
+crate::codes::has_code!(McpConfigError);
+
+impl McpConfigError {
+    /// A stable code (the same as `tools::mcp::McpError`'s for the same failure).
+    pub fn code(&self) -> &'static str {
+        match self {
+            McpConfigError::Config { .. } => "mcp.config",
+            McpConfigError::EnvNotListed { .. } => "mcp.env_not_listed",
+            McpConfigError::EnvMissing { .. } => "mcp.env_missing",
+        }
+    }
+}
 
 /// One MCP server: a child process speaking stdio, or a streamable HTTP endpoint.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -18,7 +65,7 @@ pub enum McpServerConfig {
     /// `{"name", "url", "headers"}`: a streamable HTTP endpoint.
     Http(HttpServer),
     /// `{"name"}` alone (and optional `approval`): the operator's server of that name
-    /// (`crate::grants`), the only kind a goal submitted to a server may use by default.
+    /// (the operator's grants), the only kind a goal submitted to a server may use by default.
     Named(NamedServer),
 }
 
@@ -90,7 +137,7 @@ pub struct HttpServer {
 impl McpServerConfig {
     /// Parses one server config with a precise message (an object with `url` is an HTTP server,
     /// any other a stdio server) and [`check`](Self::check)s it.
-    pub fn from_value(v: serde_json::Value) -> Result<McpServerConfig, McpError> {
+    pub fn from_value(v: serde_json::Value) -> Result<McpServerConfig, McpConfigError> {
         let server = v
             .get("name")
             .and_then(serde_json::Value::as_str)
@@ -103,7 +150,7 @@ impl McpServerConfig {
         } else {
             serde_json::from_value(v).map(McpServerConfig::Stdio)
         };
-        let config = parsed.map_err(|e| McpError::Config {
+        let config = parsed.map_err(|e| McpConfigError::Config {
             server,
             reason: e.to_string(),
         })?;
@@ -176,18 +223,21 @@ impl McpServerConfig {
         }
     }
 
-    /// Replaces every `${VAR}` in `value` by the environment variable, refusing variables the
-    /// config does not list in `from_env` and listed ones that are unset.
-    pub fn expand(&self, value: &str) -> Result<String, McpError> {
-        expand_with(self.name(), value, self.env_allowed(), |k| {
-            std::env::var(k).ok()
-        })
+    /// Replaces every `${VAR}` in `value` by what `lookup` says of it (the process's
+    /// environment, for `tools::mcp`), refusing variables the config does not list in
+    /// `from_env` and listed ones that are unset.
+    pub fn expand(
+        &self,
+        value: &str,
+        lookup: impl Fn(&str) -> Option<String>,
+    ) -> Result<String, McpConfigError> {
+        expand_with(self.name(), value, self.env_allowed(), lookup)
     }
 
     /// Checks what can be checked without starting anything.
-    pub fn check(&self) -> Result<(), McpError> {
+    pub fn check(&self) -> Result<(), McpConfigError> {
         let name = self.name();
-        let bad = |reason: String| McpError::Config {
+        let bad = |reason: String| McpConfigError::Config {
             server: name.to_string(),
             reason,
         };
@@ -242,7 +292,7 @@ fn expand_with(
     value: &str,
     allowed: &[String],
     lookup: impl Fn(&str) -> Option<String>,
-) -> Result<String, McpError> {
+) -> Result<String, McpConfigError> {
     let mut out = String::with_capacity(value.len());
     let mut rest = value;
     while let Some(open) = rest.find("${") {
@@ -252,12 +302,12 @@ fn expand_with(
         let var = &rest[open + 2..open + close];
         out.push_str(&rest[..open]);
         if !allowed.iter().any(|a| a == var) {
-            return Err(McpError::EnvNotListed {
+            return Err(McpConfigError::EnvNotListed {
                 server: server.to_string(),
                 var: var.to_string(),
             });
         }
-        let v = lookup(var).ok_or_else(|| McpError::EnvMissing {
+        let v = lookup(var).ok_or_else(|| McpConfigError::EnvMissing {
             server: server.to_string(),
             var: var.to_string(),
         })?;
