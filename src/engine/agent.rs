@@ -45,6 +45,8 @@ pub struct Agent {
     pub(super) event_capacity: usize,
     /// Whether the run makes spans and metrics ([`super::AgentBuilder::traced`]).
     pub(super) traced: bool,
+    /// The run's workspace memory, searched before each step ([`super::AgentBuilder::memory`]).
+    pub(super) recall: Option<Arc<crate::context::memory::Recall>>,
 }
 
 impl Agent {
@@ -89,6 +91,7 @@ impl Agent {
             config: self.config.clone(),
             policy: self.policy.clone(),
             sanitize: self.sanitize,
+            recall: self.recall.is_some(),
         };
         let (tx, _) = broadcast::channel(self.event_capacity);
         let (ops_tx, ops) = mpsc::unbounded_channel();
@@ -130,6 +133,7 @@ impl Agent {
             ops,
             models: self.models,
             settings: self.settings,
+            recall: self.recall,
             executor: self.executor,
             lease: super::driver::LeaseKeeper::new(self.journal.as_ref()),
             sink: self.journal,

@@ -24,6 +24,8 @@ pub(crate) struct MachineDef {
     pub(crate) policy: Policy,
     /// What is shown of tool results.
     pub(crate) sanitize: SanitizeLimits,
+    /// The run's agent searches its workspace memory before each step.
+    pub(crate) recall: bool,
 }
 
 /// What the machine is for.
@@ -45,6 +47,7 @@ impl MachineDef {
             self.policy.clone(),
             self.sanitize,
         );
+        m.recall_memory(self.recall);
         if purpose == MachineUse::Replay {
             m.keep_launched(true);
         }
