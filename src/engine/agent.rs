@@ -47,6 +47,8 @@ pub struct Agent {
     pub(super) traced: bool,
     /// The run's workspace memory, searched before each step ([`super::AgentBuilder::memory`]).
     pub(super) recall: Option<Arc<crate::context::memory::Recall>>,
+    /// The context window the run's model list states ([`crate::llm::ModelSpec::window_of_list`]).
+    pub(super) window_tokens: Option<u64>,
 }
 
 impl Agent {
@@ -92,6 +94,7 @@ impl Agent {
             policy: self.policy.clone(),
             sanitize: self.sanitize,
             recall: self.recall.is_some(),
+            window_tokens: self.window_tokens,
         };
         let (tx, _) = broadcast::channel(self.event_capacity);
         let (ops_tx, ops) = mpsc::unbounded_channel();

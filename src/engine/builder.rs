@@ -296,6 +296,13 @@ impl AgentBuilder {
         if let Some(m) = self.mode.or(self.goal.mode) {
             self.settings.mode = m;
         }
+        // The window the list states: read from the spec the run records (the command line's,
+        // else the goal's), so a reader of the run knows it as the run did.
+        let window_tokens = self
+            .model_spec
+            .as_deref()
+            .or(self.goal.model.as_deref())
+            .and_then(ModelSpec::window_of_list);
         let mut root_models: Vec<Arc<dyn Model>> = match (self.model.take(), &self.model_spec) {
             (Some(m), _) => vec![m],
             (None, Some(spec)) => build_list(ModelSpec::parse_list(spec)?)?,
@@ -356,6 +363,7 @@ impl AgentBuilder {
             event_capacity: self.event_capacity,
             traced: self.traced,
             recall: self.recall,
+            window_tokens,
         })
     }
 }

@@ -148,6 +148,14 @@ impl RunMachine {
         self.recall = on;
     }
 
+    /// The context window the run's model list states, in tokens (None: unknown until a
+    /// provider's refusal names it). Each step whose context would not fit is compacted before
+    /// it is asked, as after a refusal that named the window (`context::fit`); a refusal
+    /// naming another window replaces it.
+    pub fn stated_window(&mut self, tokens: Option<u64>) {
+        self.window = tokens.map(crate::context::fit::Window::stated);
+    }
+
     /// A machine to replay a run's journal through: [`RunMachine::new`] keeping running calls,
     /// so that it takes exactly the steps the run took, across restarts too.
     pub fn replaying(

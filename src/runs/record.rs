@@ -149,6 +149,12 @@ impl RunDef {
             policy: self.policy.clone(),
             sanitize: self.sanitize(),
             recall: self.record().recall.is_some(),
+            window_tokens: self
+                .options
+                .model
+                .as_deref()
+                .or(self.asked.model.as_deref())
+                .and_then(crate::llm::ModelSpec::window_of_list),
         })
     }
 
