@@ -17,7 +17,6 @@ mod model_runs;
 #[path = "common/serve.rs"]
 mod serve;
 
-use common::*;
 use model_runs::*;
 use serde_json::Value;
 
