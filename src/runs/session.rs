@@ -109,7 +109,7 @@ pub fn session_of(record: &RunRecord) -> SessionOf {
 #[derive(Debug, Clone)]
 pub enum Parent {
     /// With its journal: its history is read by replaying it.
-    Whole(StoredRun),
+    Whole(Box<StoredRun>),
     /// Compacted (`dagloop runs compact`, the store's retention): its journal is gone; its
     /// result gives the final state and output, and the description kept in its place the
     /// calls of its history.
@@ -120,7 +120,7 @@ impl Parent {
     /// The run `id` from `store`, whole or compacted.
     pub fn load(store: &dyn RunStore, id: &str) -> Result<Parent, RunsError> {
         match store.load(id) {
-            Ok(s) => Ok(Parent::Whole(s)),
+            Ok(s) => Ok(Parent::Whole(Box::new(s))),
             Err(StoreError::Compacted { .. }) => match store.compacted(id)? {
                 Some(c) => Ok(Parent::Compacted(Box::new(c))),
                 None => Err(StoreError::UnknownRun { id: id.into() }.into()),
