@@ -31,6 +31,8 @@ mod types;
 mod tests;
 #[cfg(test)]
 mod eager_tests;
+#[cfg(test)]
+mod recall_tests;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
