@@ -9,7 +9,10 @@ use std::path::{Path as FsPath, PathBuf};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-pub use crate::context::memory::{Chunk as MemoryChunk, MemorySource};
+pub use crate::context::memory::{
+    Chunk as MemoryChunk, Found as MemoryFound, Index as MemoryIndex, MemorySource,
+    Recall as MemoryRecall,
+};
 pub use crate::duration::DurationError;
 use crate::protocol::{Call, Message, Tool};
 use crate::schema::published::Document;

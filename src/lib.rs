@@ -82,6 +82,17 @@ pub mod telemetry;
 pub mod temporal;
 pub mod tools;
 
+/// Sessions: a follow-up run on a finished run, in the same session (docs/sessions.md,
+/// docs/library.md). [`sessions::continue_run`] plans the follow-up from the stored run (whole
+/// or compacted), lets the caller check it, and records it in the store for the caller to
+/// drive; [`sessions::follow_up`] only plans it.
+pub mod sessions {
+    pub use crate::runs::{
+        Carry, Continue, DefRecord, Fork, ForkedFrom, Next, Parent, RunOptions, RunsError,
+        SessionOf, continue_run, follow_up, seed, session_of,
+    };
+}
+
 pub use approval::{Approver, Policy, ScriptedApprover};
 pub use engine::{
     Agent, AgentBuilder, AgentError, Executor, Hooks, JournalSink, RunHandle, Subscription,

@@ -289,6 +289,87 @@ async fn a_window_named_by_the_refusal_is_met_at_once_and_later_steps_compact_be
     assert_eq!(compacted[1], (2, 2, Value::Null), "{compacted:?}");
 }
 
+/// A model entry that states its window (`openai:a#window=3000`) is met before any refusal:
+/// each step whose context would not fit is compacted before it is asked (`context_compacted`
+/// without `refused_chars`), so the server, which refuses anything past that window, never
+/// refuses, and the run succeeds. The same window in the goal's own `model` list works alike,
+/// and a replay of the stored run (the window read from its record) is identical.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_window_stated_in_the_model_list_is_met_before_any_refusal() {
+    const LIMIT: usize = 9_000;
+    for on_goal in [false, true] {
+        let server = serve_with_limit(
+            vec![answer(greet_call()), answer(final_output())],
+            Some((LIMIT, overflow_of(LIMIT / 3))),
+        )
+        .await;
+        let dir = tempfile::tempdir().expect("dir");
+        let goal_arg = long_goal(dir.path());
+        let spec = "openai:a#window=3000";
+        let mut models = spec;
+        if on_goal {
+            let path = goal_arg.trim_start_matches("goal=");
+            let mut goal: Value =
+                serde_json::from_str(&std::fs::read_to_string(path).expect("goal")).expect("JSON");
+            goal["model"] = json!([spec]);
+            std::fs::write(path, goal.to_string()).expect("write goal");
+            models = "";
+        }
+        let events = dir.path().join("events.jsonl");
+        let store = dir.path().join("runs.db").display().to_string();
+        let mut args = vec!["--store", store.as_str(), goal_arg.as_str()];
+        let (code, r, stderr) = if on_goal {
+            // No `--model`: the goal's list is the run's.
+            let out = bin::dagloop_tokio()
+                .args(["run", goal_arg.trim_start_matches("goal="), "--json"])
+                .args(["--store", &store, "--events"])
+                .arg(&events)
+                .env("OPENAI_BASE_URL", server.openai_base())
+                .env_remove("OPENAI_API_KEY")
+                .output()
+                .await
+                .expect("run");
+            let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+            let v: Value =
+                serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}: {stdout}"));
+            (
+                out.status.code(),
+                v,
+                String::from_utf8_lossy(&out.stderr).to_string(),
+            )
+        } else {
+            args.truncate(3);
+            run(&server, models, &args, &events).await
+        };
+        assert_eq!(code, Some(0), "{r:#}\n{stderr}");
+        let sizes: Vec<usize> = server
+            .requests()
+            .iter()
+            .map(|q| dagloop_chars(&q.body))
+            .collect();
+        assert_eq!(sizes.len(), 2, "never refused: {sizes:?}");
+        assert!(sizes.iter().all(|s| *s <= LIMIT), "{sizes:?}");
+        let compacted = compactions(&events_of(&events));
+        assert!(!compacted.is_empty(), "compacted before asking");
+        assert!(
+            compacted.iter().all(|c| c.2.is_null()),
+            "no refusal behind any compaction: {compacted:?}"
+        );
+        let listed = bin::dagloop()
+            .args(["runs", "--json", "--store", &store])
+            .output()
+            .expect("runs");
+        let listed: Value = serde_json::from_slice(&listed.stdout).expect("JSON");
+        let id = listed[0]["id"].as_str().expect("id").to_string();
+        let replayed = bin::dagloop()
+            .args(["replay", &id, "--store", &store])
+            .output()
+            .expect("replay");
+        let text = String::from_utf8_lossy(&replayed.stdout);
+        assert!(text.contains("identical"), "{text}");
+    }
+}
+
 /// When the window is known and even the most compacted context is estimated longer than it,
 /// the run ends at once `run.context_overflow` (no request it knows to be refused is sent),
 /// its error naming the window, the smallest context's size and the refused sizes.

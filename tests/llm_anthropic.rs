@@ -536,3 +536,82 @@ async fn the_cli_result_shows_cache_usage() {
                "cache_read_tokens": 1200, "cache_write_tokens": 1230})
     );
 }
+
+/// Native tool calls in a tool-call-mode request's history (a goal's `context`, a carried
+/// session) go to the loopback Anthropic endpoint as `tool_use` blocks, each followed by its
+/// `tool_result` in the next user message: a call without a result gets one saying so
+/// (`history.no_result`), a result that answers no call is dropped, and the user text after
+/// them joins that user message. In structured mode the same history goes as text.
+#[tokio::test]
+async fn native_tool_calls_in_history_go_as_tool_use_each_with_its_tool_result() {
+    use dagloop::llm::history::NO_RESULT;
+    let text = |role: Role, text: &str, extra: Value| Message::Text {
+        role,
+        text: text.into(),
+        extra: extra.as_object().cloned().unwrap_or_default(),
+    };
+    let call = |id: &str| json!({"id": id, "type": "function", "function": {"name": "weather", "arguments": "{\"city\":\"Paris\"}"}});
+    let history = vec![
+        text(
+            Role::Assistant,
+            "Checking.",
+            json!({"tool_calls": [call("toolu_1"), call("toolu_2")]}),
+        ),
+        text(
+            Role::User,
+            "{\"temp\": 21}",
+            json!({"tool_call_id": "toolu_1"}),
+        ),
+        text(Role::User, "stray", json!({"tool_call_id": "toolu_9"})),
+        text(Role::User, "Now Rome.", json!({})),
+    ];
+    let answer = || {
+        let mut frames = vec![message_start(1)];
+        frames.extend(message_end("end_turn", 1));
+        Canned::sse(&frames)
+    };
+    let server = serve(vec![answer(), answer()]).await;
+    let mut req = tool_request();
+    req.messages.extend(history.clone());
+    let (_, err) = collect(provider(&server).stream(&req)).await;
+    assert_eq!(err, None);
+    let mut structured = request(Mode::StructuredOutput);
+    structured.messages.extend(history);
+    let (_, err) = collect(provider(&server).stream(&structured)).await;
+    assert_eq!(err, None);
+    let sent = server.requests();
+    let msgs = sent[0].body["messages"]
+        .as_array()
+        .expect("messages")
+        .clone();
+    // The request's own user message first, then the history.
+    let n = msgs.len();
+    assert!(n >= 3, "{msgs:#?}");
+    assert_eq!(
+        msgs[n - 2],
+        json!({"role": "assistant", "content": [
+            {"type": "text", "text": "Checking."},
+            {"type": "tool_use", "id": "toolu_1", "name": "weather", "input": {"city": "Paris"}},
+            {"type": "tool_use", "id": "toolu_2", "name": "weather", "input": {"city": "Paris"}},
+        ]})
+    );
+    assert_eq!(
+        msgs[n - 1],
+        json!({"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": "toolu_1", "content": "{\"temp\": 21}"},
+            {"type": "tool_result", "tool_use_id": "toolu_2", "content": NO_RESULT},
+            {"type": "text", "text": "Now Rome."},
+        ]})
+    );
+    assert!(
+        !sent[0].body.to_string().contains("toolu_9"),
+        "the stray result is dropped"
+    );
+    // Roles alternate.
+    for pair in msgs.windows(2) {
+        assert_ne!(pair[0]["role"], pair[1]["role"], "{msgs:#?}");
+    }
+    // Structured mode: text only, no blocks.
+    let plain = sent[1].body["messages"].as_array().expect("messages");
+    assert!(plain.iter().all(|m| m["content"].is_string()), "{plain:#?}");
+}

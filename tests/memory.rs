@@ -88,7 +88,8 @@ fn dagloop(store: &Path, args: &[&str]) -> (Option<i32>, Value) {
 }
 
 /// Of 200 notes, the two about Ada reach the model's first request, each under its source, and
-/// none of the others; the later request shows them too (they are part of the goal's context).
+/// none of the others; the later request shows them too (searched again for the goal and what
+/// the first step brought, they still rank first).
 /// `dagloop memory search` lists the same two, `memory index` all 200 files. The run is
 /// replayed identical with the folder deleted: the chunks were recorded with the run.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -162,6 +163,88 @@ async fn the_goal_gets_the_two_relevant_chunks_and_a_replay_needs_no_folder() {
     let (code, replayed) = dagloop(&store, &["replay", &id]);
     assert_eq!(code, Some(0), "{replayed:#}");
     assert_eq!(replayed["status"], "identical", "{replayed:#}");
+}
+
+/// Memory is searched before each step, for the goal and what the step before brought: the
+/// first step's call writes about the observatory's telescope, so the second request shows the
+/// note about the telescope (which the first did not) beside the two about Ada. The chunks of
+/// each step are journaled: with the folder deleted, the replay is identical.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_step_gets_the_chunks_for_what_the_step_before_brought() {
+    let telescope = json!({"calls": [{"_tool": "greet", "name": "Ada",
+        "_output": {"greeting": "Hello Ada, the observatory telescope awaits you"},
+        "_outputPath": "†state.greeting"}], "output": null});
+    let server = serve(vec![answer(telescope), answer(final_output())]).await;
+    let dir = tempfile::tempdir().expect("dir");
+    let folder = notes(dir.path());
+    std::fs::write(
+        folder.join("telescope.md"),
+        "# The telescope\n\nThe observatory's telescope is pointed at Saturn on clear nights.\n",
+    )
+    .expect("note");
+    let goal = goal_with_memory(dir.path(), json!({"path": "notes"}));
+    let store = dir.path().join("runs.db");
+    let events = dir.path().join("events.jsonl");
+    let goal_arg = format!("goal={}", goal.display());
+    let store_arg = store.display().to_string();
+    let (code, r, stderr) = run(
+        &server,
+        "openai:a",
+        &["--store", &store_arg, &goal_arg],
+        &events,
+    )
+    .await;
+    assert_eq!(code, Some(0), "{r:#}\n{stderr}");
+    let requests = server.requests();
+    assert_eq!(requests.len(), 2);
+    let (first, second) = (
+        memory_text(&requests[0].body),
+        memory_text(&requests[1].body),
+    );
+    assert!(first.contains("[ada-greeting.md:1]"), "{first}");
+    assert!(
+        !first.contains("telescope"),
+        "step 1 knows nothing of it: {first}"
+    );
+    assert!(
+        second.contains("[telescope.md:1]\n# The telescope") && second.contains("Saturn"),
+        "step 2 searched for what step 1 wrote: {second}"
+    );
+    assert!(second.contains("[ada-greeting.md:1]"), "{second}");
+    assert!(!second.contains("shipment-"), "{second}");
+
+    std::fs::remove_dir_all(&folder).expect("remove notes");
+    let (_, listed) = dagloop(&store, &["runs", "--json"]);
+    let id = listed[0]["id"].as_str().expect("id").to_string();
+    let (code, replayed) = dagloop(&store, &["replay", &id]);
+    assert_eq!(code, Some(0), "{replayed:#}");
+    assert_eq!(replayed["status"], "identical", "{replayed:#}");
+    // What each step got is in the journal, under its step.
+    use dagloop::store::{RunStore, SqliteStore};
+    let stored = SqliteStore::open(&store)
+        .expect("store")
+        .load(&id)
+        .expect("run");
+    let journal = serde_json::to_value(&stored.journal).expect("journal");
+    let recalled: Vec<(u64, Vec<String>)> = journal
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|e| e["input"] == "recalled")
+        .map(|e| {
+            let sources = e["chunks"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|c| c["source"].as_str().map(str::to_string))
+                .collect();
+            (e["step"].as_u64().unwrap_or(0), sources)
+        })
+        .collect();
+    assert_eq!(recalled.len(), 2, "{recalled:?}");
+    assert_eq!((recalled[0].0, recalled[1].0), (1, 2));
+    assert!(!recalled[0].1.contains(&"telescope.md".to_string()));
+    assert!(recalled[1].1.contains(&"telescope.md".to_string()));
 }
 
 /// A memory folder outside the operator's granted file roots is refused before the run starts

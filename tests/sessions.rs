@@ -168,6 +168,70 @@ async fn a_follow_up_starts_from_the_runs_state_and_history_and_replays() {
     assert!(said.contains("identical"), "{said}");
 }
 
+/// A compacted run (its journal dropped) is followed like a whole one: the follow-up starts
+/// from its final state (kept with its result) and its history summary lists its calls from
+/// the description kept in the journal's place; the follow-up replays identically.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_compacted_run_is_followed_from_its_result_and_kept_description() {
+    let server = serve(vec![
+        answer(greet_call()),
+        answer(final_output()),
+        answer(reads_the_first_runs_state()),
+        answer(again_output()),
+    ])
+    .await;
+    let dir = tempfile::tempdir().expect("dir");
+    let store = dir.path().join("runs.db");
+    let first = first_run(&server, &store).await;
+    let out = bin::dagloop()
+        .args(["runs", "compact", &first, "--store"])
+        .arg(&store)
+        .output()
+        .expect("compact");
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let out = bin::dagloop()
+        .args(["replay", &first, "--store"])
+        .arg(&store)
+        .output()
+        .expect("replay");
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        said.contains("store.compacted"),
+        "the journal is gone: {said}"
+    );
+    let text = "Greet them again, using the greeting as the name.";
+    let (code, r, stderr) = dl(
+        &server,
+        &store,
+        &["run", "--continue", &first, text, "--model", "openai:m"],
+    )
+    .await;
+    assert_eq!(code, Some(0), "{r:#}\n{stderr}");
+    assert_eq!(
+        r["output"],
+        json!({"name": "Hello, Ada!", "greeting": "Hello again!"}),
+        "the follow-up read the compacted run's final state"
+    );
+    let child = r["run_id"].as_str().expect("run_id").to_string();
+    let msgs = contents(&server.requests()[2].body);
+    let summary = msgs
+        .iter()
+        .find(|m| m.starts_with("Earlier in this session"))
+        .unwrap_or_else(|| panic!("no history in {msgs:#?}"));
+    for part in [first.as_str(), "\"greet\"", "\"done\"", "Hello, Ada!"] {
+        assert!(summary.contains(part), "{part} not in {summary}");
+    }
+    let (_, shown, _) = dl(&server, &store, &["show", &child]).await;
+    assert_eq!(shown["session"], json!({"root": first, "parent": first}));
+    let out = bin::dagloop()
+        .args(["replay", &child, "--store"])
+        .arg(&store)
+        .output()
+        .expect("replay");
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(said.contains("identical"), "{said}");
+}
+
 /// `--carry state` takes the state over and no history; `--carry history` the history and
 /// not the state.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

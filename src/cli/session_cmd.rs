@@ -61,10 +61,11 @@ pub(super) async fn continue_run(
         },
         wait: over.wait,
     };
-    let stored = store.load(parent).map_err(|e| CliError::new(e.code(), e))?;
+    // A compacted parent is followed too (its result and kept description).
+    let stored = crate::runs::Parent::load(&*store.shared(), parent).map_err(err)?;
     // The parent's model, policy, mode and floor go on unless this command says otherwise;
     // what the follow-up may touch is this command's grants.
-    let base = run::RunOptions::from_stored(&stored.record.options).map_err(err)?;
+    let base = run::RunOptions::from_stored(&stored.record().options).map_err(err)?;
     let opts = run::RunOptions {
         model: over.model.or(base.model),
         approve: over.approve.or(base.approve),

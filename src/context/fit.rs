@@ -4,6 +4,9 @@
 //! context length is N tokens. However, your messages resulted in M tokens"; Anthropic:
 //! "prompt is too long: M tokens > N maximum").
 //!
+//! A model list may also state the window (`openai:a#window=8192`, [`Window::stated`]), known
+//! from the run's record before any refusal.
+//!
 //! Pure integer arithmetic over journaled text, so a replay decides as the run did.
 //! Deliberately not here: what a compaction level drops (`compact`), and choosing the level or
 //! ending the run (the run machine).
@@ -52,6 +55,16 @@ impl Window {
             sample_chars,
             sample_tokens,
         })
+    }
+
+    /// A window of `tokens` a model list states (`openai:a#window=8192`), at the cautious
+    /// characters-per-token figure until a refusal measures one.
+    pub fn stated(tokens: u64) -> Window {
+        Window {
+            tokens,
+            sample_chars: DEFAULT_CHARS_PER_TOKEN,
+            sample_tokens: 1,
+        }
     }
 
     /// The estimated tokens of a context of `chars` characters.
@@ -103,6 +116,15 @@ mod tests {
         assert_eq!((w.tokens, w.tokens_of(430_000)), (200_000, 215_000));
         let numberless = "the request exceeds the available context size";
         assert_eq!(Window::from_refusal(numberless, 100), None);
+        let stated = crate::llm::ModelSpec::window_of_list("openai:a#window=8192, openai:b, anthropic:c#window=4096");
+        assert_eq!(stated, Some(4096), "the smallest the list states");
+        assert_eq!(Window::stated(1_000).tokens_of(3_000), 1_000);
+        assert_eq!(crate::llm::ModelSpec::window_of_list("openai:a"), None);
+        assert!(crate::llm::ModelSpec::parse("openai:a#window=0").is_err());
+        assert_eq!(
+            crate::llm::ModelSpec::parse("openai:a#window=10").ok(),
+            Some(crate::llm::ModelSpec::OpenAi("a".into()))
+        );
         let no_count = "This model's maximum context length is 1024 tokens.";
         let w = Window::from_refusal(no_count, 0).expect("window");
         assert_eq!(w.tokens_of(3_000), 1_000, "three characters a token");

@@ -201,6 +201,76 @@ pub fn select(found: Vec<Found>, top: u32, budget: u32) -> Vec<Found> {
     out
 }
 
+/// The most characters of a step's own material (its input, or the last step's calls, results
+/// and thoughts) in its memory query: a step that read a large result searches for its start.
+pub const MAX_STEP_QUERY_CHARS: usize = 4_000;
+
+/// The query an agent's step searches the memory for: the goal, then what is new for the step —
+/// the run's input for the first, the last step's calls with their results and errors, and the
+/// model's thoughts, for a later one — that part cut at [`MAX_STEP_QUERY_CHARS`].
+pub fn step_query(
+    goal: &str,
+    input: Option<&serde_json::Value>,
+    plan: &[crate::context::PlanEntry],
+    thoughts: Option<&serde_json::Value>,
+) -> String {
+    let mut new = String::new();
+    let mut add = |v: &serde_json::Value| {
+        match v {
+            serde_json::Value::String(s) => new.push_str(s),
+            v => new.push_str(&v.to_string()),
+        }
+        new.push('\n');
+    };
+    if let Some(i) = input {
+        add(i);
+    }
+    for e in plan {
+        if let Some(c) = &e.call {
+            add(&c.to_value());
+        }
+        for v in [&e.result, &e.error].into_iter().flatten() {
+            add(v);
+        }
+    }
+    if let Some(t) = thoughts {
+        add(t);
+    }
+    let cut = new
+        .char_indices()
+        .nth(MAX_STEP_QUERY_CHARS)
+        .map_or(new.len(), |(b, _)| b);
+    format!("{goal}\n{}", &new[..cut])
+}
+
+/// A run's workspace memory as its engine searches it before each step: the source (its `top`
+/// and `budget_tokens`) and the folder's index (None when the folder could not be read again
+/// for a resumed run: its steps then recall nothing).
+#[derive(Debug)]
+pub struct Recall {
+    /// The memory source.
+    pub source: MemorySource,
+    /// The folder's chunks, indexed.
+    pub index: Option<Index>,
+}
+
+impl Recall {
+    /// The chunks a step whose query is `query` gets: the best within `top` and the budget.
+    pub fn chunks(&self, query: &str) -> Vec<Chunk> {
+        match &self.index {
+            Some(index) => select(
+                index.search(query),
+                self.source.top(),
+                self.source.budget(),
+            )
+            .into_iter()
+            .map(|f| f.chunk)
+            .collect(),
+            None => Vec::new(),
+        }
+    }
+}
+
 /// How the memory message begins.
 const HEADER: &str = "Workspace memory: ";
 

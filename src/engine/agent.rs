@@ -45,6 +45,10 @@ pub struct Agent {
     pub(super) event_capacity: usize,
     /// Whether the run makes spans and metrics ([`super::AgentBuilder::traced`]).
     pub(super) traced: bool,
+    /// The run's workspace memory, searched before each step ([`super::AgentBuilder::memory`]).
+    pub(super) recall: Option<Arc<crate::context::memory::Recall>>,
+    /// The context window the run's model list states ([`crate::llm::ModelSpec::window_of_list`]).
+    pub(super) window_tokens: Option<u64>,
 }
 
 impl Agent {
@@ -89,6 +93,8 @@ impl Agent {
             config: self.config.clone(),
             policy: self.policy.clone(),
             sanitize: self.sanitize,
+            recall: self.recall.is_some(),
+            window_tokens: self.window_tokens,
         };
         let (tx, _) = broadcast::channel(self.event_capacity);
         let (ops_tx, ops) = mpsc::unbounded_channel();
@@ -130,6 +136,7 @@ impl Agent {
             ops,
             models: self.models,
             settings: self.settings,
+            recall: self.recall,
             executor: self.executor,
             lease: super::driver::LeaseKeeper::new(self.journal.as_ref()),
             sink: self.journal,

@@ -76,6 +76,7 @@ pub struct AgentBuilder {
     event_capacity: usize,
     mode: Option<crate::llm::Mode>,
     traced: bool,
+    recall: Option<Arc<crate::context::memory::Recall>>,
     delegate_goals: Option<BTreeMap<String, crate::goal::RecordedGoal>>,
 }
 
@@ -105,6 +106,7 @@ impl AgentBuilder {
             event_capacity: super::bus::DEFAULT_CAPACITY,
             mode: None,
             traced: true,
+            recall: None,
             delegate_goals: None,
         }
     }
@@ -244,6 +246,14 @@ impl AgentBuilder {
         self
     }
 
+    /// Workspace memory searched before each step of the run's own agent: the machine asks for
+    /// the step's chunks ([`crate::machine::Action::Recall`]) and the engine answers from
+    /// `recall`'s index, journaled; the step's context shows them.
+    pub fn memory(mut self, recall: Arc<crate::context::memory::Recall>) -> Self {
+        self.recall = Some(recall);
+        self
+    }
+
     /// Model settings (mode, temperature, timeouts), for every agent of the run. Their mode
     /// is used only when neither [`AgentBuilder::mode`] nor the goal's `mode` says otherwise
     /// (and a delegate goal's own `mode` wins for its nested agent).
@@ -286,6 +296,13 @@ impl AgentBuilder {
         if let Some(m) = self.mode.or(self.goal.mode) {
             self.settings.mode = m;
         }
+        // The window the list states: read from the spec the run records (the command line's,
+        // else the goal's), so a reader of the run knows it as the run did.
+        let window_tokens = self
+            .model_spec
+            .as_deref()
+            .or(self.goal.model.as_deref())
+            .and_then(ModelSpec::window_of_list);
         let mut root_models: Vec<Arc<dyn Model>> = match (self.model.take(), &self.model_spec) {
             (Some(m), _) => vec![m],
             (None, Some(spec)) => build_list(ModelSpec::parse_list(spec)?)?,
@@ -345,6 +362,8 @@ impl AgentBuilder {
             cancel: self.cancel,
             event_capacity: self.event_capacity,
             traced: self.traced,
+            recall: self.recall,
+            window_tokens,
         })
     }
 }

@@ -39,6 +39,8 @@ pub(super) struct Driver {
     pub ops: mpsc::UnboundedReceiver<OpRequest>,
     pub models: Models,
     pub settings: Settings,
+    /// The run's workspace memory, searched before each step ([`Action::Recall`]).
+    pub recall: Option<Arc<crate::context::memory::Recall>>,
     pub executor: Arc<dyn Executor>,
     pub sink: Option<Arc<dyn JournalSink>>,
     pub clock: Clock,
@@ -173,6 +175,9 @@ impl Driver {
         self.lease.start();
         let mut cancel_seen = false;
         while self.result.is_none() {
+            // What the machine's last actions queued at once (a workspace memory search's
+            // answer) is committed before the driver waits.
+            self.pump();
             self.update_idle();
             let now = (self.clock)();
             let wake_at = self.alarm.next_at(&self.machine);
@@ -584,11 +589,15 @@ impl Driver {
     }
 
     /// Starts committing what waits in the queue, unless a commit is in flight (without a sink
-    /// the queue is handed to the machine at once).
+    /// the queue is handed to the machine at once, and what that queues in turn, such as a
+    /// workspace memory search's answer, after it).
     fn pump(&mut self) {
-        if self.commit.is_some() || self.queue.is_empty() || self.result.is_some() {
-            return;
+        while self.commit.is_none() && !self.queue.is_empty() && self.result.is_none() {
+            self.pump_once();
         }
+    }
+
+    fn pump_once(&mut self) {
         let inputs = if self.sink.is_some() && self.queue.len() > BATCH {
             let rest = self.queue.split_off(BATCH);
             std::mem::replace(&mut self.queue, rest)
@@ -708,6 +717,20 @@ impl Driver {
                 let name = model.name_at(first);
                 self.turns
                     .open(frame, step, skip_calls, config, &req, stream, name);
+            }
+            Action::Recall { frame, step, query } => {
+                // A search of an index in memory: answered at once, journaled before the
+                // machine takes it (the step's context is rebuilt from the journal).
+                let chunks = self
+                    .recall
+                    .as_ref()
+                    .map(|r| r.chunks(&query))
+                    .unwrap_or_default();
+                self.queue.push(RunInput::Recalled {
+                    frame,
+                    step,
+                    chunks,
+                });
             }
             Action::CloseStream { frame } => self.turns.close(frame),
             Action::Launch {

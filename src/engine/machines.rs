@@ -24,6 +24,11 @@ pub(crate) struct MachineDef {
     pub(crate) policy: Policy,
     /// What is shown of tool results.
     pub(crate) sanitize: SanitizeLimits,
+    /// The run's agent searches its workspace memory before each step.
+    pub(crate) recall: bool,
+    /// The context window the run's model list states (`openai:a#window=8192`; the smallest
+    /// of the list), known before any refusal.
+    pub(crate) window_tokens: Option<u64>,
 }
 
 /// What the machine is for.
@@ -45,6 +50,8 @@ impl MachineDef {
             self.policy.clone(),
             self.sanitize,
         );
+        m.recall_memory(self.recall);
+        m.stated_window(self.window_tokens);
         if purpose == MachineUse::Replay {
             m.keep_launched(true);
         }

@@ -367,6 +367,7 @@ impl Grants {
     /// under a granted root.
     fn check_model(&self, pointer: &str, spec: &str, base: &Path) -> Result<(), GrantError> {
         for one in spec.split(',') {
+            let (one, _) = crate::llm::ModelSpec::split_window(one.trim()).unwrap_or((one, None));
             if let Some(path) = one.trim().strip_prefix("scripted:") {
                 self.file(pointer, path, base)?;
             }

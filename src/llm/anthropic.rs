@@ -21,11 +21,11 @@ use serde_json::{Value, json};
 use super::http::{Decoder, HttpCall, sse_stream};
 use super::openai_stream::{excerpt, provider_error};
 use super::secret::Redactor;
-use super::wire::{SOLUTION_TOOL, functions, role_and_text, role_name};
+use super::wire::{SOLUTION_TOOL, functions, role_and_text};
 use super::{
     ApiKey, EventStream, FinishReason, LlmError, Mode, Model, Request, StreamEvent, ToolChoice,
 };
-use crate::protocol::Role;
+use crate::protocol::{Message, Role};
 
 /// Default base URL when `ANTHROPIC_BASE_URL` is unset.
 pub const DEFAULT_ANTHROPIC_BASE_URL: &str = "https://api.anthropic.com";
@@ -117,25 +117,27 @@ impl Anthropic {
         } else {
             &s.model
         };
-        let mut system: Vec<String> = Vec::new();
-        let mut messages: Vec<(Role, String)> = Vec::new();
-        for m in &req.messages {
-            match role_and_text(m) {
-                (Role::System, text) => system.push(text),
-                (role, text) => match messages.last_mut() {
-                    // The API wants alternating roles: consecutive messages of one role merge.
-                    Some((last, prev)) if *last == role => {
-                        prev.push_str("\n\n");
-                        prev.push_str(&text);
-                    }
-                    _ => messages.push((role, text)),
-                },
-            }
-        }
-        let messages: Vec<Value> = messages
-            .into_iter()
-            .map(|(r, t)| json!({"role": role_name(r), "content": t}))
+        let is_system = |m: &Message| {
+            matches!(
+                m,
+                Message::Text {
+                    role: Role::System,
+                    ..
+                }
+            )
+        };
+        let system: Vec<String> = req
+            .messages
+            .iter()
+            .filter(|m| is_system(m))
+            .map(|m| role_and_text(m).1)
             .collect();
+        // Consecutive messages of one role merge; in tool-call mode, native calls in the
+        // history go as `tool_use`/`tool_result` blocks, each call with its result.
+        let messages = super::history::anthropic_messages(
+            req.messages.iter().filter(|m| !is_system(m)),
+            matches!(s.mode, Mode::ToolCalls),
+        );
         let mut body = json!({
             "model": model,
             "max_tokens": s.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS),

@@ -5,14 +5,15 @@
 //! A context message carries native calls in its unknown fields, in the OpenAI shape: an
 //! assistant text message with `tool_calls` (`[{"id", "type": "function", "function": {"name",
 //! "arguments"}}]`), and a text message with `tool_call_id` for a call's result (its text is
-//! the result). In tool-call mode the OpenAI provider sends them natively ([`openai_messages`]);
-//! in the other modes, and to Anthropic, they are sent as text, as any message is, so no
-//! unmatched pair can reach a provider. Before native messages are sent, [`pair_calls`] makes
-//! every call be followed by its result: a call without one is completed with a result that
-//! says so, a result that answers no call just before it is dropped.
+//! the result). In tool-call mode the OpenAI provider sends them natively ([`openai_messages`])
+//! and so does Anthropic, as `tool_use` and `tool_result` blocks ([`anthropic_messages`]); in
+//! the other modes they are sent as text, as any message is, so no unmatched pair can reach a
+//! provider. Before native messages are sent, [`pair_calls`] makes every call be followed by
+//! its result: a call without one is completed with a result that says so, a result that
+//! answers no call just before it is dropped.
 //!
-//! Deliberately not here: where history comes from (`context`, `runs::session`), and
-//! Anthropic's `tool_use` blocks (never sent in history).
+//! Deliberately not here: where history comes from (`context`, `runs::session`), and the rest
+//! of either provider's request (system prompt, tools, settings).
 
 use serde_json::{Value, json};
 
@@ -30,17 +31,20 @@ pub const NO_RESULT: &str = "{\"error\": {\"code\": \"history.no_result\", \"mes
 /// The chat-completions messages for `messages`: with `native` (tool-call mode), an assistant
 /// message's `tool_calls` and a `tool_call_id` result are sent as the API's own, every call
 /// paired with its result ([`pair_calls`]); otherwise every message is its role and text.
-pub(crate) fn openai_messages(messages: &[Message], native: bool) -> Vec<Value> {
+pub(crate) fn openai_messages<'a>(
+    messages: impl IntoIterator<Item = &'a Message>,
+    native: bool,
+) -> Vec<Value> {
     let plain = |m: &Message| {
         let (role, text) = role_and_text(m);
         json!({"role": role_name(role), "content": text})
     };
     if !native {
-        return messages.iter().map(plain).collect();
+        return messages.into_iter().map(plain).collect();
     }
     let mut any = false;
     let out: Vec<Value> = messages
-        .iter()
+        .into_iter()
         .map(|m| match m {
             Message::Text {
                 role: Role::Assistant,
@@ -63,6 +67,75 @@ pub(crate) fn openai_messages(messages: &[Message], native: bool) -> Vec<Value> 
         })
         .collect();
     if any { pair_calls(out) } else { out }
+}
+
+/// The Anthropic messages for `messages` (no system message among them): with `native`
+/// (tool-call mode) and native calls in the history, the calls paired as for OpenAI
+/// ([`pair_calls`]) and sent as an assistant message's `tool_use` blocks (`input`: the call's
+/// arguments as JSON, `{}` when they do not parse) followed by a user message of their
+/// `tool_result` blocks. The API wants alternating roles: consecutive messages of one role
+/// merge (texts joined by a blank line; with blocks, their blocks in order).
+pub(crate) fn anthropic_messages<'a>(
+    messages: impl IntoIterator<Item = &'a Message>,
+    native: bool,
+) -> Vec<Value> {
+    let chat = openai_messages(messages, native);
+    let blocks = chat
+        .iter()
+        .any(|m| m["role"] == "tool" || m.get(TOOL_CALLS).is_some());
+    let mut out: Vec<Value> = Vec::with_capacity(chat.len());
+    for m in chat {
+        let (role, content) = if blocks {
+            anthropic_blocks(m)
+        } else {
+            let role = m["role"].as_str().unwrap_or("user").to_string();
+            (role, m["content"].clone())
+        };
+        match out.last_mut() {
+            Some(last) if last["role"] == role.as_str() => {
+                let prev = last["content"].take();
+                last["content"] = match (prev, content) {
+                    (Value::String(a), Value::String(b)) => Value::String(format!("{a}\n\n{b}")),
+                    (Value::Array(mut a), Value::Array(b)) => {
+                        a.extend(b);
+                        Value::Array(a)
+                    }
+                    (a, _) => a,
+                };
+            }
+            _ => out.push(json!({"role": role, "content": content})),
+        }
+    }
+    out
+}
+
+/// One chat-completions message as Anthropic content blocks: a call's `tool_use` blocks after
+/// its text, a `tool` message's `tool_result` block (from the user), any other text a `text`
+/// block.
+fn anthropic_blocks(m: Value) -> (String, Value) {
+    let text = |t: &Value| -> Vec<Value> {
+        match t.as_str() {
+            Some(t) if !t.is_empty() => vec![json!({"type": "text", "text": t})],
+            _ => Vec::new(),
+        }
+    };
+    let role = m["role"].as_str().unwrap_or("user");
+    if role == "tool" {
+        let block = json!({"type": "tool_result", "tool_use_id": m["tool_call_id"],
+                           "content": m["content"]});
+        return ("user".into(), json!([block]));
+    }
+    let mut blocks = text(&m["content"]);
+    for c in m[TOOL_CALLS].as_array().into_iter().flatten() {
+        let input = c["function"]["arguments"]
+            .as_str()
+            .and_then(|a| serde_json::from_str::<Value>(a).ok())
+            .filter(Value::is_object)
+            .unwrap_or_else(|| json!({}));
+        blocks.push(json!({"type": "tool_use", "id": c["id"],
+                           "name": c["function"]["name"], "input": input}));
+    }
+    (role.to_string(), Value::Array(blocks))
 }
 
 /// Chat-completions messages in which every assistant tool call is followed by its result:

@@ -367,12 +367,44 @@ pub enum ModelSpec {
     Anthropic(String),
 }
 
+/// How a model entry states its context window, after the spec: `openai:a#window=8192`.
+pub const WINDOW_SUFFIX: &str = "#window=";
+
 impl ModelSpec {
-    /// Parses `scripted:PATH`, `openai:MODEL` or `anthropic:MODEL`.
+    /// The context window (in tokens) one model entry states (`openai:a#window=8192`), and the
+    /// spec without it; an entry that states none is returned whole.
+    pub fn split_window(spec: &str) -> Result<(&str, Option<u64>), LlmError> {
+        let Some((model, window)) = spec.rsplit_once(WINDOW_SUFFIX) else {
+            return Ok((spec, None));
+        };
+        match window.trim().parse::<u64>() {
+            Ok(n) if n > 0 => Ok((model.trim_end(), Some(n))),
+            _ => Err(LlmError::InvalidSpec {
+                spec: spec.to_string(),
+                reason: format!(
+                    "`{WINDOW_SUFFIX}` needs a whole number of tokens above 0, found `{window}`"
+                ),
+            }),
+        }
+    }
+
+    /// The smallest context window the models of a comma-separated list state
+    /// (`openai:a#window=8192,openai:b`): a context that fits it fits every model that says.
+    /// None when none states one (or the list does not parse: building its models says why).
+    pub fn window_of_list(specs: &str) -> Option<u64> {
+        specs
+            .split(',')
+            .filter_map(|one| Self::split_window(one.trim()).ok().and_then(|(_, w)| w))
+            .min()
+    }
+
+    /// Parses `scripted:PATH`, `openai:MODEL` or `anthropic:MODEL`, each optionally followed by
+    /// the model's context window (`#window=TOKENS`, [`ModelSpec::split_window`]).
     pub fn parse(spec: &str) -> Result<ModelSpec, LlmError> {
         let unknown = || LlmError::UnknownSpec {
             spec: spec.to_string(),
         };
+        let (spec, _) = Self::split_window(spec)?;
         let (kind, rest) = spec.split_once(':').ok_or_else(unknown)?;
         if rest.trim().is_empty() {
             return Err(LlmError::InvalidSpec {

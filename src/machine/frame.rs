@@ -92,6 +92,13 @@ pub(super) struct Frame {
     pub usage: Usage,
     /// Set when the agent must stop at the end of the current step (cancel, timeout).
     pub stopping: Option<RunStatus>,
+    /// The step whose workspace memory was asked for and the query, until the engine answers
+    /// (`RunInput::Recalled`).
+    pub recall: Option<(u32, String)>,
+    /// The workspace memory chunks recalled for the current step (shown in its context).
+    pub recalled: Vec<crate::context::memory::Chunk>,
+    /// The model's `thoughts` in the current turn (part of the next step's memory query).
+    pub thoughts: Option<Value>,
 }
 
 /// What was wrong with one step's answer: a stable code and the problem in words.
@@ -183,6 +190,9 @@ impl Frame {
             unshown: BTreeMap::new(),
             usage: Usage::default(),
             stopping: None,
+            recall: None,
+            recalled: Vec::new(),
+            thoughts: None,
         }
     }
 
@@ -197,6 +207,7 @@ impl Frame {
         let state_view = state.view("state").unwrap_or(Value::Null);
         let input_schema = cfg.input.as_ref().and_then(|(_, s)| s.as_ref());
         let mut extra = cfg.context.clone();
+        extra.extend(context::memory::message(&self.recalled));
         extra.extend(self.extra.iter().cloned());
         context::assemble(ContextInput {
             goal: &cfg.goal,
@@ -250,7 +261,9 @@ impl Frame {
             .as_ref()
             .map(|v| context::sanitize_owned(compact::input(v.clone(), level), &limits));
         let input_schema = cfg.input.as_ref().and_then(|(_, s)| s.as_ref());
-        let mut extra = compact::context(&cfg.context, level);
+        let mut extra = cfg.context.clone();
+        extra.extend(context::memory::message(&self.recalled));
+        let mut extra = compact::context(&extra, level);
         extra.extend(self.extra.iter().cloned());
         let mut out = context::assemble(ContextInput {
             goal: &cfg.goal,

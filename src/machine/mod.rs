@@ -50,6 +50,8 @@ mod types;
 mod tests;
 #[cfg(test)]
 mod eager_tests;
+#[cfg(test)]
+mod recall_tests;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -90,6 +92,8 @@ pub struct RunMachine {
     /// Who cancelled the run, when its cancellation said so (put on its `run_finished`).
     cancelled_by: Option<crate::protocol::Actor>,
     keep_launched: bool,
+    /// The run's agent recalls workspace memory before each step ([`Action::Recall`]).
+    recall: bool,
     /// The model's window, once a provider's "too long" answer named it (`context::fit`):
     /// later turns are compacted before they are asked when they would not fit.
     window: Option<crate::context::fit::Window>,
@@ -137,6 +141,7 @@ impl RunMachine {
             finished: None,
             cancelled_by: None,
             keep_launched: false,
+            recall: false,
             window: None,
             grants: Vec::new(),
             attribution: BTreeMap::new(),
@@ -154,6 +159,22 @@ impl RunMachine {
     /// the copies a replay would silently skip that. A run that never stops needs none.
     pub fn keep_launched(&mut self, on: bool) {
         self.keep_launched = on;
+    }
+
+    /// Has the run's own agent search the workspace memory before each step: it asks the
+    /// engine ([`Action::Recall`]) and shows the chunks the engine journals
+    /// ([`RunInput::Recalled`]) in that step's context. A run defined with memory per step is
+    /// replayed with it on too (`runs::DefRecord::recall`).
+    pub fn recall_memory(&mut self, on: bool) {
+        self.recall = on;
+    }
+
+    /// The context window the run's model list states, in tokens (None: unknown until a
+    /// provider's refusal names it). Each step whose context would not fit is compacted before
+    /// it is asked, as after a refusal that named the window (`context::fit`); a refusal
+    /// naming another window replaces it.
+    pub fn stated_window(&mut self, tokens: Option<u64>) {
+        self.window = tokens.map(crate::context::fit::Window::stated);
     }
 
     /// A machine to replay a run's journal through: [`RunMachine::new`] keeping running calls,
@@ -483,7 +504,18 @@ impl RunMachine {
                 }
             }
             // Read by the run's readers only (the page shows them beside the calls).
-            RunInput::Thoughts { .. } => {}
+            RunInput::Thoughts { frame, thoughts } => {
+                if self.recall
+                    && let Some(f) = self.live(frame)
+                {
+                    f.thoughts = Some(thoughts);
+                }
+            }
+            RunInput::Recalled {
+                frame,
+                step,
+                chunks,
+            } => self.recalled(frame, step, chunks, now, out),
             RunInput::Shown { call, presentation } => {
                 // The reviewer's clock starts at the call's first showing (of this
                 // presentation); a later showing changes nothing.

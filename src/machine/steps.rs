@@ -89,9 +89,7 @@ impl RunMachine {
         work: &mut Vec<Work>,
         out: &mut Vec<Action>,
     ) {
-        let sanitize = self.sanitize;
-        let keep = self.keep_launched;
-        let window = self.window;
+        let recall = self.recall && key.is_none();
         let Some(f) = self.frames.get_mut(&key) else {
             return;
         };
@@ -99,6 +97,57 @@ impl RunMachine {
         if step > f.cfg.limits.max_steps {
             return self.finish(key, RunStatus::MaxSteps, None, Value::Null, now, work, out);
         }
+        if recall {
+            // The engine searches the workspace memory; the step is asked once its answer
+            // (`RunInput::Recalled`) is journaled.
+            let query = crate::context::memory::step_query(
+                &f.cfg.goal,
+                if step == 1 { f.input.as_ref() } else { None },
+                &f.plan,
+                f.thoughts.take().as_ref(),
+            );
+            f.recall = Some((step, query.clone()));
+            out.push(Action::Recall {
+                frame: key,
+                step,
+                query,
+            });
+            return;
+        }
+        self.ask(key, now, out);
+    }
+
+    /// The engine's answer to [`Action::Recall`]: the chunks are kept for the step's context,
+    /// which is then asked. An answer for a step not awaiting one (the agent stopped meanwhile)
+    /// changes nothing.
+    pub(super) fn recalled(
+        &mut self,
+        key: FrameKey,
+        step: u32,
+        chunks: Vec<crate::context::memory::Chunk>,
+        now: Millis,
+        out: &mut Vec<Action>,
+    ) {
+        let Some(f) = self.frames.get_mut(&key) else {
+            return;
+        };
+        if f.recall.as_ref().map(|(s, _)| *s) != Some(step) || f.stopping.is_some() {
+            return;
+        }
+        f.recall = None;
+        f.recalled = chunks;
+        self.ask(key, now, out);
+    }
+
+    /// Asks the model for the agent's next step (its memory, if any, already recalled).
+    fn ask(&mut self, key: FrameKey, now: Millis, out: &mut Vec<Action>) {
+        let sanitize = self.sanitize;
+        let keep = self.keep_launched;
+        let window = self.window;
+        let Some(f) = self.frames.get_mut(&key) else {
+            return;
+        };
+        let step = f.step + 1;
         let state = f.state.take();
         let mut messages = match &state {
             Some(state) => f.messages(state, sanitize),
@@ -160,6 +209,13 @@ impl RunMachine {
     /// After a restart: turns that were streaming are asked again, running calls interrupted.
     pub(super) fn resume(&mut self, work: &mut Vec<Work>, out: &mut Vec<Action>) {
         for f in self.frames.values() {
+            if let Some((step, query)) = &f.recall {
+                out.push(Action::Recall {
+                    frame: f.key,
+                    step: *step,
+                    query: query.clone(),
+                });
+            }
             if f.streaming {
                 out.push(Action::Request {
                     frame: f.key,

@@ -98,6 +98,18 @@ pub enum RunInput {
         /// The thoughts (a string, usually; any JSON value the model wrote).
         thoughts: Value,
     },
+    /// The workspace memory chunks the engine found for an agent's next step (answering
+    /// [`Action::Recall`]): journaled, so the step's context is rebuilt without the folder.
+    Recalled {
+        /// The agent.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        frame: FrameKey,
+        /// The step they are for.
+        step: u32,
+        /// The chunks, best first (empty: none matched, or no index to search).
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        chunks: Vec<crate::context::memory::Chunk>,
+    },
     /// Tokens reported by the provider (or estimated when it reports none).
     Usage {
         /// The agent.
@@ -300,6 +312,7 @@ impl RunInput {
             RunInput::Problem { .. } => "problem",
             RunInput::Usage { .. } => "usage",
             RunInput::Thoughts { .. } => "thoughts",
+            RunInput::Recalled { .. } => "recalled",
             RunInput::Retry { .. } => "retry",
             RunInput::Fallback { .. } => "fallback",
             RunInput::Reask { .. } => "reask",
@@ -379,6 +392,17 @@ pub enum Action {
         /// Ask that model without streaming: a turn asked again after a restart that a
         /// journaled [`RunInput::Reask`] had moved to a whole (non-streamed) request.
         whole: bool,
+    },
+    /// Search the run's workspace memory for an agent's next step (its goal and what the last
+    /// step brought: [`crate::context::memory::step_query`]); feed back [`RunInput::Recalled`]
+    /// for this frame and step, whose chunks the step's context shows.
+    Recall {
+        /// The agent.
+        frame: FrameKey,
+        /// The step about to be asked.
+        step: u32,
+        /// What to search for.
+        query: String,
     },
     /// Stop reading an agent's model stream (the agent was cancelled or timed out).
     CloseStream {

@@ -13,6 +13,7 @@ use std::sync::{Arc, OnceLock};
 
 use super::{DefRecord, RunOptions, RunsError, policy_for};
 use crate::approval::Policy;
+use crate::context::memory::Recall;
 use crate::goal::{DelegateGoals, Goal, RecordedGoal};
 use crate::grants::Grants;
 use crate::machine::AgentConfig;
@@ -31,6 +32,9 @@ pub struct RunDef {
     /// A stored run held to what it recorded (not `--accept-changes`): its MCP servers must
     /// announce the tools it recorded (`launch`).
     pub(super) held: bool,
+    /// The workspace memory the run's engine searches before each step (a run defined to
+    /// drive it; a reader of a stored run has none and never searches).
+    pub(super) recall: Option<Arc<Recall>>,
 }
 
 /// Defines a run of `goal` under `options` in a process that grants `grants`: everything the
@@ -85,14 +89,29 @@ pub fn define(
         Some(p) => p.kept_result_bytes,
         None => grants.kept_result_bytes,
     };
-    // Workspace memory is ranked once, when the run begins; a resumed run shows what it
-    // recorded (the folder may have changed or gone).
-    let memory = match &previous {
-        Some(r) => r.memory.clone(),
-        None => super::memory::retrieve(&goal, &grants)?
-            .into_iter()
-            .map(|f| f.chunk)
-            .collect(),
+    // Workspace memory is searched before each step, by the engine, from the folder indexed
+    // here; what each step got is journaled. A run recorded before that shows the chunks it
+    // recorded at every step; a resumed run whose folder is gone recalls nothing new.
+    let (memory, recall) = match &previous {
+        Some(r) => {
+            let recall = r.recall.clone().map(|source| {
+                let index = super::memory::index(&goal, &grants)
+                    .ok()
+                    .flatten()
+                    .map(|(_, index)| index);
+                Arc::new(Recall { source, index })
+            });
+            (r.memory.clone(), recall)
+        }
+        None => {
+            let recall = super::memory::index(&goal, &grants)?.map(|(source, index)| {
+                Arc::new(Recall {
+                    source,
+                    index: Some(index),
+                })
+            });
+            (Vec::new(), recall)
+        }
     };
     let previous = previous.unwrap_or_default();
     options.record = Some(DefRecord {
@@ -107,6 +126,7 @@ pub fn define(
         sanitize: previous.sanitize,
         kept_result_bytes,
         memory,
+        recall: recall.as_ref().map(|r| r.source.clone()),
     });
     let mut effective = goal.clone();
     grants.resolve_mcp(&mut effective)?;
@@ -119,6 +139,7 @@ pub fn define(
         policy,
         config: Arc::default(),
         held,
+        recall,
     })
 }
 
@@ -192,6 +213,9 @@ impl RunDef {
             .delegate_goals(self.record().delegates.clone())
             .sanitize(self.sanitize())
             .kept_result_bytes(self.kept_result_bytes());
+        if let Some(r) = &self.recall {
+            builder = builder.memory(r.clone());
+        }
         let grants = &self.grants;
         builder.registry_mut().enable_shell(grants.allows_shell());
         if !grants.egress.is_open() || !grants.secrets.is_open() {

@@ -444,13 +444,17 @@ pub fn absolute_model(spec: &str) -> String {
             .collect::<Vec<_>>()
             .join(",");
     }
-    match spec.strip_prefix("scripted:") {
+    let (bare, window) = crate::llm::ModelSpec::split_window(spec).unwrap_or((spec, None));
+    match bare.strip_prefix("scripted:") {
         Some(p) if !std::path::Path::new(p).is_absolute() => {
             let path = std::path::Path::new(p);
             let abs = std::fs::canonicalize(path)
                 .or_else(|_| std::path::absolute(path))
                 .unwrap_or_else(|_| path.to_path_buf());
-            format!("scripted:{}", abs.display())
+            let window = window.map_or(String::new(), |w| {
+                format!("{}{w}", crate::llm::WINDOW_SUFFIX)
+            });
+            format!("scripted:{}{window}", abs.display())
         }
         _ => spec.to_string(),
     }

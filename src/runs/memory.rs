@@ -9,7 +9,7 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::context::memory::{self, Chunk, Found, Index, MemorySource};
+use crate::context::memory::{self, Chunk, Index, MemorySource};
 use crate::goal::Goal;
 use crate::grants::{GrantError, Grants};
 
@@ -60,12 +60,10 @@ impl MemoryError {
     }
 }
 
-/// The query a goal's memory is ranked for: its text and its input.
+/// The query a goal's first step searches its memory for: its text and its input
+/// ([`memory::step_query`]; later steps add what the step before brought).
 pub fn query_of(goal: &Goal) -> String {
-    match &goal.input {
-        Some(input) => format!("{}\n{input}", goal.goal),
-        None => goal.goal.clone(),
-    }
+    memory::step_query(&goal.goal, goal.input.as_ref(), &[], None)
 }
 
 /// The goal's memory folder, indexed (the goal's own, held to the file roots; else the
@@ -81,16 +79,6 @@ pub fn index(goal: &Goal, grants: &Grants) -> Result<Option<(MemorySource, Index
     };
     let chunks = read(&folder, &source.path)?;
     Ok(Some((source.clone(), Index::new(chunks))))
-}
-
-/// The chunks the goal's context gets: the best for [`query_of`] within its budget.
-pub fn retrieve(goal: &Goal, grants: &Grants) -> Result<Vec<Found>, MemoryError> {
-    Ok(match index(goal, grants)? {
-        Some((source, index)) => {
-            memory::select(index.search(&query_of(goal)), source.top(), source.budget())
-        }
-        None => Vec::new(),
-    })
 }
 
 /// Every chunk of the files under `folder` (`written`: the folder as the goal wrote it, for

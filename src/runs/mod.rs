@@ -38,7 +38,9 @@ pub use launch::{
 pub use list::{derive_missing, list_runs};
 pub use options::{RunOptions, policy_for};
 pub use record::{DefRecord, Replay};
-pub use session::{Carry, Continue, Next, SessionOf, continue_run, follow_up, session_of};
+pub use session::{
+    Carry, Continue, Next, Parent, SessionOf, continue_run, follow_up, session_of,
+};
 pub use replay::{Divergence, Replayed, fresh_machine, replay_run};
 pub use view::{
     AwaitingCall, CallView, ModelFallback, Rebuilt, RunView, Span, Thought, action_of, describe,

@@ -47,6 +47,11 @@ pub struct DefRecord {
     /// run began: readers and replays use these, never the folder.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub memory: Vec<crate::context::memory::Chunk>,
+    /// The workspace memory the run's agent searches before each step (the chunks each step
+    /// got are journaled, `RunInput::Recalled`). Runs recorded before memory was searched per
+    /// step have none and show [`DefRecord::memory`] at every step.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recall: Option<crate::context::memory::MemorySource>,
 }
 
 impl DefRecord {
@@ -63,6 +68,7 @@ impl Default for DefRecord {
             sanitize: SanitizeLimits::default(),
             kept_result_bytes: None,
             memory: Vec::new(),
+            recall: None,
         }
     }
 }
@@ -131,6 +137,7 @@ impl RunDef {
             policy,
             config: Arc::default(),
             held: true,
+            recall: None,
         })
     }
 
@@ -178,6 +185,13 @@ impl RunDef {
             config: self.config()?,
             policy: self.policy.clone(),
             sanitize: self.sanitize(),
+            recall: self.record().recall.is_some(),
+            window_tokens: self
+                .options
+                .model
+                .as_deref()
+                .or(self.asked.model.as_deref())
+                .and_then(crate::llm::ModelSpec::window_of_list),
         })
     }
 

@@ -65,6 +65,8 @@ struct Expect {
     started: bool,
     /// Turns asked and not closed.
     open: BTreeSet<FrameKey>,
+    /// Workspace memory searches asked and not answered: (agent, step).
+    recalls: BTreeSet<(FrameKey, u32)>,
     /// Turns the machine stopped reading (late output of theirs is ignored).
     dropped: BTreeSet<FrameKey>,
     /// Calls launched whose outcome is awaited.
@@ -119,6 +121,14 @@ impl Expect {
                             frame_json(*frame).as_str().unwrap_or("run")
                         ),
                         turns(&self.open),
+                    ));
+                }
+            }
+            RunInput::Recalled { frame, step, .. } => {
+                if !self.recalls.remove(&(*frame, *step)) {
+                    return Err((
+                        "workspace memory for a step the machine did not search for".into(),
+                        json!({"memory_searches": self.recalls.iter().map(|(f, s)| json!({"agent": frame_json(*f), "step": s})).collect::<Vec<_>>()}),
                     ));
                 }
             }
@@ -177,6 +187,7 @@ impl Expect {
                 self.running.clear();
                 self.aborted.clear();
                 self.open.clear();
+                self.recalls.clear();
                 self.dropped.clear();
             }
             _ => {}
@@ -191,6 +202,9 @@ impl Expect {
             Action::Request { frame, .. } => {
                 self.dropped.remove(frame);
                 self.open.insert(*frame);
+            }
+            Action::Recall { frame, step, .. } => {
+                self.recalls.insert((*frame, *step));
             }
             Action::CloseStream { frame } => {
                 if self.open.remove(frame) {

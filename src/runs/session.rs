@@ -21,7 +21,8 @@ use serde_json::{Map, Value, json};
 use super::{Fork, RunOptions, RunsError};
 use crate::goal::Goal;
 use crate::protocol::{Message, Millis, Role};
-use crate::store::{RunRecord, RunStore, StoreError, StoredRun};
+use crate::machine::RunResult;
+use crate::store::{Compacted, RunRecord, RunStore, StoreError, StoredRun};
 
 /// The field a history message carries (beside its text, never sent to a model) to say which
 /// run of the session it summarises.
@@ -104,27 +105,85 @@ pub fn session_of(record: &RunRecord) -> SessionOf {
     }
 }
 
+/// The run a follow-up follows, as the store holds it.
+#[derive(Debug, Clone)]
+pub enum Parent {
+    /// With its journal: its history is read by replaying it.
+    Whole(Box<StoredRun>),
+    /// Compacted (`dagloop runs compact`, the store's retention): its journal is gone; its
+    /// result gives the final state and output, and the description kept in its place the
+    /// calls of its history.
+    Compacted(Box<Compacted>),
+}
+
+impl Parent {
+    /// The run `id` from `store`, whole or compacted.
+    pub fn load(store: &dyn RunStore, id: &str) -> Result<Parent, RunsError> {
+        match store.load(id) {
+            Ok(s) => Ok(Parent::Whole(Box::new(s))),
+            Err(StoreError::Compacted { .. }) => match store.compacted(id)? {
+                Some(c) => Ok(Parent::Compacted(Box::new(c))),
+                None => Err(StoreError::UnknownRun { id: id.into() }.into()),
+            },
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// How it was started.
+    pub fn record(&self) -> &RunRecord {
+        match self {
+            Parent::Whole(s) => &s.record,
+            Parent::Compacted(c) => &c.record,
+        }
+    }
+
+    /// Its result, once finished (a compacted run always is).
+    pub fn result(&self) -> Option<&RunResult> {
+        match self {
+            Parent::Whole(s) => s.result.as_ref(),
+            Parent::Compacted(c) => Some(&c.result),
+        }
+    }
+
+    /// The calls of its own agent, as its description gives them (a compacted run's kept
+    /// description; none if that cannot be read).
+    fn calls(&self) -> Result<Vec<super::view::CallView>, RunsError> {
+        Ok(match self {
+            Parent::Whole(s) => parent_view(s)?.calls,
+            Parent::Compacted(c) => c
+                .snapshot
+                .get("view")
+                .and_then(|v| v.get("calls"))
+                .and_then(|v| serde_json::from_value(v.clone()).ok())
+                .unwrap_or_default(),
+        })
+    }
+}
+
 /// Plans a follow-up of the finished run `parent` (`session.busy` when it has not finished):
 /// its record (a new id, the goal with the parent's state and history as `how` carries them,
-/// `options` with [`RunOptions::session`]) and an empty journal. Nothing is recorded yet.
+/// `options` with [`RunOptions::session`]) and an empty journal. Nothing is recorded yet. A
+/// compacted parent is followed like a whole one: its state and output come from its result,
+/// its calls from the description kept when it was compacted.
 pub fn follow_up(
-    parent: &StoredRun,
+    parent: &Parent,
     how: &Continue,
     mut options: RunOptions,
     now: Millis,
 ) -> Result<Fork, RunsError> {
-    let session = session_of(&parent.record);
-    let Some(result) = &parent.result else {
+    let record = parent.record();
+    let session = session_of(record);
+    let Some(result) = parent.result() else {
         return Err(StoreError::SessionBusy {
             session: session.root,
-            running: parent.record.id.clone(),
+            running: record.id.clone(),
         }
         .into());
     };
     let recorded = Goal::from_record(
-        &parent.record.goal,
-        std::path::Path::new(&parent.record.id),
-        std::path::PathBuf::from(&parent.record.base_dir),
+        &record.goal,
+        std::path::Path::new(&record.id),
+        std::path::PathBuf::from(&record.base_dir),
     )?;
     let mut goal = match &how.next {
         Next::Text(text) => {
@@ -153,24 +212,24 @@ pub fn follow_up(
         goal.state = Some(carried_state(goal.state.take(), &result.state));
     }
     if how.carry.history() {
-        let view = parent_view(parent)?;
-        goal.context.push(summary(&parent.record.id, &recorded, &view));
+        let calls = parent.calls()?;
+        goal.context.push(summary(&record.id, &recorded, &calls, result));
     }
     let base_dir = match &how.next {
-        Next::Text(_) => parent.record.base_dir.clone(),
+        Next::Text(_) => record.base_dir.clone(),
         Next::Goal(g) => g.base_dir.display().to_string(),
     };
     options.definition.clear();
     // A follow-up of the parent's own goal goes on with what the parent was defined with (its
     // delegate goals and MCP tools as recorded), as a fork does; another goal is defined afresh.
     options.record = match &how.next {
-        Next::Text(_) => RunOptions::from_stored(&parent.record.options)?.record,
+        Next::Text(_) => RunOptions::from_stored(&record.options)?.record,
         Next::Goal(_) => None,
     };
     options.forked_from = None;
     options.session = Some(SessionOf {
         root: session.root,
-        parent: parent.record.id.clone(),
+        parent: record.id.clone(),
     });
     let record = RunRecord {
         id: crate::engine::bus::new_run_id(),
@@ -201,7 +260,7 @@ pub async fn continue_run(
     check: &mut (dyn FnMut(&Fork) -> Result<(), RunsError> + Send),
 ) -> Result<(Fork, StoredRun), RunsError> {
     loop {
-        let stored = store.load(parent)?;
+        let stored = Parent::load(store, parent)?;
         let planned = follow_up(&stored, how, options.clone(), super::now_ms())
             .and_then(|f| check(&f).map(|()| f));
         let busy = match planned {
@@ -270,9 +329,13 @@ fn parent_view(parent: &StoredRun) -> Result<super::RunView, RunsError> {
 
 /// The message that tells the model what the run it follows did: its goal, each call of its
 /// own agent (tool, params as written, outcome, error) and its output or error.
-fn summary(id: &str, goal: &Goal, view: &super::RunView) -> Message {
-    let calls: Vec<Value> = view
-        .calls
+fn summary(
+    id: &str,
+    goal: &Goal,
+    calls: &[super::view::CallView],
+    result: &RunResult,
+) -> Message {
+    let calls: Vec<Value> = calls
         .iter()
         .filter(|c| c.depth == 0)
         .map(|c| {
@@ -289,11 +352,11 @@ fn summary(id: &str, goal: &Goal, view: &super::RunView) -> Message {
     let mut record = json!({
         "run": id,
         "goal": goal.goal,
-        "status": view.status,
+        "status": result.status.as_str(),
         "calls": calls,
-        "output": view.output.clone().unwrap_or(Value::Null),
+        "output": result.output,
     });
-    if let Some(e) = &view.error {
+    if let Some(e) = &result.error {
         record["error"] = serde_json::to_value(e).unwrap_or(Value::Null);
     }
     let text = format!(

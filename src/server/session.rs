@@ -58,7 +58,6 @@ pub(super) struct ContinueRequest {
         (status = 403, description = "The caller may not submit runs, or asks a published agent's follow-up for a model its operator does not list (`server.agent_model`)", body = ApiError),
         (status = 404, description = "No such run (or not one the caller may read)", body = ApiError),
         (status = 409, description = "A run of the session has not finished and `wait` was not asked (`session.busy`)", body = ApiError),
-        (status = 410, description = "The run was compacted: its journal is gone (`store.compacted`)", body = ApiError),
         (status = 415, description = "Not application/json", body = ApiError)))]
 pub(super) async fn continue_run(
     State(st): State<Arc<AppState>>,
@@ -100,13 +99,14 @@ pub(super) async fn continue_run(
     };
     let store = st.store.clone();
     let run = id.clone();
-    let stored = tokio::task::spawn_blocking(move || store.load(&run))
+    // A compacted run is followed too (its result and kept description).
+    let stored = tokio::task::spawn_blocking(move || crate::runs::Parent::load(&*store, &run))
         .await
         .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server.internal", e))?
-        .map_err(|e| ApiError::from_store(&e))?;
-    let original = RunOptions::from_stored(&stored.record.options).map_err(runs_error)?;
+        .map_err(session_error)?;
+    let original = RunOptions::from_stored(&stored.record().options).map_err(runs_error)?;
     if let (Some(agent), Some(model)) = (&original.agent, &req.model) {
-        let own = stored.record.goal.get("model").and_then(Value::as_str);
+        let own = stored.record().goal.get("model").and_then(Value::as_str);
         st.check_agent_model(agent, model, own)?;
     }
     // The server's grants and the caller, as for `POST /runs`; the policy, the operator's floor

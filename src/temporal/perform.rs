@@ -48,6 +48,12 @@ pub(super) enum Done {
         timer: Timer,
         at: u64,
     },
+    /// A workspace memory search, answered at once: a workflow reads no folder, so a run on
+    /// Temporal recalls no chunks (docs/memory.md).
+    Recalled {
+        frame: FrameKey,
+        step: u32,
+    },
     Nothing,
 }
 
@@ -112,6 +118,10 @@ impl Performer {
                 model: _,
                 whole: _,
             } => self.request(ctx, frame, step, messages, &config, skip_calls),
+            Action::Recall { frame, step, .. } => {
+                self.pending
+                    .push(async move { Done::Recalled { frame, step } }.boxed_local());
+            }
             Action::CloseStream { frame } => {
                 ctx.state_mut(|s| {
                     if let Some(m) = s.turns.get_mut(&frame) {
@@ -283,6 +293,11 @@ impl Performer {
     ) {
         match d {
             Done::Nothing => {}
+            Done::Recalled { frame, step } => inputs.push(RunInput::Recalled {
+                frame,
+                step,
+                chunks: Vec::new(),
+            }),
             Done::Timer { timer, at } => {
                 let set_for = ctx.state(|s| s.machine.as_ref().and_then(|m| m.timer_at(timer)));
                 let queued = inputs
