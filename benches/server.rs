@@ -8,7 +8,8 @@
 //! `DAGLOOP_BENCH_STORED` change the counts). Then issue 46's rows (support/burst.rs): RSS and
 //! threads after a burst of 5,000 runs parked and a minute idle, beside a restarted server, and
 //! the time from SIGKILL of a run's server to another server driving it.
-//! `DAGLOOP_BENCH_ONLY=burst` runs only those.
+//! `DAGLOOP_BENCH_ONLY=burst` runs only those; `DAGLOOP_BENCH_BIN` runs another build's
+//! `dagloop` (its figures beside this one's).
 
 #[path = "support/burst.rs"]
 mod burst;
@@ -74,7 +75,10 @@ fn start_at(dir: &std::path::Path, store: &std::path::Path) -> Server {
         r#"{"grants": {"tools": ["http", "delegate", "mcp", "shell"], "egress": {"private": true}, "files": ["/"]}}"#,
     )
     .expect("config");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_dagloop"))
+    // `DAGLOOP_BENCH_BIN`: another build's binary (e.g. main's, for before-and-after figures).
+    let bin = std::env::var_os("DAGLOOP_BENCH_BIN")
+        .unwrap_or_else(|| env!("CARGO_BIN_EXE_dagloop").into());
+    let mut child = Command::new(bin)
         .arg("--config")
         .arg(&config)
         .args(["serve", "--addr", "127.0.0.1:0", "--store"])

@@ -67,6 +67,7 @@ pub mod engine;
 mod fxhash;
 pub mod goal;
 pub mod grants;
+pub mod idle;
 pub mod llm;
 pub mod net;
 pub mod protocol;

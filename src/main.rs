@@ -22,6 +22,9 @@ fn main() -> anyhow::Result<()> {
         // default, every thread a burst had started (40 and more) was woken within its 10 s
         // and none ever went, holding its stack and its allocator's pages.
         .thread_keep_alive(std::time::Duration::from_secs(1))
+        // A worker with nothing to do hands back what it freed (a server that drove a burst of
+        // runs to their wait returns to about a fresh server's memory: src/cli/alloc.rs).
+        .on_thread_park(dagloop::cli::release_idle)
         .build()?;
     let code = runtime.block_on(dagloop::cli::main(cli));
     // Every task's destructors run here (a run's shell tools and MCP servers are killed);

@@ -251,19 +251,20 @@ async fn a_re_presented_call_waits_for_a_new_decision_after_a_crash_and_resume()
 }
 
 /// The same through servers: the server driving the run is killed with the call in flight
-/// and a second decision for it queued; another server on the store takes the run over, and
-/// the call waits for a new decision; the old presentation is refused with 409.
+/// and a second decision for it queued; another server on the store takes the run over (even
+/// rounds), or the killed server is started again on the store with nobody else there (odd
+/// rounds), and the call waits for a new decision; the old presentation is refused with 409.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn through_servers_a_call_re_presented_after_a_crash_waits_for_a_new_decision() {
     let (url, counts) = serve::holding_service(1).await;
-    for round in 0..5 {
+    for round in 0..10 {
         let dir = tempfile::tempdir().expect("dir");
         let store = dir.path().join("runs.db");
         let before = serve::count(&counts, 1);
         let mut a = Server::start_with(&store, None, |c| {
             c.env("DAGLOOP_LEASE_MS", "300");
         });
-        let b = Server::start(&store, None);
+        let mut b = Server::start(&store, None);
         let goal = serve::goal(dir.path(), &url, "ask");
         let run = serve::create(&a, &json!({"goal": goal})).await;
         let v = serve::until(&a, &run, |v| awaiting_call(v, 1).is_some()).await;
@@ -295,7 +296,13 @@ async fn through_servers_a_call_re_presented_after_a_crash_waits_for_a_new_decis
         );
         leave_a_second_decision_queued(&store, &run, p1);
         a.kill();
-        // The other server takes the run over once the dead one's lease has run out.
+        if round % 2 == 1 {
+            // The same server again: the only one on the store, started after the kill.
+            b.kill();
+            b = Server::start(&store, None);
+        }
+        // The other server (or the restarted one) takes the run over at once: the dead one's
+        // process is gone on this host.
         let v = serve::until(&b, &run, |v| {
             awaiting_call(v, 1).is_some_and(|c| c["interrupted"] == true)
         })

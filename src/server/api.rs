@@ -678,8 +678,11 @@ pub(super) async fn metrics(
     let runs: Vec<(String, u64)> = by_status.into_iter().collect();
     let mut text = crate::telemetry::metrics::render(&runs);
     let (watched, waiters) = st.watches.counts();
+    let driven = super::state::lock(&st.live).len();
     text.push_str(&format!(
-        "# HELP dagloop_run_watchers Runs that clients wait on (one watcher each).\n\
+        "# HELP dagloop_runs_driven Runs this process drives now (parked runs are not).\n\
+         # TYPE dagloop_runs_driven gauge\ndagloop_runs_driven {driven}\n\
+         # HELP dagloop_run_watchers Runs that clients wait on (one watcher each).\n\
          # TYPE dagloop_run_watchers gauge\ndagloop_run_watchers {watched}\n\
          # HELP dagloop_run_waiters Clients waiting on a run's end (`wait`).\n\
          # TYPE dagloop_run_waiters gauge\ndagloop_run_waiters {waiters}\n"

@@ -203,22 +203,28 @@ pub async fn serve(opts: ServeOptions) -> Result<(), ServerError> {
     // Nagle delay: events are small writes that must leave at once.
     let listener = conns::Bounded::new(listener);
     let graceful = stop.clone();
-    let serving = axum::serve(listener, router(state.clone()))
-        .with_graceful_shutdown(async move { graceful.cancelled().await })
-        .into_future();
-    tokio::pin!(serving);
+    // Accepting runs on the runtime's workers, not on the thread that called `serve`: each
+    // connection's task is allocated by the acceptor and freed by a worker, and a thread that
+    // only waits never hands such memory back to the allocator (`crate::idle`).
+    let mut serving = tokio::spawn(
+        axum::serve(listener, router(state.clone()))
+            .with_graceful_shutdown(async move { graceful.cancelled().await })
+            .into_future(),
+    );
     // The listener closes at the signal; open requests get `SHUTDOWN_GRACE` to finish (an
     // event stream never does on its own).
     let served = tokio::select! {
-        r = &mut serving => r,
+        r = &mut serving => match r {
+            Ok(r) => r.map_err(|e| e.to_string()),
+            Err(e) => Err(e.to_string()),
+        },
         () = async {
             stop.cancelled().await;
             tokio::time::sleep(SHUTDOWN_GRACE).await;
         } => Ok(()),
     }
-    .map_err(|e| ServerError::Serve {
-        reason: e.to_string(),
-    });
+    .map_err(|reason| ServerError::Serve { reason });
+    serving.abort();
     signals.abort();
     if let Some(t) = takeover {
         t.abort();

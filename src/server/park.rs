@@ -263,7 +263,11 @@ impl AppState {
                 let polled = tokio::task::spawn_blocking(move || {
                     let w = lock(&w);
                     let now = crate::runs::now_ms();
-                    Ok::<_, crate::store::StoreError>((w.wakeable(now)?, w.next_wake(now)?, now))
+                    let found = (w.wakeable(now)?, w.next_wake(now)?, now);
+                    // The blocking threads an idle server keeps are the ones this poll wakes:
+                    // what they freed goes back to the allocator (at its pace, `crate::idle`).
+                    crate::idle::release();
+                    Ok::<_, crate::store::StoreError>(found)
                 })
                 .await;
                 let mut delay = POLL;

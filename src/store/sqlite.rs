@@ -468,6 +468,9 @@ impl SqliteStore {
                         Checkpoint::Truncate => "PRAGMA wal_checkpoint(TRUNCATE)",
                     };
                     let _ = cc.query_row(sql, [], |_| Ok(()));
+                    if matches!(mode, Checkpoint::Truncate) {
+                        crate::idle::release(); // the store went idle
+                    }
                 }
             })
             .map_err(io)?;

@@ -13,7 +13,8 @@
 //! handed over in batches ([`SpanFeed::flush`], called by the driver after each batch of inputs
 //! it handled) onto a queue the worker looks at every 10 ms while runs are busy, without being
 //! woken. After 50 ms with nothing to do (`IDLE`) it sleeps until woken, so a process whose runs
-//! wait for a reviewer spends nothing on it. A run that ends waits for its feed to be drained
+//! wait for a reviewer spends next to nothing on it: every 2 s asleep (`ASLEEP`) it hands what
+//! it freed back to the allocator ([`crate::idle`]). A run that ends waits for its feed to be drained
 //! ([`SpanFeed::drained`], which wakes the worker) before it says so, and [`drain_all`] (called
 //! by `telemetry::flush`) waits for every feed before the exporters flush: a span is never lost
 //! to the hand-over.
@@ -60,6 +61,9 @@ enum Reply {
 const POLL: Duration = Duration::from_millis(10);
 /// How long the worker keeps looking with nothing to do before it sleeps until woken.
 const IDLE: Duration = Duration::from_millis(50);
+/// How long the sleeping worker waits before it hands what it freed back ([`crate::idle`]),
+/// and again after each such wait while nothing comes.
+const ASLEEP: Duration = Duration::from_secs(2);
 
 /// What runs hand the worker.
 struct Queue {
@@ -100,10 +104,19 @@ impl Queue {
         while s.msgs.is_empty() {
             if idle_since.elapsed() >= IDLE {
                 s.asleep = true;
-                s = match self.wake.wait(s) {
-                    Ok(s) => s,
-                    Err(p) => p.into_inner(),
+                let timed_out;
+                (s, timed_out) = match self.wake.wait_timeout(s, ASLEEP) {
+                    Ok((s, t)) => (s, t.timed_out()),
+                    Err(p) => (p.into_inner().0, false),
                 };
+                if timed_out && s.msgs.is_empty() {
+                    // Asleep a while: what the worker freed goes back to the allocator (not
+                    // under the lock; a message queued meanwhile is seen below).
+                    drop(s);
+                    crate::idle::release();
+                    s = self.lock();
+                    continue;
+                }
                 s.asleep = false;
                 idle_since = Instant::now();
             } else {

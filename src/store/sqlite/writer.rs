@@ -67,6 +67,7 @@ pub(super) fn writer(
                     dirty = false;
                     let _ = checkpoint.try_send(Checkpoint::Truncate);
                 }
+                crate::idle::release();
                 continue;
             }
             Err(mpsc::RecvTimeoutError::Disconnected) => break,
