@@ -185,7 +185,7 @@ codes! {
     "grant.egress" => "The grants do not allow this address (private, loopback or not on the allow-list).",
     "grant.egress_url" => "An http tool's URL cannot be checked against the grants.",
     "grant.env" => "The goal reads an environment variable the grants do not give it.",
-    "grant.env_host" => "A request would carry a granted variable's value to an address the operator did not grant it to (the env grant's `hosts`); it was not sent.",
+    "grant.env_host" => "A request would carry a granted variable's value to an address the operator did not grant it to (the env grant's `hosts`), or from a run that is not one of the published agents it is granted to (its `agents`); it was not sent.",
     "grant.file" => "The goal names a file outside the folders the grants allow.",
     "grant.mcp_server" => "The goal starts an MCP server the grants do not allow.",
     "grant.tool_kind" => "The goal uses a kind of tool (shell, file...) the grants do not allow.",
