@@ -296,7 +296,7 @@ codes! {
     "run.invalid_output" => "The model's output failed the output schema too many times.",
     "run.max_steps" => "The run reached its step limit without an output.",
     "run.model_error" => "The model failed and retries (and fallbacks) ran out.",
-    "run.result_bound" => "A call's result would take the run over its bound of kept tool-result bytes (`kept_result_bytes` in the operator's `[grants]`, default 64 MiB): the call failed, and its record keeps the result's size, SHA-256 and first 1,024 characters instead.",
+    "run.result_bound" => "A call's result would take the run over its bound of kept tool-result bytes (`kept_result_bytes` in the operator's `[grants]`, default 64 MiB): the call failed, and its record keeps the result's size, SHA-256 and first 1,024 characters instead (an `http` response is read no further than the run can keep: then of what was read, `complete: false`).",
     "run.stalled" => "The run stopped, resumable (status `stopped`): nothing was running and nobody could decide the calls that wait.",
     "run.stopped" => "The run stopped without a result (killed, lease lost, journal failed); `dagloop resume` continues it.",
     "run.timeout" => "The run reached `limits.timeout_s`.",

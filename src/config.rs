@@ -81,7 +81,7 @@ pub struct GrantsConfig {
     pub files: Option<Vec<PathBuf>>,
     /// The most bytes of tool results one run keeps in the store, over all its calls (default
     /// 64 MiB); a result over it is kept as a `run.result_bound` failure: its size, SHA-256 and
-    /// first 1,024 characters.
+    /// first 1,024 characters (an `http` response is read no further than the run can keep).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kept_result_bytes: Option<u64>,
 }
