@@ -336,6 +336,7 @@ codes! {
     "server.principal_roles" => "A principal has no role.",
     "server.serve" => "The server stopped with an error.",
     "server.token_required" => "The server listens beyond loopback and no token or principals are configured.",
+    "server.too_many_open" => "The caller already holds as many open waits (`GET /runs/{id}/result?wait=`), or event streams, as one principal may (64 of each): one must end first (429).",
     "server.unknown_agent" => "The request names an agent the server was not started with.",
     "session.busy" => "A run of the session has not finished: follow-ups of one session run one at a time. Without `--no-wait` (`\"wait\": true` on the API) the follow-up waits for it; a stopped run of the session must be resumed or cancelled first.",
     "session.no_goal" => "`run --continue RUN` was given neither a goal file nor an instruction (the text after the run id is empty).",
