@@ -169,7 +169,7 @@ async fn a_result_over_the_runs_bound_is_read_no_further_and_kept_as_its_size_an
                       blob_tool("after", port, small_kib)]})
     };
     // A first run with nothing big: the server's memory once it has run such a run.
-    let (st, v) = send(client().post(s.url("/runs")).json(&goal(300, 1))).await;
+    let (st, v) = send(client().post(s.url("/runs")).json(&goal(30, 1))).await;
     assert_eq!(st, 201, "{v}");
     let warm = v["id"].as_str().expect("id").to_string();
     until(&s, &warm, |v| {
@@ -178,7 +178,7 @@ async fn a_result_over_the_runs_bound_is_read_no_further_and_kept_as_its_size_an
     .await;
     let journal_of = |stats: &Value| stats["journal_bytes"].as_u64().expect("journal_bytes");
     let warm_journal = journal_of(&dagloop_json(&store, &["runs", "--stats", "--json"]));
-    let goal = goal(300, BIG / 1024);
+    let goal = goal(30, BIG / 1024);
     let peak_before = peak_rss(s.child.id());
     let (st, v) = send(client().post(s.url("/runs")).json(&goal)).await;
     assert_eq!(st, 201, "{v}");
@@ -224,9 +224,10 @@ async fn a_result_over_the_runs_bound_is_read_no_further_and_kept_as_its_size_an
         "the 50 MiB body was read to its end"
     );
     assert!(out < 16 * 1024 * 1024, "{out} bytes were sent");
-    // The server never held the response: its peak memory grew by much less than 50 MiB.
+    // The server never held the response: its peak memory grew by less than 50 MiB (holding
+    // it, as before, took the body, its text and its JSON value: over 150 MiB).
     let grew = peak_rss(s.child.id()).saturating_sub(peak_before);
-    assert!(grew < 24 * 1024 * 1024, "peak memory grew by {grew} bytes");
+    assert!(grew < 40 * 1024 * 1024, "peak memory grew by {grew} bytes");
     drop(s);
     // The store holds what was kept: under the bound (plus the run's own entries).
     let stats = dagloop_json(&store, &["runs", "--stats", "--json"]);
