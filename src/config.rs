@@ -67,8 +67,9 @@ pub struct GrantsConfig {
     /// `false`: goals name the servers of `mcp_servers`.
     #[serde(default)]
     pub goal_mcp_servers: bool,
-    /// Environment variables goals may read (`env` in a goal), each a name or `{name, hosts}`
-    /// naming where its value may be sent. Default: none.
+    /// Environment variables goals may read (`env` in a goal), each a name or `{name, hosts,
+    /// agents}` naming where its value may be sent and, optionally, the published agents whose
+    /// calls alone may send it. Default: none.
     #[serde(default)]
     pub env: Vec<EnvEntry>,
     /// Where `http` tools may connect. Default: public addresses over http and https.
@@ -80,7 +81,7 @@ pub struct GrantsConfig {
     pub files: Option<Vec<PathBuf>>,
     /// The most bytes of tool results one run keeps in the store, over all its calls (default
     /// 64 MiB); a result over it is kept as a `run.result_bound` failure: its size, SHA-256 and
-    /// first 1,024 characters.
+    /// first 1,024 characters (an `http` response is read no further than the run can keep).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kept_result_bytes: Option<u64>,
 }
@@ -97,7 +98,7 @@ pub enum EnvEntry {
     Bound(EnvBinding),
 }
 
-/// `{name, hosts}` in `grants.env`.
+/// `{name, hosts, agents}` in `grants.env`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct EnvBinding {
@@ -106,6 +107,10 @@ pub struct EnvBinding {
     /// Where a request may carry its value: `host[:port]`, the host a name, `*.suffix`, an
     /// address or a CIDR range (`crate::grants::secrets`).
     pub hosts: Vec<String>,
+    /// The published agents (`[agents.NAME]`) whose runs' calls, delegates' included, alone may
+    /// carry its value; any other run's request is refused (`grant.env_host`). Absent: any run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agents: Option<Vec<String>>,
 }
 
 impl EnvEntry {
@@ -373,12 +378,22 @@ impl Config {
         }
         let mut names = BTreeSet::new();
         let mut bound = BTreeMap::new();
+        let mut by_agent = BTreeMap::new();
         for e in &g.env {
             if !names.insert(e.name().to_string()) {
                 return Err(invalid(format!("grants.env: `{}` is listed twice", e.name())));
             }
             if let EnvEntry::Bound(b) = e {
                 bound.insert(b.name.clone(), b.hosts.clone());
+                if let Some(agents) = &b.agents {
+                    if let Some(unknown) = agents.iter().find(|a| !self.agents.contains_key(*a)) {
+                        return Err(invalid(format!(
+                            "grants.env: `{}` is granted to agent `{unknown}`, which `agents` does not publish",
+                            b.name
+                        )));
+                    }
+                    by_agent.insert(b.name.clone(), agents.clone());
+                }
             }
         }
         Ok(Grants {
@@ -387,7 +402,7 @@ impl Config {
             #[cfg(feature = "mcp")]
             mcp_servers,
             env: EnvGrant::Only(names),
-            secrets: SecretHosts::bound(bound),
+            secrets: SecretHosts::bound(bound).with_agents(by_agent),
             egress: g.egress.clone(),
             files,
             kept_result_bytes: g.kept_result_bytes,

@@ -5,9 +5,10 @@
 //!
 //! - A submit-only client's `approve: auto` on a published agent whose goal asks: the calls
 //!   wait for a reviewer; the counting service sees nothing until one approves.
-//! - An operator MCP server's `approval = {echo = "always"}` (the npm server `everything`)
-//!   against a goal's map `{echo: never}`, a goal rule `{tool: "*", decision: "allow"}`, a
-//!   reviewer timeout of 0.01 s that approves by default, and `approve: auto`: the call waits.
+//! - An operator MCP server's `approval = {delete_all = "always"}` (a server that counts the
+//!   calls it gets) against a goal's map `{delete_all: never}`, a goal rule `{tool: "*",
+//!   decision: "allow"}`, a reviewer timeout of 0.01 s that approves by default, and `approve:
+//!   auto`: the call waits, and the server counts none.
 //! - A tool-kind floor (`[approval] kinds = {http = "ask"}`) against the same tricks with an
 //!   http tool: every call waits, the counting service sees none, and the floor is kept with
 //!   the run across a restart under a config without it.
@@ -262,27 +263,41 @@ async fn nothing_a_client_sends_lowers_a_tool_kind_floor() {
     assert!(counts.lock().expect("counts").is_empty());
 }
 
-/// The three ways past an operator MCP server's `approval = {echo = "always"}`, and
-/// `approve: auto`: the echo call waits for a reviewer each time. In the timeout case, a second
-/// (http) call the goal itself asks about times out and runs after 0.01 s, as the goal says,
-/// while the floor's echo call goes on waiting.
+/// The three ways past an operator MCP server's `approval = {delete_all = "always"}`,
+/// and `approve: auto`: the `delete_all` call waits for a reviewer each time, and the MCP
+/// server, which counts every call it gets (`tests/fixtures/mcp/counting-server.cjs`), gets none.
+/// In the timeout case, a second (http) call the goal itself asks about times out and runs after
+/// 0.01 s, as the goal says, while the floor's call goes on waiting.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_goal_cannot_lower_an_operator_mcp_tools_always() {
     let Some(bin) = everything() else {
         return;
     };
+    // The npm cache's node_modules, for the counting server's MCP SDK.
+    let modules = bin
+        .parent()
+        .and_then(Path::parent)
+        .expect("node_modules")
+        .to_path_buf();
     let (url, counts) = counting_service().await;
     let dir = tempfile::tempdir().expect("tmp");
+    let calls_file = dir.path().join("delete_all.calls");
+    let server = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/mcp/counting-server.cjs"
+    );
     let cfg = config(
         dir.path(),
         "config.json",
-        json!({"mcp_servers": {"everything": {"command": bin.display().to_string(),
-            "args": ["stdio"], "approval": {"echo": "always"}}}}),
+        json!({"mcp_servers": {"counting": {"command": "node",
+            "args": [server, calls_file.display().to_string()],
+            "env": {"NODE_PATH": modules.display().to_string()},
+            "approval": {"delete_all": "always"}}}}),
     );
     let s = Server::start_config(&dir.path().join("runs.db"), &cfg, None, |_| {});
     let script = json!({"turns": [
         {"solution": {"calls": [
-            {"_tool": "echo", "message": "delete everything", "_outputPath": "†state.e"},
+            {"_tool": "delete_all", "what": "everything", "_outputPath": "†state.e"},
             {"_tool": "step", "n": 1, "_outputPath": "†state.s"}
         ], "output": null}},
         {"solution": {"calls": [], "output": {"e": "†state.e"}}}
@@ -297,11 +312,11 @@ async fn a_goal_cannot_lower_an_operator_mcp_tools_always() {
                 "properties": {"n": {"type": "integer"}}, "required": ["n"]}],
             "approval": approval})
     };
-    let named = json!({"name": "everything"});
+    let named = json!({"name": "counting"});
     let cases = [
         (
             "the goal's map says never",
-            json!({"goal": goal(json!({"name": "everything", "approval": {"echo": "never"}}), json!({}))}),
+            json!({"goal": goal(json!({"name": "counting", "approval": {"delete_all": "never"}}), json!({}))}),
         ),
         (
             "a goal rule allows every tool",
@@ -339,18 +354,24 @@ async fn a_goal_cannot_lower_an_operator_mcp_tools_always() {
         let asked = events.iter().find(|e| is(e, "approval_requested", 1));
         assert_eq!(
             asked.map(|e| &e["rule"]),
-            Some(&json!("floor:mcp:everything:echo")),
+            Some(&json!("floor:mcp:counting:delete_all")),
             "{what}: {events:?}"
         );
         assert!(
             !events
                 .iter()
                 .any(|e| is(e, "started", 1) || is(e, "decision", 1)),
-            "{what}: the echo call ran or was decided without a reviewer: {events:?}"
+            "{what}: the delete_all call ran or was decided without a reviewer: {events:?}"
         );
     }
-    // Call 2 of every run ran (the goal allowed it, or its 0.01 s default approved it).
+    // Call 2 of every run ran (the goal allowed it, or its 0.01 s default approved it); the
+    // MCP server never got a call.
     assert_eq!(counts.lock().expect("counts").get(&1), Some(&4));
+    assert!(
+        !calls_file.exists(),
+        "delete_all ran: {:?}",
+        std::fs::read_to_string(&calls_file)
+    );
 }
 
 /// `[approval] separate_duties`: `dual` (submit and review) may neither decide nor grant the

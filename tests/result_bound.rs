@@ -1,9 +1,12 @@
 //! Issue 47 item 3, kept results: a run keeps at most the operator's `kept_result_bytes` of tool
 //! results. Through the real binary (`dagloop serve` under an operator config, then `dagloop
-//! show` and `runs --stats` on its store): a 50 MiB result in a run bounded to 1 MiB is kept as a
-//! `run.result_bound` failure with the result's size, SHA-256 and first characters; the results
-//! within the bound are kept as they were; the store's journal stays under the bound; and a
-//! replay of the stored run (`show`) says what the live run said.
+//! show` and `runs --stats` on its store): a 50 MiB response streamed to a run bounded to 1 MiB
+//! (its tool's `_http.max_bytes` 64 MiB) is read no further than the run can keep — the service
+//! sees the connection closed after a few MiB, the server's peak memory does not grow by the
+//! response — and is kept as a `run.result_bound` failure with the size, SHA-256 and first
+//! characters of what was read; the results within the bound are kept as they were; the store's
+//! journal stays under the bound; and a replay of the stored run (`show`) says what the live run
+//! said.
 
 #[path = "common/bin.rs"]
 mod bin;
@@ -11,6 +14,8 @@ mod bin;
 mod serve;
 
 use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use serde_json::{Value, json};
 use serve::{Server, client, send, until};
@@ -18,14 +23,63 @@ use serve::{Server, client, send, until};
 const BOUND: u64 = 1024 * 1024;
 const BIG: usize = 50 * 1024 * 1024;
 
-/// A service answering `/blob?kib=N` with a JSON string of N KiB.
-async fn blob_service() -> u16 {
+/// What the blob service sent: bytes handed to the connection, and whether a body was dropped
+/// (its connection closed) before its end.
+#[derive(Default)]
+struct Sent {
+    bytes: AtomicU64,
+    cut: AtomicBool,
+}
+
+/// A body of `n` bytes that records what it handed out, and whether it was dropped unfinished.
+struct Blob {
+    left: usize,
+    sent: Arc<Sent>,
+}
+
+impl Drop for Blob {
+    fn drop(&mut self) {
+        if self.left > 0 {
+            self.sent.cut.store(true, Ordering::SeqCst);
+        }
+    }
+}
+
+/// A service answering `/blob?kib=N` with a JSON string of N KiB (`"bbb…"`), streamed in 64 KiB
+/// chunks made as the connection takes them (never held whole).
+async fn blob_service() -> (u16, Arc<Sent>) {
+    let sent = Arc::new(Sent::default());
+    let seen = sent.clone();
     let app = axum::Router::new().route(
         "/blob",
         axum::routing::get(
-            |q: axum::extract::Query<std::collections::BTreeMap<String, usize>>| async move {
-                let n = q.get("kib").copied().unwrap_or(1) * 1024;
-                axum::Json(Value::String("b".repeat(n)))
+            move |q: axum::extract::Query<std::collections::BTreeMap<String, usize>>| {
+                let sent = seen.clone();
+                async move {
+                    let n = q.get("kib").copied().unwrap_or(1) * 1024;
+                    let blob = Blob { left: n + 2, sent };
+                    let chunks = futures::stream::unfold(blob, move |mut b| async move {
+                        if b.left == 0 {
+                            return None;
+                        }
+                        let first = b.left == n + 2;
+                        let len = b.left.min(64 * 1024);
+                        let mut chunk = vec![b'b'; len];
+                        if first {
+                            chunk[0] = b'"';
+                        }
+                        b.left -= len;
+                        if b.left == 0 {
+                            chunk[len - 1] = b'"';
+                        }
+                        b.sent.bytes.fetch_add(len as u64, Ordering::SeqCst);
+                        Some((Ok::<_, std::io::Error>(chunk), b))
+                    });
+                    (
+                        [("content-type", "application/json")],
+                        axum::body::Body::from_stream(chunks),
+                    )
+                }
             },
         ),
     );
@@ -34,7 +88,18 @@ async fn blob_service() -> u16 {
         .expect("bind");
     let port = listener.local_addr().expect("addr").port();
     tokio::spawn(async move { axum::serve(listener, app).await });
-    port
+    (port, sent)
+}
+
+/// The process's peak resident memory so far (`VmHWM`), in bytes.
+fn peak_rss(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .expect("VmHWM")
+        * 1024
 }
 
 fn blob_tool(name: &str, port: u16, kib: usize) -> Value {
@@ -68,9 +133,9 @@ fn dagloop_json(store: &Path, args: &[&str]) -> Value {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_result_over_the_runs_bound_is_kept_as_its_size_and_hash() {
+async fn a_result_over_the_runs_bound_is_read_no_further_and_kept_as_its_size_and_hash() {
     let dir = tempfile::tempdir().expect("tmp");
-    let port = blob_service().await;
+    let (port, sent) = blob_service().await;
     let cfg = dir.path().join("dagloop.toml");
     std::fs::write(
         &cfg,
@@ -97,10 +162,24 @@ async fn a_result_over_the_runs_bound_is_kept_as_its_size_and_hash() {
         .to_string(),
     )
     .expect("script");
-    let goal = json!({"goal": "fetch blobs", "model": format!("scripted:{}", script.display()),
-        "output_schema": {"type": "object"},
-        "tools": [blob_tool("small", port, 300), blob_tool("big", port, BIG / 1024),
-                  blob_tool("after", port, 300)]});
+    let goal = |small_kib: usize, big_kib: usize| {
+        json!({"goal": "fetch blobs", "model": format!("scripted:{}", script.display()),
+            "output_schema": {"type": "object"},
+            "tools": [blob_tool("small", port, small_kib), blob_tool("big", port, big_kib),
+                      blob_tool("after", port, small_kib)]})
+    };
+    // A first run with nothing big: the server's memory once it has run such a run.
+    let (st, v) = send(client().post(s.url("/runs")).json(&goal(30, 1))).await;
+    assert_eq!(st, 201, "{v}");
+    let warm = v["id"].as_str().expect("id").to_string();
+    until(&s, &warm, |v| {
+        !matches!(v["status"].as_str(), Some("running" | "stopped"))
+    })
+    .await;
+    let journal_of = |stats: &Value| stats["journal_bytes"].as_u64().expect("journal_bytes");
+    let warm_journal = journal_of(&dagloop_json(&store, &["runs", "--stats", "--json"]));
+    let goal = goal(30, BIG / 1024);
+    let peak_before = peak_rss(s.child.id());
     let (st, v) = send(client().post(s.url("/runs")).json(&goal)).await;
     assert_eq!(st, 201, "{v}");
     let id = v["id"].as_str().expect("id").to_string();
@@ -112,23 +191,47 @@ async fn a_result_over_the_runs_bound_is_kept_as_its_size_and_hash() {
     // Within the bound: kept as it was.
     assert_eq!(call_of(&run, "small")["status"], "done");
     assert_eq!(call_of(&run, "after")["status"], "done");
-    // Over it: the run was told, and keeps the result's size, hash and head only.
+    // Over it: read no further than the run could keep, the rest never asked for.
     let big = call_of(&run, "big");
     assert_eq!(big["status"], "error");
     let e = &big["error"];
     assert_eq!(e["code"], "run.result_bound", "{e}");
-    assert_eq!(e["details"]["bytes"], json!(BIG + 2));
-    assert_eq!(e["details"]["bound"], json!(BOUND));
-    assert_eq!(e["details"]["sha256"].as_str().map(str::len), Some(64));
+    let d = &e["details"];
+    assert_eq!(d["complete"], false, "{e}");
+    assert_eq!(d["bound"], json!(BOUND));
+    let kept = d["kept"].as_u64().expect("kept");
+    let read = d["bytes"].as_u64().expect("bytes");
+    assert_eq!(
+        read,
+        BOUND - kept + 1,
+        "one byte past what the run could keep: {e}"
+    );
+    // The hash and head are of what was read: `"` and then b's.
+    let mut prefix = vec![b'b'; read as usize];
+    prefix[0] = b'"';
+    let digest = ring::digest::digest(&ring::digest::SHA256, &prefix);
+    let hex: String = digest.as_ref().iter().map(|b| format!("{b:02x}")).collect();
+    assert_eq!(d["sha256"], json!(hex), "{e}");
     assert!(
-        e["details"]["head"]
+        d["head"]
             .as_str()
             .is_some_and(|h| h.len() == 1024 && h.starts_with("\"bbb"))
     );
+    // The service saw the connection closed early: a few MiB left it, not 50.
+    let out = sent.bytes.load(Ordering::SeqCst);
+    assert!(
+        sent.cut.load(Ordering::SeqCst),
+        "the 50 MiB body was read to its end"
+    );
+    assert!(out < 16 * 1024 * 1024, "{out} bytes were sent");
+    // The server never held the response: its peak memory grew by less than 50 MiB (holding
+    // it, as before, took the body, its text and its JSON value: over 150 MiB).
+    let grew = peak_rss(s.child.id()).saturating_sub(peak_before);
+    assert!(grew < 40 * 1024 * 1024, "peak memory grew by {grew} bytes");
     drop(s);
     // The store holds what was kept: under the bound (plus the run's own entries).
     let stats = dagloop_json(&store, &["runs", "--stats", "--json"]);
-    let journal = stats["journal_bytes"].as_u64().expect("journal_bytes");
+    let journal = journal_of(&stats) - warm_journal;
     assert!(
         journal < BOUND + 64 * 1024,
         "journal of {journal} bytes: {stats}"

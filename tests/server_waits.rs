@@ -7,6 +7,9 @@
 //!   journal every 200 ms.
 //! - A decision ends the run: every waiter is answered with the final result, and the watcher
 //!   is gone once they are.
+//! - One principal holds at most 64 open waits: the 65th is refused at once (429
+//!   `server.too_many_open`) while another principal's wait is answered, and the slots come
+//!   back when the waits end.
 
 #[path = "common/bin.rs"]
 mod bin;
@@ -43,8 +46,16 @@ fn gated_goal(dir: &Path, url: &str, n: u64) -> Value {
 
 /// `name`'s value in the server's `/metrics`.
 async fn metric(s: &Server, name: &str) -> Option<u64> {
-    let text = client()
-        .get(s.url("/metrics"))
+    metric_as(s, None, name).await
+}
+
+/// `name`'s value in the server's `/metrics`, read with `token` when given.
+async fn metric_as(s: &Server, token: Option<&str>, name: &str) -> Option<u64> {
+    let mut rb = client().get(s.url("/metrics"));
+    if let Some(t) = token {
+        rb = rb.bearer_auth(t);
+    }
+    let text = rb
         .send()
         .await
         .expect("metrics")
@@ -157,4 +168,98 @@ async fn a_wait_that_runs_out_answers_the_runs_state_and_leaves_no_watcher() {
     assert_eq!((st, &v["status"]), (202, &json!("waiting")), "{v}");
     assert_eq!(v["awaiting"].as_array().map(Vec::len), Some(1), "{v}");
     metric_until(&s, "dagloop_run_watchers", 0).await;
+}
+
+/// A principal holding 64 open waits gets 429 `server.too_many_open` for a 65th, at once; another
+/// principal's wait on the same run is still answered; once the run ends and the waits are
+/// answered, the first principal may wait again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_principal_holds_at_most_64_waits_and_another_is_still_answered() {
+    const A: &str = "token-of-a";
+    const B: &str = "token-of-b";
+    let dir = tempfile::tempdir().expect("tmp");
+    let principal = |name: &str, token: &str, roles: &[&str]| json!({"name": name, "token_sha256": dagloop::server::token_sha256(token), "roles": roles});
+    let cfg = dir.path().join("config.json");
+    std::fs::write(
+        &cfg,
+        json!({"grants": {"tools": ["http"], "egress": {"private": true},
+                          "files": [dir.path().display().to_string()]},
+               "principals": [principal("a", A, &["submit"]), principal("b", B, &["admin"])]})
+        .to_string(),
+    )
+    .expect("config");
+    let s = Server::start_config(&dir.path().join("runs.db"), &cfg, None, |_| {});
+    let (url, _) = counting_service().await;
+    let (st, v) = send(
+        client()
+            .post(s.url("/runs"))
+            .bearer_auth(A)
+            .json(&gated_goal(dir.path(), &url, 1)),
+    )
+    .await;
+    assert_eq!(st, 201, "{v}");
+    let id = v["id"].as_str().expect("id").to_string();
+    let wait = |token: &'static str, secs: u64| {
+        client()
+            .get(s.url(&format!("/runs/{id}/result?wait={secs}")))
+            .bearer_auth(token)
+    };
+    for _ in 0..400 {
+        let (_, v) = send(wait(A, 0)).await;
+        if v["status"] == "waiting" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    let held: Vec<_> = (0..64)
+        .map(|_| {
+            let rb = wait(A, 60);
+            tokio::spawn(async move { send(rb).await })
+        })
+        .collect();
+    for _ in 0..400 {
+        if metric_as(&s, Some(B), "dagloop_run_waiters").await == Some(64) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert_eq!(
+        metric_as(&s, Some(B), "dagloop_run_waiters").await,
+        Some(64)
+    );
+    // The 65th: refused at once.
+    let started = Instant::now();
+    let (st, v) = send(wait(A, 60)).await;
+    assert_eq!(
+        (st, v["code"].as_str()),
+        (429, Some("server.too_many_open")),
+        "{v}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    // Another principal is answered (202: the run still waits).
+    let (st, v) = send(wait(B, 1)).await;
+    assert_eq!((st, &v["status"]), (202, &json!("waiting")), "{v}");
+    // The decision ends the run; the held waits are answered and give their slots back.
+    let call = v["awaiting"][0]["call_id"].as_u64().expect("call");
+    let (st, v) = send(
+        client()
+            .post(s.url(&format!("/runs/{id}/approvals/{call}")))
+            .bearer_auth(B)
+            .json(&json!({"decision": "approve"})),
+    )
+    .await;
+    assert!(matches!(st, 200 | 202), "{st} {v}");
+    for w in held {
+        let (st, _) = tokio::time::timeout(Duration::from_secs(30), w)
+            .await
+            .expect("answered")
+            .expect("task");
+        assert_eq!(st, 200);
+    }
+    let (st, v) = send(wait(A, 60)).await;
+    assert_eq!((st, &v["status"]), (200, &json!("succeeded")), "{v}");
 }

@@ -13,7 +13,7 @@ use tokio::task::{AbortHandle, JoinSet};
 
 use crate::protocol::{Call, CallId, Tool};
 use crate::scheduler::Outcome;
-use crate::tools::ProgressSink;
+use crate::tools::{ProgressSink, ResultBudget};
 
 /// Runs activities. The engine calls `execute` inside a spawned task, so a panic anywhere in it
 /// is caught and reported as the call's failure.
@@ -32,6 +32,21 @@ pub trait Executor: Send + Sync {
     ) -> BoxFuture<'static, Outcome> {
         let _ = progress;
         self.execute(id, tool, call)
+    }
+    /// Executes one call as [`execute_reporting`](Executor::execute_reporting) does, telling the
+    /// activity what the run can still keep of its result (`budget`), so one that streams its
+    /// result stops reading there. The default ignores the budget (the run bounds the result
+    /// once it has it).
+    fn execute_within(
+        &self,
+        id: CallId,
+        tool: &Tool,
+        call: Call,
+        progress: ProgressSink,
+        budget: Option<ResultBudget>,
+    ) -> BoxFuture<'static, Outcome> {
+        let _ = budget;
+        self.execute_reporting(id, tool, call, progress)
     }
 }
 
@@ -54,9 +69,10 @@ impl Drop for CloseOnDrop {
     }
 }
 
-/// One call's activity under its time limit, its progress sink closed when it ends however it
-/// ends; a panic in `execute` itself (before it returns a future) is the call's failure. A panic
-/// inside the future is caught by whoever spawns it.
+/// One call's activity under its time limit (and told what the run can still keep of its
+/// result, `budget`), its progress sink closed when it ends however it ends; a panic in
+/// `execute` itself (before it returns a future) is the call's failure. A panic inside the
+/// future is caught by whoever spawns it.
 pub(super) fn run_call(
     executor: Arc<dyn Executor>,
     id: CallId,
@@ -64,6 +80,7 @@ pub(super) fn run_call(
     tool: Arc<Tool>,
     limit: Option<Duration>,
     progress: ProgressSink,
+    budget: Option<ResultBudget>,
 ) -> impl Future<Output = Outcome> + Send + 'static {
     let closing = CloseOnDrop(progress.clone());
     async move {
@@ -72,7 +89,7 @@ pub(super) fn run_call(
         // made here, on the activity's task, not on the run's driver.
         let call = Arc::unwrap_or_clone(call);
         let work = match std::panic::catch_unwind(AssertUnwindSafe(|| {
-            executor.execute_reporting(id, &tool, call, progress)
+            executor.execute_within(id, &tool, call, progress, budget)
         })) {
             Ok(w) => w,
             Err(p) => return Outcome::panic(panic_message(p)),
@@ -119,7 +136,8 @@ impl Activities {
         limit: Option<Duration>,
         progress: ProgressSink,
     ) {
-        let task = run_call(executor.clone(), id, call, tool, limit, progress);
+        let budget = Some(self.bound.budget());
+        let task = run_call(executor.clone(), id, call, tool, limit, progress, budget);
         if detached {
             while self.detached.try_join_next().is_some() {}
             self.detached.spawn(task.map(|_| ()));

@@ -7,7 +7,10 @@
 //! view agree with the live run without deciding anything again.
 //!
 //! The bound counts the serialised size of every outcome value the run journaled; a resumed
-//! run counts its journal's first ([`ResultBound::resumed`]).
+//! run counts its journal's first ([`ResultBound::resumed`]). Each launched call is handed what
+//! the run can still keep ([`ResultBound::budget`]), so an activity that streams its result
+//! (`http`) stops reading there and returns the same record for what it read; such a record is
+//! kept as it is.
 //!
 //! Deliberately not here: what the model is shown of a result (`context::sanitize`) or a
 //! single response's size cap (each activity's own, e.g. `_http.max_bytes`).
@@ -20,8 +23,13 @@ use crate::scheduler::Outcome;
 /// The bound when the operator sets none: 64 MiB of tool results per run.
 pub const DEFAULT_KEPT_RESULT_BYTES: u64 = 64 * 1024 * 1024;
 
-/// Characters of an over-bound result kept in its record.
-pub const HEAD_CHARS: usize = 1024;
+pub use crate::tools::HEAD_CHARS;
+use crate::tools::ResultBudget;
+
+/// The largest `run.result_bound` record an activity may hand back and have kept as it is (its
+/// head is [`HEAD_CHARS`] characters of up to 4 bytes, escaped): anything bigger is bounded as
+/// any other result.
+const RECORD_BYTES: u64 = 16 * HEAD_CHARS as u64 + 1024;
 
 /// The run's bound and what it has kept so far.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -61,31 +69,32 @@ impl ResultBound {
     pub fn admit(&mut self, outcome: Outcome) -> Outcome {
         let value = outcome_value(&outcome);
         let size = size_of(value);
-        if self.kept.saturating_add(size) <= self.limit {
+        let recorded = outcome.result.is_err()
+            && value.get("code") == Some(&json!("run.result_bound"))
+            && size <= RECORD_BYTES;
+        if recorded || self.kept.saturating_add(size) <= self.limit {
             self.kept += size;
             return outcome;
         }
         let text = serde_json::to_string(value).unwrap_or_default();
-        let digest = ring::digest::digest(&ring::digest::SHA256, text.as_bytes());
-        let sha256: String = digest.as_ref().iter().map(|b| format!("{b:02x}")).collect();
-        let head: String = text.chars().take(HEAD_CHARS).collect();
+        let (message, details) = self
+            .budget()
+            .over(text.as_bytes(), true, outcome.result.is_err());
         let failure = Outcome::error(crate::protocol::error_object(
             "run.result_bound",
-            format!(
-                "the call's result ({size} bytes) would take the run over its bound of {} bytes of kept tool results ({} kept so far); it was not kept: its size, SHA-256 and first {HEAD_CHARS} characters are",
-                self.limit, self.kept
-            ),
-            Some(json!({
-                "bytes": size,
-                "sha256": sha256,
-                "head": head,
-                "failed": outcome.result.is_err(),
-                "bound": self.limit,
-                "kept": self.kept,
-            })),
+            message,
+            Some(details),
         ));
         self.kept += size_of(outcome_value(&failure));
         failure
+    }
+
+    /// What the run can still keep, handed to each call it launches.
+    pub fn budget(&self) -> ResultBudget {
+        ResultBudget {
+            limit: self.limit,
+            kept: self.kept,
+        }
     }
 }
 
@@ -150,6 +159,29 @@ mod tests {
             again.result.as_ref().err().map(|e| &e["details"]["sha256"]),
             Some(&e["details"]["sha256"])
         );
+    }
+
+    /// An activity that stopped reading hands back the record for what it read: it is kept as
+    /// it is, even past the bound, and counted; a big error object that merely says so is not.
+    #[test]
+    fn an_activitys_own_record_is_kept_as_it_is() {
+        let mut b = ResultBound::new(10);
+        let (message, details) = b.budget().over(b"\"yyyyyyyyyyy", false, false);
+        let record = Outcome::error(crate::protocol::error_object(
+            "run.result_bound",
+            message,
+            Some(details),
+        ));
+        let kept = b.admit(record.clone());
+        assert!(same(&kept, &record), "kept as it is");
+        assert_eq!(b.kept, size_of(outcome_value(&record)));
+        let forged = Outcome::error(json!({"code": "run.result_bound", "pad": "z".repeat(40_000)}));
+        let bounded = b.admit(forged);
+        let Err(e) = &bounded.result else {
+            panic!("a failure: {bounded:?}")
+        };
+        assert_eq!(e["details"]["bytes"], 40_036, "{e}");
+        assert_eq!(e["details"]["complete"], true, "{e}");
     }
 
     #[test]

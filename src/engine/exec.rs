@@ -9,7 +9,7 @@ use serde_json::Value;
 use super::activities::Executor;
 use crate::protocol::{Call, CallId, Tool};
 use crate::scheduler::Outcome;
-use crate::tools::{ActivityContext, ProgressSink, Registry};
+use crate::tools::{ActivityContext, ProgressSink, Registry, ResultBudget};
 
 /// Called before a tool runs; an `Err` fails the call with a [`HookError`] instead of running
 /// it. A message converts into one (`Err("not today".into())`).
@@ -119,6 +119,17 @@ impl Executor for RegistryExecutor {
         call: Call,
         progress: ProgressSink,
     ) -> BoxFuture<'static, Outcome> {
+        self.execute_within(id, tool, call, progress, None)
+    }
+
+    fn execute_within(
+        &self,
+        id: CallId,
+        tool: &Tool,
+        call: Call,
+        progress: ProgressSink,
+        budget: Option<ResultBudget>,
+    ) -> BoxFuture<'static, Outcome> {
         let hooks = self.hooks.clone();
         if let Some(before) = &hooks.before_tool
             && let Err(refusal) = before(tool, &call)
@@ -138,7 +149,10 @@ impl Executor for RegistryExecutor {
             .as_ref()
             .filter(|_| crate::scheduler::is_idempotent(tool))
             .map(|run| format!("{run}:{}", id.0));
-        let cx = ActivityContext::new().with_key(key).with_progress(progress);
+        let cx = ActivityContext::new()
+            .with_key(key)
+            .with_progress(progress)
+            .with_result_budget(budget);
         // The tool and call are kept for the hooks that see the outcome, only when there are any
         // (a copy of both per call is otherwise wasted on the hot path).
         let kept = (hooks.on_error.is_some() || hooks.after_tool.is_some())

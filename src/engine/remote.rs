@@ -102,6 +102,7 @@ impl Parts {
             tool,
             limit,
             ProgressSink::none(),
+            None,
         );
         match tokio::spawn(task).await {
             Ok(o) => o,

@@ -1,7 +1,15 @@
 //! Where the value of a granted environment variable may be sent: an operator's env grant names
-//! the destinations (`host[:port]`) of each variable, and the `http` activity checks every
-//! request that carries a `${VAR}` placeholder against them before it is made, on the URL as
-//! the parser reads it (an address in any spelling is the address it names).
+//! the destinations (`host[:port]`) of each variable and, optionally, the published agents whose
+//! calls may carry it, and the `http` activity checks every request that carries a `${VAR}`
+//! placeholder against them before it is made, on the URL as the parser reads it (an address in
+//! any spelling is the address it names).
+//!
+//! The agent of a call is the published agent its run was started as (`RunOptions::agent`, set
+//! by the server, never by a client); a delegate's calls are its run's, so they are held to the
+//! same agent. A run that is no published agent's (a client's own goal, a delegate goal file it
+//! names included) carries no agent and may not send a variable bound to agents. On the command
+//! line, where the user is the operator ([`SecretHosts::with_unbound_anywhere`]), the agents are
+//! not checked (the hosts still are).
 //!
 //! A destination is a host name (`api.weather.example`), `*.suffix`, an IP address or a CIDR
 //! range, with an optional port (`api.weather.example:443`, `[::1]:8443`); without a port it is
@@ -21,9 +29,15 @@ use std::net::IpAddr;
 pub struct SecretHosts {
     /// Variables bound to destinations.
     bound: BTreeMap<String, Vec<String>>,
+    /// Variables bound to published agents besides their destinations: only calls of runs of
+    /// these agents may carry them.
+    agents: BTreeMap<String, Vec<String>>,
     /// A variable not in `bound` may be sent anywhere the egress grant reaches (the command line,
-    /// where the user is the operator); otherwise nowhere.
+    /// where the user is the operator); otherwise nowhere. The command line checks no agents.
     unbound_anywhere: bool,
+    /// The published agent whose run's calls are checked ([`SecretHosts::for_agent`]); None: a
+    /// run that is no published agent's.
+    agent: Option<String>,
 }
 
 /// A request would carry a variable's value to a destination it is not granted to.
@@ -39,6 +53,18 @@ pub enum SecretHostError {
         var: String,
         /// The destinations it is granted to, for the user (`no address` when none).
         granted: String,
+    },
+    /// The variable is bound to published agents, and the call's run is none of theirs.
+    #[error(
+        "`${{{var}}}` may be sent only by the calls of the operator's agents {agents}; this run {run} (the request was not sent)"
+    )]
+    NotForAgent {
+        /// The variable.
+        var: String,
+        /// The agents it is granted to.
+        agents: String,
+        /// What this run is, for the user (`runs agent `x`` or `is no published agent's`).
+        run: String,
     },
     /// A request that carries a variable's value was redirected to another host.
     #[error(
@@ -90,8 +116,8 @@ impl SecretHosts {
     /// and a program's `Grants::open`).
     pub fn anywhere() -> SecretHosts {
         SecretHosts {
-            bound: BTreeMap::new(),
             unbound_anywhere: true,
+            ..SecretHosts::default()
         }
     }
 
@@ -99,7 +125,24 @@ impl SecretHosts {
     pub fn bound(bound: BTreeMap<String, Vec<String>>) -> SecretHosts {
         SecretHosts {
             bound,
-            unbound_anywhere: false,
+            ..SecretHosts::default()
+        }
+    }
+
+    /// Binds variables to the published agents whose calls alone may carry them (each also
+    /// bound to destinations, [`SecretHosts::bound`]).
+    pub fn with_agents(mut self, agents: BTreeMap<String, Vec<String>>) -> SecretHosts {
+        self.agents = agents;
+        self
+    }
+
+    /// The grant as it applies to the calls of one run: of the published agent `agent`, or
+    /// (None) of no published agent. Every front-end scopes it so when it builds a run's agent
+    /// (`RunDef::agent_builder`).
+    pub fn for_agent(&self, agent: Option<&str>) -> SecretHosts {
+        SecretHosts {
+            agent: agent.map(str::to_string),
+            ..self.clone()
         }
     }
 
@@ -120,6 +163,11 @@ impl SecretHosts {
         &self.bound
     }
 
+    /// The variables bound to published agents, with them.
+    pub fn agent_bindings(&self) -> &BTreeMap<String, Vec<String>> {
+        &self.agents
+    }
+
     /// Checks that a request to `url` may carry the values of `vars`.
     pub fn check<'a>(
         &self,
@@ -128,6 +176,22 @@ impl SecretHosts {
     ) -> Result<(), SecretHostError> {
         let seen: BTreeSet<&str> = vars.into_iter().collect();
         for var in seen {
+            if let Some(agents) = self.agents.get(var)
+                && !self.unbound_anywhere
+                && !self
+                    .agent
+                    .as_ref()
+                    .is_some_and(|a| agents.iter().any(|g| g == a))
+            {
+                return Err(SecretHostError::NotForAgent {
+                    var: var.to_string(),
+                    agents: agents.join(", "),
+                    run: match &self.agent {
+                        Some(a) => format!("runs agent `{a}`"),
+                        None => "is no published agent's".into(),
+                    },
+                });
+            }
             let granted = match self.bound.get(var) {
                 Some(hosts) => hosts.as_slice(),
                 None if self.unbound_anywhere => continue,
@@ -223,6 +287,30 @@ mod tests {
             .expect_err("refused");
         assert_eq!(e.code(), "grant.env_host");
         assert!(!e.to_string().contains("evil"), "{e}");
+    }
+
+    #[test]
+    fn a_variable_bound_to_agents_goes_only_with_their_runs_calls() {
+        let s = hosts("K", &["127.0.0.1:8080"])
+            .with_agents([("K".to_string(), vec!["weather".to_string()])].into());
+        let u = url("http://127.0.0.1:8080/x");
+        assert!(s.for_agent(Some("weather")).check(["K"], &u).is_ok());
+        for other in [s.for_agent(Some("refunds")), s.for_agent(None), s.clone()] {
+            let e = other.check(["K"], &u).expect_err("refused");
+            assert_eq!(e.code(), "grant.env_host");
+            assert!(e.to_string().contains("weather"), "{e}");
+        }
+        // The agent's runs still send it only to its hosts.
+        let elsewhere = url("http://127.0.0.1:8081/x");
+        assert!(
+            s.for_agent(Some("weather"))
+                .check(["K"], &elsewhere)
+                .is_err()
+        );
+        // The command line (the user is the operator) checks the hosts only.
+        let cli = s.clone().with_unbound_anywhere();
+        assert!(cli.check(["K"], &u).is_ok());
+        assert!(cli.check(["K"], &elsewhere).is_err());
     }
 
     #[test]

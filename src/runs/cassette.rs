@@ -388,11 +388,22 @@ impl Executor for CassetteExecutor {
         call: Call,
         progress: ProgressSink,
     ) -> BoxFuture<'static, Outcome> {
+        self.execute_within(id, tool, call, progress, None)
+    }
+
+    fn execute_within(
+        &self,
+        id: CallId,
+        tool: &Tool,
+        call: Call,
+        progress: ProgressSink,
+        budget: Option<crate::tools::ResultBudget>,
+    ) -> BoxFuture<'static, Outcome> {
         if let Some(o) = self.cassette.answer(&call.tool, &call.params) {
             return async move { o }.boxed();
         }
         if let Some(p) = &self.passthrough {
-            return p.execute_reporting(id, tool, call, progress);
+            return p.execute_within(id, tool, call, progress, budget);
         }
         let params = params_key(&call.params);
         let err = json!({

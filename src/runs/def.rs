@@ -219,9 +219,12 @@ impl RunDef {
         let grants = &self.grants;
         builder.registry_mut().enable_shell(grants.allows_shell());
         if !grants.egress.is_open() || !grants.secrets.is_open() {
+            // The env grant as it holds for this run's calls (its delegates' included): those of
+            // the published agent it was started as, if any.
+            let secrets = grants.secrets.for_agent(self.options.agent.as_deref());
             builder.registry_mut().set_http_grants(
                 Some(Arc::new(grants.egress.clone())),
-                Some(Arc::new(grants.secrets.clone())),
+                Some(Arc::new(secrets)),
             );
         }
         if let Some(m) = &self.options.model {

@@ -226,6 +226,11 @@ pub fn follow_up(
         Next::Text(_) => RunOptions::from_stored(&record.options)?.record,
         Next::Goal(_) => None,
     };
+    // Another goal is the caller's, not the published agent's: its calls carry no agent (an env
+    // grant bound to the agent does not follow it). The floor, being stricter, does.
+    if matches!(how.next, Next::Goal(_)) {
+        options.agent = None;
+    }
     options.forked_from = None;
     options.session = Some(SessionOf {
         root: session.root,

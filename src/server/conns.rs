@@ -1,7 +1,7 @@
 //! The server's connections, bounded so that one client cannot exhaust them: a connection must
-//! send its first request's headers within [`HEADER_READ`], and at most [`MAX_CONNECTIONS`] are
-//! kept open; a new connection past that closes the one that has been quiet (nothing read or
-//! written) the longest. Half-sent requests therefore cannot use up the process's file
+//! send its first request's headers within [`HEADER_READ`], one that reads and writes nothing for
+//! [`IDLE`] is closed, and at most [`MAX_CONNECTIONS`] are kept open; a new connection past that
+//! closes the one that has been quiet (nothing read or written) the longest. Half-sent requests therefore cannot use up the process's file
 //! descriptors and lock out a client that sends a whole request at once.
 //!
 //! It works on the byte stream under axum's HTTP server (a [`Listener`] whose connections are
@@ -23,6 +23,10 @@ use tokio::net::{TcpListener, TcpStream};
 
 /// How long a new connection has to send its first request's headers.
 pub const HEADER_READ: Duration = Duration::from_secs(10);
+
+/// How long a connection may read and write nothing before it is closed: longer than the
+/// longest `wait` (300 s), and event streams send a keep-alive comment every 15 s.
+pub const IDLE: Duration = Duration::from_secs(330);
 
 /// Connections kept open at most (well under the usual 1024 file descriptors of a process).
 pub const MAX_CONNECTIONS: usize = 512;
@@ -118,6 +122,7 @@ impl Listener for Bounded {
             conn,
             registry: self.registry.clone(),
             headers: Some((Box::pin(tokio::time::sleep(HEADER_READ)), 0)),
+            idle: Box::pin(tokio::time::sleep(IDLE)),
         };
         (io, addr)
     }
@@ -136,6 +141,8 @@ pub(super) struct BoundedIo {
     /// Until the first request's headers ended: the deadline, and how much of `\r\n\r\n` the
     /// last bytes read matched.
     headers: Option<(Pin<Box<tokio::time::Sleep>>, usize)>,
+    /// When the connection counts as idle unless it reads or writes before.
+    idle: Pin<Box<tokio::time::Sleep>>,
 }
 
 impl BoundedIo {
@@ -159,13 +166,20 @@ impl BoundedIo {
                 "the request's headers did not come in time",
             ));
         }
+        if self.idle.as_mut().poll(cx).is_ready() {
+            return Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "the connection read and wrote nothing for too long",
+            ));
+        }
         Ok(())
     }
 
-    fn touch(&self) {
+    fn touch(&mut self) {
         self.conn
             .active
             .store(self.registry.now(), Ordering::Relaxed);
+        self.idle.as_mut().reset(tokio::time::Instant::now() + IDLE);
     }
 }
 
@@ -277,6 +291,39 @@ mod tests {
         tokio::time::sleep(HEADER_READ * 2).await;
         quick.write_all(b"x").await.expect("write");
         assert_eq!(io.read(&mut buf).await.expect("read"), 1);
+    }
+
+    /// A connection that sent a whole request and then reads and writes nothing is closed after
+    /// [`IDLE`]; one that keeps writing is not.
+    #[tokio::test(start_paused = true)]
+    async fn an_idle_connection_is_closed() {
+        let tcp = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = tcp.local_addr().expect("addr");
+        let mut l = Bounded::new(tcp);
+        let mut quiet = TcpStream::connect(addr).await.expect("connect");
+        quiet
+            .write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+            .await
+            .expect("write");
+        let (mut io, _) = Listener::accept(&mut l).await;
+        let mut buf = vec![0u8; 1024];
+        assert!(io.read(&mut buf).await.expect("read") > 0);
+        // Written to within the idle time, again and again: still open well past it.
+        let start = tokio::time::Instant::now();
+        for _ in 0..4 {
+            tokio::time::sleep(IDLE / 2).await;
+            io.write_all(b": keep-alive\n").await.expect("write");
+        }
+        assert!(start.elapsed() > IDLE);
+        // Then nothing: the next read fails once the idle time has passed.
+        let quiet_since = tokio::time::Instant::now();
+        let err = tokio::time::timeout(IDLE * 2, io.read(&mut buf))
+            .await
+            .expect("closed within twice the idle time")
+            .expect_err("closed");
+        assert_eq!(err.kind(), io::ErrorKind::TimedOut);
+        assert!(quiet_since.elapsed() >= IDLE, "{:?}", quiet_since.elapsed());
+        drop(quiet);
     }
 
     #[test]

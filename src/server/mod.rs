@@ -26,6 +26,7 @@ mod error;
 mod floor;
 mod fork;
 mod guard;
+mod limits;
 mod list;
 #[cfg(feature = "temporal")]
 mod on_temporal;

@@ -141,7 +141,8 @@ pub(super) struct WaitQuery {
         (status = 200, description = "The run has ended: its final result", body = RunOutcome),
         (status = 202, description = "The run has not ended (within `wait`): its status and the calls awaiting a decision", body = RunOutcome),
         (status = 400, description = "`wait` is not a number of seconds from 0 to 300 (`http.bad_wait`)", body = ApiError),
-        (status = 404, description = "No such run (or not one the caller may read)", body = ApiError)))]
+        (status = 404, description = "No such run (or not one the caller may read)", body = ApiError),
+        (status = 429, description = "The caller already holds as many open waits as one principal may (`server.too_many_open`)", body = ApiError)))]
 pub(super) async fn result(
     State(st): State<Arc<AppState>>,
     Extension(who): Extension<Principal>,
@@ -157,6 +158,11 @@ pub(super) async fn result(
         )?,
     };
     st.readable(&who, &id).await?;
+    // A held wait takes one of the caller's slots until it is answered (`limits`).
+    let _held = match wait.is_zero() {
+        true => None,
+        false => Some(st.open.hold(&who, "waits")?),
+    };
     let o = outcome(&st, &id, wait).await?;
     Ok((o.http_status(), Json(o)))
 }

@@ -37,7 +37,8 @@ fn frame(e: &Event) -> Result<SseEvent, Infallible> {
     responses((status = 200, description = "text/event-stream: `id` = sequence number, `event` = event type, `data` = the event as JSON", content_type = "text/event-stream", body = crate::protocol::Event),
               (status = 401, description = "No or wrong token, a ticket that is used, expired or for another run, or a ticket in the URL", body = ApiError),
               (status = 404, description = "No such run (or not one the caller may read)", body = ApiError),
-              (status = 410, description = "The run was compacted: its journal is gone (`store.compacted`)", body = ApiError)))]
+              (status = 410, description = "The run was compacted: its journal is gone (`store.compacted`)", body = ApiError),
+              (status = 429, description = "The caller already holds as many open event streams as one principal may (`server.too_many_open`)", body = ApiError)))]
 pub(super) async fn events(
     State(st): State<Arc<AppState>>,
     Extension(who): Extension<Principal>,
@@ -46,6 +47,8 @@ pub(super) async fn events(
     headers: HeaderMap,
 ) -> Result<impl axum::response::IntoResponse, ApiError> {
     st.readable(&who, &id).await?;
+    // The stream takes one of the caller's slots until it closes (`limits`).
+    let held = st.open.hold(&who, "streams")?;
     let after = headers
         .get("last-event-id")
         .and_then(|v| v.to_str().ok())
@@ -54,8 +57,11 @@ pub(super) async fn events(
         .unwrap_or(0);
     #[cfg(feature = "temporal")]
     if let Some(t) = st.temporal() {
-        let stream = t.events(id, after, frame);
-        return Ok(Sse::new(stream).keep_alive(KeepAlive::default()));
+        let stream = t.events(id, after, frame).map(move |e| {
+            let _ = &held;
+            e
+        });
+        return Ok(Sse::new(stream.boxed()).keep_alive(KeepAlive::default()));
     }
     // A run this server parked is woken for its follower: a followed run is not parked, so the
     // stream stays live (spec/server.md H19).
@@ -105,5 +111,9 @@ pub(super) async fn events(
             stream::iter(frames).boxed()
         }
     };
-    Ok(Sse::new(stream).keep_alive(KeepAlive::default()))
+    let stream = stream.map(move |e| {
+        let _ = &held;
+        e
+    });
+    Ok(Sse::new(stream.boxed()).keep_alive(KeepAlive::default()))
 }

@@ -60,6 +60,8 @@ pub(super) struct AppState {
     pub tickets: super::auth::Tickets,
     /// The runs clients wait on, one watcher each.
     pub(super) watches: super::watch::Watches,
+    /// The waits and streams each principal holds open (`limits`).
+    pub(super) open: super::limits::Open,
     /// MCP servers shared by the server's runs: started once per configuration.
     #[cfg(feature = "mcp")]
     pub mcp: crate::runs::Pool,
@@ -112,6 +114,7 @@ impl AppState {
             waking: tokio::sync::Mutex::new(()),
             tickets: Default::default(),
             watches: Default::default(),
+            open: Default::default(),
             #[cfg(feature = "mcp")]
             mcp: Default::default(),
             stopping: CancellationToken::new(),

@@ -1,6 +1,8 @@
 //! What an activity gets besides its call: an [`ActivityContext`] carrying the call's idempotency
-//! key, the parent data a delegate may see, and a [`ProgressSink`] to report progress through
-//! while the call runs (the engine turns reports into `call_progress` run events).
+//! key, the parent data a delegate may see, a [`ProgressSink`] to report progress through
+//! while the call runs (the engine turns reports into `call_progress` run events), and the
+//! run's [`ResultBudget`]: how much of a result the run can still keep, so an activity that
+//! reads its result as a stream stops there instead of holding what the run would not keep.
 //!
 //! Deliberately not here: publishing events or reading clocks (the engine's sink does both), and
 //! any rate limiting of reports (an activity reports what its source reports).
@@ -98,6 +100,66 @@ impl std::fmt::Debug for ProgressSink {
     }
 }
 
+/// Characters of an over-bound result kept in its record.
+pub const HEAD_CHARS: usize = 1024;
+
+/// What a run can still keep of one call's result: its bound of kept tool-result bytes (the
+/// operator's `kept_result_bytes`) and what it had kept when the call started. It also writes the
+/// `run.result_bound` record that stands for a result over the bound, whether the engine found
+/// the whole result too big or an activity stopped reading it ([`ResultBudget::over`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ResultBudget {
+    /// The most bytes of tool results the run keeps.
+    pub limit: u64,
+    /// Bytes it had kept.
+    pub kept: u64,
+}
+
+impl ResultBudget {
+    /// The bytes the run can still keep.
+    pub fn remaining(&self) -> u64 {
+        self.limit.saturating_sub(self.kept)
+    }
+
+    /// The message and details of the `run.result_bound` failure standing for a result: `text`
+    /// is the result as far as it was read (all of it when `complete`; else the activity stopped
+    /// reading after `text.len()` bytes, past what the run could keep), `failed` when it was an
+    /// error. The details keep its size (`bytes`: of the whole result, or of what was read), the
+    /// SHA-256 and the first [`HEAD_CHARS`] characters of what was read.
+    pub fn over(&self, text: &[u8], complete: bool, failed: bool) -> (String, Value) {
+        let size = text.len() as u64;
+        let digest = ring::digest::digest(&ring::digest::SHA256, text);
+        let sha256: String = digest.as_ref().iter().map(|b| format!("{b:02x}")).collect();
+        let head: String = String::from_utf8_lossy(text)
+            .chars()
+            .take(HEAD_CHARS)
+            .collect();
+        let message = if complete {
+            format!(
+                "the call's result ({size} bytes) would take the run over its bound of {} bytes of kept tool results ({} kept so far); it was not kept: its size, SHA-256 and first {HEAD_CHARS} characters are",
+                self.limit, self.kept
+            )
+        } else {
+            format!(
+                "the call's result was longer than the {} bytes the run could still keep (its bound is {} bytes of kept tool results, {} kept so far): it was read no further than {size} bytes and not kept; the SHA-256 and first {HEAD_CHARS} characters of what was read are",
+                self.remaining(),
+                self.limit,
+                self.kept
+            )
+        };
+        let details = serde_json::json!({
+            "bytes": size,
+            "complete": complete,
+            "sha256": sha256,
+            "head": head,
+            "failed": failed,
+            "bound": self.limit,
+            "kept": self.kept,
+        });
+        (message, details)
+    }
+}
+
 /// What the registry hands an activity with each call.
 #[derive(Debug, Clone, Default)]
 #[non_exhaustive]
@@ -109,6 +171,10 @@ pub struct ActivityContext {
     pub scoped: Map<String, Value>,
     /// Where the call reports progress.
     pub progress: ProgressSink,
+    /// What the run can still keep of the call's result (None: no bound). An activity that
+    /// streams its result may stop reading past [`ResultBudget::remaining`] and fail with
+    /// [`ActivityError::ResultBound`](super::ActivityError::ResultBound).
+    pub result_budget: Option<ResultBudget>,
 }
 
 impl ActivityContext {
@@ -132,6 +198,12 @@ impl ActivityContext {
     /// With a progress sink.
     pub fn with_progress(mut self, progress: ProgressSink) -> Self {
         self.progress = progress;
+        self
+    }
+
+    /// With what the run can still keep of the result.
+    pub fn with_result_budget(mut self, budget: Option<ResultBudget>) -> Self {
+        self.result_budget = budget;
         self
     }
 }

@@ -1,4 +1,8 @@
 //! The built-in `http` activity: one HTTP request per call, configured by the tool's `_http`.
+//! The response body is read as a stream, and no further than the smaller of `_http.max_bytes`
+//! (past it: `http.too_large`) and what the run can still keep of tool results (past it: the
+//! run's `run.result_bound` record of what was read, [`super::ResultBudget::over`]): a response
+//! over either is never held whole.
 
 use futures::StreamExt;
 use serde::Deserialize;
@@ -6,7 +10,7 @@ use serde_json::{Map, Value, json};
 
 use std::sync::{Arc, OnceLock};
 
-use super::{ActivityError, ActivityFuture, ActivityOutput, fill_template};
+use super::{ActivityError, ActivityFuture, ActivityOutput, ResultBudget, fill_template};
 use crate::grants::SecretHosts;
 use crate::grants::egress::{Egress, EgressResolver, redirect_policy};
 use crate::protocol::Tool;
@@ -153,6 +157,7 @@ impl Client {
         cfg: HttpConfig,
         tool: String,
         params: Map<String, Value>,
+        budget: Option<ResultBudget>,
     ) -> ActivityFuture {
         let carried: Vec<String> = std::iter::once(cfg.url.as_str())
             .chain(cfg.headers.values().map(String::as_str))
@@ -239,15 +244,29 @@ impl Client {
             }
             let resp = req.send().await.map_err(|e| transport(&e, cfg.timeout_s))?;
             let status = resp.status();
+            // What the run can still keep: a body longer than this is not read on (a response
+            // is counted by the bytes received once it is over, not by its JSON text).
+            let keepable = budget.map_or(u64::MAX, |b| b.remaining());
             let mut body = Vec::new();
             let mut stream = resp.bytes_stream();
             while let Some(chunk) = stream.next().await {
                 let chunk = chunk.map_err(|e| transport(&e, cfg.timeout_s))?;
-                if body.len() + chunk.len() > cfg.max_bytes {
+                let len = body.len() + chunk.len();
+                if len > cfg.max_bytes && (cfg.max_bytes as u64) <= keepable {
                     return Err(ActivityError::Failed {
                         message: format!("response larger than {} bytes", cfg.max_bytes),
                         details: json!({"code": "http.too_large", "status": status.as_u16()}),
                     });
+                }
+                if let Some(b) = budget
+                    && len as u64 > keepable
+                {
+                    // Stop here: the rest is never read (the connection is dropped).
+                    let take = usize::try_from(keepable.saturating_add(1)).unwrap_or(usize::MAX);
+                    let room = take.saturating_sub(body.len()).min(chunk.len());
+                    body.extend_from_slice(&chunk[..room]);
+                    let (message, details) = b.over(&body, false, !status.is_success());
+                    return Err(ActivityError::ResultBound { message, details });
                 }
                 body.extend_from_slice(&chunk);
             }

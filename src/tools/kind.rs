@@ -87,7 +87,7 @@ impl ActivityKind for HttpKind {
                 }
                 self.client
                     .get_or_init(|| http::Client::new(self.egress.clone(), self.secrets.clone()))
-                    .run(cfg, tool.name.clone(), call.params)
+                    .run(cfg, tool.name.clone(), call.params, cx.result_budget)
             }
             Err(e) => fail(e),
         }

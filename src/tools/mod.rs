@@ -32,7 +32,7 @@ use crate::protocol::{Call, Tool};
 
 pub use action::{Action, describe_action};
 pub use check::{KINDS, check_tool, kind_of};
-pub use context::{ActivityContext, Progress, ProgressSink};
+pub use context::{ActivityContext, HEAD_CHARS, Progress, ProgressSink, ResultBudget};
 pub use group::kill_all as kill_process_groups;
 pub use http::HttpConfig;
 pub use kind::ActivityKind;
@@ -114,6 +114,15 @@ pub enum ActivityError {
         /// The limit.
         seconds: f64,
     },
+    /// The result was longer than the run could still keep: the activity stopped reading it
+    /// ([`ResultBudget::over`] wrote the message and details).
+    #[error("{message}")]
+    ResultBound {
+        /// Human-readable message.
+        message: String,
+        /// The record: size read, SHA-256, head, the bound.
+        details: Value,
+    },
 }
 
 crate::codes::has_code!(ActivityError);
@@ -129,13 +138,16 @@ impl ActivityError {
             ActivityError::ShellDisabled { .. } => "activity.shell_disabled",
             ActivityError::Failed { .. } => "activity.failed",
             ActivityError::Timeout { .. } => "activity.timeout",
+            ActivityError::ResultBound { .. } => "run.result_bound",
         }
     }
 
     /// The error object written to state and shown to the model.
     pub fn to_value(&self) -> Value {
         let details = match self {
-            ActivityError::Failed { details, .. } => Some(details.clone()),
+            ActivityError::Failed { details, .. } | ActivityError::ResultBound { details, .. } => {
+                Some(details.clone())
+            }
             _ => None,
         };
         crate::protocol::error_object(self.code(), self.to_string(), details)

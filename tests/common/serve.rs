@@ -344,3 +344,93 @@ pub async fn events_until(
     }
     out
 }
+
+/// What a recording service was sent: one line per request, its path and query, then each
+/// header as `name: value`.
+pub type Seen = Arc<Mutex<Vec<String>>>;
+
+/// A loopback service that records every request; `/redirect?to=URL` answers with a redirect.
+pub async fn recording_service() -> (u16, Seen) {
+    let seen: Seen = Arc::default();
+    let s = seen.clone();
+    let app = axum::Router::new().fallback(move |req: axum::extract::Request| {
+        let s = s.clone();
+        async move {
+            let mut line = req.uri().to_string();
+            for (k, v) in req.headers() {
+                line.push_str(&format!("\n{k}: {}", v.to_str().unwrap_or("")));
+            }
+            s.lock().expect("seen").push(line);
+            let to = req
+                .uri()
+                .query()
+                .and_then(|q| q.strip_prefix("to="))
+                .map(str::to_string);
+            match to {
+                Some(to) if req.uri().path() == "/redirect" => {
+                    axum::response::IntoResponse::into_response(
+                        axum::response::Redirect::temporary(&to),
+                    )
+                }
+                _ => axum::response::IntoResponse::into_response(axum::Json(json!({"ok": true}))),
+            }
+        }
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (port, seen)
+}
+
+/// An `http` tool without params.
+pub fn get_tool(name: &str, url: &str, headers: Value) -> Value {
+    json!({"_tool": name, "_activity": "http",
+        "_http": {"method": "GET", "url": url, "headers": headers},
+        "type": "object", "properties": {}})
+}
+
+/// A scripted model that calls `tools` once each, then answers `{"done": true}`.
+pub fn script_calling(dir: &Path, tools: &[&str]) -> String {
+    let calls: Vec<Value> = tools.iter().map(|t| json!({"_tool": t})).collect();
+    let path = dir.join("s.json");
+    let s = json!({"turns": [
+        {"solution": {"calls": calls, "output": null}},
+        {"solution": {"calls": [], "output": {"done": true}}}
+    ]});
+    std::fs::write(&path, s.to_string()).expect("script");
+    format!("scripted:{}", path.display())
+}
+
+/// `dagloop serve` under the operator config `toml` (written into `dir`, its file root), with
+/// the environment `env`.
+pub fn serve_with(dir: &Path, toml: &str, env: &[(&str, &str)]) -> Server {
+    let cfg = dir.join("dagloop.toml");
+    std::fs::write(&cfg, toml).expect("config");
+    Server::start_config(&dir.join("runs.db"), &cfg, None, |c| {
+        c.current_dir(dir);
+        for (k, v) in env {
+            c.env(k, v);
+        }
+    })
+}
+
+/// Submits `goal` and returns the run once it finished.
+pub async fn run_to_end(s: &Server, goal: &Value) -> Value {
+    let (status, v) = send(client().post(s.url("/runs")).json(goal)).await;
+    assert_eq!(status, 201, "{v}");
+    let id = v["id"].as_str().expect("id").to_string();
+    until(s, &id, |v| {
+        !matches!(v["status"].as_str(), Some("running" | "stopped"))
+    })
+    .await
+}
+
+/// The call of `tool` in a run's view.
+pub fn call_of<'a>(run: &'a Value, tool: &str) -> &'a Value {
+    run["calls"]
+        .as_array()
+        .and_then(|cs| cs.iter().find(|c| c["tool"] == tool))
+        .unwrap_or_else(|| panic!("no call of {tool}: {run}"))
+}
