@@ -18,11 +18,10 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use serde::Deserialize;
 use serde_json::Value;
-use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use super::run::Run;
-use super::tool::PyTools;
+use super::tool::{PyTools, WorkQueue};
 use super::{Failure, complete};
 
 /// What the Python side asks for.
@@ -203,8 +202,12 @@ async fn launch_in(spec: &Spec, store: Option<Arc<dyn RunStore>>) -> Result<Star
     if let Some(a) = &spec.approve {
         opts.approve = Some(ModeName::parse(a).map_err(|e| failure(e.code(), e))?);
     }
-    let (queue, work) = mpsc::unbounded_channel();
-    let activity = Arc::new(PyTools { queue });
+    let (queue, watched) = WorkQueue::new()
+        .map_err(|e| failure("server.internal", format!("no wake-up socket: {e}")))?;
+    let queue = Arc::new(queue);
+    let activity = Arc::new(PyTools {
+        queue: queue.clone(),
+    });
     let mut registry = Registry::new();
     for t in &spec.tools {
         registry.register(t.name.clone(), activity.clone());
@@ -235,7 +238,8 @@ async fn launch_in(spec: &Spec, store: Option<Arc<dyn RunStore>>) -> Result<Star
     let launched = prepared.start().await.map_err(|e| failure(e.code(), e))?;
     Ok(Started::Run(Run::new(
         launched,
-        work,
+        queue,
+        watched,
         store,
         &def.effective_goal().tools,
     )))
