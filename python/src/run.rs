@@ -154,14 +154,21 @@ impl Run {
         })
     }
 
-    /// `done(result_json)` once the run is over; the store's lease on it is let go.
+    /// `done(result_json)` once the run is over; a final result is recorded in the store (else
+    /// its lease is let go).
     fn wait(&self, done: Py<PyAny>) -> PyResult<()> {
         let handle = self.handle.clone();
         let store = self.store.clone();
         complete(done, async move {
             let result = handle.wait().await;
+            // As `dagloop run`: only an ending the run decided is recorded (a follow-up reads
+            // it); a run that stopped is left as its journal has it, to be resumed.
             if let Some(s) = store {
-                let _ = s.release(handle.run_id());
+                let _ = if result.status.is_final() {
+                    s.finish(handle.run_id(), &result)
+                } else {
+                    s.release(handle.run_id())
+                };
             }
             Ok::<_, Failure>(to_json(&result))
         })
