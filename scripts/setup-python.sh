@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The Python package `dagloop` (python/: PyO3 + maturin) built into a virtual environment outside
-# the checkout, at ${DAGLOOP_CACHE:-$HOME/.cache/dagloop}/py-venv: maturin, pytest, pydantic and
-# mypy from PyPI (pinned; installed again only when the pins change), then `maturin develop`
+# the checkout, at ${DAGLOOP_PY_VENV:-${DAGLOOP_CACHE:-$HOME/.cache/dagloop}/py-venv}: maturin,
+# pytest, pydantic, mypy, and FastAPI with httpx (the docs' endpoint example is called through its
+# TestClient) from PyPI (pinned; installed again only when the pins change), then `maturin develop`
 # (dev profile) into the venv. The Rust build goes to CARGO_TARGET_DIR like the rest of the
 # project's (default ~/.cache/dagloop/target), so a later run only relinks what changed.
 #
@@ -14,10 +15,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 CACHE="${DAGLOOP_CACHE:-$HOME/.cache/dagloop}"
-VENV="$CACHE/py-venv"
+VENV="${DAGLOOP_PY_VENV:-$CACHE/py-venv}"
 PY="$VENV/bin/python"
 BASE_PYTHON="${PYTHON:-python3}"
-PINS="maturin==1.16.0 pytest==9.2.0 pydantic==2.14.4 mypy==2.4.1"
+PINS="maturin==1.16.0 pytest==9.2.0 pydantic==2.14.4 mypy==2.4.1 fastapi==0.165.0 httpx==0.28.1"
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$CACHE/target}"
 
 log() { echo "setup-python: $*" >&2; }

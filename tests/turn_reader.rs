@@ -57,7 +57,7 @@ async fn an_answer_sent_as_one_long_delta_reads_as_if_read_at_once() {
         let (mut deltas, mut received) = (Vec::new(), Vec::new());
         while let Some(e) = sub.recv().await {
             match &e.kind {
-                EventKind::ModelDelta { chars } if e.step == 1 => deltas.push(*chars),
+                EventKind::ModelDelta { chars, .. } if e.step == 1 => deltas.push(*chars),
                 EventKind::CallReceived { call } => received.push(call.clone()),
                 _ => {}
             }

@@ -18,9 +18,10 @@ from ._agent import (
     call,
     edit,
     reject,
+    send_back,
 )
 from ._bridge import DagloopError
-from ._client import Client, RunOutcome
+from ._client import AsyncClient, Client, RunOutcome
 from ._events import (
     Event,
     RunStarted,
@@ -61,6 +62,7 @@ _atexit.register(_native._exiting)
 __all__ = [
     "Agent",
     "ApprovalRequest",
+    "AsyncClient",
     "Client",
     "DagloopError",
     "Decision",
@@ -104,5 +106,6 @@ __all__ = [
     "edit",
     "parse_event",
     "reject",
+    "send_back",
     "tool",
 ]

@@ -14,7 +14,7 @@ import json
 import os
 import tempfile
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Awaitable, Callable, Generic, Iterable, Union
+from typing import Any, AsyncIterator, Awaitable, Callable, Generic, Iterable, Literal, Union
 
 import pydantic
 import pydantic_core
@@ -69,7 +69,7 @@ def call(tool: str | Tool, /, output_path: str | None = None, **params: Any) -> 
 @dataclass(frozen=True)
 class Decision:
     """A reviewer's answer (the HTTP API's decision object): `approve()`, `edit(params)`,
-    `reject(reason)`."""
+    `reject(reason)`, `send_back(feedback)`."""
 
     body: dict[str, Any]
 
@@ -86,6 +86,12 @@ def edit(params: dict[str, Any]) -> Decision:
 def reject(reason: str) -> Decision:
     """Do not run the call; the model is told why."""
     return Decision({"decision": "reject", "reason": reason})
+
+
+def send_back(feedback: str) -> Decision:
+    """Do not run the call, and tell the model what to do differently: not a veto, the model
+    reads the feedback in its next request and may propose another call."""
+    return Decision({"decision": "send_back", "feedback": feedback})
 
 
 @dataclass(frozen=True)
@@ -163,6 +169,10 @@ def _result(run_id: str, text: str) -> RunResult:
     )
 
 
+Carry = Literal["state", "history", "both"]
+"""What a follow-up run takes over from the run it continues."""
+
+
 class Agent(Generic[T]):
     """An agent: a model, Python tools, an output type, and how its runs are reviewed and
     stored. `await agent.run(goal, input=...)` gives the output as an instance of
@@ -211,7 +221,7 @@ class Agent(Generic[T]):
         """The output schema the run is given: the output type's JSON Schema (Pydantic's)."""
         return self._adapter.json_schema() if self._adapter is not None else None
 
-    def _spec(self, goal: str | None, input: Any, resume: str | None = None) -> dict[str, Any]:
+    def _spec(self, goal: str | None, input: Any, resume: str | None = None, continue_from: str | None = None, carry: Carry = "both") -> dict[str, Any]:
         spec: dict[str, Any] = {"tools": [t.definition() for t in self.tools.values()], "reviewer": self.on_approval is not None}
         if isinstance(self.model, ScriptedModel):
             spec["model"] = self.model.spec()
@@ -219,6 +229,13 @@ class Agent(Generic[T]):
             spec["model"] = self.model
         if resume is not None:
             spec["resume"] = resume
+        elif continue_from is not None:
+            if self.store is None:
+                raise ValueError("continuing a run needs the agent's store")
+            text = goal if goal is not None else self.instructions
+            if not text:
+                raise ValueError("a follow-up needs its instruction: agent.run('now do this', continue_from=run_id)")
+            spec["continue"] = {"run_id": continue_from, "text": text, "carry": carry}
         elif self.goal_path is not None:
             spec["goal_path"] = self.goal_path
             if input is not None:
@@ -246,10 +263,11 @@ class Agent(Generic[T]):
             spec["passthrough"] = self.tools_from_passthrough
         return spec
 
-    def stream(self, goal: str | None = None, *, input: Any = None) -> "RunStream[T]":
+    def stream(self, goal: str | None = None, *, input: Any = None, continue_from: str | None = None, carry: Carry = "both") -> "RunStream[T]":
         """The run's events as they happen: `async for event in agent.stream(...)`; decide
-        with `run.decide(...)` while iterating; `run.output` once it is over."""
-        spec = self._spec(goal, input)
+        with `run.decide(...)` while iterating; `run.output` once it is over.
+        `continue_from=run_id` follows up that finished stored run (see `run`)."""
+        spec = self._spec(goal, input, continue_from=continue_from, carry=carry)
         spec["reviewer"] = True  # whoever iterates decides (`run.decide`)
         return RunStream(self, spec)
 
@@ -292,14 +310,18 @@ class Agent(Generic[T]):
             divergence=doc.get("divergence"),
         )
 
-    async def run(self, goal: str | None = None, *, input: Any = None) -> T:
+    async def run(self, goal: str | None = None, *, input: Any = None, continue_from: str | None = None, carry: Carry = "both") -> T:
         """Runs to the end; the output as an instance of `output_type` (`RunFailed` when the
-        run ends without one)."""
-        return await RunStream(self, self._spec(goal, input), want_events=False).output()
+        run ends without one). With `continue_from=run_id` (a finished run in the agent's
+        store) the run is that run's follow-up in its session, as `dagloop run --continue`:
+        `goal` is the new instruction, and `carry` says what it takes over (`"state"`, the
+        session's `"history"`, or `"both"`); its id is the new run's `run_id`."""
+        spec = self._spec(goal, input, continue_from=continue_from, carry=carry)
+        return await RunStream(self, spec, want_events=False).output()
 
-    def run_sync(self, goal: str | None = None, *, input: Any = None) -> T:
+    def run_sync(self, goal: str | None = None, *, input: Any = None, continue_from: str | None = None, carry: Carry = "both") -> T:
         """`run` for code without an event loop."""
-        return asyncio.run(self.run(goal, input=input))
+        return asyncio.run(self.run(goal, input=input, continue_from=continue_from, carry=carry))
 
     def _output(self, result: RunResult) -> T:
         if not result.succeeded:
@@ -327,7 +349,7 @@ class RunStream(Generic[T]):
         self._started: asyncio.Future[None] | None = None
         self._queue: asyncio.Queue[Event | None] = asyncio.Queue()
         self._tasks: set[asyncio.Task[Any]] = set()
-        self._pump: asyncio.Task[None] | None = None
+        self._wake: int | None = None
         self._listener: asyncio.Task[None] | None = None
         self._presented: dict[int, ApprovalRequested] = {}
         self.result: RunResult | None = None
@@ -360,7 +382,7 @@ class RunStream(Generic[T]):
                 await self._queue.put(None)
             else:
                 self._run = started
-                self._pump = asyncio.ensure_future(self._take_work())
+                self._watch_work()
                 if self._want_events or self._agent.on_approval is not None:
                     self._listener = asyncio.ensure_future(self._listen())
             self._started.set_result(None)
@@ -395,8 +417,7 @@ class RunStream(Generic[T]):
             raise
         if self._listener is not None:
             await self._listener
-        if self._pump is not None:
-            self._pump.cancel()
+        self._unwatch_work()
         self.result = _result(self._run.run_id, text)
         return self.result
 
@@ -419,13 +440,30 @@ class RunStream(Generic[T]):
         await self.start()
         await native(self._run.cancel, reason)
 
-    async def _take_work(self) -> None:
-        while True:
-            batch = await native(self._run.next_work)
-            if not batch:
-                return
-            for name, params, reply in batch:
-                self._spawn(self._call(name, params, reply))
+    def _watch_work(self) -> None:
+        """Calls of Python tools are taken when the run's wake-up socket is readable: all those
+        queued by then at once, each started as a task."""
+        fd = self._run.wake_fd()
+        if fd is None:
+            return
+        self._wake = fd
+        asyncio.get_running_loop().add_reader(fd, self._take_work)
+
+    def _unwatch_work(self) -> None:
+        fd, self._wake = self._wake, None
+        if fd is not None:
+            asyncio.get_running_loop().remove_reader(fd)
+            os.close(fd)
+
+    def _take_work(self) -> None:
+        if self._wake is None:
+            return
+        try:
+            os.read(self._wake, 4096)
+        except (BlockingIOError, InterruptedError):
+            pass
+        for name, params, reply in self._run.take_work():
+            self._spawn(self._call(name, params, reply))
 
     def _spawn(self, coro: Awaitable[Any]) -> None:
         task = asyncio.ensure_future(coro)
@@ -438,7 +476,7 @@ class RunStream(Generic[T]):
             reply.fail("LookupError", f"no Python function for tool `{name}`")
             return
         try:
-            reply.ok(await tool.invoke(json.loads(params)))
+            reply.ok(await tool.invoke(params))
         except pydantic.ValidationError as e:
             reply.bad_params(name, str(e))
         except (asyncio.TimeoutError, TimeoutError):
@@ -460,6 +498,7 @@ class RunStream(Generic[T]):
                     self._spawn(self._review(ev))
             if self._want_events:
                 await self._queue.put(ev)
+        self._unwatch_work()  # the run is over: no call comes any more
         await self._queue.put(None)
 
     async def _review(self, ev: ApprovalRequested) -> None:
@@ -473,7 +512,7 @@ class RunStream(Generic[T]):
             if inspect.isawaitable(d):
                 d = await d
             if not isinstance(d, Decision):
-                d = reject(f"the reviewer callback returned {d!r}, not approve()/edit()/reject()")
+                d = reject(f"the reviewer callback returned {d!r}, not approve()/edit()/reject()/send_back()")
         except Exception as e:  # noqa: BLE001
             d = reject(f"the reviewer callback raised {type(e).__name__}: {e}")
         try:

@@ -8,13 +8,15 @@ answers with coded errors, raised here as `DagloopError`)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
+import threading
 import urllib.error
 import urllib.parse
 import urllib.request
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any, AsyncIterator, Iterator
 
 from ._agent import Decision
 from ._bridge import DagloopError
@@ -173,3 +175,61 @@ def _api_error(e: urllib.error.HTTPError) -> DagloopError:
         return DagloopError(doc["code"], doc["message"])
     except Exception:  # noqa: BLE001 - not an ApiError body: say what came back
         return DagloopError("http.status", f"HTTP {e.code} {e.reason}")
+
+
+class AsyncClient:
+    """`Client` for async code: the same operations as coroutines, and `events` as an async
+    iterator of typed events. Each request runs in a worker thread (the standard library's
+    HTTP client), so the event loop is never blocked; the stream is read in one thread while
+    it lasts."""
+
+    def __init__(self, url: str, token: str | None = None, *, timeout: float = 330.0) -> None:
+        self.sync = Client(url, token, timeout=timeout)
+
+    async def submit(self, goal: dict[str, Any] | str | os.PathLike[str], *, model: str | None = None, approve: str | None = None, mode: str | None = None, input: Any = None, wait: float | None = None) -> RunOutcome:
+        return await asyncio.to_thread(self.sync.submit, goal, model=model, approve=approve, mode=mode, input=input, wait=wait)
+
+    async def result(self, run_id: str, *, wait: float = 0) -> RunOutcome:
+        return await asyncio.to_thread(self.sync.result, run_id, wait=wait)
+
+    async def wait(self, run_id: str, *, poll: float = 30) -> RunOutcome:
+        return await asyncio.to_thread(self.sync.wait, run_id, poll=poll)
+
+    async def run(self, run_id: str) -> dict[str, Any]:
+        return await asyncio.to_thread(self.sync.run, run_id)
+
+    async def decide(self, run_id: str, call: int | ApprovalRequested, decision: Decision) -> str:
+        return await asyncio.to_thread(self.sync.decide, run_id, call, decision)
+
+    async def cancel(self, run_id: str, reason: str = "cancelled from Python") -> str:
+        return await asyncio.to_thread(self.sync.cancel, run_id, reason)
+
+    async def events(self, run_id: str, *, after: int = 0) -> AsyncIterator[Event]:
+        """The run's events from the start (or after `after`), then live ones, until it ends."""
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[Event | BaseException | None] = asyncio.Queue()
+        stop = threading.Event()
+
+        def read() -> None:
+            try:
+                for ev in self.sync.events(run_id, after=after):
+                    if stop.is_set():
+                        return
+                    loop.call_soon_threadsafe(queue.put_nowait, ev)
+                loop.call_soon_threadsafe(queue.put_nowait, None)
+            except BaseException as e:  # noqa: BLE001 - handed to the iterating task
+                if not stop.is_set():
+                    loop.call_soon_threadsafe(queue.put_nowait, e)
+
+        reader = threading.Thread(target=read, name="dagloop-events", daemon=True)
+        reader.start()
+        try:
+            while True:
+                item = await queue.get()
+                if item is None:
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:
+            stop.set()

@@ -54,9 +54,10 @@ class RequestStarted(Event):
 @_kind("model_delta")
 @dataclass(frozen=True)
 class ModelDelta(Event):
-    """The model streamed `chars` more characters (live only, never replayed)."""
+    """The model streamed `text` (`chars` characters; live only, never replayed)."""
 
     chars: int = 0
+    text: str = ""
 
 
 @_kind("solution")

@@ -69,11 +69,16 @@ class Tool:
         d.setdefault("type", "object")
         return d
 
-    async def invoke(self, params: dict[str, Any]) -> str:
-        """Runs one call with `params` (resolved by the core); returns the result as JSON text.
-        Raises `pydantic.ValidationError` when the params do not fit the signature."""
-        model = self.params.model_validate(params)
-        kwargs = {k: getattr(model, k) for k in type(model).model_fields}
+    async def invoke(self, params: str | bytes | dict[str, Any]) -> bytes:
+        """Runs one call with `params` (resolved by the core; JSON text, or its value); returns
+        the result as JSON. Raises `pydantic.ValidationError` when the params do not fit the
+        signature."""
+        if isinstance(params, dict):
+            model = self.params.model_validate(params)
+        else:
+            # Straight from the JSON text: no dict of Python values made to be validated again.
+            model = self.params.model_validate_json(params)
+        kwargs = model.__dict__
         if self.is_async:
             work = self.fn(**kwargs)
         else:
@@ -82,7 +87,7 @@ class Tool:
             result = await asyncio.wait_for(work, self.timeout)
         else:
             result = await work
-        return pydantic_core.to_json(result).decode()
+        return pydantic_core.to_json(result)
 
 
 def _hints(fn: Callable[..., Any]) -> dict[str, Any]:

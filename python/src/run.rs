@@ -1,4 +1,5 @@
-//! A started run as Python sees it: tool calls out (`next_work`), events out as the HTTP API's
+//! A started run as Python sees it: tool calls out (`take_work`, when the socket of
+//! `wake_fd` is readable), events out as the HTTP API's
 //! JSON (`next_event`), decisions and cancellation in, the result at the end.
 //!
 //! Deliberately not here: what a decision means or whether it applies (the run's machine
@@ -13,17 +14,19 @@ use dagloop::store::RunStore;
 use dagloop::{RunHandle, Subscription};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use tokio::sync::{Mutex, mpsc};
+use tokio::sync::Mutex;
 
 use super::start::to_json;
-use super::tool::{Reply, Work};
+use super::tool::{Reply, WorkQueue};
 use super::{Failure, complete};
 
 /// A run going on in this process.
 #[pyclass(frozen, module = "dagloop._dagloop")]
 pub(crate) struct Run {
     handle: RunHandle,
-    work: Arc<Mutex<mpsc::UnboundedReceiver<Work>>>,
+    work: Arc<WorkQueue>,
+    /// The socket end Python watches for work, until Python takes it (`wake_fd`).
+    watched: std::sync::Mutex<Option<std::os::unix::net::UnixStream>>,
     events: Arc<Mutex<Option<Subscription>>>,
     store: Option<Arc<dyn RunStore>>,
     /// The run's tools by name (what a call awaiting a decision would do is described from them).
@@ -35,18 +38,27 @@ pub(crate) struct Run {
 impl Run {
     pub(crate) fn new(
         launched: Launched,
-        work: mpsc::UnboundedReceiver<Work>,
+        work: Arc<WorkQueue>,
+        watched: std::os::unix::net::UnixStream,
         store: Option<Arc<dyn RunStore>>,
         tools: &[Tool],
     ) -> Run {
         Run {
             handle: launched.handle,
-            work: Arc::new(Mutex::new(work)),
+            work,
+            watched: std::sync::Mutex::new(Some(watched)),
             events: Arc::new(Mutex::new(None)),
             store,
             tools: tools.iter().map(|t| (t.name.clone(), t.clone())).collect(),
             _servers: std::sync::Mutex::new(launched.servers),
         }
+    }
+}
+
+impl Drop for Run {
+    /// Nobody in Python will run a call any more: the queued ones fail, and so do later ones.
+    fn drop(&mut self) {
+        self.work.close();
     }
 }
 
@@ -58,28 +70,22 @@ impl Run {
         self.handle.run_id().to_string()
     }
 
-    /// `done([(tool, params_json, reply), ...])`: the calls of Python tools waiting to run (at
-    /// least one; every one queued by then), or `[]` once the run is over.
-    fn next_work(&self, done: Py<PyAny>) -> PyResult<()> {
-        let work = self.work.clone();
-        let handle = self.handle.clone();
-        complete(done, async move {
-            let mut rx = work.lock().await;
-            let mut batch: Vec<(String, String, Reply)> = Vec::new();
-            let first = tokio::select! {
-                biased;
-                w = rx.recv() => w,
-                _ = handle.wait() => None,
-            };
-            match first {
-                Some(w) => batch.push((w.tool, w.params, w.reply)),
-                None => return Ok(batch),
-            }
-            while let Ok(w) = rx.try_recv() {
-                batch.push((w.tool, w.params, w.reply));
-            }
-            Ok::<_, Failure>(batch)
-        })
+    /// The file descriptor of a socket that becomes readable when calls wait in `take_work`
+    /// (non-blocking; Python reads and closes it). Given once: None after.
+    fn wake_fd(&self) -> Option<i32> {
+        use std::os::fd::IntoRawFd;
+        let watched = self.watched.lock().ok().and_then(|mut w| w.take());
+        watched.map(|w| w.into_raw_fd())
+    }
+
+    /// The calls of Python tools waiting to run, as `(tool, params_json, reply)`, every one
+    /// queued by now (none when the socket woke Python for calls already taken).
+    fn take_work(&self) -> Vec<(String, String, Reply)> {
+        self.work
+            .take()
+            .into_iter()
+            .map(|w| (w.tool, w.params, w.reply))
+            .collect()
     }
 
     /// `done(event_json | None)`: the next event after `after` the first time (then the next
@@ -148,14 +154,21 @@ impl Run {
         })
     }
 
-    /// `done(result_json)` once the run is over; the store's lease on it is let go.
+    /// `done(result_json)` once the run is over; a final result is recorded in the store (else
+    /// its lease is let go).
     fn wait(&self, done: Py<PyAny>) -> PyResult<()> {
         let handle = self.handle.clone();
         let store = self.store.clone();
         complete(done, async move {
             let result = handle.wait().await;
+            // As `dagloop run`: only an ending the run decided is recorded (a follow-up reads
+            // it); a run that stopped is left as its journal has it, to be resumed.
             if let Some(s) = store {
-                let _ = s.release(handle.run_id());
+                let _ = if result.status.is_final() {
+                    s.finish(handle.run_id(), &result)
+                } else {
+                    s.release(handle.run_id())
+                };
             }
             Ok::<_, Failure>(to_json(&result))
         })

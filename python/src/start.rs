@@ -18,11 +18,10 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use serde::Deserialize;
 use serde_json::Value;
-use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use super::run::Run;
-use super::tool::PyTools;
+use super::tool::{PyTools, WorkQueue};
 use super::{Failure, complete};
 
 /// What the Python side asks for.
@@ -52,6 +51,9 @@ struct Spec {
     resume: Option<String>,
     /// Start a fork of this stored run after one of its steps (`dagloop fork`).
     fork: Option<ForkSpec>,
+    /// Continue this finished stored run with a follow-up (`dagloop run --continue`).
+    #[serde(rename = "continue")]
+    follow: Option<FollowSpec>,
     /// Answer calls from this cassette (`--tools-from`).
     tools_from: Option<PathBuf>,
     #[serde(default)]
@@ -67,6 +69,22 @@ struct Spec {
 struct ForkSpec {
     run_id: String,
     at_step: u32,
+}
+
+/// `dagloop run --continue RUN TEXT`: the finished run followed up, the follow-up's
+/// instruction, and what carries over (`state`, `history` or `both`, the default).
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FollowSpec {
+    run_id: String,
+    text: String,
+    carry: Option<String>,
+    #[serde(default = "yes")]
+    wait: bool,
+}
+
+fn yes() -> bool {
+    true
 }
 
 fn failure(code: &str, e: impl std::fmt::Display) -> Failure {
@@ -139,8 +157,16 @@ async fn launch_in(spec: &Spec, store: Option<Arc<dyn RunStore>>) -> Result<Star
         ..RunOptions::default()
     };
     let grants = Arc::new(dagloop::grants::Grants::cli(false));
-    let (goal, resume) = match (&spec.resume, &spec.fork) {
-        (None, Some(f)) => {
+    let (goal, resume) = match (&spec.resume, &spec.fork, &spec.follow) {
+        (None, None, Some(f)) => {
+            let s = store
+                .as_ref()
+                .ok_or_else(|| failure("cli.no_store", "continuing a run needs its store"))?;
+            let (goal, id, journal, follow_opts) = follow(s, f, spec, grants.clone()).await?;
+            opts = follow_opts;
+            (goal, Some((id, journal)))
+        }
+        (None, Some(f), _) => {
             let s = store
                 .as_ref()
                 .ok_or_else(|| failure("cli.no_store", "forking a run needs its store"))?;
@@ -148,7 +174,7 @@ async fn launch_in(spec: &Spec, store: Option<Arc<dyn RunStore>>) -> Result<Star
             opts = fork_opts;
             (goal, Some((id, journal)))
         }
-        (Some(id), _) => {
+        (Some(id), _, _) => {
             let s = store
                 .as_ref()
                 .ok_or_else(|| failure("cli.no_store", "resuming a run needs its store"))?;
@@ -171,13 +197,17 @@ async fn launch_in(spec: &Spec, store: Option<Arc<dyn RunStore>>) -> Result<Star
                 Goal::from_json(&doc, Path::new(id), base).map_err(|e| failure(e.code(), e))?;
             (goal, Some((id.clone(), stored.journal)))
         }
-        (None, None) => (new_goal(spec, offline)?, None),
+        (None, None, None) => (new_goal(spec, offline)?, None),
     };
     if let Some(a) = &spec.approve {
         opts.approve = Some(ModeName::parse(a).map_err(|e| failure(e.code(), e))?);
     }
-    let (queue, work) = mpsc::unbounded_channel();
-    let activity = Arc::new(PyTools { queue });
+    let (queue, watched) = WorkQueue::new()
+        .map_err(|e| failure("server.internal", format!("no wake-up socket: {e}")))?;
+    let queue = Arc::new(queue);
+    let activity = Arc::new(PyTools {
+        queue: queue.clone(),
+    });
     let mut registry = Registry::new();
     for t in &spec.tools {
         registry.register(t.name.clone(), activity.clone());
@@ -208,7 +238,8 @@ async fn launch_in(spec: &Spec, store: Option<Arc<dyn RunStore>>) -> Result<Star
     let launched = prepared.start().await.map_err(|e| failure(e.code(), e))?;
     Ok(Started::Run(Run::new(
         launched,
-        work,
+        queue,
+        watched,
         store,
         &def.effective_goal().tools,
     )))
@@ -298,4 +329,48 @@ fn new_goal(spec: &Spec, offline: bool) -> Result<Goal, Failure> {
 
 pub(crate) fn to_json(v: &impl serde::Serialize) -> String {
     serde_json::to_string(v).unwrap_or_else(|_| "null".into())
+}
+
+/// Records a follow-up of a finished stored run as `dagloop run --continue` does
+/// (`runs::continue_run`: the parent's model, policy, mode and floor go on unless the spec names
+/// a model), to be continued like a resumed run.
+async fn follow(
+    store: &Arc<dyn RunStore>,
+    f: &FollowSpec,
+    spec: &Spec,
+    grants: Arc<dagloop::grants::Grants>,
+) -> Result<(Goal, String, Vec<dagloop::JournalEntry>, RunOptions), Failure> {
+    let err = |e: runs::RunsError| failure(e.code(), e);
+    let carry = match &f.carry {
+        Some(c) => runs::Carry::parse(c).ok_or_else(|| {
+            failure(
+                "cli.usage",
+                format!("carry is state, history or both, not `{c}`"),
+            )
+        })?,
+        None => runs::Carry::default(),
+    };
+    let how = runs::Continue {
+        next: runs::Next::Text(f.text.clone()),
+        carry,
+        wait: f.wait,
+    };
+    let stored = store.load(&f.run_id).map_err(|e| failure(e.code(), e))?;
+    let base = RunOptions::from_stored(&stored.record.options).map_err(err)?;
+    let opts = RunOptions {
+        model: spec.model.clone().or(base.model),
+        approve: base.approve,
+        mode: base.mode,
+        floor: base.floor,
+        agent: base.agent,
+        ..RunOptions::default()
+    };
+    // Refused before anything is recorded: a follow-up the grants do not allow leaves no run.
+    let mut check = |fork: &runs::Fork| {
+        runs::define(fork.goal.clone(), fork.options.clone(), grants.clone()).map(|_| ())
+    };
+    let (fork, seeded) = runs::continue_run(&**store, &f.run_id, &how, opts, &mut check)
+        .await
+        .map_err(err)?;
+    Ok((fork.goal, fork.record.id, seeded.journal, fork.options))
 }

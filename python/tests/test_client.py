@@ -96,3 +96,34 @@ def test_a_remote_run_is_submitted_followed_decided_and_waited_for(server: str, 
     assert out.output == {"ok": True}
     assert "approval_requested" in kinds and "decision" in kinds
     assert "note" in client.run(submitted.id)["state"]  # the approved call ran
+
+
+async def test_the_async_client_streams_typed_events_and_decides(server: str) -> None:
+    model = ScriptedModel([
+        ScriptedModel.solution([call("note", text="hi", output_path="†state.note || †state.noteError")]),
+        ScriptedModel.solution(output={"ok": True}),
+    ])
+    goal = {
+        "goal": "save a note",
+        "output_schema": {"type": "object"},
+        "tools": [{
+            "_tool": "note", "_activity": "http", "_http": {"method": "GET", "url": server, "timeout_s": 10},
+            "description": "Reads the server's page.", "type": "object", "properties": {"text": {"type": "string"}},
+        }],
+    }
+    client = dagloop.AsyncClient(server, token="py-secret")
+    submitted = await client.submit(goal, model=model.spec(), approve="ask")
+    seen: list[dagloop.Event] = []
+    async for ev in client.events(submitted.id):
+        seen.append(ev)
+        if isinstance(ev, dagloop.ApprovalRequested):
+            assert await client.decide(submitted.id, ev, dagloop.approve()) == "applied"
+        if isinstance(ev, dagloop.RunFinished):
+            break
+    out = await client.wait(submitted.id)
+    assert out.status == "succeeded" and out.output == {"ok": True}, out
+    assert any(isinstance(ev, dagloop.DecisionMade) for ev in seen)
+    assert "note" in (await client.run(submitted.id))["state"]
+    with pytest.raises(dagloop.DagloopError) as e:
+        await dagloop.AsyncClient(server, token="wrong").result(submitted.id)
+    assert e.value.code == "auth.invalid"

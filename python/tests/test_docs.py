@@ -4,6 +4,7 @@ of `openai:gpt-4o-mini` (the turns below answer what each example asks); a block
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import io
 import re
@@ -54,21 +55,44 @@ def test_the_examples_run(monkeypatch: pytest.MonkeyPatch) -> None:
     assert len(found) >= 6
     monkeypatch.chdir(ROOT)  # the examples name files under the repository
     ran = set()
+    first: dict[str, Any] = {}
     for section, code in found:
         if code.startswith("# sketch"):
-            compile(code, f"docs/python.md ({section})", "exec")
+            compile(code, f"docs/python.md ({section})", "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
             continue
         ns: dict[str, Any] = {"__name__": "__docs__"}
+        if "FastAPI(" in code:
+            # The endpoint serves the first example's agent, asked about Lisbon again.
+            model = ScriptedModel(TURNS["A first agent"])
+            ns["agent"] = dagloop.Agent(model=model, tools=[first["temperature"]], output_type=first["Weather"])
         if '"openai:gpt-4o-mini"' in code:
             ns["__model__"] = ScriptedModel(TURNS[section])
             code = code.replace('"openai:gpt-4o-mini"', "__model__")
         out = io.StringIO()
         with contextlib.redirect_stdout(out):
             exec(compile(code, f"docs/python.md ({section})", "exec"), ns)
-        if section in EXPECT:
+        if section in EXPECT and "FastAPI(" not in code:
             assert EXPECT[section] in out.getvalue(), (section, out.getvalue())
+        if section == "A first agent":
+            first = ns
+        if "FastAPI(" in code:
+            check_the_endpoint(ns["app"])
+            ran.add("FastAPI")
         ran.add(section)
-    assert ran >= set(EXPECT) | {"Testing offline"}
+    assert ran >= set(EXPECT) | {"Testing offline", "FastAPI"}
+
+
+def check_the_endpoint(app: Any) -> None:
+    """The FastAPI example streams the run's events as Server-Sent Events, then the output."""
+    from fastapi.testclient import TestClient
+
+    with TestClient(app) as client, client.stream("GET", "/weather/Lisbon") as resp:
+        assert resp.status_code == 200 and resp.headers["content-type"].startswith("text/event-stream")
+        text = "".join(resp.iter_text())
+    frames = [f for f in text.split("\n\n") if f]
+    kinds = [f.split("\n")[0].removeprefix("event: ") for f in frames]
+    assert kinds[0] == "run_started" and "finished" in kinds and kinds[-2:] == ["run_finished", "output"], kinds
+    assert frames[-1] == 'event: output\ndata: {"city":"Lisbon","celsius":21.5}', frames[-1]
 
 
 def test_the_readmes_quick_start_runs() -> None:

@@ -345,7 +345,8 @@ impl Driver {
                 Ok(l) => l,
                 Err(p) => p.into_inner(),
             };
-            for chars in deltas {
+            for text in deltas {
+                let chars = text.chars().count() as u64;
                 let event = Event {
                     run_id: shared.run_id.clone(),
                     seq: log.last_seq,
@@ -354,7 +355,7 @@ impl Driver {
                     call: None,
                     parent: frame,
                     depth: 0,
-                    kind: EventKind::ModelDelta { chars },
+                    kind: EventKind::ModelDelta { chars, text },
                 };
                 shared.publish(&mut log, event);
             }

@@ -41,14 +41,14 @@ pub(super) fn request(
 }
 
 /// What a turn's reader made of one stream item (or of one piece of a long text delta): the
-/// sizes of the text deltas it saw, to publish live, then the machine inputs.
+/// text deltas it saw, to publish live, then the machine inputs.
 pub(super) struct Read {
     /// The agent whose turn it is.
     pub frame: FrameKey,
     /// That turn's step.
     pub step: u32,
-    /// Characters of each text delta, in order.
-    pub deltas: Vec<u64>,
+    /// Each text delta, in order.
+    pub deltas: Vec<String>,
     /// The inputs, in order.
     pub inputs: Vec<RunInput>,
 }
@@ -118,7 +118,7 @@ impl Drop for Away {
 
 /// What the reading task sends for one piece of the text.
 struct Piece {
-    deltas: Vec<u64>,
+    deltas: Vec<String>,
     inputs: Vec<RunInput>,
 }
 
@@ -153,7 +153,7 @@ async fn parse_long(
     text: String,
     tx: mpsc::Sender<Piece>,
 ) -> TurnReader {
-    let mut total = Some(text.chars().count() as u64);
+    let mut total = Some(text.clone());
     for piece in pieces(&text, FIRST_PIECE_BYTES, PIECE_BYTES) {
         let mut deltas = Vec::new();
         let item = Some(Ok(StreamEvent::TextDelta(piece.to_string())));
@@ -173,7 +173,7 @@ async fn parse_long(
 }
 
 /// What one poll of a turn gave: text delta sizes, inputs, and whether the turn ended.
-type Polled = (Vec<u64>, Vec<RunInput>, bool);
+type Polled = (Vec<String>, Vec<RunInput>, bool);
 
 /// The end of a turn whose reader was lost (its parsing task panicked).
 fn reader_lost(frame: FrameKey) -> Polled {
@@ -256,7 +256,8 @@ impl Open {
                 return Poll::Ready(reader_lost(frame));
             };
             let mut deltas = Vec::new();
-            let (inputs, ended) = reader.read(frame, item, &mut |_, chars| deltas.push(chars));
+            let (inputs, ended) =
+                reader.read(frame, item, &mut |_, text| deltas.push(text.to_string()));
             if deltas.is_empty() && inputs.is_empty() && !ended {
                 continue;
             }

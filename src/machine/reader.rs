@@ -91,13 +91,13 @@ impl TurnReader {
     }
 
     /// Turns one item of the agent's stream (`None`: the stream ended) into machine inputs;
-    /// `delta` is told of each text delta's size. True with them when the turn ended (its
+    /// `delta` is told of each text delta. True with them when the turn ended (its
     /// `stream_closed` is among them): read nothing more of that stream.
     pub fn read(
         &mut self,
         frame: FrameKey,
         item: Option<Result<StreamEvent, LlmError>>,
-        delta: &mut dyn FnMut(FrameKey, u64),
+        delta: &mut dyn FnMut(FrameKey, &str),
     ) -> (Vec<RunInput>, bool) {
         let mut out = Vec::new();
         let ended = self.read_into(frame, item, delta, &mut out);
@@ -237,7 +237,7 @@ impl TurnReader {
         &mut self,
         frame: FrameKey,
         item: Option<Result<StreamEvent, LlmError>>,
-        delta: &mut dyn FnMut(FrameKey, u64),
+        delta: &mut dyn FnMut(FrameKey, &str),
         out: &mut Vec<RunInput>,
     ) -> bool {
         let reader = self;
@@ -281,7 +281,7 @@ impl TurnReader {
                 reader.saw_text = true;
                 reader.received.push(&t);
                 reader.out_chars += t.chars().count();
-                delta(frame, t.chars().count() as u64);
+                delta(frame, &t);
                 let evs = reader.parser.feed(&t);
                 reader.parsed(frame, evs, out);
             }

@@ -413,6 +413,10 @@ pub enum EventKind {
     ModelDelta {
         /// How many characters arrived.
         chars: u64,
+        /// The text that arrived (what a provider streamed, or the whole answer at once from
+        /// one that does not stream).
+        #[serde(default)]
+        text: String,
     },
     /// The model's Solution for this step is complete.
     Solution {
@@ -642,7 +646,10 @@ mod tests {
             EventKind::StepDrained,
             EventKind::RunStarted { goal: "g".into() },
             EventKind::RequestStarted { attempt: 2 },
-            EventKind::ModelDelta { chars: 17 },
+            EventKind::ModelDelta {
+                chars: 17,
+                text: "{\"calls\": []}".into(),
+            },
             EventKind::Solution {
                 output_present: true,
             },
