@@ -1027,3 +1027,93 @@ async fn a_worker_searches_memory_before_each_step_on_temporal() {
     );
     replays(&conn, &id).await;
 }
+
+/// A worker whose grants do not cover the run's memory folder cannot search it: each step
+/// recalls nothing, the model's requests carry no memory, the run still ends, and each step's
+/// journaled `recalled` entry says why (a note naming the grant refusal).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_not_granted_the_memory_folder_says_so_in_the_journal() {
+    use model_runs::{TINY, answer, final_output};
+    let Some(s) = server() else { return };
+    let conn = s.connect().await;
+    let greet = json!({"calls": [{"_tool": "greet", "name": "Ada",
+        "_output": {"greeting": "Hello Ada"}, "_outputPath": "†state.greeting"}], "output": null});
+    let model = common::serve(vec![answer(greet), answer(final_output())]).await;
+    let dir = tempfile::tempdir().expect("dir");
+    let notes = dir.path().join("notes");
+    std::fs::create_dir_all(&notes).expect("notes");
+    std::fs::write(
+        notes.join("ada-greeting.md"),
+        "# Greeting Ada\n\nAda likes a greeting that calls her Countess Lovelace.\n",
+    )
+    .expect("note");
+    let mut goal: Value = serde_json::from_str(
+        &std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join(TINY)).expect("tiny"),
+    )
+    .expect("goal");
+    goal["memory"] = json!({"path": "notes"});
+    let goal_path = dir.path().join("goal.json");
+    std::fs::write(&goal_path, goal.to_string()).expect("goal");
+    let granted = dir.path().join("elsewhere");
+    std::fs::create_dir_all(&granted).expect("elsewhere");
+    let config = dir.path().join("worker.json");
+    std::fs::write(
+        &config,
+        json!({"grants": {"files": [granted.display().to_string()]}}).to_string(),
+    )
+    .expect("config");
+    let child = bin::dagloop()
+        .env("OPENAI_BASE_URL", model.openai_base())
+        .env_remove("OPENAI_API_KEY")
+        .arg("--config")
+        .arg(&config)
+        .args([
+            "worker",
+            "--temporal",
+            &s.address,
+            "--task-queue",
+            "ungranted",
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("dagloop worker");
+    let _w = WorkerProcess(child);
+    let out = bin::dagloop()
+        .env("OPENAI_BASE_URL", model.openai_base())
+        .env_remove("OPENAI_API_KEY")
+        .args(["--no-store", "run"])
+        .arg(&goal_path)
+        .args(["--json", "--model", "openai:a", "--engine", "temporal"])
+        .args(["--temporal", &s.address, "--task-queue", "ungranted"])
+        .output()
+        .expect("dagloop run");
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let requests = model.requests();
+    assert_eq!(requests.len(), 2);
+    for r in &requests {
+        assert_eq!(memory_text(&r.body), "", "no chunks without the grant");
+    }
+    let snapshot = conn.snapshot(&run_id(&out)).await.expect("snapshot");
+    let snapshot = serde_json::to_value(&snapshot).expect("json");
+    let notes: Vec<String> = snapshot["journal"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|e| e["input"] == "recalled")
+        .map(|e| e["note"].as_str().unwrap_or_default().to_string())
+        .collect();
+    assert_eq!(notes.len(), 2, "{snapshot:#}");
+    for n in &notes {
+        assert!(
+            n.contains("the worker could not search the memory folder")
+                && n.contains("/memory/path"),
+            "{n}"
+        );
+    }
+}
