@@ -1028,9 +1028,9 @@ async fn a_worker_searches_memory_before_each_step_on_temporal() {
     replays(&conn, &id).await;
 }
 
-/// A worker whose grants do not cover the run's memory folder cannot search it: each step
-/// recalls nothing, the model's requests carry no memory, the run still ends, and each step's
-/// journaled `recalled` entry says why (a note naming the grant refusal).
+/// A worker whose grants do not cover the run's memory folder cannot search it: step 1's
+/// journaled `recalled` entry has no chunks and a note naming the grant refusal, and the run
+/// fails with that refusal (the worker refuses the goal's model turn too), the model unasked.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_not_granted_the_memory_folder_says_so_in_the_journal() {
     use model_runs::{TINY, answer, final_output};
@@ -1088,32 +1088,33 @@ async fn a_worker_not_granted_the_memory_folder_says_so_in_the_journal() {
         .args(["--temporal", &s.address, "--task-queue", "ungranted"])
         .output()
         .expect("dagloop run");
-    assert!(
-        out.status.success(),
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let requests = model.requests();
-    assert_eq!(requests.len(), 2);
-    for r in &requests {
-        assert_eq!(memory_text(&r.body), "", "no chunks without the grant");
-    }
+    // The worker refuses the run's goal as a whole (as `dagloop run` would, rule C3): the
+    // model is never asked and the run fails naming the grant.
+    assert!(!out.status.success());
+    assert!(model.requests().is_empty());
     let snapshot = conn.snapshot(&run_id(&out)).await.expect("snapshot");
-    let snapshot = serde_json::to_value(&snapshot).expect("json");
-    let notes: Vec<String> = snapshot["journal"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter(|e| e["input"] == "recalled")
-        .map(|e| e["note"].as_str().unwrap_or_default().to_string())
-        .collect();
-    assert_eq!(notes.len(), 2, "{snapshot:#}");
-    for n in &notes {
-        assert!(
-            n.contains("the worker could not search the memory folder")
-                && n.contains("/memory/path"),
-            "{n}"
-        );
-    }
+    let journal = serde_json::to_value(&snapshot.journal).expect("json");
+    let entries = journal.as_array().cloned().unwrap_or_default();
+    let recalled = entries
+        .iter()
+        .find(|e| e["input"] == "recalled")
+        .expect("step 1 recalled");
+    assert_eq!(recalled["step"], 1);
+    assert!(recalled.get("chunks").is_none(), "{recalled}");
+    let note = recalled["note"].as_str().unwrap_or_default();
+    assert!(
+        note.contains("the worker could not search the memory folder")
+            && note.contains("/memory/path"),
+        "{note}"
+    );
+    let closed = entries
+        .iter()
+        .find(|e| e["input"] == "stream_closed")
+        .expect("the turn ended");
+    assert!(
+        closed["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("/memory/path")),
+        "{closed}"
+    );
 }
