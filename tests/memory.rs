@@ -361,3 +361,92 @@ async fn the_most_compacted_context_leaves_the_memory_out() {
         .collect();
     assert_eq!(shown, [true, true, true, false], "levels 0 to 3");
 }
+
+/// A run resumed after its memory folder was deleted searches nothing for the steps it had not
+/// asked yet, and says so: the step's journaled `recalled` entry carries a note naming the
+/// folder. (The process is killed while step 2's model request hangs; the resumed run asks
+/// step 2 again with the chunks it journaled, then step 3 finds the folder gone.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resumed_run_whose_folder_is_gone_notes_it_in_the_journal() {
+    let call = |path: &str| {
+        json!({"calls": [{"_tool": "greet", "name": "Ada",
+            "_output": {"greeting": "Hello Ada"}, "_outputPath": path}], "output": null})
+    };
+    let first = serve(vec![
+        answer(call("†state.greeting")),
+        Canned::pieces(vec![Piece::Hang]),
+    ])
+    .await;
+    let dir = tempfile::tempdir().expect("dir");
+    let folder = notes(dir.path());
+    let goal = goal_with_memory(dir.path(), json!({"path": "notes"}));
+    let store = dir.path().join("runs.db");
+    let mut child = bin::dagloop()
+        .env("DAGLOOP_STORE", &store)
+        .env("DAGLOOP_LEASE_MS", "200")
+        .env("OPENAI_BASE_URL", first.openai_base())
+        .env_remove("OPENAI_API_KEY")
+        .args([
+            "run",
+            &goal.display().to_string(),
+            "--json",
+            "--model",
+            "openai:a",
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("dagloop run");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while first.hits() < 2 {
+        assert!(std::time::Instant::now() < deadline, "step 2 never asked");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    child.kill().expect("kill");
+    let _ = child.wait();
+    tokio::time::sleep(std::time::Duration::from_millis(400)).await; // the lease runs out
+    std::fs::remove_dir_all(&folder).expect("remove notes");
+
+    let second = serve(vec![answer(call("†state.again")), answer(final_output())]).await;
+    let (_, listed) = dagloop(&store, &["runs", "--json"]);
+    let id = listed[0]["id"].as_str().expect("id").to_string();
+    let out = bin::dagloop()
+        .env("DAGLOOP_STORE", &store)
+        .env("OPENAI_BASE_URL", second.openai_base())
+        .env_remove("OPENAI_API_KEY")
+        .args(["resume", &id, "--json"])
+        .output()
+        .expect("resume");
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    use dagloop::store::{RunStore, SqliteStore};
+    let stored = SqliteStore::open(&store)
+        .expect("store")
+        .load(&id)
+        .expect("run");
+    let journal = serde_json::to_value(&stored.journal).expect("journal");
+    let recalled: Vec<&Value> = journal
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|e| e["input"] == "recalled")
+        .collect();
+    let step = |n: u64| recalled.iter().find(|e| e["step"] == n).copied();
+    let two = step(2).expect("step 2 recalled");
+    assert!(two.get("note").is_none(), "{two}");
+    assert!(
+        two["chunks"].as_array().is_some_and(|c| !c.is_empty()),
+        "{two}"
+    );
+    let three = step(3).expect("step 3 recalled");
+    assert!(three.get("chunks").is_none(), "{three}");
+    let note = three["note"].as_str().unwrap_or_default();
+    assert!(
+        note.contains("memory folder `notes`") && note.contains("resumed"),
+        "{three}"
+    );
+}

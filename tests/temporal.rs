@@ -6,6 +6,9 @@
 
 #[path = "common/bin.rs"]
 mod bin;
+mod common;
+#[path = "common/model_runs.rs"]
+mod model_runs;
 #[path = "common/otlp.rs"]
 mod otlp;
 #[path = "../examples/refund/tools.rs"]
@@ -955,4 +958,195 @@ async fn a_goal_that_does_not_load_ends_the_run_setup_failed() {
         "{err:?}"
     );
     assert_eq!(r.steps, 0);
+}
+
+/// The memory message of a model request (empty when there is none).
+fn memory_text(body: &Value) -> String {
+    body["messages"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|m| m["content"].as_str())
+        .find(|c| c.starts_with("Workspace memory"))
+        .unwrap_or_default()
+        .to_string()
+}
+
+/// On Temporal, memory is searched before each step by a worker (an activity: the workflow
+/// reads no folder), and its answer reaches the model: step 1's request shows the note about
+/// Ada, step 2's (searched for what step 1's call wrote) the note about the telescope, which
+/// step 1's did not. The recorded history replays with no folder.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_searches_memory_before_each_step_on_temporal() {
+    use model_runs::{TINY, answer, final_output};
+    let Some(s) = server() else { return };
+    let conn = s.connect().await;
+    let telescope = json!({"calls": [{"_tool": "greet", "name": "Ada",
+        "_output": {"greeting": "Hello Ada, the observatory telescope awaits you"},
+        "_outputPath": "†state.greeting"}], "output": null});
+    let model = common::serve(vec![answer(telescope), answer(final_output())]).await;
+    let dir = tempfile::tempdir().expect("dir");
+    let notes = dir.path().join("notes");
+    std::fs::create_dir_all(&notes).expect("notes");
+    for i in 0..20 {
+        std::fs::write(
+            notes.join(format!("shipment-{i:02}.md")),
+            format!("# Shipment {i}\n\nThe warehouse shipped {i} crates of apples.\n"),
+        )
+        .expect("note");
+    }
+    std::fs::write(
+        notes.join("ada-greeting.md"),
+        "# Greeting Ada\n\nAda likes a greeting that calls her Countess Lovelace.\n",
+    )
+    .expect("note");
+    std::fs::write(
+        notes.join("telescope.md"),
+        "# The telescope\n\nThe observatory's telescope is pointed at Saturn on clear nights.\n",
+    )
+    .expect("note");
+    let mut goal: Value = serde_json::from_str(
+        &std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join(TINY)).expect("tiny"),
+    )
+    .expect("goal");
+    goal["memory"] = json!({"path": "notes"});
+    let goal_path = dir.path().join("goal.json");
+    std::fs::write(&goal_path, goal.to_string()).expect("goal");
+
+    let mut worker = bin::dagloop();
+    worker
+        .env("OPENAI_BASE_URL", model.openai_base())
+        .env_remove("OPENAI_API_KEY");
+    let _w = WorkerProcess::start(worker, &s, "memory");
+    let out = bin::dagloop()
+        .env("OPENAI_BASE_URL", model.openai_base())
+        .env_remove("OPENAI_API_KEY")
+        .args(["--no-store", "run"])
+        .arg(&goal_path)
+        .args(["--json", "--model", "openai:a", "--engine", "temporal"])
+        .args(["--temporal", &s.address, "--task-queue", "memory"])
+        .output()
+        .expect("dagloop run");
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let requests = model.requests();
+    assert_eq!(requests.len(), 2);
+    let (first, second) = (
+        memory_text(&requests[0].body),
+        memory_text(&requests[1].body),
+    );
+    assert!(first.contains("[ada-greeting.md:1]"), "{first}");
+    assert!(
+        !first.contains("telescope"),
+        "step 1 knows nothing of it: {first}"
+    );
+    assert!(
+        second.contains("[telescope.md:1]\n# The telescope") && second.contains("Saturn"),
+        "step 2 searched for what step 1 wrote: {second}"
+    );
+    assert!(!second.contains("shipment-"), "{second}");
+    // The searches are in the history: it replays without the folder.
+    std::fs::remove_dir_all(&notes).expect("remove notes");
+    let id = run_id(&out);
+    let history = conn.history_json(&id).await.expect("history");
+    assert!(
+        String::from_utf8_lossy(&history).contains("memory_search"),
+        "no memory search activity in the history"
+    );
+    replays(&conn, &id).await;
+}
+
+/// A worker whose grants do not cover the run's memory folder cannot search it: step 1's
+/// journaled `recalled` entry has no chunks and a note naming the grant refusal, and the run
+/// fails with that refusal (the worker refuses the goal's model turn too), the model unasked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_not_granted_the_memory_folder_says_so_in_the_journal() {
+    use model_runs::{TINY, answer, final_output};
+    let Some(s) = server() else { return };
+    let conn = s.connect().await;
+    let greet = json!({"calls": [{"_tool": "greet", "name": "Ada",
+        "_output": {"greeting": "Hello Ada"}, "_outputPath": "†state.greeting"}], "output": null});
+    let model = common::serve(vec![answer(greet), answer(final_output())]).await;
+    let dir = tempfile::tempdir().expect("dir");
+    let notes = dir.path().join("notes");
+    std::fs::create_dir_all(&notes).expect("notes");
+    std::fs::write(
+        notes.join("ada-greeting.md"),
+        "# Greeting Ada\n\nAda likes a greeting that calls her Countess Lovelace.\n",
+    )
+    .expect("note");
+    let mut goal: Value = serde_json::from_str(
+        &std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join(TINY)).expect("tiny"),
+    )
+    .expect("goal");
+    goal["memory"] = json!({"path": "notes"});
+    let goal_path = dir.path().join("goal.json");
+    std::fs::write(&goal_path, goal.to_string()).expect("goal");
+    let granted = dir.path().join("elsewhere");
+    std::fs::create_dir_all(&granted).expect("elsewhere");
+    let config = dir.path().join("worker.json");
+    std::fs::write(
+        &config,
+        json!({"grants": {"files": [granted.display().to_string()]}}).to_string(),
+    )
+    .expect("config");
+    let child = bin::dagloop()
+        .env("OPENAI_BASE_URL", model.openai_base())
+        .env_remove("OPENAI_API_KEY")
+        .arg("--config")
+        .arg(&config)
+        .args([
+            "worker",
+            "--temporal",
+            &s.address,
+            "--task-queue",
+            "ungranted",
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("dagloop worker");
+    let _w = WorkerProcess(child);
+    let out = bin::dagloop()
+        .env("OPENAI_BASE_URL", model.openai_base())
+        .env_remove("OPENAI_API_KEY")
+        .args(["--no-store", "run"])
+        .arg(&goal_path)
+        .args(["--json", "--model", "openai:a", "--engine", "temporal"])
+        .args(["--temporal", &s.address, "--task-queue", "ungranted"])
+        .output()
+        .expect("dagloop run");
+    // The worker refuses the run's goal as a whole (as `dagloop run` would, rule C3): the
+    // model is never asked and the run fails naming the grant.
+    assert!(!out.status.success());
+    assert!(model.requests().is_empty());
+    let snapshot = conn.snapshot(&run_id(&out)).await.expect("snapshot");
+    let journal = serde_json::to_value(&snapshot.journal).expect("json");
+    let entries = journal.as_array().cloned().unwrap_or_default();
+    let recalled = entries
+        .iter()
+        .find(|e| e["input"] == "recalled")
+        .expect("step 1 recalled");
+    assert_eq!(recalled["step"], 1);
+    assert!(recalled.get("chunks").is_none(), "{recalled}");
+    let note = recalled["note"].as_str().unwrap_or_default();
+    assert!(
+        note.contains("the worker could not search the memory folder")
+            && note.contains("/memory/path"),
+        "{note}"
+    );
+    let closed = entries
+        .iter()
+        .find(|e| e["input"] == "stream_closed")
+        .expect("the turn ended");
+    assert!(
+        closed["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("/memory/path")),
+        "{closed}"
+    );
 }

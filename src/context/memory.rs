@@ -271,6 +271,15 @@ impl Recall {
     }
 }
 
+/// The note journaled with a step's (empty) chunks when the run's memory folder could not be
+/// read again (gone, moved, or outside the grants) as the run was resumed.
+pub fn unreadable_note(source: &MemorySource) -> String {
+    format!(
+        "memory folder `{}` could not be read when the run was resumed: this step recalls nothing",
+        source.path
+    )
+}
+
 /// How the memory message begins.
 const HEADER: &str = "Workspace memory: ";
 

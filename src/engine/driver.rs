@@ -727,10 +727,17 @@ impl Driver {
                     .as_ref()
                     .map(|r| r.chunks(&query))
                     .unwrap_or_default();
+                // A resumed run whose folder is gone (or no longer granted) says so.
+                let note = self
+                    .recall
+                    .as_ref()
+                    .filter(|r| r.index.is_none())
+                    .map(|r| crate::context::memory::unreadable_note(&r.source));
                 self.queue.push(RunInput::Recalled {
                     frame,
                     step,
                     chunks,
+                    note,
                 });
             }
             Action::CloseStream { frame } => self.turns.close(frame),

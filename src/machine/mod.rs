@@ -515,6 +515,7 @@ impl RunMachine {
                 frame,
                 step,
                 chunks,
+                ..
             } => self.recalled(frame, step, chunks, now, out),
             RunInput::Shown { call, presentation } => {
                 // The reviewer's clock starts at the call's first showing (of this

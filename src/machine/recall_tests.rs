@@ -52,7 +52,7 @@ fn each_step_is_asked_once_its_chunks_are_journaled() {
     let other = RunInput::Recalled {
         frame: None,
         step: 2,
-        chunks: vec![],
+        chunks: vec![], note: None,
     };
     m.handle_into(other, 1, &mut out);
     assert!(request_texts(&out).is_empty());
@@ -64,6 +64,7 @@ fn each_step_is_asked_once_its_chunks_are_journaled() {
         frame: None,
         step: 1,
         chunks: vec![chunk("a.md", "alpha notes")],
+        note: None,
     };
     m.handle_into(one, 3, &mut out);
     let sent = request_texts(&out);
@@ -101,6 +102,7 @@ fn each_step_is_asked_once_its_chunks_are_journaled() {
         frame: None,
         step: 2,
         chunks: vec![chunk("b.md", "Saturn notes")],
+        note: None,
     };
     m.handle_into(two, 6, &mut out);
     let sent = request_texts(&out);

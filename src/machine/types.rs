@@ -109,6 +109,10 @@ pub enum RunInput {
         /// The chunks, best first (empty: none matched, or no index to search).
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         chunks: Vec<crate::context::memory::Chunk>,
+        /// Why no search was made (the folder could not be read again, or the worker could
+        /// not search it): the step recalls nothing, and the journal says why.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        note: Option<String>,
     },
     /// Tokens reported by the provider (or estimated when it reports none).
     Usage {

@@ -65,6 +65,15 @@ pub struct CallTask {
     pub timeout_ms: Option<u64>,
 }
 
+/// A workspace memory search for one step of the run's agent.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RecallTask {
+    /// The run.
+    pub spec: RunSpec,
+    /// The step's query (`context::memory::step_query`).
+    pub query: String,
+}
+
 /// A finished run to report to this worker's OpenTelemetry pipeline.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct TraceTask {
@@ -193,6 +202,27 @@ impl DagloopActivities {
             finish_reason: None,
         });
         Ok(TurnDone { sent, closed })
+    }
+
+    /// Searches the run's memory folder for one step: read and indexed under this worker's
+    /// grants (the workflow reads no folder), so a worker not granted the folder, or one where
+    /// it is gone, fails the search with the reason; the workflow journals that as the step's
+    /// note.
+    #[activity]
+    pub async fn memory_search(
+        self: Arc<Self>,
+        _ctx: ActivityContext,
+        task: RecallTask,
+    ) -> Result<Vec<crate::context::memory::Chunk>, ActivityError> {
+        let goal = task.spec.goal().map_err(fail)?;
+        let (source, index) = crate::runs::memory::index(&goal, &self.grants)
+            .map_err(fail)?
+            .ok_or_else(|| fail("the run's goal names no memory folder"))?;
+        let recall = crate::context::memory::Recall {
+            source,
+            index: Some(index),
+        };
+        Ok(recall.chunks(&task.query))
     }
 
     /// Reports a finished run's spans and metrics from its journal through this worker's

@@ -16,7 +16,7 @@ use temporalio_sdk::{
 };
 use temporalio_workflow::RetryPolicy;
 
-use super::activities::{CallTask, DagloopActivities, TurnDone, TurnTask};
+use super::activities::{CallTask, DagloopActivities, RecallTask, TurnDone, TurnTask};
 use super::workflow::{HEARTBEAT_TIMEOUT, RunWorkflow, TurnMark};
 use crate::engine::config_path;
 use crate::machine::{Action, AgentConfig, FrameKey, RunError, RunInput, Timer};
@@ -29,6 +29,8 @@ pub(super) const TURN_ATTEMPTS: u32 = 5;
 pub(super) const TURN_LIMIT: Duration = Duration::from_secs(3600);
 /// Added to a call's own time limit (which the activity enforces) before Temporal gives up.
 pub(super) const CALL_GRACE: Duration = Duration::from_secs(60);
+/// The longest a worker's memory search may take.
+pub(super) const RECALL_LIMIT: Duration = Duration::from_secs(300);
 /// The longest a call may take when the goal sets no per-call limit.
 pub(super) const CALL_LIMIT: Duration = Duration::from_secs(24 * 3600);
 
@@ -48,11 +50,12 @@ pub(super) enum Done {
         timer: Timer,
         at: u64,
     },
-    /// A workspace memory search, answered at once: a workflow reads no folder, so a run on
-    /// Temporal recalls no chunks (docs/memory.md).
+    /// A workspace memory search, run by a worker (a workflow reads no folder); its answer,
+    /// or why there is none, is journaled as the step's `Recalled`.
     Recalled {
         frame: FrameKey,
         step: u32,
+        result: Result<Vec<crate::context::memory::Chunk>, String>,
     },
     Nothing,
 }
@@ -118,9 +121,29 @@ impl Performer {
                 model: _,
                 whole: _,
             } => self.request(ctx, frame, step, messages, &config, skip_calls),
-            Action::Recall { frame, step, .. } => {
-                self.pending
-                    .push(async move { Done::Recalled { frame, step } }.boxed_local());
+            Action::Recall { frame, step, query } => {
+                let task = RecallTask {
+                    spec: ctx.state(|s| s.spec.clone()),
+                    query,
+                };
+                // A folder the worker cannot read is not read on a second try.
+                let opts = ActivityOptions::with_start_to_close_timeout(RECALL_LIMIT)
+                    .retry_policy(RetryPolicy::builder().maximum_attempts(1).build())
+                    .build();
+                let c = ctx.clone();
+                self.pending.push(
+                    async move {
+                        let r = c
+                            .execute_activity(DagloopActivities::memory_search, task, opts)
+                            .await;
+                        Done::Recalled {
+                            frame,
+                            step,
+                            result: r.map_err(|e| describe(&e)),
+                        }
+                    }
+                    .boxed_local(),
+                );
             }
             Action::CloseStream { frame } => {
                 ctx.state_mut(|s| {
@@ -293,11 +316,27 @@ impl Performer {
     ) {
         match d {
             Done::Nothing => {}
-            Done::Recalled { frame, step } => inputs.push(RunInput::Recalled {
+            Done::Recalled {
                 frame,
                 step,
-                chunks: Vec::new(),
-            }),
+                result,
+            } => {
+                let (chunks, note) = match result {
+                    Ok(chunks) => (chunks, None),
+                    Err(e) => (
+                        Vec::new(),
+                        Some(format!(
+                            "the worker could not search the memory folder: {e}"
+                        )),
+                    ),
+                };
+                inputs.push(RunInput::Recalled {
+                    frame,
+                    step,
+                    chunks,
+                    note,
+                })
+            }
             Done::Timer { timer, at } => {
                 let set_for = ctx.state(|s| s.machine.as_ref().and_then(|m| m.timer_at(timer)));
                 let queued = inputs
