@@ -49,10 +49,22 @@ fn set_pointer(params: &mut Map<String, Value>, pointer: &str, value: Value) {
         Some(i) => (&body[..i], &body[i..]),
         None => (body, ""),
     };
-    let key = unescape(key);
+    // The key is unescaped (a copy) only when it holds an escape; a key already in the params
+    // (always, for a reference found in them) has its value replaced in place, without
+    // hashing and dropping a new owned key.
+    let key: std::borrow::Cow<'_, str> = if key.contains('~') {
+        unescape(key).into()
+    } else {
+        key.into()
+    };
     if rest.is_empty() {
-        params.insert(key, value);
-    } else if let Some(slot) = params.get_mut(&key).and_then(|v| v.pointer_mut(rest)) {
+        match params.get_mut(key.as_ref()) {
+            Some(slot) => *slot = value,
+            None => {
+                params.insert(key.into_owned(), value);
+            }
+        }
+    } else if let Some(slot) = params.get_mut(key.as_ref()).and_then(|v| v.pointer_mut(rest)) {
         *slot = value;
     }
 }
