@@ -57,6 +57,7 @@ fn worker(
         address,
         namespace: "default".into(),
         task_queue: queue.into(),
+        access: Default::default(),
     };
     let h = std::thread::spawn(move || {
         let rt = tokio::runtime::Builder::new_multi_thread()

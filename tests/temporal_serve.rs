@@ -9,6 +9,8 @@
 mod bin;
 #[path = "common/browser.rs"]
 mod browser;
+#[path = "common/cluster.rs"]
+mod cluster;
 #[path = "common/serve.rs"]
 mod serve;
 #[path = "common/temporal.rs"]
@@ -16,108 +18,15 @@ mod temporal;
 
 use std::time::{Duration, Instant};
 
+use cluster::{Cluster, awaits_both, cluster, decide, until};
 use serde_json::{Value, json};
 use serve::{Server, client, count, counting_service, goal, read_events, send};
-use temporal::{DevServer, WorkerProcess};
 
 /// How many runs the test submits.
 const RUNS: usize = 50;
 
 /// Runs whose call 1 gets two concurrent approvals, one through each server.
 const RACED: std::ops::Range<usize> = 2..12;
-
-/// `dagloop serve --engine temporal` on a free port under the operator config `config`, in
-/// `dir` (where the goals' scripts are).
-fn temporal_server(
-    dir: &std::path::Path,
-    config: &std::path::Path,
-    s: &DevServer,
-    queue: &str,
-) -> Server {
-    let store = dir.join(format!("unused-{}.db", rand_suffix()));
-    Server::start_config(&store, config, None, |c| {
-        c.current_dir(dir).args([
-            "--engine",
-            "temporal",
-            "--temporal",
-            &s.address,
-            "--task-queue",
-            queue,
-        ]);
-    })
-}
-
-fn rand_suffix() -> u128 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos())
-}
-
-/// Polls `GET /runs/{id}` on `s` until `pred` holds (60 s at most).
-async fn until(s: &Server, id: &str, pred: impl Fn(&Value) -> bool) -> Value {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let (status, v) = send(client().get(s.url(&format!("/runs/{id}")))).await;
-        if status == 200 && pred(&v) {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "never reached: {status} {v}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
-async fn decide(s: &Server, id: &str, call: u64, body: Value) -> (u16, Value) {
-    send(
-        client()
-            .post(s.url(&format!("/runs/{id}/approvals/{call}")))
-            .json(&body),
-    )
-    .await
-}
-
-fn awaits_both(v: &Value) -> bool {
-    serve::awaiting(v).len() == 2
-}
-
-/// Temporal's dev server, two workers and two servers on it, in a folder of their own.
-struct Cluster {
-    a: Server,
-    b: Server,
-    _workers: [WorkerProcess; 2],
-    dir: tempfile::TempDir,
-    _dev: DevServer,
-}
-
-/// A [`Cluster`] whose servers run under the operator config `config` (the tests' open one when
-/// None), or None (SKIPPED) without `DAGLOOP_TEMPORAL`.
-async fn cluster(config: Option<Value>) -> Option<Cluster> {
-    let Some(s) = DevServer::start() else {
-        println!("SKIPPED: DAGLOOP_TEMPORAL is not set (scripts/setup-temporal.sh prints it)");
-        return None;
-    };
-    let _conn = s.connect().await;
-    let dir = tempfile::tempdir().expect("dir");
-    let w1 = WorkerProcess::start(bin::dagloop(), &s, "serve");
-    let w2 = WorkerProcess::start(bin::dagloop(), &s, "serve");
-    s.wait_for_pollers("serve", &[&w1, &w2]);
-    let config = match config {
-        Some(c) => {
-            let path = dir.path().join("config.json");
-            std::fs::write(&path, c.to_string()).expect("config");
-            path
-        }
-        None => bin::open_config(),
-    };
-    let a = temporal_server(dir.path(), &config, &s, "serve");
-    let b = temporal_server(dir.path(), &config, &s, "serve");
-    Some(Cluster {
-        a,
-        b,
-        _workers: [w1, w2],
-        dir,
-        _dev: s,
-    })
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_servers_serve_the_same_runs_on_temporal() {

@@ -22,7 +22,7 @@ mod on {
     }
 
     async fn connect(t: &TemporalArgs) -> Result<Connection, CliError> {
-        Connection::connect(&t.address(), &t.namespace)
+        Connection::connect_with(&t.address(), &t.namespace, &t.access())
             .await
             .map_err(err)
     }
@@ -151,6 +151,7 @@ mod on {
             address: t.address(),
             namespace: t.namespace.clone(),
             task_queue: t.task_queue.clone(),
+            access: t.access(),
         };
         errln!(
             "dagloop: worker on Temporal {} (namespace {}, task queue {})",

@@ -41,6 +41,8 @@ pub struct TemporalServe {
     pub namespace: String,
     /// The task queue workflows and activities go to (where `dagloop worker`s poll).
     pub task_queue: String,
+    /// How the cluster is reached (TLS, API key: Temporal Cloud).
+    pub access: crate::temporal::Access,
 }
 
 /// How often an event stream asks the workflow for what followed.
@@ -82,7 +84,7 @@ pub(super) fn api_error(e: &TemporalError) -> ApiError {
 
 impl Engine {
     pub(super) async fn connect(t: &TemporalServe) -> Result<Engine, super::ServerError> {
-        let conn = Connection::connect(&t.address, &t.namespace)
+        let conn = Connection::connect_with(&t.address, &t.namespace, &t.access)
             .await
             .map_err(|e| super::ServerError::Temporal {
                 reason: e.to_string(),
@@ -182,6 +184,16 @@ impl Engine {
                     match me.conn.events(&id, after).await {
                         Ok(page) => {
                             fails = 0;
+                            if page.dropped_through > after {
+                                // Older events than the workflow keeps were asked for: say
+                                // which are gone, then go on from the oldest kept.
+                                let gone = SseEvent::default().event("events_dropped").data(
+                                    serde_json::json!({"after": after, "through": page.dropped_through})
+                                        .to_string(),
+                                );
+                                after = page.dropped_through;
+                                return Some((Ok(gone), (me, id, after, buf, fails)));
+                            }
                             if page.events.is_empty() {
                                 if page.finished {
                                     return None;

@@ -21,6 +21,7 @@
 //!
 //! [`RunMachine`]: crate::machine::RunMachine
 
+mod access;
 mod activities;
 mod client;
 mod perform;
@@ -29,6 +30,7 @@ mod workflow;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+pub use access::{API_KEY_ENV, Access};
 pub use activities::DagloopActivities;
 pub use client::{Connection, WorkerOptions, replay, run_worker, run_worker_with};
 pub use workflow::{Described, EVENT_PAGE, EventPage, RunWorkflow, Snapshot, TurnItem};
@@ -55,6 +57,61 @@ pub struct RunSpec {
     pub base_dir: String,
     /// The options the run was started with.
     pub options: RunOptions,
+    /// How long its workflow history and event log may grow (see [`Bounds`]).
+    #[serde(default)]
+    pub bounds: Bounds,
+    /// What an earlier execution of the run handed over when it continued as new; taken out
+    /// by the workflow as it starts (activities never see it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub carried: Option<Carried>,
+}
+
+/// How far a run's workflow may grow: past `history_events` events in its history it
+/// continues as new (at the first moment no activity is running), and its `events` query keeps
+/// the last `events_kept` events.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Bounds {
+    /// Continue as new once the history holds this many events (Temporal's own suggestion to
+    /// continue, well below its hard limit, counts too).
+    pub history_events: u32,
+    /// How many of the run's latest events the workflow keeps for readers.
+    pub events_kept: u32,
+}
+
+impl Default for Bounds {
+    fn default() -> Self {
+        Bounds {
+            history_events: 10_000,
+            events_kept: 2_048,
+        }
+    }
+}
+
+impl Bounds {
+    /// The defaults, each overridden by its environment variable when set to a number
+    /// (`DAGLOOP_TEMPORAL_HISTORY_EVENTS`, `DAGLOOP_TEMPORAL_EVENTS_KEPT`): read by the process
+    /// that starts a run, never by the workflow.
+    pub fn from_env() -> Self {
+        let var = |name: &str| {
+            std::env::var(name)
+                .ok()
+                .and_then(|v| v.trim().parse::<u32>().ok())
+                .filter(|n| *n > 0)
+        };
+        let d = Bounds::default();
+        Bounds {
+            history_events: var("DAGLOOP_TEMPORAL_HISTORY_EVENTS").unwrap_or(d.history_events),
+            events_kept: var("DAGLOOP_TEMPORAL_EVENTS_KEPT").unwrap_or(d.events_kept),
+        }
+    }
+}
+
+/// What a run's execution hands to the next when it continues as new: its whole journal (the
+/// next execution replays it into the same machine and the same events).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Carried {
+    /// Every input the run consumed so far.
+    pub journal: Vec<crate::machine::JournalEntry>,
 }
 
 impl RunSpec {
@@ -65,6 +122,8 @@ impl RunSpec {
             goal: serde_json::to_value(goal).unwrap_or(Value::Null),
             base_dir: goal.base_dir.display().to_string(),
             options,
+            bounds: Bounds::from_env(),
+            carried: None,
         }
     }
 

@@ -96,9 +96,17 @@ pub(super) struct Performer {
     /// Turns whose activity ended before all its signals were taken: (frame, step, sent,
     /// closing input).
     pub(super) closes: Vec<(FrameKey, u32, usize, RunInput)>,
+    /// Activities (turns and calls, detached ones too) started and not yet ended.
+    pub(super) in_flight: usize,
 }
 
 impl Performer {
+    /// Nothing runs and nothing waits to be fed: only timers are pending, which the machine
+    /// keeps (the moment a run may continue as new).
+    pub(super) fn quiet(&self) -> bool {
+        self.in_flight == 0 && self.closes.is_empty()
+    }
+
     pub(super) fn perform(&mut self, ctx: &WorkflowContext<RunWorkflow>, action: Action, now: u64) {
         match action {
             Action::Request {
@@ -154,6 +162,7 @@ impl Performer {
                 if !detached {
                     self.call_tokens.insert(id, token);
                 }
+                self.in_flight += 1;
                 self.pending.push(
                     async move {
                         let r = c
@@ -255,6 +264,7 @@ impl Performer {
             skip_calls,
         };
         let c = ctx.clone();
+        self.in_flight += 1;
         self.pending.push(
             async move {
                 let r = c
@@ -277,6 +287,9 @@ impl Performer {
         d: Done,
         inputs: &mut Vec<RunInput>,
     ) {
+        if !matches!(d, Done::Timer { .. }) {
+            self.in_flight = self.in_flight.saturating_sub(1);
+        }
         match d {
             Done::Nothing => {}
             Done::Timer { timer, at } => {
