@@ -58,6 +58,7 @@ fn worker(
         namespace: "default".into(),
         task_queue: queue.into(),
         access: Default::default(),
+        webhook: None,
     };
     let h = std::thread::spawn(move || {
         let rt = tokio::runtime::Builder::new_multi_thread()

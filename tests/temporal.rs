@@ -267,6 +267,7 @@ async fn examples_run_through_workers_to_the_embedded_results_and_replay() {
         namespace: "default".into(),
         task_queue: "research".into(),
         access: Default::default(),
+        webhook: None,
     };
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     // The worker's future is not `Send`: it gets a thread and a runtime of its own.

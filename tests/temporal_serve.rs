@@ -11,6 +11,9 @@ mod bin;
 mod browser;
 #[path = "common/cluster.rs"]
 mod cluster;
+#[path = "common/desk.rs"]
+#[allow(dead_code)]
+mod desk;
 #[path = "common/serve.rs"]
 mod serve;
 #[path = "common/temporal.rs"]
@@ -384,4 +387,126 @@ async fn principals_and_the_floor_hold_across_servers() {
         assert_eq!((st, v["status"].as_str()), (200, Some("succeeded")), "{v}");
     }
     assert_eq!((count(&counts, 1), count(&counts, 2)), (2, 2));
+}
+
+/// Webhooks as embedded: a run started on a server whose operator config has `notify.webhook`
+/// has each `approval_requested` posted once (by a worker, which reads the same config), with a
+/// link to the page on the server that started it; the receiver refuses the first delivery,
+/// which Temporal retries.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn webhooks_are_posted_by_the_workers() {
+    let hook = desk::receiver(1).await;
+    let mut config: Value =
+        serde_json::from_str(&std::fs::read_to_string(bin::open_config()).expect("config"))
+            .expect("config JSON");
+    config["notify"] = json!({"webhook": {"url": hook.url}});
+    let Some(c) = cluster::cluster_full(Some(config), &[], true).await else {
+        return;
+    };
+    let (url, _counts) = counting_service().await;
+    let id = serve::create(&c.a, &goal(c.dir.path(), &url, "ask")).await;
+    until(&c.b, &id, awaits_both).await;
+    // Both calls' notifications, the first one retried after its 500.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let delivered = loop {
+        let got: Vec<Value> = hook
+            .got
+            .lock()
+            .expect("got")
+            .iter()
+            .map(|g| g.1.clone())
+            .collect();
+        if got.len() >= 3 {
+            break got;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "notifications never came: {got:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let all = hook.got.lock().expect("got").len();
+    assert_eq!(
+        all, 3,
+        "one refused delivery, then one per call: {delivered:?}"
+    );
+    let mut calls: Vec<u64> = delivered[1..]
+        .iter()
+        .filter_map(|b| b["call_id"].as_u64())
+        .collect();
+    calls.sort_unstable();
+    assert_eq!(calls, [1, 2], "{delivered:?}");
+    for b in &delivered {
+        assert_eq!(
+            (b["event"].as_str(), b["run_id"].as_str()),
+            (Some("approval_requested"), Some(id.as_str())),
+            "{b}"
+        );
+        let link = b["link"].as_str().expect("a link");
+        let call = b["call_id"].as_u64().expect("call");
+        assert_eq!(link, c.a.url(&format!("/?run={id}&call={call}")), "{b}");
+        // The link works: it opens the page.
+        let r = client().get(link).send().await.expect("page");
+        assert_eq!(r.status().as_u16(), 200);
+        assert!(
+            r.text().await.unwrap_or_default().contains("<html"),
+            "the page"
+        );
+    }
+    let _ = &c.workers;
+}
+
+/// `Idempotency-Key` across servers: the key names the workflow, so the key reused on the
+/// other server returns the same run (200, `Idempotent-Replayed`), with another body 422; two
+/// concurrent first uses through both servers start one run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idempotency_key_holds_across_servers() {
+    let Some(c) = cluster(None).await else {
+        return;
+    };
+    let (url, _counts) = counting_service().await;
+    let body = json!({"goal": goal(c.dir.path(), &url, "ask")});
+    let post = |s: &Server, key: &str, b: &Value| {
+        client()
+            .post(s.url("/runs"))
+            .header("Idempotency-Key", key)
+            .json(b)
+            .send()
+    };
+    let first = post(&c.a, "k1", &body).await.expect("post");
+    assert_eq!(first.status().as_u16(), 201);
+    let first: Value = first.json().await.expect("json");
+    let again = post(&c.b, "k1", &body).await.expect("post");
+    assert_eq!(again.status().as_u16(), 200);
+    assert_eq!(again.headers()["idempotent-replayed"], "true");
+    let again: Value = again.json().await.expect("json");
+    assert_eq!(
+        again["id"], first["id"],
+        "the same run from the other server"
+    );
+    let mut other = body.clone();
+    other["goal"]["goal"] = json!("something else");
+    let (st, v) = send(
+        client()
+            .post(c.b.url("/runs"))
+            .header("Idempotency-Key", "k1")
+            .json(&other),
+    )
+    .await;
+    assert_eq!(
+        (st, v["code"].as_str()),
+        (422, Some("http.idempotency_key_reused")),
+        "{v}"
+    );
+    // Two first uses at once, one through each server: one run.
+    let (x, y) = tokio::join!(post(&c.a, "k2", &body), post(&c.b, "k2", &body));
+    let (x, y) = (x.expect("post"), y.expect("post"));
+    let mut codes = [x.status().as_u16(), y.status().as_u16()];
+    codes.sort_unstable();
+    assert_eq!(codes, [200, 201]);
+    let (x, y): (Value, Value) = (x.json().await.expect("json"), y.json().await.expect("json"));
+    assert_eq!(x["id"], y["id"]);
+    assert_ne!(x["id"], first["id"], "another key, another run");
+    let _ = &c.workers;
 }

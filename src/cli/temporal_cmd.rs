@@ -146,12 +146,14 @@ mod on {
     pub async fn worker(
         t: &TemporalArgs,
         grants: std::sync::Arc<crate::grants::Grants>,
+        webhook: Option<crate::notify::WebhookConfig>,
     ) -> Result<i32, CliError> {
         let opts = WorkerOptions {
             address: t.address(),
             namespace: t.namespace.clone(),
             task_queue: t.task_queue.clone(),
             access: t.access(),
+            webhook,
         };
         errln!(
             "dagloop: worker on Temporal {} (namespace {}, task queue {})",
@@ -252,12 +254,13 @@ pub(super) async fn show(run: &str, json_out: bool, t: &TemporalArgs) -> Result<
 pub(super) async fn worker(
     t: &TemporalArgs,
     grants: std::sync::Arc<crate::grants::Grants>,
+    webhook: Option<crate::notify::WebhookConfig>,
 ) -> Result<i32, CliError> {
     #[cfg(feature = "temporal")]
-    return on::worker(t, grants).await;
+    return on::worker(t, grants, webhook).await;
     #[cfg(not(feature = "temporal"))]
     {
-        let _ = (t, grants);
+        let _ = (t, grants, webhook);
         Err(disabled())
     }
 }

@@ -79,6 +79,24 @@ pub struct DagloopActivities {
     registry: Registry,
     pool: Option<Pool>,
     grants: Arc<crate::grants::Grants>,
+    webhook: Option<crate::notify::WebhookConfig>,
+}
+
+/// One `approval_requested` to post to the worker's webhook.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct NotifyTask {
+    /// The run.
+    pub run_id: String,
+    /// The call awaiting a decision.
+    pub call: u64,
+    /// Its tool.
+    pub tool: String,
+    /// Whether a restart interrupted it.
+    pub interrupted: bool,
+    /// The rule that asked.
+    pub rule: Option<String>,
+    /// The page address of the server that started the run (the worker's `page_url` wins).
+    pub page: String,
 }
 
 impl DagloopActivities {
@@ -89,7 +107,15 @@ impl DagloopActivities {
             registry,
             pool,
             grants: Arc::new(crate::grants::Grants::open()),
+            webhook: None,
         }
+    }
+
+    /// Posts runs' `approval_requested` notifications to `webhook` (the operator's
+    /// `notify.webhook`); without one, a run that asks for them gets none from this worker.
+    pub fn with_webhook(mut self, webhook: Option<crate::notify::WebhookConfig>) -> Self {
+        self.webhook = webhook;
+        self
     }
 
     /// Defines every run under `grants` instead.
@@ -203,6 +229,32 @@ impl DagloopActivities {
     ) -> Result<bool, ActivityError> {
         let machine = super::workflow::machine_for(&task.spec).map_err(fail)?;
         Ok(crate::telemetry::report_journal(machine, &task.journal))
+    }
+
+    /// Posts one `approval_requested` notification to this worker's webhook (the body the
+    /// embedded server sends, `notify::approval_body`); true when posted, false when this
+    /// worker has no webhook.
+    #[activity]
+    pub async fn notify(
+        self: Arc<Self>,
+        _ctx: ActivityContext,
+        task: NotifyTask,
+    ) -> Result<bool, ActivityError> {
+        let Some(hook) = &self.webhook else {
+            tracing::warn!(run = %task.run_id, "a run asks for webhook notifications and this worker has no notify.webhook");
+            return Ok(false);
+        };
+        let page = hook.page_url.as_deref().unwrap_or(&task.page);
+        let body = crate::notify::approval_body(
+            &task.run_id,
+            task.call,
+            &task.tool,
+            task.interrupted,
+            task.rule.as_deref(),
+            page.trim_end_matches('/'),
+        );
+        hook.post_once(&body).await.map_err(fail)?;
+        Ok(true)
     }
 
     /// Runs one call, saying it is alive while it runs.

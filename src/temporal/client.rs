@@ -92,6 +92,26 @@ impl Connection {
         Ok(())
     }
 
+    /// Starts a run whose id is derived from an `Idempotency-Key`: false, starting nothing,
+    /// when a workflow with this id runs or ever ran (Temporal's `RejectDuplicate` reuse
+    /// policy), so that of any number of servers exactly one starts it.
+    pub async fn start_once(&self, spec: RunSpec, task_queue: &str) -> Result<bool, TemporalError> {
+        use temporalio_client::errors::WorkflowStartError;
+        let id = spec.run_id.clone();
+        let opts = WorkflowStartOptions::new(task_queue.to_string(), id)
+            .id_reuse_policy(temporalio_client::WorkflowIdReusePolicy::RejectDuplicate)
+            .build();
+        match self
+            .client
+            .start_workflow(RunWorkflow::run, spec, opts)
+            .await
+        {
+            Ok(_) => Ok(true),
+            Err(WorkflowStartError::AlreadyStarted { .. }) => Ok(false),
+            Err(e) => Err(request("start the run")(e.to_string())),
+        }
+    }
+
     /// Waits for a run's result.
     pub async fn result(&self, run: &str) -> Result<RunResult, TemporalError> {
         self.client
@@ -253,6 +273,9 @@ pub struct WorkerOptions {
     pub task_queue: String,
     /// How the cluster is reached (TLS, API key).
     pub access: Access,
+    /// The operator's webhook (`notify.webhook`): runs started by a server with one have
+    /// their `approval_requested` events posted to it by the worker.
+    pub webhook: Option<crate::notify::WebhookConfig>,
 }
 
 /// Runs a worker for runs' workflows and activities (with `registry`'s Rust activities) until
@@ -285,7 +308,9 @@ pub async fn run_worker_with(
     let conn = Connection::connect_with(&opts.address, &opts.namespace, &opts.access).await?;
     let runtime =
         Runtime::from_current_tokio(Default::default()).map_err(|e| worker_err(e.to_string()))?;
-    let activities = DagloopActivities::new(registry, Some(Pool::default())).with_grants(grants);
+    let activities = DagloopActivities::new(registry, Some(Pool::default()))
+        .with_grants(grants)
+        .with_webhook(opts.webhook.clone());
     let options = temporalio_sdk::WorkerOptions::new(opts.task_queue.clone())
         .register_activities(activities)
         .register_workflow::<RunWorkflow>()

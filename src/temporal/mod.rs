@@ -64,6 +64,15 @@ pub struct RunSpec {
     /// by the workflow as it starts (activities never see it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub carried: Option<Carried>,
+    /// Set when the process that started the run has a webhook (`notify.webhook`): the
+    /// reviewer page's address its notifications link to. Each `approval_requested` then
+    /// becomes a `notify` activity, posted by a worker to its own config's webhook.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub notify_page: Option<String>,
+    /// For a run submitted with an `Idempotency-Key` (its workflow id derived from the key):
+    /// the SHA-256 of the submission, so that the key reused with another body is told apart.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub body_digest: Option<String>,
 }
 
 /// How far a run's workflow may grow: past `history_events` events in its history it
@@ -124,6 +133,8 @@ impl RunSpec {
             options,
             bounds: Bounds::from_env(),
             carried: None,
+            notify_page: None,
+            body_digest: None,
         }
     }
 

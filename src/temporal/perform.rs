@@ -16,7 +16,7 @@ use temporalio_sdk::{
 };
 use temporalio_workflow::RetryPolicy;
 
-use super::activities::{CallTask, DagloopActivities, TurnDone, TurnTask};
+use super::activities::{CallTask, DagloopActivities, NotifyTask, TurnDone, TurnTask};
 use super::workflow::{HEARTBEAT_TIMEOUT, RunWorkflow, TurnMark};
 use crate::engine::config_path;
 use crate::machine::{Action, AgentConfig, FrameKey, RunError, RunInput, Timer};
@@ -29,6 +29,8 @@ pub(super) const TURN_ATTEMPTS: u32 = 5;
 pub(super) const TURN_LIMIT: Duration = Duration::from_secs(3600);
 /// Added to a call's own time limit (which the activity enforces) before Temporal gives up.
 pub(super) const CALL_GRACE: Duration = Duration::from_secs(60);
+/// Attempts at posting one notification to the webhook.
+pub(super) const NOTIFY_ATTEMPTS: u32 = 5;
 /// The longest a call may take when the goal sets no per-call limit.
 pub(super) const CALL_LIMIT: Duration = Duration::from_secs(24 * 3600);
 
@@ -201,8 +203,53 @@ impl Performer {
                 );
             }
             Action::ClearTimer { .. } => {}
-            Action::Emit(_) | Action::Finished(_) => {}
+            Action::Emit(e) => self.notify(ctx, &e),
+            Action::Finished(_) => {}
         }
+    }
+
+    /// An `approval_requested` of a run whose starter has a webhook: a `notify` activity posts
+    /// it (retried by Temporal; its failure never touches the run).
+    fn notify(&mut self, ctx: &WorkflowContext<RunWorkflow>, e: &crate::protocol::Event) {
+        let crate::protocol::EventKind::ApprovalRequested {
+            call,
+            interrupted,
+            rule,
+            ..
+        } = &e.kind
+        else {
+            return;
+        };
+        let (Some(id), Some(page)) = (e.call, ctx.state(|s| s.spec.notify_page.clone())) else {
+            return;
+        };
+        let task = NotifyTask {
+            run_id: e.run_id.to_string(),
+            call: id.0,
+            tool: call.tool.clone(),
+            interrupted: *interrupted,
+            rule: rule.clone(),
+            page,
+        };
+        let opts = ActivityOptions::with_start_to_close_timeout(Duration::from_secs(30))
+            .retry_policy(
+                RetryPolicy::builder()
+                    .maximum_attempts(NOTIFY_ATTEMPTS)
+                    .initial_interval(Duration::from_millis(500))
+                    .build(),
+            )
+            .build();
+        let c = ctx.clone();
+        self.in_flight += 1;
+        self.pending.push(
+            async move {
+                let _ = c
+                    .execute_activity(DagloopActivities::notify, task, opts)
+                    .await;
+                Done::Nothing
+            }
+            .boxed_local(),
+        );
     }
 
     pub(super) fn request(

@@ -84,15 +84,21 @@ pub async fn cluster(config: Option<Value>) -> Option<Cluster> {
 
 /// [`cluster`], its servers started with `env` set.
 pub async fn cluster_with(config: Option<Value>, env: &[(&str, &str)]) -> Option<Cluster> {
+    cluster_full(config, env, false).await
+}
+
+/// [`cluster_with`]; with `shared`, the workers run under the servers' config too.
+pub async fn cluster_full(
+    config: Option<Value>,
+    env: &[(&str, &str)],
+    shared: bool,
+) -> Option<Cluster> {
     let Some(s) = DevServer::start() else {
         println!("SKIPPED: DAGLOOP_TEMPORAL is not set (scripts/setup-temporal.sh prints it)");
         return None;
     };
     let _conn = s.connect().await;
     let dir = tempfile::tempdir().expect("dir");
-    let w1 = WorkerProcess::start(bin::dagloop(), &s, "serve");
-    let w2 = WorkerProcess::start(bin::dagloop(), &s, "serve");
-    s.wait_for_pollers("serve", &[&w1, &w2]);
     let config = match config {
         Some(c) => {
             let path = dir.path().join("config.json");
@@ -101,6 +107,12 @@ pub async fn cluster_with(config: Option<Value>, env: &[(&str, &str)]) -> Option
         }
         None => bin::open_config(),
     };
+    let worker = || match shared {
+        true => WorkerProcess::start_config(bin::dagloop(), &s, "serve", &config),
+        false => WorkerProcess::start(bin::dagloop(), &s, "serve"),
+    };
+    let (w1, w2) = (worker(), worker());
+    s.wait_for_pollers("serve", &[&w1, &w2]);
     let a = temporal_server(dir.path(), &config, &s, "serve", env);
     let b = temporal_server(dir.path(), &config, &s, "serve", env);
     Some(Cluster {
