@@ -459,7 +459,7 @@ async fn webhooks_are_posted_by_the_workers() {
 
 /// `Idempotency-Key` across servers: the key names the workflow, so the key reused on the
 /// other server returns the same run (200, `Idempotent-Replayed`), with another body 422; two
-/// concurrent first uses through both servers start one run.
+/// concurrent first uses through both servers start one run. Cassettes and forks on Temporal.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idempotency_key_holds_across_servers() {
     let Some(c) = cluster(None).await else {
@@ -508,5 +508,29 @@ async fn an_idempotency_key_holds_across_servers() {
     let (x, y): (Value, Value) = (x.json().await.expect("json"), y.json().await.expect("json"));
     assert_eq!(x["id"], y["id"]);
     assert_ne!(x["id"], first["id"], "another key, another run");
+
+    // A cassette is exported from the workflow's journal on either server; a fork is refused
+    // with `engine.unsupported` (501), not a misleading 404.
+    let id = first["id"].as_str().expect("id");
+    until(&c.a, id, awaits_both).await;
+    let (st, v) = send(client().get(c.b.url(&format!("/runs/{id}/cassette")))).await;
+    assert_eq!(st, 200, "{v}");
+    assert!(
+        v["model"]["turns"]
+            .as_array()
+            .is_some_and(|t| !t.is_empty()),
+        "{v}"
+    );
+    let (st, v) = send(
+        client()
+            .post(c.a.url(&format!("/runs/{id}/fork")))
+            .json(&json!({"at_step": 1})),
+    )
+    .await;
+    assert_eq!(
+        (st, v["code"].as_str()),
+        (501, Some("engine.unsupported")),
+        "{v}"
+    );
     let _ = &c.workers;
 }

@@ -308,7 +308,12 @@ pub async fn run_worker_with(
     let conn = Connection::connect_with(&opts.address, &opts.namespace, &opts.access).await?;
     let runtime =
         Runtime::from_current_tokio(Default::default()).map_err(|e| worker_err(e.to_string()))?;
-    let activities = DagloopActivities::new(registry, Some(Pool::default()))
+    // Without the `mcp` feature the pool is `()`.
+    #[cfg(feature = "mcp")]
+    let pool = Some(Pool::default());
+    #[cfg(not(feature = "mcp"))]
+    let pool: Option<Pool> = Some(());
+    let activities = DagloopActivities::new(registry, pool)
         .with_grants(grants)
         .with_webhook(opts.webhook.clone());
     let options = temporalio_sdk::WorkerOptions::new(opts.task_queue.clone())

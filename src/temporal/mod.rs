@@ -30,13 +30,16 @@ mod workflow;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+/// Types this module's API reaches (a run's options, what defining it may fail with, the
+/// webhook a worker posts to), nameable here whatever other features are on.
+pub use crate::notify::{NotifyError, WebhookConfig};
+pub use crate::runs::{DefRecord, ForkedFrom, RunOptions, RunsError, SessionOf};
 pub use access::{API_KEY_ENV, Access};
 pub use activities::DagloopActivities;
 pub use client::{Connection, WorkerOptions, replay, run_worker, run_worker_with};
 pub use workflow::{Described, EVENT_PAGE, EventPage, RunWorkflow, Snapshot, TurnItem};
 
 use crate::goal::Goal;
-use crate::runs::RunOptions;
 
 /// The task queue runs and workers use unless told otherwise.
 pub const DEFAULT_TASK_QUEUE: &str = "dagloop";
