@@ -12,7 +12,6 @@ mod browser;
 #[path = "common/cluster.rs"]
 mod cluster;
 #[path = "common/desk.rs"]
-#[allow(dead_code)]
 mod desk;
 #[path = "common/serve.rs"]
 mod serve;

@@ -131,7 +131,7 @@ impl WorkerProcess {
     ) -> WorkerProcess {
         let child = command
             .arg("--config")
-            .arg(&config)
+            .arg(config)
             .args([
                 "worker",
                 "--temporal",
