@@ -57,6 +57,8 @@ fn worker(
         address,
         namespace: "default".into(),
         task_queue: queue.into(),
+        access: Default::default(),
+        webhook: None,
     };
     let h = std::thread::spawn(move || {
         let rt = tokio::runtime::Builder::new_multi_thread()

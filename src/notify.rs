@@ -218,6 +218,28 @@ impl WebhookConfig {
     }
 }
 
+impl WebhookConfig {
+    /// Posts `body` once (a Temporal worker's `notify` activity; Temporal retries it): Err with
+    /// why when the receiver was not reached or did not answer with a 2xx.
+    pub async fn post_once(&self, body: &Value) -> Result<(), String> {
+        self.check().map_err(|e| e.to_string())?;
+        let timeout = self
+            .timeout_s
+            .and_then(|t| crate::duration::seconds("timeout_s", t).ok())
+            .unwrap_or(Duration::from_secs(10));
+        let client = crate::net::builder()
+            .timeout(timeout)
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .map_err(|e| e.to_string())?;
+        match client.post(&self.url).json(body).send().await {
+            Ok(r) if r.status().is_success() => Ok(()),
+            Ok(r) => Err(format!("the webhook answered {}", r.status().as_u16())),
+            Err(e) => Err(format!("the webhook is unreachable: {e}")),
+        }
+    }
+}
+
 impl Notifier {
     /// Starts the delivery task (needs a tokio runtime).
     pub fn start(cfg: &WebhookConfig) -> Result<Notifier, NotifyError> {

@@ -577,7 +577,7 @@ async fn runs_with_different_approval_maps_share_the_operators_mcp_server() {
 }
 
 /// One record of a run: the store's row and Temporal's workflow input are one type
-/// (`temporal::RunSpec` is `store::RunRecord`). A workflow input written before the two merged
+/// (`temporal::RunSpec` flattens `store::RunRecord`). A workflow input written before the two merged
 /// (`run_id`, no `created_at`, typed options) loads as the record and defines the same run; the
 /// record reads back what it wrote.
 #[test]

@@ -269,6 +269,8 @@ async fn examples_run_through_workers_to_the_embedded_results_and_replay() {
         address: s.address.clone(),
         namespace: "default".into(),
         task_queue: "research".into(),
+        access: Default::default(),
+        webhook: None,
     };
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     // The worker's future is not `Send`: it gets a thread and a runtime of its own.
@@ -937,13 +939,13 @@ async fn a_goal_that_does_not_load_ends_the_run_setup_failed() {
     let conn = s.connect().await;
     let w = WorkerProcess::start(bin::dagloop(), &s, "setup");
     s.wait_for_pollers("setup", &[&w]);
-    let spec = RunSpec {
+    let spec = RunSpec::of_record(dagloop::store::RunRecord {
         id: "setup-1".into(),
         created_at: 0,
         goal: json!({"goal": "x", "no_such_field": true}),
         base_dir: ".".into(),
         options: json!({}),
-    };
+    });
     conn.start(spec, "setup").await.expect("start");
     let r = tokio::time::timeout(Duration::from_secs(60), conn.result("setup-1"))
         .await

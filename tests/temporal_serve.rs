@@ -9,6 +9,10 @@
 mod bin;
 #[path = "common/browser.rs"]
 mod browser;
+#[path = "common/cluster.rs"]
+mod cluster;
+#[path = "common/desk.rs"]
+mod desk;
 #[path = "common/serve.rs"]
 mod serve;
 #[path = "common/temporal.rs"]
@@ -16,108 +20,15 @@ mod temporal;
 
 use std::time::{Duration, Instant};
 
+use cluster::{Cluster, awaits_both, cluster, decide, until};
 use serde_json::{Value, json};
 use serve::{Server, client, count, counting_service, goal, read_events, send};
-use temporal::{DevServer, WorkerProcess};
 
 /// How many runs the test submits.
 const RUNS: usize = 50;
 
 /// Runs whose call 1 gets two concurrent approvals, one through each server.
 const RACED: std::ops::Range<usize> = 2..12;
-
-/// `dagloop serve --engine temporal` on a free port under the operator config `config`, in
-/// `dir` (where the goals' scripts are).
-fn temporal_server(
-    dir: &std::path::Path,
-    config: &std::path::Path,
-    s: &DevServer,
-    queue: &str,
-) -> Server {
-    let store = dir.join(format!("unused-{}.db", rand_suffix()));
-    Server::start_config(&store, config, None, |c| {
-        c.current_dir(dir).args([
-            "--engine",
-            "temporal",
-            "--temporal",
-            &s.address,
-            "--task-queue",
-            queue,
-        ]);
-    })
-}
-
-fn rand_suffix() -> u128 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos())
-}
-
-/// Polls `GET /runs/{id}` on `s` until `pred` holds (60 s at most).
-async fn until(s: &Server, id: &str, pred: impl Fn(&Value) -> bool) -> Value {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let (status, v) = send(client().get(s.url(&format!("/runs/{id}")))).await;
-        if status == 200 && pred(&v) {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "never reached: {status} {v}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
-async fn decide(s: &Server, id: &str, call: u64, body: Value) -> (u16, Value) {
-    send(
-        client()
-            .post(s.url(&format!("/runs/{id}/approvals/{call}")))
-            .json(&body),
-    )
-    .await
-}
-
-fn awaits_both(v: &Value) -> bool {
-    serve::awaiting(v).len() == 2
-}
-
-/// Temporal's dev server, two workers and two servers on it, in a folder of their own.
-struct Cluster {
-    a: Server,
-    b: Server,
-    _workers: [WorkerProcess; 2],
-    dir: tempfile::TempDir,
-    _dev: DevServer,
-}
-
-/// A [`Cluster`] whose servers run under the operator config `config` (the tests' open one when
-/// None), or None (SKIPPED) without `DAGLOOP_TEMPORAL`.
-async fn cluster(config: Option<Value>) -> Option<Cluster> {
-    let Some(s) = DevServer::start() else {
-        println!("SKIPPED: DAGLOOP_TEMPORAL is not set (scripts/setup-temporal.sh prints it)");
-        return None;
-    };
-    let _conn = s.connect().await;
-    let dir = tempfile::tempdir().expect("dir");
-    let w1 = WorkerProcess::start(bin::dagloop(), &s, "serve");
-    let w2 = WorkerProcess::start(bin::dagloop(), &s, "serve");
-    s.wait_for_pollers("serve", &[&w1, &w2]);
-    let config = match config {
-        Some(c) => {
-            let path = dir.path().join("config.json");
-            std::fs::write(&path, c.to_string()).expect("config");
-            path
-        }
-        None => bin::open_config(),
-    };
-    let a = temporal_server(dir.path(), &config, &s, "serve");
-    let b = temporal_server(dir.path(), &config, &s, "serve");
-    Some(Cluster {
-        a,
-        b,
-        _workers: [w1, w2],
-        dir,
-        _dev: s,
-    })
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_servers_serve_the_same_runs_on_temporal() {
@@ -475,4 +386,150 @@ async fn principals_and_the_floor_hold_across_servers() {
         assert_eq!((st, v["status"].as_str()), (200, Some("succeeded")), "{v}");
     }
     assert_eq!((count(&counts, 1), count(&counts, 2)), (2, 2));
+}
+
+/// Webhooks as embedded: a run started on a server whose operator config has `notify.webhook`
+/// has each `approval_requested` posted once (by a worker, which reads the same config), with a
+/// link to the page on the server that started it; the receiver refuses the first delivery,
+/// which Temporal retries.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn webhooks_are_posted_by_the_workers() {
+    let hook = desk::receiver(1).await;
+    let mut config: Value =
+        serde_json::from_str(&std::fs::read_to_string(bin::open_config()).expect("config"))
+            .expect("config JSON");
+    config["notify"] = json!({"webhook": {"url": hook.url}});
+    let Some(c) = cluster::cluster_full(Some(config), &[], true).await else {
+        return;
+    };
+    let (url, _counts) = counting_service().await;
+    let id = serve::create(&c.a, &goal(c.dir.path(), &url, "ask")).await;
+    until(&c.b, &id, awaits_both).await;
+    // Both calls' notifications, the first one retried after its 500.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let delivered = loop {
+        let got: Vec<Value> = hook
+            .got
+            .lock()
+            .expect("got")
+            .iter()
+            .map(|g| g.1.clone())
+            .collect();
+        if got.len() >= 3 {
+            break got;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "notifications never came: {got:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let all = hook.got.lock().expect("got").len();
+    assert_eq!(
+        all, 3,
+        "one refused delivery, then one per call: {delivered:?}"
+    );
+    let mut calls: Vec<u64> = delivered[1..]
+        .iter()
+        .filter_map(|b| b["call_id"].as_u64())
+        .collect();
+    calls.sort_unstable();
+    assert_eq!(calls, [1, 2], "{delivered:?}");
+    for b in &delivered {
+        assert_eq!(
+            (b["event"].as_str(), b["run_id"].as_str()),
+            (Some("approval_requested"), Some(id.as_str())),
+            "{b}"
+        );
+        let link = b["link"].as_str().expect("a link");
+        let call = b["call_id"].as_u64().expect("call");
+        assert_eq!(link, c.a.url(&format!("/?run={id}&call={call}")), "{b}");
+        // The link works: it opens the page.
+        let r = client().get(link).send().await.expect("page");
+        assert_eq!(r.status().as_u16(), 200);
+        assert!(
+            r.text().await.unwrap_or_default().contains("<html"),
+            "the page"
+        );
+    }
+    let _ = &c.workers;
+}
+
+/// `Idempotency-Key` across servers: the key names the workflow, so the key reused on the
+/// other server returns the same run (200, `Idempotent-Replayed`), with another body 422; two
+/// concurrent first uses through both servers start one run. Cassettes and forks on Temporal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idempotency_key_holds_across_servers() {
+    let Some(c) = cluster(None).await else {
+        return;
+    };
+    let (url, _counts) = counting_service().await;
+    let body = json!({"goal": goal(c.dir.path(), &url, "ask")});
+    let post = |s: &Server, key: &str, b: &Value| {
+        client()
+            .post(s.url("/runs"))
+            .header("Idempotency-Key", key)
+            .json(b)
+            .send()
+    };
+    let first = post(&c.a, "k1", &body).await.expect("post");
+    assert_eq!(first.status().as_u16(), 201);
+    let first: Value = first.json().await.expect("json");
+    let again = post(&c.b, "k1", &body).await.expect("post");
+    assert_eq!(again.status().as_u16(), 200);
+    assert_eq!(again.headers()["idempotent-replayed"], "true");
+    let again: Value = again.json().await.expect("json");
+    assert_eq!(
+        again["id"], first["id"],
+        "the same run from the other server"
+    );
+    let mut other = body.clone();
+    other["goal"]["goal"] = json!("something else");
+    let (st, v) = send(
+        client()
+            .post(c.b.url("/runs"))
+            .header("Idempotency-Key", "k1")
+            .json(&other),
+    )
+    .await;
+    assert_eq!(
+        (st, v["code"].as_str()),
+        (422, Some("http.idempotency_key_reused")),
+        "{v}"
+    );
+    // Two first uses at once, one through each server: one run.
+    let (x, y) = tokio::join!(post(&c.a, "k2", &body), post(&c.b, "k2", &body));
+    let (x, y) = (x.expect("post"), y.expect("post"));
+    let mut codes = [x.status().as_u16(), y.status().as_u16()];
+    codes.sort_unstable();
+    assert_eq!(codes, [200, 201]);
+    let (x, y): (Value, Value) = (x.json().await.expect("json"), y.json().await.expect("json"));
+    assert_eq!(x["id"], y["id"]);
+    assert_ne!(x["id"], first["id"], "another key, another run");
+
+    // A cassette is exported from the workflow's journal on either server; a fork is refused
+    // with `engine.unsupported` (501), not a misleading 404.
+    let id = first["id"].as_str().expect("id");
+    until(&c.a, id, awaits_both).await;
+    let (st, v) = send(client().get(c.b.url(&format!("/runs/{id}/cassette")))).await;
+    assert_eq!(st, 200, "{v}");
+    assert!(
+        v["model"]["turns"]
+            .as_array()
+            .is_some_and(|t| !t.is_empty()),
+        "{v}"
+    );
+    let (st, v) = send(
+        client()
+            .post(c.a.url(&format!("/runs/{id}/fork")))
+            .json(&json!({"at_step": 1})),
+    )
+    .await;
+    assert_eq!(
+        (st, v["code"].as_str()),
+        (501, Some("engine.unsupported")),
+        "{v}"
+    );
+    let _ = &c.workers;
 }

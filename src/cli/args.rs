@@ -206,6 +206,22 @@ pub struct TemporalArgs {
     /// The task queue workflows and activities go to.
     #[arg(long, default_value = "dagloop")]
     pub task_queue: String,
+    /// Reach Temporal over TLS (implied by the other --temporal-tls-* options and by an API key in
+    /// `TEMPORAL_API_KEY`, which Temporal Cloud takes).
+    #[arg(long = "temporal-tls")]
+    pub tls: bool,
+    /// A PEM file with the CA of the Temporal server's certificate (else the system's roots).
+    #[arg(long = "temporal-tls-ca", value_name = "FILE")]
+    pub tls_ca: Option<std::path::PathBuf>,
+    /// The client certificate (PEM) for mutual TLS (with --temporal-tls-key).
+    #[arg(long = "temporal-tls-cert", value_name = "FILE")]
+    pub tls_cert: Option<std::path::PathBuf>,
+    /// The client's private key (PEM) for mutual TLS (with --temporal-tls-cert).
+    #[arg(long = "temporal-tls-key", value_name = "FILE")]
+    pub tls_key: Option<std::path::PathBuf>,
+    /// The name the server's certificate is checked against (else the address's host).
+    #[arg(long = "temporal-tls-domain", value_name = "NAME")]
+    pub tls_domain: Option<String>,
 }
 
 impl TemporalArgs {
@@ -219,6 +235,21 @@ impl TemporalArgs {
                     .filter(|a| !a.is_empty())
             })
             .unwrap_or_else(|| "127.0.0.1:7233".into())
+    }
+
+    /// How to reach the cluster: the --temporal-tls* options, and the API key in `TEMPORAL_API_KEY`.
+    #[cfg(feature = "temporal")]
+    pub fn access(&self) -> crate::temporal::Access {
+        crate::temporal::Access {
+            tls: self.tls,
+            ca: self.tls_ca.clone(),
+            cert: self.tls_cert.clone(),
+            key: self.tls_key.clone(),
+            domain: self.tls_domain.clone(),
+            api_key: std::env::var(crate::temporal::API_KEY_ENV)
+                .ok()
+                .filter(|k| !k.trim().is_empty()),
+        }
     }
 }
 

@@ -533,7 +533,10 @@ pub async fn main(mut cli: Cli) -> i32 {
             Err(e) => Err(e),
         },
         Command::Worker { temporal } => match grants_for(config, false, true) {
-            Ok(g) => temporal_cmd::worker(&temporal, g).await,
+            Ok(g) => {
+                let hook = config.and_then(|c| c.notify.webhook.clone());
+                temporal_cmd::worker(&temporal, g, hook).await
+            }
             Err(e) => Err(e),
         },
         Command::Decide {

@@ -46,6 +46,7 @@ pub(super) async fn serve(
             address: temporal.address(),
             namespace: temporal.namespace.clone(),
             task_queue: temporal.task_queue.clone(),
+            access: temporal.access(),
         });
     #[cfg(not(feature = "temporal"))]
     if temporal.engine == super::EngineArg::Temporal {

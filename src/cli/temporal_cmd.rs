@@ -22,7 +22,7 @@ mod on {
     }
 
     async fn connect(t: &TemporalArgs) -> Result<Connection, CliError> {
-        Connection::connect(&t.address(), &t.namespace)
+        Connection::connect_with(&t.address(), &t.namespace, &t.access())
             .await
             .map_err(err)
     }
@@ -146,11 +146,14 @@ mod on {
     pub async fn worker(
         t: &TemporalArgs,
         grants: std::sync::Arc<crate::grants::Grants>,
+        webhook: Option<crate::notify::WebhookConfig>,
     ) -> Result<i32, CliError> {
         let opts = WorkerOptions {
             address: t.address(),
             namespace: t.namespace.clone(),
             task_queue: t.task_queue.clone(),
+            access: t.access(),
+            webhook,
         };
         errln!(
             "dagloop: worker on Temporal {} (namespace {}, task queue {})",
@@ -251,12 +254,13 @@ pub(super) async fn show(run: &str, json_out: bool, t: &TemporalArgs) -> Result<
 pub(super) async fn worker(
     t: &TemporalArgs,
     grants: std::sync::Arc<crate::grants::Grants>,
+    webhook: Option<crate::notify::WebhookConfig>,
 ) -> Result<i32, CliError> {
     #[cfg(feature = "temporal")]
-    return on::worker(t, grants).await;
+    return on::worker(t, grants, webhook).await;
     #[cfg(not(feature = "temporal"))]
     {
-        let _ = (t, grants);
+        let _ = (t, grants, webhook);
         Err(disabled())
     }
 }

@@ -119,6 +119,11 @@ pub(super) async fn create_run(
         let id = start_run(&st, &who, v).await?;
         return answer(&st, StatusCode::CREATED, id, wait).await;
     };
+    // On Temporal the key names the workflow, so every server finds the key's run.
+    #[cfg(feature = "temporal")]
+    if st.temporal().is_some() {
+        return keyed_on_temporal(&st, &who, v, &key, wait).await;
+    }
     // One keyed creation at a time: the second of two concurrent requests with one key waits
     // for the first and then finds its run.
     let _one = st.idempotent_create.lock().await;
@@ -216,7 +221,49 @@ async fn answer(
 }
 
 /// Checks a submission and starts its run, recorded as `who`'s.
+/// A keyed `POST /runs` on Temporal: the run's id is derived from (principal, key), so any
+/// server that gets the key again finds the run; 422 when it was submitted with another body.
+#[cfg(feature = "temporal")]
+async fn keyed_on_temporal(
+    st: &Arc<AppState>,
+    who: &Principal,
+    v: Value,
+    key: &str,
+    wait: Option<std::time::Duration>,
+) -> ApiResult<Response> {
+    use super::on_temporal::{Started, keyed_run_id};
+    let keyed = (keyed_run_id(&who.name, key), body_digest(&v));
+    let (id, started) = start_defined(st, who, v, Some(keyed)).await?;
+    match started {
+        Started::New => answer(st, StatusCode::CREATED, id, wait).await,
+        Started::Same => {
+            let mut r = answer(st, StatusCode::OK, id, wait).await?;
+            r.headers_mut()
+                .insert("idempotent-replayed", HeaderValue::from_static("true"));
+            Ok(r)
+        }
+        Started::Other => Err(ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "http.idempotency_key_reused",
+            "this Idempotency-Key was used with another body; use a new key for a new run",
+        )),
+    }
+}
+
 async fn start_run(st: &Arc<AppState>, who: &Principal, v: Value) -> ApiResult<String> {
+    #[cfg(feature = "temporal")]
+    return start_defined(st, who, v, None).await.map(|(id, _)| id);
+    #[cfg(not(feature = "temporal"))]
+    start_defined(st, who, v).await
+}
+
+/// Defines the submitted run and starts it (on Temporal, under the keyed id when given).
+async fn start_defined(
+    st: &Arc<AppState>,
+    who: &Principal,
+    v: Value,
+    #[cfg(feature = "temporal")] keyed: Option<(String, String)>,
+) -> ApiResult<StartedRun> {
     let (doc, mut opts) = envelope(v, st)?;
     opts.submitted_by = Some(who.name.clone());
     let (doc, base, agent) = match doc {
@@ -232,10 +279,20 @@ async fn start_run(st: &Arc<AppState>, who: &Principal, v: Value) -> ApiResult<S
     #[cfg(feature = "temporal")]
     if let Some(t) = st.temporal() {
         crate::runs::RunDef::config(&def).map_err(runs_error)?;
-        return t.start(&def).await;
+        return t.start(&def, st.notify_page(), keyed).await;
     }
-    st.launch_defined(&def, None).await.map_err(runs_error)
+    let id = st.launch_defined(&def, None).await.map_err(runs_error)?;
+    #[cfg(feature = "temporal")]
+    return Ok((id, super::on_temporal::Started::New));
+    #[cfg(not(feature = "temporal"))]
+    Ok(id)
 }
+
+/// What [`start_defined`] answers: the run's id (on Temporal, with what a keyed start found).
+#[cfg(feature = "temporal")]
+type StartedRun = (String, super::on_temporal::Started);
+#[cfg(not(feature = "temporal"))]
+type StartedRun = String;
 
 /// A run that could not be defined or started, as an API error (grants with their pointer).
 pub(super) fn runs_error(e: crate::runs::RunsError) -> ApiError {

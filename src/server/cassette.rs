@@ -27,6 +27,12 @@ pub(super) async fn cassette(
 ) -> Result<Json<super::wire::Cassette>, ApiError> {
     // A run's model turns and tool results are as private as the run itself.
     st.readable(&who, &id).await?;
+    // On Temporal the record and journal are the workflow's (its `snapshot` query).
+    #[cfg(feature = "temporal")]
+    if let Some(t) = st.temporal() {
+        let src = t.source(&id).await?;
+        return export(&src.record, &src.journal);
+    }
     let internal =
         |e: String| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server.internal", e);
     tokio::task::spawn_blocking(move || {
@@ -37,13 +43,21 @@ pub(super) async fn cassette(
                 (s.record, s.journal)
             }
         };
-        let c = crate::runs::export(&record, &journal)
-            .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.code(), e))?;
-        Ok(Json(super::wire::Cassette {
-            model: json!(c.model),
-            tools: json!(c.tools),
-        }))
+        export(&record, &journal)
     })
     .await
     .map_err(|e| internal(e.to_string()))?
+}
+
+/// The cassette of a run's record and journal (`runs::export`).
+fn export(
+    record: &crate::store::RunRecord,
+    journal: &[crate::machine::JournalEntry],
+) -> Result<Json<super::wire::Cassette>, ApiError> {
+    let c = crate::runs::export(record, journal)
+        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.code(), e))?;
+    Ok(Json(super::wire::Cassette {
+        model: json!(c.model),
+        tools: json!(c.tools),
+    }))
 }

@@ -46,7 +46,8 @@ pub(super) struct ForkRequest {
         (status = 403, description = "The caller may not submit runs, or asks a published agent's fork for a model its operator does not list (`server.agent_model`)", body = ApiError),
         (status = 404, description = "No such run (or not one the caller may read)", body = ApiError),
         (status = 410, description = "The run was compacted: its journal is gone (`store.compacted`)", body = ApiError),
-        (status = 415, description = "Not application/json", body = ApiError)))]
+        (status = 415, description = "Not application/json", body = ApiError),
+        (status = 501, description = "Not on the Temporal engine (`engine.unsupported`)", body = ApiError)))]
 pub(super) async fn fork(
     State(st): State<Arc<AppState>>,
     Extension(who): Extension<Principal>,
@@ -61,6 +62,14 @@ pub(super) async fn fork(
         ));
     }
     st.readable(&who, &id).await?;
+    #[cfg(feature = "temporal")]
+    if st.temporal().is_some() {
+        return Err(ApiError::new(
+            StatusCode::NOT_IMPLEMENTED,
+            "engine.unsupported",
+            "forks are not available on the Temporal engine yet; fork the run from its cassette (GET /runs/{id}/cassette) on an embedded server",
+        ));
+    }
     let req: ForkRequest = serde_json::from_value(body(b)?).map_err(|e| {
         let mut err = ApiError::new(
             StatusCode::BAD_REQUEST,

@@ -14,8 +14,9 @@
 //! Temporal's visibility list, each run described by its workflow.
 //!
 //! Deliberately not here: any rule about runs (the machine's, checked in the workflow), who may
-//! do what (`principals`, the handlers), the workflow itself (`crate::temporal`). Not on this
-//! engine: webhooks, and forks and cassettes (they read the store only).
+//! do what (`principals`, the handlers), the workflow itself (`crate::temporal`). Webhooks are
+//! posted by the workers (a `notify` activity per `approval_requested`), not by a server. Not
+//! on this engine: forks and cassettes (they read the store only).
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -41,6 +42,8 @@ pub struct TemporalServe {
     pub namespace: String,
     /// The task queue workflows and activities go to (where `dagloop worker`s poll).
     pub task_queue: String,
+    /// How the cluster is reached (TLS, API key: Temporal Cloud).
+    pub access: crate::temporal::Access,
 }
 
 /// How often an event stream asks the workflow for what followed.
@@ -54,6 +57,31 @@ const QUERY_TRIES: u32 = 50;
 pub(super) struct Engine {
     conn: Connection,
     task_queue: String,
+}
+
+/// What a keyed start found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Started {
+    /// The run was started now.
+    New,
+    /// The key's run exists, submitted with the same body.
+    Same,
+    /// The key's run exists, submitted with another body.
+    Other,
+}
+
+/// The run id a principal's `Idempotency-Key` stands for on Temporal: the same on every
+/// server, so the key's second use finds the first's workflow wherever it is sent.
+pub(super) fn keyed_run_id(principal: &str, key: &str) -> String {
+    let d = ring::digest::digest(
+        &ring::digest::SHA256,
+        format!("{principal}\n{key}").as_bytes(),
+    );
+    let hex: String = d.as_ref()[..16]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    format!("run-k{hex}")
 }
 
 /// What a run's views are rebuilt from: its record, journal and result.
@@ -82,7 +110,7 @@ pub(super) fn api_error(e: &TemporalError) -> ApiError {
 
 impl Engine {
     pub(super) async fn connect(t: &TemporalServe) -> Result<Engine, super::ServerError> {
-        let conn = Connection::connect(&t.address, &t.namespace)
+        let conn = Connection::connect_with(&t.address, &t.namespace, &t.access)
             .await
             .map_err(|e| super::ServerError::Temporal {
                 reason: e.to_string(),
@@ -94,14 +122,52 @@ impl Engine {
     }
 
     /// Starts a defined run as a workflow; its id.
-    pub(super) async fn start(&self, def: &crate::runs::RunDef) -> Result<String, ApiError> {
-        let id = crate::engine::bus::new_run_id();
-        let spec = RunSpec::of_def(id.clone(), def);
-        self.conn
-            .start(spec, &self.task_queue)
+    /// With `notify_page`, the run's `approval_requested` events are posted to the workers'
+    /// webhook, linking to that page.
+    ///
+    /// With `keyed` (a run id derived from an `Idempotency-Key`, and the submission's digest),
+    /// the workflow is started under that id unless one ever was: then nothing is started and
+    /// the answer says whether that run was submitted with the same body.
+    pub(super) async fn start(
+        &self,
+        def: &crate::runs::RunDef,
+        notify_page: Option<String>,
+        keyed: Option<(String, String)>,
+    ) -> Result<(String, Started), ApiError> {
+        let Some((id, digest)) = keyed else {
+            let id = crate::engine::bus::new_run_id();
+            let mut spec = RunSpec::of_def(id.clone(), def);
+            spec.notify_page = notify_page;
+            self.conn
+                .start(spec, &self.task_queue)
+                .await
+                .map_err(|e| api_error(&e))?;
+            return Ok((id, Started::New));
+        };
+        let mut spec = RunSpec::of_def(id.clone(), def);
+        spec.notify_page = notify_page;
+        spec.body_digest = Some(digest.clone());
+        let fresh = self
+            .conn
+            .start_once(spec, &self.task_queue)
             .await
             .map_err(|e| api_error(&e))?;
-        Ok(id)
+        if fresh {
+            return Ok((id, Started::New));
+        }
+        let mut tries = 0;
+        let earlier = loop {
+            match self.conn.snapshot(&id).await {
+                Ok(s) => break s.spec.body_digest,
+                Err(e) if tries >= QUERY_TRIES => return Err(api_error(&e)),
+                Err(_) => {
+                    tries += 1;
+                    tokio::time::sleep(EVENT_POLL).await;
+                }
+            }
+        };
+        let same = earlier.as_deref() == Some(digest.as_str());
+        Ok((id, if same { Started::Same } else { Started::Other }))
     }
 
     /// The run's record, journal and result, as its workflow holds them. A query that fails
@@ -121,7 +187,7 @@ impl Engine {
             }
         };
         Ok(Source {
-            record: snap.spec,
+            record: snap.spec.record,
             journal: snap.journal,
             result: snap.result,
         })
@@ -182,6 +248,16 @@ impl Engine {
                     match me.conn.events(&id, after).await {
                         Ok(page) => {
                             fails = 0;
+                            if page.dropped_through > after {
+                                // Older events than the workflow keeps were asked for: say
+                                // which are gone, then go on from the oldest kept.
+                                let gone = SseEvent::default().event("events_dropped").data(
+                                    serde_json::json!({"after": after, "through": page.dropped_through})
+                                        .to_string(),
+                                );
+                                after = page.dropped_through;
+                                return Some((Ok(gone), (me, id, after, buf, fails)));
+                            }
                             if page.events.is_empty() {
                                 if page.finished {
                                     return None;

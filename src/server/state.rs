@@ -123,6 +123,14 @@ impl AppState {
         }))
     }
 
+    /// The page address notifications link to, when this server has a webhook.
+    #[cfg(feature = "temporal")]
+    pub(super) fn notify_page(&self) -> Option<String> {
+        self.notifier
+            .as_ref()
+            .map(|n| n.page(&self.page).trim_end_matches('/').to_string())
+    }
+
     /// The Temporal engine, when the server serves runs on Temporal.
     #[cfg(feature = "temporal")]
     pub(super) fn temporal(&self) -> Option<&Arc<super::on_temporal::Engine>> {

@@ -41,7 +41,7 @@ use crate::protocol::{Millis, Op};
 /// delegate goals and MCP tools by content in `options.record`, versioned by
 /// `options.record.version`), where relative paths resolve, and the options it was started
 /// with. The store's run row holds it, and a Temporal workflow's input is it
-/// (`temporal::RunSpec` is this type); `runs::RunDef::from_record` reads it back. A record
+/// (`temporal::RunSpec` carries this type, flattened); `runs::RunDef::from_record` reads it back. A record
 /// written before `options.record` existed (dagloop 802893f) still loads: its delegate goals
 /// are read from their files until a process that drives the run records them. Temporal inputs
 /// written before the merge named the id `run_id` and had no `created_at`; they load too.

@@ -89,6 +89,24 @@ pub struct DagloopActivities {
     registry: Registry,
     pool: Option<Pool>,
     grants: Arc<crate::grants::Grants>,
+    webhook: Option<crate::notify::WebhookConfig>,
+}
+
+/// One `approval_requested` to post to the worker's webhook.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct NotifyTask {
+    /// The run.
+    pub run_id: String,
+    /// The call awaiting a decision.
+    pub call: u64,
+    /// Its tool.
+    pub tool: String,
+    /// Whether a restart interrupted it.
+    pub interrupted: bool,
+    /// The rule that asked.
+    pub rule: Option<String>,
+    /// The page address of the server that started the run (the worker's `page_url` wins).
+    pub page: String,
 }
 
 impl DagloopActivities {
@@ -99,7 +117,15 @@ impl DagloopActivities {
             registry,
             pool,
             grants: Arc::new(crate::grants::Grants::open()),
+            webhook: None,
         }
+    }
+
+    /// Posts runs' `approval_requested` notifications to `webhook` (the operator's
+    /// `notify.webhook`); without one, a run that asks for them gets none from this worker.
+    pub fn with_webhook(mut self, webhook: Option<crate::notify::WebhookConfig>) -> Self {
+        self.webhook = webhook;
+        self
     }
 
     /// Defines every run under `grants` instead.
@@ -107,6 +133,15 @@ impl DagloopActivities {
         self.grants = grants;
         self
     }
+}
+
+/// The run's goal as recorded, loaded in this process (its `${VAR}` placeholders resolved here).
+fn goal_of(spec: &RunSpec) -> Result<Goal, crate::goal::GoalError> {
+    Goal::from_json(
+        &spec.goal.to_string(),
+        std::path::Path::new(&spec.id),
+        std::path::PathBuf::from(&spec.base_dir),
+    )
 }
 
 /// The run's agent, taken apart, with the MCP servers it started (kept while it is used).
@@ -117,11 +152,7 @@ pub(super) async fn parts(
     grants: &Arc<crate::grants::Grants>,
 ) -> Result<(Parts, Option<Servers>), RunsError> {
     // The process that drives the run: its `${VAR}` placeholders must be set here.
-    let mut goal = Goal::from_json(
-        &spec.goal.to_string(),
-        std::path::Path::new(&spec.id),
-        std::path::PathBuf::from(&spec.base_dir),
-    )?;
+    let mut goal = goal_of(spec)?;
     // The MCP tools the spec lists (`runs::with_mcp_tools`) come back from the servers, with
     // their activities.
     if !goal.mcp_servers.is_empty() {
@@ -214,7 +245,7 @@ impl DagloopActivities {
         _ctx: ActivityContext,
         task: RecallTask,
     ) -> Result<Vec<crate::context::memory::Chunk>, ActivityError> {
-        let goal = task.spec.goal().map_err(fail)?;
+        let goal = goal_of(&task.spec).map_err(fail)?;
         let (source, index) = crate::runs::memory::index(&goal, &self.grants)
             .map_err(fail)?
             .ok_or_else(|| fail("the run's goal names no memory folder"))?;
@@ -236,6 +267,32 @@ impl DagloopActivities {
     ) -> Result<bool, ActivityError> {
         let machine = super::workflow::machine_for(&task.spec).map_err(fail)?;
         Ok(crate::telemetry::report_journal(machine, &task.journal))
+    }
+
+    /// Posts one `approval_requested` notification to this worker's webhook (the body the
+    /// embedded server sends, `notify::approval_body`); true when posted, false when this
+    /// worker has no webhook.
+    #[activity]
+    pub async fn notify(
+        self: Arc<Self>,
+        _ctx: ActivityContext,
+        task: NotifyTask,
+    ) -> Result<bool, ActivityError> {
+        let Some(hook) = &self.webhook else {
+            tracing::warn!(run = %task.run_id, "a run asks for webhook notifications and this worker has no notify.webhook");
+            return Ok(false);
+        };
+        let page = hook.page_url.as_deref().unwrap_or(&task.page);
+        let body = crate::notify::approval_body(
+            &task.run_id,
+            task.call,
+            &task.tool,
+            task.interrupted,
+            task.rule.as_deref(),
+            page.trim_end_matches('/'),
+        );
+        hook.post_once(&body).await.map_err(fail)?;
+        Ok(true)
     }
 
     /// Runs one call, saying it is alive while it runs.

@@ -10,6 +10,7 @@ use temporalio_client::{
 };
 use temporalio_sdk::{Runtime, Worker};
 
+use super::access::Access;
 use super::activities::DagloopActivities;
 use super::workflow::{Described, EventPage, RunWorkflow, Snapshot};
 use super::{RunSpec, TemporalError};
@@ -30,14 +31,27 @@ fn request(what: &'static str) -> impl Fn(String) -> TemporalError {
 }
 
 impl Connection {
-    /// Connects to `address` (`HOST:PORT`, or a URL) in `namespace`.
+    /// Connects to `address` (`HOST:PORT`, or a URL) in `namespace`, over plain TCP.
     pub async fn connect(address: &str, namespace: &str) -> Result<Self, TemporalError> {
+        Connection::connect_with(address, namespace, &Access::default()).await
+    }
+
+    /// [`Connection::connect`], reaching the cluster as `access` says (TLS, mutual TLS, an API
+    /// key: Temporal Cloud).
+    pub async fn connect_with(
+        address: &str,
+        namespace: &str,
+        access: &Access,
+    ) -> Result<Self, TemporalError> {
         let connect = |reason: String| TemporalError::Connect {
             address: address.to_string(),
             reason,
         };
+        let resolved = access.resolve(address)?;
         let url = if address.contains("://") {
             address.to_string()
+        } else if resolved.tls.is_some() {
+            format!("https://{address}")
         } else {
             format!("http://{address}")
         };
@@ -45,6 +59,8 @@ impl Connection {
         let opts = ConnectionOptions::new(url)
             .identity(format!("dagloop@{}", std::process::id()))
             .connect_timeout(std::time::Duration::from_secs(10))
+            .maybe_tls_options(resolved.tls)
+            .maybe_api_key(resolved.api_key)
             .build();
         let conn = temporalio_client::Connection::connect(opts)
             .await
@@ -76,6 +92,26 @@ impl Connection {
         Ok(())
     }
 
+    /// Starts a run whose id is derived from an `Idempotency-Key`: false, starting nothing,
+    /// when a workflow with this id runs or ever ran (Temporal's `RejectDuplicate` reuse
+    /// policy), so that of any number of servers exactly one starts it.
+    pub async fn start_once(&self, spec: RunSpec, task_queue: &str) -> Result<bool, TemporalError> {
+        use temporalio_client::errors::WorkflowStartError;
+        let id = spec.id.clone();
+        let opts = WorkflowStartOptions::new(task_queue.to_string(), id)
+            .id_reuse_policy(temporalio_client::WorkflowIdReusePolicy::RejectDuplicate)
+            .build();
+        match self
+            .client
+            .start_workflow(RunWorkflow::run, spec, opts)
+            .await
+        {
+            Ok(_) => Ok(true),
+            Err(WorkflowStartError::AlreadyStarted { .. }) => Ok(false),
+            Err(e) => Err(request("start the run")(e.to_string())),
+        }
+    }
+
     /// Waits for a run's result.
     pub async fn result(&self, run: &str) -> Result<RunResult, TemporalError> {
         self.client
@@ -100,29 +136,38 @@ impl Connection {
     /// Submits a decision; refused with the op's own code when it does not apply (rule 21).
     pub async fn decide(&self, run: &str, op: Op) -> Result<(), TemporalError> {
         use temporalio_client::errors::WorkflowUpdateError;
-        let r = self
-            .client
-            .get_workflow_handle::<RunWorkflow>(run)
-            .execute_update(
-                RunWorkflow::decide,
-                op,
-                WorkflowExecuteUpdateOptions::default(),
-            )
-            .await;
-        match r {
-            Ok(_) => Ok(()),
-            Err(WorkflowUpdateError::Failed(f)) => Err(refused(&f.message)),
-            // A finished workflow takes no updates: say why, as the embedded engine does.
-            Err(e) => match self.snapshot(run).await {
-                Ok(Snapshot {
-                    result: Some(r), ..
-                }) => Err(TemporalError::Refused {
-                    code: "op.run_finished".into(),
-                    message: format!("the run has finished ({})", r.status.as_str()),
-                }),
-                Err(TemporalError::UnknownRun { run }) => Err(TemporalError::UnknownRun { run }),
-                _ => Err(request("record the decision")(e.to_string())),
-            },
+        let mut tries = 0;
+        loop {
+            let r = self
+                .client
+                .get_workflow_handle::<RunWorkflow>(run)
+                .execute_update(
+                    RunWorkflow::decide,
+                    op.clone(),
+                    WorkflowExecuteUpdateOptions::default(),
+                )
+                .await;
+            match r {
+                Ok(_) => return Ok(()),
+                Err(WorkflowUpdateError::Failed(f)) => return Err(refused(&f.message)),
+                // A finished workflow takes no updates: say why, as the embedded engine does.
+                // One that was continuing as new takes it in its next execution: ask again.
+                Err(e) => match self.snapshot(run).await {
+                    Ok(Snapshot {
+                        result: Some(r), ..
+                    }) => {
+                        return Err(TemporalError::Refused {
+                            code: "op.run_finished".into(),
+                            message: format!("the run has finished ({})", r.status.as_str()),
+                        });
+                    }
+                    Err(TemporalError::UnknownRun { run }) => {
+                        return Err(TemporalError::UnknownRun { run });
+                    }
+                    _ if tries < UPDATE_TRIES => tries += 1,
+                    _ => return Err(request("record the decision")(e.to_string())),
+                },
+            }
         }
     }
 
@@ -177,10 +222,13 @@ impl Connection {
                 .limit(limit)
                 .build(),
         );
-        let mut ids = Vec::new();
+        let mut ids: Vec<String> = Vec::new();
         while let Some(w) = stream.next().await {
             let w = w.map_err(|e| request("list the runs")(e.to_string()))?;
-            ids.push(w.id().to_string());
+            // A run that continued as new is listed once per execution.
+            if !ids.iter().any(|i| i == w.id()) {
+                ids.push(w.id().to_string());
+            }
         }
         Ok(ids)
     }
@@ -195,6 +243,10 @@ impl Connection {
             .map_err(|e| request("fetch the history")(e.to_string()))
     }
 }
+
+/// How many times a decision is sent again when the run's execution ended without a result
+/// under it (it continued as new).
+const UPDATE_TRIES: u32 = 3;
 
 /// An op refused by the workflow's validator, whose message starts with the op's code.
 fn refused(message: &str) -> TemporalError {
@@ -219,6 +271,11 @@ pub struct WorkerOptions {
     pub namespace: String,
     /// The task queue.
     pub task_queue: String,
+    /// How the cluster is reached (TLS, API key).
+    pub access: Access,
+    /// The operator's webhook (`notify.webhook`): runs started by a server with one have
+    /// their `approval_requested` events posted to it by the worker.
+    pub webhook: Option<crate::notify::WebhookConfig>,
 }
 
 /// Runs a worker for runs' workflows and activities (with `registry`'s Rust activities) until
@@ -248,10 +305,17 @@ pub async fn run_worker_with(
     stop: impl std::future::Future<Output = ()>,
 ) -> Result<(), TemporalError> {
     let worker_err = |reason: String| TemporalError::Worker { reason };
-    let conn = Connection::connect(&opts.address, &opts.namespace).await?;
+    let conn = Connection::connect_with(&opts.address, &opts.namespace, &opts.access).await?;
     let runtime =
         Runtime::from_current_tokio(Default::default()).map_err(|e| worker_err(e.to_string()))?;
-    let activities = DagloopActivities::new(registry, Some(Pool::default())).with_grants(grants);
+    // Without the `mcp` feature the pool is `()`.
+    #[cfg(feature = "mcp")]
+    let pool = Some(Pool::default());
+    #[cfg(not(feature = "mcp"))]
+    let pool: Option<Pool> = Some(());
+    let activities = DagloopActivities::new(registry, pool)
+        .with_grants(grants)
+        .with_webhook(opts.webhook.clone());
     let options = temporalio_sdk::WorkerOptions::new(opts.task_queue.clone())
         .register_activities(activities)
         .register_workflow::<RunWorkflow>()

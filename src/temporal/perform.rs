@@ -16,7 +16,7 @@ use temporalio_sdk::{
 };
 use temporalio_workflow::RetryPolicy;
 
-use super::activities::{CallTask, DagloopActivities, RecallTask, TurnDone, TurnTask};
+use super::activities::{CallTask, DagloopActivities, NotifyTask, RecallTask, TurnDone, TurnTask};
 use super::workflow::{HEARTBEAT_TIMEOUT, RunWorkflow, TurnMark};
 use crate::engine::config_path;
 use crate::machine::{Action, AgentConfig, FrameKey, RunError, RunInput, Timer};
@@ -31,6 +31,8 @@ pub(super) const TURN_LIMIT: Duration = Duration::from_secs(3600);
 pub(super) const CALL_GRACE: Duration = Duration::from_secs(60);
 /// The longest a worker's memory search may take.
 pub(super) const RECALL_LIMIT: Duration = Duration::from_secs(300);
+/// Attempts at posting one notification to the webhook.
+pub(super) const NOTIFY_ATTEMPTS: u32 = 5;
 /// The longest a call may take when the goal sets no per-call limit.
 pub(super) const CALL_LIMIT: Duration = Duration::from_secs(24 * 3600);
 
@@ -105,9 +107,17 @@ pub(super) struct Performer {
     /// Turns whose activity ended before all its signals were taken: (frame, step, sent,
     /// closing input).
     pub(super) closes: Vec<(FrameKey, u32, usize, RunInput)>,
+    /// Activities (turns and calls, detached ones too) started and not yet ended.
+    pub(super) in_flight: usize,
 }
 
 impl Performer {
+    /// Nothing runs and nothing waits to be fed: only timers are pending, which the machine
+    /// keeps (the moment a run may continue as new).
+    pub(super) fn quiet(&self) -> bool {
+        self.in_flight == 0 && self.closes.is_empty()
+    }
+
     pub(super) fn perform(&mut self, ctx: &WorkflowContext<RunWorkflow>, action: Action, now: u64) {
         match action {
             Action::Request {
@@ -187,6 +197,7 @@ impl Performer {
                 if !detached {
                     self.call_tokens.insert(id, token);
                 }
+                self.in_flight += 1;
                 self.pending.push(
                     async move {
                         let r = c
@@ -225,8 +236,53 @@ impl Performer {
                 );
             }
             Action::ClearTimer { .. } => {}
-            Action::Emit(_) | Action::Finished(_) => {}
+            Action::Emit(e) => self.notify(ctx, &e),
+            Action::Finished(_) => {}
         }
+    }
+
+    /// An `approval_requested` of a run whose starter has a webhook: a `notify` activity posts
+    /// it (retried by Temporal; its failure never touches the run).
+    fn notify(&mut self, ctx: &WorkflowContext<RunWorkflow>, e: &crate::protocol::Event) {
+        let crate::protocol::EventKind::ApprovalRequested {
+            call,
+            interrupted,
+            rule,
+            ..
+        } = &e.kind
+        else {
+            return;
+        };
+        let (Some(id), Some(page)) = (e.call, ctx.state(|s| s.spec.notify_page.clone())) else {
+            return;
+        };
+        let task = NotifyTask {
+            run_id: e.run_id.to_string(),
+            call: id.0,
+            tool: call.tool.clone(),
+            interrupted: *interrupted,
+            rule: rule.clone(),
+            page,
+        };
+        let opts = ActivityOptions::with_start_to_close_timeout(Duration::from_secs(30))
+            .retry_policy(
+                RetryPolicy::builder()
+                    .maximum_attempts(NOTIFY_ATTEMPTS)
+                    .initial_interval(Duration::from_millis(500))
+                    .build(),
+            )
+            .build();
+        let c = ctx.clone();
+        self.in_flight += 1;
+        self.pending.push(
+            async move {
+                let _ = c
+                    .execute_activity(DagloopActivities::notify, task, opts)
+                    .await;
+                Done::Nothing
+            }
+            .boxed_local(),
+        );
     }
 
     pub(super) fn request(
@@ -292,6 +348,7 @@ impl Performer {
             skip_calls,
         };
         let c = ctx.clone();
+        self.in_flight += 1;
         self.pending.push(
             async move {
                 let r = c
@@ -314,6 +371,9 @@ impl Performer {
         d: Done,
         inputs: &mut Vec<RunInput>,
     ) {
+        if !matches!(d, Done::Timer { .. }) {
+            self.in_flight = self.in_flight.saturating_sub(1);
+        }
         match d {
             Done::Nothing => {}
             Done::Recalled {

@@ -12,7 +12,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use temporalio_macros::{workflow, workflow_methods};
 use temporalio_sdk::{
-    LocalActivityOptions, SyncWorkflowContext, WorkflowContext, WorkflowContextView, WorkflowResult,
+    ContinueAsNewOptions, LocalActivityOptions, SyncWorkflowContext, WorkflowContext,
+    WorkflowContextView, WorkflowResult,
 };
 use temporalio_workflow::RetryPolicy;
 
@@ -85,9 +86,14 @@ pub struct RunWorkflow {
     pub(super) turns: BTreeMap<FrameKey, TurnMark>,
     pub(super) journal: Vec<JournalEntry>,
     pub(super) result: Option<RunResult>,
-    /// The run's events as the machine emitted them (ephemeral ones left out), for the
-    /// `events` query: any server reads them by sequence range.
+    /// The run's latest events as the machine emitted them (ephemeral ones left out), at
+    /// most `spec.bounds.events_kept` of them, for the `events` query: any server reads them
+    /// by sequence range.
     pub(super) events: Vec<Event>,
+    /// The highest sequence number no longer kept in `events` (0: none dropped).
+    pub(super) dropped_through: u64,
+    /// True when this execution continues an earlier one (its journal was carried over).
+    pub(super) continued: bool,
 }
 
 /// The most events one `events` query returns.
@@ -101,22 +107,47 @@ pub struct EventPage {
     pub events: Vec<Event>,
     /// True once the run ended: with an empty page, the stream is over.
     pub finished: bool,
+    /// The highest sequence number the workflow no longer keeps (0: it keeps them all). A
+    /// reader that asked for events after an earlier one missed those in between.
+    #[serde(default)]
+    pub dropped_through: u64,
 }
 
 #[workflow_methods]
 impl RunWorkflow {
     #[init]
-    fn new(_ctx: &WorkflowContextView, spec: RunSpec) -> Self {
-        let (machine, result) = set_up(&spec);
-        RunWorkflow {
+    fn new(_ctx: &WorkflowContextView, mut spec: RunSpec) -> Self {
+        let journal = spec.carried.take().map(|c| c.journal).unwrap_or_default();
+        let continued = !journal.is_empty();
+        let (machine, result, events) = if continued {
+            match continue_from(&spec, &journal) {
+                Ok((m, events)) => (Some(m), None, events),
+                Err(e) => (
+                    None,
+                    Some(RunResult::setup_failed(&RunError::new(
+                        e.code(),
+                        e.to_string(),
+                    ))),
+                    Vec::new(),
+                ),
+            }
+        } else {
+            let (m, r) = set_up(&spec);
+            (m, r, Vec::new())
+        };
+        let mut w = RunWorkflow {
             spec,
             machine,
             inbox: Vec::new(),
             turns: BTreeMap::new(),
-            journal: Vec::new(),
+            journal,
             result,
-            events: Vec::new(),
-        }
+            events,
+            dropped_through: 0,
+            continued,
+        };
+        w.trim_events();
+        w
     }
 
     #[run]
@@ -125,7 +156,18 @@ impl RunWorkflow {
             return Ok(r);
         }
         let mut p = Performer::default();
-        let mut inputs = vec![RunInput::Start];
+        let mut inputs = Vec::new();
+        if ctx.state(|s| s.continued) {
+            // A continued run: the machine was rebuilt from the carried journal, nothing was
+            // running when the last execution ended; only its timers are armed again.
+            let now = now_ms(ctx);
+            let timers = ctx.state(|s| s.machine.as_ref().map(|m| m.timers().collect::<Vec<_>>()));
+            for (timer, at) in timers.unwrap_or_default() {
+                p.perform(ctx, Action::SetTimer { timer, at }, now);
+            }
+        } else {
+            inputs.push(RunInput::Start);
+        }
         let mut cancel_seen = false;
         loop {
             let now = now_ms(ctx);
@@ -137,6 +179,15 @@ impl RunWorkflow {
             if let Some(r) = ctx.state(|s| s.result.clone()) {
                 report(ctx).await;
                 return Ok(r);
+            }
+            // A long run continues as new once its history is long, at a moment nothing runs
+            // (so nothing in flight is lost) and nothing waits in the inbox: the next execution
+            // gets the journal and rebuilds the same machine and events from it.
+            let long = ctx.state(|s| s.spec.bounds.history_events) <= ctx.history_length()
+                || ctx.continue_as_new_suggested();
+            if long && !cancel_seen && p.quiet() && ctx.state(|s| s.inbox.is_empty()) {
+                let next = ctx.state(|s| s.carry());
+                ctx.continue_as_new(next, ContinueAsNewOptions::default())?;
             }
             let idle = p.pending.is_empty();
             let done = {
@@ -277,6 +328,7 @@ impl RunWorkflow {
                 .cloned()
                 .collect(),
             finished: self.result.is_some(),
+            dropped_through: self.dropped_through,
         }
     }
 
@@ -292,6 +344,29 @@ impl RunWorkflow {
 }
 
 impl RunWorkflow {
+    /// The spec the next execution starts from: this one's, with the journal carried.
+    fn carry(&self) -> RunSpec {
+        let mut next = self.spec.clone();
+        next.carried = Some(super::Carried {
+            journal: self.journal.clone(),
+        });
+        next
+    }
+
+    /// Drops the oldest events past `spec.bounds.events_kept`, remembering the last dropped.
+    fn trim_events(&mut self) {
+        let keep = usize::try_from(self.spec.bounds.events_kept.max(1)).unwrap_or(usize::MAX);
+        // Trimmed in batches, so that a long run does not shift the log at every event.
+        if self.events.len() <= keep.saturating_add(keep / 4) {
+            return;
+        }
+        let cut = self.events.len() - keep;
+        if let Some(last) = self.events.get(cut - 1) {
+            self.dropped_through = last.seq;
+        }
+        self.events.drain(..cut);
+    }
+
     /// A decision already accepted (an update taken, not yet fed to the machine) for the same
     /// presentation of the same call as `op`: `op.already_decided`, naming it. The machine
     /// refuses decisions it has seen ([`RunMachine::check_op`]); this covers those still in
@@ -340,8 +415,28 @@ impl RunWorkflow {
                 _ => {}
             }
         }
+        self.trim_events();
         out
     }
+}
+
+/// The run's machine after `journal` (a continued run's; empty for a new run) and the events
+/// the journal produced (ephemeral ones left out), built from its spec alone as
+/// [`machine_for`] builds it.
+fn continue_from(
+    spec: &RunSpec,
+    journal: &[JournalEntry],
+) -> Result<(RunMachine, Vec<Event>), crate::runs::RunsError> {
+    if journal.is_empty() {
+        return Ok((machine_for(spec)?, Vec::new()));
+    }
+    let r = crate::runs::RunDef::from_record(&spec.record)?.replay(&spec.id, journal)?;
+    let events = r
+        .events
+        .into_iter()
+        .filter(|e| !e.kind.is_ephemeral())
+        .collect();
+    Ok((r.machine, events))
 }
 
 /// The run's machine, built from its spec alone (no model, no activity, no environment

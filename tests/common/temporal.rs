@@ -109,7 +109,7 @@ pub struct WorkerProcess(pub Child);
 
 impl WorkerProcess {
     /// Starts `dagloop worker` (the binary at `bin`) on `queue`.
-    pub fn start(mut command: Command, server: &DevServer, queue: &str) -> WorkerProcess {
+    pub fn start(command: Command, server: &DevServer, queue: &str) -> WorkerProcess {
         // The examples' goals define MCP servers and read files anywhere: this worker's
         // operator grants everything (a worker without a config grants far less).
         let config =
@@ -119,9 +119,19 @@ impl WorkerProcess {
             r#"{"grants": {"tools": ["http", "delegate", "mcp", "shell", "rust"], "goal_mcp_servers": true, "env": ["DAGLOOP_MCP_NPM", "DAGLOOP_MCP_FILES_DIR"], "egress": {"private": true}, "files": ["/"]}}"#,
         )
         .expect("worker config");
+        WorkerProcess::start_config(command, server, queue, &config)
+    }
+
+    /// [`WorkerProcess::start`] under the operator config at `config`.
+    pub fn start_config(
+        mut command: Command,
+        server: &DevServer,
+        queue: &str,
+        config: &std::path::Path,
+    ) -> WorkerProcess {
         let child = command
             .arg("--config")
-            .arg(&config)
+            .arg(config)
             .args([
                 "worker",
                 "--temporal",
