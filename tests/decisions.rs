@@ -253,11 +253,12 @@ async fn a_re_presented_call_waits_for_a_new_decision_after_a_crash_and_resume()
 /// The same through servers: the server driving the run is killed with the call in flight
 /// and a second decision for it queued; another server on the store takes the run over (even
 /// rounds), or the killed server is started again on the store with nobody else there (odd
-/// rounds), and the call waits for a new decision; the old presentation is refused with 409.
+/// rounds; twenty rounds, ten of each), and the call waits for a new decision; the old
+/// presentation is refused with 409.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn through_servers_a_call_re_presented_after_a_crash_waits_for_a_new_decision() {
     let (url, counts) = serve::holding_service(1).await;
-    for round in 0..10 {
+    for round in 0..20 {
         let dir = tempfile::tempdir().expect("dir");
         let store = dir.path().join("runs.db");
         let before = serve::count(&counts, 1);
