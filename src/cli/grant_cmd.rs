@@ -1,16 +1,16 @@
 //! `dagloop grant` and `dagloop revoke`: grants given from the command line to a stored run (or,
 //! with `--engine temporal`, to a Temporal run's workflow), as `dagloop decide` gives
-//! decisions. The request becomes an op through `runs::grant_op`, the conversion the server's
+//! decisions. The request becomes an op through `runs::standing_op`, the conversion the server's
 //! `POST /runs/{id}/grants` calls, checked against the run rebuilt from its journal; the op is
 //! recorded for the process that drives the run (or the next `resume`), with channel `cli`.
 //!
-//! Deliberately not here: what a grant covers (`approval::grant`) or applying it (the machine).
+//! Deliberately not here: what a grant covers (`approval::standing`) or applying it (the machine).
 
 use serde_json::{Value, json};
 
 use super::{CliError, EngineArg, Store, TemporalArgs, me, required, runs};
 use crate::protocol::{Actor, CallId, Op};
-use crate::runs::GrantRequest;
+use crate::runs::StandingRequest;
 
 /// `dagloop grant RUN --tool NAME [--when SCHEMA]` or `dagloop grant RUN --call ID
 /// --with-dependents [--presented HASH]`.
@@ -51,8 +51,8 @@ pub struct RevokeArgs {
     pub temporal: TemporalArgs,
 }
 
-fn request(a: &GrantArgs) -> Result<GrantRequest, CliError> {
-    let bad = |m: String| CliError::new("cli.bad_grant", m);
+fn request(a: &GrantArgs) -> Result<StandingRequest, CliError> {
+    let bad = |m: String| CliError::new("cli.bad_standing_approval", m);
     match (&a.tool, a.call) {
         (Some(tool), _) => {
             let when = match &a.when {
@@ -62,12 +62,12 @@ fn request(a: &GrantArgs) -> Result<GrantRequest, CliError> {
                 ),
                 None => None,
             };
-            Ok(GrantRequest::Tool {
+            Ok(StandingRequest::Tool {
                 tool: tool.clone(),
                 when,
             })
         }
-        (None, Some(call)) => Ok(GrantRequest::Subgraph {
+        (None, Some(call)) => Ok(StandingRequest::Subgraph {
             call: CallId(call),
             presented: a.presented.clone(),
         }),
@@ -100,9 +100,9 @@ pub(super) async fn grant(
     }
     let rb = crate::runs::rebuild(&stored.record, &stored.journal)
         .map_err(|e| CliError::new(e.code(), e.to_string()))?;
-    let op = crate::runs::grant_op(&rb.machine, req, by).map_err(|e| refused(&e))?;
+    let op = crate::runs::standing_op(&rb.machine, req, by).map_err(|e| refused(&e))?;
     let covers = match &op {
-        Op::Grant { grant, .. } => json!(grant),
+        Op::Allow { standing, .. } => json!(standing),
         _ => Value::Null,
     };
     // Its id (`g1`...) is the run's to give when it takes the op: other ops may be queued
@@ -116,7 +116,7 @@ pub(super) async fn revoke(
     store: Result<Option<Store>, CliError>,
 ) -> Result<i32, CliError> {
     let op = Op::Revoke {
-        grant: a.grant,
+        standing: a.grant,
         by: Some(me(Actor::CLI)),
     };
     if a.temporal.engine == EngineArg::Temporal {

@@ -274,7 +274,7 @@ impl RunMachine {
                             EventKind::Decision {
                                 decision,
                                 by,
-                                grant,
+                                standing: grant,
                                 ..
                             },
                             Some(id),

@@ -4,7 +4,7 @@
 //! recorded with its principal. Needs the `review` role to give or revoke; reading needs what
 //! reading the run needs.
 //!
-//! Deliberately not here: what a grant covers (`approval::grant`), the page.
+//! Deliberately not here: what a grant covers (`approval::standing`), the page.
 
 use std::sync::Arc;
 
@@ -20,7 +20,7 @@ use super::principals::{Principal, Role};
 use super::state::AppState;
 use super::wire::OpStatus;
 use crate::protocol::Op;
-use crate::runs::GrantRequest;
+use crate::runs::StandingRequest;
 
 type ApiResult<T> = Result<T, ApiError>;
 
@@ -50,7 +50,7 @@ pub(super) async fn list_grants(
 /// Needs the `review` role.
 #[utoipa::path(post, path = "/runs/{id}/grants", tag = "approvals",
     params(("id" = String, Path, description = "The run id")),
-    request_body(content = GrantRequest, description = "A grant: {scope: tool, tool, when?}, {scope: calls, calls: [{call, params_hash}]} or {scope: subgraph, call, presented?}"),
+    request_body(content = StandingRequest, description = "A grant: {scope: tool, tool, when?}, {scope: calls, calls: [{call, params_hash}]} or {scope: subgraph, call, presented?}"),
     responses(
         (status = 200, description = "Applied: {status: applied, grant: ID}", body = OpStatus),
         (status = 202, description = "Recorded for a run no process drives now: {status: recorded}", body = OpStatus),
@@ -70,10 +70,10 @@ pub(super) async fn create_grant(
     }
     st.readable(&who, &id).await?;
     st.check_duties(&who, &id).await?;
-    let req: GrantRequest = serde_json::from_value(body(b)?).map_err(|e| {
+    let req: StandingRequest = serde_json::from_value(body(b)?).map_err(|e| {
         ApiError::new(
             StatusCode::BAD_REQUEST,
-            "op.bad_grant",
+            "op.bad_standing_approval",
             format!("not a grant: {e}"),
         )
     })?;
@@ -83,7 +83,7 @@ pub(super) async fn create_grant(
         .with_rebuilt(&id, move |rb| {
             (
                 rb.machine.grants().len(),
-                crate::runs::grant_op(&rb.machine, req, by),
+                crate::runs::standing_op(&rb.machine, req, by),
             )
         })
         .await?;
@@ -126,7 +126,7 @@ pub(super) async fn revoke_grant(
         &st,
         &id,
         Op::Revoke {
-            grant,
+            standing: grant,
             by: actor(&who),
         },
     )

@@ -2,11 +2,11 @@
 //! awaiting a decision that it covers at once, and every covered call presented later, until it
 //! is revoked or the run ends. Replaying the journal gives the same approvals.
 //!
-//! Deliberately not here: what a grant covers (`crate::approval::grant`) or who may give one.
+//! Deliberately not here: what a grant covers (`crate::approval::standing`) or who may give one.
 
 use super::{Action, RunMachine, Timer, Work};
-use crate::approval::grant::ActiveGrant;
-use crate::protocol::{Actor, Call, CallId, Decision, EventKind, GrantSpec, Millis, Tool};
+use crate::approval::standing::ActiveStanding;
+use crate::protocol::{Actor, Call, CallId, Decision, EventKind, StandingSpec, Millis, Tool};
 use crate::scheduler;
 
 /// Who a decision about to be applied came from, put on its `decision` event.
@@ -18,18 +18,18 @@ pub(super) struct Attribution {
 
 impl RunMachine {
     /// Records a grant and approves the awaiting calls it covers.
-    pub(super) fn grant(
+    pub(super) fn allow(
         &mut self,
-        spec: GrantSpec,
+        spec: StandingSpec,
         by: Option<Actor>,
         now: Millis,
         work: &mut Vec<Work>,
         out: &mut Vec<Action>,
     ) {
-        let g = ActiveGrant::new(self.grants.len() + 1, spec.clone(), by.clone());
-        let kind = EventKind::GrantAdded {
+        let g = ActiveStanding::new(self.grants.len() + 1, spec.clone(), by.clone());
+        let kind = EventKind::StandingApprovalAdded {
             id: g.id.clone(),
-            grant: spec,
+            standing: spec,
             by,
         };
         self.emit(None, None, kind, now, out);
@@ -56,7 +56,7 @@ impl RunMachine {
     ) {
         if let Some(g) = self.grants.iter_mut().find(|g| g.id == id && !g.revoked) {
             g.revoked = true;
-            let kind = EventKind::GrantRevoked {
+            let kind = EventKind::StandingApprovalRevoked {
                 id: id.to_string(),
                 by,
             };
@@ -127,7 +127,7 @@ impl RunMachine {
     }
 
     /// The grants given in this run, in order (revoked ones included).
-    pub fn grants(&self) -> &[ActiveGrant] {
+    pub fn grants(&self) -> &[ActiveStanding] {
         &self.grants
     }
 
