@@ -347,13 +347,18 @@ async fn a_subgraph_approval_covers_exactly_the_calls_presented() {
     ))
     .await;
     assert_eq!((st, g["grant"].as_str()), (200, Some("g1")), "{g}");
+    // The routes are `/runs/{id}/standing`; `/runs/{id}/grants` (their old name) still answers.
     let (st, g) = send(
         client()
-            .post(s.url(&format!("/runs/{id}/grants")))
+            .post(s.url(&format!("/runs/{id}/standing")))
             .json(&json!({"scope": "calls", "calls": calls})),
     )
     .await;
-    assert_eq!((st, g["grant"].as_str()), (200, Some("g2")), "{g}");
+    assert_eq!(
+        (st, g["standing"].as_str(), g["grant"].as_str()),
+        (200, Some("g2"), Some("g2")),
+        "{g}"
+    );
     // Calls 1-3 ran without a reviewer; 4 (not listed) still waits.
     let v = until(&s, &id, |v| {
         ids(&awaiting(v)) == [4]
@@ -370,7 +375,7 @@ async fn a_subgraph_approval_covers_exactly_the_calls_presented() {
     assert_eq!((st, g["grant"].as_str()), (200, Some("g3")), "{g}");
     let (st, r) = send(
         client()
-            .delete(s.url(&format!("/runs/{id}/grants/g3")))
+            .delete(s.url(&format!("/runs/{id}/standing/g3")))
             .json(&json!({})),
     )
     .await;
@@ -756,7 +761,8 @@ async fn a_journal_from_before_the_standing_approval_rename_loads() {
     );
     let parked = cli(&store, &["resume", &id, "--json", "--detach"], 0);
     assert_eq!(parked["status"], "waiting", "{parked}");
-    cli(&store, &["grant", &id, "--tool", "step"], 0);
+    // `dagloop allow` is the command's name; `grant` (above) its hidden old one.
+    cli(&store, &["allow", &id, "--tool", "step"], 0);
     cli(&store, &["revoke", &id, "g1"], 0);
     let done = cli(
         &store,

@@ -1,10 +1,11 @@
-//! `dagloop grant` and `dagloop revoke`: grants given from the command line to a stored run (or,
-//! with `--engine temporal`, to a Temporal run's workflow), as `dagloop decide` gives
-//! decisions. The request becomes an op through `runs::standing_op`, the conversion the server's
-//! `POST /runs/{id}/grants` calls, checked against the run rebuilt from its journal; the op is
+//! `dagloop allow` and `dagloop revoke`: a reviewer's standing approvals given from the command
+//! line to a stored run (or, with `--engine temporal`, to a Temporal run's workflow), as
+//! `dagloop decide` gives decisions (`dagloop grant`, its name before the rename, still works,
+//! hidden). The request becomes an op through `runs::standing_op`, the conversion the server's
+//! `POST /runs/{id}/standing` calls, checked against the run rebuilt from its journal; the op is
 //! recorded for the process that drives the run (or the next `resume`), with channel `cli`.
 //!
-//! Deliberately not here: what a grant covers (`approval::standing`) or applying it (the machine).
+//! Deliberately not here: what a standing approval covers (`approval::standing`) or applying it (the machine).
 
 use serde_json::{Value, json};
 
@@ -12,10 +13,10 @@ use super::{CliError, EngineArg, Store, TemporalArgs, me, required, runs};
 use crate::protocol::{Actor, CallId, Op};
 use crate::runs::StandingRequest;
 
-/// `dagloop grant RUN --tool NAME [--when SCHEMA]` or `dagloop grant RUN --call ID
+/// `dagloop allow RUN --tool NAME [--when SCHEMA]` or `dagloop allow RUN --call ID
 /// --with-dependents [--presented HASH]`.
 #[derive(Debug, clap::Args)]
-pub struct GrantArgs {
+pub struct AllowArgs {
     /// The run id.
     pub run: String,
     /// Approve every call of this tool, those awaiting a decision now included.
@@ -39,19 +40,19 @@ pub struct GrantArgs {
     pub temporal: TemporalArgs,
 }
 
-/// `dagloop revoke RUN GRANT`.
+/// `dagloop revoke RUN ID`.
 #[derive(Debug, clap::Args)]
 pub struct RevokeArgs {
     /// The run id.
     pub run: String,
-    /// The grant's id (`g1`...; `dagloop show RUN --audit` lists them).
-    pub grant: String,
+    /// The standing approval's id (`g1`...; `dagloop show RUN --audit` lists them).
+    pub id: String,
     /// Where the run is driven (`--engine temporal`: an update to its workflow).
     #[command(flatten)]
     pub temporal: TemporalArgs,
 }
 
-fn request(a: &GrantArgs) -> Result<StandingRequest, CliError> {
+fn request(a: &AllowArgs) -> Result<StandingRequest, CliError> {
     let bad = |m: String| CliError::new("cli.bad_standing_approval", m);
     match (&a.tool, a.call) {
         (Some(tool), _) => {
@@ -80,8 +81,8 @@ fn refused(e: &crate::protocol::OpError) -> CliError {
 }
 
 /// Gives the grant; prints what it covers and its id.
-pub(super) async fn grant(
-    a: GrantArgs,
+pub(super) async fn allow(
+    a: AllowArgs,
     store: Result<Option<Store>, CliError>,
 ) -> Result<i32, CliError> {
     let req = request(&a)?;
@@ -116,7 +117,7 @@ pub(super) async fn revoke(
     store: Result<Option<Store>, CliError>,
 ) -> Result<i32, CliError> {
     let op = Op::Revoke {
-        standing: a.grant,
+        standing: a.id,
         by: Some(me(Actor::CLI)),
     };
     if a.temporal.engine == EngineArg::Temporal {
