@@ -93,8 +93,8 @@ pub struct RunMachine {
     /// The model's window, once a provider's "too long" answer named it (`context::fit`):
     /// later turns are compacted before they are asked when they would not fit.
     window: Option<crate::context::fit::Window>,
-    /// The grants given in the run, in order (`g1` first).
-    grants: Vec<crate::approval::standing::ActiveStanding>,
+    /// The standing approvals given in the run, in order (`g1` first).
+    standing: Vec<crate::approval::standing::ActiveStanding>,
     /// Who the decisions being applied by the current input came from (cleared after it).
     attribution: BTreeMap<CallId, standing::Attribution>,
     /// Timers pending and requests made, for a driver rebuilding the run.
@@ -138,7 +138,7 @@ impl RunMachine {
             cancelled_by: None,
             keep_launched: false,
             window: None,
-            grants: Vec::new(),
+            standing: Vec::new(),
             attribution: BTreeMap::new(),
             pending: Default::default(),
             scratch: Default::default(),
@@ -473,7 +473,7 @@ impl RunMachine {
                 let grant = None;
                 if answers {
                     self.attribution
-                        .insert(call, standing::Attribution { by, grant });
+                        .insert(call, standing::Attribution { by, standing: grant });
                 }
                 if answers && let Some(frame) = self.owner(call) {
                     out.push(Action::ClearTimer {

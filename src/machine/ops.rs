@@ -29,11 +29,11 @@ impl RunMachine {
                 presentation,
                 ..
             } => (call, decision, presented, presentation),
-            Op::Allow { standing, .. } => return self.check_grant(standing),
+            Op::Allow { standing, .. } => return self.check_standing(standing),
             Op::Revoke {
                 standing: grant, ..
             } => {
-                return if self.grants.iter().any(|g| g.id == *grant && !g.revoked) {
+                return if self.standing.iter().any(|g| g.id == *grant && !g.revoked) {
                     Ok(())
                 } else {
                     Err(OpError::UnknownStanding {
@@ -202,7 +202,7 @@ impl RunMachine {
 
     /// A grant applies when it names a tool of the run (with a `when` that is a schema) or lists
     /// calls of the run.
-    fn check_grant(&self, grant: &StandingSpec) -> Result<(), OpError> {
+    fn check_standing(&self, grant: &StandingSpec) -> Result<(), OpError> {
         let known = |name: &str| {
             self.root.tools.iter().any(|t| t.name == name)
                 || self

@@ -284,7 +284,7 @@ impl RunMachine {
                                 if a.by.is_some() {
                                     *by = a.by;
                                 }
-                                *grant = a.grant;
+                                *grant = a.standing;
                             }
                             if let Some(f) = self.frames.get_mut(&key) {
                                 f.decisions.insert(id, decision.clone());
@@ -302,8 +302,8 @@ impl RunMachine {
                         id, timeout, call, ..
                     } => {
                         // A grant in force approves the call at once (no reviewer, no timer).
-                        if let Some(g) = self.covering_grant(key, id, &call) {
-                            self.approve_by_grant(key, id, g, work);
+                        if let Some(g) = self.covering_standing(key, id, &call) {
+                            self.approve_by_standing(key, id, g, work);
                         } else if let Some(t) = timeout
                             && let Some(f) = self.frames.get_mut(&key)
                         {

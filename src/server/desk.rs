@@ -84,7 +84,7 @@ pub(super) async fn create_standing(
     let (before, op) = st
         .with_rebuilt(&id, move |rb| {
             (
-                rb.machine.grants().len(),
+                rb.machine.standing_approvals().len(),
                 crate::runs::standing_op(&rb.machine, req, by),
             )
         })
@@ -93,7 +93,9 @@ pub(super) async fn create_standing(
     let (status, Json(mut v)) = submit(&st, &id, op).await?;
     // Standing approvals are numbered in the order the run takes them.
     let after = st
-        .with_rebuilt(&id, |rb| rb.machine.grants().last().map(|g| g.id.clone()))
+        .with_rebuilt(&id, |rb| {
+            rb.machine.standing_approvals().last().map(|g| g.id.clone())
+        })
         .await?;
     if status == StatusCode::OK
         && let Some(g) = after
