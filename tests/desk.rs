@@ -200,14 +200,14 @@ async fn grants_from_the_command_line_are_applied_journaled_and_survive_kill_9()
     // Refused before anything is recorded: an unknown tool, a schema that is not one, a call
     // seen with other params, a grant that does not exist.
     for (args, code) in [
-        (vec!["--tool", "nope"], "op.invalid_grant"),
+        (vec!["--tool", "nope"], "op.invalid_standing_approval"),
         (
             vec!["--tool", "step", "--when", r#"{"type": 7}"#],
-            "op.invalid_grant",
+            "op.invalid_standing_approval",
         ),
         (
             vec!["--tool", "step", "--when", "{not json"],
-            "cli.bad_grant",
+            "cli.bad_standing_approval",
         ),
         (
             vec!["--call", "1", "--with-dependents", "--presented", "0000"],
@@ -222,7 +222,7 @@ async fn grants_from_the_command_line_are_applied_journaled_and_survive_kill_9()
         assert_eq!(e["error"]["code"], code, "{a:?}: {e}");
     }
     let e = cli(&store, &["revoke", &id, "g1"], 1);
-    assert_eq!(e["error"]["code"], "op.unknown_grant", "{e}");
+    assert_eq!(e["error"]["code"], "op.unknown_standing_approval", "{e}");
 
     let g1 = cli(
         &store,
@@ -347,13 +347,18 @@ async fn a_subgraph_approval_covers_exactly_the_calls_presented() {
     ))
     .await;
     assert_eq!((st, g["grant"].as_str()), (200, Some("g1")), "{g}");
+    // The routes are `/runs/{id}/standing`; `/runs/{id}/grants` (their old name) still answers.
     let (st, g) = send(
         client()
-            .post(s.url(&format!("/runs/{id}/grants")))
+            .post(s.url(&format!("/runs/{id}/standing")))
             .json(&json!({"scope": "calls", "calls": calls})),
     )
     .await;
-    assert_eq!((st, g["grant"].as_str()), (200, Some("g2")), "{g}");
+    assert_eq!(
+        (st, g["standing"].as_str(), g["grant"].as_str()),
+        (200, Some("g2"), Some("g2")),
+        "{g}"
+    );
     // Calls 1-3 ran without a reviewer; 4 (not listed) still waits.
     let v = until(&s, &id, |v| {
         ids(&awaiting(v)) == [4]
@@ -370,7 +375,7 @@ async fn a_subgraph_approval_covers_exactly_the_calls_presented() {
     assert_eq!((st, g["grant"].as_str()), (200, Some("g3")), "{g}");
     let (st, r) = send(
         client()
-            .delete(s.url(&format!("/runs/{id}/grants/g3")))
+            .delete(s.url(&format!("/runs/{id}/standing/g3")))
             .json(&json!({})),
     )
     .await;
@@ -383,7 +388,7 @@ async fn a_subgraph_approval_covers_exactly_the_calls_presented() {
         )
         .await,
         404,
-        "op.unknown_grant",
+        "op.unknown_standing_approval",
     );
     serve::refused(
         send(
@@ -393,7 +398,7 @@ async fn a_subgraph_approval_covers_exactly_the_calls_presented() {
         )
         .await,
         422,
-        "op.invalid_grant",
+        "op.invalid_standing_approval",
     );
     // Call 4 by a `subgraph` grant (the calls grant the server reads off the run: call 4 as
     // presented, nothing waits on it), after refusals: a hash it was not presented with, a
@@ -730,4 +735,67 @@ async fn hook_got(hook: &desk::Receiver, n: usize) {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     panic!("the webhook got {:?}", hook.got.lock().expect("got"));
+}
+
+/// Journals written before a reviewer's standing approval got its own name (it was called a
+/// grant: inputs `{"input": "grant", "grant": SPEC}` and `{"input": "revoke", "grant": ID}`)
+/// load as they did: a run given two standing approvals from the command line, one revoked,
+/// whose journal is rewritten to the old spelling, shows the same audit and replays identically.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_journal_from_before_the_standing_approval_rename_loads() {
+    let svc = desk::gated_service().await;
+    let dir = tempfile::tempdir().expect("dir");
+    let goal = write(
+        dir.path(),
+        "goal.json",
+        &chain_goal(dir.path(), &format!("{}/step", svc.base)),
+    );
+    let store = dir.path().join("runs.db");
+    let goal_arg = goal.display().to_string();
+    let waiting = cli(&store, &["run", &goal_arg, "--json", "--detach"], 0);
+    let id = waiting["run_id"].as_str().expect("run id").to_string();
+    cli(
+        &store,
+        &["grant", &id, "--call", "1", "--with-dependents"],
+        0,
+    );
+    let parked = cli(&store, &["resume", &id, "--json", "--detach"], 0);
+    assert_eq!(parked["status"], "waiting", "{parked}");
+    // `dagloop allow` is the command's name; `grant` (above) its hidden old one.
+    cli(&store, &["allow", &id, "--tool", "step"], 0);
+    cli(&store, &["revoke", &id, "g1"], 0);
+    let done = cli(
+        &store,
+        &["resume", &id, "--json", "--on-no-reviewer", "reject"],
+        0,
+    );
+    assert_eq!(done["output"]["d"], json!(40), "{done}");
+    let before = cli(&store, &["show", &id, "--audit", "--json"], 0);
+
+    let c = rusqlite::Connection::open(&store).expect("open");
+    let rewritten = c
+        .execute(
+            "UPDATE journal SET inputs = replace(replace(replace(inputs, \
+             '\"input\":\"allow\",\"standing\":', '\"input\":\"grant\",\"grant\":'), \
+             '\"input\":\"revoke\",\"standing\":', '\"input\":\"revoke\",\"grant\":'), \
+             '\"standing\":', '\"grant\":') WHERE run_id = ?1 AND inputs LIKE '%\"standing\":%'",
+            [&id],
+        )
+        .expect("rewrite");
+    assert!(rewritten >= 2, "the journal held the standing approvals");
+    let old: i64 = c
+        .query_row(
+            "SELECT count(*) FROM journal WHERE run_id = ?1 AND inputs LIKE '%\"input\":\"grant\",\"grant\":%'",
+            [&id],
+            |r| r.get(0),
+        )
+        .expect("count");
+    assert!(old >= 1, "rewritten to the old spelling");
+    drop(c);
+
+    let after = cli(&store, &["show", &id, "--audit", "--json"], 0);
+    assert_eq!(after, before, "the old journal shows the same audit");
+    assert_eq!(after["grants"].as_array().map(Vec::len), Some(2), "{after}");
+    let replay = cli(&store, &["replay", &id], 0);
+    assert_eq!(replay["status"], "identical", "{replay}");
 }

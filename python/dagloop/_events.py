@@ -129,6 +129,8 @@ class DecisionMade(Event):
     timed_out: bool = False
     by: dict[str, Any] | None = None
     rule: str | None = None
+    # The standing approval the decision came from (`grant` from servers before the rename).
+    standing: str | None = None
     grant: str | None = None
 
 
@@ -141,14 +143,18 @@ class DecisionDropped(Event):
     code: str = ""
 
 
+# A reviewer's standing approval (named `grant_added` by servers before the rename).
+@_kind("standing_approval_added")
 @_kind("grant_added")
 @dataclass(frozen=True)
 class GrantAdded(Event):
     id: str = ""
+    standing: dict[str, Any] = field(default_factory=dict)
     grant: dict[str, Any] = field(default_factory=dict)
     by: dict[str, Any] | None = None
 
 
+@_kind("standing_approval_revoked")
 @_kind("grant_revoked")
 @dataclass(frozen=True)
 class GrantRevoked(Event):

@@ -8,8 +8,8 @@
 
 pub mod approver;
 pub mod floor;
-pub mod grant;
 pub mod rules;
+pub mod standing;
 
 use std::collections::BTreeSet;
 use std::time::Duration;

@@ -537,12 +537,14 @@ pub enum Command {
         #[command(flatten)]
         temporal: TemporalArgs,
     },
-    /// Give a grant in a stored run (checked against the run first): approve every call of a
-    /// tool (`--tool NAME [--when SCHEMA]`), or a call awaiting a decision and the calls
-    /// waiting on it, as they stand now (`--call ID --with-dependents`).
-    Grant(grant_cmd::GrantArgs),
-    /// Revoke a grant of a stored run: calls presented from now on are no longer covered by it.
-    Revoke(grant_cmd::RevokeArgs),
+    /// Give a standing approval in a stored run (checked against the run first): approve every
+    /// call of a tool (`--tool NAME [--when SCHEMA]`), or a call awaiting a decision and the
+    /// calls waiting on it, as they stand now (`--call ID --with-dependents`).
+    #[command(alias = "grant")]
+    Allow(allow_cmd::AllowArgs),
+    /// Revoke a standing approval of a stored run: calls presented from now on are no longer
+    /// covered by it.
+    Revoke(allow_cmd::RevokeArgs),
     /// Run workflows and activities of runs started with `--engine temporal` (until Ctrl-C or
     /// SIGTERM; build feature `temporal`).
     Worker {

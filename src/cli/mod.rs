@@ -1,4 +1,4 @@
-//! The `dagloop` command line: `run`, `resume`, `runs`, `show`, `decide`, `grant`, `revoke`,
+//! The `dagloop` command line: `run`, `resume`, `runs`, `show`, `decide`, `allow`, `revoke`,
 //! `validate`, `graph`, `mock-llm`.
 //!
 //! A front-end over `engine`, `goal` and `llm`: it parses arguments, prints results and errors
@@ -7,15 +7,15 @@
 
 #[macro_use]
 mod out;
+mod allow_cmd;
 mod args;
 mod cassette;
 mod codes_cmd;
 mod fork;
-mod grant_cmd;
 mod init_cmd;
 mod memory_cmd;
 mod session_cmd;
-pub use grant_cmd::{GrantArgs, RevokeArgs};
+pub use allow_cmd::{AllowArgs, RevokeArgs};
 pub use memory_cmd::MemoryArg;
 mod alloc;
 mod card;
@@ -559,8 +559,8 @@ pub async fn main(mut cli: Cli) -> i32 {
             ),
             (Err(e), _) | (_, Err(e)) => Err(e),
         },
-        Command::Grant(a) => grant_cmd::grant(a, existing()).await,
-        Command::Revoke(a) => grant_cmd::revoke(a, existing()).await,
+        Command::Allow(a) => allow_cmd::allow(a, existing()).await,
+        Command::Revoke(a) => allow_cmd::revoke(a, existing()).await,
         Command::Schema { goal, mode } => schema_cmd::schema(&goal, mode),
         Command::Codes { code, json } => codes_cmd::codes(code.as_deref(), json),
         Command::Memory { action } => {

@@ -165,7 +165,7 @@ pub(super) async fn serve(
                         }
                         queue.push_back(Pending { id, call: Call::clone(call), hash: params_hash.clone(), presentation: ev.seq, interrupted: *interrupted, deadline: None });
                     }
-                    (EventKind::Decision { decision, timed_out, grant, .. }, Some(id)) => {
+                    (EventKind::Decision { decision, timed_out, standing: grant, .. }, Some(id)) => {
                         if let Some(g) = grant {
                             match tool_grants.get(g) {
                                 Some(tool) => say(&format!("\r\x1b[2K  {id} {tool} approved (every call of this tool) by grant {g}\n")),
@@ -180,10 +180,10 @@ pub(super) async fn serve(
                             screen.prompt_open.store(false, Ordering::SeqCst);
                         }
                     }
-                    (EventKind::GrantAdded { id, grant: crate::protocol::GrantSpec::Tool { tool, when: None }, .. }, _) => {
+                    (EventKind::StandingApprovalAdded { id, standing: crate::protocol::StandingSpec::Tool { tool, when: None }, .. }, _) => {
                         tool_grants.insert(id.clone(), tool.clone());
                     }
-                    (EventKind::GrantRevoked { id, .. }, _) => {
+                    (EventKind::StandingApprovalRevoked { id, .. }, _) => {
                         tool_grants.remove(id);
                     }
                     (EventKind::RunFinished { .. }, _) if ev.parent.is_none() => break,
@@ -410,8 +410,8 @@ async fn answer_line(
         "A" => {
             // A grant: journaled, applied to this call and every later one of the tool (an
             // interrupted call is not covered, so it is approved on its own).
-            let op = Op::Grant {
-                grant: crate::protocol::GrantSpec::Tool {
+            let op = Op::Allow {
+                standing: crate::protocol::StandingSpec::Tool {
                     tool: p.call.tool.clone(),
                     when: None,
                 },

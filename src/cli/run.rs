@@ -83,7 +83,10 @@ fn scripted_decisions(goal: &Goal, model: Option<&str>) -> Option<PathBuf> {
 }
 
 /// Grants a decisions file gives (its `{"grant": {...}}` entries), journaled at the run's start.
-type FileGrants = Vec<(crate::protocol::GrantSpec, Option<crate::protocol::Actor>)>;
+type FileGrants = Vec<(
+    crate::protocol::StandingSpec,
+    Option<crate::protocol::Actor>,
+)>;
 
 /// `{"decisions": [{"tool": NAME} or {"call": ID}, plus a protocol Decision, or {"grant":
 /// GRANT}]}`.
@@ -108,9 +111,9 @@ fn load_decisions(
     let mut grants = Vec::new();
     for (i, mut d) in file.decisions.into_iter().enumerate() {
         if let Some(g) = d.get("grant") {
-            let spec: crate::protocol::GrantSpec = serde_json::from_value(g.clone())
+            let spec: crate::protocol::StandingSpec = serde_json::from_value(g.clone())
                 .map_err(|e| bad(format!("decisions[{i}].grant: {e}")))?;
-            crate::approval::grant::check(&spec, |_| true)
+            crate::approval::standing::check(&spec, |_| true)
                 .map_err(|e| bad(format!("decisions[{i}].grant: {e}")))?;
             grants.push((
                 spec,

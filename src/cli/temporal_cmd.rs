@@ -93,10 +93,10 @@ mod on {
     }
 
     /// A grant to a Temporal run: its journal (a query) rebuilt here turns the request into
-    /// the op (`runs::grant_op`, as for a stored run), sent as an update.
+    /// the op (`runs::standing_op`, as for a stored run), sent as an update.
     pub async fn grant(
         run: &str,
-        req: crate::runs::GrantRequest,
+        req: crate::runs::StandingRequest,
         by: Option<crate::protocol::Actor>,
         t: &TemporalArgs,
     ) -> Result<i32, CliError> {
@@ -104,8 +104,8 @@ mod on {
         let snap = conn.snapshot(run).await.map_err(err)?;
         let rb = crate::runs::rebuild(&snap.spec, &snap.journal)
             .map_err(|e| CliError::new(e.code(), e))?;
-        let op =
-            crate::runs::grant_op(&rb.machine, req, by).map_err(|e| CliError::new(e.code(), e))?;
+        let op = crate::runs::standing_op(&rb.machine, req, by)
+            .map_err(|e| CliError::new(e.code(), e))?;
         let covers = match &op {
             Op::Grant { grant, .. } => json!(grant),
             _ => Value::Null,
@@ -226,7 +226,7 @@ pub(super) async fn decide(
 /// `grant --engine temporal`.
 pub(super) async fn grant(
     run: &str,
-    req: crate::runs::GrantRequest,
+    req: crate::runs::StandingRequest,
     by: Option<crate::protocol::Actor>,
     t: &TemporalArgs,
 ) -> Result<i32, CliError> {

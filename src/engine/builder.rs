@@ -188,11 +188,16 @@ impl AgentBuilder {
     /// and ignores these.
     pub fn grants(
         mut self,
-        grants: impl IntoIterator<Item = (crate::protocol::GrantSpec, Option<crate::protocol::Actor>)>,
+        grants: impl IntoIterator<
+            Item = (
+                crate::protocol::StandingSpec,
+                Option<crate::protocol::Actor>,
+            ),
+        >,
     ) -> Self {
         self.grants = grants
             .into_iter()
-            .map(|(grant, by)| crate::machine::RunInput::Grant { grant, by })
+            .map(|(standing, by)| crate::machine::RunInput::Allow { standing, by })
             .collect();
         self
     }

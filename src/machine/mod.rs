@@ -37,7 +37,7 @@
 
 mod config;
 mod frame;
-mod grants;
+mod standing;
 mod ops;
 mod overflow;
 mod pending;
@@ -97,10 +97,10 @@ pub struct RunMachine {
     /// The model's window, once a provider's "too long" answer named it (`context::fit`):
     /// later turns are compacted before they are asked when they would not fit.
     window: Option<crate::context::fit::Window>,
-    /// The grants given in the run, in order (`g1` first).
-    grants: Vec<crate::approval::grant::ActiveGrant>,
+    /// The standing approvals given in the run, in order (`g1` first).
+    standing: Vec<crate::approval::standing::ActiveStanding>,
     /// Who the decisions being applied by the current input came from (cleared after it).
-    attribution: BTreeMap<CallId, grants::Attribution>,
+    attribution: BTreeMap<CallId, standing::Attribution>,
     /// Timers pending and requests made, for a driver rebuilding the run.
     pending: pending::Pending,
     /// Scratch buffers (the work queue, a scheduler's actions), kept between inputs so that an
@@ -143,7 +143,7 @@ impl RunMachine {
             keep_launched: false,
             recall: false,
             window: None,
-            grants: Vec::new(),
+            standing: Vec::new(),
             attribution: BTreeMap::new(),
             pending: Default::default(),
             scratch: Default::default(),
@@ -494,7 +494,7 @@ impl RunMachine {
                 let grant = None;
                 if answers {
                     self.attribution
-                        .insert(call, grants::Attribution { by, grant });
+                        .insert(call, standing::Attribution { by, standing: grant });
                 }
                 if answers && let Some(frame) = self.owner(call) {
                     out.push(Action::ClearTimer {
@@ -547,8 +547,8 @@ impl RunMachine {
                 };
                 self.emit(frame, Some(call), kind, now, out);
             }
-            RunInput::Grant { grant, by } => self.grant(grant, by, now, &mut work, out),
-            RunInput::Revoke { grant, by } => self.revoke(&grant, by, now, out),
+            RunInput::Allow { standing, by } => self.allow(standing, by, now, &mut work, out),
+            RunInput::Revoke { standing, by } => self.revoke(&standing, by, now, out),
             RunInput::TimerFired { timer } => match timer {
                 Timer::Approval { call } => {
                     if let Some(frame) = self.owner(call) {

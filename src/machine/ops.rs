@@ -5,7 +5,7 @@ use serde_json::{Map, Value};
 
 use super::RunMachine;
 use crate::protocol::{
-    Call, CallId, Decision, GrantSpec, Op, OpError, ReferenceError, params_hash,
+    Call, CallId, Decision, StandingSpec, Op, OpError, ReferenceError, params_hash,
 };
 use crate::scheduler::ValidationError;
 use crate::schema::{SchemaError, ToolValidators};
@@ -29,13 +29,15 @@ impl RunMachine {
                 presentation,
                 ..
             } => (call, decision, presented, presentation),
-            Op::Grant { grant, .. } => return self.check_grant(grant),
-            Op::Revoke { grant, .. } => {
-                return if self.grants.iter().any(|g| g.id == *grant && !g.revoked) {
+            Op::Allow { standing, .. } => return self.check_standing(standing),
+            Op::Revoke {
+                standing: grant, ..
+            } => {
+                return if self.standing.iter().any(|g| g.id == *grant && !g.revoked) {
                     Ok(())
                 } else {
-                    Err(OpError::UnknownGrant {
-                        grant: grant.clone(),
+                    Err(OpError::UnknownStanding {
+                        id: grant.clone(),
                     })
                 };
             }
@@ -200,7 +202,7 @@ impl RunMachine {
 
     /// A grant applies when it names a tool of the run (with a `when` that is a schema) or lists
     /// calls of the run.
-    fn check_grant(&self, grant: &GrantSpec) -> Result<(), OpError> {
+    fn check_standing(&self, grant: &StandingSpec) -> Result<(), OpError> {
         let known = |name: &str| {
             self.root.tools.iter().any(|t| t.name == name)
                 || self
@@ -208,9 +210,9 @@ impl RunMachine {
                     .values()
                     .any(|f| f.cfg.tools.iter().any(|t| t.name == name))
         };
-        crate::approval::grant::check(grant, known)
-            .map_err(|reason| OpError::InvalidGrant { reason })?;
-        if let GrantSpec::Calls { calls } = grant {
+        crate::approval::standing::check(grant, known)
+            .map_err(|reason| OpError::InvalidStanding { reason })?;
+        if let StandingSpec::Calls { calls } = grant {
             for c in calls {
                 let i = usize::try_from(c.call.0.wrapping_sub(1)).ok();
                 if i.and_then(|i| self.owners.get(i)).is_none() {

@@ -330,7 +330,7 @@ impl RunMachine {
                             EventKind::Decision {
                                 decision,
                                 by,
-                                grant,
+                                standing: grant,
                                 ..
                             },
                             Some(id),
@@ -340,7 +340,7 @@ impl RunMachine {
                                 if a.by.is_some() {
                                     *by = a.by;
                                 }
-                                *grant = a.grant;
+                                *grant = a.standing;
                             }
                             if let Some(f) = self.frames.get_mut(&key) {
                                 f.decisions.insert(id, decision.clone());
@@ -358,8 +358,8 @@ impl RunMachine {
                         id, timeout, call, ..
                     } => {
                         // A grant in force approves the call at once (no reviewer, no timer).
-                        if let Some(g) = self.covering_grant(key, id, &call) {
-                            self.approve_by_grant(key, id, g, work);
+                        if let Some(g) = self.covering_standing(key, id, &call) {
+                            self.approve_by_standing(key, id, g, work);
                         } else if let Some(t) = timeout
                             && let Some(f) = self.frames.get_mut(&key)
                         {

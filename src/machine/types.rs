@@ -247,18 +247,22 @@ pub enum RunInput {
         /// Why it no longer applied (the op refusal's code).
         code: String,
     },
-    /// A reviewer's grant was accepted (it approves covered calls as they are presented).
-    Grant {
+    /// A reviewer's standing approval was accepted (it approves covered calls as they are
+    /// presented). Older journals call it `grant`, its field `grant`.
+    #[serde(alias = "grant")]
+    Allow {
         /// What it covers.
-        grant: crate::protocol::GrantSpec,
-        /// Who granted.
+        #[serde(alias = "grant")]
+        standing: crate::protocol::StandingSpec,
+        /// Who gave it.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         by: Option<Actor>,
     },
-    /// A grant was revoked.
+    /// A standing approval was revoked.
     Revoke {
-        /// The grant's id.
-        grant: String,
+        /// Its id (`grant` in older journals).
+        #[serde(alias = "grant")]
+        standing: String,
         /// Who revoked.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         by: Option<Actor>,
@@ -325,7 +329,7 @@ impl RunInput {
             RunInput::Decided { .. } => "decided",
             RunInput::Dropped { .. } => "dropped",
             RunInput::Shown { .. } => "shown",
-            RunInput::Grant { .. } => "grant",
+            RunInput::Allow { .. } => "allow",
             RunInput::Revoke { .. } => "revoke",
             RunInput::TimerFired { .. } => "timer_fired",
             RunInput::Cancel { .. } => "cancel",
@@ -352,8 +356,8 @@ impl RunInput {
                 by,
                 presentation,
             },
-            Op::Grant { grant, by } => RunInput::Grant { grant, by },
-            Op::Revoke { grant, by } => RunInput::Revoke { grant, by },
+            Op::Allow { standing, by } => RunInput::Allow { standing, by },
+            Op::Revoke { standing, by } => RunInput::Revoke { standing, by },
             Op::Cancel { reason, by } => RunInput::Cancel { reason, by },
             Op::Shown { call, presentation } => RunInput::Shown { call, presentation },
         }

@@ -247,9 +247,9 @@ pub enum EventKind {
         /// The approval rule the decision came from (a `deny` rule).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         rule: Option<String>,
-        /// The grant the decision came from (`g1`...).
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        grant: Option<String>,
+        /// The standing approval the decision came from (`g1`...; `grant` in older journals).
+        #[serde(default, skip_serializing_if = "Option::is_none", alias = "grant")]
+        standing: Option<String>,
     },
     /// A decision recorded for the call was not applied: by the time its run's driver took it
     /// from the store's queue, the presentation it answered had been decided otherwise (the
@@ -267,20 +267,25 @@ pub enum EventKind {
         /// Why it no longer applied (an op refusal's code: `op.stale_presentation`...).
         code: String,
     },
-    /// A reviewer granted approval ahead of the calls (journaled; applies until revoked or the
-    /// run ends).
-    GrantAdded {
-        /// The grant's id in the run (`g1`, `g2`... in the order they were given).
+    /// A reviewer gave a standing approval ahead of the calls (journaled; applies until revoked
+    /// or the run ends). Journals from before the rename call it `grant_added`, its field
+    /// `grant`.
+    #[serde(alias = "grant_added")]
+    StandingApprovalAdded {
+        /// Its id in the run (`g1`, `g2`... in the order they were given).
         id: String,
         /// What it covers.
-        grant: super::GrantSpec,
+        #[serde(alias = "grant")]
+        standing: super::StandingSpec,
         /// Who gave it.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         by: Option<super::Actor>,
     },
-    /// A grant was revoked: it covers no call presented from now on.
-    GrantRevoked {
-        /// The grant's id.
+    /// A standing approval was revoked: it covers no call presented from now on (`grant_revoked`
+    /// in older journals).
+    #[serde(alias = "grant_revoked")]
+    StandingApprovalRevoked {
+        /// Its id.
         id: String,
         /// Who revoked it.
         #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -471,8 +476,8 @@ impl EventKind {
             EventKind::ApprovalRequested { .. } => "approval_requested",
             EventKind::Decision { .. } => "decision",
             EventKind::DecisionDropped { .. } => "decision_dropped",
-            EventKind::GrantAdded { .. } => "grant_added",
-            EventKind::GrantRevoked { .. } => "grant_revoked",
+            EventKind::StandingApprovalAdded { .. } => "standing_approval_added",
+            EventKind::StandingApprovalRevoked { .. } => "standing_approval_revoked",
             EventKind::Started { .. } => "started",
             EventKind::CallProgress { .. } => "call_progress",
             EventKind::Finished { .. } => "finished",
@@ -499,6 +504,43 @@ impl EventKind {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    /// Events written before a reviewer's standing approval got its own name (`grant_added`,
+    /// `grant_revoked`, a decision's `grant`) read as the renamed kinds.
+    #[test]
+    fn events_from_before_the_standing_approval_rename_load() {
+        let added: EventKind = serde_json::from_value(json!({"type": "grant_added", "id": "g1",
+            "grant": {"scope": "tool", "tool": "refund"}}))
+        .expect("grant_added");
+        assert!(
+            matches!(&added, EventKind::StandingApprovalAdded { id, standing: super::super::StandingSpec::Tool { tool, .. }, .. } if id == "g1" && tool == "refund"),
+            "{added:?}"
+        );
+        let revoked: EventKind =
+            serde_json::from_value(json!({"type": "grant_revoked", "id": "g1"})).expect("revoked");
+        assert!(matches!(&revoked, EventKind::StandingApprovalRevoked { id, .. } if id == "g1"));
+        let decided: EventKind = serde_json::from_value(
+            json!({"type": "decision", "decision": {"decision": "approve"}, "grant": "g1"}),
+        )
+        .expect("decision");
+        assert!(
+            matches!(&decided, EventKind::Decision { standing: Some(g), .. } if g == "g1"),
+            "{decided:?}"
+        );
+        assert_eq!(
+            serde_json::to_value(&added).expect("json")["type"],
+            "standing_approval_added"
+        );
+        // The ops too (a queue of ops written before the rename).
+        let op: super::super::Op = serde_json::from_value(
+            json!({"op": "grant", "grant": {"scope": "calls", "calls": []}}),
+        )
+        .expect("op grant");
+        assert!(matches!(op, super::super::Op::Allow { .. }), "{op:?}");
+        let op: super::super::Op =
+            serde_json::from_value(json!({"op": "revoke", "grant": "g2"})).expect("op revoke");
+        assert!(matches!(&op, super::super::Op::Revoke { standing, .. } if standing == "g2"));
+    }
 
     fn all_kinds() -> Vec<EventKind> {
         let call = Call::new("fetch").param("q", "†state.x").output("†state.y");
@@ -540,7 +582,7 @@ mod tests {
                     crate::protocol::Actor::HTTP,
                 )),
                 rule: None,
-                grant: Some("g1".into()),
+                standing: Some("g1".into()),
             },
             EventKind::Decision {
                 decision: Decision::Done {
@@ -549,20 +591,20 @@ mod tests {
                 timed_out: false,
                 by: None,
                 rule: None,
-                grant: None,
+                standing: None,
             },
-            EventKind::GrantAdded {
+            EventKind::StandingApprovalAdded {
                 id: "g1".into(),
-                grant: crate::protocol::GrantSpec::Tool {
+                standing: crate::protocol::StandingSpec::Tool {
                     tool: "fetch".into(),
                     when: Some(json!({"type": "object"})),
                 },
                 by: None,
             },
-            EventKind::GrantAdded {
+            EventKind::StandingApprovalAdded {
                 id: "g2".into(),
-                grant: crate::protocol::GrantSpec::Calls {
-                    calls: vec![crate::protocol::GrantedCall {
+                standing: crate::protocol::StandingSpec::Calls {
+                    calls: vec![crate::protocol::StandingCall {
                         call: CallId(3),
                         params_hash: "00ff".into(),
                     }],
@@ -572,7 +614,7 @@ mod tests {
                     crate::protocol::Actor::TERMINAL,
                 )),
             },
-            EventKind::GrantRevoked {
+            EventKind::StandingApprovalRevoked {
                 id: "g1".into(),
                 by: None,
             },
@@ -592,7 +634,7 @@ mod tests {
                 timed_out: false,
                 by: None,
                 rule: None,
-                grant: None,
+                standing: None,
             },
             EventKind::Decision {
                 decision: Decision::Replace {
@@ -601,7 +643,7 @@ mod tests {
                 timed_out: false,
                 by: None,
                 rule: None,
-                grant: None,
+                standing: None,
             },
             EventKind::Decision {
                 decision: Decision::Reject {
@@ -610,7 +652,7 @@ mod tests {
                 timed_out: true,
                 by: None,
                 rule: Some("huge".into()),
-                grant: None,
+                standing: None,
             },
             EventKind::Started {
                 tool: "fetch".into(),

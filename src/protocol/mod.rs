@@ -23,7 +23,7 @@ pub use limits::Limits;
 pub use mcp_server::{HttpServer, McpConfigError, McpServerConfig, NamedServer, StdioServer};
 pub use message::{Message, Role, Solution};
 pub use meta::{CALL_META_KEYS, TOOL_META_KEYS, UnknownMetaKey, is_meta_key};
-pub use op::{Actor, GrantSpec, GrantedCall, Op, OpError, canonical, params_hash};
+pub use op::{Actor, Op, OpError, StandingCall, StandingSpec, canonical, params_hash};
 pub use plan_item::PlanItem;
 pub use reference::{
     ASCII_MARKER, Combinator, Expression, MARKER, Path, Reference, ReferenceError, Segment,

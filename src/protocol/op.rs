@@ -42,18 +42,24 @@ pub enum Op {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         by: Option<Actor>,
     },
-    /// Approve calls ahead of their presentation (journaled; revocable while the run lasts).
-    Grant {
+    /// A reviewer's standing approval: approve calls ahead of their presentation (journaled;
+    /// revocable while the run lasts). Not a grant: grants are what the operator lets a goal
+    /// touch (DESIGN.md 3.3). Journals and clients from before the rename send it as `grant`
+    /// with the field `grant`; both still read.
+    #[serde(alias = "grant")]
+    Allow {
         /// What it covers.
-        grant: GrantSpec,
-        /// Who granted, through which channel.
+        #[serde(alias = "grant")]
+        standing: StandingSpec,
+        /// Who gave it, through which channel.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         by: Option<Actor>,
     },
-    /// Withdraw a grant: calls presented from now on are no longer covered by it.
+    /// Withdraw a standing approval: calls presented from now on are no longer covered by it.
     Revoke {
-        /// The grant's id (`g1`...).
-        grant: String,
+        /// The standing approval's id (`g1`...; read as `grant` from older journals).
+        #[serde(alias = "grant")]
+        standing: String,
         /// Who revoked, through which channel.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         by: Option<Actor>,
@@ -77,14 +83,14 @@ pub enum Op {
     },
 }
 
-/// What a grant approves ahead of time. A grant never covers a call interrupted by a restart
-/// (somebody must say whether it runs again).
+/// What a reviewer's standing approval approves ahead of time. It never covers a call
+/// interrupted by a restart (somebody must say whether it runs again).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "server", derive(utoipa::ToSchema))]
 #[serde(tag = "scope", rename_all = "snake_case")]
 #[non_exhaustive]
-pub enum GrantSpec {
-    /// Every call of this tool presented while the grant lasts (those awaiting included),
+pub enum StandingSpec {
+    /// Every call of this tool presented while the approval lasts (those awaiting included),
     /// optionally only those whose params satisfy `when` (a JSON Schema over the params, as an
     /// approval rule's `when` sees them).
     Tool {
@@ -99,14 +105,14 @@ pub enum GrantSpec {
     /// that is not listed (one added later) is not covered.
     Calls {
         /// The calls and their params hashes.
-        calls: Vec<GrantedCall>,
+        calls: Vec<StandingCall>,
     },
 }
 
-/// One call of a [`GrantSpec::Calls`] grant.
+/// One call of a [`StandingSpec::Calls`] standing approval.
 #[cfg_attr(feature = "server", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct GrantedCall {
+pub struct StandingCall {
     /// The call.
     pub call: CallId,
     /// Its params hash, as presented to the reviewer.
@@ -239,15 +245,16 @@ pub enum OpError {
         /// What is wrong.
         reason: String,
     },
-    /// No grant has this id in the run, or it was already revoked.
-    #[error("the run has no grant `{grant}` in force")]
-    UnknownGrant {
+    /// No standing approval has this id in the run, or it was already revoked.
+    #[error("the run has no standing approval `{id}` in force")]
+    UnknownStanding {
         /// The id given.
-        grant: String,
+        id: String,
     },
-    /// The grant cannot apply (an unknown tool, a `when` that is not a schema, an empty list).
-    #[error("the grant cannot apply: {reason}")]
-    InvalidGrant {
+    /// The standing approval cannot apply (an unknown tool, a `when` that is not a schema, an
+    /// empty list).
+    #[error("the standing approval cannot apply: {reason}")]
+    InvalidStanding {
         /// What is wrong.
         reason: String,
     },
@@ -292,8 +299,8 @@ impl OpError {
             OpError::AlreadyShown { .. } => "op.already_shown",
             OpError::EditChangesTool { .. } => "op.edit_changes_tool",
             OpError::InvalidDecision { .. } => "op.invalid_decision",
-            OpError::UnknownGrant { .. } => "op.unknown_grant",
-            OpError::InvalidGrant { .. } => "op.invalid_grant",
+            OpError::UnknownStanding { .. } => "op.unknown_standing_approval",
+            OpError::InvalidStanding { .. } => "op.invalid_standing_approval",
             OpError::RunFinished { .. } => "op.run_finished",
             OpError::Unavailable { .. } => "op.unavailable",
         }

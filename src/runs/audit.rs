@@ -36,7 +36,7 @@ pub fn audit(events: &[Event]) -> Vec<Value> {
                 timed_out,
                 by,
                 rule,
-                grant,
+                standing: grant,
             } => {
                 let id = call.unwrap_or_default();
                 let (asked_rule, asked_at) = asked.remove(&id).unzip();
@@ -89,7 +89,11 @@ pub fn audit(events: &[Event]) -> Vec<Value> {
                 "presentation": presentation,
                 "code": code,
             })),
-            EventKind::GrantAdded { id, grant, by } => out.push(json!({
+            EventKind::StandingApprovalAdded {
+                id,
+                standing: grant,
+                by,
+            } => out.push(json!({
                 "seq": e.seq,
                 "at": e.at,
                 "what": "grant",
@@ -98,7 +102,7 @@ pub fn audit(events: &[Event]) -> Vec<Value> {
                 "principal": by.as_ref().map(|b| b.principal.clone()),
                 "channel": by.as_ref().map(|b| b.channel.clone()),
             })),
-            EventKind::GrantRevoked { id, by } => out.push(json!({
+            EventKind::StandingApprovalRevoked { id, by } => out.push(json!({
                 "seq": e.seq,
                 "at": e.at,
                 "what": "revoke",
@@ -130,7 +134,11 @@ pub fn grants(events: &[Event]) -> Vec<Value> {
     let mut list: Vec<Value> = Vec::new();
     for e in events {
         match &e.kind {
-            EventKind::GrantAdded { id, grant, by } => list.push(json!({
+            EventKind::StandingApprovalAdded {
+                id,
+                standing: grant,
+                by,
+            } => list.push(json!({
                 "id": id,
                 "covers": grant,
                 "by": by,
@@ -138,13 +146,13 @@ pub fn grants(events: &[Event]) -> Vec<Value> {
                 "revoked": false,
                 "calls": [],
             })),
-            EventKind::GrantRevoked { id, .. } => {
+            EventKind::StandingApprovalRevoked { id, .. } => {
                 if let Some(g) = list.iter_mut().find(|g| g["id"] == json!(id)) {
                     g["revoked"] = json!(true);
                 }
             }
             EventKind::Decision {
-                grant: Some(id), ..
+                standing: Some(id), ..
             } => {
                 if let (Some(g), Some(c)) = (list.iter_mut().find(|g| g["id"] == json!(id)), e.call)
                     && let Some(calls) = g["calls"].as_array_mut()

@@ -60,7 +60,7 @@ pub struct Host {
     /// not hold runs for real instead of failing with `cassette.miss`.
     pub tools_from: Option<(Arc<super::Cassette>, bool)>,
     /// Grants that apply from a new run's start (a decisions file's `grant` entries).
-    pub grants: Vec<(crate::protocol::GrantSpec, Option<crate::protocol::Actor>)>,
+    pub grants: Vec<(crate::protocol::StandingSpec, Option<crate::protocol::Actor>)>,
 }
 
 /// A run that is built and recorded, not yet started.

@@ -14,7 +14,7 @@ mod cassette;
 mod compact;
 mod def;
 mod fork;
-mod grant;
+mod standing;
 mod launch;
 mod list;
 pub mod memory;
@@ -30,7 +30,7 @@ pub use cassette::{
 pub use compact::{CompactedRun, Retained, apply_retention, compact};
 pub use def::{RunDef, define};
 pub use fork::{Fork, ForkedFrom, fork, fork_point, goal_with_input, seed};
-pub use grant::{GrantRequest, grant_op};
+pub use standing::{StandingRequest, standing_op};
 pub use launch::{
     Host, Launched, Pool, Prepared, Review, Servers, absolute_dir, absolute_model, builder_for,
     now_ms, prepare, spawn_op_poller, with_mcp_tools,

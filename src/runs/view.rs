@@ -628,7 +628,7 @@ fn call_event(
             timed_out,
             by,
             rule,
-            grant,
+            standing: grant,
         } => {
             c.decision = Some(decision.name().to_string());
             if let Some(by) = by {

@@ -101,7 +101,7 @@ impl Scheduler {
                             crate::protocol::Actor::POLICY,
                         )),
                         rule: Some(rule),
-                        grant: None,
+                        standing: None,
                     },
                 );
                 let err = SchedulerError::Rejected { reason }.to_value();
@@ -212,7 +212,7 @@ impl Scheduler {
                     crate::protocol::Actor::new("dagloop", crate::protocol::Actor::TIMEOUT)
                 }),
                 rule: None,
-                grant: None,
+                standing: None,
             },
         );
         let presented = self.entries[ix].presented.take();

@@ -112,13 +112,13 @@ impl ApiError {
     /// that cannot apply 422, one that came too late or too early 409, the rest 503.
     pub fn op_status(code: &str) -> StatusCode {
         match code {
-            "op.unknown_call" | "op.unknown_grant" => StatusCode::NOT_FOUND,
+            "op.unknown_call" | "op.unknown_standing_approval" => StatusCode::NOT_FOUND,
             "op.not_awaiting"
             | "op.already_decided"
             | "op.stale"
             | "op.stale_presentation"
             | "op.run_finished" => StatusCode::CONFLICT,
-            "op.edit_changes_tool" | "op.invalid_decision" | "op.invalid_grant" => {
+            "op.edit_changes_tool" | "op.invalid_decision" | "op.invalid_standing_approval" => {
                 StatusCode::UNPROCESSABLE_ENTITY
             }
             _ => StatusCode::SERVICE_UNAVAILABLE,

@@ -116,8 +116,20 @@ fn api_routes() -> (Router<Arc<AppState>>, utoipa::openapi::OpenApi) {
         .routes(utoipa_axum::routes!(api::decide))
         .routes(utoipa_axum::routes!(preview::preview))
         .routes(utoipa_axum::routes!(api::cancel))
-        .routes(utoipa_axum::routes!(desk::list_grants, desk::create_grant))
-        .routes(utoipa_axum::routes!(desk::revoke_grant))
+        .routes(utoipa_axum::routes!(
+            desk::list_standing,
+            desk::create_standing
+        ))
+        .routes(utoipa_axum::routes!(desk::revoke_standing))
+        // The standing-approval routes' names before the rename, still answering.
+        .route(
+            "/runs/{id}/grants",
+            axum::routing::get(desk::list_standing).post(desk::create_standing),
+        )
+        .route(
+            "/runs/{id}/grants/{grant}",
+            axum::routing::delete(desk::revoke_standing),
+        )
         .routes(utoipa_axum::routes!(desk::audit))
         .routes(utoipa_axum::routes!(cassette::cassette))
         .routes(utoipa_axum::routes!(fork::fork))

@@ -93,7 +93,11 @@ pub struct OpStatus {
     /// `applied` (the run's process took it) or `recorded` (kept for a run nobody drives now,
     /// applied when it continues).
     pub status: String,
-    /// The grant's id (`g1`, `g2`, ...), in the answer to `POST /runs/{id}/grants`.
+    /// The standing approval's id (`g1`, `g2`, ...), in the answer to
+    /// `POST /runs/{id}/standing`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub standing: Option<String>,
+    /// The same as `standing`, under its name before the rename (for older clients).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub grant: Option<String>,
     /// For `recorded`: who applies it, and when (the process that drives the run, or what must
@@ -107,6 +111,7 @@ impl OpStatus {
     pub fn new(status: &str) -> OpStatus {
         OpStatus {
             status: status.to_string(),
+            standing: None,
             grant: None,
             detail: None,
         }

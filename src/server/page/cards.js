@@ -255,7 +255,7 @@ function approvalCard(runId, a, key) {
     showErrors([]);
     setBusy(true);
     try {
-      const r = await api("POST", "/runs/" + encodeURIComponent(runId) + "/grants", body);
+      const r = await api("POST", "/runs/" + encodeURIComponent(runId) + "/standing", body);
       // A schema may leave this very call out: the card stays usable until the run says the
       // call was approved, and then goes without a "decided by somebody" notice.
       card.dataset.granted = "1";

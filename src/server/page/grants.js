@@ -2,8 +2,8 @@
 // whose params satisfy a JSON Schema, e.g. exactly this call's params) and "approve this call
 // and the calls waiting on it, as presented" (the exact calls and params hashes the card
 // shows, nothing the model adds later). Under the cards: the run's grants, the calls each
-// covered, and a revoke button. Everything goes through the API: POST /runs/{id}/grants,
-// DELETE /runs/{id}/grants/{grant}; the run's description lists the grants.
+// covered, and a revoke button. Everything goes through the API: POST /runs/{id}/standing,
+// DELETE /runs/{id}/standing/{standing}; the run's description lists the grants.
 "use strict";
 
 // A schema only calls with exactly these params satisfy ("only calls with these params").
@@ -92,7 +92,7 @@ function renderGrants(run) {
         onclick: async (ev) => {
           ev.target.disabled = true;
           try {
-            await api("DELETE", "/runs/" + encodeURIComponent(run.id) + "/grants/" + encodeURIComponent(g.id));
+            await api("DELETE", "/runs/" + encodeURIComponent(run.id) + "/standing/" + encodeURIComponent(g.id));
             notice("Grant " + g.id + " revoked: calls presented from now on are asked about again.", "ok");
           } catch (e) {
             ev.target.disabled = false;

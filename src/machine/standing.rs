@@ -2,46 +2,46 @@
 //! awaiting a decision that it covers at once, and every covered call presented later, until it
 //! is revoked or the run ends. Replaying the journal gives the same approvals.
 //!
-//! Deliberately not here: what a grant covers (`crate::approval::grant`) or who may give one.
+//! Deliberately not here: what a grant covers (`crate::approval::standing`) or who may give one.
 
 use super::{Action, RunMachine, Timer, Work};
-use crate::approval::grant::ActiveGrant;
-use crate::protocol::{Actor, Call, CallId, Decision, EventKind, GrantSpec, Millis, Tool};
+use crate::approval::standing::ActiveStanding;
+use crate::protocol::{Actor, Call, CallId, Decision, EventKind, StandingSpec, Millis, Tool};
 use crate::scheduler;
 
 /// Who a decision about to be applied came from, put on its `decision` event.
 #[derive(Debug, Clone, Default)]
 pub(super) struct Attribution {
     pub by: Option<Actor>,
-    pub grant: Option<String>,
+    pub standing: Option<String>,
 }
 
 impl RunMachine {
     /// Records a grant and approves the awaiting calls it covers.
-    pub(super) fn grant(
+    pub(super) fn allow(
         &mut self,
-        spec: GrantSpec,
+        spec: StandingSpec,
         by: Option<Actor>,
         now: Millis,
         work: &mut Vec<Work>,
         out: &mut Vec<Action>,
     ) {
-        let g = ActiveGrant::new(self.grants.len() + 1, spec.clone(), by.clone());
-        let kind = EventKind::GrantAdded {
+        let g = ActiveStanding::new(self.standing.len() + 1, spec.clone(), by.clone());
+        let kind = EventKind::StandingApprovalAdded {
             id: g.id.clone(),
-            grant: spec,
+            standing: spec,
             by,
         };
         self.emit(None, None, kind, now, out);
-        self.grants.push(g);
-        let ix = self.grants.len() - 1;
+        self.standing.push(g);
+        let ix = self.standing.len() - 1;
         for (id, presented) in self.awaiting() {
             let Some(key) = self.owner(id) else { continue };
             if self.covered_by(ix, key, id, &presented) {
                 out.push(Action::ClearTimer {
                     timer: Timer::Approval { call: id },
                 });
-                self.approve_by_grant(key, id, ix, work);
+                self.approve_by_standing(key, id, ix, work);
             }
         }
     }
@@ -54,9 +54,9 @@ impl RunMachine {
         now: Millis,
         out: &mut Vec<Action>,
     ) {
-        if let Some(g) = self.grants.iter_mut().find(|g| g.id == id && !g.revoked) {
+        if let Some(g) = self.standing.iter_mut().find(|g| g.id == id && !g.revoked) {
             g.revoked = true;
-            let kind = EventKind::GrantRevoked {
+            let kind = EventKind::StandingApprovalRevoked {
                 id: id.to_string(),
                 by,
             };
@@ -65,17 +65,17 @@ impl RunMachine {
     }
 
     /// The first grant in force covering call `id` of frame `key`, presented as `presented`.
-    pub(super) fn covering_grant(
+    pub(super) fn covering_standing(
         &self,
         key: super::FrameKey,
         id: CallId,
         presented: &Call,
     ) -> Option<usize> {
-        (0..self.grants.len()).find(|&ix| self.covered_by(ix, key, id, presented))
+        (0..self.standing.len()).find(|&ix| self.covered_by(ix, key, id, presented))
     }
 
     fn covered_by(&self, ix: usize, key: super::FrameKey, id: CallId, presented: &Call) -> bool {
-        let Some(g) = self.grants.get(ix) else {
+        let Some(g) = self.standing.get(ix) else {
             return false;
         };
         let Some(f) = self.frames.get(&key) else {
@@ -102,19 +102,19 @@ impl RunMachine {
     }
 
     /// Queues the approval of call `id` by grant `ix`, attributed to the grant's author.
-    pub(super) fn approve_by_grant(
+    pub(super) fn approve_by_standing(
         &mut self,
         key: super::FrameKey,
         id: CallId,
         ix: usize,
         work: &mut Vec<Work>,
     ) {
-        let Some(g) = self.grants.get(ix) else { return };
+        let Some(g) = self.standing.get(ix) else { return };
         self.attribution.insert(
             id,
             Attribution {
                 by: g.by.clone(),
-                grant: Some(g.id.clone()),
+                standing: Some(g.id.clone()),
             },
         );
         work.push((
@@ -126,9 +126,9 @@ impl RunMachine {
         ));
     }
 
-    /// The grants given in this run, in order (revoked ones included).
-    pub fn grants(&self) -> &[ActiveGrant] {
-        &self.grants
+    /// The standing approvals given in this run, in order (revoked ones included).
+    pub fn standing_approvals(&self) -> &[ActiveStanding] {
+        &self.standing
     }
 
     /// The calls that wait, directly or through others, on call `id` (blocked calls reading what

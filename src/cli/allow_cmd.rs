@@ -1,21 +1,22 @@
-//! `dagloop grant` and `dagloop revoke`: grants given from the command line to a stored run (or,
-//! with `--engine temporal`, to a Temporal run's workflow), as `dagloop decide` gives
-//! decisions. The request becomes an op through `runs::grant_op`, the conversion the server's
-//! `POST /runs/{id}/grants` calls, checked against the run rebuilt from its journal; the op is
+//! `dagloop allow` and `dagloop revoke`: a reviewer's standing approvals given from the command
+//! line to a stored run (or, with `--engine temporal`, to a Temporal run's workflow), as
+//! `dagloop decide` gives decisions (`dagloop grant`, its name before the rename, still works,
+//! hidden). The request becomes an op through `runs::standing_op`, the conversion the server's
+//! `POST /runs/{id}/standing` calls, checked against the run rebuilt from its journal; the op is
 //! recorded for the process that drives the run (or the next `resume`), with channel `cli`.
 //!
-//! Deliberately not here: what a grant covers (`approval::grant`) or applying it (the machine).
+//! Deliberately not here: what a standing approval covers (`approval::standing`) or applying it (the machine).
 
 use serde_json::{Value, json};
 
 use super::{CliError, EngineArg, Store, TemporalArgs, me, required, runs};
 use crate::protocol::{Actor, CallId, Op};
-use crate::runs::GrantRequest;
+use crate::runs::StandingRequest;
 
-/// `dagloop grant RUN --tool NAME [--when SCHEMA]` or `dagloop grant RUN --call ID
+/// `dagloop allow RUN --tool NAME [--when SCHEMA]` or `dagloop allow RUN --call ID
 /// --with-dependents [--presented HASH]`.
 #[derive(Debug, clap::Args)]
-pub struct GrantArgs {
+pub struct AllowArgs {
     /// The run id.
     pub run: String,
     /// Approve every call of this tool, those awaiting a decision now included.
@@ -39,20 +40,20 @@ pub struct GrantArgs {
     pub temporal: TemporalArgs,
 }
 
-/// `dagloop revoke RUN GRANT`.
+/// `dagloop revoke RUN ID`.
 #[derive(Debug, clap::Args)]
 pub struct RevokeArgs {
     /// The run id.
     pub run: String,
-    /// The grant's id (`g1`...; `dagloop show RUN --audit` lists them).
-    pub grant: String,
+    /// The standing approval's id (`g1`...; `dagloop show RUN --audit` lists them).
+    pub id: String,
     /// Where the run is driven (`--engine temporal`: an update to its workflow).
     #[command(flatten)]
     pub temporal: TemporalArgs,
 }
 
-fn request(a: &GrantArgs) -> Result<GrantRequest, CliError> {
-    let bad = |m: String| CliError::new("cli.bad_grant", m);
+fn request(a: &AllowArgs) -> Result<StandingRequest, CliError> {
+    let bad = |m: String| CliError::new("cli.bad_standing_approval", m);
     match (&a.tool, a.call) {
         (Some(tool), _) => {
             let when = match &a.when {
@@ -62,12 +63,12 @@ fn request(a: &GrantArgs) -> Result<GrantRequest, CliError> {
                 ),
                 None => None,
             };
-            Ok(GrantRequest::Tool {
+            Ok(StandingRequest::Tool {
                 tool: tool.clone(),
                 when,
             })
         }
-        (None, Some(call)) => Ok(GrantRequest::Subgraph {
+        (None, Some(call)) => Ok(StandingRequest::Subgraph {
             call: CallId(call),
             presented: a.presented.clone(),
         }),
@@ -80,8 +81,8 @@ fn refused(e: &crate::protocol::OpError) -> CliError {
 }
 
 /// Gives the grant; prints what it covers and its id.
-pub(super) async fn grant(
-    a: GrantArgs,
+pub(super) async fn allow(
+    a: AllowArgs,
     store: Result<Option<Store>, CliError>,
 ) -> Result<i32, CliError> {
     let req = request(&a)?;
@@ -100,9 +101,9 @@ pub(super) async fn grant(
     }
     let rb = crate::runs::rebuild(&stored.record, &stored.journal)
         .map_err(|e| CliError::new(e.code(), e.to_string()))?;
-    let op = crate::runs::grant_op(&rb.machine, req, by).map_err(|e| refused(&e))?;
+    let op = crate::runs::standing_op(&rb.machine, req, by).map_err(|e| refused(&e))?;
     let covers = match &op {
-        Op::Grant { grant, .. } => json!(grant),
+        Op::Allow { standing, .. } => json!(standing),
         _ => Value::Null,
     };
     // Its id (`g1`...) is the run's to give when it takes the op: other ops may be queued
@@ -116,7 +117,7 @@ pub(super) async fn revoke(
     store: Result<Option<Store>, CliError>,
 ) -> Result<i32, CliError> {
     let op = Op::Revoke {
-        grant: a.grant,
+        standing: a.id,
         by: Some(me(Actor::CLI)),
     };
     if a.temporal.engine == EngineArg::Temporal {

@@ -1,7 +1,7 @@
 //! Grants in force in a run: which presented calls a reviewer's grant approves ahead of time.
 //!
-//! A [`GrantSpec::Tool`] grant covers every call of its tool (whose params satisfy its `when`,
-//! seen as an approval rule's `when` sees them); a [`GrantSpec::Calls`] grant covers exactly
+//! A [`StandingSpec::Tool`] grant covers every call of its tool (whose params satisfy its `when`,
+//! seen as an approval rule's `when` sees them); a [`StandingSpec::Calls`] grant covers exactly
 //! the listed calls while their params hash is the one listed (as presented, or as written for
 //! a call the reviewer saw still blocked). No grant covers a call interrupted by a restart.
 //!
@@ -10,15 +10,15 @@
 
 use std::sync::Arc;
 
-use crate::protocol::{Actor, Call, CallId, GrantSpec, Tool, params_hash};
+use crate::protocol::{Actor, Call, CallId, StandingSpec, Tool, params_hash};
 
 /// A grant given in a run, ready to match calls.
 #[derive(Clone)]
-pub struct ActiveGrant {
+pub struct ActiveStanding {
     /// Its id in the run (`g1`...).
     pub id: String,
     /// What it covers.
-    pub spec: GrantSpec,
+    pub spec: StandingSpec,
     /// Who gave it.
     pub by: Option<Actor>,
     /// Revoked: it covers nothing from then on.
@@ -26,9 +26,9 @@ pub struct ActiveGrant {
     when: Option<Arc<jsonschema::Validator>>,
 }
 
-impl std::fmt::Debug for ActiveGrant {
+impl std::fmt::Debug for ActiveStanding {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ActiveGrant")
+        f.debug_struct("ActiveStanding")
             .field("id", &self.id)
             .field("spec", &self.spec)
             .field("by", &self.by)
@@ -39,9 +39,9 @@ impl std::fmt::Debug for ActiveGrant {
 
 /// Checks a grant before it is journaled: a tool grant names a known tool (`known`), its
 /// `when` is a schema; a calls grant lists at least one call.
-pub fn check(spec: &GrantSpec, known: impl Fn(&str) -> bool) -> Result<(), String> {
+pub fn check(spec: &StandingSpec, known: impl Fn(&str) -> bool) -> Result<(), String> {
     match spec {
-        GrantSpec::Tool { tool, when } => {
+        StandingSpec::Tool { tool, when } => {
             if !known(tool) {
                 return Err(format!("the run has no tool `{tool}`"));
             }
@@ -51,22 +51,22 @@ pub fn check(spec: &GrantSpec, known: impl Fn(&str) -> bool) -> Result<(), Strin
             }
             Ok(())
         }
-        GrantSpec::Calls { calls } if calls.is_empty() => {
+        StandingSpec::Calls { calls } if calls.is_empty() => {
             Err("a calls grant lists at least one call".into())
         }
-        GrantSpec::Calls { .. } => Ok(()),
+        StandingSpec::Calls { .. } => Ok(()),
     }
 }
 
-impl ActiveGrant {
+impl ActiveStanding {
     /// The `n`th grant of a run (from 1). A `when` that does not compile covers nothing (it
     /// was checked before it was journaled).
-    pub fn new(n: usize, spec: GrantSpec, by: Option<Actor>) -> ActiveGrant {
+    pub fn new(n: usize, spec: StandingSpec, by: Option<Actor>) -> ActiveStanding {
         let when = match &spec {
-            GrantSpec::Tool { when: Some(w), .. } => super::rules::compile_schema(w).ok(),
+            StandingSpec::Tool { when: Some(w), .. } => super::rules::compile_schema(w).ok(),
             _ => None,
         };
-        ActiveGrant {
+        ActiveStanding {
             id: format!("g{n}"),
             spec,
             by,
@@ -89,7 +89,7 @@ impl ActiveGrant {
             return false;
         }
         match &self.spec {
-            GrantSpec::Tool { tool: name, when } => {
+            StandingSpec::Tool { tool: name, when } => {
                 *name == presented.tool
                     && match (when, &self.when) {
                         (None, _) => true,
@@ -99,7 +99,7 @@ impl ActiveGrant {
                         (Some(_), None) => false,
                     }
             }
-            GrantSpec::Calls { calls } => {
+            StandingSpec::Calls { calls } => {
                 let Some(listed) = calls.iter().find(|c| c.call == id) else {
                     return false;
                 };
@@ -113,7 +113,7 @@ impl ActiveGrant {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::protocol::GrantedCall;
+    use crate::protocol::StandingCall;
     use serde_json::json;
 
     fn call(v: serde_json::Value) -> Call {
@@ -125,9 +125,9 @@ mod tests {
         let t = Tool::new("refund");
         let small = call(json!({"_tool": "refund", "amount": 5}));
         let big = call(json!({"_tool": "refund", "amount": 500}));
-        let g = ActiveGrant::new(
+        let g = ActiveStanding::new(
             1,
-            GrantSpec::Tool {
+            StandingSpec::Tool {
                 tool: "refund".into(),
                 when: Some(json!({"properties": {"amount": {"maximum": 10}}})),
             },
@@ -145,15 +145,15 @@ mod tests {
         let t = Tool::new("refund");
         let shown = call(json!({"_tool": "refund", "amount": 5}));
         let written = call(json!({"_tool": "refund", "amount": "†state.amount"}));
-        let g = ActiveGrant::new(
+        let g = ActiveStanding::new(
             2,
-            GrantSpec::Calls {
+            StandingSpec::Calls {
                 calls: vec![
-                    GrantedCall {
+                    StandingCall {
                         call: CallId(1),
                         params_hash: params_hash(&shown),
                     },
-                    GrantedCall {
+                    StandingCall {
                         call: CallId(2),
                         params_hash: params_hash(&written),
                     },

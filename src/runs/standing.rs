@@ -8,20 +8,20 @@
 //! written) and journaled as the `calls` grant it amounts to, so that a call the model adds
 //! later is not covered.
 //!
-//! Deliberately not here: what a grant covers once given (`crate::approval::grant`), who may
+//! Deliberately not here: what a grant covers once given (`crate::approval::standing`), who may
 //! give one (the front-ends), or applying it (the run machine).
 
 use serde::Deserialize;
 use serde_json::Value;
 
 use crate::machine::RunMachine;
-use crate::protocol::{Actor, CallId, Decision, GrantSpec, GrantedCall, Op, OpError, params_hash};
+use crate::protocol::{Actor, CallId, Decision, StandingSpec, StandingCall, Op, OpError, params_hash};
 
 /// A grant as a reviewer asks for it.
 #[cfg_attr(feature = "server", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(tag = "scope", rename_all = "snake_case", deny_unknown_fields)]
-pub enum GrantRequest {
+pub enum StandingRequest {
     /// Every call of `tool` (whose params satisfy `when`), those awaiting included.
     Tool {
         /// The tool's name.
@@ -33,7 +33,7 @@ pub enum GrantRequest {
     /// Exactly these calls, each while its params hash is the one listed.
     Calls {
         /// The calls and their hashes as presented.
-        calls: Vec<GrantedCall>,
+        calls: Vec<StandingCall>,
     },
     /// A call awaiting a decision and every call waiting on it (directly or through others),
     /// as they stand now.
@@ -48,13 +48,16 @@ pub enum GrantRequest {
 
 /// The `grant` op for `req` in the run `machine` drives, by `by`, checked as any op is
 /// ([`RunMachine::check_op`]).
-pub fn grant_op(machine: &RunMachine, req: GrantRequest, by: Option<Actor>) -> Result<Op, OpError> {
+pub fn standing_op(machine: &RunMachine, req: StandingRequest, by: Option<Actor>) -> Result<Op, OpError> {
     let grant = match req {
-        GrantRequest::Tool { tool, when } => GrantSpec::Tool { tool, when },
-        GrantRequest::Calls { calls } => GrantSpec::Calls { calls },
-        GrantRequest::Subgraph { call, presented } => subgraph(machine, call, presented)?,
+        StandingRequest::Tool { tool, when } => StandingSpec::Tool { tool, when },
+        StandingRequest::Calls { calls } => StandingSpec::Calls { calls },
+        StandingRequest::Subgraph { call, presented } => subgraph(machine, call, presented)?,
     };
-    let op = Op::Grant { grant, by };
+    let op = Op::Allow {
+        standing: grant,
+        by,
+    };
     machine.check_op(&op)?;
     Ok(op)
 }
@@ -64,7 +67,7 @@ fn subgraph(
     machine: &RunMachine,
     id: CallId,
     presented: Option<String>,
-) -> Result<GrantSpec, OpError> {
+) -> Result<StandingSpec, OpError> {
     // Refused as a decision about the call would be: unknown, not awaiting, already decided,
     // or presented with other params than the reviewer saw.
     machine.check_op(&Op::Decide {
@@ -81,7 +84,7 @@ fn subgraph(
         });
     };
     let current = params_hash(&shown);
-    let mut calls = vec![GrantedCall {
+    let mut calls = vec![StandingCall {
         call: id,
         params_hash: current,
     }];
@@ -89,12 +92,12 @@ fn subgraph(
         machine
             .downstream(id)
             .into_iter()
-            .map(|(call, written)| GrantedCall {
+            .map(|(call, written)| StandingCall {
                 call,
                 params_hash: params_hash(&written),
             }),
     );
-    Ok(GrantSpec::Calls { calls })
+    Ok(StandingSpec::Calls { calls })
 }
 
 #[cfg(test)]
@@ -104,28 +107,28 @@ mod tests {
 
     #[test]
     fn requests_parse_by_scope_and_refuse_unknown_fields() {
-        let r: GrantRequest =
+        let r: StandingRequest =
             serde_json::from_value(json!({"scope": "subgraph", "call": 3})).expect("subgraph");
         assert_eq!(
             r,
-            GrantRequest::Subgraph {
+            StandingRequest::Subgraph {
                 call: CallId(3),
                 presented: None
             }
         );
-        let r: GrantRequest =
+        let r: StandingRequest =
             serde_json::from_value(json!({"scope": "tool", "tool": "t"})).expect("tool");
         assert_eq!(
             r,
-            GrantRequest::Tool {
+            StandingRequest::Tool {
                 tool: "t".into(),
                 when: None
             }
         );
         assert!(
-            serde_json::from_value::<GrantRequest>(json!({"scope": "tool", "tool": "t", "x": 1}))
+            serde_json::from_value::<StandingRequest>(json!({"scope": "tool", "tool": "t", "x": 1}))
                 .is_err()
         );
-        assert!(serde_json::from_value::<GrantRequest>(json!({"scope": "all"})).is_err());
+        assert!(serde_json::from_value::<StandingRequest>(json!({"scope": "all"})).is_err());
     }
 }
