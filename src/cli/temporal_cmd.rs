@@ -92,7 +92,7 @@ mod on {
         Ok(0)
     }
 
-    /// A grant to a Temporal run: its journal (a query) rebuilt here turns the request into
+    /// A standing approval for a Temporal run: its journal (a query) rebuilt here turns the request into
     /// the op (`runs::standing_op`, as for a stored run), sent as an update.
     pub async fn grant(
         run: &str,
@@ -107,7 +107,7 @@ mod on {
         let op = crate::runs::standing_op(&rb.machine, req, by)
             .map_err(|e| CliError::new(e.code(), e))?;
         let covers = match &op {
-            Op::Grant { grant, .. } => json!(grant),
+            Op::Allow { standing, .. } => json!(standing),
             _ => Value::Null,
         };
         conn.decide(run, op).await.map_err(err)?;
