@@ -59,18 +59,6 @@ fn goal_with_memory(dir: &Path, memory: Value) -> std::path::PathBuf {
     path
 }
 
-/// The memory message of a request, as the model reads it (empty when there is none).
-fn memory_text(body: &Value) -> String {
-    body["messages"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|m| m["content"].as_str())
-        .find(|c| c.starts_with("Workspace memory"))
-        .unwrap_or_default()
-        .to_string()
-}
-
 fn dagloop(store: &Path, args: &[&str]) -> (Option<i32>, Value) {
     let out = bin::dagloop()
         .env("DAGLOOP_STORE", store)
@@ -171,17 +159,10 @@ async fn the_goal_gets_the_two_relevant_chunks_and_a_replay_needs_no_folder() {
 /// each step are journaled: with the folder deleted, the replay is identical.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_step_gets_the_chunks_for_what_the_step_before_brought() {
-    let telescope = json!({"calls": [{"_tool": "greet", "name": "Ada",
-        "_output": {"greeting": "Hello Ada, the observatory telescope awaits you"},
-        "_outputPath": "†state.greeting"}], "output": null});
-    let server = serve(vec![answer(telescope), answer(final_output())]).await;
+    let server = serve(vec![telescope_answer(), answer(final_output())]).await;
     let dir = tempfile::tempdir().expect("dir");
     let folder = notes(dir.path());
-    std::fs::write(
-        folder.join("telescope.md"),
-        "# The telescope\n\nThe observatory's telescope is pointed at Saturn on clear nights.\n",
-    )
-    .expect("note");
+    std::fs::write(folder.join("telescope.md"), TELESCOPE_NOTE).expect("note");
     let goal = goal_with_memory(dir.path(), json!({"path": "notes"}));
     let store = dir.path().join("runs.db");
     let events = dir.path().join("events.jsonl");
@@ -196,20 +177,8 @@ async fn each_step_gets_the_chunks_for_what_the_step_before_brought() {
     .await;
     assert_eq!(code, Some(0), "{r:#}\n{stderr}");
     let requests = server.requests();
-    assert_eq!(requests.len(), 2);
-    let (first, second) = (
-        memory_text(&requests[0].body),
-        memory_text(&requests[1].body),
-    );
-    assert!(first.contains("[ada-greeting.md:1]"), "{first}");
-    assert!(
-        !first.contains("telescope"),
-        "step 1 knows nothing of it: {first}"
-    );
-    assert!(
-        second.contains("[telescope.md:1]\n# The telescope") && second.contains("Saturn"),
-        "step 2 searched for what step 1 wrote: {second}"
-    );
+    assert_each_step_recalls_what_the_step_before_brought(&requests);
+    let second = memory_text(&requests[1].body);
     assert!(second.contains("[ada-greeting.md:1]"), "{second}");
     assert!(!second.contains("shipment-"), "{second}");
 

@@ -962,31 +962,19 @@ async fn a_goal_that_does_not_load_ends_the_run_setup_failed() {
     assert_eq!(r.steps, 0);
 }
 
-/// The memory message of a model request (empty when there is none).
-fn memory_text(body: &Value) -> String {
-    body["messages"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|m| m["content"].as_str())
-        .find(|c| c.starts_with("Workspace memory"))
-        .unwrap_or_default()
-        .to_string()
-}
-
 /// On Temporal, memory is searched before each step by a worker (an activity: the workflow
 /// reads no folder), and its answer reaches the model: step 1's request shows the note about
 /// Ada, step 2's (searched for what step 1's call wrote) the note about the telescope, which
 /// step 1's did not. The recorded history replays with no folder.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_searches_memory_before_each_step_on_temporal() {
-    use model_runs::{TINY, answer, final_output};
+    use model_runs::{
+        TELESCOPE_NOTE, TINY, answer, assert_each_step_recalls_what_the_step_before_brought,
+        final_output, memory_text, telescope_answer,
+    };
     let Some(s) = server() else { return };
     let conn = s.connect().await;
-    let telescope = json!({"calls": [{"_tool": "greet", "name": "Ada",
-        "_output": {"greeting": "Hello Ada, the observatory telescope awaits you"},
-        "_outputPath": "†state.greeting"}], "output": null});
-    let model = common::serve(vec![answer(telescope), answer(final_output())]).await;
+    let model = common::serve(vec![telescope_answer(), answer(final_output())]).await;
     let dir = tempfile::tempdir().expect("dir");
     let notes = dir.path().join("notes");
     std::fs::create_dir_all(&notes).expect("notes");
@@ -1002,11 +990,7 @@ async fn a_worker_searches_memory_before_each_step_on_temporal() {
         "# Greeting Ada\n\nAda likes a greeting that calls her Countess Lovelace.\n",
     )
     .expect("note");
-    std::fs::write(
-        notes.join("telescope.md"),
-        "# The telescope\n\nThe observatory's telescope is pointed at Saturn on clear nights.\n",
-    )
-    .expect("note");
+    std::fs::write(notes.join("telescope.md"), TELESCOPE_NOTE).expect("note");
     let mut goal: Value = serde_json::from_str(
         &std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join(TINY)).expect("tiny"),
     )
@@ -1036,20 +1020,8 @@ async fn a_worker_searches_memory_before_each_step_on_temporal() {
         String::from_utf8_lossy(&out.stderr)
     );
     let requests = model.requests();
-    assert_eq!(requests.len(), 2);
-    let (first, second) = (
-        memory_text(&requests[0].body),
-        memory_text(&requests[1].body),
-    );
-    assert!(first.contains("[ada-greeting.md:1]"), "{first}");
-    assert!(
-        !first.contains("telescope"),
-        "step 1 knows nothing of it: {first}"
-    );
-    assert!(
-        second.contains("[telescope.md:1]\n# The telescope") && second.contains("Saturn"),
-        "step 2 searched for what step 1 wrote: {second}"
-    );
+    assert_each_step_recalls_what_the_step_before_brought(&requests);
+    let second = memory_text(&requests[1].body);
     assert!(!second.contains("shipment-"), "{second}");
     // The searches are in the history: it replays without the folder.
     std::fs::remove_dir_all(&notes).expect("remove notes");

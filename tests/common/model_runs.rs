@@ -122,3 +122,46 @@ pub fn asked(server: &TestServer) -> Vec<(Value, Value)> {
         .map(|q| (q.body["stream"].clone(), q.body["model"].clone()))
         .collect()
 }
+
+/// The memory message of a model request, as the model reads it (empty when there is none).
+pub fn memory_text(body: &Value) -> String {
+    body["messages"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|m| m["content"].as_str())
+        .find(|c| c.starts_with("Workspace memory"))
+        .unwrap_or_default()
+        .to_string()
+}
+
+/// A first answer whose call writes about the observatory's telescope: what a second step's
+/// memory search is then asked about ([`TELESCOPE_NOTE`]).
+pub fn telescope_answer() -> Canned {
+    answer(json!({"calls": [{"_tool": "greet", "name": "Ada",
+        "_output": {"greeting": "Hello Ada, the observatory telescope awaits you"},
+        "_outputPath": "†state.greeting"}], "output": null}))
+}
+
+/// The note only the second step's search finds (after [`telescope_answer`]).
+pub const TELESCOPE_NOTE: &str =
+    "# The telescope\n\nThe observatory's telescope is pointed at Saturn on clear nights.\n";
+
+/// Memory searched per step: the first request shows the note about Ada and nothing of the
+/// telescope; the second, searched for what the first step's call wrote, shows the telescope.
+pub fn assert_each_step_recalls_what_the_step_before_brought(requests: &[Recorded]) {
+    assert_eq!(requests.len(), 2);
+    let (first, second) = (
+        memory_text(&requests[0].body),
+        memory_text(&requests[1].body),
+    );
+    assert!(first.contains("[ada-greeting.md:1]"), "{first}");
+    assert!(
+        !first.contains("telescope"),
+        "step 1 knows nothing of it: {first}"
+    );
+    assert!(
+        second.contains("[telescope.md:1]\n# The telescope") && second.contains("Saturn"),
+        "step 2 searched for what step 1 wrote: {second}"
+    );
+}
