@@ -211,7 +211,7 @@ pub struct ApprovalConfig {
     /// Per tool kind (`http`, `mcp`, `shell`, `delegate`, `rust`): `ask` or `deny`.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub kinds: BTreeMap<String, KindFloor>,
-    /// `dagloop serve`: a principal may not decide (nor grant) calls of runs it submitted
+    /// `dagloop serve`: a principal may not decide (nor approve ahead) calls of runs it submitted
     /// (`approval.own_run`, 403). Default false.
     #[serde(default)]
     pub separate_duties: bool,

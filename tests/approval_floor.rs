@@ -12,7 +12,7 @@
 //! - A tool-kind floor (`[approval] kinds = {http = "ask"}`) against the same tricks with an
 //!   http tool: every call waits, the counting service sees none, and the floor is kept with
 //!   the run across a restart under a config without it.
-//! - Separation of duties: the submitter may not decide nor grant its own run's calls.
+//! - Separation of duties: the submitter may not decide nor approve ahead its own run's calls.
 //! - A published agent runs only on the models its operator lists.
 //! - `dagloop policy explain` names the layer that decided.
 
@@ -374,8 +374,8 @@ async fn a_goal_cannot_lower_an_operator_mcp_tools_always() {
     );
 }
 
-/// `[approval] separate_duties`: `dual` (submit and review) may neither decide nor grant the
-/// calls of the run it submitted (403 `approval.own_run`); `alice` may.
+/// `[approval] separate_duties`: `dual` (submit and review) may neither decide nor approve ahead
+/// the calls of the run it submitted (403 `approval.own_run`); `alice` may.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_submitter_does_not_decide_its_own_runs_calls() {
     let (url, counts) = counting_service().await;
@@ -397,14 +397,14 @@ async fn a_submitter_does_not_decide_its_own_runs_calls() {
     )
     .await;
     refused(own, 403, "approval.own_run");
-    let grant = post_as(
+    let ahead = post_as(
         &s,
         DUAL,
-        &format!("/runs/{id}/grants"),
+        &format!("/runs/{id}/standing"),
         &json!({"scope": "tool", "tool": "step"}),
     )
     .await;
-    refused(grant, 403, "approval.own_run");
+    refused(ahead, 403, "approval.own_run");
     assert!(counts.lock().expect("counts").is_empty());
     let (status, v) = post_as(
         &s,

@@ -1,8 +1,8 @@
-//! The reviewer's desk through the binary (spec/approval.md R5-R10): a run-wide grant given in a
-//! decisions file survives `kill -9` and resume; a sub-graph approval through the API covers
-//! exactly the calls presented, not one added later; grants are revoked; an interrupted call is
+//! The reviewer's desk through the binary (spec/approval.md R5-R10): a run-wide standing
+//! approval given in a decisions file survives `kill -9` and resume; a sub-graph approval through the API covers
+//! exactly the calls presented, not one added later; standing approvals are revoked; an interrupted call is
 //! marked done with a supplied result; every decision is in the audit with its principal,
-//! channel and rule or grant; the operator's webhook receives `approval_requested`, retried.
+//! channel and rule or standing approval; the operator's webhook receives `approval_requested`, retried.
 
 #[path = "common/bin.rs"]
 mod bin;
@@ -31,7 +31,7 @@ fn gated_goal(dir: &Path, svc: &desk::Gated) -> std::path::PathBuf {
     write(
         dir,
         "goal.json",
-        &json!({"goal": "grant", "model": format!("scripted:{}", s.display()),
+        &json!({"goal": "standing", "model": format!("scripted:{}", s.display()),
         "output_schema": {"type": "object", "required": ["total"]},
         "tools": [desk::http_tool("step", &format!("{}/step", svc.base), false),
                   desk::http_tool("gate", &format!("{}/gate", svc.base), true)],
@@ -79,7 +79,7 @@ async fn killed_at_the_gate(store: &Path, svc: &desk::Gated, args: &[&std::ffi::
     out.stderr
 }
 
-/// Resumes the run with no reviewer (anything no grant covers would be rejected): it ends with
+/// Resumes the run with no reviewer (anything no standing approval covers would be rejected): it ends with
 /// step 2's result, and each step ran once.
 fn resumed_to_the_end(store: &Path, svc: &desk::Gated, id: &str) {
     let result = cli(
@@ -110,11 +110,11 @@ fn entries<'a>(audit: &'a Value, what: &str) -> Vec<&'a Value> {
         .collect()
 }
 
-/// R6: the terminal's "approve every call of this tool", given as a decisions-file grant, is
-/// journaled: after SIGKILL mid-call and `resume` with no reviewer (anything not covered would
-/// be rejected), a later call of the tool is approved by that grant.
+/// R6: the terminal's "approve every call of this tool", given as a decisions file's `allow`
+/// entry, is journaled: after SIGKILL mid-call and `resume` with no reviewer (anything not
+/// covered would be rejected), a later call of the tool is approved by that standing approval.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_run_wide_grant_survives_kill_9_and_resume() {
+async fn a_run_wide_standing_approval_survives_kill_9_and_resume() {
     let svc = desk::gated_service().await;
     let dir = tempfile::tempdir().expect("dir");
     let goal = gated_goal(dir.path(), &svc);
@@ -122,7 +122,7 @@ async fn a_run_wide_grant_survives_kill_9_and_resume() {
         dir.path(),
         "decisions.json",
         &json!({"decisions": [
-            {"grant": {"scope": "tool", "tool": "step"}},
+            {"allow": {"scope": "tool", "tool": "step"}},
             {"tool": "gate", "decision": "approve"}
         ]}),
     );
@@ -142,26 +142,39 @@ async fn a_run_wide_grant_survives_kill_9_and_resume() {
     let id = run_id(&stderr);
     resumed_to_the_end(&store, &svc, &id);
     let audit = cli(&store, &["show", &id, "--audit", "--json"], 0);
-    let grants = entries(&audit, "grant");
-    assert_eq!(grants.len(), 1, "the grant is journaled once: {audit}");
-    assert_eq!(grants[0]["channel"], "decisions_file", "{audit}");
+    let given = entries(&audit, "allow");
+    assert_eq!(
+        given.len(),
+        1,
+        "the standing approval is journaled once: {audit}"
+    );
+    assert_eq!(given[0]["channel"], "decisions_file", "{audit}");
     let steps: Vec<&Value> = entries(&audit, "decision")
         .into_iter()
         .filter(|e| e["tool"] == "step")
         .collect();
     assert_eq!(steps.len(), 2, "{audit}");
     for d in steps {
+        // `grant` repeats `standing` for one release (docs/approval.md).
         assert_eq!(
-            (d["decision"].as_str(), d["grant"].as_str()),
-            (Some("approve"), Some("g1")),
+            (
+                d["decision"].as_str(),
+                d["standing"].as_str(),
+                d["grant"].as_str()
+            ),
+            (Some("approve"), Some("g1"), Some("g1")),
             "{audit}"
         );
         assert_eq!(d["rule"], "policy:ask", "the rule that asked: {audit}");
     }
     assert_eq!(
-        audit["grants"][0]["calls"].as_array().map(Vec::len),
+        audit["standing"][0]["calls"].as_array().map(Vec::len),
         Some(2),
         "{audit}"
+    );
+    assert_eq!(
+        audit["grants"], audit["standing"],
+        "the old key, for one release"
     );
     // The people's view lists them too.
     let out = bin::dagloop()
@@ -171,19 +184,21 @@ async fn a_run_wide_grant_survives_kill_9_and_resume() {
         .expect("show");
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(
-        text.contains("grant g1") && text.contains("(decisions_file)"),
+        text.contains("allow g1")
+            && text.contains("standing g1")
+            && text.contains("(decisions_file)"),
         "{text}"
     );
 }
 
-/// R13: grants from the command line. A detached run waits on step 1; `dagloop grant --tool
-/// step --when SCHEMA` and `dagloop grant --call 1 --with-dependents` (step 1 and the gate
+/// R13: standing approvals from the command line. A detached run waits on step 1; `dagloop
+/// allow --tool step --when SCHEMA` and `dagloop allow --call 1 --with-dependents` (step 1 and the gate
 /// blocked on it, as they stand) are recorded; the resumed run applies them (step 1 and the
 /// gate run without a reviewer) and is SIGKILLed in the gate; `dagloop revoke` takes the
-/// sub-graph grant back; resumed with no reviewer, step 2 is approved by the tool grant. The
-/// audit lists both grants and the revocation with channel `cli`; refusals carry their codes.
+/// sub-graph approval back; resumed with no reviewer, step 2 is approved by the tool one. The
+/// audit lists both standing approvals and the revocation with channel `cli`; refusals carry their codes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn grants_from_the_command_line_are_applied_journaled_and_survive_kill_9() {
+async fn standing_approvals_from_the_command_line_are_applied_journaled_and_survive_kill_9() {
     let svc = desk::gated_service().await;
     let dir = tempfile::tempdir().expect("dir");
     let goal = gated_goal(dir.path(), &svc);
@@ -198,7 +213,7 @@ async fn grants_from_the_command_line_are_applied_journaled_and_survive_kill_9()
         "{waiting}"
     );
     // Refused before anything is recorded: an unknown tool, a schema that is not one, a call
-    // seen with other params, a grant that does not exist.
+    // seen with other params, a standing approval that does not exist.
     for (args, code) in [
         (vec!["--tool", "nope"], "op.invalid_standing_approval"),
         (
@@ -215,7 +230,7 @@ async fn grants_from_the_command_line_are_applied_journaled_and_survive_kill_9()
         ),
         (vec!["--call", "2", "--with-dependents"], "op.not_awaiting"),
     ] {
-        let mut a = vec!["grant", id.as_str()];
+        let mut a = vec!["allow", id.as_str()];
         a.extend(args);
         // A refused op exits 1, a bad command line 2.
         let e = cli(&store, &a, if code.starts_with("op.") { 1 } else { 2 });
@@ -227,7 +242,7 @@ async fn grants_from_the_command_line_are_applied_journaled_and_survive_kill_9()
     let g1 = cli(
         &store,
         &[
-            "grant",
+            "allow",
             &id,
             "--tool",
             "step",
@@ -243,7 +258,7 @@ async fn grants_from_the_command_line_are_applied_journaled_and_survive_kill_9()
     );
     let g2 = cli(
         &store,
-        &["grant", &id, "--call", "1", "--with-dependents"],
+        &["allow", &id, "--call", "1", "--with-dependents"],
         0,
     );
     let listed: Vec<u64> = g2["covers"]["calls"]
@@ -254,7 +269,7 @@ async fn grants_from_the_command_line_are_applied_journaled_and_survive_kill_9()
         .collect();
     assert_eq!(listed, [1, 2], "the call and the gate waiting on it: {g2}");
 
-    // Resumed (nobody to answer: only the grants can approve), killed while the gate runs.
+    // Resumed (nobody to answer: only the standing approvals can approve), killed while the gate runs.
     killed_at_the_gate(
         &store,
         &svc,
@@ -271,11 +286,11 @@ async fn grants_from_the_command_line_are_applied_journaled_and_survive_kill_9()
     resumed_to_the_end(&store, &svc, &id);
 
     let audit = cli(&store, &["show", &id, "--audit", "--json"], 0);
-    let given: Vec<(&str, &str)> = entries(&audit, "grant")
+    let given: Vec<(&str, &str)> = entries(&audit, "allow")
         .iter()
         .map(|g| {
             (
-                g["grant"].as_str().unwrap_or(""),
+                g["standing"].as_str().unwrap_or(""),
                 g["channel"].as_str().unwrap_or(""),
             )
         })
@@ -285,7 +300,7 @@ async fn grants_from_the_command_line_are_applied_journaled_and_survive_kill_9()
     assert_eq!(
         (
             revoked.len(),
-            revoked[0]["grant"].as_str(),
+            revoked[0]["standing"].as_str(),
             revoked[0]["channel"].as_str()
         ),
         (1, Some("g2"), Some("cli")),
@@ -297,7 +312,7 @@ async fn grants_from_the_command_line_are_applied_journaled_and_survive_kill_9()
             (
                 d["call_id"].as_u64().unwrap_or(0),
                 d["decision"].as_str().unwrap_or(""),
-                d["grant"].as_str().unwrap_or("-"),
+                d["standing"].as_str().unwrap_or("-"),
             )
         })
         .collect();
@@ -310,14 +325,14 @@ async fn grants_from_the_command_line_are_applied_journaled_and_survive_kill_9()
         ],
         "{audit}"
     );
-    assert_eq!(audit["grants"][0]["calls"], json!([1, 3]), "{audit}");
-    assert_eq!(audit["grants"][1]["calls"], json!([2]), "{audit}");
-    assert_eq!(audit["grants"][1]["revoked"], true, "{audit}");
+    assert_eq!(audit["standing"][0]["calls"], json!([1, 3]), "{audit}");
+    assert_eq!(audit["standing"][1]["calls"], json!([2]), "{audit}");
+    assert_eq!(audit["standing"][1]["revoked"], true, "{audit}");
 }
 
 /// R7-R9: "approve this call and the calls waiting on it, as presented" through the API covers
 /// exactly the listed calls (1, 2, 3), not the independent one (4) nor one added later (5);
-/// grants are listed with the calls they covered, revoked, and audited with their principal.
+/// standing approvals are listed with the calls they covered, revoked, and audited with their principal.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_subgraph_approval_covers_exactly_the_calls_presented() {
     let svc = desk::gated_service().await;
@@ -367,9 +382,26 @@ async fn a_subgraph_approval_covers_exactly_the_calls_presented() {
                 .is_some_and(|c| c.iter().filter(|c| c["status"] == "done").count() == 3)
     })
     .await;
-    assert_eq!(v["grants"][1]["calls"], json!([1, 2, 3]), "{}", v["grants"]);
-    assert_eq!(v["grants"][0]["calls"], json!([]), "{}", v["grants"]);
-    // A tool grant that covers nothing here, given and revoked.
+    assert_eq!(
+        v["standing"][1]["calls"],
+        json!([1, 2, 3]),
+        "{}",
+        v["standing"]
+    );
+    assert_eq!(v["standing"][0]["calls"], json!([]), "{}", v["standing"]);
+    // The run's description names them `standing`; `grants` repeats it for one release, and
+    // a call's `decided_by_grant` its `decided_by_standing`.
+    assert_eq!(v["grants"], v["standing"], "{v}");
+    let call1 = &v["calls"].as_array().expect("calls")[0];
+    assert_eq!(
+        (
+            call1["decided_by_standing"].as_str(),
+            call1["decided_by_grant"].as_str()
+        ),
+        (Some("g2"), Some("g2")),
+        "{call1}"
+    );
+    // A tool standing approval that covers nothing here, given and revoked.
     let (st, g) = send(client().post(s.url(&format!("/runs/{id}/grants"))).json(&json!({
         "scope": "tool", "tool": "step", "when": {"properties": {"n": {"const": 999}}, "required": ["n"]}}))).await;
     assert_eq!((st, g["grant"].as_str()), (200, Some("g3")), "{g}");
@@ -400,15 +432,15 @@ async fn a_subgraph_approval_covers_exactly_the_calls_presented() {
         422,
         "op.invalid_standing_approval",
     );
-    // Call 4 by a `subgraph` grant (the calls grant the server reads off the run: call 4 as
+    // Call 4 by a `subgraph` standing approval (the calls approval the server reads off the run: call 4 as
     // presented, nothing waits on it), after refusals: a hash it was not presented with, a
     // call that does not await a decision.
     let v = until(&s, &id, |v| ids(&awaiting(v)) == [4]).await;
-    let grants = s.url(&format!("/runs/{id}/grants"));
+    let old_route = s.url(&format!("/runs/{id}/grants"));
     serve::refused(
         send(
             client()
-                .post(&grants)
+                .post(&old_route)
                 .json(&json!({"scope": "subgraph", "call": 4, "presented": "0000000000000000"})),
         )
         .await,
@@ -418,19 +450,19 @@ async fn a_subgraph_approval_covers_exactly_the_calls_presented() {
     serve::refused(
         send(
             client()
-                .post(&grants)
+                .post(&old_route)
                 .json(&json!({"scope": "subgraph", "call": 1})),
         )
         .await,
         409,
         "op.already_decided",
     );
-    let (st, g) = send(client().post(&grants).json(
+    let (st, g) = send(client().post(&old_route).json(
         &json!({"scope": "subgraph", "call": 4, "presented": awaiting(&v)[0]["params_hash"]}),
     ))
     .await;
     assert_eq!((st, g["grant"].as_str()), (200, Some("g4")), "{g}");
-    // Call 5, added by the model later, waits for a reviewer: no grant covers it.
+    // Call 5, added by the model later, waits for a reviewer: none covers it.
     until(&s, &id, |v| ids(&awaiting(v)) == [5]).await;
     serve::approve(&s, &id, 5).await;
     let v = until(&s, &id, |v| v["status"] == "succeeded").await;
@@ -450,7 +482,7 @@ async fn a_subgraph_approval_covers_exactly_the_calls_presented() {
             );
             (
                 e["call_id"].as_u64().unwrap_or(0),
-                e["grant"].as_str().map(String::from),
+                e["standing"].as_str().map(String::from),
                 e["decision"].as_str().unwrap_or("").to_string(),
             )
         })
@@ -476,7 +508,7 @@ async fn a_subgraph_approval_covers_exactly_the_calls_presented() {
         .filter_map(|e| e["what"].as_str())
         .collect();
     assert_eq!(
-        whats.iter().filter(|w| **w == "grant").count(),
+        whats.iter().filter(|w| **w == "allow").count(),
         4,
         "{audit}"
     );
@@ -795,7 +827,11 @@ async fn a_journal_from_before_the_standing_approval_rename_loads() {
 
     let after = cli(&store, &["show", &id, "--audit", "--json"], 0);
     assert_eq!(after, before, "the old journal shows the same audit");
-    assert_eq!(after["grants"].as_array().map(Vec::len), Some(2), "{after}");
+    assert_eq!(
+        after["standing"].as_array().map(Vec::len),
+        Some(2),
+        "{after}"
+    );
     let replay = cli(&store, &["replay", &id], 0);
     assert_eq!(replay["status"], "identical", "{replay}");
 }

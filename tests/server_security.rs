@@ -591,6 +591,7 @@ async fn a_submitter_sees_and_cancels_only_its_own_runs() {
         format!("/runs/{a}/events"),
         format!("/runs/{a}/cassette"),
         format!("/runs/{a}/audit"),
+        format!("/runs/{a}/standing"),
         format!("/runs/{a}/grants"),
         format!("/runs/{a}/result"),
     ] {

@@ -667,12 +667,12 @@ async fn an_approval_is_decided_by_update_after_the_worker_restarted() {
     replays(&conn, &id).await;
 }
 
-/// Grants reach a Temporal run by update (spec/approval.md R13): `dagloop grant --engine
-/// temporal --tool step --when SCHEMA` approves call 1 only; `revoke` is journaled; `grant
-/// --call 2 --with-dependents` approves call 2 and the run ends. Each step ran once, and the
+/// Standing approvals reach a Temporal run by update (spec/approval.md R13): `dagloop allow
+/// --engine temporal --tool step --when SCHEMA` approves call 1 only; `revoke` is journaled;
+/// `allow --call 2 --with-dependents` approves call 2 and the run ends. Each step ran once, and the
 /// workflow's history replays.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn grants_and_revokes_reach_a_temporal_run_by_update() {
+async fn standing_approvals_and_revokes_reach_a_temporal_run_by_update() {
     let Some(s) = server() else { return };
     let conn = s.connect().await;
     let dir = tempfile::tempdir().expect("dir");
@@ -680,8 +680,8 @@ async fn grants_and_revokes_reach_a_temporal_run_by_update() {
     let calls = json!([{"_tool": "step", "n": 1, "_outputPath": "†state.a"},
                        {"_tool": "step", "n": 2, "_outputPath": "†state.b"}]);
     let goal = step_goal(dir.path(), &url, Some("ask"), calls);
-    let _worker = WorkerProcess::start(bin::dagloop(), &s, "grants");
-    let out = run_temporal(&s, "grants", &goal, &["--detach"]);
+    let _worker = WorkerProcess::start(bin::dagloop(), &s, "standing");
+    let out = run_temporal(&s, "standing", &goal, &["--detach"]);
     assert!(
         out.status.success(),
         "{}",
@@ -718,7 +718,7 @@ async fn grants_and_revokes_reach_a_temporal_run_by_update() {
         );
     };
     ok(cmd(&[
-        "grant",
+        "allow",
         &id,
         "--tool",
         "step",
@@ -726,11 +726,11 @@ async fn grants_and_revokes_reach_a_temporal_run_by_update() {
         r#"{"properties": {"n": {"maximum": 1}}}"#,
     ]));
     until("call 1 approved by g1", &|v| {
-        v["grants"][0]["calls"] == json!([1])
+        v["standing"][0]["calls"] == json!([1])
     });
     ok(cmd(&["revoke", &id, "g1"]));
-    until("g1 revoked", &|v| v["grants"][0]["revoked"] == true);
-    ok(cmd(&["grant", &id, "--call", "2", "--with-dependents"]));
+    until("g1 revoked", &|v| v["standing"][0]["revoked"] == true);
+    ok(cmd(&["allow", &id, "--call", "2", "--with-dependents"]));
     let r = tokio::time::timeout(Duration::from_secs(120), conn.result(&id))
         .await
         .expect("ended")

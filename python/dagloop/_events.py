@@ -129,7 +129,8 @@ class DecisionMade(Event):
     timed_out: bool = False
     by: dict[str, Any] | None = None
     rule: str | None = None
-    # The standing approval the decision came from (`grant` from servers before the rename).
+    # The standing approval the decision came from (servers before the rename sent it as
+    # `grant`; `parse_event` reads that as `standing` too, and `grant` repeats it).
     standing: str | None = None
     grant: str | None = None
 
@@ -143,11 +144,12 @@ class DecisionDropped(Event):
     code: str = ""
 
 
-# A reviewer's standing approval (named `grant_added` by servers before the rename).
+# A reviewer's standing approval (named `grant_added` by servers before the rename; it is not
+# a grant, which is what the operator lets a goal touch). `standing` is what it covers.
 @_kind("standing_approval_added")
 @_kind("grant_added")
 @dataclass(frozen=True)
-class GrantAdded(Event):
+class StandingApprovalAdded(Event):
     id: str = ""
     standing: dict[str, Any] = field(default_factory=dict)
     grant: dict[str, Any] = field(default_factory=dict)
@@ -157,9 +159,14 @@ class GrantAdded(Event):
 @_kind("standing_approval_revoked")
 @_kind("grant_revoked")
 @dataclass(frozen=True)
-class GrantRevoked(Event):
+class StandingApprovalRevoked(Event):
     id: str = ""
     by: dict[str, Any] | None = None
+
+
+# Their names before the rename, kept for one release.
+GrantAdded = StandingApprovalAdded
+GrantRevoked = StandingApprovalRevoked
 
 
 @_kind("started")
@@ -270,6 +277,12 @@ def parse_event(doc: dict[str, Any]) -> Event:
         key = "from_" if k == "from" else k
         if key in names:
             kw[key] = v
+    # An event from before the rename names the standing approval `grant` only.
+    if "standing" in names and "grant" in names:
+        if kw.get("standing") is None and "grant" in kw:
+            kw["standing"] = kw["grant"]
+        if kw.get("grant") is None and "standing" in kw:
+            kw["grant"] = kw["standing"]
     for k in ("seq", "step", "at"):
         kw.setdefault(k, 0)
     kw.setdefault("type", doc.get("type", ""))
@@ -290,6 +303,8 @@ __all__ = [
     "ApprovalRequested",
     "DecisionMade",
     "DecisionDropped",
+    "StandingApprovalAdded",
+    "StandingApprovalRevoked",
     "GrantAdded",
     "GrantRevoked",
     "CallStarted",

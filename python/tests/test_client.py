@@ -43,6 +43,25 @@ def test_every_event_of_the_api_has_a_typed_class_with_its_fields() -> None:
         assert not missing, f"{cls.__name__} lacks {missing}"
 
 
+def test_standing_approval_events_read_in_their_new_and_old_spelling() -> None:
+    from dagloop._events import parse_event
+
+    spec = {"scope": "tool", "tool": "refund"}
+    for doc in (
+        {"type": "standing_approval_added", "id": "g1", "standing": spec},
+        {"type": "grant_added", "id": "g1", "grant": spec},
+    ):
+        e = parse_event(doc)
+        assert isinstance(e, dagloop.StandingApprovalAdded) and e.standing == spec, e
+    for doc in (
+        {"type": "decision", "decision": {"decision": "approve"}, "standing": "g1"},
+        {"type": "decision", "decision": {"decision": "approve"}, "grant": "g1"},
+    ):
+        d = parse_event(doc)
+        assert isinstance(d, dagloop.DecisionMade) and (d.standing, d.grant) == ("g1", "g1"), d
+    assert dagloop.GrantAdded is dagloop.StandingApprovalAdded
+
+
 @pytest.fixture
 def server(tmp_path: pathlib.Path) -> Iterator[str]:
     binary = dagloop_binary()

@@ -1,18 +1,21 @@
-//! Grants in force in a run: which presented calls a reviewer's grant approves ahead of time.
+//! Standing approvals in force in a run: which presented calls a reviewer's standing approval
+//! approves ahead of time. (Not grants: those are what the operator lets a goal touch,
+//! `crate::grants`.)
 //!
-//! A [`StandingSpec::Tool`] grant covers every call of its tool (whose params satisfy its `when`,
-//! seen as an approval rule's `when` sees them); a [`StandingSpec::Calls`] grant covers exactly
-//! the listed calls while their params hash is the one listed (as presented, or as written for
-//! a call the reviewer saw still blocked). No grant covers a call interrupted by a restart.
+//! A [`StandingSpec::Tool`] approval covers every call of its tool (whose params satisfy its
+//! `when`, seen as an approval rule's `when` sees them); a [`StandingSpec::Calls`] approval
+//! covers exactly the listed calls while their params hash is the one listed (as presented, or
+//! as written for a call the reviewer saw still blocked). None covers a call interrupted by a
+//! restart.
 //!
-//! Pure: the run machine keeps the grants, journals them and applies what they cover.
-//! Deliberately not here: who may grant (the server's roles) or when grants are offered.
+//! Pure: the run machine keeps them, journals them and applies what they cover.
+//! Deliberately not here: who may give one (the server's roles) or when they are offered.
 
 use std::sync::Arc;
 
 use crate::protocol::{Actor, Call, CallId, StandingSpec, Tool, params_hash};
 
-/// A grant given in a run, ready to match calls.
+/// A standing approval given in a run, ready to match calls.
 #[derive(Clone)]
 pub struct ActiveStanding {
     /// Its id in the run (`g1`...).
@@ -37,8 +40,8 @@ impl std::fmt::Debug for ActiveStanding {
     }
 }
 
-/// Checks a grant before it is journaled: a tool grant names a known tool (`known`), its
-/// `when` is a schema; a calls grant lists at least one call.
+/// Checks a standing approval before it is journaled: a tool approval names a known tool
+/// (`known`), its `when` is a schema; a calls approval lists at least one call.
 pub fn check(spec: &StandingSpec, known: impl Fn(&str) -> bool) -> Result<(), String> {
     match spec {
         StandingSpec::Tool { tool, when } => {
@@ -52,14 +55,14 @@ pub fn check(spec: &StandingSpec, known: impl Fn(&str) -> bool) -> Result<(), St
             Ok(())
         }
         StandingSpec::Calls { calls } if calls.is_empty() => {
-            Err("a calls grant lists at least one call".into())
+            Err("a calls approval lists at least one call".into())
         }
         StandingSpec::Calls { .. } => Ok(()),
     }
 }
 
 impl ActiveStanding {
-    /// The `n`th grant of a run (from 1). A `when` that does not compile covers nothing (it
+    /// The `n`th standing approval of a run (from 1). A `when` that does not compile covers nothing (it
     /// was checked before it was journaled).
     pub fn new(n: usize, spec: StandingSpec, by: Option<Actor>) -> ActiveStanding {
         let when = match &spec {
@@ -75,7 +78,7 @@ impl ActiveStanding {
         }
     }
 
-    /// True when the grant approves call `id`, presented as `presented` (resolved), written as
+    /// True when it approves call `id`, presented as `presented` (resolved), written as
     /// `written` (the call as the model or a reviewer wrote it), not interrupted.
     pub fn covers(
         &self,
@@ -121,7 +124,7 @@ mod tests {
     }
 
     #[test]
-    fn tool_grants_cover_their_tool_and_their_schema_only() {
+    fn tool_approvals_cover_their_tool_and_their_schema_only() {
         let t = Tool::new("refund");
         let small = call(json!({"_tool": "refund", "amount": 5}));
         let big = call(json!({"_tool": "refund", "amount": 500}));
@@ -141,7 +144,7 @@ mod tests {
     }
 
     #[test]
-    fn calls_grants_cover_the_listed_calls_as_presented() {
+    fn calls_approvals_cover_the_listed_calls_as_presented() {
         let t = Tool::new("refund");
         let shown = call(json!({"_tool": "refund", "amount": 5}));
         let written = call(json!({"_tool": "refund", "amount": "†state.amount"}));

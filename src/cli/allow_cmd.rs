@@ -80,7 +80,7 @@ fn refused(e: &crate::protocol::OpError) -> CliError {
     CliError::new(e.code(), e.to_string())
 }
 
-/// Gives the grant; prints what it covers and its id.
+/// Gives the standing approval; prints what it covers and its id.
 pub(super) async fn allow(
     a: AllowArgs,
     store: Result<Option<Store>, CliError>,
@@ -88,7 +88,7 @@ pub(super) async fn allow(
     let req = request(&a)?;
     let by = Some(me(Actor::CLI));
     if a.temporal.engine == EngineArg::Temporal {
-        return super::temporal_cmd::grant(&a.run, req, by, &a.temporal).await;
+        return super::temporal_cmd::allow(&a.run, req, by, &a.temporal).await;
     }
     let s = required(store)?;
     let stored = s

@@ -484,8 +484,8 @@ pub enum Command {
         /// Print JSON.
         #[arg(long)]
         json: bool,
-        /// List the run's decisions and grants instead: who, through which channel, when, and
-        /// the rule or grant each came from.
+        /// List the run's decisions and standing approvals instead: who, through which
+        /// channel, when, and the rule or standing approval each came from.
         #[arg(long)]
         audit: bool,
         /// Print the run's trace: its OpenTelemetry trace id and critical path, named as the

@@ -3,8 +3,8 @@
 //!
 //! One call is prompted at a time: a line with its id, tool, resolved params (compact) and,
 //! when it had started before a restart, that it was interrupted, then its card. Answers: `a`
-//! approve, `A` approve every call of this tool for the rest of the run (a journaled grant,
-//! revocable through the API), `s` send it back to the model with feedback (it is told to do it differently, not
+//! approve, `A` approve every call of this tool for the rest of the run (a journaled standing
+//! approval, revocable through the API), `s` send it back to the model with feedback (it is told to do it differently, not
 //! vetoed), `d` leave it waiting and detach the run (decide later on the page or with
 //! `dagloop decide`, continue with `dagloop resume`), `e` edit the params in `$EDITOR` (run on the terminal, `/dev/tty`, never on stdout,
 //! which may be the run's result redirected to a file; checked against the tool's schema, the changes
@@ -143,33 +143,33 @@ pub(super) async fn serve(
     let mut queue: VecDeque<Pending> = VecDeque::new();
     let mut current: Option<Pending> = None;
     let mut waiting = Waiting::Answer;
-    // Tool grants in force (id → tool) whose calls are approved without a prompt.
-    let mut tool_grants: BTreeMap<String, String> = BTreeMap::new();
+    // Tool-wide standing approvals in force (id → tool) whose calls are approved without a prompt.
+    let mut tool_standing: BTreeMap<String, String> = BTreeMap::new();
     let mut lines = Lines::new();
     loop {
         if current.is_some() {
             lines.request();
         }
         // Events first: the next call is prompted only once the events already out are read
-        // (a grant or a decision they carry may have settled it).
+        // (a standing approval or a decision they carry may have settled it).
         tokio::select! {
             biased;
             ev = events.recv() => {
                 let Some(ev) = ev else { break };
                 match (&ev.kind, ev.call) {
                     (EventKind::ApprovalRequested { call, params_hash, interrupted, .. }, Some(id)) => {
-                        // A call a tool grant covers is decided with it (its decision event
+                        // A call a tool's standing approval covers is decided with it (its decision event
                         // follows at once): it is not prompted.
-                        if !*interrupted && tool_grants.values().any(|t| *t == call.tool) {
+                        if !*interrupted && tool_standing.values().any(|t| *t == call.tool) {
                             continue;
                         }
                         queue.push_back(Pending { id, call: Call::clone(call), hash: params_hash.clone(), presentation: ev.seq, interrupted: *interrupted, deadline: None });
                     }
-                    (EventKind::Decision { decision, timed_out, standing: grant, .. }, Some(id)) => {
-                        if let Some(g) = grant {
-                            match tool_grants.get(g) {
-                                Some(tool) => say(&format!("\r\x1b[2K  {id} {tool} approved (every call of this tool) by grant {g}\n")),
-                                None => say(&format!("\r\x1b[2K  {id} approved (as presented) by grant {g}\n")),
+                    (EventKind::Decision { decision, timed_out, standing, .. }, Some(id)) => {
+                        if let Some(g) = standing {
+                            match tool_standing.get(g) {
+                                Some(tool) => say(&format!("\r\x1b[2K  {id} {tool} approved (every call of this tool) by standing approval {g}\n")),
+                                None => say(&format!("\r\x1b[2K  {id} approved (as presented) by standing approval {g}\n")),
                             }
                         }
                         queue.retain(|p| p.id != id);
@@ -181,10 +181,10 @@ pub(super) async fn serve(
                         }
                     }
                     (EventKind::StandingApprovalAdded { id, standing: crate::protocol::StandingSpec::Tool { tool, when: None }, .. }, _) => {
-                        tool_grants.insert(id.clone(), tool.clone());
+                        tool_standing.insert(id.clone(), tool.clone());
                     }
                     (EventKind::StandingApprovalRevoked { id, .. }, _) => {
-                        tool_grants.remove(id);
+                        tool_standing.remove(id);
                     }
                     (EventKind::RunFinished { .. }, _) if ev.parent.is_none() => break,
                     _ => {}
@@ -408,7 +408,7 @@ async fn answer_line(
             Some(())
         }
         "A" => {
-            // A grant: journaled, applied to this call and every later one of the tool (an
+            // A standing approval: journaled, applied to this call and every later one of the tool (an
             // interrupted call is not covered, so it is approved on its own).
             let op = Op::Allow {
                 standing: crate::protocol::StandingSpec::Tool {
@@ -418,7 +418,10 @@ async fn answer_line(
                 by: Some(super::me(crate::protocol::Actor::TERMINAL)),
             };
             if let Err(e) = handle.submit(op).await {
-                say(&format!("  grant not applied: {e} [{}]\n", e.code()));
+                say(&format!(
+                    "  standing approval not applied: {e} [{}]\n",
+                    e.code()
+                ));
             }
             if p.interrupted {
                 decide(handle, p, Decision::Approve).await;

@@ -82,17 +82,18 @@ fn scripted_decisions(goal: &Goal, model: Option<&str>) -> Option<PathBuf> {
     v.get("decisions").is_some().then_some(path)
 }
 
-/// Grants a decisions file gives (its `{"grant": {...}}` entries), journaled at the run's start.
-type FileGrants = Vec<(
+/// Standing approvals a decisions file gives (its `{"allow": {...}}` entries; `grant`, their
+/// name before the rename, still reads), journaled at the run's start.
+type FileStanding = Vec<(
     crate::protocol::StandingSpec,
     Option<crate::protocol::Actor>,
 )>;
 
-/// `{"decisions": [{"tool": NAME} or {"call": ID}, plus a protocol Decision, or {"grant":
-/// GRANT}]}`.
+/// `{"decisions": [{"tool": NAME} or {"call": ID}, plus a protocol Decision, or {"allow":
+/// STANDING}]}`.
 fn load_decisions(
     path: &FsPath,
-) -> Result<(crate::approval::ScriptedApprover, FileGrants), CliError> {
+) -> Result<(crate::approval::ScriptedApprover, FileStanding), CliError> {
     // A decisions file, or a scripted-model file carrying the same list beside its turns.
     #[derive(serde::Deserialize)]
     struct File {
@@ -108,14 +109,15 @@ fn load_decisions(
             reason: "no decision was given for this call (--decisions)".into(),
         })
         .by(super::me(crate::protocol::Actor::DECISIONS_FILE));
-    let mut grants = Vec::new();
+    let mut standing = Vec::new();
     for (i, mut d) in file.decisions.into_iter().enumerate() {
-        if let Some(g) = d.get("grant") {
-            let spec: crate::protocol::StandingSpec = serde_json::from_value(g.clone())
-                .map_err(|e| bad(format!("decisions[{i}].grant: {e}")))?;
+        let key = ["allow", "grant"].into_iter().find(|k| d.get(k).is_some());
+        if let Some(key) = key {
+            let spec: crate::protocol::StandingSpec = serde_json::from_value(d[key].clone())
+                .map_err(|e| bad(format!("decisions[{i}].{key}: {e}")))?;
             crate::approval::standing::check(&spec, |_| true)
-                .map_err(|e| bad(format!("decisions[{i}].grant: {e}")))?;
-            grants.push((
+                .map_err(|e| bad(format!("decisions[{i}].{key}: {e}")))?;
+            standing.push((
                 spec,
                 Some(super::me(crate::protocol::Actor::DECISIONS_FILE)),
             ));
@@ -147,7 +149,7 @@ fn load_decisions(
             }
         };
     }
-    Ok((a, grants))
+    Ok((a, standing))
 }
 
 pub(super) fn approve_name(a: Option<ApproveArg>) -> Option<ModeName> {
@@ -233,7 +235,7 @@ pub(super) async fn run(
         None if !interactive => scripted_decisions(goal, opts.model.as_deref()),
         None => None,
     };
-    let mut file_grants = Vec::new();
+    let mut file_standing = Vec::new();
     // A resumed run with nothing to ask at once (every waiting call decided meanwhile) goes on
     // without a terminal, as if detached: should it come to ask again, it waits for a decision
     // and the process says how to give one.
@@ -244,10 +246,10 @@ pub(super) async fn run(
             && !display.reject_without_reviewer
             && !resumed_asks);
     let review = if let Some(path) = &decisions {
-        let (approver, grants) = load_decisions(path)?;
-        // A resumed run has its grants in its journal already.
+        let (approver, standing) = load_decisions(path)?;
+        // A resumed run has its standing approvals in its journal already.
         if journal.is_none() {
-            file_grants = grants;
+            file_standing = standing;
         }
         Review::Approver(Arc::new(approver))
     } else if detach || interactive {
@@ -300,7 +302,7 @@ pub(super) async fn run(
             sink,
             mcp: None,
             tools_from: display.tools_from.clone(),
-            grants: file_grants,
+            standing: file_standing,
         },
     );
     // Setting up can take long (MCP servers starting): SIGTERM stops it too (the servers
@@ -663,4 +665,40 @@ impl crate::engine::JournalSink for CrashAfter {
 
 pub(super) fn now_ms() -> u64 {
     crate::runs::now_ms()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::load_decisions;
+
+    /// A decisions file's standing approval is an `allow` entry; `grant`, its name before a
+    /// reviewer's standing approval stopped being called a grant, still reads the same.
+    #[test]
+    fn a_decisions_file_gives_standing_approvals_under_allow_and_the_old_grant() {
+        let dir = tempfile::tempdir().expect("dir");
+        let path = dir.path().join("d.json");
+        std::fs::write(
+            &path,
+            r#"{"decisions": [
+                {"allow": {"scope": "tool", "tool": "step"}},
+                {"grant": {"scope": "tool", "tool": "gate"}},
+                {"tool": "other", "decision": "approve"}
+            ]}"#,
+        )
+        .expect("write");
+        let (_, standing) = load_decisions(&path).expect("loads");
+        let tools: Vec<String> = standing
+            .iter()
+            .map(|(s, _)| serde_json::to_value(s).expect("spec")["tool"].to_string())
+            .collect();
+        assert_eq!(tools, ["\"step\"", "\"gate\""]);
+        std::fs::write(
+            &path,
+            r#"{"decisions": [{"allow": {"scope": "calls", "calls": []}}]}"#,
+        )
+        .expect("write");
+        let e = load_decisions(&path).err().expect("refused");
+        assert_eq!(e.code, "cli.bad_decisions", "{e:?}");
+        assert!(e.message.contains("decisions[0].allow"), "{e:?}");
+    }
 }

@@ -270,13 +270,15 @@ fn session_runs(store: &Store, record: &crate::store::RunRecord) -> Result<Vec<V
         .collect())
 }
 
-/// `dagloop show RUN --audit`: the run's decisions and grants (`runs::audit`), as JSON or lines.
+/// `dagloop show RUN --audit`: the run's decisions and standing approvals (`runs::audit`), as
+/// JSON or lines. The JSON repeats `standing` under `grants`, its name before the rename, for
+/// one release.
 pub(super) fn audit(store: &Store, run: &str, json_out: bool) -> Result<i32, CliError> {
-    let (id, entries, grants) = match compacted(store, run)? {
+    let (id, entries, standing) = match compacted(store, run)? {
         Some(c) => (
             c.record.id,
             c.snapshot["audit"].as_array().cloned().unwrap_or_default(),
-            c.snapshot["grants"].clone(),
+            crate::runs::kept(&c.snapshot, "standing").clone(),
         ),
         None => {
             let stored = store.load(run).map_err(err)?;
@@ -284,7 +286,7 @@ pub(super) fn audit(store: &Store, run: &str, json_out: bool) -> Result<i32, Cli
             (
                 stored.record.id,
                 crate::runs::audit::audit(&rb.events),
-                json!(crate::runs::audit::grants(&rb.events)),
+                json!(crate::runs::audit::standing(&rb.events)),
             )
         }
     };
@@ -294,7 +296,8 @@ pub(super) fn audit(store: &Store, run: &str, json_out: bool) -> Result<i32, Cli
             pretty(&json!({
                 "run_id": id,
                 "audit": entries,
-                "grants": grants,
+                "standing": standing,
+                "grants": standing,
             }))
         );
         return Ok(0);

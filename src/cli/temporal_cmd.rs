@@ -94,7 +94,7 @@ mod on {
 
     /// A standing approval for a Temporal run: its journal (a query) rebuilt here turns the request into
     /// the op (`runs::standing_op`, as for a stored run), sent as an update.
-    pub async fn grant(
+    pub async fn allow(
         run: &str,
         req: crate::runs::StandingRequest,
         by: Option<crate::protocol::Actor>,
@@ -223,15 +223,15 @@ pub(super) async fn decide(
     }
 }
 
-/// `grant --engine temporal`.
-pub(super) async fn grant(
+/// `allow --engine temporal`.
+pub(super) async fn allow(
     run: &str,
     req: crate::runs::StandingRequest,
     by: Option<crate::protocol::Actor>,
     t: &TemporalArgs,
 ) -> Result<i32, CliError> {
     #[cfg(feature = "temporal")]
-    return on::grant(run, req, by, t).await;
+    return on::allow(run, req, by, t).await;
     #[cfg(not(feature = "temporal"))]
     {
         let _ = (run, req, by, t);

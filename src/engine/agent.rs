@@ -35,7 +35,7 @@ pub struct Agent {
     pub(super) settings: Settings,
     pub(super) executor: Arc<dyn Executor>,
     pub(super) approver: Option<Arc<dyn Approver>>,
-    pub(super) grants: Vec<crate::machine::RunInput>,
+    pub(super) standing: Vec<crate::machine::RunInput>,
     pub(super) tools: BTreeMap<String, Arc<Tool>>,
     pub(super) asks: Option<String>,
     pub(super) journal: Option<Arc<dyn JournalSink>>,
@@ -152,7 +152,7 @@ impl Agent {
             commit: None,
             scratch: Default::default(),
         };
-        let task = tokio::spawn(driver.run(journal, self.grants));
+        let task = tokio::spawn(driver.run(journal, self.standing));
         RunHandle {
             shared,
             _owner: Arc::new(Owner {

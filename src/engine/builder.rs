@@ -59,8 +59,9 @@ pub struct AgentBuilder {
     model_spec: Option<String>,
     fallbacks: Vec<Arc<dyn Model>>,
     approver: Option<Arc<dyn Approver>>,
-    /// Grants given before the run starts (a decisions file's), journaled right after `start`.
-    grants: Vec<crate::machine::RunInput>,
+    /// Standing approvals given before the run starts (a decisions file's), journaled right
+    /// after `start`.
+    standing: Vec<crate::machine::RunInput>,
     external_review: bool,
     policy: Option<Policy>,
     hooks: Hooks,
@@ -98,7 +99,7 @@ impl AgentBuilder {
             clock: None,
             run_id: None,
             cancel: CancellationToken::new(),
-            grants: Vec::new(),
+            standing: Vec::new(),
             settings: Settings::default(),
             retry: RetryPolicy::default(),
             sanitize: SanitizeLimits::default(),
@@ -183,23 +184,38 @@ impl AgentBuilder {
         self
     }
 
-    /// Grants that apply from the run's start (journaled right after it, before the model is
-    /// heard from), e.g. a decisions file's; a resumed run already has its grants in its journal
-    /// and ignores these.
-    pub fn grants(
+    /// Standing approvals that apply from the run's start (journaled right after it, before
+    /// the model is heard from), e.g. a decisions file's; a resumed run already has its standing
+    /// approvals in its journal and ignores these.
+    pub fn standing_approvals(
         mut self,
-        grants: impl IntoIterator<
+        standing: impl IntoIterator<
             Item = (
                 crate::protocol::StandingSpec,
                 Option<crate::protocol::Actor>,
             ),
         >,
     ) -> Self {
-        self.grants = grants
+        self.standing = standing
             .into_iter()
             .map(|(standing, by)| crate::machine::RunInput::Allow { standing, by })
             .collect();
         self
+    }
+
+    /// [`AgentBuilder::standing_approvals`] under its name before a reviewer's standing
+    /// approval stopped being called a grant (grants are what the operator lets a goal touch).
+    #[deprecated(since = "0.1.0", note = "renamed `standing_approvals`")]
+    pub fn grants(
+        self,
+        standing: impl IntoIterator<
+            Item = (
+                crate::protocol::StandingSpec,
+                Option<crate::protocol::Actor>,
+            ),
+        >,
+    ) -> Self {
+        self.standing_approvals(standing)
     }
 
     /// Decisions arrive through [`RunHandle::submit`] (a web page, an HTTP client, a program):
@@ -358,7 +374,7 @@ impl AgentBuilder {
             settings: self.settings,
             executor,
             approver: self.approver,
-            grants: self.grants,
+            standing: self.standing,
             tools,
             asks,
             journal: self.journal,

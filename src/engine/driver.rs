@@ -155,11 +155,11 @@ enum Next {
 impl Driver {
     /// Runs to the end; publishes the result on the shared `done` channel. With `journal`, the
     /// run is rebuilt from it first (a resumed run) and told so with [`RunInput::Resumed`].
-    /// A new run's `grants` are journaled with its start.
+    /// A new run's `standing` approvals are journaled with its start.
     pub async fn run(
         mut self,
         journal: Option<Vec<JournalEntry>>,
-        grants: Vec<RunInput>,
+        standing: Vec<RunInput>,
     ) -> RunResult {
         match journal {
             Some(entries) if !entries.is_empty() => {
@@ -168,7 +168,7 @@ impl Driver {
             }
             _ => {
                 let mut first = vec![RunInput::Start];
-                first.extend(grants);
+                first.extend(standing);
                 self.feed(first).await;
             }
         }

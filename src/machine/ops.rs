@@ -30,15 +30,11 @@ impl RunMachine {
                 ..
             } => (call, decision, presented, presentation),
             Op::Allow { standing, .. } => return self.check_standing(standing),
-            Op::Revoke {
-                standing: grant, ..
-            } => {
-                return if self.standing.iter().any(|g| g.id == *grant && !g.revoked) {
+            Op::Revoke { standing: id, .. } => {
+                return if self.standing.iter().any(|g| g.id == *id && !g.revoked) {
                     Ok(())
                 } else {
-                    Err(OpError::UnknownStanding {
-                        id: grant.clone(),
-                    })
+                    Err(OpError::UnknownStanding { id: id.clone() })
                 };
             }
             Op::Cancel { .. } => return Ok(()),
@@ -200,9 +196,9 @@ impl RunMachine {
         f.presented.get(&call).copied()
     }
 
-    /// A grant applies when it names a tool of the run (with a `when` that is a schema) or lists
+    /// A standing approval applies when it names a tool of the run (with a `when` that is a schema) or lists
     /// calls of the run.
-    fn check_standing(&self, grant: &StandingSpec) -> Result<(), OpError> {
+    fn check_standing(&self, spec: &StandingSpec) -> Result<(), OpError> {
         let known = |name: &str| {
             self.root.tools.iter().any(|t| t.name == name)
                 || self
@@ -210,9 +206,9 @@ impl RunMachine {
                     .values()
                     .any(|f| f.cfg.tools.iter().any(|t| t.name == name))
         };
-        crate::approval::standing::check(grant, known)
+        crate::approval::standing::check(spec, known)
             .map_err(|reason| OpError::InvalidStanding { reason })?;
-        if let StandingSpec::Calls { calls } = grant {
+        if let StandingSpec::Calls { calls } = spec {
             for c in calls {
                 let i = usize::try_from(c.call.0.wrapping_sub(1)).ok();
                 if i.and_then(|i| self.owners.get(i)).is_none() {

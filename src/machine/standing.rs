@@ -1,8 +1,8 @@
-//! Grants in the run machine: a reviewer's grant is journaled as an input, approves the calls
+//! Standing approvals in the run machine: a reviewer's standing approval is journaled as an input, approves the calls
 //! awaiting a decision that it covers at once, and every covered call presented later, until it
 //! is revoked or the run ends. Replaying the journal gives the same approvals.
 //!
-//! Deliberately not here: what a grant covers (`crate::approval::standing`) or who may give one.
+//! Deliberately not here: what a standing approval covers (`crate::approval::standing`) or who may give one.
 
 use super::{Action, RunMachine, Timer, Work};
 use crate::approval::standing::ActiveStanding;
@@ -17,7 +17,7 @@ pub(super) struct Attribution {
 }
 
 impl RunMachine {
-    /// Records a grant and approves the awaiting calls it covers.
+    /// Records a standing approval and approves the awaiting calls it covers.
     pub(super) fn allow(
         &mut self,
         spec: StandingSpec,
@@ -46,7 +46,7 @@ impl RunMachine {
         }
     }
 
-    /// Revokes a grant (it covers no call presented from now on).
+    /// Revokes a standing approval (it covers no call presented from now on).
     pub(super) fn revoke(
         &mut self,
         id: &str,
@@ -64,7 +64,7 @@ impl RunMachine {
         }
     }
 
-    /// The first grant in force covering call `id` of frame `key`, presented as `presented`.
+    /// The first standing approval in force covering call `id` of frame `key`, presented as `presented`.
     pub(super) fn covering_standing(
         &self,
         key: super::FrameKey,
@@ -101,7 +101,7 @@ impl RunMachine {
         )
     }
 
-    /// Queues the approval of call `id` by grant `ix`, attributed to the grant's author.
+    /// Queues the approval of call `id` by standing approval `ix`, attributed to its author.
     pub(super) fn approve_by_standing(
         &mut self,
         key: super::FrameKey,

@@ -1,7 +1,12 @@
 //! A run's audit trail: every decision about its calls (who, through which channel, when, and
-//! the rule or grant it came from), every decision recorded but dropped (its presentation was
-//! decided otherwise or presented again first) and every grant given or revoked, in the order they happened,
-//! read from the run's events. `dagloop show RUN --audit` and `GET /runs/{id}/audit` print it.
+//! the rule or standing approval it came from), every decision recorded but dropped (its
+//! presentation was decided otherwise or presented again first) and every standing approval
+//! given or revoked, in the order they happened, read from the run's events. `dagloop show RUN
+//! --audit` and `GET /runs/{id}/audit` print it.
+//!
+//! A standing approval is named by the key `standing` (`what: allow` when given). Before it got
+//! its own name it was a "grant": the entries repeat its id under `grant` for one release
+//! (docs/approval.md).
 //!
 //! Deliberately not here: calls the rules let run without asking (they have no decision; the
 //! call's `asked_by_rule` and the policy say why), or deciding anything.
@@ -36,7 +41,7 @@ pub fn audit(events: &[Event]) -> Vec<Value> {
                 timed_out,
                 by,
                 rule,
-                standing: grant,
+                standing,
             } => {
                 let id = call.unwrap_or_default();
                 let (asked_rule, asked_at) = asked.remove(&id).unzip();
@@ -55,7 +60,9 @@ pub fn audit(events: &[Event]) -> Vec<Value> {
                         "rule",
                         rule.clone().or(asked_rule.flatten()).map(Value::from),
                     ),
-                    ("grant", grant.clone().map(Value::from)),
+                    ("standing", standing.clone().map(Value::from)),
+                    // The old key, for one release.
+                    ("grant", standing.clone().map(Value::from)),
                     ("asked_at", asked_at.map(Value::from)),
                     ("timed_out", timed_out.then_some(Value::Bool(true))),
                     ("depth", (e.depth > 0).then(|| Value::from(e.depth))),
@@ -89,16 +96,13 @@ pub fn audit(events: &[Event]) -> Vec<Value> {
                 "presentation": presentation,
                 "code": code,
             })),
-            EventKind::StandingApprovalAdded {
-                id,
-                standing: grant,
-                by,
-            } => out.push(json!({
+            EventKind::StandingApprovalAdded { id, standing, by } => out.push(json!({
                 "seq": e.seq,
                 "at": e.at,
-                "what": "grant",
+                "what": "allow",
+                "standing": id,
                 "grant": id,
-                "covers": grant,
+                "covers": standing,
                 "principal": by.as_ref().map(|b| b.principal.clone()),
                 "channel": by.as_ref().map(|b| b.channel.clone()),
             })),
@@ -106,6 +110,7 @@ pub fn audit(events: &[Event]) -> Vec<Value> {
                 "seq": e.seq,
                 "at": e.at,
                 "what": "revoke",
+                "standing": id,
                 "grant": id,
                 "principal": by.as_ref().map(|b| b.principal.clone()),
                 "channel": by.as_ref().map(|b| b.channel.clone()),
@@ -129,18 +134,15 @@ pub fn audit(events: &[Event]) -> Vec<Value> {
     out
 }
 
-/// The grants of a run with the calls each approved: `[{id, covers, by, revoked, calls}]`.
-pub fn grants(events: &[Event]) -> Vec<Value> {
+/// The standing approvals of a run with the calls each approved: `[{id, covers, by, revoked,
+/// calls}]`.
+pub fn standing(events: &[Event]) -> Vec<Value> {
     let mut list: Vec<Value> = Vec::new();
     for e in events {
         match &e.kind {
-            EventKind::StandingApprovalAdded {
-                id,
-                standing: grant,
-                by,
-            } => list.push(json!({
+            EventKind::StandingApprovalAdded { id, standing, by } => list.push(json!({
                 "id": id,
-                "covers": grant,
+                "covers": standing,
                 "by": by,
                 "at": e.at,
                 "revoked": false,
@@ -167,12 +169,14 @@ pub fn grants(events: &[Event]) -> Vec<Value> {
 }
 
 /// The audit as lines for a terminal: `seq  time  call tool  decision  by principal (channel)
-/// [rule|grant]`.
+/// [rule|standing]`.
 pub fn lines(entries: &[Value]) -> Vec<String> {
     entries
         .iter()
         .map(|v| {
             let s = |k: &str| v[k].as_str().unwrap_or("").to_string();
+            // A run compacted before the rename kept its entries with `grant` only.
+            let standing = v["standing"].as_str().or(v["grant"].as_str());
             let who = match (v["principal"].as_str(), v["channel"].as_str()) {
                 (Some(p), Some(c)) => format!("by {p} ({c})"),
                 _ => "by nobody recorded".into(),
@@ -189,8 +193,8 @@ pub fn lines(entries: &[Value]) -> Vec<String> {
                     if let Some(r) = v["rule"].as_str() {
                         line.push_str(&format!("  rule {r}"));
                     }
-                    if let Some(g) = v["grant"].as_str() {
-                        line.push_str(&format!("  grant {g}"));
+                    if let Some(g) = standing {
+                        line.push_str(&format!("  standing {g}"));
                     }
                     if v["timed_out"] == json!(true) {
                         line.push_str("  (timed out)");
@@ -207,8 +211,12 @@ pub fn lines(entries: &[Value]) -> Vec<String> {
                     s("decision"),
                     s("code")
                 ),
-                "grant" => format!("{head}  grant {}  {}  {who}", s("grant"), v["covers"]),
-                "revoke" => format!("{head}  revoke {}  {who}", s("grant")),
+                "allow" | "grant" => format!(
+                    "{head}  allow {}  {}  {who}",
+                    standing.unwrap_or(""),
+                    v["covers"]
+                ),
+                "revoke" => format!("{head}  revoke {}  {who}", standing.unwrap_or("")),
                 other => format!("{head}  {other} ({})  {who}", s("status")),
             }
         })

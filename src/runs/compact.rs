@@ -3,7 +3,8 @@
 //! periodically).
 //!
 //! Compacting a finished run keeps what `show`, `show --audit` and `GET /runs/{id}` print, made
-//! here once by replaying its journal (the description, the audit entries and the grants), and
+//! here once by replaying its journal (the description, the audit entries and the standing
+//! approvals), and
 //! lets the store drop the journal. Deleting (retention) forgets a finished run altogether.
 //! Only finished runs are ever touched: a run that is running, waiting or stopped keeps its
 //! journal whatever its age.
@@ -17,6 +18,16 @@ use serde_json::json;
 use super::RunsError;
 use crate::protocol::Millis;
 use crate::store::{Retention, RunStore, StoreError};
+
+/// What a compacted run kept under `key` of its snapshot (`view`, `audit`, `standing`), `Null`
+/// when nothing. A run compacted before a reviewer's standing approval got its own name kept
+/// its standing approvals under `grants`.
+pub fn kept<'a>(snapshot: &'a serde_json::Value, key: &str) -> &'a serde_json::Value {
+    match (&snapshot[key], key) {
+        (serde_json::Value::Null, "standing") => &snapshot["grants"],
+        (v, _) => v,
+    }
+}
 
 /// What applying a retention policy did.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
@@ -75,7 +86,7 @@ pub fn compact(store: &dyn RunStore, id: &str) -> Result<CompactedRun, RunsError
     let snapshot = json!({
         "view": view,
         "audit": super::audit::audit(&rb.events),
-        "grants": super::audit::grants(&rb.events),
+        "standing": super::audit::standing(&rb.events),
     });
     let entries = stored.journal.len() as u64;
     let dropped = store.compact(id, &snapshot, entries)?;

@@ -59,8 +59,9 @@ pub struct Host {
     /// Answer the run's calls from this recording (`--tools-from`); with `true`, a call it does
     /// not hold runs for real instead of failing with `cassette.miss`.
     pub tools_from: Option<(Arc<super::Cassette>, bool)>,
-    /// Grants that apply from a new run's start (a decisions file's `grant` entries).
-    pub grants: Vec<(crate::protocol::StandingSpec, Option<crate::protocol::Actor>)>,
+    /// Standing approvals that apply from a new run's start (a decisions file's `allow`
+    /// entries).
+    pub standing: Vec<(crate::protocol::StandingSpec, Option<crate::protocol::Actor>)>,
 }
 
 /// A run that is built and recorded, not yet started.
@@ -127,7 +128,7 @@ pub async fn prepare(
         sink,
         mcp: pool,
         tools_from,
-        grants,
+        standing,
     } = host;
     let record_goal = serde_json::to_value(def.goal()).unwrap_or(Value::Null);
     // Absolute, so that the run can be continued from any directory.
@@ -149,7 +150,7 @@ pub async fn prepare(
         r.mcp_tools = mcp_tools;
     }
     let opts = &options;
-    let mut builder = builder.cancel_token(cancel).grants(grants);
+    let mut builder = builder.cancel_token(cancel).standing_approvals(standing);
     let mut nobody = None;
     builder = match review {
         Review::External => builder.external_review(),

@@ -27,7 +27,7 @@ mod view;
 pub use cassette::{
     Cassette, CassetteError, CassetteExecutor, Exported, Recorded, canonical, export, params_key,
 };
-pub use compact::{CompactedRun, Retained, apply_retention, compact};
+pub use compact::{CompactedRun, Retained, apply_retention, compact, kept};
 pub use def::{RunDef, define};
 pub use fork::{Fork, ForkedFrom, fork, fork_point, goal_with_input, seed};
 pub use standing::{StandingRequest, standing_op};

@@ -1,14 +1,14 @@
-//! A reviewer's request for a grant, turned into the op that gives it: the one conversion the
-//! server (`POST /runs/{id}/grants`) and the command line (`dagloop grant`) both call, so a grant
-//! asked for through either means the same thing.
+//! A reviewer's request for a standing approval, turned into the op that gives it: the one
+//! conversion the server (`POST /runs/{id}/standing`) and the command line (`dagloop allow`) both
+//! call, so a standing approval asked for through either means the same thing.
 //!
-//! A request is a grant as the protocol journals it (`scope: tool` or `scope: calls`), or
+//! A request is a standing approval as the protocol journals it (`scope: tool` or `scope: calls`), or
 //! `scope: subgraph`: "this call and the calls waiting on it", read off the run as it stands
 //! when the request is taken (the call's params hash as presented, each waiting call's as
-//! written) and journaled as the `calls` grant it amounts to, so that a call the model adds
+//! written) and journaled as the `calls` approval it amounts to, so that a call the model adds
 //! later is not covered.
 //!
-//! Deliberately not here: what a grant covers once given (`crate::approval::standing`), who may
+//! Deliberately not here: what a standing approval covers once given (`crate::approval::standing`), who may
 //! give one (the front-ends), or applying it (the run machine).
 
 use serde::Deserialize;
@@ -17,7 +17,7 @@ use serde_json::Value;
 use crate::machine::RunMachine;
 use crate::protocol::{Actor, CallId, Decision, StandingSpec, StandingCall, Op, OpError, params_hash};
 
-/// A grant as a reviewer asks for it.
+/// A standing approval as a reviewer asks for it.
 #[cfg_attr(feature = "server", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(tag = "scope", rename_all = "snake_case", deny_unknown_fields)]
@@ -46,23 +46,20 @@ pub enum StandingRequest {
     },
 }
 
-/// The `grant` op for `req` in the run `machine` drives, by `by`, checked as any op is
+/// The `allow` op for `req` in the run `machine` drives, by `by`, checked as any op is
 /// ([`RunMachine::check_op`]).
 pub fn standing_op(machine: &RunMachine, req: StandingRequest, by: Option<Actor>) -> Result<Op, OpError> {
-    let grant = match req {
+    let standing = match req {
         StandingRequest::Tool { tool, when } => StandingSpec::Tool { tool, when },
         StandingRequest::Calls { calls } => StandingSpec::Calls { calls },
         StandingRequest::Subgraph { call, presented } => subgraph(machine, call, presented)?,
     };
-    let op = Op::Allow {
-        standing: grant,
-        by,
-    };
+    let op = Op::Allow { standing, by };
     machine.check_op(&op)?;
     Ok(op)
 }
 
-/// The calls grant "call `id` and the calls waiting on it" amounts to now.
+/// The calls approval "call `id` and the calls waiting on it" amounts to now.
 fn subgraph(
     machine: &RunMachine,
     id: CallId,

@@ -196,7 +196,13 @@ pub struct RunView {
     pub awaiting: Vec<AwaitingCall>,
     /// The model's `thoughts`, step by step (what it said it was doing, beside the calls).
     pub thoughts: Vec<Thought>,
-    /// The grants added (and revoked) during the run, with the calls they covered.
+    /// The standing approvals given (and revoked) during the run, with the calls they covered.
+    #[serde(default)]
+    pub standing: Vec<Value>,
+    /// `standing` under its name before the rename (a reviewer's standing approval was called
+    /// a grant), for one release.
+    #[serde(default)]
+    #[cfg_attr(feature = "server", schema(deprecated))]
     pub grants: Vec<Value>,
     /// Turns that went to the next model of their agent's list.
     pub model_fallbacks: Vec<ModelFallback>,
@@ -287,8 +293,12 @@ pub struct CallView {
     /// The approval rule that decided it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub decided_by_rule: Option<String>,
-    /// The grant that decided it.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    /// The standing approval that decided it (`g1`...).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decided_by_standing: Option<String>,
+    /// `decided_by_standing` under its name before the rename, for one release.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "server", schema(deprecated))]
     pub decided_by_grant: Option<String>,
     /// When it was decided.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -508,6 +518,7 @@ pub fn describe_view(
     let end = rb.events.last().map_or(0, |e| rel(e.at));
     let critical = critical_path(&spans, end);
     let awaiting = awaiting(rb);
+    let standing = super::audit::standing(&rb.events);
     let status = crate::store::derive_status(
         result.map(|r| r.status.as_str()),
         awaiting.len() as u64,
@@ -527,7 +538,8 @@ pub fn describe_view(
         critical_path: critical,
         awaiting,
         thoughts: rb.thoughts.clone(),
-        grants: super::audit::grants(&rb.events),
+        standing: standing.clone(),
+        grants: standing,
         model_fallbacks: fallbacks,
         stream_reasks: reasks,
         context_compactions: compactions,
@@ -563,6 +575,7 @@ impl CallView {
             decided_by: None,
             asked_by_rule: None,
             decided_by_rule: None,
+            decided_by_standing: None,
             decided_by_grant: None,
             decided_ms: None,
             decision_timed_out: None,
@@ -628,7 +641,7 @@ fn call_event(
             timed_out,
             by,
             rule,
-            standing: grant,
+            standing,
         } => {
             c.decision = Some(decision.name().to_string());
             if let Some(by) = by {
@@ -637,7 +650,8 @@ fn call_event(
             if let Some(r) = rule {
                 c.decided_by_rule = Some(r.clone());
             }
-            if let Some(g) = grant {
+            if let Some(g) = standing {
+                c.decided_by_standing = Some(g.clone());
                 c.decided_by_grant = Some(g.clone());
             }
             c.decided_ms = Some(t);
@@ -734,7 +748,7 @@ fn awaiting(rb: &Rebuilt) -> Vec<AwaitingCall> {
             };
             let timeout_ms = timeout.map(|t| u64::try_from(t.as_millis()).unwrap_or(u64::MAX));
             // Waiting on this call: what a reviewer approves with "this call and the calls
-            // waiting on it, as presented" (a calls grant quoting these hashes).
+            // waiting on it, as presented" (a calls standing approval quoting these hashes).
             let downstream: Vec<Value> = rb
                 .machine
                 .downstream(id)

@@ -2,11 +2,11 @@
 //! of a run. The routes are `/runs/{id}/standing`; `/runs/{id}/grants`, their name before a
 //! reviewer's standing approval stopped being called a grant, still answer (undocumented).
 //!
-//! A grant is an op like a decision: checked against the run, journaled, applied on resume and
+//! A standing approval is an op like a decision: checked against the run, journaled, applied on resume and
 //! recorded with its principal. Needs the `review` role to give or revoke; reading needs what
 //! reading the run needs.
 //!
-//! Deliberately not here: what a grant covers (`approval::standing`), the page.
+//! Deliberately not here: what a standing approval covers (`approval::standing`), the page.
 
 use std::sync::Arc;
 
@@ -38,7 +38,9 @@ pub(super) async fn list_standing(
 ) -> ApiResult<Json<Value>> {
     st.readable(&who, &id).await?;
     let v = st
-        .rebuilt_or_kept(&id, "grants", |rb| crate::runs::audit::grants(&rb.events))
+        .rebuilt_or_kept(&id, "standing", |rb| {
+            crate::runs::audit::standing(&rb.events)
+        })
         .await?;
     Ok(Json(v))
 }
@@ -121,7 +123,7 @@ pub(super) async fn create_standing(
 pub(super) async fn revoke_standing(
     State(st): State<Arc<AppState>>,
     Extension(who): Extension<Principal>,
-    Path((id, grant)): Path<(String, String)>,
+    Path((id, standing)): Path<(String, String)>,
 ) -> ApiResult<(StatusCode, Json<OpStatus>)> {
     if !who.may(Role::Review) {
         return Err(forbidden("revoke standing approvals"));
@@ -131,15 +133,15 @@ pub(super) async fn revoke_standing(
         &st,
         &id,
         Op::Revoke {
-            standing: grant,
+            standing,
             by: actor(&who),
         },
     )
     .await
 }
 
-/// The run's audit trail: every decision (who, channel, when, the rule or grant it came from),
-/// grant, revocation and cancellation, oldest first.
+/// The run's audit trail: every decision (who, channel, when, the rule or standing approval it
+/// came from), standing approval given, revocation and cancellation, oldest first.
 #[utoipa::path(get, path = "/runs/{id}/audit", tag = "runs",
     params(("id" = String, Path, description = "The run id")),
     responses((status = 200, description = "The audit entries", body = [Object]),

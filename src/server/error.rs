@@ -108,7 +108,7 @@ impl ApiError {
     }
 
     /// The status of an op refused with `code` (the one mapping for refusals by this process's
-    /// run and by a Temporal workflow's validator): an unknown call or grant is 404, an op
+    /// run and by a Temporal workflow's validator): an unknown call or standing approval is 404, an op
     /// that cannot apply 422, one that came too late or too early 409, the rest 503.
     pub fn op_status(code: &str) -> StatusCode {
         match code {

@@ -65,7 +65,7 @@ impl AppState {
     }
 
     /// Separation of duties: with the operator's `separate_duties`, the principal that submitted
-    /// run `id` may not decide or grant its calls (403 `approval.own_run`).
+    /// run `id` may not decide or approve ahead its calls (403 `approval.own_run`).
     pub(super) async fn check_duties(&self, who: &Principal, id: &str) -> Result<(), ApiError> {
         if !self.separate_duties {
             return Ok(());

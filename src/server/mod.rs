@@ -86,7 +86,7 @@ pub struct ServeOptions {
     pub agent_models: std::collections::BTreeMap<String, Vec<String>>,
     /// The operator's approval floor (`[approval]` of the config, [`crate::approval::floor`]).
     pub floor: crate::approval::OperatorFloor,
-    /// A principal may not decide (nor grant) calls of runs it submitted (`approval.own_run`).
+    /// A principal may not decide (nor approve ahead) calls of runs it submitted (`approval.own_run`).
     pub separate_duties: bool,
     /// Where relative paths in submitted goals (scripted-model files) resolve.
     pub base_dir: PathBuf,

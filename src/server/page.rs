@@ -38,7 +38,7 @@ const SCRIPTS: [(&str, &str); 13] = [
     ("/queue.js", include_str!("page/queue.js")),
     ("/cards.js", include_str!("page/cards.js")),
     ("/preview.js", include_str!("page/preview.js")),
-    ("/grants.js", include_str!("page/grants.js")),
+    ("/standing.js", include_str!("page/standing.js")),
     ("/keys.js", include_str!("page/keys.js")),
     ("/start.js", include_str!("page/start.js")),
 ];

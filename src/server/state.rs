@@ -360,7 +360,7 @@ impl AppState {
         })?
     }
 
-    /// What a compacted run kept under `key` of its snapshot (`view`, `audit`, `grants`);
+    /// What a compacted run kept under `key` of its snapshot (`view`, `audit`, `standing`);
     /// `e` (the store's `store.compacted`) when it kept nothing there.
     pub(super) fn kept(
         &self,
@@ -369,7 +369,9 @@ impl AppState {
         e: &crate::store::StoreError,
     ) -> Result<Value, ApiError> {
         match self.store.compacted(id) {
-            Ok(Some(c)) if !c.snapshot[key].is_null() => Ok(c.snapshot[key].clone()),
+            Ok(Some(c)) if !crate::runs::kept(&c.snapshot, key).is_null() => {
+                Ok(crate::runs::kept(&c.snapshot, key).clone())
+            }
             Ok(_) => Err(ApiError::from_store(e)),
             Err(e) => Err(ApiError::from_store(&e)),
         }

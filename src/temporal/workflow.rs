@@ -246,7 +246,7 @@ impl RunWorkflow {
     ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
         if matches!(op, Op::Cancel { .. }) {
             return Err(
-                "decisions, grants and revokes are updates: cancel the workflow to cancel the run"
+                "decisions, standing approvals and revokes are updates: cancel the workflow to cancel the run"
                     .into(),
             );
         }
@@ -270,7 +270,7 @@ impl RunWorkflow {
         }
     }
 
-    /// A reviewer's decision, grant or revocation (checked by the validator first: rule 21).
+    /// A reviewer's decision, standing approval or revocation (checked by the validator first: rule 21).
     /// A cancellation goes through the workflow's cancellation instead.
     #[update]
     pub fn decide(&mut self, _ctx: &mut SyncWorkflowContext<Self>, op: Op) -> bool {

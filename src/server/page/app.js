@@ -12,7 +12,8 @@
 //   queue.js the queue across runs ("next waiting call")
 //   cards.js the cards awaiting a decision: what the call will do, sources, edit diff
 //   preview.js an edit's preview: the card's action follows the edit being typed
-//   grants.js grants from a card (a tool, a call and those waiting on it) and the run's grants
+//   standing.js standing approvals from a card (a tool, a call and those waiting on it) and
+//            the run's standing approvals
 //   keys.js  keyboard shortcuts and their help
 //   start.js wiring and the light list poll
 "use strict";
@@ -326,7 +327,7 @@ function render(run) {
   $("#cancel-run").hidden = finished(run);
   $("#follow-up").hidden = !finished(run);
   renderApprovals(run);
-  renderGrants(run);
+  renderStanding(run);
   renderGraph(run);
   renderCalls(run);
   renderGantt(run);

@@ -1,6 +1,6 @@
-// The run's audit as a tab beside its calls: every decision, grant, revocation and
+// The run's audit as a tab beside its calls: every decision, standing approval, revocation and
 // cancellation (GET /runs/{id}/audit) with ISO times, who decided through which channel, the
-// rule or grant it came from, and for an edit what changed (the params presented against the
+// rule or standing approval it came from, and for an edit what changed (the params presented against the
 // params that ran, from the run's calls).
 "use strict";
 
@@ -31,10 +31,12 @@ function auditRow(e) {
   const who = e.principal ? e.principal + (e.channel ? " (" + e.channel + ")" : "") : (e.timed_out ? "timeout" : "—");
   let what = e.what;
   if (e.what === "decision") what = e.decision + (e.timed_out ? " (timed out)" : "");
-  if (e.what === "grant") what = "grant " + e.grant;
-  if (e.what === "revoke") what = "revoke " + e.grant;
+  // A standing approval's id is `standing` (`grant` in a run compacted before the rename).
+  const standing = e.standing || e.grant;
+  if (e.what === "allow" || e.what === "grant") what = "allow " + standing;
+  if (e.what === "revoke") what = "revoke " + standing;
   if (e.what === "cancel") what = "cancel → " + e.status;
-  const why = [e.rule ? "rule " + e.rule : null, e.grant && e.what === "decision" ? "grant " + e.grant : null,
+  const why = [e.rule ? "rule " + e.rule : null, standing && e.what === "decision" ? "standing " + standing : null,
     e.reason ? "“" + e.reason + "”" : null].filter(Boolean).join(" · ");
   return el("tr", { "data-what": e.what, "data-call-id": e.call_id },
     el("td", {}, el("time", { datetime: isoTime(e.at), text: isoTime(e.at) })),

@@ -71,7 +71,8 @@ function callCard(c) {
   if (c.decision) {
     times.push(c.decision + (c.decision_timed_out ? " (timed out)" : "") +
       (c.decided_by ? " by " + c.decided_by.principal + " (" + c.decided_by.channel + ")" : "") +
-      (c.decided_by_grant ? " through grant " + c.decided_by_grant : ""));
+      (c.decided_by_standing || c.decided_by_grant
+        ? " through standing approval " + (c.decided_by_standing || c.decided_by_grant) : ""));
   }
   if (c.started_ms !== undefined && c.ended_ms !== undefined) times.push("ran " + fmtMs(c.ended_ms - c.started_ms));
   if (times.length) card.append(el("div", { class: "call-meta muted", text: times.join(" · ") }));

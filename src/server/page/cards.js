@@ -3,7 +3,7 @@
 // description, where each param came from, and the decision buttons. An edit or a
 // replacement is shown as a diff against what was presented. When somebody else decides a call
 // while this reviewer has its editor or reason open, the card stays, says who decided what,
-// and keeps the typed text. The grant buttons open panels from grants.js.
+// and keeps the typed text. The "approve every…" buttons open panels from standing.js.
 "use strict";
 
 const PAST = { approve: "approved", edit: "edited", replace: "replaced", reject: "rejected",
@@ -66,7 +66,7 @@ function renderApprovals(run) {
   for (const card of Array.from(box.children)) {
     if (keep.has(card.dataset.key) || card.classList.contains("decided")) continue;
     const id = Number(card.dataset.callId);
-    if (card.classList.contains("sent") || card.dataset.granted) {
+    if (card.classList.contains("sent") || card.dataset.allowed) {
       card.remove();
     } else if (card.dataset.open) {
       // The reviewer was writing something here: keep it, say what happened.
@@ -250,7 +250,8 @@ function approvalCard(runId, a, key) {
     }
   };
 
-  // A grant from this card (grants.js): the card's call is among those it approves.
+  // A standing approval from this card (standing.js): the card's call is among those it
+  // approves.
   const give = async (body, what) => {
     showErrors([]);
     setBusy(true);
@@ -258,12 +259,12 @@ function approvalCard(runId, a, key) {
       const r = await api("POST", "/runs/" + encodeURIComponent(runId) + "/standing", body);
       // A schema may leave this very call out: the card stays usable until the run says the
       // call was approved, and then goes without a "decided by somebody" notice.
-      card.dataset.granted = "1";
+      card.dataset.allowed = "1";
       card.dataset.open = "";
       panel.dataset.open = "";
       panel.replaceChildren();
       setBusy(false);
-      notice("Grant " + (r.grant || "") + " given: " + what + ".", "ok");
+      notice("Standing approval " + (r.standing || "") + " given: " + what + ".", "ok");
       scheduleRefresh();
       loadRuns();
     } catch (e) {
@@ -410,14 +411,14 @@ function approvalCard(runId, a, key) {
     el("button", { type: "button", class: "reject danger", text: "Reject…",
       title: "the call does not run; the model is told not to retry it",
       onclick: () => open("reject", rejectPanel) }),
-    el("button", { type: "button", class: "grant-tool", text: "Approve every " + call._tool + " call…",
-      title: "a grant: this call and every later call of the tool (optionally only those matching a schema)",
-      onclick: () => open("grant-tool", () => grantToolPanel(call, give, showErrors)) }),
+    el("button", { type: "button", class: "allow-tool", text: "Approve every " + call._tool + " call…",
+      title: "a standing approval: this call and every later call of the tool (optionally only those matching a schema)",
+      onclick: () => open("allow-tool", () => allowToolPanel(call, give, showErrors)) }),
     a.downstream && a.downstream.length
-      ? el("button", { type: "button", class: "grant-calls",
+      ? el("button", { type: "button", class: "allow-calls",
         text: "Approve with the " + a.downstream.length + " waiting on it…",
-        title: "a grant: this call and the calls waiting on it, exactly as shown",
-        onclick: () => open("grant-calls", () => grantCallsPanel(a, give)) })
+        title: "a standing approval: this call and the calls waiting on it, exactly as shown",
+        onclick: () => open("allow-calls", () => allowCallsPanel(a, give)) })
       : null,
   ));
 

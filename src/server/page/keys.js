@@ -1,6 +1,6 @@
 // Keyboard shortcuts, like the terminal reviewer's: j/k move between the cards awaiting a
 // decision, a approves the current card's call, A opens its "approve every call of this tool"
-// grant, e opens its editor, r its rejection reason, n opens the next waiting call of any run,
+// standing approval, e opens its editor, r its rejection reason, n opens the next waiting call of any run,
 // ? shows the help. Nothing fires while the reviewer types in a field (Esc leaves the field).
 "use strict";
 
@@ -62,7 +62,7 @@ function onKey(e) {
     case "j": moveCard(1); break;
     case "k": moveCard(-1); break;
     case "a": act("approve"); break;
-    case "A": act("grant-tool"); break;
+    case "A": act("allow-tool"); break;
     case "e": act("edit"); break;
     case "r": act("reject"); break;
     case "n": nextWaiting(); break;

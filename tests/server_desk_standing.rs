@@ -1,10 +1,10 @@
-//! Grants from the reviewer's page in a real browser (issue 26, spec/approval.md R14-R15):
+//! Standing approvals from the reviewer's page in a real browser (issue 26, spec/approval.md R14-R15):
 //! `dagloop serve` on 127.0.0.1 (no token: every caller is `local`), headless Chromium through
 //! chromedriver. On a card, "approve every call of this tool" (here with a schema typed in) and
 //! "approve this call and the calls waiting on it" (the exact list the card shows); under the
-//! cards, the run's grants with the calls each approved and a revoke button. Each click is
+//! cards, the run's standing approvals with the calls each approved and a revoke button. Each click is
 //! checked in the run as the API describes it. Screenshots go to
-//! `<target>/dagloop-artifacts/desk-grant-*.png`.
+//! `<target>/dagloop-artifacts/desk-standing-*.png`.
 //!
 //! Needs `chromium` and `chromedriver` (`scripts/setup-browser.sh`); without them each test
 //! fails, unless DAGLOOP_SKIP_BROWSER=1, which makes it print SKIPPED.
@@ -27,8 +27,8 @@ fn card(call: u64) -> String {
     format!(".approval[data-call-id=\"{call}\"]")
 }
 
-fn grant_row(g: &str) -> String {
-    format!("#grants li[data-grant-id=\"{g}\"]")
+fn standing_row(g: &str) -> String {
+    format!("#standing li[data-standing-id=\"{g}\"]")
 }
 
 /// The call `id` of the run as the API describes it.
@@ -40,25 +40,25 @@ fn call_of(run: &Value, id: u64) -> Value {
         .unwrap_or_else(|| panic!("no call {id}: {run}"))
 }
 
-/// Waits until the page lists grant `g` as having approved exactly `calls`.
+/// Waits until the page lists standing approval `g` as having approved exactly `calls`.
 async fn page_lists(c: &fantoccini::Client, g: &str, calls: &str) {
     until(
         c,
-        &format!("grant {g} approved {calls}"),
+        &format!("standing approval {g} approved {calls}"),
         &format!(
-            "var r = document.querySelector('{} .grant-calls'); return r !== null && r.dataset.calls === '{calls}'",
-            grant_row(g)
+            "var r = document.querySelector('{} .standing-calls'); return r !== null && r.dataset.calls === '{calls}'",
+            standing_row(g)
         ),
     )
     .await;
 }
 
 /// "Approve every step call…" (opened with the `A` shortcut) with a schema typed in (`n` at most 10): the card's call and a
-/// later call of the tool that satisfies it are approved by the grant without a prompt, one
+/// later call of the tool that satisfies it are approved by the standing approval without a prompt, one
 /// that does not is asked about; after the page's revoke button, the next call is asked about.
-/// A grant whose schema leaves the card's own call out leaves the card usable.
+/// A standing approval whose schema leaves the card's own call out leaves the card usable.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_tool_grant_button_approves_later_calls_until_revoked() {
+async fn the_allow_tool_button_approves_later_calls_until_revoked() {
     let Some(b) = browser::session().await else {
         return;
     };
@@ -74,7 +74,7 @@ async fn the_tool_grant_button_approves_later_calls_until_revoked() {
         turn(json!([]), json!({"c": "†state.c.v"}))
     ]});
     let sp = write(dir.path(), "s.json", &script);
-    let goal = json!({"goal": "grants", "model": format!("scripted:{}", sp.display()),
+    let goal = json!({"goal": "standing", "model": format!("scripted:{}", sp.display()),
         "output_schema": {"type": "object", "required": ["c"]},
         "tools": [desk::http_tool("step", &format!("{}/step", svc.base), false)],
         "approval": {"policy": "ask"}});
@@ -82,10 +82,10 @@ async fn the_tool_grant_button_approves_later_calls_until_revoked() {
     serve::until(&s, &id, |v| ids(&awaiting(v)) == [1, 2]).await;
     let c = &b.c;
     open_page_at_run(c, &s.base, None, &id).await;
-    let button = format!("{} button.grant-tool", card(1));
+    let button = format!("{} button.allow-tool", card(1));
     until(
         c,
-        "the tool grant button",
+        "the allow-tool button",
         &format!("return document.querySelector('{button}') !== null"),
     )
     .await;
@@ -97,11 +97,11 @@ async fn the_tool_grant_button_approves_later_calls_until_revoked() {
     )
     .await;
     assert!(!text.as_str().unwrap_or("").contains("null"), "{text}");
-    // Shift-a on the current (first) card opens the panel, as the terminal's `A` grants.
+    // Shift-a on the current (first) card opens the panel, as the terminal's `A` approves every call of the tool.
     browser::press(c, "A").await;
     // "only calls with exactly these params" fills in a schema of this call's params.
-    click(c, &format!("{} button.grant-exact", card(1))).await;
-    let when = format!("{} textarea.grant-when", card(1));
+    click(c, &format!("{} button.allow-exact", card(1))).await;
+    let when = format!("{} textarea.allow-when", card(1));
     let exact = eval(
         c,
         &format!("return JSON.parse(document.querySelector('{when}').value)"),
@@ -113,75 +113,82 @@ async fn the_tool_grant_button_approves_later_calls_until_revoked() {
     );
     let schema = json!({"properties": {"n": {"maximum": 10}}});
     browser::type_into(c, &when, &schema.to_string()).await;
-    save_screenshot(c, "desk-grant-tool-panel.png").await;
-    click(c, &format!("{} button.send-grant-tool", card(1))).await;
+    save_screenshot(c, "desk-standing-tool-panel.png").await;
+    click(c, &format!("{} button.send-allow-tool", card(1))).await;
 
-    // Call 1 approved by the grant; 2 (n: 50) does not satisfy its schema and still waits.
+    // Call 1 approved by the standing approval; 2 (n: 50) does not satisfy its schema and still waits.
     let run = serve::until(&s, &id, |v| {
         ids(&awaiting(v)) == [2] && call_of(v, 1)["status"] == "done"
     })
     .await;
-    assert_eq!(call_of(&run, 1)["decided_by_grant"], "g1", "{run}");
+    assert_eq!(call_of(&run, 1)["decided_by_standing"], "g1", "{run}");
     assert_eq!(
-        run["grants"][0]["covers"],
+        run["standing"][0]["covers"],
         json!({"scope": "tool", "tool": "step", "when": schema}),
         "{run}"
     );
     page_lists(c, "g1", "1").await;
     until(
         c,
-        "call 1 shown approved through the grant",
+        "call 1 shown approved through the standing approval",
         "var m = document.querySelector('.call[data-call-id=\"1\"] .call-meta'); \
-         return m !== null && m.textContent.includes('through grant g1')",
+         return m !== null && m.textContent.includes('through standing approval g1')",
     )
     .await;
     approve(&s, &id, 2).await;
-    // The next turn: call 3 (n: 2) is approved by the grant, 4 (n: 60) is asked about.
+    // The next turn: call 3 (n: 2) is approved by the standing approval, 4 (n: 60) is asked about.
     let run = serve::until(&s, &id, |v| {
         ids(&awaiting(v)) == [4] && call_of(v, 3)["status"] == "done"
     })
     .await;
-    assert_eq!(call_of(&run, 3)["decided_by_grant"], "g1", "{run}");
+    assert_eq!(call_of(&run, 3)["decided_by_standing"], "g1", "{run}");
     page_lists(c, "g1", "1,3").await;
-    save_screenshot(c, "desk-grant-tool-list.png").await;
+    save_screenshot(c, "desk-standing-tool-list.png").await;
 
     // Revoked from the page: the next call of the tool (n: 3, within the schema) is asked about.
-    click(c, &format!("{} button.revoke", grant_row("g1"))).await;
-    serve::until(&s, &id, |v| v["grants"][0]["revoked"] == true).await;
+    click(c, &format!("{} button.revoke", standing_row("g1"))).await;
+    serve::until(&s, &id, |v| v["standing"][0]["revoked"] == true).await;
     until(
         c,
-        "the grant shown revoked",
+        "the standing approval shown revoked",
         &format!(
             "var r = document.querySelector('{}'); return r !== null && r.dataset.revoked === 'true' \
                && r.querySelector('button.revoke') === null",
-            grant_row("g1")
+            standing_row("g1")
         ),
     )
     .await;
-    // A grant whose schema leaves the card's own call out: the card stays, and still decides.
-    click(c, &format!("{} button.grant-tool", card(4))).await;
+    // A standing approval whose schema leaves the card's own call out: the card stays, and still decides.
+    click(c, &format!("{} button.allow-tool", card(4))).await;
     browser::type_into(
         c,
-        &format!("{} textarea.grant-when", card(4)),
+        &format!("{} textarea.allow-when", card(4)),
         r#"{"properties": {"n": {"maximum": 0}}}"#,
     )
     .await;
-    click(c, &format!("{} button.send-grant-tool", card(4))).await;
-    serve::until(&s, &id, |v| v["grants"].as_array().map(Vec::len) == Some(2)).await;
+    click(c, &format!("{} button.send-allow-tool", card(4))).await;
+    serve::until(&s, &id, |v| {
+        v["standing"].as_array().map(Vec::len) == Some(2)
+    })
+    .await;
     page_lists(c, "g2", "").await;
     click(c, &format!("{} button.approve", card(4))).await;
     serve::until(&s, &id, |v| ids(&awaiting(v)) == [5]).await;
     approve(&s, &id, 5).await;
     let run = serve::until(&s, &id, |v| v["status"] == "succeeded").await;
     assert_eq!(run["output"], json!({"c": 30}), "{run}");
-    assert_eq!(call_of(&run, 5)["decided_by_grant"], Value::Null, "{run}");
-    assert_eq!(run["grants"][0]["calls"], json!([1, 3]), "{run}");
+    assert_eq!(
+        call_of(&run, 5)["decided_by_standing"],
+        Value::Null,
+        "{run}"
+    );
+    assert_eq!(run["standing"][0]["calls"], json!([1, 3]), "{run}");
     let (_, audit) = send(client().get(s.url(&format!("/runs/{id}/audit")))).await;
     let given: Vec<(&str, &str)> = audit
         .as_array()
         .into_iter()
         .flatten()
-        .filter(|e| e["what"] == "grant" || e["what"] == "revoke")
+        .filter(|e| e["what"] == "allow" || e["what"] == "revoke")
         .map(|e| {
             (
                 e["what"].as_str().unwrap_or(""),
@@ -191,7 +198,7 @@ async fn the_tool_grant_button_approves_later_calls_until_revoked() {
         .collect();
     assert_eq!(
         given,
-        [("grant", "http"), ("revoke", "http"), ("grant", "http")],
+        [("allow", "http"), ("revoke", "http"), ("allow", "http")],
         "{audit}"
     );
     no_errors(c).await;
@@ -222,7 +229,7 @@ async fn the_subgraph_button_approves_exactly_the_calls_it_shows() {
     }
     let c = &b.c;
     open_page_at_run(c, &s.base, None, &id).await;
-    let button = format!("{} button.grant-calls", card(1));
+    let button = format!("{} button.allow-calls", card(1));
     until(
         c,
         "the sub-graph button",
@@ -236,7 +243,7 @@ async fn the_subgraph_button_approves_exactly_the_calls_it_shows() {
         eval(
             c,
             &format!(
-                "return document.querySelector('{} button.grant-calls') === null",
+                "return document.querySelector('{} button.allow-calls') === null",
                 card(4)
             )
         )
@@ -249,15 +256,15 @@ async fn the_subgraph_button_approves_exactly_the_calls_it_shows() {
         c,
         "the listed calls",
         &format!(
-            "var l = document.querySelectorAll('{} .grant-calls-list li'); \
+            "var l = document.querySelectorAll('{} .allow-calls-list li'); \
              return l.length > 0 && Array.from(l).map(function (e) {{ return Number(e.dataset.callId); }})",
             card(1)
         ),
     )
     .await;
     assert_eq!(listed, json!([1, 2, 3]));
-    save_screenshot(c, "desk-grant-subgraph-panel.png").await;
-    click(c, &format!("{} button.send-grant-calls", card(1))).await;
+    save_screenshot(c, "desk-standing-subgraph-panel.png").await;
+    click(c, &format!("{} button.send-allow-calls", card(1))).await;
 
     // 1-3 ran without a reviewer; 4 still waits.
     let run = serve::until(&s, &id, |v| {
@@ -265,19 +272,19 @@ async fn the_subgraph_button_approves_exactly_the_calls_it_shows() {
     })
     .await;
     assert_eq!(
-        run["grants"][0]["covers"],
+        run["standing"][0]["covers"],
         json!({"scope": "calls", "calls": shown}),
-        "the grant quotes exactly the calls and hashes shown: {run}"
+        "the standing approval quotes exactly the calls and hashes shown: {run}"
     );
-    assert_eq!(run["grants"][0]["calls"], json!([1, 2, 3]), "{run}");
+    assert_eq!(run["standing"][0]["calls"], json!([1, 2, 3]), "{run}");
     page_lists(c, "g1", "1,2,3").await;
-    save_screenshot(c, "desk-grant-subgraph-list.png").await;
-    // Call 5, added later, reads call 3: no grant covers it.
+    save_screenshot(c, "desk-standing-subgraph-list.png").await;
+    // Call 5, added later, reads call 3: no standing approval covers it.
     approve(&s, &id, 4).await;
     serve::until(&s, &id, |v| ids(&awaiting(v)) == [5]).await;
     approve(&s, &id, 5).await;
     let run = serve::until(&s, &id, |v| v["status"] == "succeeded").await;
     assert_eq!(run["output"], json!({"d": 40}), "{run}");
-    assert_eq!(run["grants"][0]["calls"], json!([1, 2, 3]), "{run}");
+    assert_eq!(run["standing"][0]["calls"], json!([1, 2, 3]), "{run}");
     no_errors(c).await;
 }
