@@ -312,3 +312,56 @@ fn the_circle_finder_sees_a_circle_through_others() {
         BTreeSet::from(["loading".to_string()])
     );
 }
+
+/// The non-test, non-comment code of a source, as [`reached`] reads it.
+fn live_code(text: &str) -> String {
+    let code = match text.find("#[cfg(test)]\nmod ") {
+        Some(i) => &text[..i],
+        None => text,
+    };
+    code.lines()
+        .filter(|l| !l.trim_start().starts_with("//"))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// Issue 45: one way to a run's machine. Outside the core's `machine` module (and test code),
+/// a `RunMachine` is made only by `engine::MachineDef` (`src/engine/machines.rs`), which the
+/// engine's live run and `RunDef::machine`/`RunDef::replay` (every reader of a stored run) both
+/// call: no front-end builds or replays one by hand.
+#[test]
+fn only_the_machine_def_makes_a_run_machine() {
+    let mut found = Vec::new();
+    let mut read = 0;
+    for module in modules() {
+        if module == "machine" {
+            continue;
+        }
+        for file in sources(&module) {
+            if is_test_file(&file) {
+                continue;
+            }
+            read += 1;
+            let code = live_code(&code_of(&file));
+            let makes = ["RunMachine::new(", "RunMachine::replaying("]
+                .iter()
+                .any(|c| code.contains(c));
+            if makes && !file.ends_with("src/engine/machines.rs") {
+                found.push(file.display().to_string());
+            }
+        }
+    }
+    assert!(read > 100, "read only {read} source files");
+    assert!(
+        found.is_empty(),
+        "a RunMachine made outside engine::MachineDef: {}",
+        found.join(", ")
+    );
+    let def = live_code(&code_of(
+        &Path::new(env!("CARGO_MANIFEST_DIR")).join("src/engine/machines.rs"),
+    ));
+    assert!(
+        def.contains("RunMachine::new("),
+        "the check looks for the right name"
+    );
+}

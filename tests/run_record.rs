@@ -499,6 +499,22 @@ async fn the_servers_view_of_an_operator_mcp_call_says_what_happened_to_it() {
         .unwrap_or_default();
     assert_eq!(echo["status"], "done", "{v:#}");
     assert!(!v.to_string().contains("unknown tool"), "{v:#}");
+    // Its cassette holds what the call returned (it once recorded no result).
+    let (status, cassette) =
+        serve::send(serve::client().get(server.url(&format!("/runs/{id}/cassette")))).await;
+    assert_eq!(status, 200, "{cassette}");
+    let recorded: Vec<&Value> = cassette["tools"]["calls"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|c| c["tool"] == "echo")
+        .collect();
+    assert_eq!(recorded.len(), 1, "{cassette:#}");
+    assert!(
+        recorded[0].to_string().contains("delete everything")
+            && recorded[0].get("result").is_some(),
+        "{cassette:#}"
+    );
 }
 
 /// The `node` processes of the everything server among the descendants of `pid`.
