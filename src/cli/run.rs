@@ -697,7 +697,9 @@ mod tests {
             r#"{"decisions": [{"allow": {"scope": "calls", "calls": []}}]}"#,
         )
         .expect("write");
-        let e = load_decisions(&path).err().expect("refused");
+        let Err(e) = load_decisions(&path) else {
+            panic!("an empty calls approval is refused")
+        };
         assert_eq!(e.code, "cli.bad_decisions", "{e:?}");
         assert!(e.message.contains("decisions[0].allow"), "{e:?}");
     }
