@@ -118,7 +118,7 @@ fn mcp_tool(
     };
     let mut resolved = goal.clone();
     // The goal's own maps over the operator's, as a run resolves them.
-    if grants.resolve_mcp(&mut resolved).is_err() {
+    if crate::runs::resolve_mcp(&grants, &mut resolved).is_err() {
         resolved = goal.clone();
     }
     let overrides = resolved

@@ -3,10 +3,10 @@
 //! start its own), environment variables, HTTP egress and the file roots scripted models,
 //! delegate goals and workspace memory folders are read from.
 //!
-//! A goal only *asks*. [`Grants::check_goal`] compares what a goal (and every delegate goal it
-//! names, read only once its path is inside the granted roots) asks with what is granted, before
-//! anything is spawned, opened or connected; `runs::define` calls it for `run`, `resume`,
-//! `validate`, `serve` and `worker` alike. The `http` activity checks every request again at
+//! A goal only *asks*. Comparing what a goal asks with what is granted, before anything is
+//! spawned, opened or connected, is goal admission (`crate::runs::check_goal`, called by
+//! `runs::define`); this module holds the granted values it compares with, and the refusals
+//! ([`GrantError`]) both report. The `http` activity checks every request again at
 //! connection time ([`egress`]), since a URL may be built from a call's params, and checks that
 //! a request carrying a `${VAR}` value goes only where the variable is granted ([`secrets`]).
 //!
@@ -14,8 +14,8 @@
 //! A path outside the roots is refused with the same message whether it exists or not, and
 //! before it is opened, so a refusal never reveals a file's existence or content.
 //!
-//! Deliberately not here: reading the operator's config file (`crate::config`), building
-//! agents, and starting anything.
+//! Deliberately not here: goal admission (`crate::runs::check_goal`), reading the operator's
+//! config file (`crate::config`), building agents, and starting anything.
 
 pub mod egress;
 pub mod secrets;
@@ -25,12 +25,9 @@ use std::collections::BTreeMap;
 use std::collections::BTreeSet;
 use std::path::{Component, Path, PathBuf};
 
-use serde_json::Value;
-
 pub use egress::{Egress, EgressError};
 pub use secrets::{SecretHostError, SecretHosts};
 
-use crate::goal::{DelegateGoals, Goal};
 #[cfg(feature = "mcp")]
 use crate::protocol::McpServerConfig;
 
@@ -316,16 +313,6 @@ impl Grants {
         self.grants_kind("shell")
     }
 
-    #[cfg(feature = "mcp")]
-    fn known_mcp(&self) -> String {
-        if self.mcp_servers.is_empty() {
-            " (it configures none)".into()
-        } else {
-            let names: Vec<&str> = self.mcp_servers.keys().map(String::as_str).collect();
-            format!(" (configured: {})", names.join(", "))
-        }
-    }
-
     /// The file to read for a path the goal wrote (relative to its folder), or the refusal.
     pub fn file(&self, pointer: &str, written: &str, base: &Path) -> Result<PathBuf, GrantError> {
         self.files
@@ -334,214 +321,6 @@ impl Grants {
                 pointer: pointer.to_string(),
                 path: written.to_string(),
             })
-    }
-
-    /// Checks everything `goal` asks for (with `model`, the run's model spec when it is not the
-    /// goal's own), its delegate goals included (each read only once its path is granted).
-    /// Returns the delegate goals read, by the pointer of the tool that names them.
-    pub fn check_goal(
-        &self,
-        goal: &Goal,
-        model: Option<&str>,
-    ) -> Result<Vec<(String, Goal)>, GrantError> {
-        self.check_goal_with(goal, model, DelegateGoals::Files)
-    }
-
-    /// [`Grants::check_goal`] with the delegate goals taken from `delegates` (a stored run's
-    /// record: what is checked is what the run will use, not the files as they are now).
-    pub fn check_goal_with(
-        &self,
-        goal: &Goal,
-        model: Option<&str>,
-        delegates: DelegateGoals<'_>,
-    ) -> Result<Vec<(String, Goal)>, GrantError> {
-        if let Some(spec) = model {
-            self.check_model("/model", spec, &std::env::current_dir().unwrap_or_default())?;
-        }
-        let mut found = Vec::new();
-        self.check_one(goal, "", 0, delegates, &mut found)?;
-        Ok(found)
-    }
-
-    /// Every `scripted:` file of a model spec (or comma-separated list of fallback specs) is
-    /// under a granted root.
-    fn check_model(&self, pointer: &str, spec: &str, base: &Path) -> Result<(), GrantError> {
-        for one in spec.split(',') {
-            let (one, _) = crate::llm::ModelSpec::split_window(one.trim()).unwrap_or((one, None));
-            if let Some(path) = one.trim().strip_prefix("scripted:") {
-                self.file(pointer, path, base)?;
-            }
-        }
-        Ok(())
-    }
-
-    fn check_one(
-        &self,
-        goal: &Goal,
-        at: &str,
-        depth: u32,
-        source: DelegateGoals<'_>,
-        delegates: &mut Vec<(String, Goal)>,
-    ) -> Result<(), GrantError> {
-        if let Some(spec) = &goal.model {
-            self.check_model(&format!("{at}/model"), spec, &goal.base_dir)?;
-        }
-        if let EnvGrant::Only(vars) = &self.env {
-            for (i, v) in goal.env.iter().enumerate() {
-                if !vars.contains(v) {
-                    return Err(GrantError::Env {
-                        pointer: format!("{at}/env/{i}"),
-                        var: v.clone(),
-                    });
-                }
-            }
-        }
-        if let Some(m) = &goal.memory {
-            self.file(&format!("{at}/memory/path"), &m.path, &goal.base_dir)?;
-        }
-        self.check_mcp(goal, at)?;
-        for (i, t) in goal.tools.iter().enumerate() {
-            let pointer = format!("{at}/tools/{i}");
-            let kind = crate::protocol::kind_of(t);
-            // A kind dagloop does not define is the registry's to refuse (or a program's own).
-            let known = |k: &str| crate::protocol::KINDS.contains(&k) || k == MCP;
-            if let Some(kind) = kind
-                && known(kind)
-                && !self.grants_kind(kind)
-            {
-                return Err(GrantError::Kind {
-                    pointer,
-                    tool: t.name.clone(),
-                    kind: kind.to_string(),
-                    hint: if kind == "shell" {
-                        " (start it with --allow-shell, or grant `shell` in its config)"
-                    } else {
-                        " (grant it in the operator's config)"
-                    },
-                });
-            }
-            if kind == Some("http")
-                && let Some(url) = t
-                    .schema
-                    .get("_http")
-                    .and_then(|h| h.get("url"))
-                    .and_then(Value::as_str)
-                && !url.contains('{')
-            {
-                self.egress
-                    .check_str(url)
-                    .map_err(|reason| GrantError::Egress {
-                        pointer: format!("{pointer}/_http/url"),
-                        reason,
-                    })?;
-            }
-            if kind == Some("delegate")
-                && depth < crate::machine::MAX_DEPTH
-                && let Some(target) = t.schema.get("_delegate").and_then(Value::as_str)
-                && target != "anonymous"
-            {
-                let ptr = format!("{pointer}/_delegate");
-                let path = self.file(&ptr, target, &goal.base_dir)?;
-                // A delegate goal that cannot be read is the builder's and `validate`'s to
-                // report (with their own codes); nothing it would ask for is touched.
-                if let Ok(child) = source.load(&ptr, &path) {
-                    self.check_one(&child, &ptr, depth + 1, source, delegates)?;
-                    delegates.push((ptr, child));
-                }
-            }
-        }
-        Ok(())
-    }
-
-    #[cfg(feature = "mcp")]
-    fn check_mcp(&self, goal: &Goal, at: &str) -> Result<(), GrantError> {
-        for (i, s) in goal.mcp_servers.iter().enumerate() {
-            let pointer = format!("{at}/mcp_servers/{i}");
-            match s {
-                McpServerConfig::Named(n) => {
-                    if !self.mcp_servers.contains_key(&n.name) {
-                        return Err(GrantError::UnknownMcpServer {
-                            pointer,
-                            name: n.name.clone(),
-                            known: self.known_mcp(),
-                        });
-                    }
-                }
-                other if !self.goal_mcp_servers => {
-                    return Err(GrantError::McpServer {
-                        pointer,
-                        name: other.name().to_string(),
-                        known: self.known_mcp(),
-                    });
-                }
-                other => {
-                    if let EnvGrant::Only(vars) = &self.env {
-                        for (j, v) in other.env_allowed().iter().enumerate() {
-                            if !vars.contains(v) {
-                                return Err(GrantError::Env {
-                                    pointer: format!("{pointer}/from_env/{j}"),
-                                    var: v.clone(),
-                                });
-                            }
-                        }
-                    }
-                    if let McpServerConfig::Http(h) = other
-                        && !h.url.contains('{')
-                    {
-                        self.egress
-                            .check_str(&h.url)
-                            .map_err(|reason| GrantError::Egress {
-                                pointer: format!("{pointer}/url"),
-                                reason,
-                            })?;
-                    }
-                }
-            }
-            if !self.grants_kind("mcp") {
-                return Err(GrantError::Kind {
-                    pointer,
-                    tool: s.name().to_string(),
-                    kind: "mcp".into(),
-                    hint: " (grant it in the operator's config)",
-                });
-            }
-        }
-        Ok(())
-    }
-
-    #[cfg(not(feature = "mcp"))]
-    fn check_mcp(&self, _goal: &Goal, _at: &str) -> Result<(), GrantError> {
-        Ok(())
-    }
-
-    /// `goal`'s MCP servers with each reference to an operator's server replaced by that
-    /// server's configuration (the goal's approval overrides over the operator's).
-    #[cfg(feature = "mcp")]
-    pub fn resolve_mcp(&self, goal: &mut Goal) -> Result<(), GrantError> {
-        for (i, s) in goal.mcp_servers.iter_mut().enumerate() {
-            if let McpServerConfig::Named(n) = s {
-                let Some(cfg) = self.mcp_servers.get(&n.name) else {
-                    return Err(GrantError::UnknownMcpServer {
-                        pointer: format!("/mcp_servers/{i}"),
-                        name: n.name.clone(),
-                        known: self.known_mcp(),
-                    });
-                };
-                let mut cfg = cfg.clone();
-                cfg.set_name(&n.name);
-                for (tool, a) in &n.approval {
-                    cfg.approval_overrides_mut().insert(tool.clone(), *a);
-                }
-                *s = cfg;
-            }
-        }
-        Ok(())
-    }
-
-    /// Without MCP support there is nothing to resolve.
-    #[cfg(not(feature = "mcp"))]
-    pub fn resolve_mcp(&self, _goal: &mut Goal) -> Result<(), GrantError> {
-        Ok(())
     }
 }
 

@@ -17,7 +17,7 @@
 //! and an address matches a URL that is that address: a name is never resolved to match an
 //! address entry, so DNS cannot move a secret to another machine.
 //!
-//! Deliberately not here: whether a goal may read the variable at all (`Grants::check_goal`,
+//! Deliberately not here: whether a goal may read the variable at all (`crate::runs::check_goal`,
 //! `grant.env`), where a request may connect at all (`egress`), filling placeholders
 //! (`tools::fill_env`).
 

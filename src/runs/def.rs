@@ -57,7 +57,7 @@ pub fn define(
         Some(r) => DelegateGoals::Recorded(&r.delegates),
         None => DelegateGoals::Files,
     };
-    let delegates = grants.check_goal_with(&goal, options.model.as_deref(), source)?;
+    let delegates = super::admit::check_goal(&grants, &goal, options.model.as_deref(), source)?;
     // The root goal was read for driving (`Goal::from_json` checks its placeholders); delegate
     // goals taken from a record were not.
     for (pointer, g) in &delegates {
@@ -129,7 +129,7 @@ pub fn define(
         recall: recall.as_ref().map(|r| r.source.clone()),
     });
     let mut effective = goal.clone();
-    grants.resolve_mcp(&mut effective)?;
+    super::admit::resolve_mcp(&grants, &mut effective)?;
     with_memory(&mut effective, options.record.as_ref());
     Ok(RunDef {
         asked: goal,

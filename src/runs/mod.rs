@@ -9,6 +9,7 @@
 //! Deliberately not here: printing, terminals, HTTP (the front-ends), and any decision about
 //! a run (the machine takes them; this module only replays its journal).
 
+mod admit;
 pub mod audit;
 mod cassette;
 mod compact;
@@ -28,6 +29,7 @@ pub use cassette::{
     Cassette, CassetteError, CassetteExecutor, Exported, Recorded, canonical, export, params_key,
 };
 pub use compact::{CompactedRun, Retained, apply_retention, compact, kept};
+pub use admit::{check_goal, resolve_mcp};
 pub use def::{RunDef, define};
 pub use fork::{Fork, ForkedFrom, fork, fork_point, goal_with_input, seed};
 pub use standing::{StandingRequest, standing_op};
