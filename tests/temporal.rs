@@ -1124,3 +1124,30 @@ async fn a_worker_not_granted_the_memory_folder_says_so_in_the_journal() {
         "{closed}"
     );
 }
+
+/// Histories recorded by the version before timers moved into the machine (it armed one
+/// workflow timer per timer setting, before the turn's activity) still replay through this
+/// build (spec/timers.md TM4): a run deadline set at the start with a reviewer's timeout that
+/// fired and approved by default, and a run deadline that fired while a call ran. (This build's
+/// own timer, one for the machine's next deadline, is armed after the turn's activity: these
+/// histories replay only because the workflow takes the old path for them.) Needs no server: the replayer runs the workflow's code against the recorded events.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn histories_recorded_before_timers_moved_into_the_machine_still_replay() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/temporal");
+    for name in ["approval_timeout", "run_deadline"] {
+        let history = std::fs::read(dir.join(format!("{name}.history.json"))).expect("fixture");
+        let v: Value = serde_json::from_slice(&history).expect("history JSON");
+        let kinds: Vec<u64> = v["events"]
+            .as_array()
+            .expect("events")
+            .iter()
+            .filter_map(|e| e["event_type"].as_u64())
+            .collect();
+        // As recorded: a timer started (17) before the first activity was scheduled (10).
+        let first = |k: u64| kinds.iter().position(|x| *x == k).expect("event kind");
+        assert!(first(17) < first(10), "{name}: {kinds:?}");
+        dagloop::temporal::replay(&history)
+            .await
+            .unwrap_or_else(|e| panic!("{name}, recorded before the patch, does not replay: {e}"));
+    }
+}
