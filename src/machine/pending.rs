@@ -115,18 +115,16 @@ impl Pending {
     /// Takes the actions the machine returned for an input.
     pub(super) fn actions(&mut self, actions: &[Action]) {
         for a in actions {
-            match a {
-                Action::Request {
-                    frame,
-                    config,
-                    model,
-                    ..
-                } => {
-                    let key = (config.model.clone(), *model);
-                    *self.requests.entry(key.clone()).or_default() += 1;
-                    self.frame_model.insert(*frame, key);
-                }
-                _ => {}
+            if let Action::Request {
+                frame,
+                config,
+                model,
+                ..
+            } = a
+            {
+                let key = (config.model.clone(), *model);
+                *self.requests.entry(key.clone()).or_default() += 1;
+                self.frame_model.insert(*frame, key);
             }
         }
     }
