@@ -337,3 +337,46 @@ fn a_tool_whose_activity_cannot_run_is_refused_before_anything_starts() {
     assert_eq!(err.code(), "activity.unknown_kind");
     assert!(err.to_string().contains("`teleport`"), "{err}");
 }
+
+/// Timers are the machine's (spec/timers.md): no action announces a reviewer's deadline; the
+/// driver asks the machine for its next one after each input and sleeps until then. On the
+/// paused clock, a reviewer who never answers is timed out at the policy's 30 s, not earlier,
+/// and not at the next unrelated wake-up: the run (whose own deadline is far later) ends a
+/// whisker after 30 s with the default decision applied.
+#[tokio::test(start_paused = true)]
+async fn a_reviewer_timeout_fires_when_the_machines_next_deadline_is_due() {
+    use dagloop::approval::{Decision, ScriptedApprover, after};
+    let solution = json!({"calls": [{"_tool": "double", "x": 21, "_outputPath": "†state.d"}],
+        "output": {"answer": "†state.d"}});
+    let script = Script::parse(&json!({"turns": [turn(solution)]}).to_string(), "t").unwrap();
+    let approver = ScriptedApprover::new().for_tool(
+        "double",
+        after(
+            Duration::from_secs(3600),
+            Decision::Reject {
+                reason: "late".into(),
+            },
+        ),
+    );
+    let g = goal(json!({
+        "limits": {"timeout_s": 7200},
+        "approval": {"policy": "ask", "timeout_s": 30, "default_decision": "approve"}
+    }));
+    let mut b = AgentBuilder::new(g)
+        .model(Arc::new(ScriptedModel::new(script)))
+        .approver(Arc::new(approver));
+    b.registry_mut()
+        .register_fn("double", |p: Value| async move {
+            Ok::<_, String>(p["x"].as_i64().unwrap_or(0) * 2)
+        });
+    let started = tokio::time::Instant::now();
+    let r = b.build().unwrap().run().await;
+    let took = started.elapsed();
+    assert_eq!(r.status, RunStatus::Succeeded, "{r:?}");
+    assert_eq!(r.output, json!({"answer": 42}));
+    assert_eq!(r.calls[0].decision.as_deref(), Some("approve"), "{r:?}");
+    assert!(
+        took >= Duration::from_secs(30) && took < Duration::from_secs(31),
+        "the reviewer's timeout fired after {took:?}"
+    );
+}

@@ -1124,3 +1124,135 @@ async fn a_worker_not_granted_the_memory_folder_says_so_in_the_journal() {
         "{closed}"
     );
 }
+
+/// Histories recorded by the version before timers moved into the machine (it armed one
+/// workflow timer per timer setting, before the turn's activity) still replay through this
+/// build (spec/timers.md TM4): a run deadline set at the start with a reviewer's timeout that
+/// fired and approved by default, and a run deadline that fired while a call ran. (This build's
+/// own timer, one for the machine's next deadline, is armed after the turn's activity: these
+/// histories replay only because the workflow takes the old path for them.) Needs no server: the replayer runs the workflow's code against the recorded events.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn histories_recorded_before_timers_moved_into_the_machine_still_replay() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/temporal");
+    for name in ["approval_timeout", "run_deadline"] {
+        let history = std::fs::read(dir.join(format!("{name}.history.json"))).expect("fixture");
+        let v: Value = serde_json::from_slice(&history).expect("history JSON");
+        let kinds: Vec<u64> = v["events"]
+            .as_array()
+            .expect("events")
+            .iter()
+            .filter_map(|e| e["event_type"].as_u64())
+            .collect();
+        // As recorded: a timer started (17) before the first activity was scheduled (10).
+        let first = |k: u64| kinds.iter().position(|x| *x == k).expect("event kind");
+        assert!(first(17) < first(10), "{name}: {kinds:?}");
+        dagloop::temporal::replay(&history)
+            .await
+            .unwrap_or_else(|e| panic!("{name}, recorded before the patch, does not replay: {e}"));
+    }
+}
+
+/// [`step_goal`] (no approval) with `extra` merged into the goal.
+fn step_goal_with(dir: &Path, url: &str, calls: Value, extra: Value) -> PathBuf {
+    let path = step_goal(dir, url, None, calls);
+    let mut g: Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).expect("goal")).expect("goal JSON");
+    if let (Some(g), Some(e)) = (g.as_object_mut(), extra.as_object()) {
+        g.extend(e.clone());
+    }
+    std::fs::write(&path, g.to_string()).expect("goal");
+    path
+}
+
+/// The kinds of a history's events, in order (`timerStartedEventAttributes`, ...).
+fn kinds(history: &[u8]) -> Vec<String> {
+    let v: Value = serde_json::from_slice(history).expect("history JSON");
+    history_events(&v).into_iter().map(|e| e.1).collect()
+}
+
+/// Timers on Temporal are the machine's (spec/timers.md TM4): the workflow arms one workflow
+/// timer for the machine's next deadline after it performed the actions (so, unlike a history
+/// recorded before the patch, after the first model turn's activity), and when it ends the
+/// machine's timers due by then fire. A reviewer's timeout, started by a showing sent by
+/// update, approves by default and the call runs; a run's deadline ends a run whose call is
+/// still running, as `timeout`. Both histories replay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn timers_on_temporal_fire_at_the_machines_next_deadline() {
+    let Some(s) = server() else { return };
+    let conn = s.connect().await;
+    let dir = tempfile::tempdir().expect("dir");
+    let (url, seen) = counting_service(4000).await;
+    let _w = WorkerProcess::start(bin::dagloop(), &s, "timers");
+    let started_after_the_turn = |h: &[u8]| {
+        let k = kinds(h);
+        let first = |name: &str| k.iter().position(|x| x == name);
+        let timer = first("timerStartedEventAttributes").expect("a timer started");
+        let activity = first("activityTaskScheduledEventAttributes").expect("an activity");
+        assert!(activity < timer, "{k:?}");
+        k.iter()
+            .filter(|x| *x == "timerStartedEventAttributes")
+            .count()
+    };
+
+    let calls = json!([{"_tool": "step", "n": 2, "_outputPath": "†state.a"}]);
+    let extra = json!({"limits": {"timeout_s": 600},
+        "approval": {"policy": "ask", "timeout_s": 1, "default_decision": "approve"}});
+    let goal = step_goal_with(dir.path(), &url, calls, extra);
+    let out = run_temporal(&s, "timers", &goal, &["--detach"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let id = run_id(&out);
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let presentation = loop {
+        let page = conn.events(&id, 0).await.expect("events");
+        let asked = page.events.iter().find(|e| {
+            matches!(
+                e.kind,
+                dagloop::protocol::EventKind::ApprovalRequested { .. }
+            )
+        });
+        if let Some(e) = asked {
+            break e.seq;
+        }
+        assert!(std::time::Instant::now() < deadline, "never asked");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let shown = dagloop::protocol::Op::Shown {
+        call: dagloop::protocol::CallId(1),
+        presentation,
+    };
+    conn.decide(&id, shown).await.expect("shown");
+    let r = tokio::time::timeout(Duration::from_secs(60), conn.result(&id))
+        .await
+        .expect("ended")
+        .expect("result");
+    assert!(r.succeeded(), "{r:?}");
+    assert_eq!(r.calls[0].decision.as_deref(), Some("approve"), "{r:?}");
+    assert_eq!(seen.lock().expect("seen")[&2].len(), 1);
+    let history = conn.history_json(&id).await.expect("history");
+    // The run's deadline, then the reviewer's (earlier): two timers, none per clearing.
+    assert_eq!(started_after_the_turn(&history), 2);
+    replays(&conn, &id).await;
+
+    let calls = json!([{"_tool": "step", "n": 1, "_outputPath": "†state.a"}]);
+    let goal = step_goal_with(dir.path(), &url, calls, json!({"limits": {"timeout_s": 1}}));
+    let out = run_temporal(&s, "timers", &goal, &["--detach"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let id = run_id(&out);
+    let r = tokio::time::timeout(Duration::from_secs(60), conn.result(&id))
+        .await
+        .expect("ended")
+        .expect("result");
+    assert_eq!(r.status.as_str(), "timeout", "{r:?}");
+    let history = conn.history_json(&id).await.expect("history");
+    assert_eq!(started_after_the_turn(&history), 1);
+    assert!(kinds(&history).contains(&"timerFiredEventAttributes".to_string()));
+    replays(&conn, &id).await;
+}

@@ -761,8 +761,6 @@ impl Driver {
                 );
             }
             Action::Abort { id } => self.activities.abort(id),
-            // The machine keeps its timers; the alarm reads them before it next sleeps.
-            Action::SetTimer { .. } | Action::ClearTimer { .. } => {}
             Action::Emit(_) => {}
             Action::Finished(result) => self.result = Some(*result),
         }

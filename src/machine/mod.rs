@@ -2,10 +2,11 @@
 //!
 //! [`RunMachine::handle`] takes one [`RunInput`] (the run starts, the model streamed a call or
 //! closed its stream, an activity finished, a reviewer decided, a timer fired, cancel) and the
-//! current time, and returns [`Action`]s (ask the model, launch, abort, set a timer, publish a
-//! numbered event, finished). It owns step counting, call-id allocation, output validation and
+//! current time, and returns [`Action`]s (ask the model, launch, abort, publish a numbered event,
+//! finished). It owns step counting, call-id allocation, output validation and
 //! re-asks, the doom-loop and empty-turn rules, the token budget, deadlines, nested agents
-//! (delegates run as frames of the same machine, under the same policy and id space) and
+//! (delegates run as frames of the same machine, under the same policy and id space), its
+//! timers (set and cleared where it decides to, kept by it alone: no action announces one) and
 //! termination. It spawns nothing, reads no clock and iterates no hash map: the same inputs give
 //! the same actions, so a journal of inputs rebuilds a run exactly.
 //!
@@ -23,11 +24,14 @@
 //!    [`RunMachine::check_op`] first; only one that applies is journaled and handed over.
 //! 3. Perform the returned [`Action`]s in order (ask a model, launch or abort a call, publish
 //!    an event) before the next input.
-//! 4. Between inputs, wake at [`RunMachine::poll_timeout`] (the earliest timer due) and hand over
-//!    `RunInput::TimerFired` for each timer [`RunMachine::timers_by_due`] lists as due; one no
-//!    longer set is ignored, so a driver keeps no timer table. (`Action::SetTimer`/`ClearTimer`
-//!    say the same for a driver that arms one timer per setting, Temporal's; the embedded
-//!    engine ignores them.)
+//! 4. After every call of step 2, ask [`RunMachine::poll_timeout`] (the earliest timer due,
+//!    quinn-proto's shape) and sleep until then, or until the next input; when it is reached,
+//!    journal and hand over `RunInput::TimerFired` for each timer [`RunMachine::timers_by_due`]
+//!    lists as due (that is the machine's `handle_timeout`: a timer's firing is an input like
+//!    any other, so a journal replays it). One no longer set by the time it arrives is
+//!    ignored, so a driver keeps no timer table and one sleep is enough. (Temporal's workflows
+//!    recorded before the `timers-in-machine` patch armed one workflow timer per setting; they
+//!    replay through [`RunMachine::take_timer_settings`].)
 //! 5. Stop after `Action::Finished`. Counting what a model answered is the machine's too
 //!    ([`RunMachine::requests`]).
 //!
@@ -52,6 +56,8 @@ mod tests;
 mod eager_tests;
 #[cfg(test)]
 mod recall_tests;
+#[cfg(test)]
+mod timer_tests;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -59,7 +65,7 @@ use std::sync::Arc;
 use serde_json::{Map, Value};
 
 pub use config::{AgentConfig, AgentSpec, CheckedLimits, ConfigError, MAX_SECONDS, checked_ms};
-pub use pending::{ModelKey, Requests};
+pub use pending::{ModelKey, Requests, TimerSetting};
 pub(crate) use reader::TurnReader;
 pub use replay::{Replayer, replay};
 pub use types::{
@@ -242,6 +248,29 @@ impl RunMachine {
     /// When `timer` is due, if it is set.
     pub fn timer_at(&self, timer: Timer) -> Option<Millis> {
         self.pending.timer_at(timer)
+    }
+
+    /// True when `timer` was ever set in this run, whether it is still set, fired or was
+    /// cleared: a replay admits a late `timer_fired` of such a timer (it raced with the
+    /// clearing, and the machine ignores it).
+    pub fn timer_ever_set(&self, timer: Timer) -> bool {
+        self.pending.ever_set(timer)
+    }
+
+    /// From now on, logs each setting of a timer for [`RunMachine::take_timer_settings`]. Off
+    /// by default. Only for a driver that must replay a history recorded when the machine
+    /// announced each setting as an action: Temporal's workflows started before its
+    /// `timers-in-machine` patch armed one workflow timer per setting, at the setting's place
+    /// among the actions.
+    pub fn log_timer_settings(&mut self) {
+        self.pending.log_settings();
+    }
+
+    /// The timer settings logged since the last call, in the order they were made, each with
+    /// its place among the actions returned ([`TimerSetting::position`]: counted in the buffer
+    /// the driver handed over).
+    pub fn take_timer_settings(&mut self) -> Vec<TimerSetting> {
+        self.pending.take_settings()
     }
 
     /// How many requests each model (its agent's model list, the position in it) has had, and
@@ -497,9 +526,7 @@ impl RunMachine {
                         .insert(call, standing::Attribution { by, standing: grant });
                 }
                 if answers && let Some(frame) = self.owner(call) {
-                    out.push(Action::ClearTimer {
-                        timer: Timer::Approval { call },
-                    });
+                    self.pending.clear(Timer::Approval { call });
                     work.push((frame, scheduler::Input::Decided { id: call, decision }));
                 }
             }
@@ -524,10 +551,8 @@ impl RunMachine {
                     && let Some(f) = self.owner(call).and_then(|k| self.frames.get_mut(&k))
                     && let Some(ms) = f.unshown.remove(&call)
                 {
-                    out.push(Action::SetTimer {
-                        timer: Timer::Approval { call },
-                        at: now.saturating_add(ms),
-                    });
+                    let at = now.saturating_add(ms);
+                    self.pending.set(Timer::Approval { call }, at, out.len());
                 }
             }
             RunInput::Dropped {

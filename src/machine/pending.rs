@@ -1,7 +1,7 @@
-//! What a run waits on that a driver needs after replaying its journal: the timers set and not
-//! yet fired or cleared, and how many requests each model has been asked. The machine keeps both
-//! from its own inputs and actions, so a driver that rebuilds a run reads them off the machine
-//! instead of deriving them again from the actions of the replay.
+//! What a run waits on: the timers set and not yet fired or cleared (the machine's only record
+//! of them: it sets and clears them where it decides to, and no action announces them), and how
+//! many requests each model has been asked. A driver reads both off the machine, live or after
+//! replaying a journal.
 //!
 //! Deliberately not here: arming a sleep for the next timer or asking a model (the driver's), or
 //! deciding anything (the count is bookkeeping, read only when a run is rebuilt).
@@ -33,11 +33,28 @@ impl Requests {
     }
 }
 
+/// One setting of a timer, as [`super::RunMachine::take_timer_settings`] reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TimerSetting {
+    /// How many actions the machine had appended to the driver's buffer when it set the
+    /// timer: the setting comes after those and before the next.
+    pub position: usize,
+    /// Which timer.
+    pub timer: Timer,
+    /// When it is due (milliseconds since the Unix epoch).
+    pub at: Millis,
+}
+
 #[derive(Debug, Default)]
 pub(super) struct Pending {
     timers: BTreeMap<Timer, Millis>,
     /// The same timers by when each is due, earliest first.
     due: BTreeSet<(Millis, Timer)>,
+    /// Every timer ever set (a replay admits a late `timer_fired` of one since cleared).
+    ever: BTreeSet<Timer>,
+    /// When on ([`Pending::log_settings`]): each setting, with the number of actions the
+    /// machine had returned before it, until a driver takes them.
+    settings: Option<Vec<TimerSetting>>,
     requests: BTreeMap<ModelKey, usize>,
     /// The model each agent was last asked.
     frame_model: BTreeMap<FrameKey, ModelKey>,
@@ -64,32 +81,56 @@ impl Pending {
         }
     }
 
+    /// Sets `timer` to fire at `at` (replacing an earlier setting of it); `position` is how
+    /// many actions the driver's buffer held when the machine decided it.
+    pub(super) fn set(&mut self, timer: Timer, at: Millis, position: usize) {
+        self.clear(timer);
+        self.timers.insert(timer, at);
+        self.due.insert((at, timer));
+        self.ever.insert(timer);
+        if let Some(log) = self.settings.as_mut() {
+            log.push(TimerSetting {
+                position,
+                timer,
+                at,
+            });
+        }
+    }
+
+    /// Starts logging settings ([`Pending::take_settings`]).
+    pub(super) fn log_settings(&mut self) {
+        self.settings.get_or_insert_with(Vec::new);
+    }
+
+    /// The settings logged since the last call.
+    pub(super) fn take_settings(&mut self) -> Vec<TimerSetting> {
+        self.settings.as_mut().map(std::mem::take).unwrap_or_default()
+    }
+
+    /// True when `timer` was ever set.
+    pub(super) fn ever_set(&self, timer: Timer) -> bool {
+        self.ever.contains(&timer)
+    }
+
     /// Takes the actions the machine returned for an input.
     pub(super) fn actions(&mut self, actions: &[Action]) {
         for a in actions {
-            match a {
-                Action::SetTimer { timer, at } => {
-                    self.clear(*timer);
-                    self.timers.insert(*timer, *at);
-                    self.due.insert((*at, *timer));
-                }
-                Action::ClearTimer { timer } => self.clear(*timer),
-                Action::Request {
-                    frame,
-                    config,
-                    model,
-                    ..
-                } => {
-                    let key = (config.model.clone(), *model);
-                    *self.requests.entry(key.clone()).or_default() += 1;
-                    self.frame_model.insert(*frame, key);
-                }
-                _ => {}
+            if let Action::Request {
+                frame,
+                config,
+                model,
+                ..
+            } = a
+            {
+                let key = (config.model.clone(), *model);
+                *self.requests.entry(key.clone()).or_default() += 1;
+                self.frame_model.insert(*frame, key);
             }
         }
     }
 
-    fn clear(&mut self, timer: Timer) {
+    /// Forgets `timer` (nothing when it is not set).
+    pub(super) fn clear(&mut self, timer: Timer) {
         if let Some(at) = self.timers.remove(&timer) {
             self.due.remove(&(at, timer));
         }

@@ -38,9 +38,7 @@ impl RunMachine {
         for (id, presented) in self.awaiting() {
             let Some(key) = self.owner(id) else { continue };
             if self.covered_by(ix, key, id, &presented) {
-                out.push(Action::ClearTimer {
-                    timer: Timer::Approval { call: id },
-                });
+                self.pending.clear(Timer::Approval { call: id });
                 self.approve_by_standing(key, id, ix, work);
             }
         }

@@ -36,10 +36,8 @@ impl RunMachine {
         f.state = Some(f.initial_state(now));
         self.emit(key, None, EventKind::RunStarted { goal }, now, out);
         if let Some(ms) = timeout {
-            out.push(Action::SetTimer {
-                timer: Timer::Deadline { frame: key },
-                at: now.saturating_add(ms),
-            });
+            let at = now.saturating_add(ms);
+            self.pending.set(Timer::Deadline { frame: key }, at, out.len());
         }
         let plan = self
             .frames
@@ -489,9 +487,7 @@ impl RunMachine {
             out.push(Action::CloseStream { frame: key });
         }
         if f.cfg.limits.timeout_ms.is_some() {
-            out.push(Action::ClearTimer {
-                timer: Timer::Deadline { frame: key },
-            });
+            self.pending.clear(Timer::Deadline { frame: key });
         }
         let mut buf = Vec::new();
         if let Some(sched) = f.sched.as_mut() {
@@ -563,9 +559,7 @@ impl RunMachine {
         let result = f.result(status, error, output);
         let parent = f.parent;
         if timed {
-            out.push(Action::ClearTimer {
-                timer: Timer::Deadline { frame: key },
-            });
+            self.pending.clear(Timer::Deadline { frame: key });
         }
         let kind = EventKind::RunFinished {
             status: status.as_str().to_string(),

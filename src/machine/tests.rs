@@ -64,7 +64,7 @@ fn turn(m: &mut RunMachine, calls: &[Value], output: Value, now: Millis) -> Vec<
     out
 }
 
-fn result(actions: &[Action]) -> Option<RunResult> {
+pub(super) fn result(actions: &[Action]) -> Option<RunResult> {
     actions.iter().find_map(|a| match a {
         Action::Finished(r) => Some((**r).clone()),
         _ => None,
@@ -216,14 +216,8 @@ fn rule16_token_budget() {
 #[test]
 fn rule16_the_deadline_timer_stops_the_run_and_closes_the_stream() {
     let mut m = machine(json!({"limits": {"timeout_s": 2}}), Policy::auto());
-    let a = m.handle(RunInput::Start, 1000);
-    assert!(a.iter().any(|x| matches!(
-        x,
-        Action::SetTimer {
-            timer: Timer::Deadline { frame: None },
-            at: 3000
-        }
-    )));
+    m.handle(RunInput::Start, 1000);
+    assert_eq!(m.poll_timeout(), Some(3000));
     let a = m.handle(
         RunInput::TimerFired {
             timer: Timer::Deadline { frame: None },
@@ -544,29 +538,6 @@ fn the_machine_keeps_its_pending_timers_and_the_requests_each_model_answered() {
     assert_eq!(m.poll_timeout(), None);
 }
 
-#[test]
-fn a_timer_fires_once_and_only_while_it_is_set() {
-    // No deadline: a `timer_fired` for one (a driver's stale alarm) changes nothing.
-    let mut m = machine(json!({}), Policy::auto());
-    m.handle(RunInput::Start, 1000);
-    let deadline = Timer::Deadline { frame: None };
-    assert_eq!(m.timer_at(deadline), None);
-    let a = m.handle(RunInput::TimerFired { timer: deadline }, 5000);
-    assert!(a.is_empty(), "{a:?}");
-    assert_eq!(result(&a), None);
-
-    // With one, the machine says when it is due, and firing it ends the run.
-    let mut m = machine(json!({"limits": {"timeout_s": 2}}), Policy::auto());
-    m.handle(RunInput::Start, 1000);
-    assert_eq!(m.timer_at(deadline), Some(3000));
-    assert_eq!(
-        m.timers_by_due().collect::<Vec<_>>(),
-        vec![(3000, deadline)]
-    );
-    let a = m.handle(RunInput::TimerFired { timer: deadline }, 3000);
-    assert_eq!(result(&a).map(|r| r.status), Some(RunStatus::Timeout));
-    assert_eq!(m.timer_at(deadline), None);
-}
 
 #[test]
 fn a_reviewers_call_is_checked_as_written_with_its_references_deferred() {

@@ -15,7 +15,8 @@ use crate::scheduler::{CallStatus, Outcome};
 /// the nested agent (delegate) that call runs.
 pub type FrameKey = Option<CallId>;
 
-/// A timer the machine asked for.
+/// A timer the machine set. The machine keeps its timers ([`super::RunMachine::poll_timeout`]); no
+/// action announces one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(tag = "timer", rename_all = "snake_case")]
 #[non_exhaustive]
@@ -267,7 +268,7 @@ pub enum RunInput {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         by: Option<Actor>,
     },
-    /// A timer fired.
+    /// A timer the machine set came due ([`super::RunMachine::timers_by_due`]).
     TimerFired {
         /// Which.
         timer: Timer,
@@ -434,18 +435,6 @@ pub enum Action {
     Abort {
         /// The call.
         id: CallId,
-    },
-    /// Fire [`RunInput::TimerFired`] at `at` (replaces an earlier setting of the same timer).
-    SetTimer {
-        /// Which timer.
-        timer: Timer,
-        /// When (milliseconds since the Unix epoch).
-        at: Millis,
-    },
-    /// Forget a timer.
-    ClearTimer {
-        /// Which timer.
-        timer: Timer,
     },
     /// Publish an event (already numbered and stamped).
     Emit(Event),

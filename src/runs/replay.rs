@@ -25,7 +25,7 @@ use serde_json::{Value, json};
 
 use super::RunsError;
 use crate::goal::Goal;
-use crate::machine::{Action, FrameKey, JournalEntry, RunInput, RunMachine, RunResult, Timer};
+use crate::machine::{Action, FrameKey, JournalEntry, RunInput, RunMachine, RunResult};
 use crate::protocol::{CallId, Op};
 
 /// The first place a replay departs from the stored run.
@@ -73,10 +73,6 @@ struct Expect {
     running: BTreeSet<CallId>,
     /// Calls aborted (a late outcome is ignored).
     aborted: BTreeSet<CallId>,
-    /// Timers set and not cleared.
-    timers: BTreeSet<Timer>,
-    /// Every timer ever set (one that fired while being cleared is ignored).
-    ever_set: BTreeSet<Timer>,
 }
 
 fn frame_json(f: FrameKey) -> Value {
@@ -174,11 +170,13 @@ impl Expect {
                     ));
                 }
             }
+            // The machine keeps its timers: one it set (and has not cleared) or ever set (one
+            // that fired while being cleared is ignored).
             RunInput::TimerFired { timer } => {
-                if !self.timers.remove(timer) && !self.ever_set.contains(timer) {
+                if machine.timer_at(*timer).is_none() && !machine.timer_ever_set(*timer) {
                     return Err((
                         "a timer fires that the machine never set".into(),
-                        json!({"timers": self.timers.iter().collect::<Vec<_>>()}),
+                        json!({"timers": machine.timers().map(|(t, _)| t).collect::<Vec<_>>()}),
                     ));
                 }
             }
@@ -221,13 +219,6 @@ impl Expect {
                 if self.running.remove(id) {
                     self.aborted.insert(*id);
                 }
-            }
-            Action::SetTimer { timer, .. } => {
-                self.timers.insert(*timer);
-                self.ever_set.insert(*timer);
-            }
-            Action::ClearTimer { timer } => {
-                self.timers.remove(timer);
             }
             _ => {}
         }
@@ -347,4 +338,47 @@ fn compare(
             expected: json!({ part: expected }),
             actual: json!({ part: actual }),
         })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::machine::Timer;
+
+    fn entry(seq: u64, at: u64, input: RunInput) -> JournalEntry {
+        JournalEntry { seq, at, input }
+    }
+
+    /// A `timer_fired` is checked against the fresh machine's own timers (spec/timers.md TM3):
+    /// one it never set departs, with the timers it has set; one it set fires; a second firing
+    /// of one no longer set (it raced with the clearing) is admitted.
+    #[test]
+    fn a_timer_fired_is_checked_against_the_machines_timers() {
+        let doc = r#"{"goal": "g", "output_schema": {}, "limits": {"timeout_s": 2}}"#;
+        let goal = Goal::from_json(doc, "g.json".as_ref(), ".".into()).expect("goal");
+        let record =
+            crate::store::RunRecord::new("run-t", &goal, crate::runs::RunOptions::default());
+        let deadline = Timer::Deadline { frame: None };
+        let never = Timer::Approval {
+            call: CallId(1),
+        };
+        let journal = [
+            entry(1, 1000, RunInput::Start),
+            entry(2, 1500, RunInput::TimerFired { timer: never }),
+        ];
+        let r = replay_run(&record, &journal, None).expect("replayed");
+        let d = r.divergence.expect("a divergence");
+        assert_eq!((d.seq, d.code), (2, "replay.unexpected_input"));
+        assert_eq!(d.message, "a timer fires that the machine never set");
+        assert_eq!(d.expected, json!({"timers": [{"timer": "deadline"}]}));
+
+        let journal = [
+            entry(1, 1000, RunInput::Start),
+            entry(2, 3000, RunInput::TimerFired { timer: deadline }),
+            entry(3, 3001, RunInput::TimerFired { timer: deadline }),
+        ];
+        let r = replay_run(&record, &journal, None).expect("replayed");
+        assert_eq!(r.divergence, None);
+        assert_eq!(r.status.as_deref(), Some("timeout"));
+    }
 }

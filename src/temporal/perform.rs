@@ -1,6 +1,6 @@
 //! The workflow's main loop bookkeeping: performing the machine's actions with Temporal's
-//! primitives (model turns and calls as activities, timers as workflow timers), and what the
-//! loop waits for. Deterministic like the rest of the workflow: ordered maps, futures polled in
+//! primitives (model turns and calls as activities), a workflow timer for the machine's next
+//! deadline, and what the loop waits for. Deterministic like the rest of the workflow: ordered maps, futures polled in
 //! the order they were started.
 //!
 //! Deliberately not here: deciding anything (the machine's) and the workflow's handlers
@@ -19,7 +19,7 @@ use temporalio_workflow::RetryPolicy;
 use super::activities::{CallTask, DagloopActivities, NotifyTask, RecallTask, TurnDone, TurnTask};
 use super::workflow::{HEARTBEAT_TIMEOUT, RunWorkflow, TurnMark};
 use crate::engine::config_path;
-use crate::machine::{Action, AgentConfig, FrameKey, RunError, RunInput, Timer};
+use crate::machine::{Action, AgentConfig, FrameKey, RunError, RunInput, Timer, TimerSetting};
 use crate::protocol::CallId;
 use crate::scheduler::Outcome;
 
@@ -47,9 +47,11 @@ pub(super) enum Done {
         id: CallId,
         result: Result<Outcome, Lost>,
     },
-    /// A workflow timer armed for the machine's `timer`, due at `at`, ended.
+    /// A workflow timer armed for `at` ended: for the machine's next deadline (`timer` None),
+    /// or, in a history recorded before the `timers-in-machine` patch, for one setting of the
+    /// machine's `timer`.
     Timer {
-        timer: Timer,
+        timer: Option<Timer>,
         at: u64,
     },
     /// A workspace memory search, run by a worker (a workflow reads no folder); its answer,
@@ -109,6 +111,8 @@ pub(super) struct Performer {
     pub(super) closes: Vec<(FrameKey, u32, usize, RunInput)>,
     /// Activities (turns and calls, detached ones too) started and not yet ended.
     pub(super) in_flight: usize,
+    /// When the workflow timers armed for the machine's deadlines end (those not ended yet).
+    pub(super) wakes: BTreeSet<u64>,
 }
 
 impl Performer {
@@ -118,7 +122,7 @@ impl Performer {
         self.in_flight == 0 && self.closes.is_empty()
     }
 
-    pub(super) fn perform(&mut self, ctx: &WorkflowContext<RunWorkflow>, action: Action, now: u64) {
+    pub(super) fn perform(&mut self, ctx: &WorkflowContext<RunWorkflow>, action: Action) {
         match action {
             Action::Request {
                 frame,
@@ -222,23 +226,66 @@ impl Performer {
                     t.cancel();
                 }
             }
-            // The machine keeps its timers: a workflow timer is armed for each setting, and
-            // one that ends fires the machine's timer only if it is still set for that time.
-            Action::SetTimer { timer, at } => {
-                let wait = Duration::from_millis(at.saturating_sub(now).max(1));
-                let c = ctx.clone();
-                self.pending.push(
-                    async move {
-                        let _ = c.timer(wait).await;
-                        Done::Timer { timer, at }
-                    }
-                    .boxed_local(),
-                );
-            }
-            Action::ClearTimer { .. } => {}
             Action::Emit(e) => self.notify(ctx, &e),
             Action::Finished(_) => {}
         }
+    }
+
+    /// Performs `actions`; in a history recorded before the `timers-in-machine` patch, also
+    /// arms a workflow timer for each of the machine's timer `settings`, at its place among the
+    /// actions, as that version did (the same commands in the same order).
+    pub(super) fn perform_all(
+        &mut self,
+        ctx: &WorkflowContext<RunWorkflow>,
+        actions: Vec<Action>,
+        settings: Vec<TimerSetting>,
+        now: u64,
+    ) {
+        let mut settings = settings.into_iter().peekable();
+        for (i, a) in actions.into_iter().enumerate() {
+            while let Some(s) = settings.next_if(|s| s.position <= i) {
+                self.arm(ctx, Some(s.timer), s.at, now);
+            }
+            self.perform(ctx, a);
+        }
+        for s in settings {
+            self.arm(ctx, Some(s.timer), s.at, now);
+        }
+    }
+
+    /// After the machine handled its inputs: a workflow timer for its next deadline `next`
+    /// ([`crate::machine::RunMachine::poll_timeout`]) unless one is armed for that time
+    /// already. One armed for a deadline since moved ends and fires nothing.
+    pub(super) fn wake_at(
+        &mut self,
+        ctx: &WorkflowContext<RunWorkflow>,
+        next: Option<u64>,
+        now: u64,
+    ) {
+        if let Some(at) = next
+            && self.wakes.insert(at)
+        {
+            self.arm(ctx, None, at, now);
+        }
+    }
+
+    /// A workflow timer that ends at `at` ([`Done::Timer`]).
+    pub(super) fn arm(
+        &mut self,
+        ctx: &WorkflowContext<RunWorkflow>,
+        timer: Option<Timer>,
+        at: u64,
+        now: u64,
+    ) {
+        let wait = Duration::from_millis(at.saturating_sub(now).max(1));
+        let c = ctx.clone();
+        self.pending.push(
+            async move {
+                let _ = c.timer(wait).await;
+                Done::Timer { timer, at }
+            }
+            .boxed_local(),
+        );
     }
 
     /// An `approval_requested` of a run whose starter has a webhook: a `notify` activity posts
@@ -397,13 +444,32 @@ impl Performer {
                     note,
                 })
             }
-            Done::Timer { timer, at } => {
+            // A history from before the `timers-in-machine` patch: the setting's own timer
+            // fires the machine's only if that is still set for that time.
+            Done::Timer {
+                timer: Some(timer),
+                at,
+            } => {
                 let set_for = ctx.state(|s| s.machine.as_ref().and_then(|m| m.timer_at(timer)));
-                let queued = inputs
-                    .iter()
-                    .any(|i| matches!(i, RunInput::TimerFired { timer: t } if *t == timer));
-                if set_for == Some(at) && !queued {
+                if set_for == Some(at) && !queued(inputs, timer) {
                     inputs.push(RunInput::TimerFired { timer });
+                }
+            }
+            // The machine's next deadline came: every timer it has due by then fires.
+            Done::Timer { timer: None, at } => {
+                self.wakes.remove(&at);
+                let due: Vec<Timer> = ctx.state(|s| {
+                    s.machine.as_ref().map_or_else(Vec::new, |m| {
+                        m.timers_by_due()
+                            .take_while(|(due, _)| *due <= at)
+                            .map(|(_, t)| t)
+                            .collect()
+                    })
+                });
+                for timer in due {
+                    if !queued(inputs, timer) {
+                        inputs.push(RunInput::TimerFired { timer });
+                    }
                 }
             }
             Done::Call { id, result } => {
@@ -485,6 +551,13 @@ impl Performer {
         self.closes = keep;
         ready
     }
+}
+
+/// True when `timer`'s firing already waits among `inputs`.
+fn queued(inputs: &[RunInput], timer: Timer) -> bool {
+    inputs
+        .iter()
+        .any(|i| matches!(i, RunInput::TimerFired { timer: t } if *t == timer))
 }
 
 /// An activity's failure with its causes (the worker's own message is one of them).

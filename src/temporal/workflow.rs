@@ -1,6 +1,11 @@
 //! The run as a Temporal workflow: the machine inside, its actions performed with workflow
-//! primitives. Everything here is deterministic: the time is the workflow's, maps are ordered,
-//! and the order inputs reach the machine is the order Temporal delivered them in.
+//! primitives, one workflow timer armed for the machine's next deadline. Everything here is
+//! deterministic: the time is the workflow's, maps are ordered, and the order inputs reach the
+//! machine is the order Temporal delivered them in.
+//!
+//! Versions: a history recorded before the [`TIMERS_PATCH`] patch (when the machine announced
+//! each timer setting as an action and the workflow armed one workflow timer per setting)
+//! replays the way it was recorded: `ctx.patched` says which a history is.
 // The SDK's macros generate items (activity and handler definitions) that carry no docs.
 #![allow(missing_docs)]
 
@@ -19,8 +24,14 @@ use temporalio_workflow::RetryPolicy;
 
 use super::RunSpec;
 use super::perform::Performer;
-use crate::machine::{Action, FrameKey, JournalEntry, RunError, RunInput, RunMachine, RunResult};
+use crate::machine::{
+    Action, FrameKey, JournalEntry, RunError, RunInput, RunMachine, RunResult, TimerSetting,
+};
 use crate::protocol::{Event, Op, OpError};
+
+/// The patch (Temporal's workflow versioning) under which the workflow arms one workflow timer
+/// for the machine's next deadline; a history without its marker arms one per timer setting.
+pub(super) const TIMERS_PATCH: &str = "timers-in-machine";
 
 /// How long a worker may go silent before its activity counts as lost.
 pub(super) const HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -157,13 +168,26 @@ impl RunWorkflow {
         }
         let mut p = Performer::default();
         let mut inputs = Vec::new();
+        // A history recorded before the patch arms a workflow timer per timer setting.
+        let per_setting = !ctx.patched(TIMERS_PATCH);
+        if per_setting {
+            ctx.state_mut(|s| {
+                if let Some(m) = s.machine.as_mut() {
+                    m.log_timer_settings();
+                }
+            });
+        }
         if ctx.state(|s| s.continued) {
             // A continued run: the machine was rebuilt from the carried journal, nothing was
-            // running when the last execution ended; only its timers are armed again.
+            // running when the last execution ended; only its timers wait (the next deadline
+            // is armed after the first feed, or each timer here for an old history).
             let now = now_ms(ctx);
-            let timers = ctx.state(|s| s.machine.as_ref().map(|m| m.timers().collect::<Vec<_>>()));
-            for (timer, at) in timers.unwrap_or_default() {
-                p.perform(ctx, Action::SetTimer { timer, at }, now);
+            if per_setting {
+                let timers =
+                    ctx.state(|s| s.machine.as_ref().map(|m| m.timers().collect::<Vec<_>>()));
+                for (timer, at) in timers.unwrap_or_default() {
+                    p.arm(ctx, Some(timer), at, now);
+                }
             }
         } else {
             inputs.push(RunInput::Start);
@@ -172,9 +196,11 @@ impl RunWorkflow {
         loop {
             let now = now_ms(ctx);
             inputs.extend(p.ready_closes(ctx));
-            let actions = ctx.state_mut(|s| s.feed(std::mem::take(&mut inputs), now));
-            for a in actions {
-                p.perform(ctx, a, now);
+            let (actions, settings) = ctx.state_mut(|s| s.feed(std::mem::take(&mut inputs), now));
+            p.perform_all(ctx, actions, settings, now);
+            if !per_setting {
+                let next = ctx.state(|s| s.machine.as_ref().and_then(RunMachine::poll_timeout));
+                p.wake_at(ctx, next, now);
             }
             if let Some(r) = ctx.state(|s| s.result.clone()) {
                 report(ctx).await;
@@ -393,11 +419,12 @@ impl RunWorkflow {
         })
     }
 
-    /// Journals `inputs` and hands them to the machine; returns what it asks for.
-    fn feed(&mut self, inputs: Vec<RunInput>, now: u64) -> Vec<Action> {
+    /// Journals `inputs` and hands them to the machine; returns what it asks for, and the
+    /// timer settings it logged (only for a history from before [`TIMERS_PATCH`]).
+    fn feed(&mut self, inputs: Vec<RunInput>, now: u64) -> (Vec<Action>, Vec<TimerSetting>) {
         let mut out = Vec::new();
         let Some(m) = self.machine.as_mut() else {
-            return out;
+            return (out, Vec::new());
         };
         for input in inputs {
             let seq = self.journal.len() as u64 + 1;
@@ -408,6 +435,7 @@ impl RunWorkflow {
             });
             m.handle_into(input, now, &mut out);
         }
+        let settings = m.take_timer_settings();
         for a in &out {
             match a {
                 Action::Finished(r) => self.result = Some((**r).clone()),
@@ -416,7 +444,7 @@ impl RunWorkflow {
             }
         }
         self.trim_events();
-        out
+        (out, settings)
     }
 }
 
