@@ -8,11 +8,14 @@
 //! fan-out of a thousand calls costs a few wake-ups, not a thousand GIL hand-overs (each of which
 //! waits for the interpreter's switch interval while Python runs tools).
 //!
+//! The socket is a Unix socket pair on Unix; elsewhere (Windows, where asyncio watches sockets
+//! only, and a proactor loop cannot watch them at all: the Python side then awaits
+//! `loop.sock_recv` instead) a connected pair of loopback TCP sockets made with `std::net`.
+//!
 //! Deliberately not here: calling Python (the Python side does, so that an async tool runs on
 //! the caller's event loop and many run at once), or any timeout or approval rule (the core's).
 
 use std::io::Write;
-use std::os::unix::net::UnixStream;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -40,13 +43,42 @@ pub(crate) struct WorkQueue {
     /// Python is gone (the run was dropped): calls fail at once.
     closed: AtomicBool,
     /// The end written to; Python watches the other.
-    wake: UnixStream,
+    wake: WakeStream,
+}
+
+/// The wake-up socket: a Unix socket pair where there is one.
+#[cfg(unix)]
+pub(crate) type WakeStream = std::os::unix::net::UnixStream;
+/// The wake-up socket: loopback TCP where there is no Unix socket pair (Windows).
+#[cfg(not(unix))]
+pub(crate) type WakeStream = std::net::TcpStream;
+
+#[cfg(unix)]
+fn wake_pair() -> std::io::Result<(WakeStream, WakeStream)> {
+    WakeStream::pair()
+}
+
+/// A connected pair of loopback TCP sockets: a listener on an ephemeral port of 127.0.0.1
+/// accepts one connection, which must come from the end made here (another process racing to
+/// the port is refused), then stops listening.
+#[cfg(not(unix))]
+fn wake_pair() -> std::io::Result<(WakeStream, WakeStream)> {
+    use std::net::{Ipv4Addr, TcpListener};
+    let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?;
+    let wake = WakeStream::connect(listener.local_addr()?)?;
+    loop {
+        let (watched, peer) = listener.accept()?;
+        if peer == wake.local_addr()? {
+            wake.set_nodelay(true)?;
+            return Ok((wake, watched));
+        }
+    }
 }
 
 impl WorkQueue {
     /// A queue, and the socket end Python watches (non-blocking, like this one).
-    pub(crate) fn new() -> std::io::Result<(WorkQueue, UnixStream)> {
-        let (wake, watched) = UnixStream::pair()?;
+    pub(crate) fn new() -> std::io::Result<(WorkQueue, WakeStream)> {
+        let (wake, watched) = wake_pair()?;
         wake.set_nonblocking(true)?;
         watched.set_nonblocking(true)?;
         let queue = WorkQueue {
