@@ -352,6 +352,8 @@ class RunStream(Generic[T]):
         self._tasks: set[asyncio.Task[Any]] = set()
         self._wake: socket.socket | None = None
         self._waker: asyncio.Task[None] | None = None
+        # Results of calls not yet handed back: they go in one batch per turn of the event loop.
+        self._answers: list[tuple[Any, bytes | str]] = []
         self._listener: asyncio.Task[None] | None = None
         self._presented: dict[int, ApprovalRequested] = {}
         self.result: RunResult | None = None
@@ -496,7 +498,10 @@ class RunStream(Generic[T]):
             reply.fail("LookupError", f"no Python function for tool `{name}`")
             return
         try:
-            reply.ok(await tool.invoke(params))
+            result = await tool.invoke(params)
+            if not self._answers:
+                asyncio.get_running_loop().call_soon(self._answer)
+            self._answers.append((reply, result))
         except pydantic.ValidationError as e:
             reply.bad_params(name, str(e))
         except (asyncio.TimeoutError, TimeoutError):
@@ -505,6 +510,11 @@ class RunStream(Generic[T]):
             reply.fail(type(e).__name__, str(e))
             if not isinstance(e, Exception):
                 raise
+
+    def _answer(self) -> None:
+        """Hands back the results gathered since the last time, at once (`_native.answer`)."""
+        answers, self._answers = self._answers, []
+        _native.answer(answers)
 
     async def _listen(self) -> None:
         while True:

@@ -5,9 +5,11 @@ from typing import Any, Callable
 Done = Callable[[Any, tuple[str, str] | None], None]
 
 __version__: str
+profile: str  # the Cargo profile that built the module: "dev" or "release"
 
 def start(spec: str, done: Done) -> None: ...
 def _exiting() -> None: ...
+def answer(answers: list[tuple[Reply, bytes | str]]) -> None: ...  # each as `reply.ok(result)`
 def replay(store: str, run_id: str, done: Done) -> None: ...
 
 class Run:

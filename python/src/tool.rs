@@ -22,7 +22,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use dagloop::protocol::{Call, Tool};
 use dagloop::tools::{Activity, ActivityError, ActivityFuture, ActivityOutput};
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyString};
+use pyo3::types::{PyBytes, PyList, PyString};
 use serde_json::{Value, json};
 use tokio::sync::oneshot;
 
@@ -170,28 +170,47 @@ impl Reply {
     }
 }
 
+/// What a tool's result (JSON, as `bytes` or `str`) answers: its value, or the call's failure
+/// when it is not JSON.
+fn parse_result(result: &Bound<'_, PyAny>) -> Answer {
+    let parsed = if let Ok(b) = result.cast::<PyBytes>() {
+        serde_json::from_slice::<Value>(b.as_bytes()).map_err(|e| e.to_string())
+    } else if let Ok(s) = result.cast::<PyString>() {
+        s.to_str()
+            .map_err(|e| e.to_string())
+            .and_then(|s| serde_json::from_str::<Value>(s).map_err(|e| e.to_string()))
+    } else {
+        Err("neither bytes nor str".to_string())
+    };
+    match parsed {
+        Ok(v) => Ok(v.into()),
+        Err(e) => Err(ActivityError::Failed {
+            message: format!("the tool's result is not JSON: {e}"),
+            details: Value::Null,
+        }),
+    }
+}
+
+/// Answers many calls at once: `answers` is a list of `(reply, result_json)`, each as
+/// [`Reply::ok`]. The run's threads are woken by a burst of answers rather than one answer at a
+/// time: one at a time, each answer woke a parked runtime thread, and a fan-out cost a
+/// context switch per call (3,447 voluntary switches in five 1,000-call runs).
+#[pyfunction]
+pub(crate) fn answer(answers: &Bound<'_, PyList>) -> PyResult<()> {
+    for item in answers.iter() {
+        let (reply, result): (Bound<'_, Reply>, Bound<'_, PyAny>) = item.extract()?;
+        reply.get().send(parse_result(&result));
+    }
+    Ok(())
+}
+
 #[pymethods]
 impl Reply {
     /// The call's result, as JSON (`bytes` or `str`; what is not JSON fails the call). Read with the
     /// GIL held: letting it go for the microsecond this takes cost 60-80 µs per call in the
     /// 1,000-call benchmark (taking it back waits for whichever thread took it meanwhile).
     fn ok(&self, result: &Bound<'_, PyAny>) {
-        let parsed = if let Ok(b) = result.cast::<PyBytes>() {
-            serde_json::from_slice::<Value>(b.as_bytes()).map_err(|e| e.to_string())
-        } else if let Ok(s) = result.cast::<PyString>() {
-            s.to_str()
-                .map_err(|e| e.to_string())
-                .and_then(|s| serde_json::from_str::<Value>(s).map_err(|e| e.to_string()))
-        } else {
-            Err("neither bytes nor str".to_string())
-        };
-        self.send(match parsed {
-            Ok(v) => Ok(v.into()),
-            Err(e) => Err(ActivityError::Failed {
-                message: format!("the tool's result is not JSON: {e}"),
-                details: Value::Null,
-            }),
-        });
+        self.send(parse_result(result));
     }
 
     /// The call failed: the function raised `exception` (its class name) with `message`
