@@ -4,17 +4,23 @@ dagloop, against the same 1,000 calls under plain `asyncio.gather`.
     $DAGLOOP_PYTHON python/bench/overhead.py [N]
 
 dagloop's per-call figure is (a run with N calls - the same run with none) / N, so that the
-model's turns and the run's set-up are not counted; the baseline's is gather's time / N. Both
-are the best of five. Prints both figures and their ratio (the issue's target: <= 3x).
+model's turns and the run's set-up are not counted; the baseline's is gather's time / N. The
+three are measured in turn, round after round (so that a change in the machine's load touches
+both sides alike), and each figure is the best of its ROUNDS (default 7). Prints both figures
+and their ratio (the issue's target: <= 3x). Measure a release build of the native module:
+`eval "$(DAGLOOP_PY_PROFILE=release scripts/setup-python.sh)"` (the dev build's Rust is
+unoptimised, and several times slower).
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 import time
 
 import dagloop
+import dagloop._dagloop
 from dagloop import ScriptedModel, call
 
 
@@ -45,11 +51,17 @@ async def timed_gather(n: int) -> float:
 
 
 async def main(n: int) -> None:
-    empty = min([await timed_run(0) for _ in range(5)])
-    full = min([await timed_run(n) for _ in range(5)])
-    base = min([await timed_gather(n) for _ in range(5)])
+    rounds = int(os.environ.get("ROUNDS", "7"))
+    empties, fulls, bases = [], [], []
+    for _ in range(rounds):
+        empties.append(await timed_run(0))
+        fulls.append(await timed_run(n))
+        bases.append(await timed_gather(n))
+    empty, full, base = min(empties), min(fulls), min(bases)
     per_call = (full - empty) / n
     per_base = base / n
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    print(f"native module: {dagloop._dagloop.profile} build; load average {load}; best of {rounds} rounds")
     print(f"dagloop: {per_call * 1e6:.1f} us per call ({n} calls: {full * 1e3:.1f} ms, empty run {empty * 1e3:.1f} ms)")
     print(f"asyncio.gather: {per_base * 1e6:.2f} us per call ({base * 1e3:.2f} ms)")
     print(f"ratio: {per_call / per_base:.1f}x (target <= 3x)")

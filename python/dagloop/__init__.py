@@ -2,8 +2,6 @@
 driven by the dagloop library (the same code as the `dagloop` command line) through its native
 module `dagloop._dagloop`. See docs/python.md."""
 
-import atexit as _atexit
-
 from . import _dagloop as _native
 from ._agent import (
     Agent,
@@ -57,9 +55,9 @@ from ._events import (
 )
 from ._tools import Tool, tool
 
-# Nothing is handed back to Python once the interpreter exits (runs still going are left to
-# their store, as a killed process leaves them).
-_atexit.register(_native._exiting)
+# The native module registers its own `atexit` hook (`_dagloop._exiting`): nothing is handed
+# back to Python once the interpreter exits, and its runtime is shut down (runs still going are
+# left to their store, as a killed process leaves them).
 
 __all__ = [
     "Agent",

@@ -12,6 +12,7 @@ import asyncio
 import inspect
 import json
 import os
+import socket
 import tempfile
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Awaitable, Callable, Generic, Iterable, Literal, Union
@@ -349,7 +350,10 @@ class RunStream(Generic[T]):
         self._started: asyncio.Future[None] | None = None
         self._queue: asyncio.Queue[Event | None] = asyncio.Queue()
         self._tasks: set[asyncio.Task[Any]] = set()
-        self._wake: int | None = None
+        self._wake: socket.socket | None = None
+        self._waker: asyncio.Task[None] | None = None
+        # Results of calls not yet handed back: they go in one batch per turn of the event loop.
+        self._answers: list[tuple[Any, bytes | str]] = []
         self._listener: asyncio.Task[None] | None = None
         self._presented: dict[int, ApprovalRequested] = {}
         self.result: RunResult | None = None
@@ -442,26 +446,44 @@ class RunStream(Generic[T]):
 
     def _watch_work(self) -> None:
         """Calls of Python tools are taken when the run's wake-up socket is readable: all those
-        queued by then at once, each started as a task."""
-        fd = self._run.wake_fd()
-        if fd is None:
+        queued by then at once, each started as a task. A loop that cannot watch a socket
+        (`add_reader`: Windows' proactor loop) has a task await it (`sock_recv`) instead."""
+        handle = self._run.wake_fd()
+        if handle is None:
             return
-        self._wake = fd
-        asyncio.get_running_loop().add_reader(fd, self._take_work)
+        sock = socket.socket(fileno=handle)
+        sock.setblocking(False)
+        self._wake = sock
+        loop = asyncio.get_running_loop()
+        try:
+            loop.add_reader(sock, self._take_work)
+        except NotImplementedError:
+            self._waker = asyncio.ensure_future(self._await_work(sock))
+
+    async def _await_work(self, sock: socket.socket) -> None:
+        loop = asyncio.get_running_loop()
+        while self._wake is sock and await loop.sock_recv(sock, 4096):
+            self._take_work(read=True)
 
     def _unwatch_work(self) -> None:
-        fd, self._wake = self._wake, None
-        if fd is not None:
-            asyncio.get_running_loop().remove_reader(fd)
-            os.close(fd)
+        sock, self._wake = self._wake, None
+        if sock is None:
+            return
+        if self._waker is not None:
+            self._waker.cancel()
+            self._waker = None
+        else:
+            asyncio.get_running_loop().remove_reader(sock)
+        sock.close()
 
-    def _take_work(self) -> None:
+    def _take_work(self, read: bool = False) -> None:
         if self._wake is None:
             return
-        try:
-            os.read(self._wake, 4096)
-        except (BlockingIOError, InterruptedError):
-            pass
+        if not read:
+            try:
+                self._wake.recv(4096)
+            except (BlockingIOError, InterruptedError):
+                pass
         for name, params, reply in self._run.take_work():
             self._spawn(self._call(name, params, reply))
 
@@ -476,7 +498,10 @@ class RunStream(Generic[T]):
             reply.fail("LookupError", f"no Python function for tool `{name}`")
             return
         try:
-            reply.ok(await tool.invoke(params))
+            result = await tool.invoke(params)
+            if not self._answers:
+                asyncio.get_running_loop().call_soon(self._answer)
+            self._answers.append((reply, result))
         except pydantic.ValidationError as e:
             reply.bad_params(name, str(e))
         except (asyncio.TimeoutError, TimeoutError):
@@ -485,6 +510,11 @@ class RunStream(Generic[T]):
             reply.fail(type(e).__name__, str(e))
             if not isinstance(e, Exception):
                 raise
+
+    def _answer(self) -> None:
+        """Hands back the results gathered since the last time, at once (`_native.answer`)."""
+        answers, self._answers = self._answers, []
+        _native.answer(answers)
 
     async def _listen(self) -> None:
         while True:

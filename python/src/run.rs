@@ -17,7 +17,7 @@ use pyo3::prelude::*;
 use tokio::sync::Mutex;
 
 use super::start::to_json;
-use super::tool::{Reply, WorkQueue};
+use super::tool::{Reply, WakeStream, WorkQueue};
 use super::{Failure, complete};
 
 /// A run going on in this process.
@@ -26,7 +26,7 @@ pub(crate) struct Run {
     handle: RunHandle,
     work: Arc<WorkQueue>,
     /// The socket end Python watches for work, until Python takes it (`wake_fd`).
-    watched: std::sync::Mutex<Option<std::os::unix::net::UnixStream>>,
+    watched: std::sync::Mutex<Option<WakeStream>>,
     events: Arc<Mutex<Option<Subscription>>>,
     store: Option<Arc<dyn RunStore>>,
     /// The run's tools by name (what a call awaiting a decision would do is described from them).
@@ -39,7 +39,7 @@ impl Run {
     pub(crate) fn new(
         launched: Launched,
         work: Arc<WorkQueue>,
-        watched: std::os::unix::net::UnixStream,
+        watched: WakeStream,
         store: Option<Arc<dyn RunStore>>,
         tools: &[Tool],
     ) -> Run {
@@ -53,6 +53,24 @@ impl Run {
             _servers: std::sync::Mutex::new(launched.servers),
         }
     }
+}
+
+#[cfg(unix)]
+fn into_handle(w: WakeStream) -> Option<u64> {
+    use std::os::fd::IntoRawFd;
+    u64::try_from(w.into_raw_fd()).ok()
+}
+
+#[cfg(windows)]
+fn into_handle(w: WakeStream) -> Option<u64> {
+    use std::os::windows::io::IntoRawSocket;
+    Some(w.into_raw_socket())
+}
+
+/// Neither Unix nor Windows: no socket to hand over (Python then finds no call to run).
+#[cfg(not(any(unix, windows)))]
+fn into_handle(_: WakeStream) -> Option<u64> {
+    None
 }
 
 impl Drop for Run {
@@ -70,12 +88,12 @@ impl Run {
         self.handle.run_id().to_string()
     }
 
-    /// The file descriptor of a socket that becomes readable when calls wait in `take_work`
-    /// (non-blocking; Python reads and closes it). Given once: None after.
-    fn wake_fd(&self) -> Option<i32> {
-        use std::os::fd::IntoRawFd;
+    /// The socket that becomes readable when calls wait in `take_work` (non-blocking; Python
+    /// owns it from then on: `socket.socket(fileno=...)`, read and closed there): its file
+    /// descriptor on Unix, its `SOCKET` handle on Windows. Given once: None after.
+    fn wake_fd(&self) -> Option<u64> {
         let watched = self.watched.lock().ok().and_then(|mut w| w.take());
-        watched.map(|w| w.into_raw_fd())
+        watched.and_then(into_handle)
     }
 
     /// The calls of Python tools waiting to run, as `(tool, params_json, reply)`, every one

@@ -146,3 +146,50 @@ async def test_the_async_client_streams_typed_events_and_decides(server: str) ->
     with pytest.raises(dagloop.DagloopError) as e:
         await dagloop.AsyncClient(server, token="wrong").result(submitted.id)
     assert e.value.code == "auth.invalid"
+
+
+async def test_the_async_client_follows_two_runs_at_once_on_one_loop_without_threads(server: str) -> None:
+    """Natively async: two event streams read concurrently by one event loop, no worker thread
+    started (the thread count never grows), each stream ending with its run's `run_finished`."""
+    import asyncio
+    import threading
+
+    def goal(n: int) -> dict[str, object]:
+        return {
+            "goal": f"save note {n}",
+            "output_schema": {"type": "object"},
+            "tools": [{
+                "_tool": "note", "_activity": "http", "_http": {"method": "GET", "url": server, "timeout_s": 10},
+                "description": "Reads the server's page.", "type": "object", "properties": {"text": {"type": "string"}},
+            }],
+        }
+
+    def model(n: int) -> str:
+        return ScriptedModel([
+            ScriptedModel.solution([call("note", text=f"n{n}", output_path="†state.note || †state.noteError")]),
+            ScriptedModel.solution(output={"n": n}),
+        ]).spec()
+
+    threads = threading.active_count()
+    client = dagloop.AsyncClient(server, token="py-secret")
+    runs = [await client.submit(goal(n), model=model(n), approve="ask") for n in (1, 2)]
+    counts: list[int] = []
+
+    async def follow(run_id: str) -> list[str]:
+        kinds = []
+        async for ev in client.events(run_id):
+            kinds.append(ev.type)
+            counts.append(threading.active_count())
+            if isinstance(ev, dagloop.ApprovalRequested):
+                assert await client.decide(run_id, ev, dagloop.approve()) == "applied"
+            if isinstance(ev, dagloop.RunFinished):
+                break
+        return kinds
+
+    both = await asyncio.gather(*(follow(r.id) for r in runs))
+    for kinds in both:
+        assert kinds[-1] == "run_finished" and "approval_requested" in kinds and "decision" in kinds, kinds
+    assert counts and max(counts) <= threads, (threads, counts)
+    outs = await asyncio.gather(*(client.wait(r.id) for r in runs))
+    assert [o.output for o in outs] == [{"n": 1}, {"n": 2}]
+    assert threading.active_count() <= threads

@@ -69,6 +69,32 @@ def test_a_fan_out_of_async_tools_runs_concurrently() -> None:
     assert wall < n * sleep / 3, f"{wall:.2f}s for {n} calls of {sleep}s: not concurrent"
 
 
+class _NoWatchLoop(asyncio.SelectorEventLoop):
+    """A loop that cannot watch a socket, as Windows' proactor loop: `add_reader` is refused."""
+
+    def add_reader(self, fd: Any, callback: Any, *args: Any) -> None:  # type: ignore[override]
+        raise NotImplementedError("this loop does not watch sockets")
+
+
+def test_a_loop_that_cannot_watch_sockets_still_runs_the_calls() -> None:
+    """The wake-up socket awaited through `loop.sock_recv` (the proactor loop's way), not watched."""
+    n, sleep = 12, 0.4
+    model = ScriptedModel([
+        ScriptedModel.solution([call(nap, seconds=sleep, i=i, output_path=f"†state.r{i}") for i in range(n)]),
+        ScriptedModel.solution(output={"done": True}),
+    ])
+    agent = dagloop.Agent(model=model, tools=[nap])
+    loop = _NoWatchLoop()
+    try:
+        started = time.monotonic()
+        out = loop.run_until_complete(agent.run("nap in parallel"))
+        wall = time.monotonic() - started
+    finally:
+        loop.close()
+    assert out == {"done": True}
+    assert wall < n * sleep / 3, f"{wall:.2f}s for {n} calls of {sleep}s: not concurrent"
+
+
 async def test_sync_and_async_tools_write_their_results() -> None:
     add.threads.clear()  # type: ignore[attr-defined]
     model = ScriptedModel([
