@@ -106,7 +106,7 @@ impl Drop for StartSlot {
 impl AppState {
     /// A slot for one more run of `who`, or 429 `server.too_many_runs` when `who` already has
     /// as many active runs as one principal may. Keep the slot until the run is started.
-    pub(super) async fn run_slot(&self, who: &Principal) -> Result<StartSlot, ApiError> {
+    pub(super) async fn run_slot(self: &Arc<Self>, who: &Principal) -> Result<StartSlot, ApiError> {
         let max = self.active_runs;
         // Taken before the store is asked: a submission that starts later counts this one.
         let (slot, before) = {
@@ -137,7 +137,7 @@ impl AppState {
 
     /// How many of `who`'s runs have not ended, counted up to at least `enough` (past it the
     /// exact number does not matter).
-    async fn active_runs_of(&self, who: &str, enough: usize) -> Result<usize, ApiError> {
+    async fn active_runs_of(self: &Arc<Self>, who: &str, enough: usize) -> Result<usize, ApiError> {
         let mut q = crate::store::RunQuery {
             statuses: ACTIVE.iter().map(|s| s.to_string()).collect(),
             submitted_by: Some(who.to_string()),

@@ -95,7 +95,7 @@ async fn temporal_list(
 /// The runs on Temporal `q` lists (one page, as [`temporal_list`] answers it).
 #[cfg(feature = "temporal")]
 pub(super) async fn temporal_rows(
-    st: &AppState,
+    st: &Arc<AppState>,
     t: &Arc<super::on_temporal::Engine>,
     q: &RunQuery,
 ) -> Result<Vec<RunSummary>, ApiError> {

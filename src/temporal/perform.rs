@@ -109,6 +109,9 @@ pub(super) struct Performer {
     pub(super) closes: Vec<(FrameKey, u32, usize, RunInput)>,
     /// Activities (turns and calls, detached ones too) started and not yet ended.
     pub(super) in_flight: usize,
+    /// What the run keeps of tool results, as the embedded engine's driver keeps it: each call
+    /// is launched with its budget, and each outcome is admitted before the machine sees it.
+    pub(super) bound: crate::engine::ResultBound,
 }
 
 impl Performer {
@@ -192,6 +195,7 @@ impl Performer {
                     call: std::sync::Arc::unwrap_or_clone(call),
                     tool: (*tool).clone(),
                     timeout_ms,
+                    budget: Some(self.bound.budget()),
                 };
                 let c = ctx.clone();
                 if !detached {
@@ -412,7 +416,10 @@ impl Performer {
                     return;
                 }
                 match result {
-                    Ok(outcome) => inputs.push(RunInput::Outcome { call: id, outcome }),
+                    Ok(outcome) => inputs.push(RunInput::Outcome {
+                        call: id,
+                        outcome: self.bound.admit(outcome),
+                    }),
                     // Nobody asked for it to stop: the run was cancelled, which the machine
                     // hears about by itself.
                     Err(Lost::Cancelled) => {}
