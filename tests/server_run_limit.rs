@@ -4,7 +4,8 @@
 //!
 //! - a principal with two runs waiting for a reviewer is refused a third at once (429
 //!   `server.too_many_runs`, the message naming the limit and how many are active), and so is
-//!   its fork of one of them; another principal's `POST /runs` is still answered;
+//!   its fork of one of them; another principal's `POST /runs` is still answered, and the
+//!   operator's own principal (`admin`) is held to no limit;
 //! - the count comes from the store: after a restart of the server the principal is still at
 //!   its limit;
 //! - once one of its runs ends (cancelled), it may submit again.
@@ -77,9 +78,13 @@ async fn a_principal_at_its_run_limit_is_refused_until_one_ends_and_others_are_n
         )
         .await,
     );
-    // Another principal is not held to a's runs.
+    // Another principal is not held to a's runs; the operator's own (`admin`) to none.
     let (st, v) = submit(&s, B, &body).await;
     assert_eq!(st, 201, "{v}");
+    for _ in 0..3 {
+        let (st, v) = submit(&s, ADMIN, &body).await;
+        assert_eq!(st, 201, "{v}");
+    }
 
     // The count is the store's: a restarted server still refuses a third.
     s.kill();

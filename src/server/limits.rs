@@ -1,7 +1,8 @@
 //! Per-principal limits on what one client holds on the server: held waits (`GET
 //! /runs/{id}/result?wait=`) and event streams (`GET /runs/{id}/events`), each at most
 //! [`MAX_OPEN`] per principal at a time, and active runs (not ended: running, waiting or
-//! stopped), at most the operator's `[limits] active_runs` ([`DEFAULT_ACTIVE_RUNS`]). One past
+//! stopped), at most the operator's `[limits] active_runs` ([`DEFAULT_ACTIVE_RUNS`]; a principal
+//! with the `admin` role, the operator's own, is not held to it). One past
 //! a limit is refused at once with 429 (`server.too_many_open`, `server.too_many_runs`), so a
 //! client cannot take every watcher, stream, connection or run slot for itself; another
 //! principal's requests are still answered. A wait's or stream's slot is given back when it
@@ -120,6 +121,11 @@ impl AppState {
             };
             (slot, before)
         };
+        // The operator's own principal (`admin`; `local` on a server without tokens) is not
+        // held to it: the limit keeps one client from taking the server, not its operator.
+        if who.may(super::principals::Role::Admin) {
+            return Ok(slot);
+        }
         let active = self.active_runs_of(&who.name, max).await?;
         let held = active.saturating_add(before);
         if held >= max {
