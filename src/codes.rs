@@ -346,6 +346,7 @@ codes! {
     "server.serve" => "The server stopped with an error.",
     "server.token_required" => "The server listens beyond loopback and no token or principals are configured.",
     "server.too_many_open" => "The caller already holds as many open waits (`GET /runs/{id}/result?wait=`), or event streams, as one principal may (64 of each): one must end first (429).",
+    "server.too_many_runs" => "The caller already has as many active runs (running, waiting or stopped: not ended) as one principal may (the server's `[limits] active_runs`, default 32; `admin` excepted): `POST /runs`, a fork or a follow-up is refused until one of them ends (429).",
     "server.unknown_agent" => "The request names an agent the server was not started with.",
     "session.busy" => "A run of the session has not finished: follow-ups of one session run one at a time. Without `--no-wait` (`\"wait\": true` on the API) the follow-up waits for it; a stopped run of the session must be resumed or cancelled first.",
     "session.no_goal" => "`run --continue RUN` was given neither a goal file nor an instruction (the text after the run id is empty).",

@@ -155,6 +155,16 @@ impl StoreConfig {
     }
 }
 
+/// `dagloop serve`: what one principal may hold on the server (`[limits]`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LimitsConfig {
+    /// The most active (not ended: running, waiting or stopped) runs one principal may have;
+    /// one more is refused with 429 `server.too_many_runs` (default 32).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub active_runs: Option<usize>,
+}
+
 /// An agent the operator publishes: a goal file clients start by name.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -250,6 +260,9 @@ pub struct Config {
     /// The approval floor under every run (`[approval]`).
     #[serde(default, skip_serializing_if = "is_default_approval")]
     pub approval: ApprovalConfig,
+    /// `dagloop serve`: per-principal limits (`[limits] active_runs`).
+    #[serde(default, skip_serializing_if = "is_default_limits")]
+    pub limits: LimitsConfig,
     /// Workspace memory for goals that name none (`[memory] path = "notes"`, relative to this
     /// file's folder; docs/memory.md).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -261,6 +274,10 @@ pub struct Config {
 
 fn is_default_approval(a: &ApprovalConfig) -> bool {
     *a == ApprovalConfig::default()
+}
+
+fn is_default_limits(l: &LimitsConfig) -> bool {
+    *l == LimitsConfig::default()
 }
 
 fn is_default_store(s: &StoreConfig) -> bool {

@@ -12,26 +12,11 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use serde_json::Value;
-use serve::{Server, client, counting_service, goal};
-
-/// Field `name` of process `pid`'s `/proc/PID/status` now (its first number).
-fn status(pid: u32, name: &str) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| l.strip_prefix(name))
-        .and_then(|n| n.split_whitespace().next()?.parse().ok())
-        .unwrap_or(0)
-}
+use serve::{Server, client, counting_service, goal, rss_kib};
 
 /// Threads of process `pid` now.
 fn threads(pid: u32) -> u64 {
-    status(pid, "Threads:")
-}
-
-/// Resident memory of process `pid` now, in KiB.
-fn rss_kib(pid: u32) -> u64 {
-    status(pid, "VmRSS:")
+    serve::proc_status(pid, "Threads:")
 }
 
 /// What a burst may leave resident beyond a fresh server's memory: the code its requests ran

@@ -7,6 +7,9 @@
 //!   journal every 200 ms.
 //! - A decision ends the run: every waiter is answered with the final result, and the watcher
 //!   is gone once they are.
+//! - The memory 50 held waits take on such a run comes back once they close: the server's
+//!   resident memory returns to within [`WAIT_KEPT_KIB`] of what it held before them, within
+//!   [`RETURNED_WITHIN`].
 //! - One principal holds at most 64 open waits: the 65th is refused at once (429
 //!   `server.too_many_open`) while another principal's wait is answered, and the slots come
 //!   back when the waits end.
@@ -20,7 +23,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
-use serve::{Server, client, counting_service, send, until};
+use serve::{Server, client, counting_service, rss_kib, send, until};
 
 /// A goal whose one turn makes `n` unreviewed calls and one a reviewer must approve (the last
 /// call, `n + 1`).
@@ -262,4 +265,101 @@ async fn one_principal_holds_at_most_64_waits_and_another_is_still_answered() {
     }
     let (st, v) = send(wait(A, 60)).await;
     assert_eq!((st, &v["status"]), (200, &json!("succeeded")), "{v}");
+}
+
+/// What 50 closed waits may leave resident beyond the server's memory before them: code paged
+/// in once, the answers' buffers the allocator keeps a moment. Measured: nothing (the server
+/// held less after than before: the waiting run had parked meanwhile).
+const WAIT_KEPT_KIB: u64 = 16 << 10;
+
+/// What 50 held waits may take beyond the server's memory before them: their connections,
+/// requests and the one watcher. Measured: about 1.3 MiB. (When each wait rebuilt the journal,
+/// 50 took the server from 132 MB to 2 GB.)
+const HELD_KIB: u64 = 32 << 10;
+
+/// How long the server may take to give the waits' memory back: the allocator hands freed
+/// pages to the system after its purge delay (10 s, `src/cli/alloc.rs`) once a thread
+/// collects them (tokio's workers do when they park, `src/idle.rs`).
+const RETURNED_WITHIN: Duration = Duration::from_secs(40);
+
+/// 50 waits held on a run of 2,001 calls, then closed (each runs out and is answered with
+/// where the run stands): the server's resident memory (`VmRSS`) comes back to within
+/// [`WAIT_KEPT_KIB`] of its figure before the waits, within [`RETURNED_WITHIN`]. (Before one
+/// watcher served every waiter, each wait rebuilt the journal and a server went from 132 MB to
+/// 2 GB, and kept it.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_memory_fifty_held_waits_took_comes_back_once_they_close() {
+    const WAITERS: u64 = 50;
+    let dir = tempfile::tempdir().expect("tmp");
+    let s = Server::start(&dir.path().join("runs.db"), None);
+    let pid = s.child.id();
+    let (url, _) = counting_service().await;
+    let (st, v) = send(
+        client()
+            .post(s.url("/runs"))
+            .json(&gated_goal(dir.path(), &url, 2000)),
+    )
+    .await;
+    assert_eq!(st, 201, "{v}");
+    let id = v["id"].as_str().expect("id").to_string();
+    until(&s, &id, |v| v["status"] == "waiting").await;
+    let wait = |secs: u64| client().get(s.url(&format!("/runs/{id}/result?wait={secs}")));
+    // One wait first, so that what any wait pages in once is in the figure before.
+    let (st, _) = send(wait(1)).await;
+    assert_eq!(st, 202);
+    metric_until(&s, "dagloop_run_watchers", 0).await;
+    let before = settled_rss(pid).await;
+    let waiters: Vec<_> = (0..WAITERS)
+        .map(|_| {
+            let rb = wait(4);
+            tokio::spawn(async move { send(rb).await })
+        })
+        .collect();
+    metric_until(&s, "dagloop_run_waiters", WAITERS).await;
+    let held = rss_kib(pid);
+    // Held, they take little: no wait rebuilds the journal (one watcher serves them all).
+    assert!(
+        held <= before + HELD_KIB,
+        "{WAITERS} held waits took {} KiB",
+        held.saturating_sub(before)
+    );
+    for w in waiters {
+        let (st, v) = tokio::time::timeout(Duration::from_secs(30), w)
+            .await
+            .expect("answered")
+            .expect("task");
+        assert_eq!((st, &v["status"]), (202, &json!("waiting")), "{v}");
+    }
+    metric_until(&s, "dagloop_run_watchers", 0).await;
+    let closed = Instant::now();
+    let after = loop {
+        let now = rss_kib(pid);
+        if now <= before + WAIT_KEPT_KIB || closed.elapsed() > RETURNED_WITHIN {
+            break now;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+    eprintln!(
+        "RSS before {before} KiB, {WAITERS} waits held {held} KiB, after {after} KiB ({:?} after they closed)",
+        closed.elapsed()
+    );
+    assert!(
+        after <= before + WAIT_KEPT_KIB,
+        "the waits' memory was not given back within {RETURNED_WITHIN:?}: {before} KiB before, {held} KiB held, {after} KiB after"
+    );
+}
+
+/// The server's resident memory once it stopped changing by more than 1 MiB over a second
+/// (bounded: at most 15 s).
+async fn settled_rss(pid: u32) -> u64 {
+    let mut last = rss_kib(pid);
+    for _ in 0..15 {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let now = rss_kib(pid);
+        if now.abs_diff(last) < 1 << 10 {
+            return now;
+        }
+        last = now;
+    }
+    last
 }

@@ -127,6 +127,9 @@ pub(super) async fn serve(
         retention: config
             .and_then(|c| c.store.retention().ok())
             .unwrap_or_default(),
+        active_runs: config
+            .and_then(|c| c.limits.active_runs)
+            .unwrap_or(crate::server::DEFAULT_ACTIVE_RUNS),
         #[cfg(feature = "temporal")]
         temporal,
     })

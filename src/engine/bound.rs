@@ -33,7 +33,7 @@ const RECORD_BYTES: u64 = 16 * HEAD_CHARS as u64 + 1024;
 
 /// The run's bound and what it has kept so far.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) struct ResultBound {
+pub(crate) struct ResultBound {
     /// The most bytes of tool results the run keeps.
     pub limit: u64,
     /// Bytes kept so far.
@@ -50,6 +50,17 @@ impl ResultBound {
     /// A run that has kept nothing yet.
     pub fn new(limit: u64) -> ResultBound {
         ResultBound { limit, kept: 0 }
+    }
+
+    /// The run's bound as a call found it when it was launched (`budget`): a worker that runs
+    /// the call away from the run (Temporal) bounds its result with the same rule before it
+    /// hands it back, and the run admits it again as it arrives.
+    #[cfg(feature = "temporal")]
+    pub fn within(budget: ResultBudget) -> ResultBound {
+        ResultBound {
+            limit: budget.limit,
+            kept: budget.kept,
+        }
     }
 
     /// A run resumed from `journal`: what its journaled outcomes hold counts.

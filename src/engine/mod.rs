@@ -36,6 +36,8 @@ pub use crate::scheduler::{CallStatus, Outcome, OutcomeKind};
 pub use activities::Executor;
 pub use agent::Agent;
 pub use bound::DEFAULT_KEPT_RESULT_BYTES;
+#[cfg(feature = "temporal")]
+pub(crate) use bound::ResultBound;
 pub use builder::AgentBuilder;
 pub use error::AgentError;
 pub use exec::{AfterTool, BeforeTool, HookError, Hooks, OnError, RegistryExecutor};

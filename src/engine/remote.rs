@@ -20,7 +20,7 @@ use crate::llm::Settings;
 use crate::machine::{AgentConfig, FrameKey, RunInput};
 use crate::protocol::{Call, CallId, Message, Tool};
 use crate::scheduler::Outcome;
-use crate::tools::ProgressSink;
+use crate::tools::{ProgressSink, ResultBudget};
 
 /// An [`Agent`] taken apart for a remote engine. See the module docs.
 pub struct Parts {
@@ -86,13 +86,17 @@ impl Parts {
     }
 
     /// Runs one call's activity under `timeout_ms`, as the embedded engine does: a panic is the
-    /// call's failure, the time limit its timeout.
+    /// call's failure, the time limit its timeout; with the run's `budget` (what it could still
+    /// keep of results when the call was launched), the activity is told it and its result is
+    /// bounded by the run's rule ([`super::ResultBound::admit`]), so a result over the bound
+    /// leaves the worker as its `run.result_bound` record, never whole.
     pub async fn execute(
         &self,
         id: CallId,
         call: Call,
         tool: Arc<Tool>,
         timeout_ms: Option<u64>,
+        budget: Option<ResultBudget>,
     ) -> Outcome {
         let limit = timeout_ms.map(Duration::from_millis);
         let task = run_call(
@@ -102,15 +106,19 @@ impl Parts {
             tool,
             limit,
             ProgressSink::none(),
-            None,
+            budget,
         );
-        match tokio::spawn(task).await {
+        let outcome = match tokio::spawn(task).await {
             Ok(o) => o,
             Err(e) if e.is_panic() => Outcome::panic(panic_message(e.into_panic())),
             Err(_) => Outcome::error(serde_json::json!({
                 "code": "activity.cancelled",
                 "message": "the activity was cancelled",
             })),
+        };
+        match budget {
+            Some(b) => super::ResultBound::within(b).admit(outcome),
+            None => outcome,
         }
     }
 }

@@ -99,7 +99,8 @@ fn idempotency_key(headers: &HeaderMap) -> ApiResult<Option<String>> {
         (status = 404, description = "No agent of that name is published", body = ApiError),
         (status = 413, description = "The body is too large", body = ApiError),
         (status = 415, description = "Not application/json", body = ApiError),
-        (status = 422, description = "The Idempotency-Key was used before with another body (`http.idempotency_key_reused`)", body = ApiError)))]
+        (status = 422, description = "The Idempotency-Key was used before with another body (`http.idempotency_key_reused`)", body = ApiError),
+        (status = 429, description = "The caller already has as many active (not ended) runs as one principal may (`server.too_many_runs`, the server's `limits.active_runs`)", body = ApiError)))]
 pub(super) async fn create_run(
     State(st): State<Arc<AppState>>,
     Extension(who): Extension<Principal>,
@@ -275,6 +276,8 @@ async fn start_defined(
     };
     let goal = check_goal(&doc, &base)?;
     st.hold_to_floor(&mut opts, agent.as_deref(), &goal)?;
+    // Kept until the run is started: it is then one of the caller's active runs in the store.
+    let _slot = st.run_slot(who).await?;
     let def = crate::runs::define(goal, opts, st.grants.clone()).map_err(runs_error)?;
     #[cfg(feature = "temporal")]
     if let Some(t) = st.temporal() {

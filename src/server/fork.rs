@@ -47,6 +47,7 @@ pub(super) struct ForkRequest {
         (status = 404, description = "No such run (or not one the caller may read)", body = ApiError),
         (status = 410, description = "The run was compacted: its journal is gone (`store.compacted`)", body = ApiError),
         (status = 415, description = "Not application/json", body = ApiError),
+        (status = 429, description = "The caller already has as many active (not ended) runs as one principal may (`server.too_many_runs`)", body = ApiError),
         (status = 501, description = "Not on the Temporal engine (`engine.unsupported`)", body = ApiError)))]
 pub(super) async fn fork(
     State(st): State<Arc<AppState>>,
@@ -123,6 +124,7 @@ pub(super) async fn fork(
     )?;
     let def = crate::runs::define(fork.goal.clone(), fork.options.clone(), st.grants.clone())
         .map_err(runs_error)?;
+    let _slot = st.run_slot(&who).await?;
     let seeded = crate::runs::seed(&*st.store, &fork)
         .await
         .map_err(runs_error)?;

@@ -89,6 +89,16 @@ async fn temporal_list(
     t: &Arc<super::on_temporal::Engine>,
     q: &RunQuery,
 ) -> Result<Response, ApiError> {
+    Ok(Json(temporal_rows(st, t, q).await?).into_response())
+}
+
+/// The runs on Temporal `q` lists (one page, as [`temporal_list`] answers it).
+#[cfg(feature = "temporal")]
+pub(super) async fn temporal_rows(
+    st: &Arc<AppState>,
+    t: &Arc<super::on_temporal::Engine>,
+    q: &RunQuery,
+) -> Result<Vec<RunSummary>, ApiError> {
     use futures::StreamExt;
     let ids = t.list(crate::store::MAX_LIMIT).await?;
     let views: Vec<_> = futures::stream::iter(ids)
@@ -144,5 +154,5 @@ async fn temporal_list(
         ))
     });
     runs.truncate(q.limit);
-    Ok(Json(runs).into_response())
+    Ok(runs)
 }

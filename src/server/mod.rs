@@ -54,6 +54,7 @@ use utoipa::OpenApi;
 use utoipa_axum::router::OpenApiRouter;
 
 pub use error::ServerError;
+pub use limits::DEFAULT_ACTIVE_RUNS;
 #[cfg(feature = "temporal")]
 pub use on_temporal::TemporalServe;
 pub use principals::{PrincipalConfig, PrincipalError, Role, token_sha256};
@@ -95,6 +96,9 @@ pub struct ServeOptions {
     /// How long finished runs are kept (`[store]` of the config), applied at start and every
     /// [`RETENTION_EVERY`].
     pub retention: crate::store::Retention,
+    /// The most active (not ended) runs one principal may have (`[limits] active_runs`;
+    /// [`DEFAULT_ACTIVE_RUNS`] unless the operator says).
+    pub active_runs: usize,
     /// Serve runs on Temporal (`--engine temporal`): every run is a workflow, nothing of a
     /// run is kept or driven here.
     #[cfg(feature = "temporal")]

@@ -58,7 +58,8 @@ pub(super) struct ContinueRequest {
         (status = 403, description = "The caller may not submit runs, or asks a published agent's follow-up for a model its operator does not list (`server.agent_model`)", body = ApiError),
         (status = 404, description = "No such run (or not one the caller may read)", body = ApiError),
         (status = 409, description = "A run of the session has not finished and `wait` was not asked (`session.busy`)", body = ApiError),
-        (status = 415, description = "Not application/json", body = ApiError)))]
+        (status = 415, description = "Not application/json", body = ApiError),
+        (status = 429, description = "The caller already has as many active (not ended) runs as one principal may (`server.too_many_runs`)", body = ApiError)))]
 pub(super) async fn continue_run(
     State(st): State<Arc<AppState>>,
     Extension(who): Extension<Principal>,
@@ -137,6 +138,7 @@ pub(super) async fn continue_run(
         )?);
         Ok(())
     };
+    let _slot = st.run_slot(&who).await?;
     let (fork, seeded) = crate::runs::continue_run(&*st.store, &id, &how, opts, &mut check)
         .await
         .map_err(session_error)?;

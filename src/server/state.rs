@@ -62,6 +62,10 @@ pub(super) struct AppState {
     pub(super) watches: super::watch::Watches,
     /// The waits and streams each principal holds open (`limits`).
     pub(super) open: super::limits::Open,
+    /// The most active runs one principal may have (`[limits] active_runs`).
+    pub(super) active_runs: usize,
+    /// Runs being started, counted beside the store's active runs (`limits`).
+    pub(super) starting: super::limits::Starting,
     /// MCP servers shared by the server's runs: started once per configuration.
     #[cfg(feature = "mcp")]
     pub mcp: crate::runs::Pool,
@@ -115,6 +119,8 @@ impl AppState {
             tickets: Default::default(),
             watches: Default::default(),
             open: Default::default(),
+            active_runs: opts.active_runs,
+            starting: Default::default(),
             #[cfg(feature = "mcp")]
             mcp: Default::default(),
             stopping: CancellationToken::new(),

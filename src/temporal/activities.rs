@@ -63,6 +63,11 @@ pub struct CallTask {
     pub tool: Tool,
     /// Its time limit.
     pub timeout_ms: Option<u64>,
+    /// What the run could still keep of tool results when it launched the call: the activity
+    /// reads no further and bounds the result by the run's rule (absent in tasks of an older
+    /// dagloop: not bounded here, the workflow still bounds what it keeps).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget: Option<crate::tools::ResultBudget>,
 }
 
 /// A workspace memory search for one step of the run's agent.
@@ -310,7 +315,8 @@ impl DagloopActivities {
         let tool = Arc::new(task.tool);
         let mut work = tokio::spawn(async move {
             let _servers = servers;
-            p.execute(task.id, task.call, tool, task.timeout_ms).await
+            p.execute(task.id, task.call, tool, task.timeout_ms, task.budget)
+                .await
         });
         let mut beat = tokio::time::interval(HEARTBEAT_EVERY);
         loop {

@@ -113,6 +113,9 @@ pub(super) struct Performer {
     pub(super) in_flight: usize,
     /// When the workflow timers armed for the machine's deadlines end (those not ended yet).
     pub(super) wakes: BTreeSet<u64>,
+    /// What the run keeps of tool results, as the embedded engine's driver keeps it: each call
+    /// is launched with its budget, and each outcome is admitted before the machine sees it.
+    pub(super) bound: crate::engine::ResultBound,
 }
 
 impl Performer {
@@ -196,6 +199,7 @@ impl Performer {
                     call: std::sync::Arc::unwrap_or_clone(call),
                     tool: (*tool).clone(),
                     timeout_ms,
+                    budget: Some(self.bound.budget()),
                 };
                 let c = ctx.clone();
                 if !detached {
@@ -478,7 +482,10 @@ impl Performer {
                     return;
                 }
                 match result {
-                    Ok(outcome) => inputs.push(RunInput::Outcome { call: id, outcome }),
+                    Ok(outcome) => inputs.push(RunInput::Outcome {
+                        call: id,
+                        outcome: self.bound.admit(outcome),
+                    }),
                     // Nobody asked for it to stop: the run was cancelled, which the machine
                     // hears about by itself.
                     Err(Lost::Cancelled) => {}

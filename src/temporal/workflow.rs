@@ -166,7 +166,10 @@ impl RunWorkflow {
         if let Some(r) = ctx.state(|s| s.machine.is_none().then(|| s.result.clone()).flatten()) {
             return Ok(r);
         }
-        let mut p = Performer::default();
+        let mut p = Performer {
+            bound: ctx.state(|s| result_bound(&s.spec, &s.journal)),
+            ..Performer::default()
+        };
         let mut inputs = Vec::new();
         // A history recorded before the patch arms a workflow timer per timer setting.
         let per_setting = !ctx.patched(TIMERS_PATCH);
@@ -465,6 +468,16 @@ fn continue_from(
         .filter(|e| !e.kind.is_ephemeral())
         .collect();
     Ok((r.machine, events))
+}
+
+/// What the run keeps of tool results: its bound, and what its journal (a continued run's
+/// carried one) already kept.
+fn result_bound(spec: &RunSpec, journal: &[JournalEntry]) -> crate::engine::ResultBound {
+    let limit = crate::runs::RunDef::from_record(spec)
+        .map_or(crate::engine::DEFAULT_KEPT_RESULT_BYTES, |d| {
+            d.kept_result_bytes()
+        });
+    crate::engine::ResultBound::resumed(limit, journal)
 }
 
 /// The run's machine, built from its spec alone (no model, no activity, no environment

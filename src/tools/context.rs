@@ -107,7 +107,7 @@ pub const HEAD_CHARS: usize = 1024;
 /// operator's `kept_result_bytes`) and what it had kept when the call started. It also writes the
 /// `run.result_bound` record that stands for a result over the bound, whether the engine found
 /// the whole result too big or an activity stopped reading it ([`ResultBudget::over`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ResultBudget {
     /// The most bytes of tool results the run keeps.
     pub limit: u64,

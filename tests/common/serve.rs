@@ -434,3 +434,19 @@ pub fn call_of<'a>(run: &'a Value, tool: &str) -> &'a Value {
         .and_then(|cs| cs.iter().find(|c| c["tool"] == tool))
         .unwrap_or_else(|| panic!("no call of {tool}: {run}"))
 }
+
+/// Field `name` (e.g. `VmRSS:`, `Threads:`) of process `pid`'s `/proc/PID/status` now: its
+/// first number (0 when unreadable).
+pub fn proc_status(pid: u32, name: &str) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix(name))
+        .and_then(|n| n.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Resident memory of process `pid` now, in KiB.
+pub fn rss_kib(pid: u32) -> u64 {
+    proc_status(pid, "VmRSS:")
+}
