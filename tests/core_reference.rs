@@ -362,13 +362,42 @@ fn tool() -> Tool {
 
 /// Runs the plan through both and compares after every input; returns every record.
 fn compare(calls: Vec<Value>, schedule: Vec<u8>) -> Result<Vec<Record>, TestCaseError> {
+    let mut r = Reference::default();
+    Ok(compare_step(State::new(), &mut r, 0, calls, schedule)?.1)
+}
+
+/// Runs the plan as two steps of one run: the first `split` calls, then (with the state the
+/// first step left, whose path table the second step's calls are interned into) the rest.
+fn compare_two_steps(
+    calls: Vec<Value>,
+    schedule: Vec<u8>,
+    split: usize,
+) -> Result<Vec<Record>, TestCaseError> {
+    let split = split.min(calls.len());
+    let (first, second) = (calls[..split].to_vec(), calls[split..].to_vec());
+    let mut r = Reference::default();
+    let (state, mut all) = compare_step(State::new(), &mut r, 0, first, schedule.clone())?;
+    r.calls.clear();
+    r.closed = false;
+    let (_, more) = compare_step(state, &mut r, split as u64, second, schedule)?;
+    all.extend(more);
+    Ok(all)
+}
+
+/// One step: the calls get ids from `first_id + 1`; returns the state it leaves.
+fn compare_step(
+    state: State,
+    r: &mut Reference,
+    first_id: u64,
+    calls: Vec<Value>,
+    schedule: Vec<u8>,
+) -> Result<(State, Vec<Record>), TestCaseError> {
     let mut s = Scheduler::new(
-        State::new(),
+        state,
         vec![tool()],
         Policy::auto(),
         SchedulerOptions::default(),
     );
-    let mut r = Reference::default();
     let calls: Vec<Call> = calls
         .into_iter()
         .map(|v| Call::try_from(v).expect("generated call"))
@@ -383,7 +412,7 @@ fn compare(calls: Vec<Value>, schedule: Vec<u8>) -> Result<Vec<Record>, TestCase
         let arrive = next < calls.len() && (running.is_empty() || b.is_none_or(|b| b % 3 == 0));
         let mut expected = Vec::new();
         let input = if arrive {
-            let id = next as u64 + 1;
+            let id = first_id + next as u64 + 1;
             let call = calls[next].clone();
             next += 1;
             r.arrive(id, call.clone(), &mut expected);
@@ -419,7 +448,7 @@ fn compare(calls: Vec<Value>, schedule: Vec<u8>) -> Result<Vec<Record>, TestCase
         all.extend(got);
     }
     prop_assert!(r.running().is_empty());
-    Ok(all)
+    Ok((s.into_state(), all))
 }
 
 proptest! {
@@ -428,6 +457,15 @@ proptest! {
     #[test]
     fn the_core_does_what_the_reference_does((calls, schedule) in core_plan()) {
         compare(calls, schedule)?;
+    }
+
+    /// The run's path table outlives a step: the second step's calls are interned into the
+    /// table the first step's state holds, and read what the first step wrote through it.
+    #[test]
+    fn a_second_step_on_the_same_state_does_what_the_reference_does(
+        (calls, schedule) in core_plan(), split in 0usize..10,
+    ) {
+        compare_two_steps(calls, schedule, split)?;
     }
 }
 

@@ -14,11 +14,13 @@
 //! tombstones that traversals skip, and the graph is rebuilt from its live part once tombstones
 //! outnumber live nodes, which keeps removal amortised O(degree).
 //!
-//! Paths are interned once into the graph's [`PathTable`] (an integer id per distinct path,
-//! with its parent's): the scheduler interns a call's read and write paths when it accepts the
-//! call and keeps the ids, and the indexes walk parent ids and per-id lists of live children,
-//! so no lookup hashes a segment or allocates. The methods taking `&Path` intern or locate the
-//! path first; they are for callers that keep no ids (tests, `check`).
+//! Paths are interned once into a [`PathTable`] (an integer id per distinct path, with its
+//! parent's): the scheduler interns a call's read and write paths into the run's table (the
+//! state's, `State::intern`) when it accepts the call, keeps the ids and passes that table to
+//! every `_ids` method, and the indexes walk parent ids and per-id lists of live children, so
+//! no lookup hashes a segment or allocates. The methods taking `&Path` intern or locate the path
+//! in the graph's own table first; they are for callers that keep no ids (tests). One graph is
+//! used one way or the other, never both (the ids of two tables do not mix).
 //!
 //! Deliberately not here: whether a reference is *satisfied* (that needs state; the scheduler
 //! asks [`CallGraph::writable_by_other`] through `State::resolve_params`), approvals, or IO.
@@ -91,7 +93,7 @@ struct Node {
 pub struct CallGraph {
     g: StableGraph<Node, ()>,
     nodes: HashMap<CallId, NodeIndex, FxBuildHasher>,
-    /// Every path the graph was given, interned once: the indexes below hold its ids.
+    /// The table of the `&Path` methods (the `_ids` methods are given the caller's).
     paths: PathTable,
     writers: PathIndex,
     readers: PathIndex,
@@ -154,15 +156,24 @@ impl CallGraph {
         self.nodes.get(&id).map(|&ix| &self.g[ix])
     }
 
-    /// The id of `path` in the graph's path table, made when it is new. A call's paths are
-    /// interned once, when it arrives; every other method then takes ids.
+    /// The id of `path` in the graph's own path table (for the `&Path` methods), made when it
+    /// is new.
     pub fn intern(&mut self, path: &Path) -> PathId {
         self.paths.intern(path)
     }
 
-    /// The graph's path table.
+    /// The graph's own path table (for the `&Path` methods).
     pub fn paths(&self) -> &PathTable {
         &self.paths
+    }
+
+    /// Runs `f` with the graph's own table taken out (the `&Path` methods call the `_ids`
+    /// methods with it).
+    fn with_own_table<R>(&mut self, f: impl FnOnce(&mut Self, &PathTable) -> R) -> R {
+        let t = std::mem::take(&mut self.paths);
+        let r = f(self, &t);
+        self.paths = t;
+        r
     }
 
     /// Adds a call that reads `reads` and may write `writes` (every alternative of its output
@@ -176,15 +187,17 @@ impl CallGraph {
     ) -> Result<(), GraphError> {
         let reads: Vec<PathId> = reads.iter().map(|p| self.paths.intern(p)).collect();
         let writes: Vec<PathId> = writes.iter().map(|p| self.paths.intern(p)).collect();
-        self.insert_ids(id, &reads, &writes)
+        self.with_own_table(|g, t| g.insert_ids(t, id, &reads, &writes))
     }
 
-    /// [`CallGraph::insert`] with interned paths ([`CallGraph::intern`]).
+    /// [`CallGraph::insert`] with paths interned in `t` (the caller's table, given to every
+    /// `_ids` method of this graph).
     ///
     /// The graph does not keep the paths: the caller owns them and passes the same ones to
     /// [`CallGraph::stop_reading_ids`] and [`CallGraph::remove_ids`] (duplicates are harmless).
     pub fn insert_ids(
         &mut self,
+        t: &PathTable,
         id: CallId,
         reads: &[PathId],
         writes: &[PathId],
@@ -192,7 +205,6 @@ impl CallGraph {
         if self.nodes.contains_key(&id) {
             return Err(GraphError::Duplicate { id });
         }
-        let t = &self.paths;
         let mut producers = Vec::new();
         for &p in reads {
             self.writers.for_each_overlapping(t, p, true, |w| {
@@ -308,11 +320,11 @@ impl CallGraph {
     /// `insert`) are unregistered and edges into it stop counting.
     pub fn stop_reading<'a>(&mut self, id: CallId, reads: impl IntoIterator<Item = &'a Path>) {
         let reads = self.known(reads);
-        self.stop_reading_ids(id, &reads);
+        self.with_own_table(|g, t| g.stop_reading_ids(t, id, &reads));
     }
 
     /// [`CallGraph::stop_reading`] with the ids given to [`CallGraph::insert_ids`].
-    pub fn stop_reading_ids(&mut self, id: CallId, reads: &[PathId]) {
+    pub fn stop_reading_ids(&mut self, t: &PathTable, id: CallId, reads: &[PathId]) {
         let Some(&ix) = self.nodes.get(&id) else {
             return;
         };
@@ -322,7 +334,7 @@ impl CallGraph {
         }
         node.reading = false;
         for &p in reads {
-            self.readers.remove(&self.paths, p, id);
+            self.readers.remove(t, p, id);
         }
     }
 
@@ -335,11 +347,11 @@ impl CallGraph {
         writes: impl IntoIterator<Item = &'a Path>,
     ) {
         let (reads, writes) = (self.known(reads), self.known(writes));
-        self.remove_ids(id, &reads, &writes);
+        self.with_own_table(|g, t| g.remove_ids(t, id, &reads, &writes));
     }
 
     /// [`CallGraph::remove`] with the ids given to [`CallGraph::insert_ids`].
-    pub fn remove_ids(&mut self, id: CallId, reads: &[PathId], writes: &[PathId]) {
+    pub fn remove_ids(&mut self, t: &PathTable, id: CallId, reads: &[PathId], writes: &[PathId]) {
         let Some(ix) = self.nodes.remove(&id) else {
             return;
         };
@@ -348,11 +360,11 @@ impl CallGraph {
         if node.reading {
             node.reading = false;
             for &p in reads {
-                self.readers.remove(&self.paths, p, id);
+                self.readers.remove(t, p, id);
             }
         }
         for &p in writes {
-            self.writers.remove(&self.paths, p, id);
+            self.writers.remove(t, p, id);
         }
         self.tombstones += 1;
         if self.tombstones >= COMPACT_MIN_TOMBSTONES && self.tombstones > self.nodes.len() {
@@ -393,9 +405,8 @@ impl CallGraph {
     }
 
     /// [`CallGraph::writable_by_other`] for an interned path.
-    pub fn writable_by_other_id(&self, path: PathId, except: CallId) -> bool {
-        self.writers
-            .any_overlapping_except(&self.paths, path, true, except)
+    pub fn writable_by_other_id(&self, t: &PathTable, path: PathId, except: CallId) -> bool {
+        self.writers.any_overlapping_except(t, path, true, except)
     }
 
     /// Waiting calls whose reads a write to `path` can change, added to `out`: the reads that
@@ -416,13 +427,12 @@ impl CallGraph {
     }
 
     /// [`CallGraph::readers_of`] for an interned path.
-    pub fn readers_of_id(&self, path: PathId, out: &mut BTreeSet<CallId>) {
+    pub fn readers_of_id(&self, t: &PathTable, path: PathId, out: &mut BTreeSet<CallId>) {
         let mut add = |id| {
             out.insert(id);
         };
-        self.readers
-            .for_each_overlapping(&self.paths, path, true, &mut add);
-        self.readers.for_each_padded(&self.paths, path, None, add);
+        self.readers.for_each_overlapping(t, path, true, &mut add);
+        self.readers.for_each_padded(t, path, None, add);
     }
 
     /// Calls that may write a path overlapping `path`, added to `out`.

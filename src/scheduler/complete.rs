@@ -9,7 +9,7 @@ use super::core::{emit, path_strings, read_ids, write_ids};
 use super::{Phase, Scheduler};
 use crate::protocol::{Call, CallId, EventKind, FailKind, Millis, OutputMethod, Path};
 use crate::scheduler::{Action, CallStatus, Outcome, OutcomeKind, SchedulerError};
-use crate::state::output_paths;
+use crate::state::output_choice;
 
 impl Scheduler {
     pub(super) fn unresolve(&mut self, ix: usize, missing: Vec<Path>, out: &mut Vec<Action>) {
@@ -71,19 +71,31 @@ impl Scheduler {
             .unwrap_or_default()
     }
 
+    /// Writes `value` to the output target's paths at the positions `chosen`
+    /// ([`output_choice`]), by the ids interned when the call was accepted.
     pub(super) fn write_all(
         &mut self,
         ix: usize,
-        paths: Vec<Path>,
+        chosen: std::ops::Range<usize>,
         value: &Arc<Value>,
         now: Millis,
         out: &mut Vec<Action>,
     ) {
         let id = self.entries[ix].id;
         let method = self.method(ix);
-        for p in paths {
+        for k in chosen {
+            let e = &self.entries[ix];
+            let (Some(r), Some(&pid)) = (
+                e.target.as_ref().and_then(|t| t.refs.get(k)),
+                write_ids(e).get(k),
+            ) else {
+                continue;
+            };
+            let p = r.path.clone();
             let path = p.text();
-            let write_seq = self.state.write(p, value.clone(), method, Some(id), now);
+            let write_seq = self
+                .state
+                .write_id(pid, p, value.clone(), method, Some(id), now);
             emit(
                 out,
                 id,
@@ -107,8 +119,7 @@ impl Scheduler {
         let paths = self.entries[ix]
             .target
             .as_ref()
-            .map(|t| output_paths(t, true, branch))
-            .unwrap_or_default();
+            .map_or(0..0, |t| output_choice(t, true, branch));
         let id = self.entries[ix].id;
         emit(
             out,
@@ -136,8 +147,7 @@ impl Scheduler {
         let paths = self.entries[ix]
             .target
             .as_ref()
-            .map(|t| output_paths(t, false, branch))
-            .unwrap_or_default();
+            .map_or(0..0, |t| output_choice(t, false, branch));
         let id = self.entries[ix].id;
         emit(
             out,
@@ -187,7 +197,8 @@ impl Scheduler {
             self.entries[ix].waiting_on = Vec::new();
             self.set_phase(ix, Phase::Done(CallStatus::Cancelled));
             let e = &self.entries[ix];
-            self.graph.remove_ids(id, read_ids(e), write_ids(e));
+            self.graph
+                .remove_ids(self.state.paths(), id, read_ids(e), write_ids(e));
         }
     }
 }

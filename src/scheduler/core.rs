@@ -39,16 +39,6 @@ pub(super) fn read_id(e: &Entry, at: RefAt) -> Option<PathId> {
     read_ids(e).get(before + at.1 as usize).copied()
 }
 
-/// The id of a read path of the entry, found by identity (`p` is one of its references' own
-/// paths, as the state's evaluation hands them back); None for any other path.
-fn read_id_of(e: &Entry, p: &Path) -> Option<PathId> {
-    e.refs
-        .iter()
-        .flat_map(|(_, x)| x.refs.iter())
-        .position(|r| std::ptr::eq(&r.path, p))
-        .and_then(|k| read_ids(e).get(k).copied())
-}
-
 pub(super) fn path_strings(paths: &[Path]) -> Vec<String> {
     let mut v: Vec<String> = paths.iter().map(Path::text).collect();
     v.sort();
@@ -141,15 +131,21 @@ impl Scheduler {
             Ok(p) => p,
             Err(e) => return self.refuse(ix, e, out),
         };
+        // Interned once, in the run's table (the state's), which the graph and the state's
+        // index both use.
         let mut paths: Vec<PathId> = Vec::new();
         for (_, x) in &refs {
-            paths.extend(x.refs.iter().map(|r| self.graph.intern(&r.path)));
+            paths.extend(x.refs.iter().map(|r| self.state.intern(&r.path)));
         }
         let reads = paths.len();
         if let Some(t) = &target {
-            paths.extend(t.refs.iter().map(|r| self.graph.intern(&r.path)));
+            paths.extend(t.refs.iter().map(|r| self.state.intern(&r.path)));
         }
-        if let Err(e) = self.graph.insert_ids(id, &paths[..reads], &paths[reads..]) {
+        let table = self.state.paths();
+        if let Err(e) = self
+            .graph
+            .insert_ids(table, id, &paths[..reads], &paths[reads..])
+        {
             return self.refuse(ix, e.into(), out);
         }
         let e = &mut self.entries[ix];
@@ -223,9 +219,10 @@ impl Scheduler {
     /// Takes the call out of the graph and queues the waiting readers of what it could write.
     pub(super) fn release(&mut self, ix: usize) {
         let e = &self.entries[ix];
-        self.graph.remove_ids(e.id, read_ids(e), write_ids(e));
+        let table = self.state.paths();
+        self.graph.remove_ids(table, e.id, read_ids(e), write_ids(e));
         for &w in write_ids(e) {
-            self.graph.readers_of_id(w, &mut self.recheck);
+            self.graph.readers_of_id(table, w, &mut self.recheck);
         }
     }
 
@@ -287,7 +284,11 @@ impl Scheduler {
                 e.watch += 1;
                 continue;
             };
-            if self.graph.writable_by_other_id(pid, e.id) || (open && !self.state.has(p)) {
+            if self
+                .graph
+                .writable_by_other_id(self.state.paths(), pid, e.id)
+                || (open && !self.state.has_id(pid, p))
+            {
                 return true;
             }
             e.watch += 1;
@@ -308,14 +309,15 @@ impl Scheduler {
                 return;
             };
             let (graph, state) = (&self.graph, &self.state);
-            let writable = |p: &Path| {
-                let by_other = match read_id_of(e, p) {
-                    Some(pid) => graph.writable_by_other_id(pid, id),
-                    None => graph.writable_by_other(p, id),
-                };
-                by_other || (open && !state.has(p))
+            let table = state.paths();
+            let writable = |pid: Option<PathId>, p: &Path| match pid {
+                Some(pid) => {
+                    graph.writable_by_other_id(table, pid, id) || (open && !state.has_id(pid, p))
+                }
+                // Every reference path was interned at acceptance; this is not reached.
+                None => open && !state.has(p),
             };
-            resolve::check(state, &call.params, &e.refs, &writable)
+            resolve::check(state, &call.params, &e.refs, read_ids(e), &writable)
         };
         match resolved {
             Err(e) => self.fail(

@@ -22,7 +22,8 @@ impl Scheduler {
         out: &mut Vec<Action>,
     ) {
         let id = self.entries[ix].id;
-        self.graph.stop_reading_ids(id, read_ids(&self.entries[ix]));
+        self.graph
+            .stop_reading_ids(self.state.paths(), id, read_ids(&self.entries[ix]));
         let e = &mut self.entries[ix];
         e.waiting_on = Vec::new();
         if e.announced {
@@ -302,7 +303,8 @@ impl Scheduler {
             let Some(ix) = self.ix(c) else { continue };
             let mut readers = std::collections::BTreeSet::new();
             for &p in super::core::write_ids(&self.entries[ix]) {
-                self.graph.readers_of_id(p, &mut readers);
+                self.graph
+                    .readers_of_id(self.state.paths(), p, &mut readers);
             }
             for r in readers {
                 if r != id && seen.insert(r) {

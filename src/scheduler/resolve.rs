@@ -5,6 +5,7 @@
 
 use serde_json::{Map, Value};
 
+use crate::graph::PathId;
 use crate::protocol::{CallId, Expression, Path};
 use crate::state::{Eval, State, StateError};
 
@@ -69,19 +70,26 @@ fn set_pointer(params: &mut Map<String, Value>, pointer: &str, value: Value) {
     }
 }
 
-/// Evaluates every expression of `refs` against `state`; `params` are the call's raw params.
+/// Evaluates every expression of `refs` against `state`; `params` are the call's raw params,
+/// `ids` the ids of every reference path in the state's table (in the order of `refs`,
+/// alternatives in order).
 pub(super) fn check(
     state: &State,
     params: &Map<String, Value>,
     refs: &Refs,
-    writable: &dyn Fn(&Path) -> bool,
+    ids: &[PathId],
+    writable: &dyn Fn(Option<PathId>, &Path) -> bool,
 ) -> Result<Check, StateError> {
     let mut values = Vec::with_capacity(refs.len());
     let mut blocked = Vec::new();
     let mut missing = Vec::new();
     let mut writers = Vec::new();
+    let mut from = 0;
     for (i, (_, e)) in refs.iter().enumerate() {
-        match state.eval_from(e, writable, &mut writers)? {
+        let n = e.refs.len();
+        let these = ids.get(from..from + n).unwrap_or_default();
+        from += n;
+        match state.eval_ids(e, these, writable, &mut writers)? {
             Eval::Ready(v) => values.push(v),
             Eval::Blocked(ps) => blocked.extend(ps.iter().map(|p| locate(i, e, p))),
             Eval::Missing(ps) => missing.extend(ps),
@@ -122,8 +130,14 @@ mod tests {
             "deep": {"k/1": ["lit", "†state.a || †state.b"], "n": 3}, "q": "†state.a.x[*]"}))
         .expect("call");
         let refs = call.references().expect("refs");
+        let ids: Vec<PathId> = refs
+            .iter()
+            .flat_map(|(_, e)| e.refs.iter())
+            .map(|r| state.intern(&r.path))
+            .collect();
         let never = |_: &Path| false;
-        let Ok(Check::Ready(mine, _)) = check(&state, &call.params, &refs, &never) else {
+        let never_id = |_: Option<PathId>, _: &Path| false;
+        let Ok(Check::Ready(mine, _)) = check(&state, &call.params, &refs, &ids, &never_id) else {
             panic!("ready expected");
         };
         let Ok(crate::state::Resolved::Ready(theirs)) = state.resolve_params(&call.params, &never)
@@ -131,8 +145,8 @@ mod tests {
             panic!("ready expected");
         };
         assert_eq!(mine, theirs);
-        let blocked = |p: &Path| p.to_string() == "state.a";
-        let Ok(Check::Blocked(at)) = check(&state, &call.params, &refs, &blocked) else {
+        let blocked = |_: Option<PathId>, p: &Path| p.to_string() == "state.a";
+        let Ok(Check::Blocked(at)) = check(&state, &call.params, &refs, &ids, &blocked) else {
             panic!("blocked expected");
         };
         assert_eq!(at.len(), 1);

@@ -3,7 +3,11 @@
 use serde_json::{Map, Value};
 
 use super::{State, StateError};
+use crate::graph::PathId;
 use crate::protocol::{CallId, Combinator, Expression, Path, parse_expression};
+
+/// Whether a path can still be written, asked with the path's id when the caller interned it.
+pub(super) type Writable<'a> = &'a dyn Fn(Option<PathId>, &Path) -> bool;
 
 /// The outcome of evaluating one expression.
 #[derive(Debug, Clone, PartialEq)]
@@ -34,20 +38,23 @@ pub enum Resolved {
     },
 }
 
+/// `ids`, when given, are the ids of `expr`'s reference paths, in order.
 pub(super) fn eval(
     state: &State,
     expr: &Expression,
-    writable: &dyn Fn(&Path) -> bool,
+    ids: Option<&[PathId]>,
+    writable: Writable<'_>,
     mut writers: Option<&mut Vec<CallId>>,
 ) -> Result<Eval, StateError> {
+    let id = |k: usize| ids.and_then(|ids| ids.get(k).copied());
     match expr.op {
         Combinator::Single | Combinator::Or => {
             let mut missing = Vec::new();
-            for r in &expr.refs {
-                if writable(&r.path) {
+            for (k, r) in expr.refs.iter().enumerate() {
+                if writable(id(k), &r.path) {
                     return Ok(Eval::Blocked(vec![r.path.clone()]));
                 }
-                match state.read_noting(r, writers.as_deref_mut())? {
+                match state.read_noting(r, id(k), writers.as_deref_mut())? {
                     Some(v) => return Ok(Eval::Ready(v)),
                     None => missing.push(r.path.clone()),
                 }
@@ -58,16 +65,17 @@ pub(super) fn eval(
             let blocked: Vec<Path> = expr
                 .refs
                 .iter()
-                .filter(|r| writable(&r.path))
-                .map(|r| r.path.clone())
+                .enumerate()
+                .filter(|(k, r)| writable(id(*k), &r.path))
+                .map(|(_, r)| r.path.clone())
                 .collect();
             if !blocked.is_empty() {
                 return Ok(Eval::Blocked(blocked));
             }
             let mut last = Value::Null;
             let mut missing = Vec::new();
-            for r in &expr.refs {
-                match state.read_noting(r, writers.as_deref_mut())? {
+            for (k, r) in expr.refs.iter().enumerate() {
+                match state.read_noting(r, id(k), writers.as_deref_mut())? {
                     Some(v) => last = v,
                     None => missing.push(r.path.clone()),
                 }
@@ -118,7 +126,7 @@ fn resolve_value(
     Ok(match v {
         Value::String(s) => match parse_expression(s)? {
             None => v.clone(),
-            Some(e) => match eval(state, &e, writable, None)? {
+            Some(e) => match eval(state, &e, None, &|_, p| writable(p), None)? {
                 Eval::Ready(x) => x,
                 Eval::Blocked(p) => {
                     acc.blocked.extend(p);

@@ -1,10 +1,15 @@
 //! The path index behind [`super::State`]: which writes touch which paths, so a read never
 //! rescans the whole log.
+//!
+//! It is keyed by the ids of the run's [`PathTable`] (the state's own, which the scheduler
+//! interns a call's paths into once, when it accepts the call): a write or a read walks parent
+//! ids, so it hashes no segment and compares no string. Deliberately not here: the values (the
+//! log is the state's) or interning (the table's).
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 
-use crate::fxhash::FxBuildHasher;
-use crate::protocol::{OutputMethod, Path, Segment};
+use crate::graph::{PathId, PathTable};
+use crate::protocol::OutputMethod;
 
 #[derive(Debug, Clone, Default)]
 struct Node {
@@ -18,38 +23,48 @@ struct Node {
     through_key: Option<u64>,
     /// Newest write below this path whose next segment is an index.
     through_index: Option<u64>,
-    /// The nodes one segment further down, by that segment. A hash map: a lookup hashes one
-    /// segment instead of comparing it with ~log2(n) siblings; nothing depends on its iteration
-    /// order (a read collects the subtree's writes and sorts them).
-    children: HashMap<Segment, usize, FxBuildHasher>,
+    /// The ids one segment further down that were written at or below (a read of this path
+    /// collects their subtrees and sorts the writes, so their order does not matter).
+    children: Vec<PathId>,
+    /// Written at or below: the node is in its parent's `children`.
+    linked: bool,
+}
+
+/// Where a read is, in the table: the deepest interned prefix of the read path, whether it is
+/// the path itself, and (when it is not) whether the path's next segment is an index.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Loc {
+    pub at: PathId,
+    pub exact: bool,
+    pub next_is_index: bool,
+}
+
+impl Loc {
+    /// The path `at` itself.
+    pub fn exact(at: PathId) -> Self {
+        Loc {
+            at,
+            exact: true,
+            next_is_index: false,
+        }
+    }
 }
 
 /// What a read of one path must replay.
 pub(super) struct ReadPlan {
     /// The writes to replay, oldest first.
     pub seqs: Vec<u64>,
-    /// When set, the read must resolve this shorter prefix (number of segments) and project:
-    /// a newer write there can change array lengths or container types along the path.
-    pub widen_to: Option<usize>,
+    /// When set, the read must resolve this shorter prefix and project: a newer write there can
+    /// change array lengths or container types along the path.
+    pub widen_to: Option<PathId>,
 }
 
-/// A trie of the written paths: nodes live in a vector (the first is the empty path), each with
-/// its children by segment, so a write or a read walks one segment per level (no hashing or
-/// copying of whole paths; the call graph's `graph::index` is the same shape, with per-call
-/// registrations instead of write numbers) and the writes below a path are that node's subtree.
-#[derive(Debug, Clone)]
+/// Per-id write records in a vector indexed by [`PathId`] (ids not written at or below read as
+/// empty), with the written children of each, so the writes below a path are its subtree.
+#[derive(Debug, Clone, Default)]
 pub(super) struct Index {
     nodes: Vec<Node>,
     kinds: BTreeSet<String>,
-}
-
-impl Default for Index {
-    fn default() -> Self {
-        Index {
-            nodes: vec![Node::default()],
-            kinds: BTreeSet::new(),
-        }
-    }
 }
 
 fn newer(s: Option<u64>, than: Option<u64>) -> bool {
@@ -57,37 +72,51 @@ fn newer(s: Option<u64>, than: Option<u64>) -> bool {
 }
 
 impl Index {
-    /// The child of node `at` by `seg`, created when missing.
-    fn child_mut(&mut self, at: usize, seg: &Segment) -> usize {
-        if let Some(&i) = self.nodes[at].children.get(seg) {
-            return i;
-        }
-        let i = self.nodes.len();
-        self.nodes.push(Node::default());
-        self.nodes[at].children.insert(seg.clone(), i);
-        i
+    fn node(&self, id: PathId) -> Option<&Node> {
+        self.nodes.get(id.index())
     }
 
-    pub fn insert(&mut self, path: &Path, seq: u64, method: OutputMethod) {
-        if !self.kinds.contains(path.kind()) {
-            self.kinds.insert(path.kind().to_string());
+    /// Records write `seq` at `id` (of kind `kind`, the path's first segment).
+    pub fn insert(
+        &mut self,
+        table: &PathTable,
+        id: PathId,
+        kind: &str,
+        seq: u64,
+        method: OutputMethod,
+    ) {
+        if self.nodes.len() < table.len() {
+            self.nodes.resize_with(table.len(), Node::default);
         }
-        let segs = path.segments();
-        let mut at = 0;
-        for (n, seg) in segs.iter().enumerate() {
-            at = self.child_mut(at, seg);
-            match segs.get(n + 1) {
-                Some(Segment::Key(_)) => self.nodes[at].through_key = Some(seq),
-                Some(Segment::Index(_)) => self.nodes[at].through_index = Some(seq),
-                None => {}
-            }
-        }
-        let node = &mut self.nodes[at];
+        let node = &mut self.nodes[id.index()];
         node.seqs.push(seq);
         match method {
             OutputMethod::Set => node.last_set = Some(seq),
             OutputMethod::Push | OutputMethod::Concat => node.last_array_op = Some(seq),
             _ => {}
+        }
+        // Up the parent chain: each ancestor records the write as one below it, through a key or
+        // an index (the segment of the child on the way), and links the child on first use.
+        let mut child = id;
+        while let Some(parent) = table.parent(child) {
+            let newly = !std::mem::replace(&mut self.nodes[child.index()].linked, true);
+            if parent == PathId::ROOT {
+                if newly {
+                    self.kinds.insert(kind.to_string());
+                }
+                break;
+            }
+            let through_index = table.index_of(child).is_some();
+            let p = &mut self.nodes[parent.index()];
+            if newly {
+                p.children.push(child);
+            }
+            if through_index {
+                p.through_index = Some(seq);
+            } else {
+                p.through_key = Some(seq);
+            }
+            child = parent;
         }
     }
 
@@ -95,33 +124,51 @@ impl Index {
         self.kinds.iter().cloned().collect()
     }
 
-    pub fn plan(&self, path: &Path) -> ReadPlan {
-        let segs = path.segments();
-        // The node of each prefix (the path itself last), as far as the trie goes.
-        let mut prefixes: Vec<Option<&Node>> = Vec::with_capacity(segs.len());
-        let mut at = Some(0);
-        for seg in segs {
-            at = at.and_then(|i| self.nodes[i].children.get(seg).copied());
-            prefixes.push(at.map(|i| &self.nodes[i]));
-        }
-        let stop = prefixes
-            .iter()
-            .flatten()
-            .map(|n| n.last_set)
-            .max()
-            .flatten();
-        for (i, node) in prefixes.iter().enumerate().take(segs.len() - 1) {
-            let Some(node) = node else { continue };
-            let n = i + 1;
+    /// The prefixes of the read path that are interned, deepest first (the root excluded), each
+    /// with whether the read path's segment right below it is an index (None for the path
+    /// itself).
+    fn prefixes<'a>(
+        &'a self,
+        table: &'a PathTable,
+        loc: Loc,
+    ) -> impl Iterator<Item = (PathId, Option<bool>)> + 'a {
+        let first = (!loc.exact).then_some(loc.next_is_index);
+        let mut next = Some((loc.at, first));
+        std::iter::from_fn(move || {
+            let (id, below) = next?;
+            if id == PathId::ROOT {
+                return None;
+            }
+            next = table
+                .parent(id)
+                .map(|p| (p, Some(table.index_of(id).is_some())));
+            Some((id, below))
+        })
+    }
+
+    pub fn plan(&self, table: &PathTable, loc: Loc) -> ReadPlan {
+        let stop = self
+            .prefixes(table, loc)
+            .filter_map(|(id, _)| self.node(id).and_then(|n| n.last_set))
+            .max();
+        // The shallowest prefix whose newer writes can change the containers along the path.
+        let mut widen = None;
+        for (id, below) in self.prefixes(table, loc) {
+            let (Some(node), Some(index_below)) = (self.node(id), below) else {
+                continue;
+            };
             let conflict = newer(node.last_array_op, stop)
                 || newer(node.through_index, stop)
-                || (matches!(segs[n], Segment::Index(_)) && newer(node.through_key, stop));
+                || (index_below && newer(node.through_key, stop));
             if conflict {
-                return ReadPlan {
-                    seqs: Vec::new(),
-                    widen_to: Some(n),
-                };
+                widen = Some(id);
             }
+        }
+        if widen.is_some() {
+            return ReadPlan {
+                seqs: Vec::new(),
+                widen_to: widen,
+            };
         }
         let from = stop.unwrap_or(0);
         let mut seqs = Vec::new();
@@ -129,18 +176,22 @@ impl Index {
             let i = node.seqs.partition_point(|&s| s < from);
             seqs.extend_from_slice(&node.seqs[i..]);
         };
-        for node in prefixes.iter().flatten() {
-            take(node, &mut seqs);
+        for (id, _) in self.prefixes(table, loc) {
+            if let Some(node) = self.node(id) {
+                take(node, &mut seqs);
+            }
         }
-        if let Some(Some(node)) = prefixes.last()
+        if loc.exact
+            && let Some(node) = self.node(loc.at)
             && newer(node.through_key.max(node.through_index), stop)
         {
             // Every write below the path: the node's subtree.
-            let mut below: Vec<usize> = node.children.values().copied().collect();
+            let mut below: Vec<PathId> = node.children.clone();
             while let Some(child) = below.pop() {
-                let n = &self.nodes[child];
-                take(n, &mut seqs);
-                below.extend(n.children.values().copied());
+                if let Some(n) = self.node(child) {
+                    take(n, &mut seqs);
+                    below.extend_from_slice(&n.children);
+                }
             }
         }
         seqs.sort_unstable();

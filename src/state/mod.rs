@@ -12,6 +12,8 @@ pub mod apply;
 mod eval;
 mod index;
 
+/// The run's path ids ([`State::intern`]), shared with the scheduler's call graph.
+pub use crate::graph::{PathId, PathTable};
 pub use eval::{Eval, Resolved};
 
 use std::collections::BTreeMap;
@@ -20,8 +22,8 @@ use std::sync::{Arc, Mutex};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::protocol::{CallId, Expression, Millis, OutputMethod, Path, Reference};
-use index::Index;
+use crate::protocol::{CallId, Expression, Millis, OutputMethod, Path, Reference, Segment};
+use index::{Index, Loc};
 
 /// One entry of the write log.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -70,9 +72,15 @@ impl StateError {
 }
 
 /// The append-only log with its path index.
+///
+/// The state holds the run's [`PathTable`]: every path written or read through an id is
+/// interned there once, and its index is keyed by those ids. A caller that keeps ids (the
+/// scheduler, for a call's references and output target) interns with [`State::intern`] and
+/// reads and writes with the `_id` methods; the `&Path` methods locate the path first.
 #[derive(Debug, Default)]
 pub struct State {
     log: Vec<Write>,
+    paths: PathTable,
     index: Index,
     /// Each viewed kind's merged value, as of some length of the log; brought up to date by the
     /// next `view`, so a run reads its state once per step without replaying its whole log.
@@ -90,6 +98,7 @@ impl Clone for State {
     fn clone(&self) -> Self {
         State {
             log: self.log.clone(),
+            paths: self.paths.clone(),
             index: self.index.clone(),
             views: Mutex::new(self.views.lock().map(|v| v.clone()).unwrap_or_default()),
         }
@@ -111,8 +120,22 @@ impl State {
         call: Option<CallId>,
         at: Millis,
     ) -> u64 {
+        let id = self.paths.intern(&path);
+        self.write_id(id, path, value, method, call, at)
+    }
+
+    /// [`State::write`] at a path already interned ([`State::intern`]): `id` must be `path`'s.
+    pub fn write_id(
+        &mut self,
+        id: PathId,
+        path: Path,
+        value: impl Into<Arc<Value>>,
+        method: OutputMethod,
+        call: Option<CallId>,
+        at: Millis,
+    ) -> u64 {
         let seq = self.log.len() as u64;
-        self.index.insert(&path, seq, method);
+        self.index.insert(&self.paths, id, path.kind(), seq, method);
         self.log.push(Write {
             seq,
             path,
@@ -122,6 +145,30 @@ impl State {
             at,
         });
         seq
+    }
+
+    /// The id of `path` in the run's path table, made when it is new (with its prefixes').
+    pub fn intern(&mut self, path: &Path) -> PathId {
+        self.paths.intern(path)
+    }
+
+    /// The run's path table (the ids [`State::intern`] gives).
+    pub fn paths(&self) -> &PathTable {
+        &self.paths
+    }
+
+    fn locate(&self, path: &Path) -> Loc {
+        let (at, exact) = self.paths.locate(path);
+        let next_is_index = !exact
+            && matches!(
+                path.segments().get(self.paths.depth(at)),
+                Some(Segment::Index(_))
+            );
+        Loc {
+            at,
+            exact,
+            next_is_index,
+        }
     }
 
     /// Every write, oldest first.
@@ -141,28 +188,37 @@ impl State {
 
     /// The current value at a concrete path, or None when absent.
     pub fn get(&self, path: &Path) -> Option<Value> {
-        self.get_noting(path, None)
+        self.get_noting(self.locate(path), path.segments(), None)
     }
 
     /// Whether [`State::get`] would find a value, without copying it out.
     pub fn has(&self, path: &Path) -> bool {
-        let plan = self.index.plan(path);
+        self.has_at(self.locate(path), path.segments())
+    }
+
+    /// [`State::has`] for an interned path: `id` must be `path`'s ([`State::intern`]).
+    pub fn has_id(&self, id: PathId, path: &Path) -> bool {
+        self.has_at(Loc::exact(id), path.segments())
+    }
+
+    fn has_at(&self, loc: Loc, segs: &[Segment]) -> bool {
+        let plan = self.index.plan(&self.paths, loc);
         if plan.widen_to.is_none() && plan.seqs.is_empty() {
             return false;
         }
-        match self.only_set(&plan, path) {
-            Some(w) => apply::get(&w.value, &path.segments()[w.path.len()..]).is_some(),
-            None => self.get(path).is_some(),
+        match self.only_set(&plan, segs.len()) {
+            Some(w) => apply::get(&w.value, &segs[w.path.len()..]).is_some(),
+            None => self.get_noting(loc, segs, None).is_some(),
         }
     }
 
-    /// The write a read of `path` replays when it is all the read replays and a `set` at the
-    /// path or above it: the value is then read straight from it (what the replay would give,
-    /// without building a document first).
-    fn only_set(&self, plan: &index::ReadPlan, path: &Path) -> Option<&Write> {
+    /// The write a read of a path of `len` segments replays when it is all the read replays and
+    /// a `set` at the path or above it: the value is then read straight from it (what the replay
+    /// would give, without building a document first).
+    fn only_set(&self, plan: &index::ReadPlan, len: usize) -> Option<&Write> {
         let [s] = plan.seqs[..] else { return None };
         let w = self.log.get(usize::try_from(s).ok()?)?;
-        (plan.widen_to.is_none() && w.method == OutputMethod::Set && w.path.len() <= path.len())
+        (plan.widen_to.is_none() && w.method == OutputMethod::Set && w.path.len() <= len)
             .then_some(w)
     }
 
@@ -170,31 +226,38 @@ impl State {
     /// (unsorted, possibly repeated; the goal's initial data has no call). What a call read its
     /// params from, which its `started` event names.
     pub fn get_from(&self, path: &Path, writers: &mut Vec<CallId>) -> Option<Value> {
-        self.get_noting(path, Some(writers))
+        self.get_noting(self.locate(path), path.segments(), Some(writers))
     }
 
-    fn get_noting(&self, path: &Path, mut writers: Option<&mut Vec<CallId>>) -> Option<Value> {
-        let plan = self.index.plan(path);
+    /// The read at `loc`, whose path has the segments `segs`.
+    fn get_noting(
+        &self,
+        loc: Loc,
+        segs: &[Segment],
+        mut writers: Option<&mut Vec<CallId>>,
+    ) -> Option<Value> {
+        let plan = self.index.plan(&self.paths, loc);
         if let Some(root) = plan.widen_to {
-            let v = self.get_noting(&path.truncated(root), writers)?;
-            return apply::get(&v, &path.segments()[root..]).cloned();
+            let n = self.paths.depth(root);
+            let v = self.get_noting(Loc::exact(root), segs.get(..n)?, writers)?;
+            return apply::get(&v, &segs[n..]).cloned();
         }
         if plan.seqs.is_empty() {
             return None;
         }
-        if let Some(w) = self.only_set(&plan, path) {
+        if let Some(w) = self.only_set(&plan, segs.len()) {
             if let Some(ws) = writers {
                 ws.extend(w.call);
             }
-            return apply::get(&w.value, &path.segments()[w.path.len()..]).cloned();
+            return apply::get(&w.value, &segs[w.path.len()..]).cloned();
         }
         let base_len = plan
             .seqs
             .iter()
             .map(|&s| self.log[s as usize].path.len())
             .min()
-            .unwrap_or(path.len())
-            .min(path.len());
+            .unwrap_or(segs.len())
+            .min(segs.len());
         let mut doc: Option<Value> = None;
         for &s in &plan.seqs {
             let w = &self.log[s as usize];
@@ -204,23 +267,29 @@ impl State {
             }
         }
         let doc = doc?;
-        apply::get(&doc, &path.segments()[base_len..]).cloned()
+        apply::get(&doc, &segs[base_len..]).cloned()
     }
 
     /// Reads a reference: the concrete path, then its JSONPath tail (which yields an array of
     /// matches; an empty array when nothing matches).
     pub fn read(&self, r: &Reference) -> Result<Option<Value>, StateError> {
-        self.read_noting(r, None)
+        self.read_noting(r, None, None)
     }
 
     /// [`State::read`], adding to `writers` (when given) the calls whose writes it read
     /// ([`State::get_from`]).
+    /// `id` is the reference path's id when the caller interned it.
     fn read_noting(
         &self,
         r: &Reference,
+        id: Option<PathId>,
         writers: Option<&mut Vec<CallId>>,
     ) -> Result<Option<Value>, StateError> {
-        let Some(v) = self.get_noting(&r.path, writers) else {
+        let loc = match id {
+            Some(id) => Loc::exact(id),
+            None => self.locate(&r.path),
+        };
+        let Some(v) = self.get_noting(loc, r.path.segments(), writers) else {
             return Ok(None);
         };
         let Some(q) = &r.query else {
@@ -263,7 +332,7 @@ impl State {
         expr: &Expression,
         writable: &dyn Fn(&Path) -> bool,
     ) -> Result<Eval, StateError> {
-        eval::eval(self, expr, writable, None)
+        eval::eval(self, expr, None, &|_, p| writable(p), None)
     }
 
     /// [`State::eval`], adding to `writers` the calls whose writes a ready value came from
@@ -274,7 +343,20 @@ impl State {
         writable: &dyn Fn(&Path) -> bool,
         writers: &mut Vec<CallId>,
     ) -> Result<Eval, StateError> {
-        eval::eval(self, expr, writable, Some(writers))
+        eval::eval(self, expr, None, &|_, p| writable(p), Some(writers))
+    }
+
+    /// [`State::eval_from`] for an expression whose reference paths were interned: `ids` are
+    /// their ids, in order ([`State::intern`]), and `writable` is asked with the path and its id
+    /// (None only past the end of `ids`).
+    pub fn eval_ids(
+        &self,
+        expr: &Expression,
+        ids: &[PathId],
+        writable: &dyn Fn(Option<PathId>, &Path) -> bool,
+        writers: &mut Vec<CallId>,
+    ) -> Result<Eval, StateError> {
+        eval::eval(self, expr, Some(ids), writable, Some(writers))
     }
 
     /// Replaces every reference inside `params` by its value (rule 1), or says what it waits on.
@@ -291,26 +373,33 @@ impl State {
 /// for an `||` target; by default success takes the first and failure the last. A plain or `&&`
 /// target receives nothing on failure.
 pub fn output_paths(target: &Expression, success: bool, branch: Option<usize>) -> Vec<Path> {
+    target.refs[output_choice(target, success, branch)]
+        .iter()
+        .map(|r| r.path.clone())
+        .collect()
+}
+
+/// [`output_paths`] as the positions of the chosen paths in `target.refs`.
+pub fn output_choice(
+    target: &Expression,
+    success: bool,
+    branch: Option<usize>,
+) -> std::ops::Range<usize> {
     use crate::protocol::Combinator;
-    let paths = || target.refs.iter().map(|r| r.path.clone());
+    let n = target.refs.len();
     match target.op {
         Combinator::Or => {
-            let n = target.refs.len();
             let i = match branch {
                 Some(i) if i < n => i,
                 _ if success => 0,
-                _ => n - 1,
+                _ => n.saturating_sub(1),
             };
-            if !success && branch.is_none() && n < 2 {
-                return Vec::new();
+            if (!success && branch.is_none() && n < 2) || i >= n {
+                return 0..0;
             }
-            target
-                .refs
-                .get(i)
-                .map(|r| vec![r.path.clone()])
-                .unwrap_or_default()
+            i..i + 1
         }
-        _ if success => paths().collect(),
-        _ => Vec::new(),
+        _ if success => 0..n,
+        _ => 0..0,
     }
 }
