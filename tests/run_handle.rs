@@ -468,6 +468,44 @@ async fn dropping_or_cancelling_a_run_stops_every_task_it_owns() {
     }
 }
 
+/// The driver sends a batch's events together (one send per batch of inputs, not one per
+/// event), and a live subscriber still reads every event once, in order, numbered 1, 2, 3...
+#[tokio::test(start_paused = true)]
+async fn events_go_out_a_batch_at_a_time_and_arrive_one_by_one_in_order() {
+    let dir = tempfile::tempdir().expect("dir");
+    let h = echo_calls(dir.path(), 20).build().expect("build").start();
+    // Before the driver ran at all (one thread): every event arrives live.
+    let mut live = h.subscribe_from(0);
+    let (mut journaled, mut ephemeral) = (Vec::new(), 0u64);
+    while let Some(e) = live.recv().await {
+        if e.kind.is_ephemeral() {
+            ephemeral += 1;
+        } else {
+            journaled.push(e);
+        }
+    }
+    assert_eq!(h.wait().await.status, RunStatus::Succeeded);
+    let seqs: Vec<u64> = journaled.iter().map(|e| e.seq).collect();
+    assert_eq!(
+        seqs,
+        (1..=seqs.len() as u64).collect::<Vec<_>>(),
+        "gapless, in order"
+    );
+    assert!(journaled.len() > 60, "{}", journaled.len());
+    assert_eq!(live.lagged(), 0, "read live, not caught up");
+    let events = journaled.len() as u64 + ephemeral;
+    assert!(
+        live.live_batches() > 0 && live.live_batches() < events,
+        "{} sends for {events} events",
+        live.live_batches()
+    );
+    assert_eq!(
+        journaled,
+        all_events(&h).await,
+        "as a late subscriber reads them"
+    );
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_subscriber_that_falls_behind_is_caught_up_from_the_journal() {
     // 4 is the ring's size; tokio rounds 3 and 5 up to 4 and 8.

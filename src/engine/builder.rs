@@ -127,8 +127,9 @@ impl AgentBuilder {
         self
     }
 
-    /// How many live events a subscriber may fall behind before it is caught up from the
-    /// journal instead (default 1,024, [`super::bus::DEFAULT_CAPACITY`]).
+    /// How many live batches of events (the driver sends a batch's events together) a
+    /// subscriber may fall behind before it is caught up from the run's kept events or journal
+    /// instead (default 1,024, [`super::bus::DEFAULT_CAPACITY`]).
     pub fn event_capacity(mut self, events: usize) -> Self {
         self.event_capacity = events.max(1);
         self

@@ -2,7 +2,8 @@
 //! the run's clock, new run ids, and the size of the live event ring.
 //!
 //! The events themselves are numbered by the run's machine and published by its driver through
-//! the run's handle (`handle::Shared::publish`), which catches up subscribers that fall behind.
+//! the run's handle (`handle::Shared::publish`, then one send per batch, `handle::Shared::flush`),
+//! which catches up subscribers that fall behind.
 //!
 //! Deliberately not here: filtering, formatting or persisting events (consumers do that).
 
@@ -14,7 +15,8 @@ use crate::protocol::Millis;
 /// Where the engine reads the time from.
 pub type Clock = Arc<dyn Fn() -> Millis + Send + Sync>;
 
-/// The default ring size. tokio allocates and touches every slot of the ring when the channel
+/// The default ring size, in batches (the driver sends the events of a batch of inputs
+/// together, `handle::Shared::flush`). tokio allocates and touches every slot of the ring when the channel
 /// is made, so this is memory every run pays up front: 65,536 slots cost about 1.7 MiB of RSS
 /// per run (`cargo bench --bench server`, live runs). A subscriber that falls further behind is
 /// caught up from the run's journal without gap or duplicate, so a small ring costs a slow

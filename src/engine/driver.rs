@@ -319,6 +319,7 @@ impl Driver {
                 }
             }
         }
+        self.shared.flush(&mut log);
         if let Some(spans) = &mut log.spans {
             spans.flush();
         }
@@ -359,6 +360,7 @@ impl Driver {
                 };
                 shared.publish(&mut log, event);
             }
+            shared.flush(&mut log);
         }
         self.queue.extend(inputs);
     }
@@ -388,6 +390,7 @@ impl Driver {
                 },
             };
             shared.publish(&mut log, event);
+            shared.flush(&mut log);
         })
     }
 
@@ -679,12 +682,14 @@ impl Driver {
                             other => rest.push(other),
                         }
                     }
-                    // The batch's events go to the span worker together (`telemetry::feed`).
-                    if i + 1 == last
-                        && !more
-                        && let Some(spans) = &mut log.spans
-                    {
-                        spans.flush();
+                    // The batch's events go out together: one send to the subscribers
+                    // (`handle::Shared::flush`), one hand-over to the span worker
+                    // (`telemetry::feed`).
+                    if i + 1 == last && !more {
+                        self.shared.flush(&mut log);
+                        if let Some(spans) = &mut log.spans {
+                            spans.flush();
+                        }
                     }
                     more
                 };

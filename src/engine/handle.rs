@@ -1,7 +1,10 @@
 //! A running run, as programs address it: [`RunHandle`] takes ops in and gives events out.
 //!
-//! Events are broadcast live; a subscriber that starts late, or falls behind the broadcast
-//! ring, is caught up from the run's event history, so it sees every event exactly once and in
+//! Events are broadcast live, a batch at a time: the driver publishes a batch's events into
+//! the log one by one and sends them together ([`Shared::flush`]: one look at the receivers,
+//! one send, one wake-up per subscriber), and a subscriber reads them one by one again. A
+//! subscriber that starts late, or falls behind the broadcast ring, is caught up from the run's
+//! event history, so it sees every event exactly once and in
 //! order ([`Subscription`]). The history starts when the ring is about to drop an event some
 //! subscriber has not read: the events still in the ring (a shadow of it is kept while anyone
 //! listens) and every later one are kept as published (shared, not copied). Until anyone
@@ -38,8 +41,8 @@ pub(super) struct Shared {
     /// What the run's machines are built from (its catch-up replays, `awaiting`).
     pub def: super::MachineDef,
     pub log: Mutex<Log>,
-    pub tx: broadcast::Sender<Arc<Event>>,
-    /// The ring's size (events a subscriber may fall behind before it lags).
+    pub tx: broadcast::Sender<Batch>,
+    /// The ring's size (batches a subscriber may fall behind before it lags).
     pub capacity: usize,
     pub ops: mpsc::UnboundedSender<OpRequest>,
     pub done: watch::Sender<Option<Arc<RunResult>>>,
@@ -52,6 +55,9 @@ pub(super) struct Shared {
     /// How many times the journal was replayed to make events for a subscriber.
     pub replays: AtomicU32,
 }
+
+/// Events published together: what the ring carries, one send for all of them.
+pub(super) type Batch = Arc<[Arc<Event>]>;
 
 /// The journal so far, the last event published from it and, once a subscriber could fall
 /// behind the ring, every event since.
@@ -66,11 +72,16 @@ pub(super) struct Log {
     /// Events from before the history started are made once, by replaying the journal, for a
     /// subscriber that asks for them.
     pub history: Option<Vec<Arc<Event>>>,
-    /// While nothing is kept: the journaled events the ring may still hold (the last
-    /// `capacity`), so that the history can start with them, or, before anybody listened,
-    /// the run's first ones ([`Log::early`]). Always the last journaled events, without gaps.
-    pub recent: VecDeque<Arc<Event>>,
-    /// Sends left before the ring may be full of events its slowest subscriber has not read
+    /// While nothing is kept: the batches the ring may still hold (the last `capacity`), so
+    /// that the history can start with their journaled events, or, before anybody listened,
+    /// the run's first ones ([`Log::early`]). Always the last journaled events, without gaps
+    /// (live-only events in them are skipped where they are read).
+    pub recent: VecDeque<Batch>,
+    /// How many events `recent` holds.
+    pub recent_events: usize,
+    /// Events published since the last send ([`Shared::flush`]), in order.
+    pub pending: Vec<Arc<Event>>,
+    /// Sends left before the ring may be full of batches its slowest subscriber has not read
     /// (0: ask the ring).
     pub room: usize,
     /// True while `recent` holds every journaled event since the run's first, kept while
@@ -81,65 +92,85 @@ pub(super) struct Log {
 }
 
 impl Shared {
-    /// Publishes events under the log lock (so a new subscriber's cut is consistent).
+    /// Publishes an event under the log lock (so a new subscriber's cut is consistent): it
+    /// joins the batch that [`Shared::flush`] sends. Every publisher flushes before it lets go
+    /// of the lock for long (the driver at the end of a batch of inputs; a progress report or
+    /// the model's text at once); a new subscriber's cut flushes first.
     pub fn publish(&self, log: &mut Log, event: Event) {
-        let (ephemeral, seq) = (event.kind.is_ephemeral(), event.seq);
-        // With telemetry on, the event is shared with the span worker as soon as it exists.
-        let (mut own, mut shared) = (Some(event), None);
-        if let Some(spans) = &mut log.spans
-            && let Some(e) = own.take()
-        {
-            let e = Arc::new(e);
-            spans.event(&log.journal, &e);
-            shared = Some(e);
+        if !event.kind.is_ephemeral() {
+            log.last_seq = event.seq;
         }
-        if !ephemeral {
-            log.last_seq = seq;
-        }
-        let listening = self.tx.receiver_count() > 0;
-        if !listening && log.history.is_none() {
-            // Nobody reads this event. Until the ring's worth of them, the run's first events
-            // are kept all the same: a subscriber that joins just after the start (the usual
-            // race with the driver's first steps) is served from them, not from a replay.
-            // Past that, what the ring held is no run of events without gaps.
+        // Nobody reads this event, and the run keeps none: what the ring held is no run of
+        // events without gaps any more (past the run's first events, kept for a subscriber
+        // that joins just after the start).
+        let unheard = log.history.is_none() && !log.early && self.tx.receiver_count() == 0;
+        if unheard {
             log.room = 0;
-            if ephemeral {
+            log.recent.clear();
+            log.recent_events = 0;
+            log.pending.clear();
+            if log.spans.is_none() {
                 return;
             }
-            if !log.early || log.recent.len() >= self.capacity {
-                log.recent.clear();
-                log.early = false;
-                return;
-            }
         }
-        if listening && log.history.is_none() {
-            self.make_room(log);
+        let event = Arc::new(event);
+        // With telemetry on, the event is shared with the span worker as soon as it exists.
+        if let Some(spans) = &mut log.spans {
+            spans.event(&log.journal, &event);
         }
-        if ephemeral && !listening {
-            return;
-        }
-        let event = match (shared, own) {
-            (Some(e), _) => e,
-            (None, Some(e)) => Arc::new(e),
-            (None, None) => return,
-        };
-        if !ephemeral {
-            match &mut log.history {
-                Some(h) => h.push(event.clone()),
-                None => {
-                    if log.recent.len() >= self.capacity {
-                        log.recent.pop_front();
-                    }
-                    log.recent.push_back(event.clone());
-                }
-            }
-        }
-        if listening {
-            let _ = self.tx.send(event);
+        if !unheard {
+            log.pending.push(event);
         }
     }
 
-    /// Before a send while nothing is kept: when the ring is full of events its slowest
+    /// Sends the events published since the last send as one batch (none: nothing happens),
+    /// and keeps the journaled ones where late and lagging subscribers are served from.
+    pub fn flush(&self, log: &mut Log) {
+        if log.pending.is_empty() {
+            return;
+        }
+        let listening = self.tx.receiver_count() > 0;
+        if !listening {
+            log.room = 0;
+            // Live-only events go to whoever listens now: nobody.
+            log.pending.retain(|e| !e.kind.is_ephemeral());
+            if log.history.is_none()
+                && (!log.early || log.recent_events + log.pending.len() > self.capacity)
+            {
+                // Until the ring's worth of them, the run's first events are kept all the
+                // same: a subscriber that joins just after the start (the usual race with the
+                // driver's first steps) is served from them, not from a replay.
+                log.recent.clear();
+                log.recent_events = 0;
+                log.early = false;
+                log.pending.clear();
+                return;
+            }
+            if log.pending.is_empty() {
+                return;
+            }
+        } else if log.history.is_none() {
+            self.make_room(log);
+        }
+        let batch: Batch = log.pending.drain(..).collect();
+        match &mut log.history {
+            Some(h) => h.extend(journaled(&batch).cloned()),
+            None => {
+                if log.recent.len() >= self.capacity
+                    && let Some(old) = log.recent.pop_front()
+                {
+                    log.recent_events -= old.len();
+                }
+                log.recent_events += batch.len();
+                log.recent.push_back(batch.clone());
+            }
+        }
+        if listening {
+            let _ = self.tx.send(batch);
+        }
+    }
+
+    /// Before a send while nothing is kept: when the ring is full of batches its slowest
     /// subscriber has not read, the send would drop one, so the history starts with the events
     /// the ring holds. The ring is asked only once the sends since it was last asked could
     /// have filled it (asking walks the ring).
@@ -150,7 +181,9 @@ impl Shared {
             log.room = self.capacity.saturating_sub(self.tx.len());
         }
         if log.room == 0 {
-            log.history = Some(Vec::from(std::mem::take(&mut log.recent)));
+            let recent = std::mem::take(&mut log.recent);
+            log.recent_events = 0;
+            log.history = Some(recent.iter().flat_map(|b| journaled(b)).cloned().collect());
         } else {
             log.room -= 1;
         }
@@ -161,10 +194,12 @@ impl Shared {
         Subscription {
             shared: self.clone(),
             backlog: backlog.into_iter(),
+            live: None,
             rx,
             cut,
             last: after,
             lags: 0,
+            batches: 0,
             ended: false,
             done: self.done.subscribe(),
         }
@@ -174,7 +209,7 @@ impl Shared {
     /// next, and the sequence number where the two meet. The first catch-up of the run replays
     /// the journal so far (outside the log lock: the driver goes on meanwhile, its events
     /// recorded); every later one copies from the history.
-    fn cut(&self, after: u64) -> (Vec<Arc<Event>>, broadcast::Receiver<Arc<Event>>, u64) {
+    fn cut(&self, after: u64) -> (Vec<Arc<Event>>, broadcast::Receiver<Batch>, u64) {
         // One catch-up at a time, so the first completes the history before anyone reads it.
         let mut complete = match self.catch_up.lock() {
             Ok(c) => c,
@@ -186,6 +221,8 @@ impl Shared {
         };
         let (journal, cut, rx) = {
             let mut log = lock();
+            // What was published goes out first: the cut covers it.
+            self.flush(&mut log);
             let (cut, rx) = (log.last_seq, self.tx.subscribe());
             if after >= cut {
                 return (Vec::new(), rx, cut);
@@ -196,15 +233,26 @@ impl Shared {
                 return (between(h, after, cut), rx, cut);
             }
             // The ring's shadow (or the run's first events) reaches back far enough.
-            if log.history.is_none() && log.recent.front().is_some_and(|e| e.seq <= after + 1) {
-                let (front, back) = log.recent.as_slices();
-                let mut backlog = between(front, after, cut);
-                backlog.extend(between(back, after, cut));
+            let reaches = log
+                .recent
+                .iter()
+                .flat_map(|b| journaled(b))
+                .next()
+                .is_some_and(|e| e.seq <= after + 1);
+            if log.history.is_none() && reaches {
+                let backlog = log
+                    .recent
+                    .iter()
+                    .flat_map(|b| journaled(b))
+                    .filter(|e| e.seq > after && e.seq <= cut)
+                    .cloned()
+                    .collect();
                 return (backlog, rx, cut);
             }
             if log.history.is_none() {
                 log.history = Some(Vec::new());
                 log.recent = VecDeque::new();
+                log.recent_events = 0;
             }
             (log.journal.clone(), cut, rx)
         };
@@ -250,6 +298,11 @@ impl Shared {
     }
 }
 
+/// The journaled events of a batch (live-only ones left out), in order.
+fn journaled(batch: &[Arc<Event>]) -> impl Iterator<Item = &Arc<Event>> {
+    batch.iter().filter(|e| !e.kind.is_ephemeral())
+}
+
 /// The events of `history` (in sequence order) numbered after `after`, up to `cut`.
 fn between(history: &[Arc<Event>], after: u64, cut: u64) -> Vec<Arc<Event>> {
     let start = history.partition_point(|e| e.seq <= after);
@@ -265,10 +318,13 @@ fn between(history: &[Arc<Event>], after: u64, cut: u64) -> Vec<Arc<Event>> {
 pub struct Subscription {
     shared: Arc<Shared>,
     backlog: std::vec::IntoIter<Arc<Event>>,
-    rx: broadcast::Receiver<Arc<Event>>,
+    /// The live batch being read, and the position in it.
+    live: Option<(Batch, usize)>,
+    rx: broadcast::Receiver<Batch>,
     cut: u64,
     last: u64,
     lags: u64,
+    batches: u64,
     ended: bool,
     done: watch::Receiver<Option<Arc<RunResult>>>,
 }
@@ -294,6 +350,20 @@ impl Subscription {
                 self.last = e.seq;
                 return Some(e);
             }
+            if let Some((batch, at)) = &mut self.live {
+                if let Some(e) = batch.get(*at) {
+                    *at += 1;
+                    if e.kind.is_ephemeral() {
+                        return Some(e.clone());
+                    }
+                    if e.seq <= self.cut.max(self.last) {
+                        continue;
+                    }
+                    self.last = e.seq;
+                    return Some(e.clone());
+                }
+                self.live = None;
+            }
             let received = tokio::select! {
                 biased;
                 r = self.rx.recv() => r,
@@ -309,17 +379,15 @@ impl Subscription {
                 }
             };
             match received {
-                Ok(e) if e.kind.is_ephemeral() => return Some(e),
-                Ok(e) if e.seq <= self.cut.max(self.last) => continue,
-                Ok(e) => {
-                    self.last = e.seq;
-                    return Some(e);
+                Ok(batch) => {
+                    self.batches += 1;
+                    self.live = Some((batch, 0));
                 }
                 Err(broadcast::error::RecvError::Lagged(n)) => {
                     // Fell behind the ring: catch up from the kept events.
-                    self.lags += n;
                     tracing::debug!(run = %self.shared.run_id, missed = n, "subscriber lagged; catching up");
                     let (backlog, rx, cut) = self.shared.cut(self.last);
+                    self.lags += backlog.len() as u64;
                     self.backlog = backlog.into_iter();
                     self.rx = rx;
                     self.cut = cut;
@@ -329,10 +397,18 @@ impl Subscription {
         }
     }
 
-    /// How many live events this subscriber missed in the ring and caught up on from the run's
-    /// kept events (or, for events from before the run kept any, a replay of its journal).
+    /// How many events this subscriber, having fallen behind the ring, was caught up on from
+    /// the run's kept events (or, for events from before the run kept any, a replay of its
+    /// journal) instead of reading them live.
     pub fn lagged(&self) -> u64 {
         self.lags
+    }
+
+    /// How many batches this subscriber read live: the driver sends the events of a batch of
+    /// inputs together (one send, one wake-up), so this is at most the number of live events
+    /// and usually well under it.
+    pub fn live_batches(&self) -> u64 {
+        self.batches
     }
 }
 
