@@ -366,6 +366,7 @@ codes! {
     "store.unknown_run" => "The store holds no run with that id.",
     "telemetry.bad_variable" => "An `OTEL_*` variable has a value dagloop does not accept.",
     "telemetry.exporter" => "The OpenTelemetry exporter could not be built.",
+    "temporal.carried" => "A run's journal could not be carried to its workflow's next execution (continue-as-new).",
     "temporal.connect" => "The Temporal server cannot be reached.",
     "temporal.model_activity" => "The model activity failed on the Temporal worker.",
     "temporal.no_result" => "The workflow ended without a result.",

@@ -134,3 +134,79 @@ async fn a_long_run_continues_as_new_and_keeps_its_events() {
     );
     let _ = &c.workers;
 }
+
+/// A run whose journal passes Temporal's 2 MB payload limit continues as new all the same: past
+/// 1 MB the journal is not carried in the continue-as-new input but pulled by the next
+/// execution, chunk by chunk, from the previous one (`temporal::carry`). Each of its 12 calls
+/// sends 150 KB, which the service echoes: some 3.6 MB of journal, each call approved by a
+/// reviewer (the moments the run continues as new).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_journal_past_the_payload_limit_is_carried_in_chunks() {
+    const BIG: u64 = 12;
+    let env = [("DAGLOOP_TEMPORAL_HISTORY_EVENTS", "40")];
+    let Some(c) = cluster::cluster_with(None, &env).await else {
+        return;
+    };
+    let (url, counts) = counting_service().await;
+    let step = json!({"_tool": "step", "_activity": "http", "_http": {"method": "POST", "url": url},
+        "type": "object", "properties": {"n": {"type": "integer"}, "note": {"type": "string"}},
+        "required": ["n"], "additionalProperties": false});
+    let mut turns: Vec<Value> = (1..=BIG)
+        .map(|n| {
+            // Words, not one run of a letter: nothing along the way may compress it away.
+            let note: String = (0..150_000 / 8)
+                .map(|i| format!("w{:06} ", (i * n) % 999_983))
+                .collect();
+            json!({"solution": {"calls": [{"_tool": "step", "n": n, "note": note,
+                "_outputPath": format!("†state.s{n}")}], "output": null}, "chunk_chars": 65_536})
+        })
+        .collect();
+    turns.push(json!({"solution": {"calls": [], "output": {"done": true}}}));
+    let script = c.dir.path().join("big.json");
+    std::fs::write(&script, json!({"turns": turns}).to_string()).expect("script");
+    let body = json!({"goal": "a long journal", "model": format!("scripted:{}", script.display()),
+        "output_schema": {"type": "object", "required": ["done"]},
+        "tools": [step], "approval": {"policy": "ask"}});
+    let id = serve::create(&c.a, &body).await;
+    // A run continues as new while it waits for a reviewer (nothing runs then): each call is
+    // approved, through either server, as soon as it waits (its description, which holds the
+    // whole state, is not read).
+    for n in 1..=BIG {
+        let on = if n % 2 == 0 { &c.a } else { &c.b };
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(90);
+        loop {
+            let (st, v) = cluster::decide(on, &id, n, json!({"decision": "approve"})).await;
+            if st == 200 {
+                break;
+            }
+            assert!(std::time::Instant::now() < deadline, "call {n}: {st} {v}");
+            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        }
+    }
+    let conn = c.dev.connect().await;
+    let result = tokio::time::timeout(std::time::Duration::from_secs(240), conn.result(&id))
+        .await
+        .expect("the run ends within 4 minutes")
+        .expect("result");
+    assert!(result.succeeded(), "{:?}", result.error);
+    for n in 1..=BIG {
+        assert_eq!(count(&counts, n), 1, "call {n} ran once");
+    }
+    // The latest execution continued one whose journal it pulled in chunks: its history holds
+    // `carried_chunk` activities, and its input is far below the journal's size.
+    let history = conn.history_json(&id).await.expect("history");
+    let text = String::from_utf8_lossy(&history);
+    assert!(text.contains("carried_chunk"), "no chunk was pulled");
+    let history: Value = serde_json::from_slice(&history).expect("history JSON");
+    let started = &history["events"][0]["attributes"]["WorkflowExecutionStartedEventAttributes"];
+    assert!(
+        !started["continued_execution_run_id"]
+            .as_str()
+            .unwrap_or("")
+            .is_empty(),
+        "the run continued as new: {started}"
+    );
+    let input = started["input"].to_string().len();
+    assert!(input < 1024 * 1024, "the input carried {input} bytes");
+    let _ = &c.workers;
+}

@@ -21,6 +21,7 @@ mod temporal;
 use std::time::{Duration, Instant};
 
 use cluster::{Cluster, awaits_both, cluster, decide, until};
+use futures::StreamExt;
 use serde_json::{Value, json};
 use serve::{Server, client, count, counting_service, goal, read_events, send};
 
@@ -337,6 +338,39 @@ async fn principals_and_the_floor_hold_across_servers() {
         .collect();
     assert_eq!(rules, ["floor:kind:http", "floor:kind:http"], "{run}");
     assert_eq!(run["submitted_by"], "ci", "{run}");
+    // A stream ticket from A opens the run's events on B (the servers share the principals,
+    // so the key tickets are signed with), once.
+    let (st, t) = as_(
+        ALICE,
+        client()
+            .post(a.url("/tickets"))
+            .json(&json!({"run": ci_run})),
+    )
+    .await;
+    assert_eq!(st, 200, "{t}");
+    let ticket = t["ticket"].as_str().expect("ticket").to_string();
+    let events = b.url(&format!("/runs/{ci_run}/events"));
+    let opened = client()
+        .get(&events)
+        .header("x-dagloop-ticket", &ticket)
+        .send()
+        .await
+        .expect("events");
+    assert_eq!(opened.status().as_u16(), 200);
+    let first = tokio::time::timeout(Duration::from_secs(30), opened.bytes_stream().next())
+        .await
+        .expect("an event within 30 s")
+        .expect("a chunk")
+        .expect("bytes");
+    assert!(
+        String::from_utf8_lossy(&first).contains("run_started"),
+        "{first:?}"
+    );
+    serve::refused(
+        send(client().get(&events).header("x-dagloop-ticket", &ticket)).await,
+        401,
+        "auth.ticket",
+    );
     // `dual`'s own run: it may not decide it, through either server; alice may.
     let (st, v) = as_(
         DUAL,
@@ -458,7 +492,7 @@ async fn webhooks_are_posted_by_the_workers() {
 
 /// `Idempotency-Key` across servers: the key names the workflow, so the key reused on the
 /// other server returns the same run (200, `Idempotent-Replayed`), with another body 422; two
-/// concurrent first uses through both servers start one run. Cassettes and forks on Temporal.
+/// concurrent first uses through both servers start one run. Cassettes on Temporal.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idempotency_key_holds_across_servers() {
     let Some(c) = cluster(None).await else {
@@ -508,8 +542,7 @@ async fn an_idempotency_key_holds_across_servers() {
     assert_eq!(x["id"], y["id"]);
     assert_ne!(x["id"], first["id"], "another key, another run");
 
-    // A cassette is exported from the workflow's journal on either server; a fork is refused
-    // with `engine.unsupported` (501), not a misleading 404.
+    // A cassette is exported from the workflow's journal on either server.
     let id = first["id"].as_str().expect("id");
     until(&c.a, id, awaits_both).await;
     let (st, v) = send(client().get(c.b.url(&format!("/runs/{id}/cassette")))).await;
@@ -520,16 +553,101 @@ async fn an_idempotency_key_holds_across_servers() {
             .is_some_and(|t| !t.is_empty()),
         "{v}"
     );
+    let _ = &c.workers;
+}
+
+/// Forks on Temporal (`POST /runs/{id}/fork`, `dagloop fork --engine temporal`): a new workflow
+/// from the original's journal prefix, by the embedded engine's rule (`runs::fork`). Forked
+/// after step 1 through the server that did not start it, the fork asks the model for step 2
+/// only (no call runs again) and reaches the original's output; forked after step 0 (from
+/// the command line), it asks for step 1 again and waits for a reviewer for both calls.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_forks_on_temporal() {
+    let Some(c) = cluster(None).await else {
+        return;
+    };
+    let (url, counts) = counting_service().await;
+    let id = serve::create(&c.a, &goal(c.dir.path(), &url, "ask")).await;
+    until(&c.b, &id, awaits_both).await;
+    for call in [1, 2] {
+        let (st, v) = decide(&c.b, &id, call, json!({"decision": "approve"})).await;
+        assert_eq!(st, 200, "{v}");
+    }
+    let (st, original) = send(client().get(c.a.url(&format!("/runs/{id}/result?wait=60")))).await;
+    assert_eq!(
+        (st, original["status"].as_str()),
+        (200, Some("succeeded")),
+        "{original}"
+    );
+
     let (st, v) = send(
         client()
-            .post(c.a.url(&format!("/runs/{id}/fork")))
+            .post(c.b.url(&format!("/runs/{id}/fork")))
             .json(&json!({"at_step": 1})),
     )
     .await;
+    assert_eq!(st, 201, "{v}");
+    assert_eq!(v["forked_from"], json!({"run": id, "step": 1}), "{v}");
+    let fork = v["id"].as_str().expect("id").to_string();
+    let (st, done) = send(client().get(c.a.url(&format!("/runs/{fork}/result?wait=60")))).await;
     assert_eq!(
-        (st, v["code"].as_str()),
-        (501, Some("engine.unsupported")),
-        "{v}"
+        (st, done["status"].as_str()),
+        (200, Some("succeeded")),
+        "{done}"
     );
+    assert_eq!(done["output"], original["output"], "{done}");
+    let (_, shown) = send(client().get(c.a.url(&format!("/runs/{fork}")))).await;
+    assert_eq!(shown["forked_from"]["run"], id.as_str(), "{shown}");
+    assert_eq!(
+        (count(&counts, 1), count(&counts, 2)),
+        (1, 1),
+        "the fork's step 1 stands as recorded"
+    );
+    serve::refused(
+        send(
+            client()
+                .post(c.a.url(&format!("/runs/{id}/fork")))
+                .json(&json!({"at_step": 9})),
+        )
+        .await,
+        400,
+        "fork.no_such_step",
+    );
+
+    // From the command line, after step 0: step 1 is asked again and waits for a reviewer;
+    // approved, the fork ends as the original did (and `dagloop fork` prints its result).
+    let mut cli = bin::dagloop()
+        .current_dir(c.dir.path())
+        .arg("--config")
+        .arg(bin::open_config())
+        .args(["--no-store", "fork", &id, "--at-step", "0", "--json"])
+        .args(["--engine", "temporal", "--temporal", &c.dev.address])
+        .args(["--task-queue", "serve"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("dagloop fork");
+    let mut said = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(cli.stderr.take().expect("stderr")),
+        &mut said,
+    )
+    .expect("stderr line");
+    let said: Value = serde_json::from_str(&said).expect("{run_id} on stderr");
+    let cli_fork = said["run_id"].as_str().expect("run_id").to_string();
+    let v = until(&c.b, &cli_fork, awaits_both).await;
+    assert_eq!(v["forked_from"], json!({"run": id, "step": 0}), "{v}");
+    for call in [1, 2] {
+        let (st, v) = decide(&c.a, &cli_fork, call, json!({"decision": "approve"})).await;
+        assert_eq!(st, 200, "{v}");
+    }
+    let out = tokio::task::spawn_blocking(move || cli.wait_with_output())
+        .await
+        .expect("join")
+        .expect("dagloop fork ends");
+    assert!(out.status.success(), "{out:?}");
+    let printed: Value = serde_json::from_slice(&out.stdout).expect("result JSON");
+    assert_eq!(printed["output"], original["output"], "{printed}");
+    assert_eq!((count(&counts, 1), count(&counts, 2)), (2, 2));
     let _ = &c.workers;
 }

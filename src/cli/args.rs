@@ -419,6 +419,9 @@ pub enum Command {
         /// With --tools-from: a call the recording does not hold runs for real.
         #[arg(long, requires = "tools_from")]
         tools_from_passthrough: bool,
+        /// Where the original runs (`--engine temporal`: the fork is a new workflow).
+        #[command(flatten)]
+        temporal: TemporalArgs,
     },
     /// Run test cases (`test.json` files; a folder is searched for them): each runs its goal
     /// offline and checks its expectations; prints a summary, exit 1 when one fails.

@@ -1,10 +1,16 @@
 //! `dagloop fork RUN --at-step N [--model SPEC] [--input JSON]`: a new run from a stored run's
 //! state, plan and context after step N (`runs::fork` says what that means), recorded as its
-//! fork and then continued like `dagloop resume` continues a run.
+//! fork and then continued like `dagloop resume` continues a run; with `--engine temporal`, a
+//! fork of a Temporal run started as a new workflow (`temporal_cmd`), planned by the same
+//! [`plan`].
+
+use std::sync::Arc;
 
 use serde_json::Value;
 
 use super::{CliError, Store, run};
+use crate::grants::Grants;
+use crate::runs::Fork;
 
 /// What the fork changes.
 pub(super) struct Over {
@@ -14,13 +20,13 @@ pub(super) struct Over {
     pub allow_shell: bool,
 }
 
-pub(super) async fn fork(
-    store: Store,
-    id: &str,
-    over: Over,
+/// The fork of `stored` as `over` asks, checked against this command's grants: nothing is
+/// recorded or started yet. The same for both engines.
+pub(super) fn plan(
+    stored: &crate::store::StoredRun,
+    over: &Over,
     config: Option<&crate::config::Config>,
-    display: run::Display,
-) -> Result<i32, CliError> {
+) -> Result<(Fork, crate::runs::RunDef, Arc<Grants>), CliError> {
     let err = |e: crate::runs::RunsError| CliError::new(e.code(), &e);
     let input = over
         .input
@@ -30,7 +36,6 @@ pub(super) async fn fork(
                 .map_err(|e| CliError::new("cli.bad_input", format!("--input is not JSON: {e}")))
         })
         .transpose()?;
-    let stored = store.load(id).map_err(|e| CliError::new(e.code(), e))?;
     // The original's policy and mode go on; what it may touch is this command's grants.
     let base = run::RunOptions::from_stored(&stored.record.options).map_err(err)?;
     let opts = run::RunOptions {
@@ -44,9 +49,9 @@ pub(super) async fn fork(
         ..Default::default()
     };
     let fork = crate::runs::fork(
-        &stored,
+        stored,
         over.at_step,
-        over.model,
+        over.model.clone(),
         input,
         opts,
         crate::runs::now_ms(),
@@ -54,7 +59,21 @@ pub(super) async fn fork(
     .map_err(err)?;
     let grants = super::grants_for(config, over.allow_shell, false)?;
     // Refused before anything is recorded: a fork the grants do not allow leaves no run.
-    crate::runs::define(fork.goal.clone(), fork.options.clone(), grants.clone()).map_err(err)?;
+    let def = crate::runs::define(fork.goal.clone(), fork.options.clone(), grants.clone())
+        .map_err(err)?;
+    Ok((fork, def, grants))
+}
+
+pub(super) async fn fork(
+    store: Store,
+    id: &str,
+    over: Over,
+    config: Option<&crate::config::Config>,
+    display: run::Display,
+) -> Result<i32, CliError> {
+    let err = |e: crate::runs::RunsError| CliError::new(e.code(), &e);
+    let stored = store.load(id).map_err(|e| CliError::new(e.code(), e))?;
+    let (fork, _, grants) = plan(&stored, &over, config)?;
     let seeded = crate::runs::seed(&*store.shared(), &fork)
         .await
         .map_err(err)?;

@@ -386,6 +386,7 @@ pub async fn main(mut cli: Cli) -> i32 {
             on_no_reviewer,
             tools_from,
             tools_from_passthrough,
+            temporal,
         } => 'fork: {
             let tools_from =
                 match cassette::load_tools(tools_from.as_deref(), tools_from_passthrough) {
@@ -408,6 +409,9 @@ pub async fn main(mut cli: Cli) -> i32 {
                 input,
                 allow_shell,
             };
+            if temporal.engine == EngineArg::Temporal {
+                break 'fork temporal_cmd::fork(&id, over, config, &display, &temporal).await;
+            }
             match required(existing()) {
                 Ok(s) => fork::fork(s, &id, over, config, display).await,
                 Err(e) => Err(e),

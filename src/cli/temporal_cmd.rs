@@ -55,6 +55,50 @@ mod on {
         let spec = RunSpec::of_def(id.clone(), &def);
         let conn = connect(t).await?;
         conn.start(spec, &t.task_queue).await.map_err(err)?;
+        follow(&conn, &id, display, t).await
+    }
+
+    /// A fork of a Temporal run (planned as the embedded engine plans one: `fork::plan`),
+    /// started as a new workflow that replays the original's journal prefix and resumes, then
+    /// followed as `run` follows a run.
+    pub async fn fork(
+        run: &str,
+        over: super::super::fork::Over,
+        config: Option<&crate::config::Config>,
+        display: &Display,
+        t: &TemporalArgs,
+    ) -> Result<i32, CliError> {
+        if display.decisions.is_some() || display.tools_from.is_some() {
+            return Err(CliError::new(
+                "cli.unsupported",
+                "--decisions and --tools-from need the embedded engine; decide Temporal runs with `dagloop decide --engine temporal`",
+            ));
+        }
+        let conn = connect(t).await?;
+        let snap = conn.snapshot(run).await.map_err(err)?;
+        let stored = crate::store::StoredRun {
+            record: snap.spec.record,
+            journal: snap.journal,
+            result: snap.result,
+            lease: None,
+        };
+        let (fork, def, _) = super::super::fork::plan(&stored, &over, config)?;
+        let id = fork.record.id.clone();
+        conn.start(RunSpec::of_fork(&def, &fork), &t.task_queue)
+            .await
+            .map_err(err)?;
+        follow(&conn, &id, display, t).await
+    }
+
+    /// Says which run started, then (unless `--detach`) waits for its result and prints it
+    /// with the embedded engine's exit codes; Ctrl-C cancels it.
+    async fn follow(
+        conn: &Connection,
+        id: &str,
+        display: &Display,
+        t: &TemporalArgs,
+    ) -> Result<i32, CliError> {
+        let id = id.to_string();
         if display.json_only || display.quiet {
             errln!("{}", json!({"run_id": id}));
         } else {
@@ -204,6 +248,23 @@ pub(super) async fn run(
     #[cfg(not(feature = "temporal"))]
     {
         let _ = (path, opts, grants, display, t);
+        Err(disabled())
+    }
+}
+
+/// `fork --engine temporal`.
+pub(super) async fn fork(
+    run: &str,
+    over: super::fork::Over,
+    config: Option<&crate::config::Config>,
+    display: &Display,
+    t: &TemporalArgs,
+) -> Result<i32, CliError> {
+    #[cfg(feature = "temporal")]
+    return on::fork(run, over, config, display, t).await;
+    #[cfg(not(feature = "temporal"))]
+    {
+        let _ = (run, over, config, display, t);
         Err(disabled())
     }
 }

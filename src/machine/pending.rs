@@ -129,6 +129,15 @@ impl Pending {
         }
     }
 
+    /// A turn that was streaming when the run stopped is asked again after a restart
+    /// ([`RunInput::Resumed`]): the same request, already counted, which the `Request` action
+    /// asking it again would count twice.
+    pub(super) fn reasked(&mut self, model: &ModelKey) {
+        if let Some(n) = self.requests.get_mut(model) {
+            *n = n.saturating_sub(1);
+        }
+    }
+
     /// Forgets `timer` (nothing when it is not set).
     pub(super) fn clear(&mut self, timer: Timer) {
         if let Some(at) = self.timers.remove(&timer) {

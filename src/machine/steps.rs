@@ -215,6 +215,7 @@ impl RunMachine {
                 });
             }
             if f.streaming {
+                self.pending.reasked(&(f.cfg.model.clone(), f.turn.model));
                 out.push(Action::Request {
                     frame: f.key,
                     step: f.step,

@@ -7,9 +7,7 @@
 //! Deliberately not here: which role a route needs (the handlers check it) or how tokens are
 //! configured (`principals`).
 
-use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
 
 use axum::extract::rejection::JsonRejection;
 use axum::extract::{Request, State};
@@ -23,61 +21,7 @@ use super::error::ApiError;
 use super::principals::Principal;
 use super::state::AppState;
 
-/// How long a ticket may be used.
-pub const TICKET_TTL: Duration = Duration::from_secs(60);
-
-/// What a ticket opens: one run's events, as one principal.
-struct Ticket {
-    run: String,
-    principal: Principal,
-    expires: Instant,
-}
-
-/// Tickets handed out.
-#[derive(Default)]
-pub(super) struct Tickets(Mutex<BTreeMap<String, Ticket>>);
-
-impl Tickets {
-    fn issue(&self, run: &str, principal: Principal) -> Option<String> {
-        let ticket = random_hex()?;
-        let now = Instant::now();
-        let mut m = match self.0.lock() {
-            Ok(g) => g,
-            Err(p) => p.into_inner(),
-        };
-        m.retain(|_, t| t.expires > now);
-        m.insert(
-            ticket.clone(),
-            Ticket {
-                run: run.to_string(),
-                principal,
-                expires: now + TICKET_TTL,
-            },
-        );
-        Some(ticket)
-    }
-
-    /// The principal a ticket stands for, when it is current and bound to `run`. A ticket is
-    /// used once: redeemed, it is gone (a reconnecting stream gets a new one).
-    fn redeem(&self, ticket: &str, run: &str) -> Option<Principal> {
-        let mut m = match self.0.lock() {
-            Ok(g) => g,
-            Err(p) => p.into_inner(),
-        };
-        let ok = m
-            .get(ticket)
-            .is_some_and(|t| t.expires > Instant::now() && t.run == run);
-        ok.then(|| m.remove(ticket).map(|t| t.principal)).flatten()
-    }
-}
-
-/// 128 bits from the operating system's randomness, as hex.
-fn random_hex() -> Option<String> {
-    use ring::rand::SecureRandom;
-    let mut b = [0u8; 16];
-    ring::rand::SystemRandom::new().fill(&mut b).ok()?;
-    Some(b.iter().map(|x| format!("{x:02x}")).collect())
-}
+pub use super::tickets::TICKET_TTL;
 
 /// The header a ticket may be sent in.
 pub const TICKET_HEADER: &str = "x-dagloop-ticket";
@@ -198,7 +142,9 @@ pub(super) async fn authenticate(
     let run = events_run(req.uri().path()).map(str::to_string);
     match (tickets.is_empty(), run) {
         (false, Some(run)) => {
-            match tickets.iter().find_map(|t| st.tickets.redeem(t, &run)) {
+            match tickets
+                .iter()
+                .find_map(|t| st.tickets.redeem(t, &run, &st.principals)) {
                 Some(p) => {
                     req.extensions_mut().insert(p);
                     next.run(req).await
@@ -252,7 +198,7 @@ pub(super) async fn ticket(
         )
     })?;
     st.readable(&who, &req.run).await?;
-    let ticket = st.tickets.issue(&req.run, who).ok_or_else(|| {
+    let ticket = st.tickets.issue(&req.run, &who).ok_or_else(|| {
         ApiError::new(
             StatusCode::INTERNAL_SERVER_ERROR,
             "server.internal",

@@ -1,6 +1,7 @@
 //! `POST /runs/{id}/fork`: a new run from a stored run's state, plan and context after one of
 //! its steps (`runs::fork` says what that means), recorded as its fork and driven by this
-//! server. The caller needs the `submit` role and must be able to read the original; the fork
+//! server — or, on Temporal, started as a workflow from the original's journal prefix, which
+//! it replays and resumes (`RunSpec::of_fork`). The caller needs the `submit` role and must be able to read the original; the fork
 //! is the caller's, and it may touch what this server grants — never more because of what the
 //! original's record says (its `allow_shell`, its submitter are not carried over).
 
@@ -18,7 +19,7 @@ use super::error::{ApiError, Problem};
 use super::principals::{Principal, Role};
 use super::state::AppState;
 use crate::runs::RunOptions;
-use crate::store::RunStore;
+use crate::store::{RunStore, StoredRun};
 
 /// The body: `{"at_step": N, "model"?: SPEC, "input"?: JSON}`.
 #[derive(serde::Deserialize, utoipa::ToSchema)]
@@ -47,8 +48,7 @@ pub(super) struct ForkRequest {
         (status = 404, description = "No such run (or not one the caller may read)", body = ApiError),
         (status = 410, description = "The run was compacted: its journal is gone (`store.compacted`)", body = ApiError),
         (status = 415, description = "Not application/json", body = ApiError),
-        (status = 429, description = "The caller already has as many active (not ended) runs as one principal may (`server.too_many_runs`)", body = ApiError),
-        (status = 501, description = "Not on the Temporal engine (`engine.unsupported`)", body = ApiError)))]
+        (status = 429, description = "The caller already has as many active (not ended) runs as one principal may (`server.too_many_runs`)", body = ApiError)))]
 pub(super) async fn fork(
     State(st): State<Arc<AppState>>,
     Extension(who): Extension<Principal>,
@@ -63,14 +63,6 @@ pub(super) async fn fork(
         ));
     }
     st.readable(&who, &id).await?;
-    #[cfg(feature = "temporal")]
-    if st.temporal().is_some() {
-        return Err(ApiError::new(
-            StatusCode::NOT_IMPLEMENTED,
-            "engine.unsupported",
-            "forks are not available on the Temporal engine yet; fork the run from its cassette (GET /runs/{id}/cassette) on an embedded server",
-        ));
-    }
     let req: ForkRequest = serde_json::from_value(body(b)?).map_err(|e| {
         let mut err = ApiError::new(
             StatusCode::BAD_REQUEST,
@@ -83,12 +75,7 @@ pub(super) async fn fork(
         });
         err
     })?;
-    let store = st.store.clone();
-    let run = id.clone();
-    let stored = tokio::task::spawn_blocking(move || store.load(&run))
-        .await
-        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server.internal", e))?
-        .map_err(|e| ApiError::from_store(&e))?;
+    let stored = original(&st, &id).await?;
     let original = RunOptions::from_stored(&stored.record.options).map_err(runs_error)?;
     // A published agent's fork runs on the agent's models only, as the run did.
     if let (Some(agent), Some(model)) = (&original.agent, &req.model) {
@@ -125,6 +112,17 @@ pub(super) async fn fork(
     let def = crate::runs::define(fork.goal.clone(), fork.options.clone(), st.grants.clone())
         .map_err(runs_error)?;
     let _slot = st.run_slot(&who).await?;
+    let created = Json(json!({
+        "id": fork.record.id,
+        "status": "running",
+        "forked_from": {"run": id, "step": req.at_step},
+    }));
+    // On Temporal the fork is a workflow that replays the prefix and resumes (nothing stored).
+    #[cfg(feature = "temporal")]
+    if let Some(t) = st.temporal() {
+        t.start_fork(&def, &fork, st.notify_page()).await?;
+        return Ok((StatusCode::CREATED, created).into_response());
+    }
     let seeded = crate::runs::seed(&*st.store, &fork)
         .await
         .map_err(runs_error)?;
@@ -136,13 +134,25 @@ pub(super) async fn fork(
         let _ = st.store.release(&new_id);
         return Err(runs_error(e));
     }
-    Ok((
-        StatusCode::CREATED,
-        Json(json!({
-            "id": new_id,
-            "status": "running",
-            "forked_from": {"run": id, "step": req.at_step},
-        })),
-    )
-        .into_response())
+    Ok((StatusCode::CREATED, created).into_response())
+}
+
+/// The run to fork, as the store holds it, or as its workflow does on Temporal.
+async fn original(st: &Arc<AppState>, id: &str) -> Result<StoredRun, ApiError> {
+    #[cfg(feature = "temporal")]
+    if let Some(t) = st.temporal() {
+        let s = t.source(id).await?;
+        return Ok(StoredRun {
+            record: s.record,
+            journal: s.journal,
+            result: s.result,
+            lease: None,
+        });
+    }
+    let store = st.store.clone();
+    let run = id.to_string();
+    tokio::task::spawn_blocking(move || store.load(&run))
+        .await
+        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server.internal", e))?
+        .map_err(|e| ApiError::from_store(&e))
 }

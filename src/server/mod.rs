@@ -41,6 +41,7 @@ mod session;
 mod shown;
 mod sse;
 mod state;
+mod tickets;
 mod watch;
 mod wire;
 

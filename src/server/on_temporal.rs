@@ -15,8 +15,9 @@
 //!
 //! Deliberately not here: any rule about runs (the machine's, checked in the workflow), who may
 //! do what (`principals`, the handlers), the workflow itself (`crate::temporal`). Webhooks are
-//! posted by the workers (a `notify` activity per `approval_requested`), not by a server. Not
-//! on this engine: forks and cassettes (they read the store only).
+//! posted by the workers (a `notify` activity per `approval_requested`), not by a server. A fork
+//! is a new workflow carrying the original's journal prefix (`runs::fork`'s rule, the same as
+//! embedded). Not on this engine: cassettes (they read the store only).
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -168,6 +169,22 @@ impl Engine {
         };
         let same = earlier.as_deref() == Some(digest.as_str());
         Ok((id, if same { Started::Same } else { Started::Other }))
+    }
+
+    /// Starts a fork ([`crate::runs::fork`], defined as `def`) as a workflow that replays the
+    /// original's journal prefix and resumes it; the same webhook link as [`Engine::start`].
+    pub(super) async fn start_fork(
+        &self,
+        def: &crate::runs::RunDef,
+        fork: &crate::runs::Fork,
+        notify_page: Option<String>,
+    ) -> Result<(), ApiError> {
+        let mut spec = RunSpec::of_fork(def, fork);
+        spec.notify_page = notify_page;
+        self.conn
+            .start(spec, &self.task_queue)
+            .await
+            .map_err(|e| api_error(&e))
     }
 
     /// The run's record, journal and result, as its workflow holds them. A query that fails

@@ -226,6 +226,34 @@ impl Principals {
         }
         found
     }
+
+    /// The principal with this name, with its roles as configured now.
+    pub fn named(&self, name: &str) -> Option<Principal> {
+        self.known
+            .iter()
+            .find(|(p, _)| p.name == name)
+            .map(|(p, _)| p.clone())
+    }
+
+    /// The known principals (names, roles, token hashes) as bytes, in name order: what
+    /// servers sharing them derive their ticket key from (`tickets`).
+    pub fn fingerprint(&self) -> Vec<u8> {
+        let mut known: Vec<&(Principal, [u8; 32])> = self.known.iter().collect();
+        known.sort_by(|x, y| x.0.name.cmp(&y.0.name));
+        let mut out = Vec::new();
+        for (p, hash) in known {
+            out.extend_from_slice(p.name.as_bytes());
+            out.push(0);
+            for r in &p.roles {
+                out.extend_from_slice(format!("{r:?}").as_bytes());
+                out.push(b',');
+            }
+            out.push(0);
+            out.extend_from_slice(hash);
+            out.push(b'\n');
+        }
+        out
+    }
 }
 
 fn digest(token: &str) -> [u8; 32] {

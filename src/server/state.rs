@@ -57,7 +57,7 @@ pub(super) struct AppState {
     pub(super) skip: Mutex<std::collections::BTreeSet<String>>,
     /// Held while a run is woken, so one process never launches a run twice.
     pub(super) waking: tokio::sync::Mutex<()>,
-    pub tickets: super::auth::Tickets,
+    pub tickets: super::tickets::Tickets,
     /// The runs clients wait on, one watcher each.
     pub(super) watches: super::watch::Watches,
     /// The waits and streams each principal holds open (`limits`).
@@ -94,6 +94,7 @@ impl AppState {
     ) -> Result<Arc<AppState>, ServerError> {
         let principals =
             super::principals::Principals::new(&opts.principals, opts.token.as_deref())?;
+        let tickets = super::tickets::Tickets::new(&principals);
         let store = Arc::new(SqliteStore::open(&opts.store)?);
         let notifier = match &opts.webhook {
             Some(w) => Some(crate::notify::Notifier::start(w)?),
@@ -116,7 +117,7 @@ impl AppState {
             live: Mutex::new(BTreeMap::new()),
             skip: Mutex::new(Default::default()),
             waking: tokio::sync::Mutex::new(()),
-            tickets: Default::default(),
+            tickets,
             watches: Default::default(),
             open: Default::default(),
             active_runs: opts.active_runs,

@@ -79,6 +79,15 @@ pub struct RecallTask {
     pub query: String,
 }
 
+/// A chunk of a previous execution's journal to pull (`carry`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ChunkTask {
+    /// The previous execution's run id (the workflow id is the activity's).
+    pub run_id: String,
+    /// Which chunk.
+    pub index: u32,
+}
+
 /// A finished run to report to this worker's OpenTelemetry pipeline.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct TraceTask {
@@ -175,6 +184,35 @@ fn fail(e: impl std::fmt::Display) -> ActivityError {
 
 #[activities]
 impl DagloopActivities {
+    /// Chunk `index` of the journal of this workflow's previous execution (its `carried_chunk`
+    /// query), for an execution that continued as new with a journal too large to carry.
+    #[activity]
+    pub async fn carried_chunk(
+        self: Arc<Self>,
+        ctx: ActivityContext,
+        task: ChunkTask,
+    ) -> Result<Vec<crate::machine::JournalEntry>, ActivityError> {
+        let workflow_id = ctx
+            .info()
+            .workflow_id
+            .clone()
+            .ok_or_else(|| fail("a carried chunk is pulled only inside a run's workflow"))?;
+        let client = ctx.client();
+        let info = temporalio_client::WorkflowExecutionInfo::builder()
+            .namespace(client.options().namespace.clone())
+            .workflow_id(workflow_id)
+            .run_id(task.run_id)
+            .build();
+        temporalio_client::WorkflowHandle::<_, RunWorkflow>::new(client, info)
+            .query(
+                RunWorkflow::carried_chunk,
+                task.index,
+                temporalio_client::WorkflowQueryOptions::default(),
+            )
+            .await
+            .map_err(fail)
+    }
+
     /// Asks the model one turn, signalling each input to the workflow as it is read.
     #[activity]
     pub async fn model_turn(

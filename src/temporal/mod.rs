@@ -23,6 +23,7 @@
 
 mod access;
 mod activities;
+mod carry;
 mod client;
 mod perform;
 mod workflow;
@@ -35,6 +36,7 @@ pub use crate::notify::{NotifyError, WebhookConfig};
 pub use crate::runs::{DefRecord, ForkedFrom, RunOptions, RunsError, SessionOf};
 pub use access::{API_KEY_ENV, Access};
 pub use activities::DagloopActivities;
+pub use carry::Chunked;
 pub use client::{Connection, WorkerOptions, replay, run_worker, run_worker_with};
 pub use workflow::{Described, EVENT_PAGE, EventPage, RunWorkflow, Snapshot, TurnItem};
 
@@ -122,11 +124,22 @@ impl Bounds {
 }
 
 /// What a run's execution hands to the next when it continues as new: its whole journal (the
-/// next execution replays it into the same machine and the same events).
+/// next execution replays it into the same machine and the same events), inline or, past
+/// [`carry`]'s size, as chunks the next execution pulls.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Carried {
     /// Every input the run consumed so far.
     pub journal: Vec<crate::machine::JournalEntry>,
+    /// True for a fork's first execution (the original's journal prefix, [`crate::runs::fork`]):
+    /// the machine is told [`crate::machine::RunInput::Resumed`] once rebuilt, so the model turn
+    /// the prefix ends asking for is asked, as a resumed run's is. False when a run continues
+    /// as new (nothing was running then).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub resume: bool,
+    /// Set when the journal was too large to carry inline (`journal` is then empty): the next
+    /// execution pulls it in chunks from the previous one and checks it against this.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chunked: Option<Chunked>,
 }
 
 impl RunSpec {
@@ -139,6 +152,20 @@ impl RunSpec {
     #[cfg(any(feature = "cli", feature = "server"))]
     pub(crate) fn of_def(run_id: impl Into<String>, def: &crate::runs::RunDef) -> Self {
         RunSpec::of_record(crate::store::RunRecord::of_def(run_id, def))
+    }
+
+    /// The spec of a fork ([`crate::runs::fork`]) defined as `def`: the fork's id, with the
+    /// original's journal prefix carried in, replayed and resumed by the workflow as the
+    /// embedded engine resumes a seeded fork.
+    #[cfg(any(feature = "cli", feature = "server"))]
+    pub(crate) fn of_fork(def: &crate::runs::RunDef, fork: &crate::runs::Fork) -> Self {
+        let mut spec = RunSpec::of_def(fork.record.id.clone(), def);
+        spec.carried = Some(Carried {
+            journal: fork.journal.clone(),
+            resume: true,
+            chunked: None,
+        });
+        spec
     }
 
     /// The spec of a run with this record, bounded as the environment says

@@ -105,6 +105,9 @@ pub struct RunWorkflow {
     pub(super) dropped_through: u64,
     /// True when this execution continues an earlier one (its journal was carried over).
     pub(super) continued: bool,
+    /// The previous execution's run id and the plan of the journal to pull from it, until
+    /// pulled (`carry`).
+    pub(super) pull: Option<(String, super::Chunked)>,
 }
 
 /// The most events one `events` query returns.
@@ -127,10 +130,23 @@ pub struct EventPage {
 #[workflow_methods]
 impl RunWorkflow {
     #[init]
-    fn new(_ctx: &WorkflowContextView, mut spec: RunSpec) -> Self {
-        let journal = spec.carried.take().map(|c| c.journal).unwrap_or_default();
-        let continued = !journal.is_empty();
-        let (machine, result, events) = if continued {
+    fn new(ctx: &WorkflowContextView, mut spec: RunSpec) -> Self {
+        let carried = spec.carried.take();
+        // A fork's first execution is told it resumes (its first input after the prefix).
+        let resume = carried.as_ref().is_some_and(|c| c.resume);
+        // A journal too large to carry is pulled from the previous execution first (`run`).
+        let pull = carried
+            .as_ref()
+            .and_then(|c| c.chunked.clone())
+            .map(|plan| {
+                let from = ctx.continued_from_run_id().unwrap_or_default().to_string();
+                (from, plan)
+            });
+        let journal = carried.map(|c| c.journal).unwrap_or_default();
+        let continued = !journal.is_empty() || pull.is_some();
+        let (machine, result, events) = if pull.is_some() {
+            (None, None, Vec::new())
+        } else if continued {
             match continue_from(&spec, &journal) {
                 Ok((m, events)) => (Some(m), None, events),
                 Err(e) => (
@@ -149,13 +165,17 @@ impl RunWorkflow {
         let mut w = RunWorkflow {
             spec,
             machine,
-            inbox: Vec::new(),
+            inbox: match resume {
+                true => vec![RunInput::Resumed],
+                false => Vec::new(),
+            },
             turns: BTreeMap::new(),
             journal,
             result,
             events,
             dropped_through: 0,
             continued,
+            pull,
         };
         w.trim_events();
         w
@@ -163,6 +183,10 @@ impl RunWorkflow {
 
     #[run]
     pub async fn run(ctx: &mut WorkflowContext<Self>) -> WorkflowResult<RunResult> {
+        if let Some((from, plan)) = ctx.state(|s| s.pull.clone()) {
+            let pulled = super::carry::pull(ctx, &from, &plan).await;
+            ctx.state_mut(|s| s.install(pulled, &plan));
+        }
         if let Some(r) = ctx.state(|s| s.machine.is_none().then(|| s.result.clone()).flatten()) {
             return Ok(r);
         }
@@ -362,6 +386,13 @@ impl RunWorkflow {
     }
 
     /// The run's spec, whole journal and result.
+    /// Chunk `index` of the journal, for the next execution when it was too large to carry
+    /// (`carry`).
+    #[query]
+    pub fn carried_chunk(&self, _ctx: &WorkflowContextView, index: u32) -> Vec<JournalEntry> {
+        super::carry::chunk(&self.journal, index)
+    }
+
     #[query]
     pub fn snapshot(&self, _ctx: &WorkflowContextView) -> Snapshot {
         Snapshot {
@@ -376,10 +407,40 @@ impl RunWorkflow {
     /// The spec the next execution starts from: this one's, with the journal carried.
     fn carry(&self) -> RunSpec {
         let mut next = self.spec.clone();
-        next.carried = Some(super::Carried {
-            journal: self.journal.clone(),
-        });
+        next.carried = Some(super::carry::carry(&self.journal));
         next
+    }
+
+    /// Rebuilds the machine and events from the journal pulled from the previous execution
+    /// (`carry`), or ends the run set up failed when it could not be pulled whole.
+    fn install(&mut self, pulled: Result<Vec<JournalEntry>, String>, plan: &super::Chunked) {
+        self.pull = None;
+        let built = pulled
+            .and_then(|j| match super::carry::matches(plan, &j) {
+                true => Ok(j),
+                false => Err("the journal pulled does not match its digest".into()),
+            })
+            .and_then(|j| {
+                continue_from(&self.spec, &j)
+                    .map(|(m, events)| (j, m, events))
+                    .map_err(|e| e.to_string())
+            });
+        match built {
+            Ok((journal, machine, events)) => {
+                self.journal = journal;
+                self.machine = Some(machine);
+                self.events = events;
+                self.trim_events();
+            }
+            Err(reason) => {
+                self.result = Some(RunResult::setup_failed(&RunError::new(
+                    "temporal.carried",
+                    format!(
+                        "the run's journal could not be carried to its next execution: {reason}"
+                    ),
+                )));
+            }
+        }
     }
 
     /// Drops the oldest events past `spec.bounds.events_kept`, remembering the last dropped.
