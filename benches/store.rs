@@ -191,7 +191,7 @@ fn main() {
         let t0 = Instant::now();
         let stored = store.load(&big.id).expect("load");
         let loaded = t0.elapsed().as_secs_f64() * 1000.0;
-        let cfg = dagloop::engine::config_for(&goal(dir.path(), 5000)).expect("config");
+        let cfg = dagloop::runs::RunDef::from_goal(goal(dir.path(), 5000)).expect("def").config().expect("config");
         let events = replay(&big.id, cfg, Policy::auto(), SanitizeLimits::default(), &stored.journal);
         let total = t0.elapsed().as_secs_f64() * 1000.0;
         println!("{}", json!({"workload": "resume", "journal_entries": stored.journal.len(), "events": events.len(),

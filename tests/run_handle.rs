@@ -1195,7 +1195,10 @@ async fn a_call_cut_off_by_a_restart_is_presented_again_and_replays_the_same() {
     );
     let replayed: Vec<Value> = dagloop::machine::replay(
         &run_id,
-        dagloop::engine::config_for(&g).expect("config"),
+        dagloop::runs::RunDef::from_goal(g.clone())
+            .expect("def")
+            .config()
+            .expect("config"),
         dagloop::runs::policy_for(&g, &Default::default()),
         dagloop::context::SanitizeLimits::default(),
         &h.journal(),

@@ -65,12 +65,6 @@ pub(super) fn is_delegate(t: &Tool) -> bool {
     crate::tools::kind_of(t) == Some("delegate")
 }
 
-/// The configuration of `goal`'s agent, its delegates' goals read from their files (no model is
-/// built).
-pub fn config_for(goal: &Goal) -> Result<Arc<AgentConfig>, AgentError> {
-    config_with(goal, DelegateGoals::Files)
-}
-
 /// The configuration of `goal`'s agent with its delegates' goals taken from `delegates` (a
 /// stored run's record: nothing is read from disk for what the record holds). No model is built.
 pub fn config_with(

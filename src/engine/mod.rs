@@ -43,7 +43,7 @@ pub use error::AgentError;
 pub use exec::{AfterTool, BeforeTool, HookError, Hooks, OnError, RegistryExecutor};
 pub use handle::{RunHandle, Subscription};
 pub use journal::{ClaimFuture, JournalError, JournalFuture, JournalSink, RunNote};
-pub use loading::{config_for, config_with};
+pub use loading::config_with;
 pub(crate) use machines::{MachineDef, MachineUse};
 #[cfg(feature = "temporal")]
 pub(crate) use remote::{Parts, config_at, config_path};

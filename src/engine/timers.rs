@@ -90,7 +90,10 @@ mod tests {
             ".".into(),
         )
         .expect("goal");
-        let config = crate::engine::config_for(&goal).expect("config");
+        let config = crate::runs::RunDef::from_goal(goal)
+            .expect("def")
+            .config()
+            .expect("config");
         let mut m = RunMachine::new("run-t", config, Policy::auto(), SanitizeLimits::default());
         m.handle(RunInput::Start, 1000);
         m
