@@ -520,10 +520,9 @@ impl RunMachine {
                 // journals name none).
                 let answers = presentation.is_none_or(|p| self.presentation(call) == Some(p));
                 // The decision's author, put on the `decision` event the scheduler emits.
-                let grant = None;
                 if answers {
                     self.attribution
-                        .insert(call, standing::Attribution { by, standing: grant });
+                        .insert(call, standing::Attribution { by, standing: None });
                 }
                 if answers && let Some(frame) = self.owner(call) {
                     self.pending.clear(Timer::Approval { call });

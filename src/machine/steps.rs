@@ -329,7 +329,7 @@ impl RunMachine {
                             EventKind::Decision {
                                 decision,
                                 by,
-                                standing: grant,
+                                standing,
                                 ..
                             },
                             Some(id),
@@ -339,7 +339,7 @@ impl RunMachine {
                                 if a.by.is_some() {
                                     *by = a.by;
                                 }
-                                *grant = a.standing;
+                                *standing = a.standing;
                             }
                             if let Some(f) = self.frames.get_mut(&key) {
                                 f.decisions.insert(id, decision.clone());
@@ -356,7 +356,7 @@ impl RunMachine {
                     scheduler::Action::Ask {
                         id, timeout, call, ..
                     } => {
-                        // A grant in force approves the call at once (no reviewer, no timer).
+                        // A standing approval in force approves the call at once (no reviewer, no timer).
                         if let Some(g) = self.covering_standing(key, id, &call) {
                             self.approve_by_standing(key, id, g, work);
                         } else if let Some(t) = timeout

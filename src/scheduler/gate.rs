@@ -208,7 +208,7 @@ impl Scheduler {
                 decision: decision.clone(),
                 timed_out,
                 // A reviewer's time ran out: the policy's default decided (the machine names a
-                // reviewer's decision itself, and the grant it came from).
+                // reviewer's decision itself, and the standing approval it came from).
                 by: timed_out.then(|| {
                     crate::protocol::Actor::new("dagloop", crate::protocol::Actor::TIMEOUT)
                 }),

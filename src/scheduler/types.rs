@@ -79,7 +79,7 @@ pub enum Action {
         tool: Arc<Tool>,
         /// The policy's reviewer timeout.
         timeout: Option<Duration>,
-        /// It was interrupted by a restart (no grant covers it).
+        /// It was interrupted by a restart (no standing approval covers it).
         interrupted: bool,
     },
     /// Run a call's activity now; answer with [`Input::Finished`] unless `detached`.
