@@ -43,7 +43,8 @@ const ALLOW_THP: i32 = 43;
 ///
 /// Transparent huge pages are turned off for the process (as `MIMALLOC_ALLOW_THP=0` would:
 /// `PR_SET_THP_DISABLE`; the programs its tools start get them back, see
-/// [`crate::tools::huge_pages_for_children`]): see the module's doc for what they cost a server. Page faults are 4 KiB again, which the purge delay keeps rare.
+/// [`crate::tools::huge_pages_for_children`]): see the module's doc for what they cost a
+/// server. Page faults are 4 KiB again, which the purge delay keeps rare.
 pub fn tune_allocator() {
     if std::env::var_os("MIMALLOC_PURGE_DELAY").is_none() {
         // SAFETY: a plain store into mimalloc's option table, made before other threads exist.
