@@ -42,8 +42,9 @@ const ALLOW_THP: i32 = 43;
 /// mimalloc's options are not thread safe to change.
 ///
 /// Transparent huge pages are turned off for the process (as `MIMALLOC_ALLOW_THP=0` would:
-/// `PR_SET_THP_DISABLE`, which the programs it starts inherit): see the module's doc for what
-/// they cost a server. Page faults are 4 KiB again, which the purge delay keeps rare.
+/// `PR_SET_THP_DISABLE`; the programs its tools start get them back, see
+/// [`crate::tools::huge_pages_for_children`]): see the module's doc for what they cost a
+/// server. Page faults are 4 KiB again, which the purge delay keeps rare.
 pub fn tune_allocator() {
     if std::env::var_os("MIMALLOC_PURGE_DELAY").is_none() {
         // SAFETY: a plain store into mimalloc's option table, made before other threads exist.
@@ -54,10 +55,15 @@ pub fn tune_allocator() {
         unsafe { libmimalloc_sys::mi_option_set(ALLOW_THP, 0) };
         // The arena mimalloc may already have reserved was advised for huge pages: the process
         // flag covers it too (and khugepaged leaves the process alone).
+        // Only this process: the programs its tools start get them back (unless they were off
+        // already when it started, as its parent left them).
         #[cfg(target_os = "linux")]
         // SAFETY: prctl with integer arguments only.
         unsafe {
-            nix::libc::prctl(nix::libc::PR_SET_THP_DISABLE, 1, 0, 0, 0);
+            let inherited = nix::libc::prctl(nix::libc::PR_GET_THP_DISABLE, 0, 0, 0, 0) > 0;
+            if nix::libc::prctl(nix::libc::PR_SET_THP_DISABLE, 1, 0, 0, 0) == 0 && !inherited {
+                crate::tools::huge_pages_for_children();
+            }
         }
     }
     crate::idle::on_release(release_idle);

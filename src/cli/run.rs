@@ -508,6 +508,11 @@ pub(super) async fn run(
         };
         if let Err(e) = recorded {
             errln!("dagloop: could not record the run's end: {e}");
+            // The journal holds the ending (the next process to resume the run finds it);
+            // the lease, at least, goes back.
+            if result.status.is_final() {
+                let _ = s.release(&id);
+            }
         }
     }
     for task in [writer, progress].into_iter().flatten() {

@@ -492,6 +492,12 @@ impl Driver {
                     let _ = req.reply.send(Err(OpError::Unavailable {
                         reason: e.to_string(),
                     }));
+                    // The store could not be written (a full disk): no decision can be
+                    // recorded, so the run stops resumable, as when its journal fails, rather
+                    // than wait for decisions it cannot take while it holds its lease.
+                    if self.result.is_none() {
+                        self.result = Some(stopped(e));
+                    }
                     return;
                 }
             }

@@ -73,7 +73,11 @@ impl AppState {
         let rid = id.to_string();
         let recorded = tokio::task::spawn_blocking(move || {
             if result.status.is_final() {
-                store.finish(&rid, &result)
+                // An end that cannot be recorded (the journal holds it, for the next process
+                // that resumes the run) still gives the lease back.
+                store
+                    .finish(&rid, &result)
+                    .inspect_err(|_| drop(store.release(&rid)))
             } else {
                 store.release(&rid)
             }

@@ -41,6 +41,7 @@ mod compact;
 mod keys;
 mod park;
 mod query;
+mod reserve;
 mod stats;
 mod writer;
 

@@ -17,8 +17,12 @@
 //! leader started.) A group started in the instant before the process was killed, before the
 //! reaper heard of it, is the one gap.
 //!
-//! Deliberately not here: starting the programs (their callers do, with `process_group(0)`),
-//! or waiting for them.
+//! The programs are set up here ([`prepare`]): a group of their own and, when the `dagloop`
+//! binary turned transparent huge pages off for itself (`cli::alloc`; the flag is inherited
+//! across fork and exec), those pages back on, so that a tool runs as it would from a shell.
+//!
+//! Deliberately not here: starting the programs (their callers do, after [`prepare`]), or
+//! waiting for them.
 
 use std::collections::BTreeSet;
 use std::io::Write;
@@ -27,6 +31,36 @@ use std::time::Duration;
 
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
+
+/// The process turned transparent huge pages off for itself only: the programs it starts get
+/// them back ([`prepare`]).
+static THP_FOR_CHILDREN: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Called by whoever turned transparent huge pages off for this process
+/// (`PR_SET_THP_DISABLE`, which fork and exec pass on) when they were on before: the programs
+/// [`prepare`]d from now on start with them on again.
+pub fn huge_pages_for_children() {
+    THP_FOR_CHILDREN.store(true, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Sets up a program a tool starts (a shell tool's command, a stdio MCP server): the leader of
+/// a process group of its own (see [`KillOnDrop`]), with transparent huge pages as the system
+/// has them rather than as this process turned them (see [`huge_pages_for_children`]).
+pub(crate) fn prepare(cmd: &mut tokio::process::Command) {
+    cmd.process_group(0);
+    #[cfg(target_os = "linux")]
+    if THP_FOR_CHILDREN.load(std::sync::atomic::Ordering::Relaxed) {
+        // SAFETY: the hook runs between fork and exec and makes one system call (prctl, with
+        // integer arguments), which is async-signal-safe; it allocates nothing and takes no
+        // lock. A failure leaves the flag as inherited, which only costs the program memory.
+        unsafe {
+            cmd.pre_exec(|| {
+                nix::libc::prctl(nix::libc::PR_SET_THP_DISABLE, 0, 0, 0, 0);
+                Ok(())
+            });
+        }
+    }
+}
 
 /// The guarded groups not yet killed with SIGKILL, and the reaper that keeps the same list.
 struct Groups {

@@ -33,6 +33,7 @@ use crate::protocol::{Call, Tool};
 pub use action::{Action, describe_action};
 pub use check::{KINDS, check_tool, kind_of};
 pub use context::{ActivityContext, HEAD_CHARS, Progress, ProgressSink, ResultBudget};
+pub use group::huge_pages_for_children;
 pub use group::kill_all as kill_process_groups;
 pub use http::HttpConfig;
 pub use kind::ActivityKind;

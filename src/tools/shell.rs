@@ -77,19 +77,18 @@ pub(super) fn run(cfg: ShellConfig, tool: String, params: Map<String, Value>) ->
             .map(|a| fill_template(a, &params, false))
             .collect();
         crate::tools::group::arm();
-        let mut child = tokio::process::Command::new(&args[0])
-            .args(&args[1..])
+        let mut cmd = tokio::process::Command::new(&args[0]);
+        cmd.args(&args[1..])
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
-            // Its own process group, so that whatever it starts can be stopped with it.
-            .process_group(0)
-            .kill_on_drop(true)
-            .spawn()
-            .map_err(|e| ActivityError::Failed {
-                message: format!("cannot start `{}` for tool `{tool}`: {e}", args[0]),
-                details: Value::Null,
-            })?;
+            .kill_on_drop(true);
+        // Its own process group, so that whatever it starts can be stopped with it.
+        crate::tools::group::prepare(&mut cmd);
+        let mut child = cmd.spawn().map_err(|e| ActivityError::Failed {
+            message: format!("cannot start `{}` for tool `{tool}`: {e}", args[0]),
+            details: Value::Null,
+        })?;
         // Declared after `child`, so dropped before it: the group goes first, on every way out
         // (finished, failed, timed out, or this future dropped because the call was cancelled).
         let _group = crate::tools::group::KillOnDrop::new(child.id());

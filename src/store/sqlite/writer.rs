@@ -58,6 +58,9 @@ pub(super) fn writer(
     let mut asked_at = 0;
     // Something was committed since the WAL was last truncated.
     let mut dirty = false;
+    // Room for giving leases back on a full disk: kept once this process has committed.
+    let mut reserve = reserve::Reserve::new(path);
+    let mut committed = false;
     loop {
         let first = match rx.recv_timeout(IDLE_TRUNCATE) {
             Ok(first) => first,
@@ -66,6 +69,7 @@ pub(super) fn writer(
                 if dirty {
                     dirty = false;
                     let _ = checkpoint.try_send(Checkpoint::Truncate);
+                    reserve.keep();
                 }
                 crate::idle::release();
                 continue;
@@ -80,35 +84,33 @@ pub(super) fn writer(
                 break;
             }
         }
-        let full = batch.iter().any(|(w, _)| match w {
-            Write::Finish(..) | Write::PushOp(..) | Write::ClaimOp(..) => true,
-            Write::Append(_, rows) => rows.decision,
-            _ => false,
-        });
-        let results = if full {
-            // Never commit a decision or a run's end with less than FULL.
-            match c.pragma_update(None, "synchronous", "FULL") {
-                Ok(()) => {
-                    let r = commit_retrying(&mut c, &batch, path, me);
-                    let _ = c.pragma_update(None, "synchronous", "NORMAL");
-                    r
-                }
-                Err(e) => Err(io(e)),
-            }
-        } else {
-            commit_retrying(&mut c, &batch, path, me)
+        let mut results = match commit_batch(&mut c, &batch, path, me) {
+            Ok(done) => done.into_iter().collect::<Vec<_>>(),
+            Err(e) => batch.iter().map(|_| Err(e.clone())).collect(),
         };
-        match results {
-            Ok(done) => {
-                for ((_, reply), d) in batch.into_iter().zip(done) {
-                    reply(d);
-                }
+        // A write that gives a lease up and failed (the disk is full) is tried once more, on
+        // its own, in the room the reserve frees: a run that stopped because its journal could
+        // not be written does not keep its lease.
+        for (i, (w, _)) in batch.iter().enumerate() {
+            if gives_lease_up(w) && matches!(results[i], Err(StoreError::Io { .. })) {
+                // (Gone already: another process, or this one, spent it; the write is tried
+                // again all the same.)
+                reserve.spend();
+                let one = std::slice::from_ref(&batch[i]);
+                results[i] = match commit_batch(&mut c, one, path, me) {
+                    Ok(mut done) => done.pop().unwrap_or_else(|| Err(io("no answer"))),
+                    Err(e) => Err(e),
+                };
             }
-            Err(e) => {
-                for (_, reply) in batch {
-                    reply(Err(e.clone()));
-                }
-            }
+        }
+        // The reserve is written after this process's first commit, and again (once spent)
+        // when the store is next idle.
+        if !committed && results.iter().any(Result::is_ok) {
+            committed = true;
+            reserve.keep();
+        }
+        for ((_, reply), r) in batch.into_iter().zip(results) {
+            reply(r);
         }
         // Once per `checkpoint_at` pages the WAL grew by, not after every commit: a WAL that
         // cannot start over yet (frames were added while the last checkpoint ran) stays above
@@ -135,6 +137,34 @@ pub(super) fn now_ms() -> Millis {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// Whether `w` gives a run's lease up (what the reserve's room is kept for).
+fn gives_lease_up(w: &Write) -> bool {
+    matches!(w, Write::Release(_) | Write::Park(_) | Write::Finish(..))
+}
+
+/// Commits `batch` ([`commit_retrying`]), with `synchronous = FULL` when it holds a decision or
+/// a run's end.
+fn commit_batch(
+    c: &mut Connection,
+    batch: &[(Write, Reply)],
+    path: &Path,
+    me: &Me,
+) -> Result<Vec<Result<Done, StoreError>>, StoreError> {
+    let full = batch.iter().any(|(w, _)| match w {
+        Write::Finish(..) | Write::PushOp(..) | Write::ClaimOp(..) => true,
+        Write::Append(_, rows) => rows.decision,
+        _ => false,
+    });
+    if !full {
+        return commit_retrying(c, batch, path, me);
+    }
+    // Never commit a decision or a run's end with less than FULL.
+    c.pragma_update(None, "synchronous", "FULL").map_err(io)?;
+    let r = commit_retrying(c, batch, path, me);
+    let _ = c.pragma_update(None, "synchronous", "NORMAL");
+    r
 }
 
 /// [`commit`], tried again after a pause while another connection keeps the store locked past

@@ -159,7 +159,7 @@ async fn connect(
             for (k, v) in &s.env {
                 cmd.env(k, super::expand_env(config, v)?);
             }
-            cmd.process_group(0);
+            crate::tools::group::prepare(&mut cmd);
             crate::tools::group::arm();
             let (transport, stderr) = TokioChildProcess::builder(cmd)
                 .stderr(Stdio::piped())
