@@ -182,7 +182,6 @@ codes! {
     "config.not_found" => "The configuration file given does not exist.",
     "config.unreadable" => "The configuration file cannot be read.",
     "duration.out_of_range" => "A number of seconds is negative, not finite, or too large to wait for.",
-    "engine.unsupported" => "The route is not available on this server's engine (`POST /runs/{id}/fork` on `serve --engine temporal`); use a server on the embedded engine.",
     "fork.no_such_step" => "`--at-step` names a step the run did not reach.",
     "goal.invalid" => "The goal is not valid (the message names the field).",
     "goal.invalid_schema" => "The goal's output schema or a tool's params schema is not a valid JSON Schema.",
