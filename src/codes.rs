@@ -65,10 +65,6 @@ pub const AREAS: &[(&str, &str)] = &[
     ),
     ("config", "the operator's configuration file"),
     ("duration", "a duration given in seconds"),
-    (
-        "engine",
-        "the engine that drives a server's runs (embedded or Temporal)",
-    ),
     ("fork", "`dagloop fork`"),
     ("goal", "a goal file"),
     ("grant", "what the operator's grants allow a goal to touch"),
