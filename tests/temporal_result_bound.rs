@@ -22,7 +22,7 @@ mod temporal;
 
 use std::sync::atomic::Ordering;
 
-use blob::{blob_service, blob_tool};
+use blob::{assert_bound_record, blob_service, blob_tool};
 use serde_json::json;
 use serve::{call_of, client, send};
 
@@ -67,27 +67,7 @@ async fn a_result_over_the_runs_bound_leaves_the_worker_as_its_size_and_hash() {
     assert_eq!(call_of(&run, "after")["status"], "done");
     // Over it: read no further than the run could keep.
     let e = &call_of(&run, "big")["error"];
-    assert_eq!(e["code"], "run.result_bound", "{e}");
-    let d = &e["details"];
-    assert_eq!(d["complete"], false, "{e}");
-    assert_eq!(d["bound"], json!(BOUND));
-    let kept = d["kept"].as_u64().expect("kept");
-    let read = d["bytes"].as_u64().expect("bytes");
-    assert_eq!(
-        read,
-        BOUND - kept + 1,
-        "one byte past what the run could keep: {e}"
-    );
-    let mut prefix = vec![b'b'; read as usize];
-    prefix[0] = b'"';
-    let digest = ring::digest::digest(&ring::digest::SHA256, &prefix);
-    let hex: String = digest.as_ref().iter().map(|b| format!("{b:02x}")).collect();
-    assert_eq!(d["sha256"], json!(hex), "{e}");
-    assert!(
-        d["head"]
-            .as_str()
-            .is_some_and(|h| h.len() == 1024 && h.starts_with("\"bbb"))
-    );
+    assert_bound_record(e, BOUND);
     // The service saw the connection closed early: a few MiB left it, not 50.
     assert!(
         sent.cut.load(Ordering::SeqCst),

@@ -84,3 +84,32 @@ pub fn blob_tool(name: &str, port: u16, kib: usize) -> Value {
                   "max_bytes": 64 * 1024 * 1024},
         "type": "object", "properties": {}})
 }
+
+/// Checks the record a result over the run's bound left (`e`, the call's `error`): the bound,
+/// one byte read past what the run could keep, and the hash and head of what was read (`"` and
+/// then b's, as the blob service sends). Returns how many bytes were read.
+pub fn assert_bound_record(e: &Value, bound: u64) -> u64 {
+    assert_eq!(e["code"], "run.result_bound", "{e}");
+    let d = &e["details"];
+    assert_eq!(d["complete"], false, "{e}");
+    assert_eq!(d["bound"], json!(bound));
+    let kept = d["kept"].as_u64().expect("kept");
+    let read = d["bytes"].as_u64().expect("bytes");
+    assert_eq!(
+        read,
+        bound - kept + 1,
+        "one byte past what the run could keep: {e}"
+    );
+    let mut prefix = vec![b'b'; read as usize];
+    prefix[0] = b'"';
+    let digest = ring::digest::digest(&ring::digest::SHA256, &prefix);
+    let hex: String = digest.as_ref().iter().map(|b| format!("{b:02x}")).collect();
+    assert_eq!(d["sha256"], json!(hex), "{e}");
+    assert!(
+        d["head"]
+            .as_str()
+            .is_some_and(|h| h.len() == 1024 && h.starts_with("\"bbb")),
+        "{e}"
+    );
+    read
+}
