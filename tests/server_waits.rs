@@ -48,6 +48,22 @@ fn gated_goal(dir: &Path, url: &str, n: u64) -> Value {
 }
 
 /// `name`'s value in the server's `/metrics`.
+/// A run of [`gated_goal`] with `n` calls submitted to `s`, once it waits for its reviewer:
+/// its id and its view then.
+async fn a_waiting_run(s: &Server, dir: &Path, n: u64) -> (String, Value) {
+    let (url, _) = counting_service().await;
+    let (st, v) = send(
+        client()
+            .post(s.url("/runs"))
+            .json(&gated_goal(dir, &url, n)),
+    )
+    .await;
+    assert_eq!(st, 201, "{v}");
+    let id = v["id"].as_str().expect("id").to_string();
+    let waiting = until(s, &id, |v| v["status"] == "waiting").await;
+    (id, waiting)
+}
+
 async fn metric(s: &Server, name: &str) -> Option<u64> {
     metric_as(s, None, name).await
 }
@@ -96,16 +112,7 @@ async fn fifty_waiters_on_one_run_share_one_watcher_and_all_get_its_end() {
     const WAITERS: u64 = 50;
     let dir = tempfile::tempdir().expect("tmp");
     let s = Server::start(&dir.path().join("runs.db"), None);
-    let (url, _) = counting_service().await;
-    let (st, v) = send(
-        client()
-            .post(s.url("/runs"))
-            .json(&gated_goal(dir.path(), &url, 2000)),
-    )
-    .await;
-    assert_eq!(st, 201, "{v}");
-    let id = v["id"].as_str().expect("id").to_string();
-    let waiting = until(&s, &id, |v| v["status"] == "waiting").await;
+    let (id, waiting) = a_waiting_run(&s, dir.path(), 2000).await;
     assert!(
         waiting["entries"].as_u64().unwrap_or(0) >= 4000
             || waiting["calls"].as_array().map_or(0, Vec::len) >= 2000,
@@ -157,16 +164,7 @@ async fn fifty_waiters_on_one_run_share_one_watcher_and_all_get_its_end() {
 async fn a_wait_that_runs_out_answers_the_runs_state_and_leaves_no_watcher() {
     let dir = tempfile::tempdir().expect("tmp");
     let s = Server::start(&dir.path().join("runs.db"), None);
-    let (url, _) = counting_service().await;
-    let (st, v) = send(
-        client()
-            .post(s.url("/runs"))
-            .json(&gated_goal(dir.path(), &url, 2)),
-    )
-    .await;
-    assert_eq!(st, 201, "{v}");
-    let id = v["id"].as_str().expect("id").to_string();
-    until(&s, &id, |v| v["status"] == "waiting").await;
+    let (id, _) = a_waiting_run(&s, dir.path(), 2).await;
     let (st, v) = send(client().get(s.url(&format!("/runs/{id}/result?wait=0.5")))).await;
     assert_eq!((st, &v["status"]), (202, &json!("waiting")), "{v}");
     assert_eq!(v["awaiting"].as_array().map(Vec::len), Some(1), "{v}");
@@ -293,16 +291,7 @@ async fn the_memory_fifty_held_waits_took_comes_back_once_they_close() {
     let dir = tempfile::tempdir().expect("tmp");
     let s = Server::start(&dir.path().join("runs.db"), None);
     let pid = s.child.id();
-    let (url, _) = counting_service().await;
-    let (st, v) = send(
-        client()
-            .post(s.url("/runs"))
-            .json(&gated_goal(dir.path(), &url, 2000)),
-    )
-    .await;
-    assert_eq!(st, 201, "{v}");
-    let id = v["id"].as_str().expect("id").to_string();
-    until(&s, &id, |v| v["status"] == "waiting").await;
+    let (id, _) = a_waiting_run(&s, dir.path(), 2000).await;
     let wait = |secs: u64| client().get(s.url(&format!("/runs/{id}/result?wait={secs}")));
     // One wait first, so that what any wait pages in once is in the figure before.
     let (st, _) = send(wait(1)).await;

@@ -132,14 +132,32 @@ fn four_calls() -> Value {
 }
 
 fn run_temporal(s: &DevServer, queue: &str, goal: &Path, extra: &[&str]) -> std::process::Output {
-    bin::dagloop()
-        .args(["--no-store", "run"])
+    run_temporal_as(bin::dagloop(), s, queue, goal, extra)
+}
+
+/// [`run_temporal`] with a command of the caller's (e.g. one whose model is a local service).
+fn run_temporal_as(
+    mut cmd: std::process::Command,
+    s: &DevServer,
+    queue: &str,
+    goal: &Path,
+    extra: &[&str],
+) -> std::process::Output {
+    cmd.args(["--no-store", "run"])
         .arg(goal)
         .args(["--json", "--engine", "temporal", "--temporal", &s.address])
         .args(["--task-queue", queue])
         .args(extra)
         .output()
         .expect("dagloop run")
+}
+
+/// `dagloop` with its `openai:` models served at `base` (no key).
+fn on_openai_at(base: &str) -> std::process::Command {
+    let mut cmd = bin::dagloop();
+    cmd.env("OPENAI_BASE_URL", base)
+        .env_remove("OPENAI_API_KEY");
+    cmd
 }
 
 fn run_embedded(goal: &Path) -> Value {
@@ -999,20 +1017,14 @@ async fn a_worker_searches_memory_before_each_step_on_temporal() {
     let goal_path = dir.path().join("goal.json");
     std::fs::write(&goal_path, goal.to_string()).expect("goal");
 
-    let mut worker = bin::dagloop();
-    worker
-        .env("OPENAI_BASE_URL", model.openai_base())
-        .env_remove("OPENAI_API_KEY");
-    let _w = WorkerProcess::start(worker, &s, "memory");
-    let out = bin::dagloop()
-        .env("OPENAI_BASE_URL", model.openai_base())
-        .env_remove("OPENAI_API_KEY")
-        .args(["--no-store", "run"])
-        .arg(&goal_path)
-        .args(["--json", "--model", "openai:a", "--engine", "temporal"])
-        .args(["--temporal", &s.address, "--task-queue", "memory"])
-        .output()
-        .expect("dagloop run");
+    let _w = WorkerProcess::start(on_openai_at(&model.openai_base()), &s, "memory");
+    let out = run_temporal_as(
+        on_openai_at(&model.openai_base()),
+        &s,
+        "memory",
+        &goal_path,
+        &["--model", "openai:a"],
+    );
     assert!(
         out.status.success(),
         "{}{}",
@@ -1068,9 +1080,7 @@ async fn a_worker_not_granted_the_memory_folder_says_so_in_the_journal() {
         json!({"grants": {"files": [granted.display().to_string()]}}).to_string(),
     )
     .expect("config");
-    let child = bin::dagloop()
-        .env("OPENAI_BASE_URL", model.openai_base())
-        .env_remove("OPENAI_API_KEY")
+    let child = on_openai_at(&model.openai_base())
         .arg("--config")
         .arg(&config)
         .args([
@@ -1085,15 +1095,13 @@ async fn a_worker_not_granted_the_memory_folder_says_so_in_the_journal() {
         .spawn()
         .expect("dagloop worker");
     let _w = WorkerProcess(child);
-    let out = bin::dagloop()
-        .env("OPENAI_BASE_URL", model.openai_base())
-        .env_remove("OPENAI_API_KEY")
-        .args(["--no-store", "run"])
-        .arg(&goal_path)
-        .args(["--json", "--model", "openai:a", "--engine", "temporal"])
-        .args(["--temporal", &s.address, "--task-queue", "ungranted"])
-        .output()
-        .expect("dagloop run");
+    let out = run_temporal_as(
+        on_openai_at(&model.openai_base()),
+        &s,
+        "ungranted",
+        &goal_path,
+        &["--model", "openai:a"],
+    );
     // The worker refuses the run's goal as a whole (as `dagloop run` would, rule C3): the
     // model is never asked and the run fails naming the grant.
     assert!(!out.status.success());
