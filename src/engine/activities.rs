@@ -1,10 +1,14 @@
-//! Running activities for a driver: each launched call is a task in a `JoinSet` owned by the
-//! run, under its per-call time limit; a panic becomes the call's failure; an abort cancels the
-//! task. Fire-and-forget calls are tasks of the run too, so nothing outlives it.
+//! Running activities for a driver: each launched call is polled once on the driver and, unless
+//! it answered then, becomes a task in a `JoinSet` owned by the run, under its per-call time
+//! limit; a panic becomes the call's failure; an abort cancels the task (or drops an answer not
+//! yet handed over). Fire-and-forget calls are tasks of the run too, so nothing outlives it.
 
 use crate::fxhash::FxHashMap;
+use std::collections::VecDeque;
+use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use futures::FutureExt;
@@ -15,8 +19,12 @@ use crate::protocol::{Call, CallId, Tool};
 use crate::scheduler::Outcome;
 use crate::tools::{ProgressSink, ResultBudget};
 
-/// Runs activities. The engine calls `execute` inside a spawned task, so a panic anywhere in it
-/// is caught and reported as the call's failure.
+/// Runs activities. A panic anywhere in `execute` or its future is caught and reported as the
+/// call's failure. The engine polls the returned future once on the run's driver: one that
+/// answers then (a lookup, a computation that does not wait) ends with no task spawned for it;
+/// one that waits is spawned and polled on its own task from then on. So the first poll must
+/// not block: CPU-heavy or blocking work belongs in `tokio::task::spawn_blocking`, as anywhere
+/// on tokio.
 pub trait Executor: Send + Sync {
     /// Executes one call (params already resolved) of `tool`.
     fn execute(&self, id: CallId, tool: &Tool, call: Call) -> BoxFuture<'static, Outcome>;
@@ -110,6 +118,9 @@ pub(super) struct Activities {
     tasks: FxHashMap<tokio::task::Id, CallId>,
     handles: FxHashMap<CallId, AbortHandle>,
     detached: JoinSet<()>,
+    /// Calls whose activity ended on its first poll, on the driver, before any task was
+    /// spawned for it (a tool that answers without waiting on anything).
+    ready: VecDeque<(CallId, Outcome)>,
     /// What the run keeps of results: each outcome passes it before the machine sees it.
     bound: super::bound::ResultBound,
 }
@@ -143,6 +154,22 @@ impl Activities {
             self.detached.spawn(task.map(|_| ()));
             return;
         }
+        // Polled once here first: an activity that answers without waiting (a lookup, a
+        // computation) ends without a task, a wake-up or a thread hop; one that waits is
+        // spawned and polled again there (a future may be polled again with a new waker).
+        let mut task = Box::pin(task);
+        let mut cx = Context::from_waker(Waker::noop());
+        match std::panic::catch_unwind(AssertUnwindSafe(|| task.as_mut().poll(&mut cx))) {
+            Ok(Poll::Ready(outcome)) => {
+                self.ready.push_back((id, outcome));
+                return;
+            }
+            Ok(Poll::Pending) => {}
+            Err(p) => {
+                self.ready.push_back((id, Outcome::panic(panic_message(p))));
+                return;
+            }
+        }
         let handle = self.running.spawn(task);
         self.tasks.insert(handle.id(), id);
         self.handles.insert(id, handle);
@@ -152,14 +179,18 @@ impl Activities {
         if let Some(h) = self.handles.remove(&id) {
             h.abort();
         }
+        self.ready.retain(|(c, _)| *c != id);
     }
 
     pub fn is_empty(&self) -> bool {
-        self.running.is_empty()
+        self.running.is_empty() && self.ready.is_empty()
     }
 
     /// The next activity to end (None when none is running).
     pub async fn next(&mut self) -> Option<(CallId, Outcome)> {
+        if let Some((id, outcome)) = self.ready.pop_front() {
+            return Some((id, self.bound.admit(outcome)));
+        }
         loop {
             let joined = self.running.join_next_with_id().await?;
             if let Some(done) = self.joined(joined) {
@@ -170,6 +201,9 @@ impl Activities {
 
     /// An activity that has already ended, without waiting.
     pub fn try_next(&mut self) -> Option<(CallId, Outcome)> {
+        if let Some((id, outcome)) = self.ready.pop_front() {
+            return Some((id, self.bound.admit(outcome)));
+        }
         loop {
             let joined = self.running.try_join_next_with_id()?;
             if let Some(done) = self.joined(joined) {
@@ -230,6 +264,108 @@ mod tests {
             }
             async { Outcome::ok(serde_json::Value::Null) }.boxed()
         }
+    }
+
+    /// Answers at once, or after a yield (`wait`), or panics in its first poll; records the
+    /// task it ran in.
+    struct Where {
+        wait: bool,
+        panic: bool,
+        seen: Arc<Mutex<Vec<Option<tokio::task::Id>>>>,
+    }
+
+    impl Executor for Where {
+        fn execute(&self, _: CallId, _: &Tool, _: Call) -> BoxFuture<'static, Outcome> {
+            let (wait, panic, seen) = (self.wait, self.panic, self.seen.clone());
+            async move {
+                if panic {
+                    panic!("boom");
+                }
+                if wait {
+                    tokio::task::yield_now().await;
+                }
+                if let Ok(mut s) = seen.lock() {
+                    s.push(tokio::task::try_id());
+                }
+                Outcome::ok(serde_json::Value::Null)
+            }
+            .boxed()
+        }
+    }
+
+    fn launch(a: &mut Activities, executor: &Arc<dyn Executor>, id: u64) {
+        a.launch_reporting(
+            executor,
+            CallId(id),
+            Arc::new(Call::new("t")),
+            Arc::new(Tool::new("t")),
+            false,
+            None,
+            ProgressSink::new(|_| {}),
+        );
+    }
+
+    async fn ids(wait: bool) -> (Option<tokio::task::Id>, Vec<Option<tokio::task::Id>>) {
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let executor: Arc<dyn Executor> = Arc::new(Where {
+            wait,
+            panic: false,
+            seen: seen.clone(),
+        });
+        let task = tokio::spawn(async move {
+            let mut a = Activities::default();
+            launch(&mut a, &executor, 1);
+            launch(&mut a, &executor, 2);
+            let mut done = Vec::new();
+            while let Some((id, _)) = a.next().await {
+                done.push(id);
+            }
+            assert_eq!(done.len(), 2, "both calls end");
+            tokio::task::try_id()
+        });
+        let driver = task.await.ok().flatten();
+        let seen = seen.lock().map(|s| s.clone()).unwrap_or_default();
+        (driver, seen)
+    }
+
+    #[tokio::test]
+    async fn a_call_that_answers_at_once_ends_on_the_driver_without_a_task() {
+        let (driver, seen) = ids(false).await;
+        assert!(driver.is_some());
+        assert_eq!(
+            seen,
+            vec![driver, driver],
+            "both ran in the driver's own task"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_call_that_waits_runs_in_a_task_of_its_own() {
+        let (driver, seen) = ids(true).await;
+        assert_eq!(seen.len(), 2);
+        assert!(
+            seen.iter().all(|t| t.is_some() && *t != driver),
+            "{seen:?} vs {driver:?}"
+        );
+        assert_ne!(seen[0], seen[1], "one task per call");
+    }
+
+    #[tokio::test]
+    async fn a_panic_in_the_first_poll_is_the_calls_failure_and_an_aborted_answer_is_dropped() {
+        let executor: Arc<dyn Executor> = Arc::new(Where {
+            wait: false,
+            panic: true,
+            seen: Arc::default(),
+        });
+        let mut a = Activities::default();
+        launch(&mut a, &executor, 1);
+        launch(&mut a, &executor, 2);
+        a.abort(CallId(2));
+        let (id, outcome) = a.next().await.unwrap_or((CallId(0), Outcome::cancelled()));
+        assert_eq!(id, CallId(1));
+        assert!(matches!(outcome.kind, crate::scheduler::OutcomeKind::Panic));
+        assert!(a.is_empty(), "the aborted call's answer is not delivered");
+        assert!(a.try_next().is_none());
     }
 
     #[tokio::test]
