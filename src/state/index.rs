@@ -15,8 +15,9 @@ use crate::protocol::OutputMethod;
 
 #[derive(Debug, Clone, Default)]
 struct Node {
-    /// Writes made exactly at this path, oldest first.
-    seqs: Vec<u64>,
+    /// Writes made exactly at this path, oldest first (inline while there are two or fewer,
+    /// which most paths never pass: writing a new path allocates no list).
+    seqs: SmallVec<[u64; 2]>,
     /// Newest `set` at this path.
     last_set: Option<u64>,
     /// Newest `push`/`concat` at this path.
