@@ -6,6 +6,8 @@
 
 use std::collections::BTreeSet;
 
+use smallvec::SmallVec;
+
 use super::paths::{PathId, PathTable};
 use crate::protocol::CallId;
 /// The calls registered at one path. Most paths have one, so that case does not allocate a set.
@@ -191,7 +193,9 @@ impl PathIndex {
         let Some(slot) = self.slot(path).filter(|s| !s.live.is_empty()) else {
             return;
         };
-        let mut stack: Vec<&[PathId]> = vec![&slot.live];
+        // The pending siblings of each level, inline for the depths paths have.
+        let mut stack: SmallVec<[&[PathId]; 8]> = SmallVec::new();
+        stack.push(&slot.live);
         while let Some(top) = stack.last_mut() {
             let Some((&next, rest)) = top.split_first() else {
                 stack.pop();

@@ -33,6 +33,7 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 use crate::fxhash::FxBuildHasher;
 
 use petgraph::Direction;
+use smallvec::SmallVec;
 use petgraph::stable_graph::{NodeIndex, StableGraph};
 use petgraph::visit::{EdgeRef, IntoEdgeReferences};
 
@@ -205,7 +206,8 @@ impl CallGraph {
         if self.nodes.contains_key(&id) {
             return Err(GraphError::Duplicate { id });
         }
-        let mut producers = Vec::new();
+        // A call's producers and consumers, inline for the few most calls have.
+        let mut producers: SmallVec<[CallId; 4]> = SmallVec::new();
         for &p in reads {
             self.writers.for_each_overlapping(t, p, true, |w| {
                 if w != id {
@@ -215,7 +217,7 @@ impl CallGraph {
         }
         producers.sort_unstable();
         producers.dedup();
-        let mut consumers = Vec::new();
+        let mut consumers: SmallVec<[CallId; 4]> = SmallVec::new();
         for &p in writes {
             self.readers.for_each_overlapping(t, p, true, |r| {
                 if r != id {

@@ -310,14 +310,14 @@ impl Scheduler {
             };
             let (graph, state) = (&self.graph, &self.state);
             let table = state.paths();
-            let writable = |pid: Option<PathId>, p: &Path| match pid {
-                Some(pid) => {
-                    graph.writable_by_other_id(table, pid, id) || (open && !state.has_id(pid, p))
-                }
+            // Whether another call may still write the path; whether it holds a value is the
+            // read's own answer (one index walk per reference).
+            let others_write = |pid: Option<PathId>, _: &Path| match pid {
+                Some(pid) => graph.writable_by_other_id(table, pid, id),
                 // Every reference path was interned at acceptance; this is not reached.
-                None => open && !state.has(p),
+                None => false,
             };
-            resolve::check(state, &call.params, &e.refs, read_ids(e), &writable)
+            resolve::check(state, &call.params, &e.refs, read_ids(e), &others_write, open)
         };
         match resolved {
             Err(e) => self.fail(

@@ -72,13 +72,14 @@ fn set_pointer(params: &mut Map<String, Value>, pointer: &str, value: Value) {
 
 /// Evaluates every expression of `refs` against `state`; `params` are the call's raw params,
 /// `ids` the ids of every reference path in the state's table (in the order of `refs`,
-/// alternatives in order).
+/// alternatives in order); `others_write` and `open` as `State::eval_ids` takes them.
 pub(super) fn check(
     state: &State,
     params: &Map<String, Value>,
     refs: &Refs,
     ids: &[PathId],
-    writable: &dyn Fn(Option<PathId>, &Path) -> bool,
+    others_write: &dyn Fn(Option<PathId>, &Path) -> bool,
+    open: bool,
 ) -> Result<Check, StateError> {
     let mut values = Vec::with_capacity(refs.len());
     let mut blocked = Vec::new();
@@ -89,7 +90,7 @@ pub(super) fn check(
         let n = e.refs.len();
         let these = ids.get(from..from + n).unwrap_or_default();
         from += n;
-        match state.eval_ids(e, these, writable, &mut writers)? {
+        match state.eval_ids(e, these, others_write, open, &mut writers)? {
             Eval::Ready(v) => values.push(v),
             Eval::Blocked(ps) => blocked.extend(ps.iter().map(|p| locate(i, e, p))),
             Eval::Missing(ps) => missing.extend(ps),
@@ -137,7 +138,7 @@ mod tests {
             .collect();
         let never = |_: &Path| false;
         let never_id = |_: Option<PathId>, _: &Path| false;
-        let Ok(Check::Ready(mine, _)) = check(&state, &call.params, &refs, &ids, &never_id) else {
+        let Ok(Check::Ready(mine, _)) = check(&state, &call.params, &refs, &ids, &never_id, false) else {
             panic!("ready expected");
         };
         let Ok(crate::state::Resolved::Ready(theirs)) = state.resolve_params(&call.params, &never)
@@ -146,7 +147,7 @@ mod tests {
         };
         assert_eq!(mine, theirs);
         let blocked = |_: Option<PathId>, p: &Path| p.to_string() == "state.a";
-        let Ok(Check::Blocked(at)) = check(&state, &call.params, &refs, &ids, &blocked) else {
+        let Ok(Check::Blocked(at)) = check(&state, &call.params, &refs, &ids, &blocked, false) else {
             panic!("blocked expected");
         };
         assert_eq!(at.len(), 1);

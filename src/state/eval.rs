@@ -6,9 +6,6 @@ use super::{State, StateError};
 use crate::graph::PathId;
 use crate::protocol::{CallId, Combinator, Expression, Path, parse_expression};
 
-/// Whether a path can still be written, asked with the path's id when the caller interned it.
-pub(super) type Writable<'a> = &'a dyn Fn(Option<PathId>, &Path) -> bool;
-
 /// The outcome of evaluating one expression.
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
@@ -38,23 +35,21 @@ pub enum Resolved {
     },
 }
 
-/// `ids`, when given, are the ids of `expr`'s reference paths, in order.
+/// Evaluates `expr`, asking `writable` of each reference path before reading it.
 pub(super) fn eval(
     state: &State,
     expr: &Expression,
-    ids: Option<&[PathId]>,
-    writable: Writable<'_>,
+    writable: &dyn Fn(&Path) -> bool,
     mut writers: Option<&mut Vec<CallId>>,
 ) -> Result<Eval, StateError> {
-    let id = |k: usize| ids.and_then(|ids| ids.get(k).copied());
     match expr.op {
         Combinator::Single | Combinator::Or => {
             let mut missing = Vec::new();
-            for (k, r) in expr.refs.iter().enumerate() {
-                if writable(id(k), &r.path) {
+            for r in &expr.refs {
+                if writable(&r.path) {
                     return Ok(Eval::Blocked(vec![r.path.clone()]));
                 }
-                match state.read_noting(r, id(k), writers.as_deref_mut())? {
+                match state.read_noting(r, None, writers.as_deref_mut())? {
                     Some(v) => return Ok(Eval::Ready(v)),
                     None => missing.push(r.path.clone()),
                 }
@@ -65,18 +60,86 @@ pub(super) fn eval(
             let blocked: Vec<Path> = expr
                 .refs
                 .iter()
-                .enumerate()
-                .filter(|(k, r)| writable(id(*k), &r.path))
-                .map(|(_, r)| r.path.clone())
+                .filter(|r| writable(&r.path))
+                .map(|r| r.path.clone())
                 .collect();
             if !blocked.is_empty() {
                 return Ok(Eval::Blocked(blocked));
             }
             let mut last = Value::Null;
             let mut missing = Vec::new();
-            for (k, r) in expr.refs.iter().enumerate() {
-                match state.read_noting(r, id(k), writers.as_deref_mut())? {
+            for r in &expr.refs {
+                match state.read_noting(r, None, writers.as_deref_mut())? {
                     Some(v) => last = v,
+                    None => missing.push(r.path.clone()),
+                }
+            }
+            if missing.is_empty() {
+                Ok(Eval::Ready(last))
+            } else {
+                Ok(Eval::Missing(missing))
+            }
+        }
+    }
+}
+
+/// [`eval`] for interned references read once each: `others_write` is the other calls' side
+/// of "writable", and with `open` an absent path waits (see `State::eval_ids`). The same
+/// outcome as [`eval`] with `writable` = `others_write || (open && !has)`: a path is read
+/// (without its JSONPath tail) where [`eval`] would ask `has`, its tail applied only where
+/// [`eval`] would read it, and the writers of a read that ends up waiting are not kept.
+pub(super) fn eval_once(
+    state: &State,
+    expr: &Expression,
+    ids: &[PathId],
+    others_write: &dyn Fn(Option<PathId>, &Path) -> bool,
+    open: bool,
+    writers: &mut Vec<CallId>,
+) -> Result<Eval, StateError> {
+    let id = |k: usize| ids.get(k).copied();
+    let mark = writers.len();
+    match expr.op {
+        Combinator::Single | Combinator::Or => {
+            let mut missing = Vec::new();
+            for (k, r) in expr.refs.iter().enumerate() {
+                if others_write(id(k), &r.path) {
+                    writers.truncate(mark);
+                    return Ok(Eval::Blocked(vec![r.path.clone()]));
+                }
+                match state.read_path(r, id(k), Some(writers)) {
+                    Some(v) => return Ok(Eval::Ready(State::query(r, v)?)),
+                    None if open => {
+                        writers.truncate(mark);
+                        return Ok(Eval::Blocked(vec![r.path.clone()]));
+                    }
+                    None => missing.push(r.path.clone()),
+                }
+            }
+            Ok(Eval::Missing(missing))
+        }
+        Combinator::And => {
+            let mut blocked = Vec::new();
+            let mut values = Vec::with_capacity(expr.refs.len());
+            for (k, r) in expr.refs.iter().enumerate() {
+                if others_write(id(k), &r.path) {
+                    blocked.push(r.path.clone());
+                    continue;
+                }
+                let v = state.read_path(r, id(k), Some(writers));
+                if open && v.is_none() {
+                    blocked.push(r.path.clone());
+                }
+                values.push((r, v));
+            }
+            if !blocked.is_empty() {
+                writers.truncate(mark);
+                return Ok(Eval::Blocked(blocked));
+            }
+            let mut last = Value::Null;
+            let mut missing = Vec::new();
+            for (r, v) in values {
+                match v {
+                    Some(v) => last = State::query(r, v)?,
                     None => missing.push(r.path.clone()),
                 }
             }
@@ -126,7 +189,7 @@ fn resolve_value(
     Ok(match v {
         Value::String(s) => match parse_expression(s)? {
             None => v.clone(),
-            Some(e) => match eval(state, &e, None, &|_, p| writable(p), None)? {
+            Some(e) => match eval(state, &e, writable, None)? {
                 Eval::Ready(x) => x,
                 Eval::Blocked(p) => {
                     acc.blocked.extend(p);

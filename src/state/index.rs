@@ -8,13 +8,16 @@
 
 use std::collections::BTreeSet;
 
+use smallvec::SmallVec;
+
 use crate::graph::{PathId, PathTable};
 use crate::protocol::OutputMethod;
 
 #[derive(Debug, Clone, Default)]
 struct Node {
-    /// Writes made exactly at this path, oldest first.
-    seqs: Vec<u64>,
+    /// Writes made exactly at this path, oldest first (inline while there are two or fewer,
+    /// which most paths never pass: writing a new path allocates no list).
+    seqs: SmallVec<[u64; 2]>,
     /// Newest `set` at this path.
     last_set: Option<u64>,
     /// Newest `push`/`concat` at this path.
@@ -50,10 +53,14 @@ impl Loc {
     }
 }
 
+/// The write numbers a read replays, inline up to four (most reads replay one `set`), so
+/// planning a read allocates nothing.
+pub(super) type Seqs = SmallVec<[u64; 4]>;
+
 /// What a read of one path must replay.
 pub(super) struct ReadPlan {
     /// The writes to replay, oldest first.
-    pub seqs: Vec<u64>,
+    pub seqs: Seqs,
     /// When set, the read must resolve this shorter prefix and project: a newer write there can
     /// change array lengths or container types along the path.
     pub widen_to: Option<PathId>,
@@ -166,13 +173,13 @@ impl Index {
         }
         if widen.is_some() {
             return ReadPlan {
-                seqs: Vec::new(),
+                seqs: Seqs::new(),
                 widen_to: widen,
             };
         }
         let from = stop.unwrap_or(0);
-        let mut seqs = Vec::new();
-        let take = |node: &Node, seqs: &mut Vec<u64>| {
+        let mut seqs = Seqs::new();
+        let take = |node: &Node, seqs: &mut Seqs| {
             let i = node.seqs.partition_point(|&s| s < from);
             seqs.extend_from_slice(&node.seqs[i..]);
         };
@@ -185,8 +192,9 @@ impl Index {
             && let Some(node) = self.node(loc.at)
             && newer(node.through_key.max(node.through_index), stop)
         {
-            // Every write below the path: the node's subtree.
-            let mut below: Vec<PathId> = node.children.clone();
+            // Every write below the path: the node's subtree, walked depth first with the
+            // pending children inline.
+            let mut below: SmallVec<[PathId; 8]> = SmallVec::from_slice(&node.children);
             while let Some(child) = below.pop() {
                 if let Some(n) = self.node(child) {
                     take(n, &mut seqs);
@@ -194,7 +202,9 @@ impl Index {
                 }
             }
         }
-        seqs.sort_unstable();
+        if seqs.len() > 1 {
+            seqs.sort_unstable();
+        }
         ReadPlan {
             seqs,
             widen_to: None,

@@ -11,6 +11,8 @@
 pub mod apply;
 mod eval;
 mod index;
+#[cfg(test)]
+mod read_tests;
 
 /// The run's path ids ([`State::intern`]), shared with the scheduler's call graph.
 pub use crate::graph::{PathId, PathTable};
@@ -201,15 +203,29 @@ impl State {
         self.has_at(Loc::exact(id), path.segments())
     }
 
+    /// Whether the read at `loc` finds a value, without building it: from the one `set` it
+    /// replays, or from its newest write when that write is at the path or below it (a write
+    /// creates the containers on its way, so the path then holds a value whatever came before).
+    /// Only a read whose newest write is above the path, or which widens to a prefix, builds the
+    /// value to test it.
     fn has_at(&self, loc: Loc, segs: &[Segment]) -> bool {
         let plan = self.index.plan(&self.paths, loc);
-        if plan.widen_to.is_none() && plan.seqs.is_empty() {
-            return false;
+        if plan.widen_to.is_none() {
+            let Some(&newest) = plan.seqs.last() else {
+                return false;
+            };
+            if let Some(w) = self.only_set(&plan, segs.len()) {
+                return apply::get(&w.value, &segs[w.path.len()..]).is_some();
+            }
+            if self
+                .log
+                .get(usize::try_from(newest).unwrap_or(usize::MAX))
+                .is_some_and(|w| w.path.len() >= segs.len())
+            {
+                return true;
+            }
         }
-        match self.only_set(&plan, segs.len()) {
-            Some(w) => apply::get(&w.value, &segs[w.path.len()..]).is_some(),
-            None => self.get_noting(loc, segs, None).is_some(),
-        }
+        self.get_planned(plan, segs, None).is_some()
     }
 
     /// The write a read of a path of `len` segments replays when it is all the read replays and
@@ -234,9 +250,18 @@ impl State {
         &self,
         loc: Loc,
         segs: &[Segment],
+        writers: Option<&mut Vec<CallId>>,
+    ) -> Option<Value> {
+        self.get_planned(self.index.plan(&self.paths, loc), segs, writers)
+    }
+
+    /// [`State::get_noting`] with the read's plan made.
+    fn get_planned(
+        &self,
+        plan: index::ReadPlan,
+        segs: &[Segment],
         mut writers: Option<&mut Vec<CallId>>,
     ) -> Option<Value> {
-        let plan = self.index.plan(&self.paths, loc);
         if let Some(root) = plan.widen_to {
             let n = self.paths.depth(root);
             let v = self.get_noting(Loc::exact(root), segs.get(..n)?, writers)?;
@@ -285,21 +310,37 @@ impl State {
         id: Option<PathId>,
         writers: Option<&mut Vec<CallId>>,
     ) -> Result<Option<Value>, StateError> {
+        match self.read_path(r, id, writers) {
+            Some(v) => Self::query(r, v).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// The value at a reference's concrete path, before its JSONPath tail.
+    fn read_path(
+        &self,
+        r: &Reference,
+        id: Option<PathId>,
+        writers: Option<&mut Vec<CallId>>,
+    ) -> Option<Value> {
         let loc = match id {
             Some(id) => Loc::exact(id),
             None => self.locate(&r.path),
         };
-        let Some(v) = self.get_noting(loc, r.path.segments(), writers) else {
-            return Ok(None);
-        };
+        self.get_noting(loc, r.path.segments(), writers)
+    }
+
+    /// A reference's JSONPath tail applied to the value at its path (an array of matches; an
+    /// empty array when nothing matches), or the value itself when it has no tail.
+    fn query(r: &Reference, v: Value) -> Result<Value, StateError> {
         let Some(q) = &r.query else {
-            return Ok(Some(v));
+            return Ok(v);
         };
         let found = jsonpath_rust::query::js_path_vals(q, &v).map_err(|e| StateError::Query {
             reference: r.to_string(),
             reason: e.to_string(),
         })?;
-        Ok(Some(Value::Array(found.into_iter().cloned().collect())))
+        Ok(Value::Array(found.into_iter().cloned().collect()))
     }
 
     /// The merged current value of a whole kind (`state`, `input`...), for showing to the model.
@@ -332,7 +373,7 @@ impl State {
         expr: &Expression,
         writable: &dyn Fn(&Path) -> bool,
     ) -> Result<Eval, StateError> {
-        eval::eval(self, expr, None, &|_, p| writable(p), None)
+        eval::eval(self, expr, writable, None)
     }
 
     /// [`State::eval`], adding to `writers` the calls whose writes a ready value came from
@@ -343,20 +384,27 @@ impl State {
         writable: &dyn Fn(&Path) -> bool,
         writers: &mut Vec<CallId>,
     ) -> Result<Eval, StateError> {
-        eval::eval(self, expr, None, &|_, p| writable(p), Some(writers))
+        eval::eval(self, expr, writable, Some(writers))
     }
 
     /// [`State::eval_from`] for an expression whose reference paths were interned: `ids` are
-    /// their ids, in order ([`State::intern`]), and `writable` is asked with the path and its id
-    /// (None only past the end of `ids`).
+    /// their ids, in order ([`State::intern`]). `others_write` tells whether some other pending
+    /// or running call can still write a path overlapping the reference's (asked with its id;
+    /// None only past the end of `ids`), and `open` whether more calls may still arrive: then a
+    /// path that holds no value is waited on rather than missing.
+    ///
+    /// Same outcome as [`State::eval_from`] with `writable` = `others_write || (open &&
+    /// !has)`, but each reference path is read once: the read that finds the value also tells
+    /// whether there is one, so a chain hop walks the index once, not twice.
     pub fn eval_ids(
         &self,
         expr: &Expression,
         ids: &[PathId],
-        writable: &dyn Fn(Option<PathId>, &Path) -> bool,
+        others_write: &dyn Fn(Option<PathId>, &Path) -> bool,
+        open: bool,
         writers: &mut Vec<CallId>,
     ) -> Result<Eval, StateError> {
-        eval::eval(self, expr, Some(ids), writable, Some(writers))
+        eval::eval_once(self, expr, ids, others_write, open, writers)
     }
 
     /// Replaces every reference inside `params` by its value (rule 1), or says what it waits on.
