@@ -16,13 +16,13 @@
 #[path = "common/plan_gen.rs"]
 mod plan_gen;
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use dagloop::approval::Policy;
 use dagloop::protocol::{
     Call, CallId, Combinator, EventKind, Expression, OutputMethod, Path, Tool, parse_expression,
 };
-use dagloop::scheduler::{Action, Input, Outcome, Scheduler, SchedulerOptions};
+use dagloop::scheduler::{Action, Input, Outcome, Scheduler, SchedulerOptions, Validator};
 use dagloop::state::{State, apply, output_paths};
 use plan_gen::core_plan;
 use proptest::prelude::*;
@@ -58,6 +58,9 @@ struct Reference {
     calls: Vec<(u64, RefCall)>,
     log: Vec<(Path, Value, OutputMethod)>,
     closed: bool,
+    /// The scheduler under test has a params validator: each launch is preceded by the params
+    /// it was handed.
+    validating: bool,
 }
 
 enum Eval {
@@ -280,6 +283,14 @@ impl Reference {
                 } else {
                     let params = Value::Object(c.call.params.clone());
                     let resolved = self.substitute(&params, id);
+                    if self.validating {
+                        out.push((id, "validated".into(), resolved.clone()));
+                    }
+                    out.push((id, "started".into(), resolved.clone()));
+                    // A call without references launches as written, shared, not copied.
+                    if self.calls[k].1.exprs.is_empty() {
+                        out.push((id, "shared".into(), Value::Null));
+                    }
                     out.push((id, "launched".into(), resolved));
                     self.calls[k].1.phase = Phase::Running;
                     changed = true;
@@ -320,9 +331,9 @@ fn result_value(id: u64, ok: bool) -> Value {
     }
 }
 
-/// The scheduler's actions as records.
-fn records(actions: Vec<Action>) -> Vec<Record> {
-    let mut out = Vec::new();
+/// The scheduler's actions as records, after the params its validator was handed.
+fn records(actions: Vec<Action>, validated: Vec<Record>) -> Vec<Record> {
+    let mut out = validated;
     for a in actions {
         match a {
             Action::Launch { id, call, .. } => {
@@ -333,6 +344,9 @@ fn records(actions: Vec<Action>) -> Vec<Record> {
                 kind,
             } => {
                 let (what, v) = match kind {
+                    EventKind::Started { params, .. } => {
+                        ("started", Value::Object(params.as_map().clone()))
+                    }
                     EventKind::CallRefused { .. } => ("refused", Value::Null),
                     EventKind::Unresolved { .. } => ("unresolved", Value::Null),
                     EventKind::Finished { result } => ("finished", (*result).clone()),
@@ -366,6 +380,38 @@ fn compare(calls: Vec<Value>, schedule: Vec<u8>) -> Result<Vec<Record>, TestCase
     Ok(compare_step(State::new(), &mut r, 0, calls, schedule)?.1)
 }
 
+/// [`compare`] with a params validator in the scheduler: it must be handed each call's resolved
+/// params (the written params with the overlay of resolved references), as the reference
+/// substitutes them.
+fn compare_validating(calls: Vec<Value>, schedule: Vec<u8>) -> Result<Vec<Record>, TestCaseError> {
+    let mut r = Reference {
+        validating: true,
+        ..Reference::default()
+    };
+    Ok(compare_step(State::new(), &mut r, 0, calls, schedule)?.1)
+}
+
+/// A `shared` record for each launch in `actions` that hands on the call as written (the
+/// `Arc` that arrived, with no copy of its params), its `started` event sharing it too.
+fn shared(actions: &[Action], written: &[(u64, Arc<Call>)]) -> Vec<Record> {
+    let started = |id: u64, w: &Arc<Call>| {
+        actions.iter().any(|a| {
+            matches!(a, Action::Event { call: Some(c), kind: EventKind::Started { params, .. } }
+                if c.0 == id && params.is_of(w))
+        })
+    };
+    actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Launch { id, call, .. } => written
+                .iter()
+                .find(|(i, w)| *i == id.0 && Arc::ptr_eq(call, w) && started(id.0, w))
+                .map(|_| (id.0, "shared".to_string(), Value::Null)),
+            _ => None,
+        })
+        .collect()
+}
+
 /// Runs the plan as two steps of one run: the first `split` calls, then (with the state the
 /// first step left, whose path table the second step's calls are interned into) the rest.
 fn compare_two_steps(
@@ -392,12 +438,24 @@ fn compare_step(
     calls: Vec<Value>,
     schedule: Vec<u8>,
 ) -> Result<(State, Vec<Record>), TestCaseError> {
+    let seen: Arc<Mutex<Vec<Value>>> = Arc::default();
+    let sink = seen.clone();
+    let validate: Validator = Arc::new(move |_, params| {
+        if let Ok(mut v) = sink.lock() {
+            v.push(params.clone());
+        }
+        Ok(())
+    });
     let mut s = Scheduler::new(
         state,
         vec![tool()],
         Policy::auto(),
-        SchedulerOptions::default(),
+        SchedulerOptions {
+            validate: r.validating.then_some(validate),
+            ..SchedulerOptions::default()
+        },
     );
+    let mut written: Vec<(u64, Arc<Call>)> = Vec::new();
     let calls: Vec<Call> = calls
         .into_iter()
         .map(|v| Call::try_from(v).expect("generated call"))
@@ -416,9 +474,11 @@ fn compare_step(
             let call = calls[next].clone();
             next += 1;
             r.arrive(id, call.clone(), &mut expected);
+            let call = Arc::new(call);
+            written.push((id, call.clone()));
             Input::CallArrived {
                 id: CallId(id),
-                call: Ok(Arc::new(call)),
+                call: Ok(call),
                 parsed: Default::default(),
             }
         } else if next == calls.len() && !r.closed {
@@ -443,7 +503,20 @@ fn compare_step(
             break;
         };
         inputs += 1;
-        let got = records(s.handle(input, 0));
+        let actions = s.handle(input, 0);
+        // The validator's calls, named by the launches they came before (every validated call
+        // launches: the validator accepts all, the policy allows all).
+        let handed = std::mem::take(&mut *seen.lock().map_err(|_| TestCaseError::fail("lock"))?);
+        let launched = actions.iter().filter_map(|a| match a {
+            Action::Launch { id, .. } => Some(id.0),
+            _ => None,
+        });
+        let validated = launched
+            .zip(handed)
+            .map(|(id, v)| (id, "validated".to_string(), v))
+            .chain(shared(&actions, &written))
+            .collect();
+        let got = records(actions, validated);
         prop_assert_eq!(&got, &sorted(expected), "after input {}", inputs);
         all.extend(got);
     }
@@ -457,6 +530,12 @@ proptest! {
     #[test]
     fn the_core_does_what_the_reference_does((calls, schedule) in core_plan()) {
         compare(calls, schedule)?;
+    }
+
+    /// The validator reads each call's params as resolved (call and overlay), in launch order.
+    #[test]
+    fn a_validating_core_is_handed_the_resolved_params((calls, schedule) in core_plan()) {
+        compare_validating(calls, schedule)?;
     }
 
     /// The run's path table outlives a step: the second step's calls are interned into the
@@ -483,8 +562,21 @@ fn a_known_plan_exercises_every_record_kind() {
         json!({"_tool": "t", "k": 6, "r0": "†state.y", "_outputPath": "†state.x"}),
         json!({"_tool": "t", "k": 7, "r0": "†state.x", "_outputPath": "†state.y"}),
     ];
-    let all = compare(calls, vec![0; 7]).expect("same as the reference");
-    for kind in ["launched", "written", "finished", "unresolved", "refused"] {
+    let all = compare(calls.clone(), vec![0; 7]).expect("same as the reference");
+    let validating = compare_validating(calls, vec![0; 7]).expect("same as the reference");
+    assert!(
+        validating.iter().any(|r| r.1 == "validated"),
+        "{validating:?}"
+    );
+    for kind in [
+        "launched",
+        "started",
+        "shared",
+        "written",
+        "finished",
+        "unresolved",
+        "refused",
+    ] {
         assert!(all.iter().any(|r| r.1 == kind), "no {kind} in {all:?}");
     }
     assert!(all.contains(&(7, "refused".into(), Value::Null)), "{all:?}");

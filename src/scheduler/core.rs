@@ -305,9 +305,9 @@ impl Scheduler {
         self.resolutions += 1;
         let resolved = {
             let e = &self.entries[ix];
-            let Some(call) = e.current() else {
+            if e.current().is_none() {
                 return;
-            };
+            }
             let (graph, state) = (&self.graph, &self.state);
             let table = state.paths();
             // Whether another call may still write the path; whether it holds a value is the
@@ -317,7 +317,7 @@ impl Scheduler {
                 // Every reference path was interned at acceptance; this is not reached.
                 None => false,
             };
-            resolve::check(state, &call.params, &e.refs, read_ids(e), &others_write, open)
+            resolve::check(state, &e.refs, read_ids(e), &others_write, open)
         };
         match resolved {
             Err(e) => self.fail(
@@ -328,9 +328,9 @@ impl Scheduler {
                 now,
                 out,
             ),
-            Ok(Check::Ready(params, read_from)) => {
+            Ok(Check::Ready(overlay, read_from)) => {
                 self.entries[ix].read_from = read_from;
-                self.unblock(ix, params, now, out)
+                self.unblock(ix, overlay, now, out)
             }
             Ok(Check::Blocked(at)) => self.block(ix, at, &[], out),
             Ok(Check::Missing { missing, blocked }) if open => {

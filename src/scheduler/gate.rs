@@ -11,13 +11,18 @@ use crate::approval::{DefaultDecision, RuleDecision, evaluate};
 use crate::protocol::{
     Call, CallId, Decision, EventKind, FailKind, LaunchedParams, Millis, params_hash,
 };
-use crate::scheduler::{Action, CallStatus, EditError, Parsed, SchedulerError};
+use crate::scheduler::{
+    Action, CallStatus, EditError, Parsed, SchedulerError, ValidationError, resolve,
+};
+
+/// A validator's verdict, when it ran.
+type Checked = Option<Result<(), ValidationError>>;
 
 impl Scheduler {
     pub(super) fn unblock(
         &mut self,
         ix: usize,
-        params: Map<String, Value>,
+        overlay: resolve::Overlay,
         now: Millis,
         out: &mut Vec<Action>,
     ) {
@@ -33,27 +38,26 @@ impl Scheduler {
         let (Some(tool), Some(cur)) = (e.tool.clone(), e.current()) else {
             return;
         };
-        // The params are checked as one JSON object, moved in and out of it (no copy).
-        let params = Value::Object(params);
-        let checked = self.opts.validate.as_ref().map(|v| v(&tool.tool, &params));
-        let latent = tool.tool.is_latent();
-        // The latent `_output` check runs only for params that passed (as before the move).
-        let latent_checked = match (&self.opts.validate_latent, &checked) {
-            (Some(check), None | Some(Ok(()))) if latent => Some(check(&tool.tool, &params)),
+        // The call as it goes on: the written call itself, shared, when it has no references
+        // and no reviewer revised it; else the resolved call, built once.
+        let shared = match (&e.written, &e.revised) {
+            (Some(written), None) if overlay.is_empty() => Some(written.clone()),
             _ => None,
         };
-        let params = match params {
-            Value::Object(m) => m,
-            _ => Map::new(),
-        };
-        let call = Box::new(Call {
+        let mut built = shared.is_none().then(|| Call {
             tool: cur.tool.clone(),
-            params,
+            params: resolve::apply(&cur.params, &e.refs, overlay),
             output_path: cur.output_path.clone(),
             output_method: cur.output_method,
             instance: cur.instance.clone(),
             scopes: cur.scopes.clone(),
         });
+        let latent = tool.tool.is_latent();
+        let (checked, latent_checked) = self.checked(&tool, shared.as_deref(), built.as_mut(), latent);
+        let Some(call) = shared.or_else(|| built.map(Arc::new)) else {
+            return;
+        };
+        let e = &self.entries[ix];
         let approved = e.approved;
         if let Some(Err(reason)) = checked {
             let err = SchedulerError::InvalidParams {
@@ -83,6 +87,7 @@ impl Scheduler {
             RuleDecision::Allow => self.launch(ix, call, tool, out),
             RuleDecision::Ask => {
                 let rule = verdict.label(&self.policy);
+                let call = Box::new(Arc::unwrap_or_clone(call));
                 self.present(ix, call, tool, false, Some(rule), out);
             }
             RuleDecision::Deny => {
@@ -109,6 +114,53 @@ impl Scheduler {
                 self.fail(ix, err.into(), FailKind::Rejected, None, now, out);
             }
         }
+    }
+
+    /// The params check and (a latent call whose params passed) the `_output` check. The
+    /// validators read one JSON object: a `built` call's params are moved into it and back (no
+    /// copy); a `shared` call's are copied into it, only when there is a validator.
+    fn checked(
+        &self,
+        tool: &ToolEntry,
+        shared: Option<&Call>,
+        built: Option<&mut Call>,
+        latent: bool,
+    ) -> (Checked, Checked) {
+        let (validate, latent_check) = (
+            self.opts.validate.as_ref(),
+            self.opts.validate_latent.as_ref().filter(|_| latent),
+        );
+        if validate.is_none() && latent_check.is_none() {
+            return (None, None);
+        }
+        if let Some(b) = built {
+            let params = Value::Object(std::mem::take(&mut b.params));
+            let out = Self::run_checks(tool, &params, validate, latent_check);
+            if let Value::Object(m) = params {
+                b.params = m;
+            }
+            return out;
+        }
+        let Some(shared) = shared else {
+            return (None, None);
+        };
+        let params = Value::Object(shared.params.clone());
+        Self::run_checks(tool, &params, validate, latent_check)
+    }
+
+    fn run_checks(
+        tool: &ToolEntry,
+        params: &Value,
+        validate: Option<&super::Validator>,
+        latent_check: Option<&super::Validator>,
+    ) -> (Checked, Checked) {
+        let checked = validate.map(|v| v(&tool.tool, params));
+        // The latent `_output` check runs only for params that passed.
+        let latent_checked = match (latent_check, &checked) {
+            (Some(check), None | Some(Ok(()))) => Some(check(&tool.tool, params)),
+            _ => None,
+        };
+        (checked, latent_checked)
     }
 
     /// Puts the call before a reviewer: the event (with the params hash decisions quote), the
@@ -152,13 +204,13 @@ impl Scheduler {
     pub(super) fn launch(
         &mut self,
         ix: usize,
-        call: Box<Call>,
+        call: Arc<Call>,
         tool: ToolEntry,
         out: &mut Vec<Action>,
     ) {
         let id = self.entries[ix].id;
-        // One call, shared by the `started` event and the activity: the params are not copied.
-        let call: Arc<Call> = Arc::from(call);
+        // One call, shared by the `started` event and the activity (and, for a call without
+        // references, with the call as written): the params are not copied.
         emit(
             out,
             id,
@@ -220,7 +272,7 @@ impl Scheduler {
         match decision {
             Decision::Approve => {
                 if let (Some(call), Some(tool)) = (presented, self.entries[ix].tool.clone()) {
-                    self.launch(ix, call, tool, out);
+                    self.launch(ix, call.into(), tool, out);
                 }
             }
             Decision::Reject { reason } => {
@@ -274,7 +326,7 @@ impl Scheduler {
             return;
         };
         if is_idempotent(&tool.tool) {
-            return self.launch(ix, call, tool, out);
+            return self.launch(ix, call.into(), tool, out);
         }
         self.entries[ix].decided = false;
         self.entries[ix].approved = false;

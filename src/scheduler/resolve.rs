@@ -2,6 +2,11 @@
 //! call arrived, instead of re-parsing every param string on every check. Same outcome as
 //! `State::resolve_params`: every expression is evaluated in param order; any missing path makes
 //! the call missing, else any blocked path makes it blocked, else the values are substituted.
+//!
+//! A ready check hands back an [`Overlay`]: the resolved values, by reference position, beside
+//! the written call, which stays shared. The resolved params are built ([`apply`]) only for a
+//! call that has references; a call without any launches as written, with no copy of its params.
+//! It does not validate or launch anything (that is the gate's part).
 
 use serde_json::{Map, Value};
 
@@ -15,10 +20,14 @@ pub(super) type Refs = Vec<(String, Expression)>;
 /// Where a waited-on path sits in [`Refs`]: (expression index, alternative index).
 pub(super) type RefAt = (u32, u32);
 
+/// The resolved values of a call's references, in the order of its [`Refs`]: empty for a call
+/// without references (its params are its resolved params).
+pub(super) type Overlay = Vec<Value>;
+
 /// The outcome of one full check.
 pub(super) enum Check {
-    /// The resolved params, and the calls whose writes they were read from (sorted, once each).
-    Ready(Map<String, Value>, Vec<CallId>),
+    /// The resolved values, and the calls whose writes they were read from (sorted, once each).
+    Ready(Overlay, Vec<CallId>),
     Blocked(Vec<RefAt>),
     Missing {
         missing: Vec<Path>,
@@ -70,12 +79,11 @@ fn set_pointer(params: &mut Map<String, Value>, pointer: &str, value: Value) {
     }
 }
 
-/// Evaluates every expression of `refs` against `state`; `params` are the call's raw params,
-/// `ids` the ids of every reference path in the state's table (in the order of `refs`,
-/// alternatives in order); `others_write` and `open` as `State::eval_ids` takes them.
+/// Evaluates every expression of `refs` against `state`; `ids` the ids of every reference path
+/// in the state's table (in the order of `refs`, alternatives in order); `others_write` and
+/// `open` as `State::eval_ids` takes them.
 pub(super) fn check(
     state: &State,
-    params: &Map<String, Value>,
     refs: &Refs,
     ids: &[PathId],
     others_write: &dyn Fn(Option<PathId>, &Path) -> bool,
@@ -102,13 +110,19 @@ pub(super) fn check(
     if !blocked.is_empty() {
         return Ok(Check::Blocked(blocked));
     }
-    let mut out = params.clone();
-    for ((pointer, _), v) in refs.iter().zip(values) {
-        set_pointer(&mut out, pointer, v);
-    }
     writers.sort_unstable();
     writers.dedup();
-    Ok(Check::Ready(out, writers))
+    Ok(Check::Ready(values, writers))
+}
+
+/// The resolved params: the written `params` with each reference's value of `overlay` put in
+/// its place (one copy of the params, made once).
+pub(super) fn apply(params: &Map<String, Value>, refs: &Refs, overlay: Overlay) -> Map<String, Value> {
+    let mut out = params.clone();
+    for ((pointer, _), v) in refs.iter().zip(overlay) {
+        set_pointer(&mut out, pointer, v);
+    }
+    out
 }
 
 #[cfg(test)]
@@ -138,16 +152,18 @@ mod tests {
             .collect();
         let never = |_: &Path| false;
         let never_id = |_: Option<PathId>, _: &Path| false;
-        let Ok(Check::Ready(mine, _)) = check(&state, &call.params, &refs, &ids, &never_id, false) else {
+        let Ok(Check::Ready(overlay, _)) = check(&state, &refs, &ids, &never_id, false) else {
             panic!("ready expected");
         };
+        assert_eq!(overlay.len(), refs.len());
+        let mine = apply(&call.params, &refs, overlay);
         let Ok(crate::state::Resolved::Ready(theirs)) = state.resolve_params(&call.params, &never)
         else {
             panic!("ready expected");
         };
         assert_eq!(mine, theirs);
         let blocked = |_: Option<PathId>, p: &Path| p.to_string() == "state.a";
-        let Ok(Check::Blocked(at)) = check(&state, &call.params, &refs, &ids, &blocked, false) else {
+        let Ok(Check::Blocked(at)) = check(&state, &refs, &ids, &blocked, false) else {
             panic!("blocked expected");
         };
         assert_eq!(at.len(), 1);
