@@ -9,7 +9,7 @@ use super::core::{emit, read_ids};
 use super::{Phase, Scheduler, ToolEntry, is_idempotent};
 use crate::approval::{DefaultDecision, RuleDecision, evaluate};
 use crate::protocol::{
-    Call, CallId, Decision, EventKind, FailKind, LaunchedParams, Millis, params_hash,
+    Call, CallId, Decision, EventKind, FailKind, LaunchedParams, LaunchedTool, Millis, params_hash,
 };
 use crate::scheduler::{Action, CallStatus, EditError, Parsed, SchedulerError};
 
@@ -157,13 +157,14 @@ impl Scheduler {
         out: &mut Vec<Action>,
     ) {
         let id = self.entries[ix].id;
-        // One call, shared by the `started` event and the activity: the params are not copied.
+        // One call, shared by the `started` event and the activity: neither the params nor the
+        // tool name is copied.
         let call: Arc<Call> = Arc::from(call);
         emit(
             out,
             id,
             EventKind::Started {
-                tool: call.tool.clone(),
+                tool: LaunchedTool::of(call.clone()),
                 params: LaunchedParams::of(call.clone()),
                 read_from: std::mem::take(&mut self.entries[ix].read_from),
             },
