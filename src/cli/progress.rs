@@ -205,7 +205,7 @@ pub(super) async fn show(mut events: Subscription, tty: bool, screen: Arc<Screen
                 decision_words(decision, *timed_out)
             )),
             EventKind::Started { tool, .. } => {
-                c.set(id, Some(tool), Phase::Running);
+                c.set(id, Some(tool.as_str()), Phase::Running);
                 if let Some(v) = id.and_then(|i| c.calls.get_mut(&i)) {
                     v.started = Some(ev.at);
                 }

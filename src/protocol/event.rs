@@ -76,6 +76,74 @@ impl<'de> Deserialize<'de> for LaunchedParams {
     }
 }
 
+/// The tool name of a launched call, as its `started` event carries it: read from the same
+/// share of the call as its [`LaunchedParams`], so launching a call copies no name (the event
+/// holds two counts on the call, no text). Reads as the name (`Deref<Target = str>`) and
+/// serialises as one; a deserialised one holds a call of that name alone.
+#[derive(Debug, Clone)]
+pub struct LaunchedTool(Arc<Call>);
+
+impl LaunchedTool {
+    /// The tool name of `call`, shared with it.
+    pub fn of(call: Arc<Call>) -> Self {
+        LaunchedTool(call)
+    }
+
+    /// The name.
+    pub fn as_str(&self) -> &str {
+        &self.0.tool
+    }
+
+    /// True when this is the name of `call` itself, not a copy.
+    pub fn is_of(&self, call: &Arc<Call>) -> bool {
+        Arc::ptr_eq(&self.0, call)
+    }
+}
+
+impl std::ops::Deref for LaunchedTool {
+    type Target = str;
+
+    fn deref(&self) -> &str {
+        &self.0.tool
+    }
+}
+
+impl std::fmt::Display for LaunchedTool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0.tool)
+    }
+}
+
+impl From<&str> for LaunchedTool {
+    fn from(tool: &str) -> Self {
+        LaunchedTool(Arc::new(Call::new(tool)))
+    }
+}
+
+impl From<String> for LaunchedTool {
+    fn from(tool: String) -> Self {
+        LaunchedTool(Arc::new(Call::new(tool)))
+    }
+}
+
+impl PartialEq for LaunchedTool {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.tool == other.0.tool
+    }
+}
+
+impl Serialize for LaunchedTool {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.0.tool)
+    }
+}
+
+impl<'de> Deserialize<'de> for LaunchedTool {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        String::deserialize(d).map(LaunchedTool::from)
+    }
+}
+
 /// One stamped event of a run.
 #[cfg_attr(feature = "server", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -293,8 +361,10 @@ pub enum EventKind {
     },
     /// An activity was launched.
     Started {
+        // The launched call's own name, shared with the activity like its params.
         /// The tool name.
-        tool: String,
+        #[cfg_attr(feature = "server", schema(value_type = String))]
+        tool: LaunchedTool,
         // The launched call's own params, shared with the activity (not a copy).
         /// The resolved params.
         #[cfg_attr(feature = "server", schema(value_type = Map<String, Value>))]

@@ -18,7 +18,7 @@ pub use call::{
     Call, KINDS, OutputMethod, Tool, ToolApproval, collect_refs, env_placeholders, json_type,
     kind_of, without_meta,
 };
-pub use event::{Decision, Event, EventKind, FailKind, LaunchedParams};
+pub use event::{Decision, Event, EventKind, FailKind, LaunchedParams, LaunchedTool};
 pub use limits::Limits;
 pub use mcp_server::{HttpServer, McpConfigError, McpServerConfig, NamedServer, StdioServer};
 pub use message::{Message, Role, Solution};

@@ -676,7 +676,7 @@ fn call_event(
         EventKind::Started { tool, params, .. } => {
             c.status = "running".into();
             c.started_ms = Some(t);
-            c.tool = Some(tool.clone());
+            c.tool = Some(tool.to_string());
             c.params = Some(params.as_map().clone());
         }
         EventKind::Finished { .. } | EventKind::Failed { .. } | EventKind::Cancelled => {

@@ -39,8 +39,8 @@ pub(super) fn read_id(e: &Entry, at: RefAt) -> Option<PathId> {
     read_ids(e).get(before + at.1 as usize).copied()
 }
 
-pub(super) fn path_strings(paths: &[Path]) -> Vec<String> {
-    let mut v: Vec<String> = paths.iter().map(Path::text).collect();
+pub(super) fn path_strings<'a>(paths: impl IntoIterator<Item = &'a Path>) -> Vec<String> {
+    let mut v: Vec<String> = paths.into_iter().map(Path::text).collect();
     v.sort();
     v.dedup();
     v
@@ -353,12 +353,12 @@ impl Scheduler {
         let e = &mut self.entries[ix];
         if !e.announced {
             e.announced = true;
-            let mut paths: Vec<Path> = at
-                .iter()
-                .filter_map(|&a| resolve::path_at(&e.refs, a).cloned())
-                .collect();
-            paths.extend(absent.iter().cloned());
-            let waiting_on = path_strings(&paths);
+            // Rendered from the call's own paths (no copy of a path before its text).
+            let waiting_on = path_strings(
+                at.iter()
+                    .filter_map(|&a| resolve::path_at(&e.refs, a))
+                    .chain(absent),
+            );
             emit(out, e.id, EventKind::Blocked { waiting_on });
         }
         e.waiting_on = if absent.is_empty() { at } else { Vec::new() };

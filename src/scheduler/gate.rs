@@ -9,7 +9,7 @@ use super::core::{emit, read_ids};
 use super::{Phase, Scheduler, ToolEntry, is_idempotent};
 use crate::approval::{DefaultDecision, RuleDecision, evaluate};
 use crate::protocol::{
-    Call, CallId, Decision, EventKind, FailKind, LaunchedParams, Millis, params_hash,
+    Call, CallId, Decision, EventKind, FailKind, LaunchedParams, LaunchedTool, Millis, params_hash,
 };
 use crate::scheduler::{
     Action, CallStatus, EditError, Parsed, SchedulerError, ValidationError, resolve,
@@ -210,12 +210,12 @@ impl Scheduler {
     ) {
         let id = self.entries[ix].id;
         // One call, shared by the `started` event and the activity (and, for a call without
-        // references, with the call as written): the params are not copied.
+        // references, with the call as written): neither the params nor the tool name is copied.
         emit(
             out,
             id,
             EventKind::Started {
-                tool: call.tool.clone(),
+                tool: LaunchedTool::of(call.clone()),
                 params: LaunchedParams::of(call.clone()),
                 read_from: std::mem::take(&mut self.entries[ix].read_from),
             },

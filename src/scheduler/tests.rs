@@ -367,15 +367,22 @@ fn a_launch_shares_its_call_with_the_started_event() {
     });
     let started = out.iter().find_map(|a| match a {
         Action::Event {
-            kind: EventKind::Started { params, .. },
+            kind: EventKind::Started { tool, params, .. },
             ..
-        } => Some(params.clone()),
+        } => Some((tool.clone(), params.clone())),
         _ => None,
     });
-    let (Some(launched), Some(started)) = (launched, started) else {
+    let (Some(launched), Some((tool, started))) = (launched, started) else {
         panic!("a launch and a started event: {out:?}");
     };
     assert!(started.is_of(&launched), "the event copied the params");
+    // The tool name too is the launched call's own, not a copy, and serialises as the name.
+    assert!(tool.is_of(&launched), "the event copied the tool name");
+    assert_eq!(&*tool, "t");
+    let name = serde_json::to_value(&tool).expect("serialise the name");
+    assert_eq!(name, json!("t"));
+    let back: crate::protocol::LaunchedTool = serde_json::from_value(name).expect("the name");
+    assert_eq!(back, tool);
     assert_eq!(started.as_map(), &launched.params);
     assert_eq!(started.get("n"), Some(&json!(1)), "reads as the params object");
     // The event reads and serialises as the params object, as before it shared them.
