@@ -394,7 +394,7 @@ impl AgentBuilder {
         };
         // Recorded by the definition; a pointer it lacks is read from its file.
         let source = DelegateGoals::Recorded(&self.delegate_goals);
-        let config = load_config(&self.goal, 0, true, &self.registry, "", source)?;
+        let config = load_config(&self.goal, 0, true, Some(&self.registry), "", source)?;
         build_models(&config, &self.retry, &mut models)?;
         let policy = self.policy;
         let mut tools = BTreeMap::new();
