@@ -362,7 +362,7 @@ fn a_goal_that_cannot_be_defined_fails_in_from_goal_with_its_code() {
         json!({"tools": [{"_tool": "helper", "_activity": "delegate",
         "_delegate": "no-such-goal.json", "type": "object"}]}),
     );
-    let err = dagloop::RunDef::from_goal(missing).err().expect("refused");
+    let err = dagloop::RunDef::from_goal(missing).expect_err("refused");
     assert_eq!(err.code(), "agent.delegate", "{err}");
     assert!(err.to_string().contains("helper"), "{err}");
     // A delegate whose goal file is there but is not a goal.
@@ -371,11 +371,11 @@ fn a_goal_that_cannot_be_defined_fails_in_from_goal_with_its_code() {
         json!({"tools": [{"_tool": "helper", "_activity": "delegate",
         "_delegate": "bad.json", "type": "object"}]}),
     );
-    let err = dagloop::RunDef::from_goal(bad).err().expect("refused");
+    let err = dagloop::RunDef::from_goal(bad).expect_err("refused");
     assert_eq!(err.code(), "agent.delegate", "{err}");
     // An operator's MCP server by a name nobody configured (open grants configure none).
     let unknown = in_dir(json!({"mcp_servers": [{"name": "billing"}]}));
-    let err = dagloop::RunDef::from_goal(unknown).err().expect("refused");
+    let err = dagloop::RunDef::from_goal(unknown).expect_err("refused");
     assert_eq!(err.code(), "grant.unknown_mcp_server", "{err}");
     // The same goal with its delegate in place is defined, and the builder takes it.
     std::fs::write(
