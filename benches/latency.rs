@@ -270,7 +270,8 @@ async fn engine_to_activity(url: String, base: Instant, calls: usize) -> Vec<(us
     let started = Arc::new(std::sync::Mutex::new(Vec::with_capacity(calls)));
     let s = started.clone();
     let model = OpenAi::new(url, None, "bench").expect("provider");
-    let mut b = AgentBuilder::new(goal).model(Arc::new(model));
+    let mut b = AgentBuilder::new(dagloop::RunDef::from_goal(goal).expect("defined"))
+        .model(Arc::new(model));
     b.registry_mut()
         .register_fn("fetchRecord", move |r: Record| {
             let at = base.elapsed().as_nanos() as u64;

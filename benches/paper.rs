@@ -223,9 +223,10 @@ struct MathParams {
 
 /// One run of a shape under a driver; wall clock from start to result, in ms.
 async fn run_once(shape: &Shape, driver: Driver, chunk_ms: f64) -> f64 {
-    let mut builder = AgentBuilder::new(goal()).model(Arc::new(ScriptedModel::new(script(
-        shape, driver, chunk_ms,
-    ))));
+    let mut builder = AgentBuilder::new(dagloop::RunDef::from_goal(goal()).expect("defined"))
+        .model(Arc::new(ScriptedModel::new(script(
+            shape, driver, chunk_ms,
+        ))));
     builder
         .registry_mut()
         .register_fn("search", |p: SearchParams| async move {

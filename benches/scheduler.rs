@@ -246,7 +246,7 @@ async fn run_traced(calls: Vec<Value>, gap_ms: u64, traced: bool) -> Run {
     let n = calls.len();
     let actual: Arc<Mutex<Vec<(usize, f64, f64)>>> = Arc::new(Mutex::new(Vec::with_capacity(n)));
     let start: Arc<std::sync::OnceLock<Instant>> = Arc::default();
-    let mut builder = AgentBuilder::new(goal())
+    let mut builder = AgentBuilder::new(dagloop::RunDef::from_goal(goal()).expect("defined"))
         .model(Arc::new(ScriptedModel::new(script(&calls, gap_ms))))
         .traced(traced);
     let (act, started) = (actual.clone(), start.clone());

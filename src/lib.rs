@@ -96,7 +96,8 @@ pub mod sessions {
 
 pub use approval::{Approver, Policy, ScriptedApprover};
 pub use engine::{
-    Agent, AgentBuilder, AgentError, Executor, Hooks, JournalSink, RunHandle, Subscription,
+    Agent, AgentBuilder, AgentDef, AgentError, Executor, Hooks, JournalSink, RunHandle,
+    Subscription,
 };
 pub use goal::{Goal, GoalError};
 pub use machine::{
@@ -104,6 +105,10 @@ pub use machine::{
     RunStatus, Timer, Usage,
 };
 pub use protocol::{Call, CallId, Decision, Event, EventKind, Op, OpError, Tool};
+/// A run's definition: what a goal asks, checked against what the process grants, with
+/// everything the run will use recorded. A program gets one from [`RunDef::from_goal`] (open
+/// grants) and builds its agent from it with [`AgentBuilder::new`].
+pub use runs::RunDef;
 /// Why a goal's memory folder could not be read (once `goal::MemoryError`; the goal no longer
 /// reaches up into `runs` for it).
 pub use runs::memory::MemoryError;

@@ -75,7 +75,8 @@ fn model() -> Arc<ScriptedModel> {
 }
 
 fn builder(goal: Goal) -> AgentBuilder {
-    let mut b = AgentBuilder::new(goal).model(model());
+    let mut b =
+        AgentBuilder::new(dagloop::RunDef::from_goal(goal).expect("defined")).model(model());
     b.registry_mut().register_kind("upper", Arc::new(Upper));
     b
 }

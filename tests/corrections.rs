@@ -72,7 +72,7 @@ async fn run_texts(limits: Value, texts: &[&str]) -> (RunResult, Vec<Request>) {
     };
     let goal = Goal::from_json(&goal_doc(limits).to_string(), "t.json".as_ref(), ".".into())
         .expect("goal");
-    let r = AgentBuilder::new(goal)
+    let r = AgentBuilder::new(dagloop::RunDef::from_goal(goal).expect("defined"))
         .model(Arc::new(model))
         .build()
         .expect("build")
@@ -350,7 +350,7 @@ async fn in_tool_mode_text_alone_is_corrected_and_commentary_is_not() {
         ".".into(),
     )
     .expect("goal");
-    let r = AgentBuilder::new(goal)
+    let r = AgentBuilder::new(dagloop::RunDef::from_goal(goal).expect("defined"))
         .model(Arc::new(model))
         .mode(dagloop::llm::Mode::ToolCalls)
         .build()

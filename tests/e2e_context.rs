@@ -83,7 +83,7 @@ async fn run_refund() -> (RunResult, Vec<Vec<Message>>) {
             reason: "managers are not told about partial refunds".into(),
         },
     );
-    let mut builder = AgentBuilder::new(goal)
+    let mut builder = AgentBuilder::new(dagloop::RunDef::from_goal(goal).expect("defined"))
         .model(Arc::new(model))
         .approver(Arc::new(reviewer))
         .sanitize(SanitizeLimits {

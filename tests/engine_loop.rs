@@ -54,7 +54,7 @@ async fn run_with(goal: Goal, turns: Vec<Value>) -> (RunResult, Vec<Request>) {
         inner: ScriptedModel::new(script),
         requests: requests.clone(),
     };
-    let mut b = AgentBuilder::new(goal)
+    let mut b = AgentBuilder::new(dagloop::RunDef::from_goal(goal).expect("defined"))
         .model(Arc::new(model))
         .retry(RetryPolicy {
             jitter: Jitter::None,
@@ -156,7 +156,8 @@ async fn rule16_cancellation_from_the_library() {
         "t",
     )
     .unwrap();
-    let mut b = AgentBuilder::new(goal(json!({}))).model(Arc::new(ScriptedModel::new(script)));
+    let mut b = AgentBuilder::new(dagloop::RunDef::from_goal(goal(json!({}))).expect("defined"))
+        .model(Arc::new(ScriptedModel::new(script)));
     b.registry_mut()
         .register_fn("double", |x: i64| async move { Ok::<_, String>(x) });
     let agent = b.build().unwrap();
@@ -306,7 +307,7 @@ async fn hooks_run_around_tools_and_can_veto() {
     let script = Script::parse(&json!({"turns": [
         turn(json!({"calls": [{"_tool": "double", "x": 13, "_outputPath": "†state.a || †state.err"}], "output": {"answer": 1}}))
     ]}).to_string(), "t").unwrap();
-    let mut b = AgentBuilder::new(goal(json!({})))
+    let mut b = AgentBuilder::new(dagloop::RunDef::from_goal(goal(json!({}))).expect("defined"))
         .model(Arc::new(ScriptedModel::new(script)))
         .hooks(hooks);
     b.registry_mut()
@@ -325,7 +326,7 @@ async fn hooks_run_around_tools_and_can_veto() {
 fn a_tool_whose_activity_cannot_run_is_refused_before_anything_starts() {
     let script = Script::parse(&json!({"turns": []}).to_string(), "t").unwrap();
     let model = Arc::new(ScriptedModel::new(script));
-    let err = AgentBuilder::new(goal(json!({})))
+    let err = AgentBuilder::new(dagloop::RunDef::from_goal(goal(json!({}))).expect("defined"))
         .model(model.clone())
         .build()
         .err()
@@ -333,9 +334,62 @@ fn a_tool_whose_activity_cannot_run_is_refused_before_anything_starts() {
     assert_eq!(err.code(), "agent.missing_activity");
     assert!(err.to_string().contains("`double`"), "{err}");
     let g = goal(json!({"tools": [{"_tool": "t", "_activity": "teleport", "type": "object"}]}));
-    let err = AgentBuilder::new(g).model(model).build().err().unwrap();
+    let err = AgentBuilder::new(dagloop::RunDef::from_goal(g).expect("defined"))
+        .model(model)
+        .build()
+        .err()
+        .unwrap();
     assert_eq!(err.code(), "activity.unknown_kind");
     assert!(err.to_string().contains("`teleport`"), "{err}");
+}
+
+/// A library caller's goal is defined whole before any builder exists (issue 45):
+/// `RunDef::from_goal` reads every delegate goal and holds what the goal asks to the (open)
+/// grants, so a goal that cannot run fails there with its definition's code: no builder, no
+/// model, no activity is ever made for it.
+#[test]
+fn a_goal_that_cannot_be_defined_fails_in_from_goal_with_its_code() {
+    let dir = tempfile::tempdir().expect("dir");
+    let in_dir = |extra: Value| {
+        let mut doc = json!({"goal": "g", "output_schema": {"type": "object"}});
+        if let (Value::Object(d), Value::Object(e)) = (&mut doc, extra) {
+            d.extend(e);
+        }
+        Goal::from_json(&doc.to_string(), "g.json".as_ref(), dir.path().into()).expect("goal")
+    };
+    // A delegate whose goal file is not there.
+    let missing = in_dir(
+        json!({"tools": [{"_tool": "helper", "_activity": "delegate",
+        "_delegate": "no-such-goal.json", "type": "object"}]}),
+    );
+    let err = dagloop::RunDef::from_goal(missing).expect_err("refused");
+    assert_eq!(err.code(), "agent.delegate", "{err}");
+    assert!(err.to_string().contains("helper"), "{err}");
+    // A delegate whose goal file is there but is not a goal.
+    std::fs::write(dir.path().join("bad.json"), "{\"goal\": 1}").expect("write");
+    let bad = in_dir(
+        json!({"tools": [{"_tool": "helper", "_activity": "delegate",
+        "_delegate": "bad.json", "type": "object"}]}),
+    );
+    let err = dagloop::RunDef::from_goal(bad).expect_err("refused");
+    assert_eq!(err.code(), "agent.delegate", "{err}");
+    // An operator's MCP server by a name nobody configured (open grants configure none).
+    let unknown = in_dir(json!({"mcp_servers": [{"name": "billing"}]}));
+    let err = dagloop::RunDef::from_goal(unknown).expect_err("refused");
+    assert_eq!(err.code(), "grant.unknown_mcp_server", "{err}");
+    // The same goal with its delegate in place is defined, and the builder takes it.
+    std::fs::write(
+        dir.path().join("helper.json"),
+        json!({"goal": "help", "output_schema": {"type": "object"}}).to_string(),
+    )
+    .expect("write");
+    let good = in_dir(
+        json!({"tools": [{"_tool": "helper", "_activity": "delegate",
+        "_delegate": "helper.json", "type": "object"}]}),
+    );
+    let def = dagloop::RunDef::from_goal(good).expect("defined");
+    assert_eq!(def.goal().tools.len(), 1);
+    let _builder = AgentBuilder::new(&def);
 }
 
 /// Timers are the machine's (spec/timers.md): no action announces a reviewer's deadline; the
@@ -362,7 +416,7 @@ async fn a_reviewer_timeout_fires_when_the_machines_next_deadline_is_due() {
         "limits": {"timeout_s": 7200},
         "approval": {"policy": "ask", "timeout_s": 30, "default_decision": "approve"}
     }));
-    let mut b = AgentBuilder::new(g)
+    let mut b = AgentBuilder::new(dagloop::RunDef::from_goal(g).expect("defined"))
         .model(Arc::new(ScriptedModel::new(script)))
         .approver(Arc::new(approver));
     b.registry_mut()

@@ -32,7 +32,8 @@ async fn peak_of_run(steps: usize) -> isize {
         .collect();
     turns.push(json!({"solution": {"calls": [], "output": {"done": true}}}));
     let script = Script::parse(&json!({"turns": turns}).to_string(), "growth").expect("script");
-    let mut b = AgentBuilder::new(goal).model(Arc::new(ScriptedModel::new(script)));
+    let mut b = AgentBuilder::new(dagloop::RunDef::from_goal(goal).expect("defined"))
+        .model(Arc::new(ScriptedModel::new(script)));
     b.registry_mut()
         .register_fn("fetch", |p: Value| async move {
             Ok::<_, String>(json!({"i": p["i"], "page": "x".repeat(2048)}))

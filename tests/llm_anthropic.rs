@@ -492,7 +492,7 @@ async fn cache_reads_and_writes_are_summed_into_the_runs_usage() {
 async fn run_against(doc: &Value, answers: Vec<Canned>) -> dagloop::RunResult {
     let server = serve(answers).await;
     let goal = dagloop::Goal::from_json(&doc.to_string(), "t.json".as_ref(), ".".into()).unwrap();
-    dagloop::AgentBuilder::new(goal)
+    dagloop::AgentBuilder::new(dagloop::RunDef::from_goal(goal).expect("defined"))
         .model(Arc::new(provider(&server)))
         .build()
         .unwrap()

@@ -171,7 +171,7 @@ fn greet_agent(
             "required": ["name"]}]});
     let g = dagloop::Goal::from_json(&goal.to_string(), "t.json".as_ref(), ".".into()).unwrap();
     let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::<Value>::new()));
-    let mut b = dagloop::AgentBuilder::new(g)
+    let mut b = dagloop::AgentBuilder::new(dagloop::RunDef::from_goal(g).expect("defined"))
         .model(model)
         .retry(dagloop::llm::RetryPolicy {
             jitter: dagloop::llm::Jitter::None,

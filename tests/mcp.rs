@@ -621,7 +621,8 @@ async fn mcp_progress_notifications_become_call_progress_events() {
         .unwrap_or_else(|e| panic!("{e}"));
     let (tools, activities, servers) = start_goal_servers(&goal).await;
     let mut activities: std::collections::BTreeMap<_, _> = activities.into_iter().collect();
-    let mut builder = dagloop::AgentBuilder::new(goal);
+    let mut builder =
+        dagloop::AgentBuilder::new(dagloop::RunDef::from_goal(goal).expect("defined"));
     for t in tools {
         if let Some(a) = activities.remove(&t.name) {
             builder = builder.tool(t, a);

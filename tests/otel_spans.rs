@@ -175,7 +175,8 @@ async fn a_run_exports_the_genai_spans_with_parents_attributes_and_links() {
         turn(json!({"calls": [], "output": {"answer": 8}})),
     ];
     let script = Script::parse(&json!({"turns": turns}).to_string(), "test").expect("script");
-    let mut b = AgentBuilder::new(goal()).model(Arc::new(ScriptedModel::new(script)));
+    let mut b = AgentBuilder::new(dagloop::RunDef::from_goal(goal()).expect("defined"))
+        .model(Arc::new(ScriptedModel::new(script)));
     register_tools(&mut b);
     let result = b.run_id("otel-spans-a").build().expect("agent").run().await;
     assert_eq!(result.status, RunStatus::Succeeded, "{:?}", result.error);
@@ -203,7 +204,7 @@ async fn a_resumed_run_reports_the_stopped_process_run_span_its_link_points_at()
     ];
     let script = Script::parse(&json!({"turns": turns}).to_string(), "test").expect("script");
     let build = || {
-        let mut b = AgentBuilder::new(g.clone())
+        let mut b = AgentBuilder::new(dagloop::RunDef::from_goal(g.clone()).expect("defined"))
             .model(Arc::new(ScriptedModel::new(script.clone())))
             .external_review()
             .run_id("otel-spans-resumed");
@@ -297,7 +298,8 @@ async fn a_run_ends_only_once_every_span_of_it_is_made() {
         {"solution": {"calls": [], "output": {"answer": 1}}}
     ]});
     let script = Script::parse(&turns.to_string(), "test").expect("script");
-    let mut b = AgentBuilder::new(goal()).model(Arc::new(ScriptedModel::new(script)));
+    let mut b = AgentBuilder::new(dagloop::RunDef::from_goal(goal()).expect("defined"))
+        .model(Arc::new(ScriptedModel::new(script)));
     register_tools(&mut b);
     let result = b
         .run_id("otel-spans-drain")
@@ -333,7 +335,8 @@ async fn a_run_left_out_of_the_traces_makes_no_span() {
     ], "output": {"answer": "†state.a"}}))];
     let script = Script::parse(&json!({"turns": turns}).to_string(), "test").expect("script");
     for (id, traced) in [("otel-untraced", false), ("otel-traced", true)] {
-        let mut b = AgentBuilder::new(goal()).model(Arc::new(ScriptedModel::new(script.clone())));
+        let mut b = AgentBuilder::new(dagloop::RunDef::from_goal(goal()).expect("defined"))
+            .model(Arc::new(ScriptedModel::new(script.clone())));
         register_tools(&mut b);
         let agent = b.run_id(id).traced(traced).build().expect("agent");
         let result = agent.run().await;
@@ -364,7 +367,7 @@ async fn a_rejected_call_links_to_the_call_it_read_from() {
         turn(json!({"calls": [], "output": {"answer": "†state.a"}})),
     ];
     let script = Script::parse(&json!({"turns": turns}).to_string(), "test").expect("script");
-    let mut b = AgentBuilder::new(g)
+    let mut b = AgentBuilder::new(dagloop::RunDef::from_goal(g).expect("defined"))
         .model(Arc::new(ScriptedModel::new(script)))
         .external_review()
         .run_id("otel-spans-rejected");

@@ -81,7 +81,7 @@ async fn delegates_run_inside_the_parent_run_under_its_policy() {
             reason: "not in a delegate either".into(),
         },
     ));
-    let mut b = AgentBuilder::new(parent)
+    let mut b = AgentBuilder::new(dagloop::RunDef::from_goal(parent).expect("defined"))
         .model(model(turns))
         .approver(approver.clone());
     let f = counting(&ran);
@@ -143,7 +143,9 @@ async fn ops_are_checked_against_the_run_and_refusals_change_nothing() {
         sol(json!([]), json!({"ok": true})),
     ]);
     let paid = Arc::new(Mutex::new(Vec::new()));
-    let mut b = AgentBuilder::new(g).model(model(turns)).external_review();
+    let mut b = AgentBuilder::new(dagloop::RunDef::from_goal(g).expect("defined"))
+        .model(model(turns))
+        .external_review();
     let p2 = paid.clone();
     b.registry_mut().register_fn("pay", move |p: Value| {
         let p2 = p2.clone();
@@ -255,7 +257,7 @@ async fn a_replacement_goes_through_the_replacing_tools_own_gate() {
             }),
     );
     let sent = Arc::new(AtomicUsize::new(0));
-    let mut b = AgentBuilder::new(g)
+    let mut b = AgentBuilder::new(dagloop::RunDef::from_goal(g).expect("defined"))
         .model(model(turns))
         .approver(approver.clone());
     b.registry_mut().register_fn(
@@ -294,7 +296,8 @@ async fn late_subscribers_get_every_event_once_in_order() {
         sol(json!(calls), Value::Null),
         sol(json!([]), json!({"ok": 1}))
     ]);
-    let mut b = AgentBuilder::new(g).model(model(turns));
+    let mut b =
+        AgentBuilder::new(dagloop::RunDef::from_goal(g).expect("defined")).model(model(turns));
     b.registry_mut().register_fn("t", |p: Value| async move {
         tokio::time::sleep(Duration::from_millis(5 * p["i"].as_u64().unwrap_or(0))).await;
         Ok::<_, String>(p)
@@ -369,7 +372,7 @@ async fn a_failing_or_panicking_journal_sink_stops_the_run_with_a_code() {
             panic,
             seen: AtomicUsize::new(0),
         });
-        let r = AgentBuilder::new(g)
+        let r = AgentBuilder::new(dagloop::RunDef::from_goal(g).expect("defined"))
             .model(model(turns))
             .journal(sink)
             .build()
@@ -426,7 +429,8 @@ async fn dropping_or_cancelling_a_run_stops_every_task_it_owns() {
         let stream_closed = Arc::new(AtomicBool::new(false));
         let activity_dropped = Arc::new(AtomicBool::new(false));
         let started = Arc::new(tokio::sync::Notify::new());
-        let mut b = AgentBuilder::new(g).model(Arc::new(Hanging(stream_closed.clone())));
+        let mut b = AgentBuilder::new(dagloop::RunDef::from_goal(g).expect("defined"))
+            .model(Arc::new(Hanging(stream_closed.clone())));
         let (ad, st) = (activity_dropped.clone(), started.clone());
         b.registry_mut().register_fn("slow", move |_p: Value| {
             let guard = Flag(ad.clone());
@@ -526,7 +530,8 @@ fn echo_calls(dir: &std::path::Path, n: usize) -> AgentBuilder {
         sol(json!(calls), Value::Null),
         sol(json!([]), json!({"ok": 1}))
     ]);
-    let mut b = AgentBuilder::new(g).model(model(turns));
+    let mut b =
+        AgentBuilder::new(dagloop::RunDef::from_goal(g).expect("defined")).model(model(turns));
     b.registry_mut()
         .register_fn("t", |p: Value| async move { Ok::<_, String>(p) });
     b
@@ -621,7 +626,9 @@ async fn a_result_is_shared_by_the_journal_and_its_event() {
         ),
         sol(json!([]), json!({"ok": true})),
     ]);
-    let mut b = AgentBuilder::new(goal_in(dir.path(), doc)).model(model(turns));
+    let mut b =
+        AgentBuilder::new(dagloop::RunDef::from_goal(goal_in(dir.path(), doc)).expect("defined"))
+            .model(model(turns));
     b.registry_mut().register_fn("t", |_: Value| async move {
         Ok::<_, String>(json!({"blob": "x".repeat(100_000)}))
     });
@@ -669,7 +676,8 @@ async fn a_delegate_is_cancelled_with_its_parent() {
     ]);
     let dropped = Arc::new(AtomicBool::new(false));
     let started = Arc::new(tokio::sync::Notify::new());
-    let mut b = AgentBuilder::new(parent).model(model(turns));
+    let mut b =
+        AgentBuilder::new(dagloop::RunDef::from_goal(parent).expect("defined")).model(model(turns));
     let (d, st) = (dropped.clone(), started.clone());
     b.registry_mut().register_fn("hang", move |_p: Value| {
         let guard = Flag(d.clone());
@@ -737,7 +745,8 @@ async fn a_token_budget_holds_when_the_server_reports_no_usage() {
         "limits": {"token_budget": 300}}),
     );
     let silent = Arc::new(Silent::default());
-    let mut b = AgentBuilder::new(g).model(silent.clone());
+    let mut b =
+        AgentBuilder::new(dagloop::RunDef::from_goal(g).expect("defined")).model(silent.clone());
     b.registry_mut()
         .register_fn("t", |_p: Value| async move { Ok::<_, String>(json!(1)) });
     let r = b.build().expect("build").run().await;
@@ -821,12 +830,14 @@ async fn a_delegate_answers_in_its_own_mode_also_after_a_resume() {
         messages: Default::default(),
         hang_at: None,
     };
-    let r = AgentBuilder::new(goal_in(dir.path(), parent.clone()))
-        .model(Arc::new(model))
-        .build()
-        .expect("build")
-        .run()
-        .await;
+    let r = AgentBuilder::new(
+        dagloop::RunDef::from_goal(goal_in(dir.path(), parent.clone())).expect("defined"),
+    )
+    .model(Arc::new(model))
+    .build()
+    .expect("build")
+    .run()
+    .await;
     assert_eq!(r.status, RunStatus::Succeeded, "{r:?}");
     assert_eq!(r.output, json!({"done": {"y": 4}}));
     assert_eq!(
@@ -846,11 +857,13 @@ async fn a_delegate_answers_in_its_own_mode_also_after_a_resume() {
         messages: Default::default(),
         hang_at: Some(1),
     };
-    let h = AgentBuilder::new(goal_in(dir.path(), parent.clone()))
-        .model(Arc::new(model))
-        .build()
-        .expect("build")
-        .start();
+    let h = AgentBuilder::new(
+        dagloop::RunDef::from_goal(goal_in(dir.path(), parent.clone())).expect("defined"),
+    )
+    .model(Arc::new(model))
+    .build()
+    .expect("build")
+    .start();
     // The parent's own turn has closed its stream; the helper's is open.
     let parent_closed = |j: &[JournalEntry]| {
         j.iter().any(|e| {
@@ -873,14 +886,16 @@ async fn a_delegate_answers_in_its_own_mode_also_after_a_resume() {
         messages: Default::default(),
         hang_at: None,
     };
-    let r = AgentBuilder::new(goal_in(dir.path(), parent))
-        .model(Arc::new(model))
-        .run_id(run_id)
-        .build()
-        .expect("build")
-        .resume(journal)
-        .wait()
-        .await;
+    let r = AgentBuilder::new(
+        dagloop::RunDef::from_goal(goal_in(dir.path(), parent)).expect("defined"),
+    )
+    .model(Arc::new(model))
+    .run_id(run_id)
+    .build()
+    .expect("build")
+    .resume(journal)
+    .wait()
+    .await;
     assert_eq!(r.status, RunStatus::Succeeded, "{r:?}");
     assert_eq!(
         *modes.lock().expect("modes"),
@@ -903,7 +918,9 @@ async fn a_call_is_shared_by_the_journal_and_its_event() {
         ),
         sol(json!([]), json!({"ok": true})),
     ]);
-    let mut b = AgentBuilder::new(goal_in(dir.path(), doc)).model(model(turns));
+    let mut b =
+        AgentBuilder::new(dagloop::RunDef::from_goal(goal_in(dir.path(), doc)).expect("defined"))
+            .model(model(turns));
     b.registry_mut()
         .register_fn("t", |_: Value| async move { Ok::<_, String>(1) });
     let h = b.build().expect("build").start();
@@ -955,7 +972,10 @@ async fn a_resumed_run_asks_the_interrupted_turn_with_the_same_context() {
         (model, messages)
     };
     let build = |model: ModeRecorder| {
-        let mut b = AgentBuilder::new(goal_in(dir.path(), doc.clone())).model(Arc::new(model));
+        let mut b = AgentBuilder::new(
+            dagloop::RunDef::from_goal(goal_in(dir.path(), doc.clone())).expect("defined"),
+        )
+        .model(Arc::new(model));
         b.registry_mut().register_fn(
             "t",
             |p: Value| async move { Ok::<_, String>(p["x"].clone()) },
@@ -1012,7 +1032,7 @@ async fn late_subscribers_are_caught_up_from_one_replay_then_the_kept_history() 
         sol(json!(calls), Value::Null),
         sol(json!([]), json!({"ok": 1}))
     ]);
-    let mut b = AgentBuilder::new(g)
+    let mut b = AgentBuilder::new(dagloop::RunDef::from_goal(g).expect("defined"))
         .model(model(turns))
         .external_review()
         .event_capacity(2);
@@ -1093,7 +1113,7 @@ async fn resume_approving(
     journal: Vec<JournalEntry>,
 ) -> (RunHandle, Vec<Arc<Event>>) {
     let ran = Arc::new(AtomicUsize::new(0));
-    let mut b = AgentBuilder::new(goal)
+    let mut b = AgentBuilder::new(dagloop::RunDef::from_goal(goal).expect("defined"))
         .model(model(turns))
         .run_id(run_id)
         .approver(Arc::new(
@@ -1126,9 +1146,11 @@ async fn a_resumed_run_presents_calls_that_were_waiting_to_an_in_process_reviewe
     let dir = tempfile::tempdir().expect("dir");
     let (doc, turns) = one_call_asking();
     let ran = Arc::new(AtomicUsize::new(0));
-    let mut b = AgentBuilder::new(goal_in(dir.path(), doc.clone()))
-        .model(model(turns.clone()))
-        .external_review();
+    let mut b = AgentBuilder::new(
+        dagloop::RunDef::from_goal(goal_in(dir.path(), doc.clone())).expect("defined"),
+    )
+    .model(model(turns.clone()))
+    .external_review();
     b.registry_mut().register_fn("t", counting(&ran));
     let first = b.build().expect("build").start();
     assert_eq!(first.wait_or_idle().await, None, "waits for a decision");
@@ -1160,9 +1182,11 @@ async fn a_call_cut_off_by_a_restart_is_presented_again_and_replays_the_same() {
     let dir = tempfile::tempdir().expect("dir");
     let (doc, turns) = one_call_asking();
     let approve = || Arc::new(ScriptedApprover::new().otherwise(Decision::Approve));
-    let mut b = AgentBuilder::new(goal_in(dir.path(), doc.clone()))
-        .model(model(turns.clone()))
-        .approver(approve());
+    let mut b = AgentBuilder::new(
+        dagloop::RunDef::from_goal(goal_in(dir.path(), doc.clone())).expect("defined"),
+    )
+    .model(model(turns.clone()))
+    .approver(approve());
     // The first process never sees the call end.
     b.registry_mut().register_fn("t", |_p: Value| async move {
         futures::future::pending::<Result<Value, String>>().await
@@ -1243,7 +1267,8 @@ async fn a_run_checks_params_and_latent_outputs_against_the_goals_schemas() {
         ),
         sol(json!([]), json!({"ok": 1}))
     ]);
-    let mut b = AgentBuilder::new(g).model(model(turns));
+    let mut b =
+        AgentBuilder::new(dagloop::RunDef::from_goal(g).expect("defined")).model(model(turns));
     b.registry_mut().register_fn(
         "t",
         |p: Value| async move { Ok::<_, String>(p["n"].clone()) },

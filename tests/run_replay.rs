@@ -144,7 +144,7 @@ fn run_case(
         let goal = Goal::from_json(&doc.to_string(), "g.json".as_ref(), ".".into()).expect("goal");
         let script = Script::parse(&turns.to_string(), "s").expect("script");
         let base = tokio::time::Instant::now();
-        let mut b = AgentBuilder::new(goal)
+        let mut b = AgentBuilder::new(dagloop::RunDef::from_goal(goal).expect("defined"))
             .model(Arc::new(ScriptedModel::new(script)))
             .sanitize(limits)
             .approver(Arc::new(Reviewer))

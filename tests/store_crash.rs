@@ -595,9 +595,10 @@ async fn concurrent_runs_and_processes_share_one_store() {
             "s",
         )
         .expect("script");
-        let mut b = dagloop::AgentBuilder::new(goal.clone())
-            .model(Arc::new(dagloop::llm::ScriptedModel::new(script)))
-            .journal(store.clone());
+        let mut b =
+            dagloop::AgentBuilder::new(dagloop::RunDef::from_goal(goal.clone()).expect("defined"))
+                .model(Arc::new(dagloop::llm::ScriptedModel::new(script)))
+                .journal(store.clone());
         b.registry_mut()
             .register_fn("t", |p: Value| async move { Ok::<_, String>(p) });
         let agent = b.build().expect("build");

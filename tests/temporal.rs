@@ -307,7 +307,9 @@ async fn examples_run_through_workers_to_the_embedded_results_and_replay() {
     let spec = RunSpec::new("research-1", &goal, RunOptions::default());
     conn.start(spec, "research").await.expect("start");
     let got = conn.result("research-1").await.expect("result");
-    let mut agent = dagloop::engine::AgentBuilder::new(Goal::load(&path).expect("goal"));
+    let mut agent = dagloop::engine::AgentBuilder::new(
+        dagloop::RunDef::from_goal(Goal::load(&path).expect("goal")).expect("defined"),
+    );
     research_tools::register(agent.registry_mut());
     let embedded = agent.build().expect("agent").run().await;
     assert!(got.succeeded(), "{got:?}");
@@ -333,7 +335,9 @@ async fn examples_run_through_workers_to_the_embedded_results_and_replay() {
     .await
     .expect("start");
     let got = conn.result("refund-1").await.expect("result");
-    let mut agent = dagloop::engine::AgentBuilder::new(Goal::load(&path).expect("goal"));
+    let mut agent = dagloop::engine::AgentBuilder::new(
+        dagloop::RunDef::from_goal(Goal::load(&path).expect("goal")).expect("defined"),
+    );
     refund_tools::register(agent.registry_mut());
     let embedded = agent.build().expect("agent").run().await;
     assert!(got.succeeded(), "{got:?}");

@@ -45,7 +45,8 @@ async fn an_answer_sent_as_one_long_delta_reads_as_if_read_at_once() {
         {"solution": {"calls": [], "output": {}}}
     ]});
     let script = Script::parse(&script.to_string(), "test").expect("script");
-    let mut b = AgentBuilder::new(goal()).model(Arc::new(ScriptedModel::new(script)));
+    let mut b = AgentBuilder::new(dagloop::RunDef::from_goal(goal()).expect("defined"))
+        .model(Arc::new(ScriptedModel::new(script)));
     b.registry_mut().register_fn(
         "echo",
         |p: Value| async move { Ok::<_, String>(p["i"].clone()) },
@@ -102,7 +103,8 @@ impl dagloop::llm::Model for Panicking {
 /// failure (the run ends, with a code) rather than the run waiting for a stream that is gone.
 #[tokio::test(start_paused = true)]
 async fn a_stream_that_panics_as_it_starts_ends_the_turn_with_the_models_failure() {
-    let mut b = AgentBuilder::new(goal()).model(Arc::new(Panicking));
+    let mut b = AgentBuilder::new(dagloop::RunDef::from_goal(goal()).expect("defined"))
+        .model(Arc::new(Panicking));
     b.registry_mut()
         .register_fn("echo", |p: Value| async move { Ok::<_, String>(p) });
     let handle = b.build().expect("agent").start();

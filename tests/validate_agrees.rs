@@ -100,7 +100,8 @@ fn run_cycles(goal: Goal) -> Vec<u64> {
             "answer",
         )
         .expect("script");
-        let mut b = AgentBuilder::new(goal).model(Arc::new(ScriptedModel::new(script)));
+        let mut b = AgentBuilder::new(dagloop::RunDef::from_goal(goal).expect("defined"))
+            .model(Arc::new(ScriptedModel::new(script)));
         b.registry_mut()
             .register_fn("act", |_: Value| async { Ok::<_, String>(json!(1)) });
         let h = b.build().expect("build").start();

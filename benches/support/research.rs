@@ -14,7 +14,8 @@ pub mod tools;
 /// One embedded research run of `goal` to its end; its latency in ms.
 pub async fn run_once(goal: Arc<Goal>) -> f64 {
     let t = Instant::now();
-    let mut agent = AgentBuilder::new((*goal).clone());
+    let mut agent =
+        AgentBuilder::new(dagloop::RunDef::from_goal((*goal).clone()).expect("defined"));
     tools::register(agent.registry_mut());
     let result = agent.build().expect("agent").run().await;
     assert!(result.succeeded(), "{:?}", result.error);

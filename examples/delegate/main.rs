@@ -9,6 +9,7 @@
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
+use dagloop::RunDef;
 use dagloop::engine::{AgentBuilder, Hooks};
 use dagloop::goal::Goal;
 
@@ -33,7 +34,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         })),
         ..Hooks::default()
     };
-    let mut agent = AgentBuilder::new(Goal::load(&path)?).hooks(hooks);
+    let mut agent = AgentBuilder::new(RunDef::from_goal(Goal::load(&path)?)?).hooks(hooks);
     if let Some(spec) = std::env::args().nth(1) {
         agent = agent.model_spec(spec);
     }

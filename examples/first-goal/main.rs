@@ -9,6 +9,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
+use dagloop::RunDef;
 use dagloop::engine::AgentBuilder;
 use dagloop::goal::Goal;
 use dagloop::runs::{Cassette, CassetteExecutor};
@@ -16,7 +17,7 @@ use dagloop::runs::{Cassette, CassetteExecutor};
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/first-goal");
-    let mut agent = AgentBuilder::new(Goal::load(&dir.join("goal.json"))?);
+    let mut agent = AgentBuilder::new(RunDef::from_goal(Goal::load(&dir.join("goal.json"))?)?);
     let mut live = false;
     for arg in std::env::args().skip(1) {
         if arg == "--live" {

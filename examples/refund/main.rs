@@ -8,13 +8,14 @@ mod tools;
 
 use std::path::Path;
 
+use dagloop::RunDef;
 use dagloop::engine::AgentBuilder;
 use dagloop::goal::Goal;
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/refund/goal.json");
-    let mut agent = AgentBuilder::new(Goal::load(&path)?);
+    let mut agent = AgentBuilder::new(RunDef::from_goal(Goal::load(&path)?)?);
     if let Some(spec) = std::env::args().nth(1) {
         agent = agent.model_spec(spec);
     }

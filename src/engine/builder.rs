@@ -1,4 +1,10 @@
-//! Building an [`Agent`]: a goal, activities, a model, reviewers, and options.
+//! Building an [`Agent`]: a run's definition, activities, a model, reviewers, and options.
+//!
+//! A builder starts from an [`AgentDef`]: what it takes from a run's definition
+//! (`runs::RunDef`, public as [`crate::RunDef`]), the only thing it can be made from. The engine
+//! does not know the definition type (`runs` is above it); `runs` converts a definition into
+//! this value, which only the crate can fill in, so a program reaches a builder through
+//! [`crate::RunDef::from_goal`] (or any other definition) and never from a bare goal.
 //!
 //! [`AgentBuilder::build`] does the IO a run needs before it starts, through `loading`: it reads
 //! delegate goal files (so a missing one is an error now, not mid-run), builds the models they
@@ -24,22 +30,58 @@ use super::loading::{
 use super::turns::Models;
 use crate::approval::{Approver, Policy};
 use crate::context::SanitizeLimits;
-use crate::goal::{DelegateGoals, Goal};
-use crate::llm::{Model, ModelSpec, RetryPolicy, Settings};
+use crate::context::memory::Recall;
+use crate::goal::{DelegateGoals, Goal, RecordedGoal};
+use crate::grants::{Egress, SecretHosts};
+use crate::llm::{Mode, Model, ModelSpec, RetryPolicy, Settings};
 use crate::protocol::Tool;
 use crate::tools::{Activity, Registry};
 
-/// Builds an [`Agent`] from a goal.
+/// What an [`AgentBuilder`] takes from a run's definition: the goal as the run uses it (the
+/// operator's MCP servers in place), its approval policy, its delegate goals as recorded, its
+/// sanitize limits and kept-result bound, its workspace memory, its model spec and mode, and
+/// the grants' shell and HTTP rules for its activities.
+///
+/// Made only from a [`crate::RunDef`] (`From<RunDef>`, `From<&RunDef>`): its parts are the
+/// crate's to fill in, so a goal reaches a builder only after it has been defined and checked.
+#[derive(Clone)]
+pub struct AgentDef {
+    pub(crate) goal: Goal,
+    pub(crate) policy: Policy,
+    pub(crate) delegate_goals: BTreeMap<String, RecordedGoal>,
+    pub(crate) sanitize: SanitizeLimits,
+    pub(crate) kept_result_bytes: u64,
+    pub(crate) recall: Option<Arc<Recall>>,
+    pub(crate) model_spec: Option<String>,
+    pub(crate) mode: Option<Mode>,
+    /// Whether the grants let `shell` tools run.
+    pub(crate) shell: bool,
+    /// The egress and secret rules of the `http` kind, None when both are open.
+    pub(crate) http: Option<(Arc<Egress>, Arc<SecretHosts>)>,
+}
+
+impl AgentDef {
+    /// Puts the definition's grants on `registry`'s built-in kinds.
+    fn grant(&self, registry: &mut Registry) {
+        registry.enable_shell(self.shell);
+        if let Some((egress, secrets)) = &self.http {
+            registry.set_http_grants(Some(egress.clone()), Some(secrets.clone()));
+        }
+    }
+}
+
+/// Builds an [`Agent`] from a run's definition ([`crate::RunDef`]).
 ///
 /// ```no_run
 /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
-/// use dagloop::{AgentBuilder, Goal};
+/// use dagloop::{AgentBuilder, Goal, RunDef};
 ///
 /// #[derive(serde::Deserialize)]
 /// struct Refund { amount: f64 }
 ///
 /// let goal = Goal::load("examples/refund/goal.json".as_ref())?;
-/// let mut agent = AgentBuilder::new(goal);
+/// // Defining the run checks it whole (delegate goals read, open grants): a bad goal fails here.
+/// let mut agent = AgentBuilder::new(RunDef::from_goal(goal)?);
 /// // Every `"_activity": "rust"` tool of the goal needs a registered function.
 /// agent.registry_mut()
 ///     .register_fn("checkBillingHistory", |p: serde_json::Value| async move {
@@ -52,8 +94,18 @@ use crate::tools::{Activity, Registry};
 /// println!("{}", serde_json::to_string_pretty(&result)?);
 /// # Ok(()) }
 /// ```
+///
+/// There is no way to a builder from a bare goal:
+///
+/// ```compile_fail
+/// # fn demo(goal: dagloop::Goal) {
+/// let _ = dagloop::AgentBuilder::new(goal);
+/// # }
+/// ```
 pub struct AgentBuilder {
     goal: Goal,
+    /// The grants' rules for the registry's built-in kinds (put on a replaced registry too).
+    granted: AgentDef,
     registry: Registry,
     model: Option<Arc<dyn Model>>,
     model_spec: Option<String>,
@@ -63,7 +115,7 @@ pub struct AgentBuilder {
     /// after `start`.
     standing: Vec<crate::machine::RunInput>,
     external_review: bool,
-    policy: Option<Policy>,
+    policy: Policy,
     hooks: Hooks,
     executor: Option<Arc<dyn Executor>>,
     journal: Option<Arc<dyn JournalSink>>,
@@ -75,24 +127,31 @@ pub struct AgentBuilder {
     sanitize: SanitizeLimits,
     kept_result_bytes: u64,
     event_capacity: usize,
-    mode: Option<crate::llm::Mode>,
+    mode: Option<Mode>,
     traced: bool,
-    recall: Option<Arc<crate::context::memory::Recall>>,
-    delegate_goals: Option<BTreeMap<String, crate::goal::RecordedGoal>>,
+    recall: Option<Arc<Recall>>,
+    delegate_goals: BTreeMap<String, RecordedGoal>,
 }
 
 impl AgentBuilder {
-    /// Starts from a goal; everything else has defaults.
-    pub fn new(goal: Goal) -> Self {
+    /// Starts from a run's definition ([`crate::RunDef`], e.g. [`crate::RunDef::from_goal`]):
+    /// its goal, policy, delegate goals, sanitize limits, kept-result bound, memory, model spec
+    /// and mode are the builder's defaults (the methods below override those a program may),
+    /// and its grants' shell and HTTP rules are put on the registry (and on one that replaces
+    /// it). Everything else has defaults.
+    pub fn new(def: impl Into<AgentDef>) -> Self {
+        let def = def.into();
+        let mut registry = Registry::new();
+        def.grant(&mut registry);
         AgentBuilder {
-            goal,
-            registry: Registry::new(),
+            goal: def.goal.clone(),
+            registry,
             model: None,
-            model_spec: None,
+            model_spec: def.model_spec.clone(),
             fallbacks: Vec::new(),
             approver: None,
             external_review: false,
-            policy: None,
+            policy: def.policy.clone(),
             hooks: Hooks::default(),
             executor: None,
             journal: None,
@@ -102,21 +161,15 @@ impl AgentBuilder {
             standing: Vec::new(),
             settings: Settings::default(),
             retry: RetryPolicy::default(),
-            sanitize: SanitizeLimits::default(),
-            kept_result_bytes: super::bound::DEFAULT_KEPT_RESULT_BYTES,
+            sanitize: def.sanitize,
+            kept_result_bytes: def.kept_result_bytes,
             event_capacity: super::bus::DEFAULT_CAPACITY,
-            mode: None,
+            mode: def.mode,
             traced: true,
-            recall: None,
-            delegate_goals: None,
+            recall: def.recall.clone(),
+            delegate_goals: def.delegate_goals.clone(),
+            granted: def,
         }
-    }
-
-    /// Takes the delegate goals from a run's record (by the pointer of the `_delegate` naming
-    /// each) instead of reading their files: the run uses what it was defined with.
-    pub fn delegate_goals(mut self, goals: BTreeMap<String, crate::goal::RecordedGoal>) -> Self {
-        self.delegate_goals = Some(goals);
-        self
     }
 
     /// Whether the run is part of the process's traces and metrics (on by default; whether
@@ -140,9 +193,10 @@ impl AgentBuilder {
         &mut self.registry
     }
 
-    /// Replaces the activity registry.
+    /// Replaces the activity registry (the definition's grants are put on it).
     pub fn registry(mut self, registry: Registry) -> Self {
         self.registry = registry;
+        self.granted.grant(&mut self.registry);
         self
     }
 
@@ -226,9 +280,9 @@ impl AgentBuilder {
         self
     }
 
-    /// The approval policy (default: the goal's `approval`, else `auto`).
+    /// The approval policy (default: the definition's: the goal's `approval`, else `auto`).
     pub fn policy(mut self, policy: Policy) -> Self {
-        self.policy = Some(policy);
+        self.policy = policy;
         self
     }
 
@@ -286,7 +340,7 @@ impl AgentBuilder {
 
     /// How the model returns its Solution, over the goal's `mode` (the run's own agent and
     /// delegates whose goals name no `mode`).
-    pub fn mode(mut self, mode: crate::llm::Mode) -> Self {
+    pub fn mode(mut self, mode: Mode) -> Self {
         self.mode = Some(mode);
         self
     }
@@ -297,7 +351,7 @@ impl AgentBuilder {
         self
     }
 
-    /// What is shown of tool results.
+    /// What is shown of tool results (default: the definition's).
     pub fn sanitize(mut self, limits: SanitizeLimits) -> Self {
         self.sanitize = limits;
         self
@@ -338,17 +392,11 @@ impl AgentBuilder {
             root: Arc::new(chain(root_models, &self.retry).ok_or(AgentError::NoModel)?),
             by_spec: BTreeMap::new(),
         };
-        let source = match &self.delegate_goals {
-            Some(map) => DelegateGoals::Recorded(map),
-            None => DelegateGoals::Files,
-        };
-        let config = load_config(&self.goal, 0, true, &self.registry, "", source)?;
+        // Recorded by the definition; a pointer it lacks is read from its file.
+        let source = DelegateGoals::Recorded(&self.delegate_goals);
+        let config = load_config(&self.goal, 0, true, Some(&self.registry), "", source)?;
         build_models(&config, &self.retry, &mut models)?;
-        let policy = match (self.policy.take(), &self.goal.approval) {
-            (Some(p), _) => p,
-            (None, Some(p)) => p.clone(),
-            (None, None) => Policy::auto(),
-        };
+        let policy = self.policy;
         let mut tools = BTreeMap::new();
         collect_tools(&config, &mut tools);
         let asks = crate::approval::who_asks(&policy, tools.values().map(|t| &**t));

@@ -66,12 +66,14 @@ pub(super) fn is_delegate(t: &Tool) -> bool {
 }
 
 /// The configuration of `goal`'s agent with its delegates' goals taken from `delegates` (a
-/// stored run's record: nothing is read from disk for what the record holds). No model is built.
+/// stored run's record: nothing is read from disk for what the record holds). No model is built
+/// and no activity checked: a definition and a reader of a stored run need the tree, not
+/// activities that can run (a program registers its own after defining the run).
 pub fn config_with(
     goal: &Goal,
     delegates: DelegateGoals<'_>,
 ) -> Result<Arc<AgentConfig>, AgentError> {
-    load_config(goal, 0, true, &Registry::new(), "", delegates).map(Arc::new)
+    load_config(goal, 0, true, None, "", delegates).map(Arc::new)
 }
 
 pub(super) fn build_models(
@@ -100,12 +102,13 @@ pub(super) fn spec_string(spec: &ModelSpec) -> String {
     }
 }
 
-/// The agent of `goal` and, recursively up to [`MAX_DEPTH`], the agents of its delegate tools.
+/// The agent of `goal` and, recursively up to [`MAX_DEPTH`], the agents of its delegate tools;
+/// each delegate's activities checked against `registry` when there is one (the builder's).
 pub(super) fn load_config(
     goal: &Goal,
     depth: u32,
     own_model: bool,
-    registry: &Registry,
+    registry: Option<&Registry>,
     at: &str,
     source: DelegateGoals<'_>,
 ) -> Result<AgentConfig, AgentError> {
@@ -115,7 +118,7 @@ pub(super) fn load_config(
             .tools
             .iter()
             .enumerate()
-            .filter(|(_, t)| is_delegate(t) && !registry.has(&t.name))
+            .filter(|(_, t)| is_delegate(t) && !registry.is_some_and(|r| r.has(&t.name)))
         {
             let pointer = format!("{at}/tools/{i}/_delegate");
             let fail = |reason: String| AgentError::Delegate {
@@ -150,7 +153,9 @@ pub(super) fn load_config(
                 let own = g.model.is_some();
                 (g, own)
             };
-            check_activities(&child, registry)?;
+            if let Some(registry) = registry {
+                check_activities(&child, registry)?;
+            }
             let cfg = load_config(&child, depth + 1, own, registry, &pointer, source)?;
             delegates.insert(t.name.clone(), Arc::new(cfg));
         }

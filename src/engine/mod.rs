@@ -38,7 +38,7 @@ pub use agent::Agent;
 pub use bound::DEFAULT_KEPT_RESULT_BYTES;
 #[cfg(feature = "temporal")]
 pub(crate) use bound::ResultBound;
-pub use builder::AgentBuilder;
+pub use builder::{AgentBuilder, AgentDef};
 pub use error::AgentError;
 pub use exec::{AfterTool, BeforeTool, HookError, Hooks, OnError, RegistryExecutor};
 pub use handle::{RunHandle, Subscription};

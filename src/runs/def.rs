@@ -16,6 +16,7 @@ use crate::approval::Policy;
 use crate::context::memory::Recall;
 use crate::goal::{DelegateGoals, Goal, RecordedGoal};
 use crate::grants::Grants;
+use crate::engine::AgentDef;
 use crate::machine::AgentConfig;
 
 /// One run, defined: what it asks, how it runs, what it may touch, and what it was defined
@@ -196,48 +197,52 @@ impl RunDef {
         &self.policy
     }
 
-    /// A library caller's run of `goal`: default options, open grants ([`Grants::open`]).
+    /// A library caller's run of `goal`: default options, open grants ([`Grants::open`]),
+    /// checked whole before anything runs: every delegate goal read (and the agent tree built
+    /// from them) and whatever the goal asks held to the grants, so a bad goal fails here with
+    /// its code ([`RunsError::code`]: `agent.delegate` for a delegate goal that cannot be read,
+    /// a `grant.*` or `goal.*` code for the rest). [`crate::AgentBuilder::new`] takes the result.
     pub fn from_goal(goal: Goal) -> Result<RunDef, RunsError> {
-        define(goal, RunOptions::default(), Arc::new(Grants::open()))
+        let def = define(goal, RunOptions::default(), Arc::new(Grants::open()))?;
+        def.config()?;
+        Ok(def)
     }
 
-    /// The agent builder of this run, set as the run is defined: its goal (the operator's MCP
-    /// servers in place), policy, recorded delegate goals, sanitize limits, kept-result bound,
-    /// model and mode, and the grants' shell and egress rules on its registry. What it does not
-    /// do is start the run's MCP servers: `runs::prepare` does (and records what they announce),
-    /// or a library caller registers the tools itself.
+    /// The agent builder of this run, set as the run is defined (see [`AgentDef`]), with
+    /// `registry`'s activities. What it does not do is start the run's MCP servers:
+    /// `runs::prepare` does (and records what they announce), or a library caller registers the
+    /// tools itself.
     pub fn agent_builder(&self, registry: crate::tools::Registry) -> crate::engine::AgentBuilder {
-        let mut builder = crate::engine::AgentBuilder::new(self.effective.clone())
-            .registry(registry)
-            .policy(self.policy.clone())
-            .delegate_goals(self.record().delegates.clone())
-            .sanitize(self.sanitize())
-            .kept_result_bytes(self.kept_result_bytes());
-        if let Some(r) = &self.recall {
-            builder = builder.memory(r.clone());
-        }
+        crate::engine::AgentBuilder::new(self).registry(registry)
+    }
+
+    /// What the builder takes from this definition.
+    fn agent_def(&self) -> AgentDef {
         let grants = &self.grants;
-        builder.registry_mut().enable_shell(grants.allows_shell());
-        if !grants.egress.is_open() || !grants.secrets.is_open() {
-            // The env grant as it holds for this run's calls (its delegates' included): those of
-            // the published agent it was started as, if any.
+        // The env grant as it holds for this run's calls (its delegates' included): those of the
+        // published agent it was started as, if any.
+        let http = (!grants.egress.is_open() || !grants.secrets.is_open()).then(|| {
             let secrets = grants.secrets.for_agent(self.options.agent.as_deref());
-            builder.registry_mut().set_http_grants(
-                Some(Arc::new(grants.egress.clone())),
-                Some(Arc::new(secrets)),
-            );
+            (Arc::new(grants.egress.clone()), Arc::new(secrets))
+        });
+        AgentDef {
+            goal: self.effective.clone(),
+            policy: self.policy.clone(),
+            delegate_goals: self.record().delegates.clone(),
+            sanitize: self.sanitize(),
+            kept_result_bytes: self.kept_result_bytes(),
+            recall: self.recall.clone(),
+            model_spec: self.options.model.clone(),
+            mode: self.options.mode.as_deref().map(|m| {
+                if m == "tools" {
+                    crate::llm::Mode::ToolCalls
+                } else {
+                    crate::llm::Mode::StructuredOutput
+                }
+            }),
+            shell: grants.allows_shell(),
+            http,
         }
-        if let Some(m) = &self.options.model {
-            builder = builder.model_spec(m.clone());
-        }
-        if let Some(m) = self.options.mode.as_deref() {
-            builder = builder.mode(if m == "tools" {
-                crate::llm::Mode::ToolCalls
-            } else {
-                crate::llm::Mode::StructuredOutput
-            });
-        }
-        builder
     }
 
     /// Whether the run is held to its record: a stored run resumed without `--accept-changes`
@@ -262,6 +267,18 @@ impl RunDef {
         record.version = DefRecord::VERSION;
         record.mcp_tools = tools;
         self.config = Arc::default();
+    }
+}
+
+impl From<&RunDef> for AgentDef {
+    fn from(def: &RunDef) -> AgentDef {
+        def.agent_def()
+    }
+}
+
+impl From<RunDef> for AgentDef {
+    fn from(def: RunDef) -> AgentDef {
+        def.agent_def()
     }
 }
 

@@ -118,6 +118,19 @@ pub struct Replay {
     pub events: Vec<Event>,
 }
 
+/// A method of [`RunDef`] (public at the crate root) whose types are the crate's own (the
+/// machine): public with the `test-util` feature, for the crate's tests, the crate's otherwise.
+macro_rules! crate_pub {
+    ($(#[$meta:meta])* fn $($rest:tt)*) => {
+        $(#[$meta])*
+        #[cfg(feature = "test-util")]
+        pub fn $($rest)*
+        $(#[$meta])*
+        #[cfg(not(feature = "test-util"))]
+        pub(crate) fn $($rest)*
+    };
+}
+
 impl RunDef {
     /// The definition of a stored run, from its record alone: the goal as recorded (its
     /// placeholders by name), its options, its delegate goals and MCP tools as recorded. It
@@ -195,18 +208,22 @@ impl RunDef {
         })
     }
 
-    /// A fresh machine for the run, nothing consumed yet, that keeps what a replay needs (see
-    /// [`RunMachine::replaying`]). Built, like the engine's own, by
-    /// [`crate::engine::MachineDef::machine`]: the one way outside the core to a machine.
-    pub fn machine(&self, run_id: &str) -> Result<RunMachine, RunsError> {
-        Ok(self
-            .machine_def()?
-            .machine(run_id, crate::engine::MachineUse::Replay))
+    crate_pub! {
+        /// A fresh machine for the run, nothing consumed yet, that keeps what a replay needs (see
+        /// [`RunMachine::replaying`]). Built, like the engine's own, by
+        /// [`crate::engine::MachineDef::machine`]: the one way outside the core to a machine.
+        fn machine(&self, run_id: &str) -> Result<RunMachine, RunsError> {
+            Ok(self
+                .machine_def()?
+                .machine(run_id, crate::engine::MachineUse::Replay))
+        }
     }
 
-    /// The run's machine after `journal`, and the events it published.
-    pub fn replay(&self, run_id: &str, journal: &[JournalEntry]) -> Result<Replay, RunsError> {
-        let (machine, events) = self.machine_def()?.replay(run_id, journal);
-        Ok(Replay { machine, events })
+    crate_pub! {
+        /// The run's machine after `journal`, and the events it published.
+        fn replay(&self, run_id: &str, journal: &[JournalEntry]) -> Result<Replay, RunsError> {
+            let (machine, events) = self.machine_def()?.replay(run_id, journal);
+            Ok(Replay { machine, events })
+        }
     }
 }

@@ -427,7 +427,7 @@ pub async fn run(step: Step, exec: TestExec) -> Outcome2 {
     let model = Arc::new(SimModel::new(base, &step.calls, step.close_at));
     let requests = model.requests.clone();
     let runs = exec.runs.clone();
-    let mut builder = AgentBuilder::new(goal)
+    let mut builder = AgentBuilder::new(dagloop::RunDef::from_goal(goal).expect("defined"))
         .model(model)
         .executor(Arc::new(exec))
         .policy(step.policy)
