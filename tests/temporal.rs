@@ -1268,3 +1268,102 @@ async fn timers_on_temporal_fire_at_the_machines_next_deadline() {
     assert!(kinds(&history).contains(&"timerFiredEventAttributes".to_string()));
     replays(&conn, &id).await;
 }
+
+/// The seq of each `approval_requested` of run `id` by call, once `n` calls were asked.
+async fn asked(conn: &Connection, id: &str, n: usize) -> BTreeMap<u64, u64> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let page = conn.events(id, 0).await.expect("events");
+        let asked: BTreeMap<u64, u64> = page
+            .events
+            .iter()
+            .filter(|e| {
+                matches!(
+                    e.kind,
+                    dagloop::protocol::EventKind::ApprovalRequested { .. }
+                )
+            })
+            .filter_map(|e| Some((e.call?.0, e.seq)))
+            .collect();
+        if asked.len() >= n {
+            return asked;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never asked: {asked:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// A reviewer's timeout cleared before it fires, and the next deadline moved later, on the
+/// new path (spec/temporal_versions.md TV1, TV2). Two calls ask a reviewer (`timeout_s: 2`,
+/// `default_decision: reject`): call 1 is shown and approved at once, which clears its timeout
+/// before it is due; call 2 is shown a second later, so the machine's next deadline moves
+/// later and the workflow arms a second timer for it. Call 1 takes 4 s, so the run goes on past
+/// both deadlines: the first workflow timer ends and changes nothing (call 1 keeps the
+/// reviewer's approval, not the default), the second times call 2 out (the default, reject).
+/// The history replays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reviewer_timeout_cleared_or_moved_later_on_temporal() {
+    use dagloop::protocol::{CallId, Decision, Op};
+    let Some(s) = server() else { return };
+    let conn = s.connect().await;
+    let dir = tempfile::tempdir().expect("dir");
+    let (url, seen) = counting_service(4000).await;
+    let _w = WorkerProcess::start(bin::dagloop(), &s, "cleared");
+    let calls = json!([
+        {"_tool": "step", "n": 2, "_outputPath": "†state.b"},
+        {"_tool": "step", "n": 1, "_outputPath": "†state.a"}
+    ]);
+    let extra =
+        json!({"approval": {"policy": "ask", "timeout_s": 2, "default_decision": "reject"}});
+    let goal = step_goal_with(dir.path(), &url, calls, extra);
+    let out = run_temporal(&s, "cleared", &goal, &["--detach"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let id = run_id(&out);
+    let asked = asked(&conn, &id, 2).await;
+    let shown = |call: u64| Op::Shown {
+        call: CallId(call),
+        presentation: asked[&call],
+    };
+    // Call 2 (n: 1, the slow one) is shown and approved at once: its timeout is cleared.
+    conn.decide(&id, shown(2)).await.expect("shown");
+    let approve = Op::Decide {
+        call: CallId(2),
+        decision: Decision::Approve,
+        presented: None,
+        presentation: Some(asked[&2]),
+        by: None,
+    };
+    conn.decide(&id, approve).await.expect("approved");
+    // Call 1 is shown a second later: a later deadline than the one armed.
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    conn.decide(&id, shown(1)).await.expect("shown");
+    let r = tokio::time::timeout(Duration::from_secs(60), conn.result(&id))
+        .await
+        .expect("ended")
+        .expect("result");
+    let decision = |call: u64| {
+        r.calls
+            .iter()
+            .find(|c| c.id.0 == call)
+            .and_then(|c| c.decision.clone())
+    };
+    assert!(r.succeeded(), "{r:?}");
+    assert_eq!(decision(2).as_deref(), Some("approve"), "{r:?}");
+    assert_eq!(decision(1).as_deref(), Some("reject"), "{r:?}");
+    assert_eq!(seen.lock().expect("seen")[&1].len(), 1);
+    assert!(!seen.lock().expect("seen").contains_key(&2));
+    let history = conn.history_json(&id).await.expect("history");
+    let k = kinds(&history);
+    let count = |name: &str| k.iter().filter(|x| *x == name).count();
+    // One workflow timer per deadline armed: the first shown's, then the later one.
+    assert_eq!(count("timerStartedEventAttributes"), 2, "{k:?}");
+    assert_eq!(count("timerFiredEventAttributes"), 2, "{k:?}");
+    replays(&conn, &id).await;
+}

@@ -115,7 +115,9 @@ pub(super) struct Performer {
     pub(super) wakes: BTreeSet<u64>,
     /// What the run keeps of tool results, as the embedded engine's driver keeps it: each call
     /// is launched with its budget, and each outcome is admitted before the machine sees it.
-    pub(super) bound: crate::engine::ResultBound,
+    /// None for a history recorded before [`super::workflow::RESULT_BOUND_PATCH`]: its calls
+    /// were launched without a budget and their outcomes reached the machine whole.
+    pub(super) bound: Option<crate::engine::ResultBound>,
 }
 
 impl Performer {
@@ -199,7 +201,7 @@ impl Performer {
                     call: std::sync::Arc::unwrap_or_clone(call),
                     tool: (*tool).clone(),
                     timeout_ms,
-                    budget: Some(self.bound.budget()),
+                    budget: self.bound.as_ref().map(crate::engine::ResultBound::budget),
                 };
                 let c = ctx.clone();
                 if !detached {
@@ -484,7 +486,10 @@ impl Performer {
                 match result {
                     Ok(outcome) => inputs.push(RunInput::Outcome {
                         call: id,
-                        outcome: self.bound.admit(outcome),
+                        outcome: match self.bound.as_mut() {
+                            Some(bound) => bound.admit(outcome),
+                            None => outcome,
+                        },
                     }),
                     // Nobody asked for it to stop: the run was cancelled, which the machine
                     // hears about by itself.

@@ -5,7 +5,9 @@
 //!
 //! Versions: a history recorded before the [`TIMERS_PATCH`] patch (when the machine announced
 //! each timer setting as an action and the workflow armed one workflow timer per setting)
-//! replays the way it was recorded: `ctx.patched` says which a history is.
+//! replays the way it was recorded: `ctx.patched` says which a history is. So does one recorded
+//! before the [`RESULT_BOUND_PATCH`] patch (when the workflow handed the machine each tool
+//! result whole): its results are not bounded on replay.
 // The SDK's macros generate items (activity and handler definitions) that carry no docs.
 #![allow(missing_docs)]
 
@@ -32,6 +34,12 @@ use crate::protocol::{Event, Op, OpError};
 /// The patch (Temporal's workflow versioning) under which the workflow arms one workflow timer
 /// for the machine's next deadline; a history without its marker arms one per timer setting.
 pub(super) const TIMERS_PATCH: &str = "timers-in-machine";
+
+/// The patch under which the workflow bounds what the run keeps of tool results (each call
+/// launched with its budget, each outcome admitted before the machine sees it); a history
+/// without its marker handed the machine every result whole. Never renamed: recorded
+/// histories carry the name.
+pub(super) const RESULT_BOUND_PATCH: &str = "result-bound";
 
 /// How long a worker may go silent before its activity counts as lost.
 pub(super) const HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -190,8 +198,10 @@ impl RunWorkflow {
         if let Some(r) = ctx.state(|s| s.machine.is_none().then(|| s.result.clone()).flatten()) {
             return Ok(r);
         }
+        // A history recorded before the patch kept every result whole.
+        let bounded = ctx.patched(RESULT_BOUND_PATCH);
         let mut p = Performer {
-            bound: ctx.state(|s| result_bound(&s.spec, &s.journal)),
+            bound: bounded.then(|| ctx.state(|s| result_bound(&s.spec, &s.journal))),
             ..Performer::default()
         };
         let mut inputs = Vec::new();
