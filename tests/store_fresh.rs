@@ -31,7 +31,9 @@ fn many_opens_of_one_new_store_at_once_never_find_it_locked() {
                 let (path, barrier) = (path.clone(), barrier.clone());
                 std::thread::spawn(move || {
                     barrier.wait();
-                    SqliteStore::open(&path).map(drop).map_err(|e| e.to_string())
+                    SqliteStore::open(&path)
+                        .map(drop)
+                        .map_err(|e| e.to_string())
                 })
             })
             .collect();
@@ -60,5 +62,8 @@ fn a_refused_goal_never_touches_the_store() {
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
     assert_eq!(out.status.code(), Some(2), "{v:#}");
     assert_eq!(v["error"]["code"], "goal.invalid", "{v:#}");
-    assert!(!store.parent().expect("folder").exists(), "the store was touched");
+    assert!(
+        !store.parent().expect("folder").exists(),
+        "the store was touched"
+    );
 }

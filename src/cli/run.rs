@@ -183,8 +183,7 @@ pub(super) async fn run(
     let mut term = crate::signals::terminate();
     // Ctrl-C likewise: caught from here on, not from when the task that cancels the run is first
     // polled (a Ctrl-C in between, on a busy machine, killed the process without a result).
-    let mut interrupt =
-        crate::signals::interrupt();
+    let mut interrupt = crate::signals::interrupt();
     let (goal, run_id, journal) = match start {
         Start::New(path, input) => {
             // A run whose every call is answered from a recording needs no placeholder's value.

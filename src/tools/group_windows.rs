@@ -94,7 +94,8 @@ fn job_for(pid: u32) -> Option<HANDLE> {
             std::mem::size_of::<JOBOBJECT_EXTENDED_LIMIT_INFORMATION>() as u32,
         );
         let process = OpenProcess(PROCESS_SET_QUOTA | PROCESS_TERMINATE, FALSE, pid);
-        let assigned = set != 0 && !process.is_null() && AssignProcessToJobObject(job, process) != 0;
+        let assigned =
+            set != 0 && !process.is_null() && AssignProcessToJobObject(job, process) != 0;
         if !process.is_null() {
             CloseHandle(process);
         }
