@@ -73,6 +73,8 @@ pub mod net;
 pub mod protocol;
 #[cfg(feature = "server")]
 pub mod server;
+#[cfg(any(feature = "cli", feature = "server"))]
+mod signals;
 pub mod state;
 pub mod store;
 pub mod telemetry;

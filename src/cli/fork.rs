@@ -83,7 +83,7 @@ pub(super) async fn fork(
         fork.options,
         grants,
         display,
-        Some(store.clone()),
+        || Ok(Some(store.clone())),
     )
     .await;
     if ran.is_err() {

@@ -320,11 +320,11 @@ pub async fn main(mut cli: Cli) -> i32 {
                     Err(e) => Err(e),
                 }
             } else {
-                match (store(), grants_for(config, allow_shell, false)) {
-                    (Ok(s), Ok(g)) => {
-                        run::run(run::Start::New(goal, input), opts, g, display, s).await
-                    }
-                    (Err(e), _) | (_, Err(e)) => Err(e),
+                // The store is opened once the goal holds (`run::run`): an invalid goal never
+                // touches it.
+                match grants_for(config, allow_shell, false) {
+                    Ok(g) => run::run(run::Start::New(goal, input), opts, g, display, store).await,
+                    Err(e) => Err(e),
                 }
             }
         }
@@ -754,7 +754,7 @@ async fn resume(
         opts,
         grants,
         display,
-        Some(s.clone()),
+        || Ok(Some(s.clone())),
     )
     .await;
     // However it went, the lease does not stay with this process: refused before it was driven

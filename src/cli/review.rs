@@ -23,7 +23,6 @@
 
 use std::collections::{BTreeMap, VecDeque};
 use std::io::{BufRead, Write};
-use std::os::fd::AsFd;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -532,9 +531,8 @@ fn edit(call: &Call) -> Result<Map<String, Value>, String> {
             cmd.stdin(input).stdout(output).stderr(errors);
         }
         None => {
-            if let Ok(err) = std::io::stderr().as_fd().try_clone_to_owned() {
-                cmd.stdout(std::process::Stdio::from(err));
-            }
+            // Our stderr, duplicated (std does so on every platform).
+            cmd.stdout(std::io::stderr());
         }
     }
     let status = cmd

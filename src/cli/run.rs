@@ -172,15 +172,18 @@ pub(super) async fn run(
     opts: RunOptions,
     grants: Arc<crate::grants::Grants>,
     display: Display,
-    store: Option<super::Store>,
+    store: impl FnOnce() -> Result<Option<super::Store>, CliError>,
 ) -> Result<i32, CliError> {
     let mut resumed_asks = false;
+    // A new run opens the store only once its goal has loaded and its definition holds: a goal
+    // that is refused never touches (or creates) the store. A resumed run needs it at once.
+    let mut open = Some(store);
+    let mut store: Option<super::Store> = None;
     // Listening from here on: a SIGTERM while the run is being set up stops it once it starts.
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+    let mut term = crate::signals::terminate();
     // Ctrl-C likewise: caught from here on, not from when the task that cancels the run is first
     // polled (a Ctrl-C in between, on a busy machine, killed the process without a result).
-    let mut interrupt =
-        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt()).ok();
+    let mut interrupt = crate::signals::interrupt();
     let (goal, run_id, journal) = match start {
         Start::New(path, input) => {
             // A run whose every call is answered from a recording needs no placeholder's value.
@@ -199,6 +202,7 @@ pub(super) async fn run(
             (goal, None, None)
         }
         Start::Resume(stored) => {
+            store = open.take().map(|f| f()).transpose()?.flatten();
             let queued = store
                 .as_ref()
                 .and_then(|s| s.shared().queued_ops(&stored.record.id).ok())
@@ -213,6 +217,9 @@ pub(super) async fn run(
     };
     let def =
         crate::runs::define(goal, opts.clone(), grants).map_err(|e| CliError::new(e.code(), &e))?;
+    if let Some(f) = open.take() {
+        store = f()?;
+    }
     // The webhook is checked before anything is recorded. A resumed run notifies only what it
     // presents from now on (as `serve` does).
     let notify_since = if journal.is_some() { now_ms() } else { 0 };

@@ -90,7 +90,7 @@ pub(super) async fn continue_run(
         fork.options,
         grants,
         display,
-        Some(store.clone()),
+        || Ok(Some(store.clone())),
     )
     .await;
     if ran.is_err() {

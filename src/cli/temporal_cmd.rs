@@ -208,8 +208,7 @@ mod on {
         let stop = async {
             #[cfg(unix)]
             {
-                let mut term =
-                    tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+                let mut term = crate::signals::terminate();
                 tokio::select! {
                     _ = tokio::signal::ctrl_c() => {}
                     _ = async { match term.as_mut() { Some(t) => { t.recv().await; } None => std::future::pending().await } } => {}

@@ -93,9 +93,16 @@ async fn child(
             )
         })?
         .map_err(|e| format!("cannot start dagloop: {e}"))?;
-    use std::os::unix::process::ExitStatusExt;
+    #[cfg(unix)]
+    let killed = {
+        use std::os::unix::process::ExitStatusExt;
+        out.status.signal() == Some(9)
+    };
+    // No signals elsewhere: a killed child is one that left no exit code of its own.
+    #[cfg(not(unix))]
+    let killed = out.status.code().is_none();
     Ok(Ran {
-        killed: out.status.signal() == Some(9),
+        killed,
         json: serde_json::from_slice(&out.stdout).unwrap_or(Value::Null),
     })
 }

@@ -185,7 +185,7 @@ pub async fn serve(opts: ServeOptions) -> Result<(), ServerError> {
     #[cfg(not(feature = "temporal"))]
     let on_temporal = false;
     // Listening for SIGTERM before anybody can be told the server is up.
-    let term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+    let term = crate::signals::terminate();
     let stop = tokio_util::sync::CancellationToken::new();
     let signalled = stop.clone();
     let signals = tokio::spawn(async move {
@@ -270,7 +270,7 @@ const MCP_SHUTDOWN: std::time::Duration = std::time::Duration::from_secs(5);
 const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// Resolves at Ctrl-C (SIGINT) or SIGTERM.
-async fn stop_signal(term: Option<tokio::signal::unix::Signal>) {
+async fn stop_signal(term: Option<crate::signals::Signal>) {
     let term = async {
         match term {
             Some(mut s) => {

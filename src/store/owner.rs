@@ -58,9 +58,12 @@ impl OwnerProcess {
         if pid <= 1 {
             return false;
         }
-        // Signal 0 checks that a process exists, whoever it belongs to.
-        let exists = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None);
-        if exists == Err(nix::errno::Errno::ESRCH) {
+        // Signal 0 checks that a process exists, whoever it belongs to. (Without Unix there is
+        // no `/proc` either, so `current` is `None` and this is never reached.)
+        #[cfg(unix)]
+        if nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None)
+            == Err(nix::errno::Errno::ESRCH)
+        {
             return true;
         }
         match started(self.pid) {

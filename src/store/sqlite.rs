@@ -379,49 +379,75 @@ fn register_functions(c: &Connection) -> Result<(), StoreError> {
 
 /// Checks the file is ours (or empty), at a version we know; upgrades an older one. Runs in
 /// one `BEGIN IMMEDIATE` transaction, so processes opening a new store at once migrate it once.
-fn migrate(c: &mut Connection, path: &Path) -> Result<(), StoreError> {
-    let check: String = c
-        .query_row("PRAGMA quick_check", [], |r| r.get(0))
-        .map_err(|e| classify(path, e))?;
+/// The outer error is SQLite's own (see [`first_open`], which retries a busy one); the inner
+/// one is the file's verdict.
+fn migrate(c: &mut Connection, path: &Path) -> rusqlite::Result<Result<(), StoreError>> {
+    let check: String = c.query_row("PRAGMA quick_check", [], |r| r.get(0))?;
     if check != "ok" {
-        return Err(StoreError::Corrupt {
+        return Ok(Err(StoreError::Corrupt {
             path: path.display().to_string(),
             reason: check,
-        });
+        }));
     }
-    let tx = c
-        .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
-        .map_err(|e| classify(path, e))?;
-    let version: i64 = tx
-        .query_row("PRAGMA user_version", [], |r| r.get(0))
-        .map_err(|e| classify(path, e))?;
-    let tables: i64 = tx
-        .query_row(
-            "SELECT count(*) FROM sqlite_master WHERE type = 'table'",
-            [],
-            |r| r.get(0),
-        )
-        .map_err(|e| classify(path, e))?;
+    let tx = c.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+    let version: i64 = tx.query_row("PRAGMA user_version", [], |r| r.get(0))?;
+    let tables: i64 = tx.query_row(
+        "SELECT count(*) FROM sqlite_master WHERE type = 'table'",
+        [],
+        |r| r.get(0),
+    )?;
     if version == 0 && tables > 0 {
-        return Err(StoreError::Foreign {
+        return Ok(Err(StoreError::Foreign {
             path: path.display().to_string(),
             reason: format!("an SQLite database with {tables} tables of another program"),
-        });
+        }));
     }
     if version > SCHEMA_VERSION {
-        return Err(StoreError::TooNew {
+        return Ok(Err(StoreError::TooNew {
             path: path.display().to_string(),
             found: version,
             supported: SCHEMA_VERSION,
-        });
+        }));
     }
     let from = usize::try_from(version).unwrap_or(0);
     for (v, sql) in MIGRATIONS.iter().enumerate().skip(from) {
-        tx.execute_batch(sql).map_err(io)?;
-        tx.pragma_update(None, "user_version", (v + 1) as i64)
-            .map_err(io)?;
+        tx.execute_batch(sql)?;
+        tx.pragma_update(None, "user_version", (v + 1) as i64)?;
     }
-    tx.commit().map_err(|e| classify(path, e))
+    tx.commit().map(Ok)
+}
+
+/// The first statements on a store's file: [`migrate`], then the switch to WAL. Several
+/// processes creating one new store at once meet exactly here, and SQLite's busy handler does
+/// not cover every path of these (the journal-mode change, which needs the file to itself, and
+/// a schema read racing another connection's migration report busy at once). So a busy or
+/// locked file is tried again, after pauses growing to 100 ms, until the busy timeout has
+/// passed; what the file then still says is the answer. Each try is whole: a failed migration's
+/// transaction rolled back.
+fn first_open(c: &mut Connection, path: &Path) -> Result<(), StoreError> {
+    let deadline = std::time::Instant::now() + busy_timeout();
+    let mut pause = Duration::from_millis(2);
+    loop {
+        let tried = migrate(c, path).and_then(|verdict| {
+            if verdict.is_ok() {
+                c.pragma_update(None, "journal_mode", "WAL")?;
+            }
+            Ok(verdict)
+        });
+        match tried {
+            Ok(verdict) => return verdict,
+            Err(e)
+                if matches!(
+                    e.sqlite_error_code(),
+                    Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked)
+                ) && std::time::Instant::now() < deadline =>
+            {
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(Duration::from_millis(100));
+            }
+            Err(e) => return Err(classify(path, e)),
+        }
+    }
 }
 
 impl SqliteStore {
@@ -448,9 +474,7 @@ impl SqliteStore {
             path,
             OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_CREATE,
         )?;
-        migrate(&mut c, path)?;
-        c.pragma_update(None, "journal_mode", "WAL")
-            .map_err(|e| classify(path, e))?;
+        first_open(&mut c, path)?;
         c.pragma_update(None, "synchronous", "NORMAL").map_err(io)?;
         // Checkpoints run on a connection and a thread of their own, beside the writer: a
         // PASSIVE checkpoint lets the writer go on committing meanwhile.

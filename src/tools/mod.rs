@@ -13,6 +13,10 @@
 mod action;
 mod check;
 mod context;
+#[cfg(unix)]
+mod group;
+#[cfg(windows)]
+#[path = "group_windows.rs"]
 mod group;
 mod http;
 mod kind;
