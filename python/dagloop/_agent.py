@@ -526,6 +526,9 @@ class RunStream(Generic[T]):
         except pydantic.ValidationError as e:
             reply.bad_params(name, str(e))
             return
+        except Exception as e:  # noqa: BLE001 - a hint Pydantic cannot resolve...: the call's error
+            reply.fail(type(e).__name__, str(e))
+            return
         coro = self._call(tool, kwargs, reply, batch)
         if _EAGER:
             task = asyncio.Task(coro, loop=loop, eager_start=True)  # type: ignore[call-arg,unused-ignore]

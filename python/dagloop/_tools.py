@@ -40,6 +40,8 @@ class Tool:
         self.is_async = inspect.iscoroutinefunction(fn)
         sig = inspect.signature(fn)
         hints = _hints(fn)
+        # With `Annotated` kept: a param with validators or constraints is not plain.
+        exact = _hints(fn, include_extras=True)
         fields: dict[str, Any] = {}
         # Each param's Python type when every param is JSON-native (str, int, float, bool, Any,
         # dict, list): such params need no conversion but float's from a JSON integer.
@@ -52,7 +54,7 @@ class Tool:
             default = ... if p.default is p.empty else p.default
             fields[p.name] = (ann, default)
             if plain is not None:
-                t = _json_native(ann)
+                t = _json_native(exact.get(p.name, Any))
                 plain = None if t is None else {**plain, p.name: t}
         self._plain = plain
         # The `int` and `float` params of a plain signature: JSON Schema's integer and number
@@ -146,9 +148,9 @@ def _json_native(ann: Any) -> type | None:
     return None
 
 
-def _hints(fn: Callable[..., Any]) -> dict[str, Any]:
+def _hints(fn: Callable[..., Any], include_extras: bool = False) -> dict[str, Any]:
     try:
-        return typing.get_type_hints(fn)
+        return typing.get_type_hints(fn, include_extras=include_extras)
     except Exception:  # unresolvable forward references: take the annotations as written
         return dict(getattr(fn, "__annotations__", {}))
 

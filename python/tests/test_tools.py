@@ -227,3 +227,31 @@ def test_json_native_params_are_taken_as_parsed_and_others_go_through_pydantic()
     assert "unknown" not in plain.arguments('{"n": 1, "x": 1, "tags": [], "meta": {}, "unknown": 1}')
     with pytest.raises(Exception, match="validation error"):
         typed.arguments('{"n": 1}')
+
+
+class Exploding:
+    """A param type whose validator raises what Pydantic does not turn into a ValidationError."""
+
+    @classmethod
+    def __get_pydantic_core_schema__(cls, source: Any, handler: Any) -> Any:
+        from pydantic_core import core_schema
+
+        return core_schema.no_info_plain_validator_function(lambda v: v // 0, json_schema_input_schema=core_schema.int_schema())
+
+
+@dagloop.tool
+async def checked(n: Exploding) -> int:
+    return 1
+
+
+async def test_a_validator_that_raises_is_the_calls_error_not_the_runs() -> None:
+    """Pydantic passes on what a validator raises other than ValueError: it fails the call
+    (`activity.failed`), and the run carries on."""
+    model = ScriptedModel([
+        ScriptedModel.solution([call(checked, n=1, output_path="†state.x || †state.err")]),
+        ScriptedModel.solution(output="carried on"),
+    ])
+    result = await dagloop.Agent(model=model, tools=[checked]).stream("check").wait()
+    assert result.status == "succeeded" and result.output == "carried on", result
+    assert result.state["err"]["code"] == "activity.failed"
+    assert result.state["err"]["message"] == "ZeroDivisionError: integer division or modulo by zero"
