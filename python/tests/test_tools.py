@@ -1,5 +1,5 @@
 """Python functions as tools: schemas from type hints, sync and async functions, calls that
-answer at once beside calls that await, a fan-out that runs concurrently, an exception (before
+answer at once beside calls that await, each call its own task, a fan-out that runs concurrently, an exception (before
 or after an await) becoming the call's error, a cancelled run cancelling its tools, params taken
 as parsed or through Pydantic."""
 
@@ -255,3 +255,22 @@ async def test_a_validator_that_raises_is_the_calls_error_not_the_runs() -> None
     assert result.status == "succeeded" and result.output == "carried on", result
     assert result.state["err"]["code"] == "activity.failed"
     assert result.state["err"]["message"] == "ZeroDivisionError: integer division or modulo by zero"
+
+
+@dagloop.tool
+async def in_a_task(i: int) -> bool:
+    """Before any await: the call is the current task (what `asyncio.timeout`, `TaskGroup` and
+    anyio's cancel scopes need), and stays it after."""
+    before = asyncio.current_task()
+    await asyncio.sleep(0)
+    return before is not None and before is asyncio.current_task()
+
+
+async def test_a_call_is_its_own_task_from_its_first_line() -> None:
+    model = ScriptedModel([
+        ScriptedModel.solution([call(in_a_task, i=i, output_path=f"†state.t{i}") for i in range(3)]),
+        ScriptedModel.solution(output="ok"),
+    ])
+    result = await dagloop.Agent(model=model, tools=[in_a_task]).stream("tasks").wait()
+    assert result.status == "succeeded", result
+    assert [result.state[f"t{i}"] for i in range(3)] == [True, True, True]
