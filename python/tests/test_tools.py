@@ -1,7 +1,7 @@
 """Python functions as tools: schemas from type hints, sync and async functions, calls that
-answer at once beside calls that await, each call its own task, a fan-out that runs concurrently, an exception (before
-or after an await) becoming the call's error, a cancelled run cancelling its tools, params taken
-as parsed or through Pydantic."""
+answer at once beside calls that await, each call its own task, a fan-out that runs
+concurrently, an exception (before or after an await, or from a validator) becoming the call's
+error, a cancelled run cancelling its tools, params taken as parsed or through Pydantic."""
 
 from __future__ import annotations
 
