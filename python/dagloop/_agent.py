@@ -13,6 +13,7 @@ import inspect
 import json
 import os
 import socket
+import sys
 import tempfile
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Awaitable, Callable, Generic, Iterable, Literal, Union
@@ -25,6 +26,9 @@ from . import _dagloop as _native
 from ._bridge import DagloopError, native
 from ._events import ApprovalRequested, Event, parse_event
 from ._tools import Tool
+
+# Python 3.12 starts a task eagerly on request (its first step at once, no turn of the loop).
+_EAGER = sys.version_info >= (3, 12)
 
 # The output type; Any for an agent given none.
 T = TypeVar("T", default=Any)
@@ -354,6 +358,10 @@ class RunStream(Generic[T]):
         self._waker: asyncio.Task[None] | None = None
         # Results of calls not yet handed back: they go in one batch per turn of the event loop.
         self._answers: list[tuple[Any, bytes | str]] = []
+        # The answers of the take of calls going on (`_take_work`), None between takes.
+        self._batch: list[tuple[Any, bytes | str]] | None = None
+        # The calls of Python tools still running: cancelled when the run is over.
+        self._calls: set[asyncio.Task[Any]] = set()
         self._listener: asyncio.Task[None] | None = None
         self._presented: dict[int, ApprovalRequested] = {}
         self.result: RunResult | None = None
@@ -466,6 +474,10 @@ class RunStream(Generic[T]):
             self._take_work(read=True)
 
     def _unwatch_work(self) -> None:
+        """The run is over: no call comes any more, and the calls still running are cancelled
+        (`CancelledError` inside the function; nobody waits for their results)."""
+        for task in list(self._calls):
+            task.cancel()
         sock, self._wake = self._wake, None
         if sock is None:
             return
@@ -484,32 +496,75 @@ class RunStream(Generic[T]):
                 self._wake.recv(4096)
             except (BlockingIOError, InterruptedError):
                 pass
-        for name, params, reply in self._run.take_work():
-            self._spawn(self._call(name, params, reply))
+        # The results of the calls that answer during this take (eager tasks that never awaited)
+        # go back together, in one call, as soon as every call taken has started.
+        batch: list[tuple[Any, bytes | str]] = []
+        self._batch = batch
+        loop = asyncio.get_running_loop()
+        try:
+            for name, params, reply in self._run.take_work():
+                self._start_call(loop, name, params, reply, batch)
+        finally:
+            self._batch = None
+        if batch:
+            _native.answer(batch)
+
+    def _start_call(
+        self, loop: asyncio.AbstractEventLoop, name: str, params: str, reply: Any, batch: list[tuple[Any, bytes | str]]
+    ) -> None:
+        """Starts one call: its params checked, then the function run in a task of its own. On
+        Python >= 3.12 the task starts eagerly (`eager_start`): it runs up to its first await
+        here, and a call that never awaits is over before this returns, with nothing scheduled
+        (the task is the current task meanwhile, as `asyncio.timeout`, `TaskGroup` and anyio
+        require). Before 3.12 the task runs from the next turn of the event loop."""
+        tool = self._agent.tools.get(name)
+        if tool is None:
+            reply.fail("LookupError", f"no Python function for tool `{name}`")
+            return
+        try:
+            kwargs = tool.arguments(params)
+        except pydantic.ValidationError as e:
+            reply.bad_params(name, str(e))
+            return
+        except Exception as e:  # noqa: BLE001 - a hint Pydantic cannot resolve...: the call's error
+            reply.fail(type(e).__name__, str(e))
+            return
+        coro = self._call(tool, kwargs, reply, batch)
+        if _EAGER:
+            task = asyncio.Task(coro, loop=loop, eager_start=True)  # type: ignore[call-arg,unused-ignore]
+            if task.done():
+                return
+        else:
+            task = loop.create_task(coro)
+        self._calls.add(task)  # `_call` takes it out as it ends (no done callback to schedule)
 
     def _spawn(self, coro: Awaitable[Any]) -> None:
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _call(self, name: str, params: str, reply: Any) -> None:
-        tool = self._agent.tools.get(name)
-        if tool is None:
-            reply.fail("LookupError", f"no Python function for tool `{name}`")
-            return
+    async def _call(self, tool: Tool, kwargs: dict[str, Any], reply: Any, batch: list[tuple[Any, bytes | str]]) -> None:
         try:
-            result = await tool.invoke(params)
-            if not self._answers:
-                asyncio.get_running_loop().call_soon(self._answer)
-            self._answers.append((reply, result))
-        except pydantic.ValidationError as e:
-            reply.bad_params(name, str(e))
+            if tool.is_async and tool.timeout is None:  # `tool.run`, one coroutine fewer
+                result = pydantic_core.to_json(await tool.fn(**kwargs))
+            else:
+                result = await tool.run(kwargs)
         except (asyncio.TimeoutError, TimeoutError):
             reply.timeout(float(tool.timeout or 0))
         except BaseException as e:  # noqa: BLE001 - every failure is the call's, never the run's
             reply.fail(type(e).__name__, str(e))
             if not isinstance(e, Exception):
                 raise
+        else:
+            if batch is self._batch:  # still in the take that started it: answered with it
+                batch.append((reply, result))
+                return
+            if not self._answers:
+                asyncio.get_running_loop().call_soon(self._answer)
+            self._answers.append((reply, result))
+        finally:
+            if self._calls:
+                self._calls.discard(asyncio.current_task())  # type: ignore[arg-type,unused-ignore]
 
     def _answer(self) -> None:
         """Hands back the results gathered since the last time, at once (`_native.answer`)."""
