@@ -124,8 +124,8 @@ impl TinyDisk {
     }
 
     /// `dagloop serve` in the namespace on the store on this disk, under the tests' open
-    /// config; and its base URL.
-    fn serve(&self) -> (Child, String) {
+    /// config (killed when dropped); and its base URL.
+    fn serve(&self) -> (Served, String) {
         let mut c = self.dagloop();
         c.arg("--config")
             .arg(bin::open_config())
@@ -142,7 +142,7 @@ impl TinyDisk {
             .unwrap_or_else(|e| panic!("{e}"));
         let v: Value = serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line}"));
         let base = v["url"].as_str().unwrap_or_default();
-        (child, base.trim_end_matches('/').to_string())
+        (Served(child), base.trim_end_matches('/').to_string())
     }
 
     fn unfill(&self) {
@@ -162,6 +162,16 @@ impl TinyDisk {
         rusqlite::Connection::open(scratch.join("runs.db"))
             .and_then(|c| c.query_row("SELECT owner FROM runs WHERE id = ?1", [run], |r| r.get(0)))
             .unwrap_or_else(|e| panic!("{e}"))
+    }
+}
+
+/// A server process, killed when dropped (a failed assertion leaves none behind).
+struct Served(Child);
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
     }
 }
 
@@ -360,7 +370,7 @@ async fn a_server_whose_disk_fills_up_ends_the_run_with_a_store_code_and_gives_i
     for pages in (0..=40).step_by(4) {
         let left = pages * 4096;
         disk.clear();
-        let (mut server, base) = disk.serve();
+        let (server, base) = disk.serve();
         let (status, v) = answer(c.post(format!("{base}/runs")).json(&body)).await;
         assert_eq!(status, 201, "{v}");
         let id = v["id"].as_str().unwrap_or_default().to_string();
@@ -447,8 +457,7 @@ async fn a_server_whose_disk_fills_up_ends_the_run_with_a_store_code_and_gives_i
         // Still serving, with room again.
         let (status, v) = answer(c.get(&run)).await;
         assert_eq!(status, 200, "{v}");
-        let _ = server.kill();
-        let _ = server.wait();
+        drop(server);
     }
     assert!(failed >= 3, "the disk filled up in {failed} tries only");
 }
