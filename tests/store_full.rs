@@ -448,15 +448,25 @@ async fn a_server_whose_disk_fills_up_ends_the_run_with_a_store_code_and_gives_i
                 seen.1
             );
         }
+        disk.unfill();
+        // Still serving, with room again; and the lease is given back (at once in the room of
+        // the reserve, or, when the reserve was spent already, once there is room again: the
+        // server tries again at each poll, 200 ms).
+        let (code, v) = answer(c.get(&run)).await;
+        assert_eq!(code, 200, "{v}");
+        let scratch = dir.path().join("scratch");
+        let mut owner = disk.owner(&id, &scratch);
+        for _ in 0..30 {
+            if owner.is_none() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            owner = disk.owner(&id, &scratch);
+        }
         assert_eq!(
-            disk.owner(&id, &dir.path().join("scratch")),
-            None,
+            owner, None,
             "with {left} bytes left ({status}), the server gave the lease back"
         );
-        disk.unfill();
-        // Still serving, with room again.
-        let (status, v) = answer(c.get(&run)).await;
-        assert_eq!(status, 200, "{v}");
         drop(server);
     }
     assert!(failed >= 3, "the disk filled up in {failed} tries only");
