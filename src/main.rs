@@ -22,6 +22,13 @@ fn main() -> anyhow::Result<()> {
         // default, every thread a burst had started (40 and more) was woken within its 10 s
         // and none ever went, holding its stack and its allocator's pages.
         .thread_keep_alive(std::time::Duration::from_secs(1))
+        // At most this many blocking threads (tokio's default is 512). Each thread a burst
+        // starts leaves some memory behind when it goes (its allocator pages that still hold
+        // live blocks, its glibc arena, its shard of the tracing registry), so a burst that
+        // started one per run being submitted (346 at 5,000 runs) kept memory in proportion
+        // to its size; bounded, it keeps a constant (docs/performance.md, "What a burst's
+        // threads leave").
+        .max_blocking_threads(dagloop::cli::max_blocking_threads())
         // A worker with nothing to do hands back what it freed (a server that drove a burst of
         // runs to their wait returns to about a fresh server's memory: src/cli/alloc.rs).
         .on_thread_park(dagloop::cli::release_idle)

@@ -196,6 +196,68 @@ async fn edit_opens_the_editor_checks_the_params_and_shows_the_change() {
     assert_eq!(bodies, vec![json!({"n": 9})], "the edited params ran");
 }
 
+/// dagloop turns transparent huge pages off for itself (`PR_SET_THP_DISABLE`, which fork and
+/// exec pass on); the reviewer's `$EDITOR` has them as the system does, like a shell tool's
+/// program (tests/lifecycle.rs).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_editor_runs_with_transparent_huge_pages_though_dagloop_has_them_off() {
+    let own = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    if bin::thp_enabled(&own) != Some(1) {
+        eprintln!("SKIPPED: this kernel does not say THP_enabled, or this process has them off");
+        return;
+    }
+    let server = ToolServer::start().await;
+    let ws = probe(&server, |_| {});
+    let store = ws.goal.with_file_name("runs.db");
+    // An "editor" that records its own status and its parent's (dagloop's), changing nothing.
+    let editor = ws.goal.with_file_name("editor.sh");
+    let seen = ws.goal.with_file_name("seen.txt");
+    std::fs::write(
+        &editor,
+        format!(
+            "#!/bin/sh\n{{ cat /proc/$$/status; echo PARENT; cat /proc/$PPID/status; }} > '{}'\n",
+            seen.display()
+        ),
+    )
+    .expect("editor");
+    std::process::Command::new("chmod")
+        .arg("+x")
+        .arg(&editor)
+        .status()
+        .expect("chmod");
+    let text = in_pty(move || {
+        let mut cmd = bin::dagloop();
+        cmd.arg("run")
+            .arg(&ws.goal)
+            .args(["--approve", "ask"])
+            .env("DAGLOOP_STORE", &store)
+            .env("EDITOR", &editor)
+            .env_remove("VISUAL")
+            .env_remove("MIMALLOC_ALLOW_THP");
+        let mut p = spawn_command(cmd, Some(20_000)).expect("spawn in a pty");
+        p.exp_string("[e]dit").expect("prompt");
+        p.send_line("e").expect("send");
+        p.exp_string("(no change)").expect("the unchanged params");
+        p.send_control('c').expect("ctrl-c");
+        p.exp_eof().expect("exit");
+        let text = std::fs::read_to_string(&seen).expect("the editor ran");
+        drop(ws);
+        text
+    })
+    .await;
+    let (editor, parent) = text.split_once("PARENT").expect("two statuses");
+    assert_eq!(
+        bin::thp_enabled(parent),
+        Some(0),
+        "dagloop has them off: {parent}"
+    );
+    assert_eq!(
+        bin::thp_enabled(editor),
+        Some(1),
+        "the editor has them on: {editor}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn approve_all_answers_every_later_call_of_the_tool() {
     let server = ToolServer::start().await;

@@ -184,20 +184,12 @@ fn a_shell_tools_background_work_dies_with_its_timed_out_call() {
     );
 }
 
-/// `THP_enabled` as a `/proc/PID/status` text has it, when the kernel says (Linux 6.x).
-fn thp_enabled(status: &str) -> Option<u8> {
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("THP_enabled:"))
-        .and_then(|v| v.trim().parse().ok())
-}
-
 /// dagloop turns transparent huge pages off for itself (`PR_SET_THP_DISABLE`, which fork and
 /// exec pass on); the programs its shell tools start have them as the system does.
 #[test]
 fn a_shell_tool_runs_with_transparent_huge_pages_though_dagloop_has_them_off() {
     let own = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    if thp_enabled(&own) != Some(1) {
+    if bin::thp_enabled(&own) != Some(1) {
         eprintln!("SKIPPED: this kernel does not say THP_enabled, or this process has them off");
         return;
     }
@@ -231,11 +223,15 @@ fn a_shell_tool_runs_with_transparent_huge_pages_though_dagloop_has_them_off() {
     let text = r["output"]["thp"].as_str().unwrap_or_default();
     let (tool, parent) = text.split_once("PARENT").unwrap_or_else(|| panic!("{r:#}"));
     assert_eq!(
-        thp_enabled(parent),
+        bin::thp_enabled(parent),
         Some(0),
         "dagloop has them off: {parent}"
     );
-    assert_eq!(thp_enabled(tool), Some(1), "the tool has them on: {tool}");
+    assert_eq!(
+        bin::thp_enabled(tool),
+        Some(1),
+        "the tool has them on: {tool}"
+    );
 }
 
 // --- 3: SIGTERM ------------------------------------------------------------------------------

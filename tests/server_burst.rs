@@ -8,6 +8,8 @@ mod bin;
 #[path = "common/serve.rs"]
 mod serve;
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
@@ -36,10 +38,12 @@ fn parked(store: &std::path::Path) -> i64 {
         .unwrap_or(0)
 }
 
-/// 300 runs submitted by 32 clients at once, each waiting for a reviewer: once they have all
-/// parked, the server's threads come back down to its idle count plus a few (the blocking
-/// threads the burst started go; they used to stay, each woken in turn by the watcher's polls
-/// before it could time out), it drives none of them, and its resident memory comes back to
+/// 1,000 runs submitted by 32 clients at once, each waiting for a reviewer: the server never
+/// has more blocking threads at once than its bound (each one it started left memory behind:
+/// the memory kept grew with the burst); once the runs have all parked, its threads come back
+/// down to its idle count plus a few (the blocking threads the burst started go; they used to
+/// stay, each woken in turn by the watcher's polls before it could time out), it drives none
+/// of them, and its resident memory comes back to
 /// within [`KEPT_KIB`] of what it held before the burst (it used to keep 176 to 536 KiB per
 /// run: src/cli/alloc.rs).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -55,7 +59,20 @@ async fn the_threads_and_memory_a_burst_took_go_once_its_runs_have_parked() {
     let _ = c.get(s.url("/metrics")).send().await.expect("metrics");
     let fresh = rss_kib(pid);
     let body = goal(dir.path(), &url, "ask");
-    let n = 300;
+    // The most threads the process has at once during the burst, sampled every 5 ms.
+    let most = Arc::new(AtomicU64::new(0));
+    let sampling = tokio::spawn({
+        let most = most.clone();
+        async move {
+            loop {
+                most.fetch_max(threads(pid), Ordering::Relaxed);
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }
+    });
+    // Enough runs that an unbounded blocking pool grows past its bound (135 to 281 threads at
+    // once at 1,000 runs, in a debug build on 2 cores; 24 at 300).
+    let n = 1000;
     let posts = futures::stream::iter(0..n)
         .map(|_| {
             let c = c.clone();
@@ -75,6 +92,16 @@ async fn the_threads_and_memory_a_burst_took_go_once_its_runs_have_parked() {
         assert!(Instant::now() < deadline, "the runs never all parked");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    sampling.abort();
+    // The blocking threads the burst started are bounded (src/main.rs): each one leaves some
+    // memory behind when it goes, so a burst that started one per run being submitted kept
+    // memory in proportion to its size (4 KiB per run at 5,000 runs).
+    let most = most.load(Ordering::Relaxed);
+    let cap = dagloop::cli::max_blocking_threads() as u64;
+    assert!(
+        most <= idle + cap + 8,
+        "{most} threads at once during the burst (idle: {idle}, blocking threads at most {cap})"
+    );
     let peak = threads(pid);
     let bound = idle + 8;
     let deadline = Instant::now() + Duration::from_secs(20);

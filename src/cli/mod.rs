@@ -32,7 +32,7 @@ mod temporal_cmd;
 mod test_cmd;
 mod validate_cmd;
 
-pub use alloc::{purge_delay_ms, release_idle, tune_allocator};
+pub use alloc::{max_blocking_threads, purge_delay_ms, release_idle, tune_allocator};
 
 pub use args::*;
 use serve_cmd::*;

@@ -524,6 +524,8 @@ fn edit(call: &Call) -> Result<Map<String, Value>, String> {
     let program = parts.next().unwrap_or("vi");
     let mut cmd = std::process::Command::new(program);
     cmd.args(parts).arg(&file);
+    // The reviewer's program, like a tool's: transparent huge pages as the system has them.
+    crate::tools::huge_pages_back(&mut cmd);
     // The editor is the reviewer's, on the terminal: never on stdout, which may be the run's
     // result redirected to a file (`dagloop run goal.json > result.json`).
     match terminal() {

@@ -125,7 +125,8 @@ impl ApiError {
         }
     }
 
-    /// A store failure: unknown runs are 404, a compacted run's journal 410, the rest 500.
+    /// A store failure: unknown runs are 404, a compacted run's journal 410, a full disk 507
+    /// (saying so: the operator has to make room), the rest 500.
     /// What a client is told names no lease owner (its process id and host) and no file: those
     /// go to the server's log.
     pub fn from_store(e: &crate::store::StoreError) -> Self {
@@ -135,6 +136,7 @@ impl ApiError {
             S::Busy { .. } | S::SessionBusy { .. } => StatusCode::CONFLICT,
             S::Locked { .. } => StatusCode::SERVICE_UNAVAILABLE,
             S::Compacted { .. } => StatusCode::GONE,
+            full if full.disk_full() => StatusCode::INSUFFICIENT_STORAGE,
             _ => StatusCode::INTERNAL_SERVER_ERROR,
         };
         let message = match e {
@@ -147,6 +149,10 @@ impl ApiError {
             S::Busy { id, expires_at, .. } => format!(
                 "run {id} is being run by another process (its lease runs until {expires_at} ms); try again once its lease has expired"
             ),
+            full if full.disk_full() => {
+                tracing::error!(code = full.code(), "the run store failed: {full}");
+                "the run store's disk is full: nothing was recorded; try again once the operator has made room".to_string()
+            }
             other => {
                 tracing::error!(code = other.code(), "the run store failed: {other}");
                 "the run store failed; the server's log says why".to_string()

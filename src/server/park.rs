@@ -85,6 +85,8 @@ impl AppState {
         .await;
         if !matches!(recorded, Ok(Ok(()))) {
             tracing::error!(run = %id, "could not record the run's end");
+            // Its lease may still be held (the release failed too): given back later.
+            lock(&self.unreleased).insert(id.to_string());
         }
         lock(&self.live).remove(id);
     }
@@ -184,7 +186,9 @@ impl AppState {
         // message names paths and addresses of the server's machine).
         let refuse = |e: &dyn std::fmt::Display, code: &str| {
             tracing::error!(run = %id, "cannot continue: {e}");
-            let _ = self.store.release(id);
+            if self.store.release(id).is_err() {
+                lock(&self.unreleased).insert(id.to_string());
+            }
             if !adopt {
                 lock(&self.skip).insert(id.to_string());
             }
@@ -240,6 +244,38 @@ impl AppState {
         }
     }
 
+    /// Gives back the leases this process could not give back before (a full disk): each
+    /// run that is not live here again is released; those still refused are tried at the
+    /// next poll.
+    async fn release_again(self: &Arc<Self>) {
+        let ids: Vec<String> = std::mem::take(&mut *lock(&self.unreleased))
+            .into_iter()
+            .filter(|id| self.live(id).is_none())
+            .collect();
+        if ids.is_empty() {
+            return;
+        }
+        let store = self.store.clone();
+        let refused = tokio::task::spawn_blocking(move || {
+            ids.into_iter()
+                // Refused for want of room (or a lock) again; any other answer (the lease is
+                // somebody else's now, the run is gone) ends the tries.
+                .filter(|id| {
+                    store.release(id).is_err_and(|e| {
+                        matches!(
+                            e,
+                            crate::store::StoreError::Io { .. }
+                                | crate::store::StoreError::Locked { .. }
+                        )
+                    })
+                })
+                .collect::<Vec<_>>()
+        })
+        .await
+        .unwrap_or_default();
+        lock(&self.unreleased).extend(refused);
+    }
+
     /// The one watcher: wakes `first` (what the server found to continue at its start) in the
     /// background, then polls: decisions other processes recorded, runs whose process stopped
     /// (their leases ran out), and parked runs' deadlines, each at its time.
@@ -263,6 +299,7 @@ impl AppState {
                 }
             };
             loop {
+                me.release_again().await;
                 let w = watch.clone();
                 let polled = tokio::task::spawn_blocking(move || {
                     let w = lock(&w);

@@ -55,6 +55,9 @@ pub(super) struct AppState {
     /// Stored runs this server does not continue: started by `dagloop run` (not submitted to a
     /// server), or that could not be continued here once already.
     pub(super) skip: Mutex<std::collections::BTreeSet<String>>,
+    /// Runs whose lease this process could not give back (the store's disk was full, its
+    /// reserve spent): the watcher tries again at each poll until it can.
+    pub(super) unreleased: Mutex<std::collections::BTreeSet<String>>,
     /// Held while a run is woken, so one process never launches a run twice.
     pub(super) waking: tokio::sync::Mutex<()>,
     pub tickets: super::tickets::Tickets,
@@ -116,6 +119,7 @@ impl AppState {
             base_dir: opts.base_dir.clone(),
             live: Mutex::new(BTreeMap::new()),
             skip: Mutex::new(Default::default()),
+            unreleased: Mutex::new(Default::default()),
             waking: tokio::sync::Mutex::new(()),
             tickets,
             watches: Default::default(),

@@ -288,6 +288,13 @@ pub enum StoreError {
 crate::codes::has_code!(StoreError);
 
 impl StoreError {
+    /// A read or write that failed because the store's file system is full (SQLite's
+    /// `SQLITE_FULL`, "database or disk is full"; the OS's `ENOSPC`).
+    pub fn disk_full(&self) -> bool {
+        matches!(self, StoreError::Io { reason }
+            if reason.contains("disk is full") || reason.contains("No space left on device"))
+    }
+
     /// A stable code.
     pub fn code(&self) -> &'static str {
         match self {

@@ -48,8 +48,18 @@ pub fn huge_pages_for_children() {
 /// has them rather than as this process turned them (see [`huge_pages_for_children`]).
 pub(crate) fn prepare(cmd: &mut tokio::process::Command) {
     cmd.process_group(0);
+    huge_pages_back(cmd.as_std_mut());
+}
+
+/// The program `cmd` starts gets transparent huge pages as the system has them, when this
+/// process turned them off for itself only (see [`huge_pages_for_children`]): a tool's program,
+/// or the reviewer's `$EDITOR`.
+pub fn huge_pages_back(cmd: &mut std::process::Command) {
+    #[cfg(not(target_os = "linux"))]
+    let _ = cmd;
     #[cfg(target_os = "linux")]
     if THP_FOR_CHILDREN.load(std::sync::atomic::Ordering::Relaxed) {
+        use std::os::unix::process::CommandExt;
         // SAFETY: the hook runs between fork and exec and makes one system call (prctl, with
         // integer arguments), which is async-signal-safe; it allocates nothing and takes no
         // lock. A failure leaves the flag as inherited, which only costs the program memory.

@@ -53,3 +53,12 @@ pub fn open_config() -> PathBuf {
     }
     path
 }
+
+/// `THP_enabled` as a `/proc/PID/status` text has it, when the kernel says (Linux 6.x): 0 when
+/// the process turned transparent huge pages off (`PR_SET_THP_DISABLE`).
+pub fn thp_enabled(status: &str) -> Option<u8> {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("THP_enabled:"))
+        .and_then(|v| v.trim().parse().ok())
+}
