@@ -29,7 +29,35 @@ pub(super) struct ApiDoc;
 pub(super) fn finish(api: utoipa::openapi::OpenApi) -> Value {
     let mut doc = serde_json::to_value(&api).unwrap_or(Value::Null);
     events_one_of(&mut doc);
+    disk_full_everywhere(&mut doc);
     doc
+}
+
+/// Every operation may answer 507 (`store.io`, the disk under the store is full): any of them
+/// may write (a run's record, a lease, a decision), so it is declared once here rather than on
+/// each route.
+fn disk_full_everywhere(doc: &mut Value) {
+    let Some(paths) = doc.get_mut("paths").and_then(Value::as_object_mut) else {
+        return;
+    };
+    for item in paths.values_mut() {
+        let Some(item) = item.as_object_mut() else {
+            continue;
+        };
+        for (method, op) in item.iter_mut() {
+            if !["get", "post", "put", "patch", "delete"].contains(&method.as_str()) {
+                continue;
+            }
+            if let Some(responses) = op.get_mut("responses").and_then(Value::as_object_mut) {
+                responses.entry("507").or_insert_with(|| {
+                    json!({
+                        "description": "The disk under the run store is full (`store.io`): nothing was recorded; retry once there is room",
+                        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ApiError"}}}
+                    })
+                });
+            }
+        }
+    }
 }
 
 /// Replaces the derived `Event` (the common fields, flattened with the `EventKind` enum) by a
