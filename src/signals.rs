@@ -35,7 +35,9 @@ pub(crate) fn terminate() -> Option<Signal> {
     }
 }
 
-/// SIGINT (Ctrl-C), from now on; `None` where it cannot be listened for.
+/// SIGINT (Ctrl-C), from now on; `None` where it cannot be listened for (only the CLI's `run`
+/// listens for it).
+#[cfg(feature = "cli")]
 pub(crate) fn interrupt() -> Option<Signal> {
     #[cfg(unix)]
     {

@@ -162,11 +162,7 @@ async fn edit_opens_the_editor_checks_the_params_and_shows_the_change() {
     // An "editor" that changes n from 7 to 9 in the file it is given.
     let editor = ws.goal.with_file_name("editor.sh");
     std::fs::write(&editor, "#!/bin/sh\nsed -i 's/7/9/' \"$1\"\n").expect("editor");
-    std::process::Command::new("chmod")
-        .arg("+x")
-        .arg(&editor)
-        .status()
-        .expect("chmod");
+    executable(&editor);
     let out = in_pty(move || {
         let mut cmd = bin::dagloop();
         cmd.arg("run")
@@ -220,11 +216,7 @@ async fn the_editor_runs_with_transparent_huge_pages_though_dagloop_has_them_off
         ),
     )
     .expect("editor");
-    std::process::Command::new("chmod")
-        .arg("+x")
-        .arg(&editor)
-        .status()
-        .expect("chmod");
+    executable(&editor);
     let text = in_pty(move || {
         let mut cmd = bin::dagloop();
         cmd.arg("run")
@@ -287,4 +279,13 @@ async fn approve_all_answers_every_later_call_of_the_tool() {
     .await;
     assert!(out.contains("\"status\": \"succeeded\""), "{out}");
     assert_eq!(server.hits("/ping"), 2);
+}
+
+/// Makes the script at `path` executable (an `$EDITOR` the tests write).
+fn executable(path: &std::path::Path) {
+    std::process::Command::new("chmod")
+        .arg("+x")
+        .arg(path)
+        .status()
+        .expect("chmod");
 }

@@ -34,6 +34,18 @@ struct TinyDisk {
 impl TinyDisk {
     const SIZE: &'static str = "1m";
 
+    /// A tiny disk mounted at `dir/mnt`; None (saying the test is skipped) when this system
+    /// cannot make one.
+    fn mount_in(dir: &Path) -> Option<TinyDisk> {
+        let mnt = dir.join("mnt");
+        std::fs::create_dir(&mnt).unwrap_or_else(|e| panic!("{e}"));
+        let disk = TinyDisk::mount(&mnt);
+        if disk.is_none() {
+            eprintln!("SKIPPED: no user namespaces here to mount a tiny file system in");
+        }
+        disk
+    }
+
     /// None when this system cannot make one (no `unshare`, no user namespaces).
     fn mount(dir: &Path) -> Option<TinyDisk> {
         let mut holder = Command::new("unshare")
@@ -255,10 +267,7 @@ fn write_goal(dir: &Path) -> PathBuf {
 #[test]
 fn a_resume_that_fails_on_a_full_disk_ends_and_gives_its_lease_back() {
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-    let mnt = dir.path().join("mnt");
-    std::fs::create_dir(&mnt).unwrap_or_else(|e| panic!("{e}"));
-    let Some(disk) = TinyDisk::mount(&mnt) else {
-        eprintln!("SKIPPED: no user namespaces here to mount a tiny file system in");
+    let Some(disk) = TinyDisk::mount_in(dir.path()) else {
         return;
     };
     let goal = write_goal(dir.path());
@@ -357,10 +366,7 @@ async fn answer(r: reqwest::RequestBuilder) -> (u16, Value) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_server_whose_disk_fills_up_ends_the_run_with_a_store_code_and_gives_its_lease_back() {
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-    let mnt = dir.path().join("mnt");
-    std::fs::create_dir(&mnt).unwrap_or_else(|e| panic!("{e}"));
-    let Some(disk) = TinyDisk::mount(&mnt) else {
-        eprintln!("SKIPPED: no user namespaces here to mount a tiny file system in");
+    let Some(disk) = TinyDisk::mount_in(dir.path()) else {
         return;
     };
     let mut body = goal(dir.path());
