@@ -29,6 +29,10 @@ use windows_sys::Win32::System::Threading::{OpenProcess, PROCESS_SET_QUOTA, PROC
 /// Transparent huge pages are a Linux matter: nothing to hand back to children here.
 pub fn huge_pages_for_children() {}
 
+/// Transparent huge pages are a Linux matter: a program started here (a tool's, the reviewer's
+/// `$EDITOR`) needs nothing handed back.
+pub fn huge_pages_back(_cmd: &mut std::process::Command) {}
+
 /// Sets up a program a tool starts: nothing before the start on Windows (the job is joined
 /// right after it, in [`KillOnDrop::new`]).
 pub(crate) fn prepare(_cmd: &mut tokio::process::Command) {}
