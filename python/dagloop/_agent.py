@@ -357,9 +357,9 @@ class RunStream(Generic[T]):
         self._wake: socket.socket | None = None
         self._waker: asyncio.Task[None] | None = None
         # Results of calls not yet handed back: they go in one batch per turn of the event loop.
-        self._answers: list[tuple[Any, bytes | str]] = []
+        self._answers: list[tuple[Any, ...]] = []
         # The answers of the take of calls going on (`_take_work`), None between takes.
-        self._batch: list[tuple[Any, bytes | str]] | None = None
+        self._batch: list[tuple[Any, ...]] | None = None
         # The calls of Python tools still running: cancelled when the run is over.
         self._calls: set[asyncio.Task[Any]] = set()
         self._listener: asyncio.Task[None] | None = None
@@ -498,7 +498,7 @@ class RunStream(Generic[T]):
                 pass
         # The results of the calls that answer during this take (eager tasks that never awaited)
         # go back together, in one call, as soon as every call taken has started.
-        batch: list[tuple[Any, bytes | str]] = []
+        batch: list[tuple[Any, ...]] = []
         self._batch = batch
         loop = asyncio.get_running_loop()
         try:
@@ -510,7 +510,7 @@ class RunStream(Generic[T]):
             _native.answer(batch)
 
     def _start_call(
-        self, loop: asyncio.AbstractEventLoop, name: str, params: str, reply: Any, batch: list[tuple[Any, bytes | str]]
+        self, loop: asyncio.AbstractEventLoop, name: str, params: str, reply: Any, batch: list[tuple[Any, ...]]
     ) -> None:
         """Starts one call: its params checked, then the function run in a task of its own. On
         Python >= 3.12 the task starts eagerly (`eager_start`): it runs up to its first await
@@ -543,7 +543,7 @@ class RunStream(Generic[T]):
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _call(self, tool: Tool, kwargs: dict[str, Any], reply: Any, batch: list[tuple[Any, bytes | str]]) -> None:
+    async def _call(self, tool: Tool, kwargs: dict[str, Any], reply: Any, batch: list[tuple[Any, ...]]) -> None:
         try:
             if tool.is_async and tool.timeout is None:  # `tool.run`, one coroutine fewer
                 result = pydantic_core.to_json(await tool.fn(**kwargs))
@@ -552,19 +552,25 @@ class RunStream(Generic[T]):
         except (asyncio.TimeoutError, TimeoutError):
             reply.timeout(float(tool.timeout or 0))
         except BaseException as e:  # noqa: BLE001 - every failure is the call's, never the run's
-            reply.fail(type(e).__name__, str(e))
+            self._hand_back(batch, (reply, type(e).__name__, str(e)))
             if not isinstance(e, Exception):
                 raise
         else:
-            if batch is self._batch:  # still in the take that started it: answered with it
-                batch.append((reply, result))
-                return
-            if not self._answers:
-                asyncio.get_running_loop().call_soon(self._answer)
-            self._answers.append((reply, result))
+            self._hand_back(batch, (reply, result))
         finally:
             if self._calls:
                 self._calls.discard(asyncio.current_task())  # type: ignore[arg-type,unused-ignore]
+
+    def _hand_back(self, batch: list[tuple[Any, ...]], answer: tuple[Any, ...]) -> None:
+        """Keeps a call's answer (`(reply, result_json)` or `(reply, exception, message)`) for
+        the next batch: the take's, while the take that started the call is going on (the call
+        never awaited), else the one handed back after this turn of the event loop."""
+        if batch is self._batch:
+            batch.append(answer)
+            return
+        if not self._answers:
+            asyncio.get_running_loop().call_soon(self._answer)
+        self._answers.append(answer)
 
     def _answer(self) -> None:
         """Hands back the results gathered since the last time, at once (`_native.answer`)."""
