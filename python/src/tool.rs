@@ -1,7 +1,8 @@
 //! Python functions as the activity of a goal's `"_activity": "rust"` tools: a call becomes a
 //! work item queued for the Python side, which takes every queued item at once
 //! (`Run.take_work`), runs them (on its event loop, or a thread for a sync function) and answers
-//! each through its [`Reply`].
+//! them in batches (`answer`: each call through its [`Reply`], all of a batch handed to their
+//! calls by one task on the runtime, so a batch wakes the run's threads once).
 //!
 //! The run's threads never take the GIL to hand a call over: a queue that was empty wakes the
 //! Python event loop by writing one byte to a socket it watches (`loop.add_reader`), so a
