@@ -7,9 +7,10 @@ use std::sync::Arc;
 
 use super::{Entry, Phase, Scheduler, ToolEntry};
 use crate::graph::{GraphError, PathId};
-use crate::protocol::{Call, CallId, EventKind, FailKind, Millis, Path};
+use crate::protocol::{Call, CallId, EventKind, FailKind, Millis, Path, PathText};
 use crate::scheduler::resolve::{self, Check, RefAt};
 use crate::scheduler::{Action, CallStatus, Parsed, SchedulerError, UnreadableCall};
+use crate::state::State;
 
 pub(super) fn emit(out: &mut Vec<Action>, id: CallId, kind: EventKind) {
     out.push(Action::Event {
@@ -39,8 +40,13 @@ pub(super) fn read_id(e: &Entry, at: RefAt) -> Option<PathId> {
     read_ids(e).get(before + at.1 as usize).copied()
 }
 
-pub(super) fn path_strings<'a>(paths: impl IntoIterator<Item = &'a Path>) -> Vec<String> {
-    let mut v: Vec<String> = paths.into_iter().map(Path::text).collect();
+/// The texts of the entry's read paths at `at`, sorted, once each: taken from the run's path
+/// table (rendered once per run, shared by every event that names the path).
+pub(super) fn path_texts(e: &Entry, state: &mut State, at: &[RefAt]) -> Vec<PathText> {
+    let mut v: Vec<PathText> = at
+        .iter()
+        .filter_map(|&a| Some(state.text(read_id(e, a)?, resolve::path_at(&e.refs, a)?)))
+        .collect();
     v.sort();
     v.dedup();
     v
@@ -253,13 +259,8 @@ impl Scheduler {
             // Defensive (rule 8): nothing can run any more, so whatever still waits never will.
             for ix in 0..self.entries.len() {
                 if self.entries[ix].phase == Phase::Waiting {
-                    let e = &self.entries[ix];
-                    let missing = e
-                        .waiting_on
-                        .iter()
-                        .filter_map(|&at| resolve::path_at(&e.refs, at).cloned())
-                        .collect();
-                    self.unresolve(ix, missing, out);
+                    let missing = std::mem::take(&mut self.entries[ix].waiting_on);
+                    self.unresolve(ix, &missing, out);
                 }
             }
         }
@@ -336,29 +337,29 @@ impl Scheduler {
             Ok(Check::Missing { missing, blocked }) if open => {
                 self.block(ix, blocked, &missing, out)
             }
-            Ok(Check::Missing { missing, .. }) => self.unresolve(ix, missing, out),
+            Ok(Check::Missing { missing, .. }) => self.unresolve(ix, &missing, out),
         }
     }
 
-    /// The call waits on the paths at `at` and (stream open only) on `absent` paths, which no
-    /// call writes yet; those are not watched, so the call is checked again in full when any
+    /// The call waits on the paths at `at` and (stream open only) on the `absent` paths, which
+    /// no call writes yet; those are not watched, so the call is checked again in full when any
     /// write overlapping its reads lands or the stream closes.
     pub(super) fn block(
         &mut self,
         ix: usize,
         at: Vec<RefAt>,
-        absent: &[Path],
+        absent: &[RefAt],
         out: &mut Vec<Action>,
     ) {
         let e = &mut self.entries[ix];
         if !e.announced {
             e.announced = true;
-            // Rendered from the call's own paths (no copy of a path before its text).
-            let waiting_on = path_strings(
-                at.iter()
-                    .filter_map(|&a| resolve::path_at(&e.refs, a))
-                    .chain(absent),
-            );
+            // The texts the run's table keeps (rendered once per path, then shared).
+            let waiting_on = if absent.is_empty() {
+                path_texts(e, &mut self.state, &at)
+            } else {
+                path_texts(e, &mut self.state, &[&at[..], absent].concat())
+            };
             emit(out, e.id, EventKind::Blocked { waiting_on });
         }
         e.waiting_on = if absent.is_empty() { at } else { Vec::new() };

@@ -30,7 +30,7 @@ pub(super) enum Check {
     Ready(Overlay, Vec<CallId>),
     Blocked(Vec<RefAt>),
     Missing {
-        missing: Vec<Path>,
+        missing: Vec<RefAt>,
         blocked: Vec<RefAt>,
     },
 }
@@ -101,7 +101,7 @@ pub(super) fn check(
         match state.eval_ids(e, these, others_write, open, &mut writers)? {
             Eval::Ready(v) => values.push(v),
             Eval::Blocked(ps) => blocked.extend(ps.iter().map(|p| locate(i, e, p))),
-            Eval::Missing(ps) => missing.extend(ps),
+            Eval::Missing(ps) => missing.extend(ps.iter().map(|p| locate(i, e, p))),
         }
     }
     if !missing.is_empty() {

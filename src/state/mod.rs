@@ -154,6 +154,12 @@ impl State {
         self.paths.intern(path)
     }
 
+    /// The text of `path`, whose id is `id` ([`State::intern`]), as events name it: rendered
+    /// once per run and shared ([`PathTable::text`]).
+    pub fn text(&mut self, id: PathId, path: &Path) -> crate::protocol::PathText {
+        self.paths.text(id, path)
+    }
+
     /// The run's path table (the ids [`State::intern`] gives).
     pub fn paths(&self) -> &PathTable {
         &self.paths
