@@ -16,6 +16,7 @@ mod read_tests;
 
 /// The run's path ids ([`State::intern`]), shared with the scheduler's call graph.
 pub use crate::graph::{PathId, PathTable};
+pub(crate) use eval::EvalAt;
 pub use eval::{Eval, Resolved};
 
 use std::collections::BTreeMap;
@@ -410,6 +411,19 @@ impl State {
         open: bool,
         writers: &mut Vec<CallId>,
     ) -> Result<Eval, StateError> {
+        eval::eval_once(self, expr, ids, others_write, open, writers).map(|e| e.paths(expr))
+    }
+
+    /// [`State::eval_ids`] naming the awaited or missing references by their position in
+    /// `expr.refs` instead of copying their paths (what the scheduler keeps).
+    pub(crate) fn eval_ids_at(
+        &self,
+        expr: &Expression,
+        ids: &[PathId],
+        others_write: &dyn Fn(Option<PathId>, &Path) -> bool,
+        open: bool,
+        writers: &mut Vec<CallId>,
+    ) -> Result<EvalAt, StateError> {
         eval::eval_once(self, expr, ids, others_write, open, writers)
     }
 
