@@ -472,3 +472,35 @@ fn events_naming_one_path_share_its_text() {
         json!({"type": "blocked", "waiting_on": ["state.gone", "state.x"]})
     );
 }
+
+#[test]
+fn a_chain_hop_walks_the_state_index_once() {
+    let mut s = sched();
+    let mut out = Vec::new();
+    s.handle_into(
+        arrival(&s, call(json!({"_tool": "t", "_outputPath": "†state.a"}))),
+        0,
+        &mut out,
+    );
+    s.handle_into(
+        arrival(&s, call(json!({"_tool": "t", "x": "†state.a"}))),
+        0,
+        &mut out,
+    );
+    // The stream is still open: the second call waits on `state.a`, written by the first.
+    assert!(launches(&out) == vec![CallId(100)], "{out:?}");
+    let before = crate::state::PLANS.with(|n| n.get());
+    out.clear();
+    s.handle_into(
+        Input::Finished {
+            id: CallId(100),
+            outcome: Outcome::ok(json!(1)),
+        },
+        1,
+        &mut out,
+    );
+    assert_eq!(launches(&out), vec![CallId(101)]);
+    // One read of `state.a`: the value it launches with, which also answered whether there is
+    // one (no separate `has` before it).
+    assert_eq!(crate::state::PLANS.with(|n| n.get()) - before, 1);
+}

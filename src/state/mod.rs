@@ -12,6 +12,8 @@ pub mod apply;
 mod eval;
 mod index;
 #[cfg(test)]
+pub(crate) use index::PLANS;
+#[cfg(test)]
 mod read_tests;
 
 /// The run's path ids ([`State::intern`]), shared with the scheduler's call graph.
