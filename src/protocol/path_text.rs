@@ -136,7 +136,9 @@ mod tests {
     fn reads_and_serialises_as_its_string() {
         let t = PathText::from("state.a[0]");
         let u = t.clone();
-        assert!(t.shares(&u) && t == "state.a[0]" && "state.a[0]" == t);
+        assert!(t.shares(&u));
+        assert_eq!(t, "state.a[0]");
+        assert_eq!("state.a[0]", t);
         assert_eq!(t.to_string(), "state.a[0]");
         let json = serde_json::to_value(&t).expect("serialises");
         assert_eq!(json, serde_json::json!("state.a[0]"));
