@@ -4,12 +4,14 @@
 //!
 //! The table only grows (ids stay valid for the table's life) and is a trie: interning a path
 //! walks it one segment at a time from the root, and is the only operation that hashes a segment.
+//! Each id also keeps its path's rendered text ([`PathText`]) once an event first names it, so
+//! every later event naming the path shares that text instead of rendering it again.
 //! Deliberately not here: who reads or writes a path (that is `index::PathIndex`), or any value.
 
 use std::collections::HashMap;
 
 use crate::fxhash::FxBuildHasher;
-use crate::protocol::{Path, Segment};
+use crate::protocol::{Path, PathText, Segment};
 
 /// A path's id in its [`PathTable`]. Ids are dense from 1 (0 is the empty path above every
 /// kind, which is never registered).
@@ -34,6 +36,8 @@ struct Node {
     index: Option<usize>,
     /// The nodes one segment further down. Only interning reads it.
     children: HashMap<Segment, u32, FxBuildHasher>,
+    /// The path's text, rendered the first time it was asked for ([`PathTable::text`]).
+    text: Option<PathText>,
 }
 
 /// Interned paths, as a trie of ids.
@@ -85,6 +89,7 @@ impl PathTable {
                         depth,
                         index,
                         children: HashMap::default(),
+                        text: None,
                     });
                     self.nodes[at as usize].children.insert(seg.clone(), c);
                     c
@@ -105,6 +110,16 @@ impl PathTable {
             }
         }
         (PathId(at), true)
+    }
+
+    /// The text of `path`, whose id is `id` ([`PathTable::intern`]): rendered the first time it
+    /// is asked for and kept, so every later call shares it (a reference count, no copy). An id
+    /// the table does not hold gives a fresh rendering, kept nowhere.
+    pub fn text(&mut self, id: PathId, path: &Path) -> PathText {
+        match self.nodes.get_mut(id.index()) {
+            Some(node) => node.text.get_or_insert_with(|| PathText::from(path)).clone(),
+            None => PathText::from(path),
+        }
     }
 
     /// The parent of `id` (None for the root).
@@ -161,5 +176,17 @@ mod tests {
         assert_eq!(t.locate(&p("state.a.c.d")), (a, false));
         assert_eq!(t.locate(&p("input.x")), (PathId::ROOT, false));
         assert_eq!(t.parent(PathId::ROOT), None);
+    }
+
+    #[test]
+    fn a_path_is_rendered_once_and_shared() {
+        let mut t = PathTable::new();
+        let (ab, ax) = (p("state.a.b"), p("state.a[0]"));
+        let (i, j) = (t.intern(&ab), t.intern(&ax));
+        let first = t.text(i, &ab);
+        assert_eq!(first, "state.a.b");
+        assert!(t.text(i, &ab).shares(&first));
+        assert_eq!(t.text(j, &ax), "state.a[0]");
+        assert!(!t.text(j, &ax).shares(&first));
     }
 }

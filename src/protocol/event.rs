@@ -17,7 +17,7 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-use super::{Call, CallId, Millis, OutputMethod};
+use super::{Call, CallId, Millis, OutputMethod, PathText};
 
 /// The resolved params of a launched call, as its `started` event carries them: a share of the
 /// call the activity runs, so launching a call copies no params. Reads as the params object
@@ -275,7 +275,8 @@ pub enum EventKind {
     /// while the stream is open).
     Blocked {
         /// The awaited paths, as `kind.path` strings.
-        waiting_on: Vec<String>,
+        #[cfg_attr(feature = "server", schema(value_type = Vec<String>))]
+        waiting_on: Vec<PathText>,
     },
     /// Every reference of a blocked call can now be resolved.
     Unblocked,
@@ -404,7 +405,8 @@ pub enum EventKind {
     /// A call's result (or error, on a branch) was appended to state.
     Written {
         /// Where, as a `kind.path` string.
-        path: String,
+        #[cfg_attr(feature = "server", schema(value_type = String))]
+        path: PathText,
         /// How it combines with earlier writes.
         method: OutputMethod,
         /// The write's position in the state log (`seq` would clash with the event's own).
@@ -413,7 +415,8 @@ pub enum EventKind {
     /// A call can never run: the stream closed and these references point at nothing.
     Unresolved {
         /// The missing paths.
-        missing: Vec<String>,
+        #[cfg_attr(feature = "server", schema(value_type = Vec<String>))]
+        missing: Vec<PathText>,
     },
     /// A call was cancelled (the inner loop was cancelled before it finished).
     Cancelled,

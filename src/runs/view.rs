@@ -607,7 +607,7 @@ fn call_event(
         }
         EventKind::Blocked { waiting_on } => {
             c.status = "blocked".into();
-            c.waiting_on = Some(waiting_on.clone());
+            c.waiting_on = Some(waiting_on.iter().map(|p| p.to_string()).collect());
         }
         EventKind::Unblocked => {
             c.status = "pending".into();
@@ -615,7 +615,7 @@ fn call_event(
         }
         EventKind::Unresolved { missing } => {
             c.status = "unresolved".into();
-            c.waiting_on = Some(missing.clone());
+            c.waiting_on = Some(missing.iter().map(|p| p.to_string()).collect());
         }
         EventKind::ApprovalRequested {
             call,

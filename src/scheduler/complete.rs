@@ -5,24 +5,23 @@ use std::sync::Arc;
 
 use serde_json::Value;
 
-use super::core::{emit, path_strings, read_ids, write_ids};
+use super::core::{emit, path_texts, read_ids, write_ids};
+use super::resolve::RefAt;
 use super::{Phase, Scheduler};
-use crate::protocol::{Call, CallId, EventKind, FailKind, Millis, OutputMethod, Path};
+use crate::protocol::{Call, CallId, EventKind, FailKind, Millis, OutputMethod};
 use crate::scheduler::{Action, CallStatus, Outcome, OutcomeKind, SchedulerError};
 use crate::state::output_choice;
 
 impl Scheduler {
-    pub(super) fn unresolve(&mut self, ix: usize, missing: Vec<Path>, out: &mut Vec<Action>) {
-        let missing = path_strings(&missing);
+    /// Rule 8: the references at `missing` point at nothing and never will.
+    pub(super) fn unresolve(&mut self, ix: usize, missing: &[RefAt], out: &mut Vec<Action>) {
         let e = &mut self.entries[ix];
-        emit(
-            out,
-            e.id,
-            EventKind::Unresolved {
-                missing: missing.clone(),
-            },
-        );
-        e.value = Some(Arc::new(SchedulerError::Unresolved { missing }.to_value()));
+        let missing = path_texts(e, &mut self.state, missing);
+        let named = missing.iter().map(|t| t.to_string()).collect();
+        emit(out, e.id, EventKind::Unresolved { missing });
+        e.value = Some(Arc::new(
+            SchedulerError::Unresolved { missing: named }.to_value(),
+        ));
         e.waiting_on = Vec::new();
         self.set_phase(ix, Phase::Done(CallStatus::Unresolved));
         self.release(ix);
@@ -72,7 +71,9 @@ impl Scheduler {
     }
 
     /// Writes `value` to the output target's paths at the positions `chosen`
-    /// ([`output_choice`]), by the ids interned when the call was accepted.
+    /// ([`output_choice`]), by the ids interned when the call was accepted. The call is ending:
+    /// its target is taken, so each chosen path moves into the state's log (no copy), and its
+    /// `written` event names it with the text the run's table keeps.
     pub(super) fn write_all(
         &mut self,
         ix: usize,
@@ -83,19 +84,18 @@ impl Scheduler {
     ) {
         let id = self.entries[ix].id;
         let method = self.method(ix);
-        for k in chosen {
-            let e = &self.entries[ix];
-            let (Some(r), Some(&pid)) = (
-                e.target.as_ref().and_then(|t| t.refs.get(k)),
-                write_ids(e).get(k),
-            ) else {
+        let Some(target) = self.entries[ix].target.take() else {
+            return;
+        };
+        let (start, n) = (chosen.start, chosen.len());
+        for (k, r) in target.refs.into_iter().enumerate().skip(start).take(n) {
+            let Some(&pid) = write_ids(&self.entries[ix]).get(k) else {
                 continue;
             };
-            let p = r.path.clone();
-            let path = p.text();
+            let path = self.state.text(pid, &r.path);
             let write_seq = self
                 .state
-                .write_id(pid, p, value.clone(), method, Some(id), now);
+                .write_id(pid, r.path, value.clone(), method, Some(id), now);
             emit(
                 out,
                 id,

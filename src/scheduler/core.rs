@@ -7,9 +7,10 @@ use std::sync::Arc;
 
 use super::{Entry, Phase, Scheduler, ToolEntry};
 use crate::graph::{GraphError, PathId};
-use crate::protocol::{Call, CallId, EventKind, FailKind, Millis, Path};
+use crate::protocol::{Call, CallId, EventKind, FailKind, Millis, Path, PathText};
 use crate::scheduler::resolve::{self, Check, RefAt};
 use crate::scheduler::{Action, CallStatus, Parsed, SchedulerError, UnreadableCall};
+use crate::state::State;
 
 pub(super) fn emit(out: &mut Vec<Action>, id: CallId, kind: EventKind) {
     out.push(Action::Event {
@@ -39,8 +40,13 @@ pub(super) fn read_id(e: &Entry, at: RefAt) -> Option<PathId> {
     read_ids(e).get(before + at.1 as usize).copied()
 }
 
-pub(super) fn path_strings<'a>(paths: impl IntoIterator<Item = &'a Path>) -> Vec<String> {
-    let mut v: Vec<String> = paths.into_iter().map(Path::text).collect();
+/// The texts of the entry's read paths at `at`, sorted, once each: taken from the run's path
+/// table (rendered once per run, shared by every event that names the path).
+pub(super) fn path_texts(e: &Entry, state: &mut State, at: &[RefAt]) -> Vec<PathText> {
+    let mut v: Vec<PathText> = at
+        .iter()
+        .filter_map(|&a| Some(state.text(read_id(e, a)?, resolve::path_at(&e.refs, a)?)))
+        .collect();
     v.sort();
     v.dedup();
     v
@@ -253,13 +259,8 @@ impl Scheduler {
             // Defensive (rule 8): nothing can run any more, so whatever still waits never will.
             for ix in 0..self.entries.len() {
                 if self.entries[ix].phase == Phase::Waiting {
-                    let e = &self.entries[ix];
-                    let missing = e
-                        .waiting_on
-                        .iter()
-                        .filter_map(|&at| resolve::path_at(&e.refs, at).cloned())
-                        .collect();
-                    self.unresolve(ix, missing, out);
+                    let missing = std::mem::take(&mut self.entries[ix].waiting_on);
+                    self.unresolve(ix, &missing, out);
                 }
             }
         }
@@ -274,26 +275,69 @@ impl Scheduler {
         out.push(Action::Drained);
     }
 
-    /// True while one of the paths the call last waited on can still be written (rule 5),
-    /// resuming from the first path not yet seen free.
+    /// True while one of the paths the call last waited on can still be written (rule 5): by
+    /// another call, or, while the stream is open, because it holds no value yet. Resumes from
+    /// the first path not yet seen free, and leaves `watch` where the old rule left it.
+    ///
+    /// Whether a path holds a value is asked only when a later path is still written by
+    /// another call (then `watch` must stop at the first absent path before it). When every
+    /// watched path is free of other writers, the full check's read answers it (a chain hop
+    /// walks the state's index once, not twice), and [`Scheduler::still_absent`] keeps the
+    /// call waiting on what it waited on if one of them turns out absent.
     pub(super) fn still_blocked(&mut self, ix: usize) -> bool {
         let open = self.stream_open;
         let e = &mut self.entries[ix];
+        // The first path passed without asking whether it holds a value.
+        let mut unseen: Option<usize> = None;
         while let Some(&at) = e.waiting_on.get(e.watch) {
-            let (Some(p), Some(pid)) = (resolve::path_at(&e.refs, at), read_id(e, at)) else {
+            let Some(pid) = read_id(e, at) else {
                 e.watch += 1;
                 continue;
             };
             if self
                 .graph
                 .writable_by_other_id(self.state.paths(), pid, e.id)
-                || (open && !self.state.has_id(pid, p))
             {
+                let blocked_at = e.watch;
+                for k in unseen.unwrap_or(blocked_at)..blocked_at {
+                    let Some(&a) = e.waiting_on.get(k) else { break };
+                    let (Some(p), Some(pid)) = (resolve::path_at(&e.refs, a), read_id(e, a))
+                    else {
+                        continue;
+                    };
+                    if !self.state.has_id(pid, p) {
+                        e.watch = k;
+                        return true;
+                    }
+                }
                 return true;
+            }
+            if open && unseen.is_none() {
+                unseen = Some(e.watch);
             }
             e.watch += 1;
         }
+        if let Some(w) = unseen {
+            e.watch = w;
+        }
         false
+    }
+
+    /// After a full check found the call blocked on `at`: true (and `watch` moved to it) when
+    /// one of the paths it already waited on, from `watch` on, is among them. No other call
+    /// writes those ([`Scheduler::still_blocked`] just asked), so it is absent while the stream
+    /// is open: the call keeps waiting on what it was told it waits on, as if that path's
+    /// value had been asked for before the full check.
+    fn still_absent(&mut self, ix: usize, at: &[RefAt]) -> bool {
+        let e = &mut self.entries[ix];
+        let from = e.watch.min(e.waiting_on.len());
+        match e.waiting_on[from..].iter().position(|w| at.contains(w)) {
+            Some(i) => {
+                e.watch = from + i;
+                true
+            }
+            None => false,
+        }
     }
 
     pub(super) fn check(&mut self, id: CallId, now: Millis, out: &mut Vec<Action>) {
@@ -332,33 +376,37 @@ impl Scheduler {
                 self.entries[ix].read_from = read_from;
                 self.unblock(ix, overlay, now, out)
             }
-            Ok(Check::Blocked(at)) => self.block(ix, at, &[], out),
+            Ok(Check::Blocked(at)) => {
+                if !self.still_absent(ix, &at) {
+                    self.block(ix, at, &[], out)
+                }
+            }
             Ok(Check::Missing { missing, blocked }) if open => {
                 self.block(ix, blocked, &missing, out)
             }
-            Ok(Check::Missing { missing, .. }) => self.unresolve(ix, missing, out),
+            Ok(Check::Missing { missing, .. }) => self.unresolve(ix, &missing, out),
         }
     }
 
-    /// The call waits on the paths at `at` and (stream open only) on `absent` paths, which no
-    /// call writes yet; those are not watched, so the call is checked again in full when any
+    /// The call waits on the paths at `at` and (stream open only) on the `absent` paths, which
+    /// no call writes yet; those are not watched, so the call is checked again in full when any
     /// write overlapping its reads lands or the stream closes.
     pub(super) fn block(
         &mut self,
         ix: usize,
         at: Vec<RefAt>,
-        absent: &[Path],
+        absent: &[RefAt],
         out: &mut Vec<Action>,
     ) {
         let e = &mut self.entries[ix];
         if !e.announced {
             e.announced = true;
-            // Rendered from the call's own paths (no copy of a path before its text).
-            let waiting_on = path_strings(
-                at.iter()
-                    .filter_map(|&a| resolve::path_at(&e.refs, a))
-                    .chain(absent),
-            );
+            // The texts the run's table keeps (rendered once per path, then shared).
+            let waiting_on = if absent.is_empty() {
+                path_texts(e, &mut self.state, &at)
+            } else {
+                path_texts(e, &mut self.state, &[&at[..], absent].concat())
+            };
             emit(out, e.id, EventKind::Blocked { waiting_on });
         }
         e.waiting_on = if absent.is_empty() { at } else { Vec::new() };

@@ -12,7 +12,7 @@ use serde_json::{Map, Value};
 
 use crate::graph::PathId;
 use crate::protocol::{CallId, Expression, Path};
-use crate::state::{Eval, State, StateError};
+use crate::state::{EvalAt, State, StateError};
 
 /// A reference expression found in a call's params, with the JSON pointer to where it sits.
 pub(super) type Refs = Vec<(String, Expression)>;
@@ -30,7 +30,7 @@ pub(super) enum Check {
     Ready(Overlay, Vec<CallId>),
     Blocked(Vec<RefAt>),
     Missing {
-        missing: Vec<Path>,
+        missing: Vec<RefAt>,
         blocked: Vec<RefAt>,
     },
 }
@@ -41,9 +41,14 @@ pub(super) fn path_at(refs: &Refs, at: RefAt) -> Option<&Path> {
     e.refs.get(at.1 as usize).map(|r| &r.path)
 }
 
-fn locate(i: usize, e: &Expression, p: &Path) -> RefAt {
-    let j = e.refs.iter().position(|r| &r.path == p).unwrap_or(0);
-    (i as u32, j as u32)
+/// Where the `k`th reference of expression `i` (`e`) sits, named by the first reference of `e`
+/// with the same path (an expression may name one path twice; it is waited on once).
+fn at(i: usize, e: &Expression, k: u32) -> RefAt {
+    let earlier = match (e.refs.get(..k as usize), e.refs.get(k as usize)) {
+        (Some(before), Some(r)) => before.iter().position(|x| x.path == r.path),
+        _ => None,
+    };
+    (i as u32, earlier.map_or(k, |j| j as u32))
 }
 
 fn unescape(token: &str) -> String {
@@ -98,10 +103,10 @@ pub(super) fn check(
         let n = e.refs.len();
         let these = ids.get(from..from + n).unwrap_or_default();
         from += n;
-        match state.eval_ids(e, these, others_write, open, &mut writers)? {
-            Eval::Ready(v) => values.push(v),
-            Eval::Blocked(ps) => blocked.extend(ps.iter().map(|p| locate(i, e, p))),
-            Eval::Missing(ps) => missing.extend(ps),
+        match state.eval_ids_at(e, these, others_write, open, &mut writers)? {
+            EvalAt::Ready(v) => values.push(v),
+            EvalAt::Blocked(ks) => blocked.extend(ks.into_iter().map(|k| at(i, e, k))),
+            EvalAt::Missing(ks) => missing.extend(ks.into_iter().map(|k| at(i, e, k))),
         }
     }
     if !missing.is_empty() {

@@ -1,7 +1,7 @@
 //! Sans-IO tests: inputs in, actions out, no runtime.
 
 use super::*;
-use crate::protocol::EventKind;
+use crate::protocol::{EventKind, PathText};
 use serde_json::json;
 
 fn tool(name: &str) -> Tool {
@@ -391,4 +391,116 @@ fn a_launch_shares_its_call_with_the_started_event() {
     let back: crate::protocol::LaunchedParams =
         serde_json::from_value(text).expect("deserialise");
     assert_eq!(back, started);
+}
+
+/// The path texts events carry: (written paths, blocked `waiting_on`, unresolved `missing`).
+type Named = (Vec<PathText>, Vec<PathText>, Vec<PathText>);
+
+fn named(out: &[Action]) -> Named {
+    let mut n: Named = Default::default();
+    for a in out {
+        match a {
+            Action::Event {
+                kind: EventKind::Written { path, .. },
+                ..
+            } => n.0.push(path.clone()),
+            Action::Event {
+                kind: EventKind::Blocked { waiting_on },
+                ..
+            } => n.1.extend(waiting_on.iter().cloned()),
+            Action::Event {
+                kind: EventKind::Unresolved { missing },
+                ..
+            } => n.2.extend(missing.iter().cloned()),
+            _ => {}
+        }
+    }
+    n
+}
+
+#[test]
+fn events_naming_one_path_share_its_text() {
+    let mut s = sched();
+    let mut out = Vec::new();
+    for c in [
+        json!({"_tool": "t", "_outputPath": "†state.x", "_outputMethod": "push"}),
+        json!({"_tool": "t", "_outputPath": "†state.x", "_outputMethod": "push"}),
+        json!({"_tool": "t", "r": "†state.x", "m": "†state.gone"}),
+    ] {
+        s.handle_into(arrival(&s, call(c)), 0, &mut out);
+    }
+    for id in [100, 101] {
+        s.handle_into(
+            Input::Finished {
+                id: CallId(id),
+                outcome: Outcome::ok(json!(id)),
+            },
+            1,
+            &mut out,
+        );
+    }
+    s.handle_into(Input::StreamClosed, 2, &mut out);
+    let (written, blocked, missing) = named(&out);
+    assert_eq!(written, ["state.x", "state.x"], "{out:?}");
+    assert_eq!(blocked, ["state.gone", "state.x"], "{out:?}");
+    assert_eq!(missing, ["state.gone"], "{out:?}");
+    // One text per path per run, rendered once: every event naming it holds the same one.
+    assert!(written[0].shares(&written[1]), "each write rendered its path");
+    assert!(blocked[1].shares(&written[0]));
+    assert!(missing[0].shares(&blocked[0]));
+    // And an event serialises its path as the plain string, as it did when it held a `String`.
+    let w = out.iter().find_map(|a| match a {
+        Action::Event {
+            kind: k @ EventKind::Written { .. },
+            ..
+        } => Some(k.clone()),
+        _ => None,
+    });
+    let w = serde_json::to_value(w.expect("a written event")).expect("serialise");
+    assert_eq!(
+        w,
+        json!({"type": "written", "path": "state.x", "method": "push", "write_seq": 0})
+    );
+    let back: EventKind = serde_json::from_value(w).expect("deserialise");
+    assert!(matches!(back, EventKind::Written { ref path, .. } if path == "state.x"));
+    let b = serde_json::to_value(EventKind::Blocked {
+        waiting_on: blocked,
+    })
+    .expect("serialise");
+    assert_eq!(
+        b,
+        json!({"type": "blocked", "waiting_on": ["state.gone", "state.x"]})
+    );
+}
+
+#[test]
+fn a_chain_hop_walks_the_state_index_once() {
+    let mut s = sched();
+    let mut out = Vec::new();
+    s.handle_into(
+        arrival(&s, call(json!({"_tool": "t", "_outputPath": "†state.a"}))),
+        0,
+        &mut out,
+    );
+    s.handle_into(
+        arrival(&s, call(json!({"_tool": "t", "x": "†state.a"}))),
+        0,
+        &mut out,
+    );
+    // The stream is still open: the second call waits on `state.a`, written by the first.
+    assert!(launches(&out) == vec![CallId(100)], "{out:?}");
+    let before = crate::state::PLANS.with(|n| n.get());
+    out.clear();
+    s.handle_into(
+        Input::Finished {
+            id: CallId(100),
+            outcome: Outcome::ok(json!(1)),
+        },
+        1,
+        &mut out,
+    );
+    assert_eq!(launches(&out), vec![CallId(101)]);
+    // One read of `state.a`: the value it launches with, which also answered whether there is
+    // one (no separate `has` before it).
+    assert_eq!(crate::state::PLANS.with(|n| n.get()) - before, 1);
 }

@@ -83,6 +83,34 @@ pub(super) fn eval(
     }
 }
 
+/// [`Eval`] with the waited-on or missing references named by their position in the
+/// expression's `refs` (no copy of a path).
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum EvalAt {
+    /// The value is known and no pending call can change it.
+    Ready(Value),
+    /// The positions of the references still awaited.
+    Blocked(Vec<u32>),
+    /// The positions of the references that hold nothing and never will.
+    Missing(Vec<u32>),
+}
+
+impl EvalAt {
+    /// The [`Eval`] it stands for in `expr` (the paths copied out).
+    pub(crate) fn paths(self, expr: &Expression) -> Eval {
+        let at = |ks: Vec<u32>| {
+            ks.into_iter()
+                .filter_map(|k| expr.refs.get(k as usize).map(|r| r.path.clone()))
+                .collect()
+        };
+        match self {
+            EvalAt::Ready(v) => Eval::Ready(v),
+            EvalAt::Blocked(ks) => Eval::Blocked(at(ks)),
+            EvalAt::Missing(ks) => Eval::Missing(at(ks)),
+        }
+    }
+}
+
 /// [`eval`] for interned references read once each: `others_write` is the other calls' side
 /// of "writable", and with `open` an absent path waits (see `State::eval_ids`). The same
 /// outcome as [`eval`] with `writable` = `others_write || (open && !has)`: a path is read
@@ -95,58 +123,60 @@ pub(super) fn eval_once(
     others_write: &dyn Fn(Option<PathId>, &Path) -> bool,
     open: bool,
     writers: &mut Vec<CallId>,
-) -> Result<Eval, StateError> {
+) -> Result<EvalAt, StateError> {
     let id = |k: usize| ids.get(k).copied();
     let mark = writers.len();
+    // Positions fit u32: an expression's references come from one params string.
+    let pos = |k: usize| u32::try_from(k).unwrap_or(u32::MAX);
     match expr.op {
         Combinator::Single | Combinator::Or => {
             let mut missing = Vec::new();
             for (k, r) in expr.refs.iter().enumerate() {
                 if others_write(id(k), &r.path) {
                     writers.truncate(mark);
-                    return Ok(Eval::Blocked(vec![r.path.clone()]));
+                    return Ok(EvalAt::Blocked(vec![pos(k)]));
                 }
                 match state.read_path(r, id(k), Some(writers)) {
-                    Some(v) => return Ok(Eval::Ready(State::query(r, v)?)),
+                    Some(v) => return Ok(EvalAt::Ready(State::query(r, v)?)),
                     None if open => {
                         writers.truncate(mark);
-                        return Ok(Eval::Blocked(vec![r.path.clone()]));
+                        return Ok(EvalAt::Blocked(vec![pos(k)]));
                     }
-                    None => missing.push(r.path.clone()),
+                    None => missing.push(pos(k)),
                 }
             }
-            Ok(Eval::Missing(missing))
+            Ok(EvalAt::Missing(missing))
         }
         Combinator::And => {
             let mut blocked = Vec::new();
             let mut values = Vec::with_capacity(expr.refs.len());
             for (k, r) in expr.refs.iter().enumerate() {
                 if others_write(id(k), &r.path) {
-                    blocked.push(r.path.clone());
+                    blocked.push(pos(k));
                     continue;
                 }
                 let v = state.read_path(r, id(k), Some(writers));
                 if open && v.is_none() {
-                    blocked.push(r.path.clone());
+                    blocked.push(pos(k));
                 }
-                values.push((r, v));
+                values.push((k, r, v));
             }
             if !blocked.is_empty() {
                 writers.truncate(mark);
-                return Ok(Eval::Blocked(blocked));
+                return Ok(EvalAt::Blocked(blocked));
             }
             let mut last = Value::Null;
             let mut missing = Vec::new();
-            for (r, v) in values {
+            for (k, r, v) in values {
                 match v {
                     Some(v) => last = State::query(r, v)?,
-                    None => missing.push(r.path.clone()),
+                    None => missing.push(pos(k)),
                 }
             }
             if missing.is_empty() {
-                Ok(Eval::Ready(last))
+                Ok(EvalAt::Ready(last))
             } else {
-                Ok(Eval::Missing(missing))
+                Ok(EvalAt::Missing(missing))
             }
         }
     }

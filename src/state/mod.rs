@@ -12,10 +12,13 @@ pub mod apply;
 mod eval;
 mod index;
 #[cfg(test)]
+pub(crate) use index::PLANS;
+#[cfg(test)]
 mod read_tests;
 
 /// The run's path ids ([`State::intern`]), shared with the scheduler's call graph.
 pub use crate::graph::{PathId, PathTable};
+pub(crate) use eval::EvalAt;
 pub use eval::{Eval, Resolved};
 
 use std::collections::BTreeMap;
@@ -152,6 +155,12 @@ impl State {
     /// The id of `path` in the run's path table, made when it is new (with its prefixes').
     pub fn intern(&mut self, path: &Path) -> PathId {
         self.paths.intern(path)
+    }
+
+    /// The text of `path`, whose id is `id` ([`State::intern`]), as events name it: rendered
+    /// once per run and shared ([`PathTable::text`]).
+    pub fn text(&mut self, id: PathId, path: &Path) -> crate::protocol::PathText {
+        self.paths.text(id, path)
     }
 
     /// The run's path table (the ids [`State::intern`] gives).
@@ -404,6 +413,19 @@ impl State {
         open: bool,
         writers: &mut Vec<CallId>,
     ) -> Result<Eval, StateError> {
+        eval::eval_once(self, expr, ids, others_write, open, writers).map(|e| e.paths(expr))
+    }
+
+    /// [`State::eval_ids`] naming the awaited or missing references by their position in
+    /// `expr.refs` instead of copying their paths (what the scheduler keeps).
+    pub(crate) fn eval_ids_at(
+        &self,
+        expr: &Expression,
+        ids: &[PathId],
+        others_write: &dyn Fn(Option<PathId>, &Path) -> bool,
+        open: bool,
+        writers: &mut Vec<CallId>,
+    ) -> Result<EvalAt, StateError> {
         eval::eval_once(self, expr, ids, others_write, open, writers)
     }
 
