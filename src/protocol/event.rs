@@ -281,9 +281,9 @@ pub enum EventKind {
     Unblocked,
     /// A call was presented for approval, with its params resolved.
     ApprovalRequested {
-        /// The call with references replaced by values (shared with the scheduler's `Ask` action
-        /// and the call it keeps as presented, and with the call as written when it has no
-        /// references: the event copies nothing).
+        // Shared with the scheduler's `Ask` action and the call it keeps as presented (and with
+        // the call as written when it has no references): the event copies nothing.
+        /// The call with references replaced by values (shared, to keep every event small).
         call: Arc<Call>,
         /// The call's path through nested agents: the delegate calls above it, outermost first,
         /// then the call itself.
