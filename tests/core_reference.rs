@@ -281,7 +281,7 @@ impl Reference {
                     c.waiting_on = if missing { Vec::new() } else { blocked };
                     c.watch = 0;
                 } else {
-                    let params = Value::Object(c.call.params.clone());
+                    let params = c.call.params.as_value().clone();
                     let resolved = self.substitute(&params, id);
                     if self.validating {
                         out.push((id, "validated".into(), resolved.clone()));
@@ -337,7 +337,7 @@ fn records(actions: Vec<Action>, validated: Vec<Record>) -> Vec<Record> {
     for a in actions {
         match a {
             Action::Launch { id, call, .. } => {
-                out.push((id.0, "launched".into(), Value::Object(call.params.clone())));
+                out.push((id.0, "launched".into(), call.params.as_value().clone()));
             }
             Action::Event {
                 call: Some(id),

@@ -67,7 +67,7 @@ async fn call(servers: &McpServers, name: &str, params: Value) -> Result<Value, 
     let (tool, activity) = find(servers, name);
     let mut c = Call::new(name);
     if let Value::Object(m) = params {
-        c.params = m;
+        c.params = m.into();
     }
     activity.run(&tool, c).await.map(|o| o.value)
 }
@@ -473,7 +473,7 @@ async fn the_mcp_files_example_goal_starts_its_server_and_its_calls_work() {
         let tool = tool.unwrap_or_else(|| panic!("no tool {name}"));
         let mut c = Call::new(name);
         if let Value::Object(m) = params {
-            c.params = m;
+            c.params = m.into();
         }
         registry.run(&tool, c, serde_json::Map::new())
     };
@@ -792,7 +792,7 @@ async fn a_param_named_like_a_meta_key_is_renamed_and_restored() {
         Call::parse(json!({"_tool": "echo_args", "pp_tag": "a", "p_tag": "b", "text": "hi"}))
             .unwrap_or_else(|e| panic!("{e}"));
     // ... and the server receives its own names.
-    let echoed = call(&servers, "echo_args", Value::Object(written.params))
+    let echoed = call(&servers, "echo_args", written.params.into_value())
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(echoed, json!({"_tag": "a", "p_tag": "b", "text": "hi"}));

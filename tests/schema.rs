@@ -277,7 +277,10 @@ fn last_definition_of_a_name_wins_in_its_position() {
     // The params validators agree: the first `a` is gone.
     let validators = ToolValidators::new(&tools).unwrap();
     assert_eq!(validators.names().collect::<Vec<_>>(), ["a", "b", "c"]);
-    assert_eq!(validators.validate("a", &Map::new()).unwrap().len(), 1);
+    assert_eq!(
+        validators.validate("a", &Default::default()).unwrap().len(),
+        1
+    );
 }
 
 #[test]

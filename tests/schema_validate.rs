@@ -1,15 +1,15 @@
 //! Validation of final outputs and call params (spec/schema.md, rules V1-V9).
 
-use dagloop::protocol::{Tool, json_type};
+use dagloop::protocol::{Params, Tool, json_type};
 use dagloop::schema::{
     MAX_MESSAGE_CHARS, OutputValidator, ParamsValidator, SchemaError, Subject, ToolValidators,
     Violation, validate_params,
 };
-use serde_json::{Map, Value, json};
+use serde_json::{Value, json};
 
-fn obj(v: Value) -> Map<String, Value> {
+fn obj(v: Value) -> Params {
     match v {
-        Value::Object(m) => m,
+        Value::Object(m) => m.into(),
         other => panic!("expected an object, found {}", json_type(&other)),
     }
 }
@@ -171,7 +171,7 @@ fn params_violations_are_all_reported() {
     insta::assert_json_snapshot!(violations);
     let pointers: Vec<&str> = violations.iter().map(|v| v.pointer.as_str()).collect();
     assert_eq!(pointers, ["", "/amount", "/currency", "/customerId"]);
-    let missing = validate_params(&refund_tool(), &Map::new()).unwrap();
+    let missing = validate_params(&refund_tool(), &Params::new()).unwrap();
     assert_eq!(
         missing.iter().filter(|v| v.keyword == "required").count(),
         2,
@@ -214,7 +214,7 @@ fn tool_validators_are_keyed_by_name() {
             .unwrap()
             .is_empty()
     );
-    let err = tools.validate("pong", &Map::new()).unwrap_err();
+    let err = tools.validate("pong", &Params::new()).unwrap_err();
     assert_eq!(err.code(), "schema.tool_not_found");
     assert_eq!(err.to_string(), "unknown tool `pong`");
     // Replacing a definition replaces its validator.
@@ -233,7 +233,7 @@ fn tool_validators_are_keyed_by_name() {
 fn invalid_tool_schemas_are_typed_errors() {
     let bad =
         Tool::from_value(json!({"_tool": "t", "properties": {"a": {"minimum": "zero"}}})).unwrap();
-    let err = validate_params(&bad, &Map::new()).unwrap_err();
+    let err = validate_params(&bad, &Params::new()).unwrap_err();
     assert_eq!(err.code(), "schema.invalid_schema");
     match &err {
         SchemaError::InvalidSchema {

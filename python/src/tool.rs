@@ -135,7 +135,7 @@ impl Activity for PyTools {
         let (tx, rx) = oneshot::channel();
         let work = Work {
             tool: tool.name.clone(),
-            params: Value::Object(call.params).to_string(),
+            params: call.params.as_value().to_string(),
             reply: Reply {
                 tx: Mutex::new(Some(tx)),
             },

@@ -480,6 +480,7 @@ fn check(
     call: &Call,
     params: Map<String, Value>,
 ) -> Result<(Map<String, Value>, String), String> {
+    let params = crate::protocol::Params::from(params);
     if let Some(t) = tool {
         let v = crate::schema::ParamsValidator::new(t).map_err(|e| e.to_string())?;
         let errors = v.validate_written(&params).map_err(|e| e.to_string())?;
@@ -508,7 +509,7 @@ fn check(
     if diff.is_empty() {
         diff.push_str("  (no change)\n");
     }
-    Ok((params, diff))
+    Ok((params.into_map(), diff))
 }
 
 fn edit(call: &Call) -> Result<Map<String, Value>, String> {

@@ -4,6 +4,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use super::ProtocolError;
+use super::params::Params;
 use super::reference::{Expression, ReferenceError, parse_expression};
 
 /// How a write combines with earlier writes to the same path (protocol chapter 008).
@@ -66,7 +67,8 @@ pub struct Call {
     pub tool: String,
     /// Parameters, possibly containing references, plus any unknown fields.
     #[serde(flatten)]
-    pub params: Map<String, Value>,
+    #[cfg_attr(feature = "server", schema(value_type = Map<String, Value>))]
+    pub params: Params,
     /// Where the result is written (`†state.x`, `†a || †b`, `†a && †b`).
     #[serde(rename = "_outputPath", skip_serializing_if = "Option::is_none")]
     pub output_path: Option<String>,
@@ -86,7 +88,7 @@ impl Call {
     pub fn new(tool: impl Into<String>) -> Self {
         Call {
             tool: tool.into(),
-            params: Map::new(),
+            params: Params::new(),
             output_path: None,
             output_method: None,
             instance: None,
@@ -425,7 +427,7 @@ impl SplitCall {
         };
         Ok(Call {
             tool,
-            params: m,
+            params: m.into(),
             output_path,
             output_method,
             instance,

@@ -53,7 +53,7 @@ impl std::ops::Deref for LaunchedParams {
 impl From<Map<String, Value>> for LaunchedParams {
     fn from(params: Map<String, Value>) -> Self {
         let mut call = Call::new("");
-        call.params = params;
+        call.params = params.into();
         LaunchedParams(Arc::new(call))
     }
 }
@@ -282,8 +282,10 @@ pub enum EventKind {
     Unblocked,
     /// A call was presented for approval, with its params resolved.
     ApprovalRequested {
-        /// The call with references replaced by values (boxed, to keep every event small).
-        call: Box<Call>,
+        // Shared with the scheduler's `Ask` action and the call it keeps as presented (and with
+        // the call as written when it has no references): the event copies nothing.
+        /// The call with references replaced by values (shared, to keep every event small).
+        call: Arc<Call>,
         /// The call's path through nested agents: the delegate calls above it, outermost first,
         /// then the call itself.
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -634,7 +636,7 @@ mod tests {
             },
             EventKind::Unblocked,
             EventKind::ApprovalRequested {
-                call: Box::new(call.clone()),
+                call: Arc::new(call.clone()),
                 path: vec![CallId(1), CallId(4)],
                 params_hash: "00ff".into(),
                 interrupted: true,

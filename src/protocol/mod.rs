@@ -10,6 +10,7 @@ pub mod mcp_server;
 mod message;
 pub mod meta;
 mod op;
+mod params;
 mod path_text;
 mod plan_item;
 pub mod reference;
@@ -25,6 +26,7 @@ pub use mcp_server::{HttpServer, McpConfigError, McpServerConfig, NamedServer, S
 pub use message::{Message, Role, Solution};
 pub use meta::{CALL_META_KEYS, TOOL_META_KEYS, UnknownMetaKey, is_meta_key};
 pub use op::{Actor, Op, OpError, StandingCall, StandingSpec, canonical, params_hash};
+pub use params::Params;
 pub use path_text::PathText;
 pub use plan_item::PlanItem;
 pub use reference::{

@@ -596,9 +596,9 @@ fn call_event(
     match kind {
         EventKind::CallReceived { call } => {
             c.tool = Some(call.tool.clone());
-            c.params = Some(call.params.clone());
+            c.params = Some(call.params.clone().into_map());
             // What the model proposed, kept when a decision or the references change `params`.
-            c.proposed = Some(call.params.clone());
+            c.proposed = Some(call.params.clone().into_map());
             c.received_ms = Some(t);
         }
         EventKind::CallRefused { reason, .. } => {
@@ -626,8 +626,8 @@ fn call_event(
             asked.insert(id, t);
             c.status = "awaiting_approval".into();
             c.tool = Some(call.tool.clone());
-            c.params = Some(call.params.clone());
-            c.presented = Some(call.params.clone());
+            c.params = Some(call.params.clone().into_map());
+            c.presented = Some(call.params.clone().into_map());
             c.asked_ms = Some(t);
             if *interrupted {
                 c.interrupted = Some(true);
@@ -758,7 +758,7 @@ fn awaiting(rb: &Rebuilt) -> Vec<AwaitingCall> {
                 })
                 .collect();
             let proposed = rb.events.iter().find_map(|e| match &e.kind {
-                EventKind::CallReceived { call } if e.call == Some(id) => Some(&call.params),
+                EventKind::CallReceived { call } if e.call == Some(id) => Some(&*call.params),
                 _ => None,
             });
             let tool = rb.tools.iter().find(|t| t.name == call.tool);

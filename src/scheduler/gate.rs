@@ -44,19 +44,19 @@ impl Scheduler {
             (Some(written), None) if overlay.is_empty() => Some(written.clone()),
             _ => None,
         };
-        let mut built = shared.is_none().then(|| Call {
+        let built = shared.is_none().then(|| Call {
             tool: cur.tool.clone(),
-            params: resolve::apply(&cur.params, &e.refs, overlay),
+            params: resolve::apply(&cur.params, &e.refs, overlay).into(),
             output_path: cur.output_path.clone(),
             output_method: cur.output_method,
             instance: cur.instance.clone(),
             scopes: cur.scopes.clone(),
         });
         let latent = tool.tool.is_latent();
-        let (checked, latent_checked) = self.checked(&tool, shared.as_deref(), built.as_mut(), latent);
         let Some(call) = shared.or_else(|| built.map(Arc::new)) else {
             return;
         };
+        let (checked, latent_checked) = self.checked(&tool, &call, latent);
         let e = &self.entries[ix];
         let approved = e.approved;
         if let Some(Err(reason)) = checked {
@@ -87,7 +87,6 @@ impl Scheduler {
             RuleDecision::Allow => self.launch(ix, call, tool, out),
             RuleDecision::Ask => {
                 let rule = verdict.label(&self.policy);
-                let call = Box::new(Arc::unwrap_or_clone(call));
                 self.present(ix, call, tool, false, Some(rule), out);
             }
             RuleDecision::Deny => {
@@ -116,16 +115,9 @@ impl Scheduler {
         }
     }
 
-    /// The params check and (a latent call whose params passed) the `_output` check. The
-    /// validators read one JSON object: a `built` call's params are moved into it and back (no
-    /// copy); a `shared` call's are copied into it, only when there is a validator.
-    fn checked(
-        &self,
-        tool: &ToolEntry,
-        shared: Option<&Call>,
-        built: Option<&mut Call>,
-        latent: bool,
-    ) -> (Checked, Checked) {
+    /// The params check and (a latent call whose params passed) the `_output` check, of the
+    /// call's params in place: the validators read its JSON object, shared or built, uncopied.
+    fn checked(&self, tool: &ToolEntry, call: &Call, latent: bool) -> (Checked, Checked) {
         let (validate, latent_check) = (
             self.opts.validate.as_ref(),
             self.opts.validate_latent.as_ref().filter(|_| latent),
@@ -133,31 +125,10 @@ impl Scheduler {
         if validate.is_none() && latent_check.is_none() {
             return (None, None);
         }
-        if let Some(b) = built {
-            let params = Value::Object(std::mem::take(&mut b.params));
-            let out = Self::run_checks(tool, &params, validate, latent_check);
-            if let Value::Object(m) = params {
-                b.params = m;
-            }
-            return out;
-        }
-        let Some(shared) = shared else {
-            return (None, None);
-        };
-        let params = Value::Object(shared.params.clone());
-        Self::run_checks(tool, &params, validate, latent_check)
-    }
-
-    fn run_checks(
-        tool: &ToolEntry,
-        params: &Value,
-        validate: Option<&super::Validator>,
-        latent_check: Option<&super::Validator>,
-    ) -> (Checked, Checked) {
-        let checked = validate.map(|v| v(&tool.tool, params));
+        let checked = validate.map(|v| v(&tool.tool, call.params.as_value()));
         // The latent `_output` check runs only for params that passed.
         let latent_checked = match (latent_check, &checked) {
-            (Some(check), None | Some(Ok(()))) => Some(check(&tool.tool, params)),
+            (Some(check), None | Some(Ok(()))) => Some(check(&tool.tool, call.params.as_value())),
             _ => None,
         };
         (checked, latent_checked)
@@ -168,7 +139,7 @@ impl Scheduler {
     fn present(
         &mut self,
         ix: usize,
-        call: Box<Call>,
+        call: Arc<Call>,
         tool: ToolEntry,
         interrupted: bool,
         rule: Option<String>,
@@ -228,7 +199,7 @@ impl Scheduler {
             self.set_phase(ix, Phase::Running);
             // Kept to re-present (or re-launch) the call if the run stops while it runs.
             if self.opts.keep_launched {
-                self.entries[ix].presented = Some(Box::new(Call::clone(&call)));
+                self.entries[ix].presented = Some(call.clone());
             }
         }
         out.push(Action::Launch {
@@ -272,7 +243,7 @@ impl Scheduler {
         match decision {
             Decision::Approve => {
                 if let (Some(call), Some(tool)) = (presented, self.entries[ix].tool.clone()) {
-                    self.launch(ix, call.into(), tool, out);
+                    self.launch(ix, call, tool, out);
                 }
             }
             Decision::Reject { reason } => {
@@ -326,7 +297,7 @@ impl Scheduler {
             return;
         };
         if is_idempotent(&tool.tool) {
-            return self.launch(ix, call.into(), tool, out);
+            return self.launch(ix, call, tool, out);
         }
         self.entries[ix].decided = false;
         self.entries[ix].approved = false;

@@ -102,7 +102,7 @@ struct Entry {
     waiting_on: Vec<resolve::RefAt>,
     watch: usize,
     /// The resolved call shown to the reviewer.
-    presented: Option<Box<Call>>,
+    presented: Option<Arc<Call>>,
     /// It is presented because a restart interrupted it (it may be marked done).
     interrupted: bool,
     /// The references in the current call's params, parsed once.

@@ -503,4 +503,76 @@ fn a_chain_hop_walks_the_state_index_once() {
     // One read of `state.a`: the value it launches with, which also answered whether there is
     // one (no separate `has` before it).
     assert_eq!(crate::state::PLANS.with(|n| n.get()) - before, 1);
+
+/// A call without references goes through the gate as written: the validator reads its params
+/// in place (the very object the call holds, no copy), and when the policy asks, its
+/// `approval_requested` event, the `Ask` action and the approved launch share that call.
+#[test]
+fn a_shared_call_is_validated_and_presented_in_place() {
+    use std::sync::Mutex;
+    let seen: Arc<Mutex<Vec<usize>>> = Arc::default();
+    let record = seen.clone();
+    let validate: Validator = Arc::new(move |_tool: &Tool, params: &Value| {
+        if let Ok(mut s) = record.lock() {
+            s.push(std::ptr::from_ref(params) as usize);
+        }
+        Ok(())
+    });
+    for (policy, asks) in [(Policy::auto(), false), (Policy::ask(), true)] {
+        let mut s = Scheduler::new(
+            State::new(),
+            vec![tool("t")],
+            policy,
+            SchedulerOptions {
+                step: 1,
+                validate: Some(validate.clone()),
+                ..SchedulerOptions::default()
+            },
+        );
+        let written = Arc::new(call(json!({"_tool": "t", "n": 1, "deep": {"k": [1]}})));
+        let mut out = s.handle(
+            Input::CallArrived {
+                id: CallId(1),
+                parsed: Parsed::of(&written),
+                call: Ok(written.clone()),
+            },
+            0,
+        );
+        let at = std::ptr::from_ref(written.params.as_value()) as usize;
+        let recorded = seen.lock().map(|mut s| std::mem::take(&mut *s));
+        assert_eq!(recorded.ok(), Some(vec![at]), "validated in place, once");
+        if asks {
+            let asked = out.iter().find_map(|a| match a {
+                Action::Ask { call, .. } => Some(call.clone()),
+                _ => None,
+            });
+            let event = out.iter().find_map(|a| match a {
+                Action::Event {
+                    kind: EventKind::ApprovalRequested { call, .. },
+                    ..
+                } => Some(call.clone()),
+                _ => None,
+            });
+            let (Some(asked), Some(event)) = (asked, event) else {
+                panic!("an Ask and its event: {out:?}");
+            };
+            assert!(Arc::ptr_eq(&asked, &written), "the Ask copied the call");
+            assert!(Arc::ptr_eq(&event, &written), "the event copied the call");
+            out = s.handle(
+                Input::Decided {
+                    id: CallId(1),
+                    decision: crate::protocol::Decision::Approve,
+                },
+                1,
+            );
+        }
+        let launched = out.iter().find_map(|a| match a {
+            Action::Launch { call, .. } => Some(call.clone()),
+            _ => None,
+        });
+        let Some(launched) = launched else {
+            panic!("a launch: {out:?}");
+        };
+        assert!(Arc::ptr_eq(&launched, &written), "the launch copied the call");
+    }
 }

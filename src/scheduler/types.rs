@@ -73,8 +73,8 @@ pub enum Action {
     Ask {
         /// The call.
         id: CallId,
-        /// The call with its references resolved (boxed, to keep every action small).
-        call: Box<Call>,
+        /// The call with its references resolved, shared with its `approval_requested` event.
+        call: Arc<Call>,
         /// Its tool.
         tool: Arc<Tool>,
         /// The policy's reviewer timeout.

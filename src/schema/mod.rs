@@ -205,17 +205,19 @@ mod tests {
             serde_json::json!({"n": 1, "_output": {"a": 1}}),
             serde_json::json!({"m": 1, "_output": 2}),
         ];
+        let text = |found: Vec<Violation>| -> Vec<String> {
+            found.iter().map(ToString::to_string).collect()
+        };
         for case in cases {
             let serde_json::Value::Object(map) = &case else {
                 panic!("an object");
             };
-            let copied: Vec<String> = v.validate(map).iter().map(ToString::to_string).collect();
-            let in_place: Vec<String> = v
-                .validate_value(&case)
-                .iter()
-                .map(ToString::to_string)
-                .collect();
-            assert_eq!(in_place, copied, "{case}");
+            // What checking a copy without the meta keys gives (the behaviour kept).
+            let stripped = serde_json::Value::Object(crate::protocol::without_meta(map));
+            let expected = text(v.validate_value(&stripped));
+            let params = crate::protocol::Params::from(map.clone());
+            assert_eq!(text(v.validate(&params)), expected, "{case}");
+            assert_eq!(text(v.validate_value(&case)), expected, "{case}");
         }
         assert!(
             v.validate_value(&serde_json::json!({"n": 1, "_output": 2}))
@@ -239,7 +241,9 @@ mod tests {
         }))
         .expect("tool");
         let v = ParamsValidator::new(&tool).expect("validator");
-        let obj = |v: serde_json::Value| v.as_object().cloned().unwrap_or_default();
+        let obj = |v: serde_json::Value| {
+            crate::protocol::Params::from(v.as_object().cloned().unwrap_or_default())
+        };
         // A reference stands in for a required integer, another sits inside an array: both
         // params wait to be resolved; read as resolved values they would be wrong.
         let written = obj(serde_json::json!({"n": "†state.n", "items": [1, "†state.k"],

@@ -7,7 +7,7 @@ use serde_json::{Map, Value};
 
 use super::compose::last_definitions;
 use super::{SchemaError, Subject, Violation, cap_message, is_meta_key};
-use crate::protocol::Tool;
+use crate::protocol::{Params, Tool};
 
 /// Compiles `schema` offline (no `$ref` is fetched) with `format` checks on.
 ///
@@ -179,12 +179,13 @@ impl ParamsValidator {
     }
 
     /// Every way `params` (already resolved: no references left) breaks the tool's schema.
-    /// Keys starting with `_` are ignored.
-    pub fn validate(&self, params: &Map<String, Value>) -> Vec<Violation> {
-        violations(
-            &self.validator,
-            &Value::Object(crate::protocol::without_meta(params)),
-        )
+    /// Keys starting with `_` are ignored: params without any (the usual case: [`Call::parse`]
+    /// refuses unknown meta keys) are checked in place, with no copy; others through a copy
+    /// without them.
+    ///
+    /// [`Call::parse`]: crate::protocol::Call::parse
+    pub fn validate(&self, params: &Params) -> Vec<Violation> {
+        self.validate_value(params.as_value())
     }
 
     /// Every way `params` as written, references and all, breaks the tool's schema: a param
@@ -192,10 +193,7 @@ impl ParamsValidator {
     /// checked once resolved, like any call); the others are checked as they are. The one check
     /// of params that may still hold references: `validate`'s plan check, the machine's check
     /// of a reviewer's edit or replacement, and the terminal reviewer's.
-    pub fn validate_written(
-        &self,
-        params: &Map<String, Value>,
-    ) -> Result<Vec<Violation>, SchemaError> {
+    pub fn validate_written(&self, params: &Params) -> Result<Vec<Violation>, SchemaError> {
         let deferred: Vec<&str> = params
             .iter()
             .filter(|(k, v)| !is_meta_key(k) && holds_reference(v))
@@ -225,7 +223,10 @@ impl ParamsValidator {
     /// object is checked as it is (and fails an object schema).
     pub fn validate_value(&self, params: &Value) -> Vec<Violation> {
         match params {
-            Value::Object(m) if m.keys().any(|k| is_meta_key(k)) => self.validate(m),
+            Value::Object(m) if m.keys().any(|k| is_meta_key(k)) => violations(
+                &self.validator,
+                &Value::Object(crate::protocol::without_meta(m)),
+            ),
             _ => violations(&self.validator, params),
         }
     }
@@ -273,10 +274,7 @@ pub(crate) fn params_schema(schema: &Map<String, Value>) -> Map<String, Value> {
 /// Checks `params` (after reference resolution) against `tool`, compiling its schema first.
 ///
 /// Prefer [`ToolValidators`] when the same tools are checked many times.
-pub fn validate_params(
-    tool: &Tool,
-    params: &Map<String, Value>,
-) -> Result<Vec<Violation>, SchemaError> {
+pub fn validate_params(tool: &Tool, params: &Params) -> Result<Vec<Violation>, SchemaError> {
     Ok(ParamsValidator::new(tool)?.validate(params))
 }
 
@@ -317,11 +315,7 @@ impl ToolValidators {
     }
 
     /// Checks `params` against the tool called `tool`.
-    pub fn validate(
-        &self,
-        tool: &str,
-        params: &Map<String, Value>,
-    ) -> Result<Vec<Violation>, SchemaError> {
+    pub fn validate(&self, tool: &str, params: &Params) -> Result<Vec<Violation>, SchemaError> {
         Ok(self.known(tool)?.validate(params))
     }
 
@@ -330,7 +324,7 @@ impl ToolValidators {
     pub fn validate_written(
         &self,
         tool: &str,
-        params: &Map<String, Value>,
+        params: &Params,
     ) -> Result<Vec<Violation>, SchemaError> {
         self.known(tool)?.validate_written(params)
     }

@@ -87,7 +87,7 @@ impl ActivityKind for HttpKind {
                 }
                 self.client
                     .get_or_init(|| http::Client::new(self.egress.clone(), self.secrets.clone()))
-                    .run(cfg, tool.name.clone(), call.params, cx.result_budget)
+                    .run(cfg, tool.name.clone(), call.params.into(), cx.result_budget)
             }
             Err(e) => fail(e),
         }
@@ -111,7 +111,7 @@ impl ActivityKind for ShellKind {
             });
         }
         match ShellConfig::from_tool(tool) {
-            Ok(cfg) => shell::run(cfg, tool.name.clone(), call.params),
+            Ok(cfg) => shell::run(cfg, tool.name.clone(), call.params.into_map()),
             Err(e) => fail(e),
         }
     }

@@ -182,7 +182,7 @@ where
     F: Fn(Map<String, Value>) -> ActivityFuture + Send + Sync,
 {
     fn run(&self, _tool: &Tool, call: Call) -> ActivityFuture {
-        (self.0)(call.params)
+        (self.0)(call.params.into_map())
     }
 }
 

@@ -123,7 +123,7 @@ impl Executor for TestExec {
             r.push(Run {
                 id,
                 tool: tool.name.clone(),
-                params: call.params.clone(),
+                params: call.params.clone().into_map(),
                 start: ms_since(base),
                 end: None,
             });

@@ -434,7 +434,7 @@ impl Activity for McpActivity {
     /// Progress notifications of the call go to the context's progress sink.
     fn run_with(&self, tool: &Tool, call: Call, cx: ActivityContext) -> ActivityFuture {
         let server = self.server.clone();
-        let params = super::mapping::server_params(tool, call.params);
+        let params = super::mapping::server_params(tool, call.params.into_map());
         let tool = self.tool.clone();
         Box::pin(async move {
             server
