@@ -36,7 +36,7 @@ impl ActivityKind for Upper {
         suffix(tool).map(drop)
     }
 
-    fn run(&self, tool: &Tool, call: Call, cx: ActivityContext) -> ActivityFuture {
+    fn run(&self, tool: &Tool, call: Arc<Call>, cx: ActivityContext) -> ActivityFuture {
         let suffix = suffix(tool);
         Box::pin(async move {
             let suffix = suffix?;

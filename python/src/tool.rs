@@ -129,11 +129,12 @@ pub(crate) struct PyTools {
 }
 
 impl Activity for PyTools {
-    fn run(&self, tool: &Tool, call: Call) -> ActivityFuture {
+    fn run(&self, tool: &Tool, call: std::sync::Arc<Call>) -> ActivityFuture {
         let (tx, rx) = oneshot::channel();
         let work = Work {
             tool: tool.name.clone(),
-            params: Value::Object(call.params).to_string(),
+            // Written from the shared call in place (a map of JSON values always serializes).
+            params: serde_json::to_string(&call.params).unwrap_or_default(),
             reply: Reply {
                 tx: Mutex::new(Some(tx)),
             },
