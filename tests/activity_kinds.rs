@@ -1,7 +1,9 @@
 //! An activity kind plugged in from outside the crate, through the public API only: the registry
 //! checks tools of the kind before the run and runs their calls; unknown kinds and bad
 //! configurations are coded errors at build time; an activity's progress reports become live
-//! `call_progress` events that the journal (and so replay) never holds. Paused tokio clock.
+//! `call_progress` events that the journal (and so replay) never holds; an activity is handed the
+//! very call its `started` event holds (no copy), and typed closures still get their params.
+//! Paused tokio clock.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -36,7 +38,7 @@ impl ActivityKind for Upper {
         suffix(tool).map(drop)
     }
 
-    fn run(&self, tool: &Tool, call: Call, cx: ActivityContext) -> ActivityFuture {
+    fn run(&self, tool: &Tool, call: Arc<Call>, cx: ActivityContext) -> ActivityFuture {
         let suffix = suffix(tool);
         Box::pin(async move {
             let suffix = suffix?;
@@ -199,4 +201,73 @@ fn a_kind_checks_its_tools_before_anything_runs() {
     assert_eq!(r.check(&tool, ".".as_ref()), Ok(()));
     let e = dagloop::tools::check_tool(&tool, ".".as_ref()).expect_err("unknown to validate");
     assert_eq!(e.code(), "activity.unknown_kind");
+}
+
+/// `"_activity": "keep"`: keeps the call it is handed, and how many holders it had then.
+#[derive(Default)]
+struct Keep(std::sync::Mutex<Vec<(Arc<Call>, usize)>>);
+
+impl ActivityKind for Keep {
+    fn run(&self, _tool: &Tool, call: Arc<Call>, _cx: ActivityContext) -> ActivityFuture {
+        let holders = Arc::strong_count(&call);
+        let text = call.params.get("text").cloned().unwrap_or(Value::Null);
+        if let Ok(mut kept) = self.0.lock() {
+            kept.push((call, holders));
+        }
+        Box::pin(async move { Ok(text.into()) })
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_activity_is_handed_the_call_its_started_event_holds_and_typed_closures_get_params() {
+    let tools = json!([
+        {"_tool": "keep", "_activity": "keep", "type": "object",
+         "properties": {"text": {"type": "string"}}},
+        {"_tool": "add", "_activity": "rust", "type": "object",
+         "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}},
+    ]);
+    let turns = json!([
+        {"solution": {"calls": [
+            {"_tool": "keep", "text": "kept", "_outputPath": "†state.kept"},
+            {"_tool": "add", "a": 2, "b": 3, "_outputPath": "†state.sum"}],
+         "output": null}},
+        {"solution": {"calls": [], "output": {"kept": "†state.kept", "sum": "†state.sum"}}},
+    ]);
+    let script = Script::parse(&json!({ "turns": turns }).to_string(), "t").expect("script");
+    let keep = Arc::new(Keep::default());
+    #[derive(serde::Deserialize)]
+    struct Add {
+        a: i64,
+        b: i64,
+    }
+    let mut b = AgentBuilder::new(dagloop::RunDef::from_goal(goal(tools)).expect("defined"))
+        .model(Arc::new(ScriptedModel::new(script)));
+    b.registry_mut()
+        .register_kind("keep", keep.clone())
+        .register_fn("add", |p: Add| async move { Ok::<_, String>(p.a + p.b) });
+    let h = b.build().expect("build").start();
+    let mut live = h.subscribe_from(0);
+    let mut events = Vec::new();
+    while let Some(e) = live.recv().await {
+        events.push(e);
+    }
+    let r = h.wait().await;
+    assert_eq!(r.status, RunStatus::Succeeded, "{r:?}");
+    assert_eq!(r.output, json!({"kept": "kept", "sum": 5}));
+
+    let kept = keep.0.lock().map(|k| k.clone()).unwrap_or_default();
+    let [(call, holders)] = kept.as_slice() else {
+        panic!("one call kept: {kept:?}");
+    };
+    assert!(*holders >= 2, "shared when handed over ({holders} holders)");
+    let started: Vec<bool> = events
+        .iter()
+        .filter_map(|e| match &e.kind {
+            EventKind::Started { params, tool, .. } if &**tool == "keep" => {
+                Some(params.is_of(call) && tool.is_of(call))
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(started, vec![true], "the started event holds the very call");
 }

@@ -69,7 +69,7 @@ async fn call(servers: &McpServers, name: &str, params: Value) -> Result<Value, 
     if let Value::Object(m) = params {
         c.params = m.into();
     }
-    activity.run(&tool, c).await.map(|o| o.value)
+    activity.run(&tool, Arc::new(c)).await.map(|o| o.value)
 }
 
 fn detail_code(e: &ActivityError) -> Option<String> {
@@ -475,7 +475,7 @@ async fn the_mcp_files_example_goal_starts_its_server_and_its_calls_work() {
         if let Value::Object(m) = params {
             c.params = m.into();
         }
-        registry.run(&tool, c, serde_json::Map::new())
+        registry.run(&tool, Arc::new(c), serde_json::Map::new())
     };
     let wrote = run(
         "write_file",

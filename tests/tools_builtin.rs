@@ -1,5 +1,7 @@
 //! The built-in `http` and `shell` activities against real servers and real processes.
 
+use std::sync::Arc;
+
 use axum::Router;
 use axum::extract::{Path as AxPath, Query};
 use axum::http::StatusCode;
@@ -46,9 +48,11 @@ async fn http_fills_the_url_sends_json_and_reports_errors() {
     let out = r
         .run(
             &get_user,
-            Call::new("getUser")
-                .param("id", "a b")
-                .param("verbose", true),
+            Arc::new(
+                Call::new("getUser")
+                    .param("id", "a b")
+                    .param("verbose", true),
+            ),
             Map::new(),
         )
         .await
@@ -62,7 +66,7 @@ async fn http_fills_the_url_sends_json_and_reports_errors() {
         json!({"_tool": "echo", "_activity": "http", "_http": {"url": format!("{base}/echo")}, "type": "object"}),
     );
     let out = r
-        .run(&echo, Call::new("echo").param("n", 3), Map::new())
+        .run(&echo, Arc::new(Call::new("echo").param("n", 3)), Map::new())
         .await
         .unwrap();
     assert_eq!(out.value, json!({"n": 3}));
@@ -71,7 +75,7 @@ async fn http_fills_the_url_sends_json_and_reports_errors() {
         json!({"_tool": "m", "_activity": "http", "_http": {"method": "GET", "url": format!("{base}/missing")}, "type": "object"}),
     );
     let e = r
-        .run(&missing, Call::new("m"), Map::new())
+        .run(&missing, Arc::new(Call::new("m")), Map::new())
         .await
         .unwrap_err();
     assert_eq!(
@@ -82,12 +86,15 @@ async fn http_fills_the_url_sends_json_and_reports_errors() {
     let big = tool(
         json!({"_tool": "b", "_activity": "http", "_http": {"method": "GET", "url": format!("{base}/big"), "max_bytes": 1000}, "type": "object"}),
     );
-    let e = r.run(&big, Call::new("b"), Map::new()).await.unwrap_err();
+    let e = r
+        .run(&big, Arc::new(Call::new("b")), Map::new())
+        .await
+        .unwrap_err();
     assert_eq!(e.to_value()["details"]["code"], json!("http.too_large"));
 
     let no_config = tool(json!({"_tool": "c", "_activity": "http", "type": "object"}));
     let e = r
-        .run(&no_config, Call::new("c"), Map::new())
+        .run(&no_config, Arc::new(Call::new("c")), Map::new())
         .await
         .unwrap_err();
     assert_eq!(e.code(), "activity.config");
@@ -104,7 +111,7 @@ async fn shell_runs_programs_without_a_shell_and_reports_exit_codes_and_timeouts
     let out = r
         .run(
             &echo,
-            Call::new("say").param("word", "hi; rm -rf /"),
+            Arc::new(Call::new("say").param("word", "hi; rm -rf /")),
             Map::new(),
         )
         .await
@@ -117,7 +124,10 @@ async fn shell_runs_programs_without_a_shell_and_reports_exit_codes_and_timeouts
     let fail = tool(
         json!({"_tool": "f", "_activity": "shell", "_shell": {"command": ["sh", "-c", "echo oops >&2; exit 3"]}, "type": "object"}),
     );
-    let e = r.run(&fail, Call::new("f"), Map::new()).await.unwrap_err();
+    let e = r
+        .run(&fail, Arc::new(Call::new("f")), Map::new())
+        .await
+        .unwrap_err();
     assert_eq!(
         e.to_value()["details"],
         json!({"exit_code": 3, "stdout": "", "stderr": "oops\n"})
@@ -126,13 +136,19 @@ async fn shell_runs_programs_without_a_shell_and_reports_exit_codes_and_timeouts
     let slow = tool(
         json!({"_tool": "s", "_activity": "shell", "_shell": {"command": ["sleep", "5"], "timeout_s": 0.2}, "type": "object"}),
     );
-    let e = r.run(&slow, Call::new("s"), Map::new()).await.unwrap_err();
+    let e = r
+        .run(&slow, Arc::new(Call::new("s")), Map::new())
+        .await
+        .unwrap_err();
     assert_eq!(e.code(), "activity.timeout");
 
     let capped = tool(
         json!({"_tool": "y", "_activity": "shell", "_shell": {"command": ["head", "-c", "5000", "/dev/zero"], "max_output_bytes": 100}, "type": "object"}),
     );
-    let out = r.run(&capped, Call::new("y"), Map::new()).await.unwrap();
+    let out = r
+        .run(&capped, Arc::new(Call::new("y")), Map::new())
+        .await
+        .unwrap();
     assert!(
         out.value["stdout"]
             .as_str()

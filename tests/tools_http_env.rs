@@ -2,6 +2,8 @@
 //! (`${VAR}`), never shows header values in errors, and names the cause of a transport error.
 //! Against a real server on 127.0.0.1.
 
+use std::sync::Arc;
+
 use axum::Router;
 use axum::http::HeaderMap;
 use axum::routing::get;
@@ -47,7 +49,7 @@ async fn base_url_and_headers_come_from_the_environment() {
                   "headers": {"Authorization": "Bearer ${DAGLOOP_T12_TOKEN}"}}}),
     );
     let out = Registry::new()
-        .run(&t, Call::new("who").param("id", "u1"), Map::new())
+        .run(&t, Arc::new(Call::new("who").param("id", "u1")), Map::new())
         .await
         .unwrap();
     assert_eq!(
@@ -63,7 +65,7 @@ async fn base_url_and_headers_come_from_the_environment() {
                   "headers": {"Authorization": "${DAGLOOP_T12_BAD}"}}}),
     );
     let e = Registry::new()
-        .run(&t, Call::new("who"), Map::new())
+        .run(&t, Arc::new(Call::new("who")), Map::new())
         .await
         .unwrap_err();
     let shown = e.to_value().to_string();
@@ -75,7 +77,7 @@ async fn base_url_and_headers_come_from_the_environment() {
         "_http": {"url": "${DAGLOOP_T12_NEVER_SET}/x"}}),
     );
     let e = Registry::new()
-        .run(&t, Call::new("who"), Map::new())
+        .run(&t, Arc::new(Call::new("who")), Map::new())
         .await
         .unwrap_err();
     assert_eq!(e.code(), "activity.config");
@@ -94,7 +96,7 @@ async fn transport_errors_name_their_cause() {
         "_http": {"url": format!("http://127.0.0.1:{port}/x")}}),
     );
     let e = Registry::new()
-        .run(&t, Call::new("down"), Map::new())
+        .run(&t, Arc::new(Call::new("down")), Map::new())
         .await
         .unwrap_err();
     let v = e.to_value();
@@ -107,7 +109,7 @@ async fn transport_errors_name_their_cause() {
         "_http": {"url": "http://no-such-host.invalid/x"}}),
     );
     let e = Registry::new()
-        .run(&t, Call::new("dns"), Map::new())
+        .run(&t, Arc::new(Call::new("dns")), Map::new())
         .await
         .unwrap_err();
     let msg = e.to_string().to_lowercase();

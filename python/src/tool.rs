@@ -131,7 +131,7 @@ pub(crate) struct PyTools {
 }
 
 impl Activity for PyTools {
-    fn run(&self, tool: &Tool, call: Call) -> ActivityFuture {
+    fn run(&self, tool: &Tool, call: std::sync::Arc<Call>) -> ActivityFuture {
         let (tx, rx) = oneshot::channel();
         let work = Work {
             tool: tool.name.clone(),

@@ -26,8 +26,10 @@ use crate::tools::{ProgressSink, ResultBudget};
 /// not block: CPU-heavy or blocking work belongs in `tokio::task::spawn_blocking`, as anywhere
 /// on tokio.
 pub trait Executor: Send + Sync {
-    /// Executes one call (params already resolved) of `tool`.
-    fn execute(&self, id: CallId, tool: &Tool, call: Call) -> BoxFuture<'static, Outcome>;
+    /// Executes one call (params already resolved) of `tool`. The call is shared (its `started`
+    /// event holds it too): read it through the `Arc`, and take an owned copy
+    /// (`Arc::unwrap_or_clone`) only where the activity must own its params.
+    fn execute(&self, id: CallId, tool: &Tool, call: Arc<Call>) -> BoxFuture<'static, Outcome>;
 
     /// Executes one call, handing the activity a sink for progress reports (the run driver turns
     /// them into `call_progress` events). The default drops the sink and calls `execute`.
@@ -35,7 +37,7 @@ pub trait Executor: Send + Sync {
         &self,
         id: CallId,
         tool: &Tool,
-        call: Call,
+        call: Arc<Call>,
         progress: ProgressSink,
     ) -> BoxFuture<'static, Outcome> {
         let _ = progress;
@@ -49,7 +51,7 @@ pub trait Executor: Send + Sync {
         &self,
         id: CallId,
         tool: &Tool,
-        call: Call,
+        call: Arc<Call>,
         progress: ProgressSink,
         budget: Option<ResultBudget>,
     ) -> BoxFuture<'static, Outcome> {
@@ -93,9 +95,8 @@ pub(super) fn run_call(
     let closing = CloseOnDrop(progress.clone());
     async move {
         let _closing = closing;
-        // The call is shared with its `started` event: the activity's own copy of the params is
-        // made here, on the activity's task, not on the run's driver.
-        let call = Arc::unwrap_or_clone(call);
+        // The call is shared with its `started` event and handed over as it is: no copy of it
+        // is made for the activity (one that must own its params takes them itself).
         let work = match std::panic::catch_unwind(AssertUnwindSafe(|| {
             executor.execute_within(id, &tool, call, progress, budget)
         })) {
@@ -247,7 +248,7 @@ mod tests {
     struct Leaky(Mutex<Option<ProgressSink>>);
 
     impl Executor for Leaky {
-        fn execute(&self, _: CallId, _: &Tool, _: Call) -> BoxFuture<'static, Outcome> {
+        fn execute(&self, _: CallId, _: &Tool, _: Arc<Call>) -> BoxFuture<'static, Outcome> {
             async { Outcome::ok(serde_json::Value::Null) }.boxed()
         }
 
@@ -255,7 +256,7 @@ mod tests {
             &self,
             _: CallId,
             _: &Tool,
-            _: Call,
+            _: Arc<Call>,
             progress: ProgressSink,
         ) -> BoxFuture<'static, Outcome> {
             progress.report(Progress::new(1.0, None));
@@ -275,7 +276,7 @@ mod tests {
     }
 
     impl Executor for Where {
-        fn execute(&self, _: CallId, _: &Tool, _: Call) -> BoxFuture<'static, Outcome> {
+        fn execute(&self, _: CallId, _: &Tool, _: Arc<Call>) -> BoxFuture<'static, Outcome> {
             let (wait, panic, seen) = (self.wait, self.panic, self.seen.clone());
             async move {
                 if panic {
@@ -291,6 +292,49 @@ mod tests {
             }
             .boxed()
         }
+    }
+
+    /// Keeps the call it is handed, and how many holders it had then.
+    #[derive(Default)]
+    struct Keeps(Mutex<Option<(Arc<Call>, usize)>>);
+
+    impl Executor for Keeps {
+        fn execute(&self, _: CallId, _: &Tool, call: Arc<Call>) -> BoxFuture<'static, Outcome> {
+            let holders = Arc::strong_count(&call);
+            if let Ok(mut kept) = self.0.lock() {
+                *kept = Some((call, holders));
+            }
+            async { Outcome::ok(serde_json::Value::Null) }.boxed()
+        }
+    }
+
+    #[tokio::test]
+    async fn an_executor_is_handed_the_launched_call_itself_not_a_copy() {
+        let keeps = Arc::new(Keeps::default());
+        let executor: Arc<dyn Executor> = keeps.clone();
+        let call = Arc::new(Call::new("t").param("big", "x".repeat(1000)));
+        // What the call's `started` event holds while the activity runs.
+        let started = crate::protocol::LaunchedParams::of(call.clone());
+        let mut a = Activities::default();
+        a.launch_reporting(
+            &executor,
+            CallId(1),
+            call,
+            Arc::new(Tool::new("t")),
+            false,
+            None,
+            ProgressSink::none(),
+        );
+        assert_eq!(a.next().await.map(|(id, _)| id), Some(CallId(1)));
+        let kept = keeps.0.lock().ok().and_then(|k| k.clone());
+        let Some((received, holders)) = kept else {
+            panic!("the executor ran");
+        };
+        assert!(started.is_of(&received), "the same Arc, not a copy");
+        assert!(
+            holders >= 2,
+            "shared with the event when handed over ({holders})"
+        );
     }
 
     fn launch(a: &mut Activities, executor: &Arc<dyn Executor>, id: u64) {

@@ -108,7 +108,7 @@ impl RegistryExecutor {
 }
 
 impl Executor for RegistryExecutor {
-    fn execute(&self, id: CallId, tool: &Tool, call: Call) -> BoxFuture<'static, Outcome> {
+    fn execute(&self, id: CallId, tool: &Tool, call: Arc<Call>) -> BoxFuture<'static, Outcome> {
         self.execute_reporting(id, tool, call, ProgressSink::none())
     }
 
@@ -116,7 +116,7 @@ impl Executor for RegistryExecutor {
         &self,
         id: CallId,
         tool: &Tool,
-        call: Call,
+        call: Arc<Call>,
         progress: ProgressSink,
     ) -> BoxFuture<'static, Outcome> {
         self.execute_within(id, tool, call, progress, None)
@@ -126,7 +126,7 @@ impl Executor for RegistryExecutor {
         &self,
         id: CallId,
         tool: &Tool,
-        call: Call,
+        call: Arc<Call>,
         progress: ProgressSink,
         budget: Option<ResultBudget>,
     ) -> BoxFuture<'static, Outcome> {
@@ -154,9 +154,10 @@ impl Executor for RegistryExecutor {
             .with_progress(progress)
             .with_result_budget(budget);
         // The tool and call are kept for the hooks that see the outcome, only when there are any
-        // (a copy of both per call is otherwise wasted on the hot path).
+        // (a copy of the tool per call is otherwise wasted on the hot path); the call is shared,
+        // not copied.
         let kept = (hooks.on_error.is_some() || hooks.after_tool.is_some())
-            .then(|| (tool.clone(), call.clone()));
+            .then(|| (tool.clone(), Arc::clone(&call)));
         let fut = self.registry.run_with(tool, call, cx);
         async move {
             let outcome = match fut.await {
@@ -183,8 +184,57 @@ impl Executor for RegistryExecutor {
 
 #[cfg(test)]
 mod tests {
-    use super::HookError;
+    use super::*;
+    use crate::tools::{Activity, ActivityFuture};
     use serde_json::json;
+    use std::sync::Mutex;
+
+    /// Keeps the call it is handed.
+    #[derive(Default)]
+    struct Keeps(Mutex<Option<Arc<Call>>>);
+
+    impl Activity for Keeps {
+        fn run(&self, _: &Tool, call: Arc<Call>) -> ActivityFuture {
+            if let Ok(mut kept) = self.0.lock() {
+                *kept = Some(call);
+            }
+            Box::pin(async { Ok(Value::Null.into()) })
+        }
+    }
+
+    #[tokio::test]
+    async fn the_activity_and_the_hooks_after_it_see_the_launched_call_itself() {
+        let keeps = Arc::new(Keeps::default());
+        let mut registry = Registry::new();
+        registry.register("t", keeps.clone());
+        let seen = Arc::new(Mutex::new(Vec::<usize>::new()));
+        let s = seen.clone();
+        let hooks = Hooks {
+            after_tool: Some(Arc::new(move |_: &Tool, call: &Call, _: &Outcome| {
+                if let Ok(mut s) = s.lock() {
+                    s.push(std::ptr::from_ref(call) as usize);
+                }
+            })),
+            ..Hooks::default()
+        };
+        let executor = RegistryExecutor::new(registry, hooks);
+        let call = Arc::new(Call::new("t").param("a", 1));
+        let outcome = executor
+            .execute(CallId(1), &Tool::new("t"), call.clone())
+            .await;
+        assert!(outcome.result.is_ok(), "{outcome:?}");
+        let kept = keeps.0.lock().ok().and_then(|k| k.clone());
+        assert!(
+            kept.is_some_and(|k| Arc::ptr_eq(&k, &call)),
+            "no copy for the activity"
+        );
+        let seen = seen.lock().map(|s| s.clone()).unwrap_or_default();
+        assert_eq!(
+            seen,
+            vec![Arc::as_ptr(&call) as usize],
+            "no copy for the hook"
+        );
+    }
 
     #[test]
     fn a_hook_refusal_is_the_before_tool_error_object() {

@@ -193,7 +193,7 @@ impl DelegateRunner for TooDeep {
     fn run_delegate(
         &self,
         tool: &Tool,
-        _call: crate::protocol::Call,
+        _call: Arc<crate::protocol::Call>,
         _scoped: serde_json::Map<String, Value>,
     ) -> ActivityFuture {
         let e = ActivityError::Config {

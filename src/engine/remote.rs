@@ -93,7 +93,7 @@ impl Parts {
     pub async fn execute(
         &self,
         id: CallId,
-        call: Call,
+        call: Arc<Call>,
         tool: Arc<Tool>,
         timeout_ms: Option<u64>,
         budget: Option<ResultBudget>,
@@ -102,7 +102,7 @@ impl Parts {
         let task = run_call(
             self.executor.clone(),
             id,
-            Arc::new(call),
+            call,
             tool,
             limit,
             ProgressSink::none(),

@@ -377,7 +377,7 @@ impl CassetteExecutor {
 }
 
 impl Executor for CassetteExecutor {
-    fn execute(&self, id: CallId, tool: &Tool, call: Call) -> BoxFuture<'static, Outcome> {
+    fn execute(&self, id: CallId, tool: &Tool, call: Arc<Call>) -> BoxFuture<'static, Outcome> {
         self.execute_reporting(id, tool, call, ProgressSink::none())
     }
 
@@ -385,7 +385,7 @@ impl Executor for CassetteExecutor {
         &self,
         id: CallId,
         tool: &Tool,
-        call: Call,
+        call: Arc<Call>,
         progress: ProgressSink,
     ) -> BoxFuture<'static, Outcome> {
         self.execute_within(id, tool, call, progress, None)
@@ -395,7 +395,7 @@ impl Executor for CassetteExecutor {
         &self,
         id: CallId,
         tool: &Tool,
-        call: Call,
+        call: Arc<Call>,
         progress: ProgressSink,
         budget: Option<crate::tools::ResultBudget>,
     ) -> BoxFuture<'static, Outcome> {

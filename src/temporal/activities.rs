@@ -57,8 +57,9 @@ pub struct CallTask {
     pub spec: RunSpec,
     /// The call's id.
     pub id: CallId,
-    /// The call, references resolved.
-    pub call: Call,
+    /// The call, references resolved (shared with the workflow's `started` event: serialized
+    /// from it, never copied for the task).
+    pub call: Arc<Call>,
     /// Its tool.
     pub tool: Tool,
     /// Its time limit.

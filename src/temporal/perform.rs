@@ -198,7 +198,7 @@ impl Performer {
                 let task = CallTask {
                     spec,
                     id,
-                    call: std::sync::Arc::unwrap_or_clone(call),
+                    call,
                     tool: (*tool).clone(),
                     timeout_ms,
                     budget: self.bound.as_ref().map(crate::engine::ResultBound::budget),

@@ -13,7 +13,7 @@ use std::sync::{Arc, OnceLock};
 use super::{ActivityError, ActivityFuture, ActivityOutput, ResultBudget, fill_template};
 use crate::grants::SecretHosts;
 use crate::grants::egress::{Egress, EgressResolver, redirect_policy};
-use crate::protocol::Tool;
+use crate::protocol::{Call, Tool};
 
 /// `_http` in a tool schema.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -156,7 +156,7 @@ impl Client {
         &self,
         cfg: HttpConfig,
         tool: String,
-        params: Map<String, Value>,
+        call: Arc<Call>,
         budget: Option<ResultBudget>,
     ) -> ActivityFuture {
         let carried: Vec<String> = std::iter::once(cfg.url.as_str())
@@ -166,6 +166,8 @@ impl Client {
             .collect();
         let this = self.clone();
         Box::pin(async move {
+            // Read in place from the shared call (the request is built from them, not them).
+            let params: &Map<String, Value> = &call.params;
             let (egress, secrets) = (&this.egress, &this.secrets);
             let config_err = |reason: String| ActivityError::Config {
                 tool: tool.clone(),
@@ -175,7 +177,7 @@ impl Client {
                 .map_err(|_| config_err(format!("unknown HTTP method `{}`", cfg.method)))?;
             let base =
                 super::fill_env(&cfg.url).map_err(|e| config_err(format!("`_http.url`: {e}")))?;
-            let url = fill_template(&base, &params, true);
+            let url = fill_template(&base, params, true);
             if let Some(s) = &secrets {
                 // Before anything else looks at the URL: its host may carry a value.
                 let refused = |e: crate::grants::SecretHostError| ActivityError::Failed {
@@ -219,7 +221,7 @@ impl Client {
             for (k, v) in &cfg.headers {
                 let v = super::fill_env(v)
                     .map_err(|e| config_err(format!("`_http.headers.{k}`: {e}")))?;
-                req = req.header(k, fill_template(&v, &params, false));
+                req = req.header(k, fill_template(&v, params, false));
             }
             let as_query =
                 cfg.body == "query" || (cfg.body == "json" && method == reqwest::Method::GET);

@@ -20,19 +20,20 @@ use crate::protocol::{Call, Tool};
 /// One `_activity` kind: checks tools that name it and runs their calls.
 ///
 /// ```
+/// use std::sync::Arc;
 /// use dagloop::protocol::{Call, Tool};
 /// use dagloop::tools::{ActivityContext, ActivityError, ActivityFuture, ActivityKind, Registry};
 ///
 /// /// `"_activity": "upper"`: the call's `text` param in capitals.
 /// struct Upper;
 /// impl ActivityKind for Upper {
-///     fn run(&self, _tool: &Tool, call: Call, _cx: ActivityContext) -> ActivityFuture {
+///     fn run(&self, _tool: &Tool, call: Arc<Call>, _cx: ActivityContext) -> ActivityFuture {
 ///         let text = call.params.get("text").and_then(|v| v.as_str()).unwrap_or("").to_uppercase();
 ///         Box::pin(async move { Ok(serde_json::json!(text).into()) })
 ///     }
 /// }
 /// let mut tools = Registry::new();
-/// tools.register_kind("upper", std::sync::Arc::new(Upper));
+/// tools.register_kind("upper", Arc::new(Upper));
 /// assert!(tools.kinds().contains(&"upper"));
 /// ```
 pub trait ActivityKind: Send + Sync {
@@ -44,7 +45,7 @@ pub trait ActivityKind: Send + Sync {
     }
 
     /// Runs one call of `tool` (params resolved: references replaced by values).
-    fn run(&self, tool: &Tool, call: Call, cx: ActivityContext) -> ActivityFuture;
+    fn run(&self, tool: &Tool, call: Arc<Call>, cx: ActivityContext) -> ActivityFuture;
 }
 
 fn fail(e: ActivityError) -> ActivityFuture {
@@ -79,7 +80,7 @@ impl ActivityKind for HttpKind {
         HttpConfig::from_tool(tool).map(drop)
     }
 
-    fn run(&self, tool: &Tool, call: Call, cx: ActivityContext) -> ActivityFuture {
+    fn run(&self, tool: &Tool, call: Arc<Call>, cx: ActivityContext) -> ActivityFuture {
         match HttpConfig::from_tool(tool) {
             Ok(mut cfg) => {
                 if let Some(k) = cx.idempotency_key {
@@ -87,7 +88,7 @@ impl ActivityKind for HttpKind {
                 }
                 self.client
                     .get_or_init(|| http::Client::new(self.egress.clone(), self.secrets.clone()))
-                    .run(cfg, tool.name.clone(), call.params.into(), cx.result_budget)
+                    .run(cfg, tool.name.clone(), call, cx.result_budget)
             }
             Err(e) => fail(e),
         }
@@ -104,14 +105,14 @@ impl ActivityKind for ShellKind {
         ShellConfig::from_tool(tool).map(drop)
     }
 
-    fn run(&self, tool: &Tool, call: Call, _cx: ActivityContext) -> ActivityFuture {
+    fn run(&self, tool: &Tool, call: Arc<Call>, _cx: ActivityContext) -> ActivityFuture {
         if !self.enabled {
             return fail(ActivityError::ShellDisabled {
                 tool: tool.name.clone(),
             });
         }
         match ShellConfig::from_tool(tool) {
-            Ok(cfg) => shell::run(cfg, tool.name.clone(), call.params.into_map()),
+            Ok(cfg) => shell::run(cfg, tool.name.clone(), call),
             Err(e) => fail(e),
         }
     }
@@ -136,7 +137,7 @@ impl ActivityKind for DelegateKind {
         }
     }
 
-    fn run(&self, tool: &Tool, call: Call, cx: ActivityContext) -> ActivityFuture {
+    fn run(&self, tool: &Tool, call: Arc<Call>, cx: ActivityContext) -> ActivityFuture {
         match &self.runner {
             Some(d) => d.run_delegate(tool, call, cx.scoped),
             None => fail(ActivityError::Unknown {
@@ -152,7 +153,7 @@ impl ActivityKind for DelegateKind {
 pub(super) struct RustKind;
 
 impl ActivityKind for RustKind {
-    fn run(&self, tool: &Tool, _call: Call, _cx: ActivityContext) -> ActivityFuture {
+    fn run(&self, tool: &Tool, _call: Arc<Call>, _cx: ActivityContext) -> ActivityFuture {
         fail(ActivityError::Unknown {
             tool: tool.name.clone(),
             activity: "rust".into(),

@@ -164,25 +164,28 @@ pub type ActivityFuture = BoxFuture<'static, Result<ActivityOutput, ActivityErro
 
 /// Code that executes calls of one tool.
 pub trait Activity: Send + Sync {
-    /// Runs one call. `params` are resolved (references replaced by values).
-    fn run(&self, tool: &Tool, call: Call) -> ActivityFuture;
+    /// Runs one call. `params` are resolved (references replaced by values). The call is shared
+    /// with the run (its `started` event holds it): read it through the `Arc`; an activity that
+    /// must own its params takes them with `Arc::unwrap_or_clone`, which copies only when shared.
+    fn run(&self, tool: &Tool, call: Arc<Call>) -> ActivityFuture;
 
     /// Runs one call with its context (idempotency key, progress sink). The default ignores the
     /// context and calls [`Activity::run`]; activities that report progress override it.
-    fn run_with(&self, tool: &Tool, call: Call, cx: ActivityContext) -> ActivityFuture {
+    fn run_with(&self, tool: &Tool, call: Arc<Call>, cx: ActivityContext) -> ActivityFuture {
         let _ = cx;
         self.run(tool, call)
     }
 }
 
-struct FnActivity<F>(F);
+/// An activity that is handed the shared call itself (what `Registry::register_fn` registers).
+struct CallFn<F>(F);
 
-impl<F> Activity for FnActivity<F>
+impl<F> Activity for CallFn<F>
 where
-    F: Fn(Map<String, Value>) -> ActivityFuture + Send + Sync,
+    F: Fn(Arc<Call>) -> ActivityFuture + Send + Sync,
 {
-    fn run(&self, _tool: &Tool, call: Call) -> ActivityFuture {
-        (self.0)(call.params.into_map())
+    fn run(&self, _tool: &Tool, call: Arc<Call>) -> ActivityFuture {
+        (self.0)(call)
     }
 }
 
@@ -190,7 +193,12 @@ where
 pub trait DelegateRunner: Send + Sync {
     /// Runs the delegate described by `tool` for `call`; `scoped` is the parent context the
     /// call's `_scopes` allow (kind name → value).
-    fn run_delegate(&self, tool: &Tool, call: Call, scoped: Map<String, Value>) -> ActivityFuture;
+    fn run_delegate(
+        &self,
+        tool: &Tool,
+        call: Arc<Call>,
+        scoped: Map<String, Value>,
+    ) -> ActivityFuture;
 }
 
 /// Tools' activities by name, and activity kinds by `_activity` name.
@@ -279,16 +287,18 @@ impl Registry {
         let name = name.into();
         let tool_name = name.clone();
         let f = Arc::new(f);
-        let wrapped = move |params: Map<String, Value>| -> ActivityFuture {
+        let wrapped = move |call: Arc<Call>| -> ActivityFuture {
             let tool_name = tool_name.clone();
             let f = f.clone();
             Box::pin(async move {
-                let p: P = serde_json::from_value(Value::Object(params)).map_err(|e| {
-                    ActivityError::BadParams {
-                        tool: tool_name.clone(),
-                        reason: e.to_string(),
-                    }
+                // Deserialized from the call's own map, in place: a `&Map` is a serde
+                // deserializer, so the shared call's params are never copied.
+                let params: &Map<String, Value> = &call.params;
+                let p = P::deserialize(params).map_err(|e| ActivityError::BadParams {
+                    tool: tool_name.clone(),
+                    reason: e.to_string(),
                 })?;
+                drop(call);
                 let r = f(p).await.map_err(|e| ActivityError::Failed {
                     message: e.to_string(),
                     details: Value::Null,
@@ -300,7 +310,7 @@ impl Registry {
                 Ok(value.into())
             })
         };
-        self.register(name, Arc::new(FnActivity(wrapped)))
+        self.register(name, Arc::new(CallFn(wrapped)))
     }
 
     /// Allows the built-in shell activity (off by default). Installs the built-in `shell` kind.
@@ -349,7 +359,7 @@ impl Registry {
 
     /// Runs a call: a registered activity first, then the tool's `_activity` kind.
     /// `scoped` is the parent context for delegates.
-    pub fn run(&self, tool: &Tool, call: Call, scoped: Map<String, Value>) -> ActivityFuture {
+    pub fn run(&self, tool: &Tool, call: Arc<Call>, scoped: Map<String, Value>) -> ActivityFuture {
         self.run_with(tool, call, ActivityContext::new().with_scoped(scoped))
     }
 
@@ -359,7 +369,7 @@ impl Registry {
     pub fn run_keyed(
         &self,
         tool: &Tool,
-        call: Call,
+        call: Arc<Call>,
         scoped: Map<String, Value>,
         key: Option<&str>,
     ) -> ActivityFuture {
@@ -372,7 +382,7 @@ impl Registry {
     /// Runs a call with its context: the activity registered under the tool's name, else the
     /// kind its `_activity` names (an unknown kind fails with `activity.unknown_kind`, a latent
     /// tool with `activity.unknown`).
-    pub fn run_with(&self, tool: &Tool, call: Call, cx: ActivityContext) -> ActivityFuture {
+    pub fn run_with(&self, tool: &Tool, call: Arc<Call>, cx: ActivityContext) -> ActivityFuture {
         if let Some(a) = self.by_name.get(&tool.name) {
             return a.run_with(tool, call, cx);
         }
@@ -494,20 +504,35 @@ mod tests {
         let ok = r
             .run(
                 &tool,
-                Call::new("add").param("a", 2).param("b", 3),
+                Arc::new(Call::new("add").param("a", 2).param("b", 3)),
                 Map::new(),
             )
             .await;
         assert_eq!(ok.unwrap().value, json!(5));
+        // Read from a call shared with another holder (as with its `started` event): in place.
+        let shared = Arc::new(Call::new("add").param("a", 4).param("b", 5));
+        let held = shared.clone();
+        let ok = r.run(&tool, shared, Map::new()).await;
+        assert_eq!(ok.unwrap().value, json!(9));
+        assert_eq!(Arc::strong_count(&held), 1, "the activity keeps no share");
+        let bad_call = Call::new("add").param("a", "x");
         let bad = r
-            .run(&tool, Call::new("add").param("a", "x"), Map::new())
+            .run(&tool, Arc::new(bad_call.clone()), Map::new())
             .await
             .unwrap_err();
         assert_eq!(bad.code(), "activity.bad_params");
+        // The same reason as deserializing an owned copy of the params gave.
+        let owned = serde_json::to_value(&bad_call.params).and_then(serde_json::from_value::<Add>);
+        let reason = owned.err().map(|e| e.to_string()).unwrap_or_default();
+        assert_eq!(reason, "invalid type: string \"x\", expected i64");
+        assert_eq!(
+            bad.to_value()["message"],
+            json!(format!("bad params for `add`: {reason}"))
+        );
         let failed = r
             .run(
                 &tool,
-                Call::new("add").param("a", 1).param("b", 0),
+                Arc::new(Call::new("add").param("a", 1).param("b", 0)),
                 Map::new(),
             )
             .await
@@ -523,10 +548,16 @@ mod tests {
         let r = Registry::new();
         let mut tool = Tool::new("ls");
         tool.activity = Some("shell".into());
-        let e = r.run(&tool, Call::new("ls"), Map::new()).await.unwrap_err();
+        let e = r
+            .run(&tool, Arc::new(Call::new("ls")), Map::new())
+            .await
+            .unwrap_err();
         assert_eq!(e.code(), "activity.shell_disabled");
         tool.activity = Some("teleport".into());
-        let e = r.run(&tool, Call::new("ls"), Map::new()).await.unwrap_err();
+        let e = r
+            .run(&tool, Arc::new(Call::new("ls")), Map::new())
+            .await
+            .unwrap_err();
         assert_eq!(e.code(), "activity.unknown_kind");
         assert!(e.to_string().contains("delegate, http, rust, shell"), "{e}");
     }

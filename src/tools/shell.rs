@@ -7,13 +7,14 @@
 //! itself is killed, the reaper kills it (see `group`).
 
 use std::process::Stdio;
+use std::sync::Arc;
 
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
 use tokio::io::AsyncReadExt;
 
 use super::{ActivityError, ActivityFuture, ActivityOutput, fill_template};
-use crate::protocol::Tool;
+use crate::protocol::{Call, Tool};
 
 /// `_shell` in a tool schema.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -69,13 +70,16 @@ impl ShellConfig {
     }
 }
 
-pub(super) fn run(cfg: ShellConfig, tool: String, params: Map<String, Value>) -> ActivityFuture {
+pub(super) fn run(cfg: ShellConfig, tool: String, call: Arc<Call>) -> ActivityFuture {
     Box::pin(async move {
+        // Read in place from the shared call: only the filled-in arguments are owned.
+        let params: &Map<String, Value> = &call.params;
         let args: Vec<String> = cfg
             .command
             .iter()
-            .map(|a| fill_template(a, &params, false))
+            .map(|a| fill_template(a, params, false))
             .collect();
+        drop(call);
         crate::tools::group::arm();
         let mut cmd = tokio::process::Command::new(&args[0]);
         cmd.args(&args[1..])

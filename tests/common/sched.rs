@@ -110,7 +110,7 @@ fn ms_since(base: Instant) -> u64 {
 }
 
 impl Executor for TestExec {
-    fn execute(&self, id: CallId, tool: &Tool, call: Call) -> BoxFuture<'static, Outcome> {
+    fn execute(&self, id: CallId, tool: &Tool, call: Arc<Call>) -> BoxFuture<'static, Outcome> {
         let b = self
             .by_tool
             .get(&tool.name)

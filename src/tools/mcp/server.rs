@@ -427,14 +427,16 @@ pub(super) struct McpActivity {
 }
 
 impl Activity for McpActivity {
-    fn run(&self, tool: &Tool, call: Call) -> ActivityFuture {
+    fn run(&self, tool: &Tool, call: Arc<Call>) -> ActivityFuture {
         self.run_with(tool, call, ActivityContext::new())
     }
 
     /// Progress notifications of the call go to the context's progress sink.
-    fn run_with(&self, tool: &Tool, call: Call, cx: ActivityContext) -> ActivityFuture {
+    fn run_with(&self, tool: &Tool, call: Arc<Call>, cx: ActivityContext) -> ActivityFuture {
         let server = self.server.clone();
-        let params = super::mapping::server_params(tool, call.params.into_map());
+        // The request owns its arguments (renamed in place): the params are taken, copied only
+        // when the call is shared (always, in a run: its `started` event holds it).
+        let params = super::mapping::server_params(tool, Arc::unwrap_or_clone(call).params.into_map());
         let tool = self.tool.clone();
         Box::pin(async move {
             server
