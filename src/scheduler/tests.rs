@@ -503,6 +503,7 @@ fn a_chain_hop_walks_the_state_index_once() {
     // One read of `state.a`: the value it launches with, which also answered whether there is
     // one (no separate `has` before it).
     assert_eq!(crate::state::PLANS.with(|n| n.get()) - before, 1);
+}
 
 /// A call without references goes through the gate as written: the validator reads its params
 /// in place (the very object the call holds, no copy), and when the policy asks, its

@@ -436,7 +436,8 @@ impl Activity for McpActivity {
         let server = self.server.clone();
         // The request owns its arguments (renamed in place): the params are taken, copied only
         // when the call is shared (always, in a run: its `started` event holds it).
-        let params = super::mapping::server_params(tool, Arc::unwrap_or_clone(call).params.into_map());
+        let params =
+            super::mapping::server_params(tool, Arc::unwrap_or_clone(call).params.into_map());
         let tool = self.tool.clone();
         Box::pin(async move {
             server
